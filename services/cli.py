@@ -1,0 +1,71 @@
+"""The `turboserve` command line: one entry point, a subcommand per service and tool.
+
+Each package registers its own subcommands through a ``register(subparsers)`` function and
+is imported lazily, so ``turboserve gateway`` never pays for importing torch and
+``turboserve sim`` never imports NATS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# (module, attribute) pairs; each ``register(subparsers)`` adds its parsers and sets
+# ``func`` (a callable taking the parsed args and returning an exit code).
+_TOP_LEVEL = (
+    "services.launcher",            # up
+    "services.gateway.cli",         # gateway
+    "services.scheduler.cli",       # scheduler
+    "services.gpu_worker.cli",      # worker
+    "services.provisioner.cli",     # provisioner
+    "services.scheduler.sim.cli",   # sim traces|run|profile|evaluate
+)
+_BENCH = (
+    "services.scheduler.bench",     # bench scheduler
+    "services.gpu_worker.bench",    # bench worker
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turboserve",
+        description="TurboServe: serving interactive streaming video generation.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _TOP_LEVEL:
+        _register(name, sub)
+    bench = sub.add_parser("bench", help="benchmarks that print tables")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="TARGET")
+    for name in _BENCH:
+        _register(name, bench_sub)
+    return parser
+
+
+def _register(module_name: str, subparsers: argparse._SubParsersAction) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only tolerate the module itself being absent (a partial checkout), never a
+        # missing dependency inside it.
+        if exc.name != module_name:
+            raise
+        return
+    module.register(subparsers)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from shared.settings import SettingsError
+
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except SettingsError as exc:
+        print(f"turboserve: {exc}", file=sys.stderr)
+        return 2
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""``turboserve worker``: run one GPU worker (or a CPU worker where there is no GPU)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("worker", help="run a GPU worker (TURBOSERVE_* settings)")
+    p.add_argument("--worker-id", help="worker id (TURBOSERVE_WORKER_ID)")
+    p.add_argument("--preset", help="model preset: tiny, small, wan-1.3b (TURBOSERVE_PRESET)")
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N (TURBOSERVE_DEVICE)")
+    p.set_defaults(func=run)
+
+
+def describe_device(requested: str) -> dict[str, object]:
+    """What the worker will run on, said in its first log line."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if requested == "auto":
+        device = "cuda:0" if has_cuda else "cpu"
+    else:
+        device = requested
+    info: dict[str, object] = {"device": device, "gpu": has_cuda}
+    if has_cuda:
+        info["gpu_name"] = torch.cuda.get_device_name(0)
+    else:
+        info["note"] = "no CUDA GPU found: running on the CPU"
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.gpu_worker.service import WorkerService
+    from shared.logging import configure_logging, get_logger
+    from shared.runner import run_service
+    from shared.settings import WorkerSettings
+
+    overrides = {
+        k: v
+        for k, v in (("worker_id", args.worker_id), ("preset", args.preset), ("device", args.device))
+        if v is not None
+    }
+    settings = WorkerSettings.from_env(**overrides)
+    configure_logging(settings.log_level, settings.log_format, service="worker")
+    get_logger("turboserve.worker").info("worker_starting", worker_id=settings.worker_id,
+                                         **describe_device(settings.device))
+    return run_service(lambda: WorkerService(settings), settings, "worker")

@@ -1,0 +1,29 @@
+"""The GPU worker's batch engine (slots, coalesced step, suspend/resume, export/import)."""
+
+from .engine import Engine, noise_seed, resolve_device
+from .types import (
+    ChunkResult,
+    EngineConfig,
+    EngineError,
+    EngineFull,
+    IncompatibleState,
+    SessionExists,
+    SessionState,
+    UnknownSession,
+    WrongSessionState,
+)
+
+__all__ = [
+    "ChunkResult",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineFull",
+    "IncompatibleState",
+    "SessionExists",
+    "SessionState",
+    "UnknownSession",
+    "WrongSessionState",
+    "noise_seed",
+    "resolve_device",
+]

@@ -1,0 +1,343 @@
+"""The batch engine: sessions in preallocated slots, one coalesced model pass per step.
+
+Blocking and not thread-safe by design beyond one lock: the worker service calls it from
+one dedicated thread, so commands land between steps, at chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from .. import telemetry as telemetry_mod
+from ..model.checkpoint import load_checkpoint
+from ..model.config import ModelConfig, get_preset
+from ..model.decoder import build_decoder
+from ..model.dit import ChunkCaches, build_model
+from ..model.schedule import sigmas
+from ..model.text import make_text_encoder
+from .slots import SlotPool
+from .types import (
+    ChunkResult,
+    EngineConfig,
+    EngineFull,
+    IncompatibleState,
+    SessionExists,
+    SessionState,
+    UnknownSession,
+    WrongSessionState,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def noise_seed(seed: int, seq: int, step: int) -> int:
+    """The seed of one noise draw: a session's RNG state is just (seed, seq)."""
+    digest = hashlib.blake2b(f"{seed}:{seq}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass(slots=True)
+class _Session:
+    session_id: str
+    seed: int
+    prompt: str
+    seq: int = 0
+    position: int = 0
+    pending_prompt: str | None = None
+    host: SessionState | None = None  # set while suspended
+
+    @property
+    def suspended(self) -> bool:
+        return self.host is not None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config: ModelConfig = get_preset(config.preset)
+        self._device = resolve_device(config.device)
+        default = "bfloat16" if self._device.type == "cuda" else "float32"
+        self.dtype = _DTYPES[config.dtype or default]
+        self._pin = config.pin_host_memory and self._device.type == "cuda"
+        self.model = build_model(self.model_config, self._device, self.dtype, seed=config.seed)
+        if config.checkpoint:
+            load_checkpoint(self.model, config.checkpoint)
+        self.decoder = build_decoder(self.model_config, self._device, self.dtype, seed=config.seed)
+        self.text_encoder = make_text_encoder(
+            config.text_encoder, self.model_config.text_dim, self.model_config.text_len
+        )
+        self.pool = SlotPool(self.model_config, config.max_sessions, self._device, self.dtype)
+        self._sigmas = sigmas(self.model_config)
+        self._sessions: dict[str, _Session] = {}
+        self._resident: list[str] = []  # slot i holds self._resident[i]
+        self._generator = torch.Generator(device=self._device)
+        self._chunk_ms: dict[int, deque[float]] = {}
+        self._lock = threading.RLock()
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return str(self._device)
+
+    @property
+    def capacity(self) -> int:
+        return self.config.max_sessions
+
+    @property
+    def state_bytes(self) -> int:
+        return self.pool.bytes_per_slot
+
+    def has_session(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def active_sessions(self) -> list[str]:
+        with self._lock:
+            return list(self._resident)
+
+    def suspended_sessions(self) -> list[str]:
+        with self._lock:
+            return [s.session_id for s in self._sessions.values() if s.suspended]
+
+    # -- session lifecycle --------------------------------------------------------------
+    def add_session(self, session_id: str, prompt: str, seed: int) -> None:
+        with self._lock:
+            if session_id in self._sessions:
+                raise SessionExists(session_id)
+            slot = self._claim_slot()
+            self.pool.clear(slot)
+            self._write_prompt(slot, prompt)
+            self._sessions[session_id] = _Session(session_id, seed, prompt)
+            self._resident.append(session_id)
+
+    def set_prompt(self, session_id: str, prompt: str) -> None:
+        """The new prompt conditions chunks from the next one on (LongLive's re-cache of the
+        cross-attention at a chunk boundary)."""
+        with self._lock:
+            self._get(session_id).pending_prompt = prompt
+
+    def suspend(self, session_id: str) -> None:
+        with self._lock:
+            session = self._get(session_id)
+            if session.suspended:
+                raise WrongSessionState(session_id, "suspended", "executing")
+            session.host = self._read_state(session)
+            self._release_slot(session_id)
+
+    def resume(self, session_id: str) -> None:
+        with self._lock:
+            session = self._get(session_id)
+            if session.host is None:
+                raise WrongSessionState(session_id, "executing", "suspended")
+            slot = self._claim_slot()
+            self.pool.write(slot, session.host.layers, session.host.misc)
+            session.host = None
+            self._resident.append(session_id)
+
+    def remove_session(self, session_id: str) -> None:
+        with self._lock:
+            session = self._get(session_id)
+            if not session.suspended:
+                self._release_slot(session_id)
+            del self._sessions[session_id]
+
+    def export_state(self, session_id: str) -> SessionState:
+        """A host copy of the session's state; the session itself is left as it was."""
+        with self._lock:
+            session = self._get(session_id)
+            if session.host is not None:
+                return session.host
+            return self._read_state(session)
+
+    def import_state(self, state: SessionState) -> None:
+        """Makes the session resident here; its next chunk is ``state.seq``."""
+        with self._lock:
+            self._check_compatible(state)
+            if state.session_id in self._sessions:
+                raise SessionExists(state.session_id)
+            slot = self._claim_slot()
+            self.pool.write(slot, state.layers, state.misc)
+            self._sessions[state.session_id] = _Session(
+                state.session_id, state.seed, state.prompt, state.seq, state.position,
+                state.pending_prompt,
+            )
+            self._resident.append(state.session_id)
+
+    # -- the step -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[ChunkResult]:
+        """One chunk for every resident session, in one batched pass per denoising step."""
+        with self._lock:
+            if not self._resident:
+                return []
+            started = time.perf_counter()
+            sessions = [self._sessions[sid] for sid in self._resident]
+            self._apply_pending_prompts(sessions)
+            frames = self._generate(sessions)
+            frames_cpu = frames.cpu()
+            if self._device.type == "cuda":
+                torch.cuda.synchronize(self._device)  # the timing covers all queued work
+            gen_ms = (time.perf_counter() - started) * 1000.0
+            batch = len(sessions)
+            self._chunk_ms.setdefault(batch, deque(maxlen=64)).append(gen_ms)
+            results = []
+            for i, session in enumerate(sessions):
+                results.append(ChunkResult(session.session_id, session.seq, frames_cpu[i], gen_ms, batch))
+                session.seq += 1
+                session.position += self.model_config.chunk_frames
+            return results
+
+    def _generate(self, sessions: list[_Session]) -> torch.Tensor:
+        config = self.model_config
+        batch = len(sessions)
+        device = self._device
+        starts = torch.tensor([s.position for s in sessions], dtype=torch.long)
+        caches = ChunkCaches(
+            self_kv=[self.pool.self_kv(i, 0, batch) for i in range(config.num_layers)],
+            cross_kv=[self.pool.cross_kv(i, 0, batch) for i in range(config.num_layers)],
+            key_mask=self._key_mask(sessions),
+            scratch=self.pool.scratch,
+        )
+        # 1. Denoise: a few flow-matching steps, fresh noise per step and session.
+        x = self._noise(sessions, 0)
+        x0 = x
+        for step, sigma in enumerate(self._sigmas):
+            t = torch.full((batch,), sigma * 1000.0, device=device)
+            flow = self.model(x, t, starts, caches).float()
+            x0 = x - sigma * flow
+            if step + 1 < len(self._sigmas):
+                nxt = self._sigmas[step + 1]
+                x = (1.0 - nxt) * x0 + nxt * self._noise(sessions, step + 1)
+        # 2. Cache-write pass: the clean chunk at t=0, then scratch -> sink or ring.
+        self.model(x0, torch.zeros(batch, device=device), starts, caches)
+        self._commit_scratch(sessions, caches.self_kv)
+        # 3. Decode to RGB; the decoder context in the slot advances in place.
+        return self.decoder(x0, self.pool.decoder_context(0, batch))
+
+    def _noise(self, sessions: list[_Session], step: int) -> torch.Tensor:
+        config = self.model_config
+        shape = (config.in_dim, config.chunk_frames, config.latent_height, config.latent_width)
+        draws = []
+        for session in sessions:
+            self._generator.manual_seed(noise_seed(session.seed, session.seq, step))
+            draws.append(torch.randn(shape, generator=self._generator, device=self._device))
+        return torch.stack(draws)
+
+    def _frame_slot(self, position: int) -> int:
+        """Where the chunk starting at latent frame ``position`` is kept in the cache."""
+        config = self.model_config
+        if position < config.sink_frames:
+            return position
+        return config.sink_frames + (position - config.sink_frames) % config.window_frames
+
+    def _key_mask(self, sessions: list[_Session]) -> torch.Tensor | None:
+        config = self.model_config
+        sink, window = config.sink_frames, config.window_frames
+        valid = torch.ones(len(sessions), config.cache_frames, dtype=torch.bool)
+        for i, session in enumerate(sessions):
+            written = session.position
+            valid[i, :sink] = torch.arange(sink) < written
+            valid[i, sink : sink + window] = torch.arange(window) < written - sink
+        if bool(valid.all()):
+            return None  # every session's window is full: unmasked (faster) attention
+        tokens = valid.repeat_interleave(config.tokens_per_frame, dim=1)
+        return tokens[:, None, None, :].to(self._device)
+
+    def _commit_scratch(self, sessions: list[_Session], self_kv: list[torch.Tensor]) -> None:
+        tpf = self.model_config.tokens_per_frame
+        start, end = self.pool.scratch
+        for i, session in enumerate(sessions):
+            dst = self._frame_slot(session.position) * tpf
+            for kv in self_kv:
+                kv[i, :, :, dst : dst + end - start] = kv[i, :, :, start:end]
+
+    # -- helpers --------------------------------------------------------------------------
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSession(session_id) from None
+
+    def _claim_slot(self) -> int:
+        if len(self._resident) >= self.capacity:
+            raise EngineFull(self.capacity)
+        return len(self._resident)
+
+    def _release_slot(self, session_id: str) -> None:
+        """Frees the session's slot, moving the last resident session into the hole so that
+        resident sessions stay in slots 0..n-1."""
+        slot = self._resident.index(session_id)
+        last = len(self._resident) - 1
+        if slot != last:
+            self.pool.move(last, slot)
+            self._resident[slot] = self._resident[last]
+        self._resident.pop()
+
+    @torch.inference_mode()
+    def _write_prompt(self, slot: int, prompt: str) -> None:
+        text = self.text_encoder.encode(prompt)[None].to(self._device)
+        for layer, kv in enumerate(self.model.encode_context(text)):
+            self.pool.cross_kv(layer, slot, slot + 1).copy_(kv)
+
+    def _apply_pending_prompts(self, sessions: list[_Session]) -> None:
+        for slot, session in enumerate(sessions):
+            if session.pending_prompt is not None:
+                self._write_prompt(slot, session.pending_prompt)
+                session.prompt, session.pending_prompt = session.pending_prompt, None
+
+    def _read_state(self, session: _Session) -> SessionState:
+        slot = self._resident.index(session.session_id)
+        layers, misc = self.pool.read(slot, pin=self._pin)
+        return SessionState(
+            session_id=session.session_id, seq=session.seq, position=session.position,
+            prompt=session.prompt, seed=session.seed, preset=self.model_config.name,
+            dtype=str(self.dtype).removeprefix("torch."), layers=layers, misc=misc,
+            pending_prompt=session.pending_prompt,
+            meta={"weights_seed": str(self.config.seed)},
+        )
+
+    def _check_compatible(self, state: SessionState) -> None:
+        expected_dtype = str(self.dtype).removeprefix("torch.")
+        checks = [
+            ("preset", state.preset, self.model_config.name),
+            ("dtype", state.dtype, expected_dtype),
+            ("layers", len(state.layers), self.model_config.num_layers),
+            ("region numel", {t.numel() for t in state.layers}, {self.pool.region_numel}),
+            ("misc numel", state.misc.numel(), self.pool.misc_numel),
+        ]
+        for name, got, expected in checks:
+            if got != expected:
+                raise IncompatibleState(name, got, expected)
+
+    # -- telemetry ------------------------------------------------------------------------
+    def chunk_ms_by_batch(self) -> dict[int, float]:
+        """Median measured wall time of a step, per batch size seen."""
+        with self._lock:
+            return {b: statistics.median(ms) for b, ms in sorted(self._chunk_ms.items()) if ms}
+
+    def telemetry(self) -> dict:
+        report = telemetry_mod.device_report(self._device)
+        report.update(
+            preset=self.model_config.name,
+            capacity=self.capacity,
+            active=len(self._resident),
+            suspended=len(self.suspended_sessions()),
+            state_bytes=self.state_bytes,
+            chunk_ms=self.chunk_ms_by_batch(),
+        )
+        return report

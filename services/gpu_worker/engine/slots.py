@@ -1,0 +1,98 @@
+"""Preallocated per-session state slots.
+
+Each layer owns one buffer ``[capacity, region]``; a session's region in it (one row) holds
+its self-attention cache ``[2, H, cache_tokens, d]`` followed by its cross-attention cache
+``[2, H, text_len, d]``, contiguous, so the migration transport can send it whole. A second
+buffer holds the decoder's causal context. Resident sessions always occupy slots
+``0..n-1`` (the engine compacts on removal), so a batched pass reads plain slices of the
+buffers and never gathers (a copy of every cache per pass).
+
+Frame slots of the self-attention cache: ``[sink | ring window | scratch]``. The scratch
+holds the current chunk's keys and values during its passes; the cache-write pass copies
+them into the sink (first chunk) or the ring (later chunks, overwriting the oldest).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.config import ModelConfig
+from ..model.decoder import LatentDecoder
+
+
+class SlotPool:
+    def __init__(
+        self, config: ModelConfig, capacity: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.config = config
+        self.capacity = capacity
+        self.device = device
+        self.dtype = dtype
+        heads, head_dim = config.num_heads, config.head_dim
+        self.cache_tokens = config.cache_frames * config.tokens_per_frame
+        self.self_shape = (2, heads, self.cache_tokens, head_dim)
+        self.cross_shape = (2, heads, config.text_len, head_dim)
+        self.self_numel = 2 * heads * self.cache_tokens * head_dim
+        self.region_numel = self.self_numel + 2 * heads * config.text_len * head_dim
+        self.misc_shape = (
+            config.out_dim, LatentDecoder.context_frames, config.latent_height, config.latent_width
+        )
+        self.misc_numel = int(torch.Size(self.misc_shape).numel())
+        self.layers = [
+            torch.zeros(capacity, self.region_numel, device=device, dtype=dtype)
+            for _ in range(config.num_layers)
+        ]
+        self.misc = torch.zeros(capacity, self.misc_numel, device=device, dtype=dtype)
+
+    @property
+    def bytes_per_slot(self) -> int:
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return (self.region_numel * self.config.num_layers + self.misc_numel) * item
+
+    @property
+    def scratch(self) -> tuple[int, int]:
+        config = self.config
+        start = (config.sink_frames + config.window_frames) * config.tokens_per_frame
+        return start, start + config.chunk_tokens
+
+    def self_kv(self, layer: int, start: int, end: int) -> torch.Tensor:
+        rows = self.layers[layer][start:end, : self.self_numel]
+        return rows.view(end - start, *self.self_shape)
+
+    def cross_kv(self, layer: int, start: int, end: int) -> torch.Tensor:
+        rows = self.layers[layer][start:end, self.self_numel :]
+        return rows.view(end - start, *self.cross_shape)
+
+    def decoder_context(self, start: int, end: int) -> torch.Tensor:
+        return self.misc[start:end].view(end - start, *self.misc_shape)
+
+    def clear(self, slot: int) -> None:
+        for buffer in self.layers:
+            buffer[slot].zero_()
+        self.misc[slot].zero_()
+
+    def move(self, src: int, dst: int) -> None:
+        for buffer in self.layers:
+            buffer[dst].copy_(buffer[src])
+        self.misc[dst].copy_(self.misc[src])
+
+    def regions(self, slot: int) -> list[torch.Tensor]:
+        """The slot's contiguous regions (views): one per layer, then the misc one."""
+        return [buffer[slot] for buffer in self.layers] + [self.misc[slot]]
+
+    def read(self, slot: int, pin: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A host copy of the slot (page-locked when ``pin``), complete when it returns."""
+        copies = []
+        for region in self.regions(slot):
+            host = torch.empty(region.shape, dtype=region.dtype, pin_memory=pin)
+            host.copy_(region, non_blocking=pin)
+            copies.append(host)
+        if pin and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return copies[:-1], copies[-1]
+
+    def write(self, slot: int, layers: list[torch.Tensor], misc: torch.Tensor) -> None:
+        for region, source in zip(self.regions(slot), [*layers, misc], strict=True):
+            region.copy_(source, non_blocking=source.is_pinned())
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

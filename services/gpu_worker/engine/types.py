@@ -1,0 +1,103 @@
+"""The engine's public value types and errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    preset: str = "tiny"
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    max_sessions: int = 8
+    seed: int = 0  # weight seed: workers with the same seed hold the same random weights
+    checkpoint: str | None = None  # safetensors in the Wan2.1 / Self-Forcing layout
+    dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
+    text_encoder: str = "hash"  # "hash", "minilm" or "auto"
+    pin_host_memory: bool = True  # suspended state in page-locked memory (GPU only)
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkResult:
+    session_id: str
+    seq: int  # 0 for a session's first chunk
+    frames: torch.Tensor  # uint8 [T, H, W, 3] on the CPU
+    gen_ms: float  # wall time of the whole batched step
+    batch: int
+
+
+@dataclass(slots=True)
+class SessionState:
+    """Everything a session needs to continue elsewhere: one flat tensor per layer (the
+    slot's contiguous region: self-attention KV window and cross-attention cache), one for
+    the rest (decoder context), and metadata. Noise is derived from (seed, seq, step), so the
+    seed and seq are the whole RNG state."""
+
+    session_id: str
+    seq: int
+    position: int  # latent frames written to the cache
+    prompt: str
+    seed: int
+    preset: str
+    dtype: str
+    layers: list[torch.Tensor]
+    misc: torch.Tensor
+    pending_prompt: str | None = None
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.layers, self.misc]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class EngineError(Exception):
+    retryable = False
+
+
+class EngineFull(EngineError):
+    """No free slot. Retrying helps once a session is suspended or removed."""
+
+    retryable = True
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(f"all {capacity} session slots are in use")
+        self.capacity = capacity
+
+
+class UnknownSession(EngineError, KeyError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session {session_id!r} on this engine")
+        self.session_id = session_id
+
+
+class SessionExists(EngineError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} is already on this engine")
+        self.session_id = session_id
+
+
+class WrongSessionState(EngineError):
+    """E.g. resume of a session that is not suspended."""
+
+    def __init__(self, session_id: str, state: str, wanted: str) -> None:
+        super().__init__(f"session {session_id!r} is {state}, needs to be {wanted}")
+        self.session_id = session_id
+        self.state = state
+        self.wanted = wanted
+
+
+class IncompatibleState(EngineError):
+    """An imported state made for another preset, dtype or layout."""
+
+    def __init__(self, field_name: str, got: object, expected: object) -> None:
+        super().__init__(f"state {field_name} is {got!r}, this engine needs {expected!r}")
+        self.field_name = field_name
+        self.got = got
+        self.expected = expected

@@ -1,0 +1,91 @@
+"""The provisioner: the only service that starts or stops workers.
+
+Commands arrive on ``ts.provisioner.cmd`` (start N workers, stop these workers); what happens is
+reported on ``ts.provisioner.events`` (booting, gone). Workers report ``ready`` themselves through
+the registry once their model is loaded. The autoscaler drives it in the closed-loop wave; for
+now it keeps ``min_workers`` running from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from services.provisioner.local import LocalBackend
+from shared.logging import get_logger
+from shared.runner import ServiceContext
+from shared.settings import ProvisionerSettings
+from shared.wire import (
+    ProvisionerCmdKind,
+    ProvisionerCommand,
+    ProvisionerEvent,
+    WireError,
+    WorkerStatus,
+    decode,
+    encode,
+)
+
+log = get_logger("turboserve.provisioner")
+
+
+class ProvisionerService:
+    name = "provisioner"
+
+    def __init__(self, settings: ProvisionerSettings) -> None:
+        self.settings = settings
+        self.backend = LocalBackend(extra_env={"TURBOSERVE_PRESET": settings.worker_preset})
+        self.ctx: ServiceContext | None = None
+        self._stopping = False
+
+    async def start(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        await ctx.nc.subscribe(ctx.subjects.provisioner_cmd, cb=self._on_command)
+        for _ in range(self.settings.min_workers):
+            await self.start_worker(self._new_id())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await self.backend.stop_all(grace_s=self.settings.shutdown_grace_s)
+
+    def _new_id(self) -> str:
+        return f"w-{uuid.uuid4().hex[:8]}"
+
+    async def start_worker(self, worker_id: str) -> None:
+        if len(self.backend.workers) >= self.settings.max_workers:
+            log.warning("max_workers_reached", max_workers=self.settings.max_workers, refused=worker_id)
+            await self._event(worker_id, WorkerStatus.GONE, "refused: max_workers reached")
+            return
+        worker = await self.backend.start(worker_id)
+        await self._event(worker_id, WorkerStatus.BOOTING, f"pid {worker.process.pid}")
+        assert self.ctx is not None
+        self.ctx.spawn(self.backend.watch(worker, self._on_exit), name=f"watch-{worker_id}")
+
+    def _on_exit(self, worker_id: str, code: int) -> None:
+        log.warning("worker_process_exited", worker_id=worker_id, code=code)
+        if self.ctx is not None and not self._stopping:
+            self.ctx.spawn(self._event(worker_id, WorkerStatus.GONE, f"exit code {code}"), name="event")
+
+    async def _on_command(self, msg) -> None:
+        try:
+            cmd = decode(msg.subject, msg.data, ProvisionerCommand)
+        except WireError as exc:
+            log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+            return
+        if self._stopping:
+            return
+        if cmd.kind is ProvisionerCmdKind.START:
+            ids = cmd.worker_ids or [self._new_id() for _ in range(max(0, cmd.count))]
+            for wid in ids:
+                await self.start_worker(wid)
+        elif cmd.kind is ProvisionerCmdKind.STOP:
+            await asyncio.gather(*(self._stop_one(wid) for wid in cmd.worker_ids))
+
+    async def _stop_one(self, worker_id: str) -> None:
+        code = await self.backend.stop(worker_id, grace_s=self.settings.shutdown_grace_s)
+        if code is not None:
+            await self._event(worker_id, WorkerStatus.GONE, f"stopped, exit code {code}")
+
+    async def _event(self, worker_id: str, status: WorkerStatus, detail: str) -> None:
+        assert self.ctx is not None
+        event = ProvisionerEvent(worker_id=worker_id, status=status, detail=detail)
+        await self.ctx.nc.publish(self.ctx.subjects.provisioner_events, encode(event))

@@ -1,0 +1,210 @@
+"""Autoscaling: target utilisation rho_hat with a hysteresis band, and adaptive rho_hat.
+
+``scale`` is the paper's rule as a pure function. Its inputs:
+
+* ``rho_max``: active sessions on the fullest READY GPU after placement, over K (above 1 when
+  sessions wait for a slot);
+* ``budget``: READY + BOOTING GPUs (a booting GPU counts from the moment it is asked for, so a
+  request already in flight is not repeated on the next event).
+
+It fires only outside the band: up when ``rho_max > rho_hat + delta``, down when
+``rho_max < rho_hat - delta``; then ``M = ceil(N_req / (K * rho_hat))``. Two guards keep it
+from flapping on integer loads: M is never below ``ceil(N_req / floor(K * (rho_hat + delta)))``
+(a count whose balanced load would sit above the band and fire straight back up), and an "up"
+never shrinks the pool nor a "down" grows it.
+
+Adaptive rho_hat (paper: "volatility of activations"): :class:`VolatilityTracker` counts
+activations (arrivals and idle->active flips) in fixed bins and reports the standard deviation
+of the per-bin counts over a sliding window; :class:`RhoTable` quantises it into 10 levels and
+maps each to (rho_hat, delta). The table lives at ``core/data/rho_table.json`` and is written
+by ``turboserve sim profile``; when the file is absent the core uses the fixed
+``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the paper's own examples.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FALLBACK_RHO_HAT = 0.7
+FALLBACK_DELTA = 0.1
+LEVELS = 10
+DEFAULT_TABLE_PATH = Path(__file__).with_name("data") / "rho_table.json"
+DEFAULT_WINDOW_S = 300.0
+DEFAULT_BIN_S = 10.0
+
+
+def scale(
+    n_required: int,
+    rho_max: float,
+    budget: int,
+    capacity: int,
+    rho_hat: float,
+    delta: float,
+    min_gpus: int = 1,
+    max_gpus: int | None = None,
+) -> int:
+    """Target GPU count (READY + BOOTING); returning ``budget`` means no scale event."""
+    up = rho_max > rho_hat + delta
+    down = rho_max < rho_hat - delta
+    if not (up or down):
+        return budget
+    target = gpus_for(n_required, capacity, rho_hat, delta)
+    target = max(target, min_gpus)
+    if max_gpus is not None:
+        target = min(target, max_gpus)
+    return max(target, budget) if up else min(target, budget)
+
+
+def gpus_for(n_required: int, capacity: int, rho_hat: float, delta: float) -> int:
+    """M = ceil(N_req / (K rho_hat)), raised if needed so that the balanced load stays inside
+    the band (see the module docstring)."""
+    if n_required <= 0:
+        return 0
+    m = math.ceil(n_required / (capacity * rho_hat) - 1e-9)
+    per_gpu_top = min(capacity, max(1, math.floor(capacity * (rho_hat + delta) + 1e-9)))
+    return max(m, math.ceil(n_required / per_gpu_top))
+
+
+class VolatilityTracker:
+    """Std of activation counts per ``bin_s`` bin over the last ``window_s`` (complete bins).
+
+    Bins before the first recorded time do not count, so the measure is defined from the third
+    complete bin on; before that :meth:`std` returns None."""
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, bin_s: float = DEFAULT_BIN_S) -> None:
+        if bin_s <= 0 or window_s < bin_s:
+            raise ValueError(f"need 0 < bin_s <= window_s, got bin_s={bin_s}, window_s={window_s}")
+        self.bin_s = bin_s
+        self.n_bins = int(round(window_s / bin_s))
+        self._bins: deque[list[int]] = deque()  # [bin index, count], oldest first
+        self._first_bin: int | None = None
+        self._cache: tuple[int, float | None] | None = None
+
+    def observe(self, t: float) -> None:
+        """Advance the clock without an activation (keeps the first-bin origin right)."""
+        if self._first_bin is None:
+            self._first_bin = int(t // self.bin_s)
+
+    def record(self, t: float) -> None:
+        b = int(t // self.bin_s)
+        if self._first_bin is None:
+            self._first_bin = b
+        if self._bins and self._bins[-1][0] == b:
+            self._bins[-1][1] += 1
+        else:
+            self._bins.append([b, 1])
+        # No cache reset: only complete bins count, and a record lands in the current one.
+
+    def std(self, t: float) -> float | None:
+        current = int(t // self.bin_s)
+        if self._cache is not None and self._cache[0] == current:
+            return self._cache[1]
+        value = self._compute(current)
+        self._cache = (current, value)
+        return value
+
+    def _compute(self, current: int) -> float | None:
+        if self._first_bin is None:
+            return None
+        lo = max(self._first_bin, current - self.n_bins)
+        n = current - lo  # complete bins in [lo, current)
+        if n < 3:
+            return None
+        while self._bins and self._bins[0][0] < lo:
+            self._bins.popleft()
+        total = 0
+        squares = 0
+        for b, count in self._bins:
+            if b >= current:
+                break
+            total += count
+            squares += count * count
+        mean = total / n
+        return math.sqrt(max(0.0, squares / n - mean * mean))
+
+
+@dataclass(frozen=True, slots=True)
+class RhoTable:
+    """Volatility level -> (rho_hat, delta). ``level_edges`` are the 9 ascending std thresholds
+    between the 10 levels (level = how many edges the std reaches or exceeds)."""
+
+    level_edges: tuple[float, ...]
+    rho_hat: tuple[float, ...]
+    delta: tuple[float, ...]
+    window_s: float = DEFAULT_WINDOW_S
+    bin_s: float = DEFAULT_BIN_S
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.level_edges) != LEVELS - 1:
+            raise ValueError(f"rho table: need {LEVELS - 1} level_edges, got {len(self.level_edges)}")
+        if list(self.level_edges) != sorted(self.level_edges):
+            raise ValueError(f"rho table: level_edges must ascend, got {list(self.level_edges)}")
+        if len(self.rho_hat) != LEVELS or len(self.delta) != LEVELS:
+            raise ValueError(f"rho table: need {LEVELS} levels, got {len(self.rho_hat)} rho_hat "
+                             f"and {len(self.delta)} delta")
+        for i, (r, d) in enumerate(zip(self.rho_hat, self.delta, strict=True)):
+            if not (0 < r <= 1) or not (0 <= d < r):
+                raise ValueError(f"rho table: level {i} needs 0 < rho_hat <= 1 and "
+                                 f"0 <= delta < rho_hat, got rho_hat={r}, delta={d}")
+
+    def level(self, std: float) -> int:
+        return bisect.bisect_right(self.level_edges, std)
+
+    def lookup(self, std: float) -> tuple[float, float]:
+        i = self.level(std)
+        return self.rho_hat[i], self.delta[i]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "window_s": self.window_s,
+            "bin_s": self.bin_s,
+            "level_edges": list(self.level_edges),
+            "levels": [{"rho_hat": r, "delta": d} for r, d in zip(self.rho_hat, self.delta, strict=True)],
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RhoTable:
+        try:
+            levels = raw["levels"]
+            return cls(
+                level_edges=tuple(float(x) for x in raw["level_edges"]),
+                rho_hat=tuple(float(x["rho_hat"]) for x in levels),
+                delta=tuple(float(x.get("delta", FALLBACK_DELTA)) for x in levels),
+                window_s=float(raw.get("window_s", DEFAULT_WINDOW_S)),
+                bin_s=float(raw.get("bin_s", DEFAULT_BIN_S)),
+                source=str(raw.get("source", "")),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"rho table: malformed ({exc!r})") from exc
+
+
+def load_rho_table(path: str | Path | None = None) -> RhoTable | None:
+    """The table at ``path`` (default ``core/data/rho_table.json``); None if the default file is
+    absent (the caller falls back to the fixed rho_hat). A named file that is missing, or any
+    malformed file, raises."""
+    target = Path(path) if path is not None else DEFAULT_TABLE_PATH
+    if not target.is_file():
+        if path is None:
+            return None
+        raise FileNotFoundError(f"rho table {target}: no such file")
+    try:
+        raw = json.loads(target.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"rho table {target}: not valid JSON ({exc})") from exc
+    return RhoTable.from_dict(raw)
+
+
+def save_rho_table(table: RhoTable, path: str | Path | None = None) -> Path:
+    target = Path(path) if path is not None else DEFAULT_TABLE_PATH
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(table.to_dict(), indent=2) + "\n")
+    return target

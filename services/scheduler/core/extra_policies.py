@@ -1,0 +1,279 @@
+"""The evaluation's extra policies, registered by name with the core's registry.
+
+All are the core's :class:`Controller` (same cluster view, same placement, same scale-in by
+drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook):
+
+``hpa``
+    A reactive scaler in the style of Kubernetes' Horizontal Pod Autoscaler, the usual rival
+    in production: every ``sync_s`` (15 s) it computes
+    ``desired = ceil(current * utilisation / target)`` (utilisation = active sessions over
+    K x ready GPUs, waiting sessions included), does nothing while the ratio is within the
+    ``tolerance`` (0.1), scales up at once, and scales down only to the highest recommendation
+    of the last ``stabilization_s`` (300 s, HPA's default down-scale window).  Placement is
+    least-loaded without migration, as pods are never moved.  Parameter ``target`` (default
+    0.7) is its utilisation target; ``rho_hat`` is accepted as another name for it.
+``least_loaded_autoscale``
+    Least-loaded placement with the TurboServe autoscaler but no migration: the core's
+    ``no_migration`` under the name the evaluation uses for it as a rival.
+``clairvoyant``
+    Our loop, with the same rho_hat (fixed, or the adaptive table fed by the same volatility
+    tracker) and the same placement, but told the future: at time t it holds
+    ``gpus_for(max active over [t, t + boot_delay_s + lookahead_slack_s])``, so it asks for a
+    GPU exactly one boot delay (plus one tick) before it is needed and lets it go as soon as
+    it is not needed within that horizon.  Needs ``future=`` (a trace: an object with
+    ``events`` of ``(t, session_id, event)``, or a list of such rows).
+``turboserve_predictive``
+    Our loop, with the GPU count sized for a short-horizon forecast of active sessions one
+    boot delay ahead: Holt's linear trend (double exponential smoothing) on the active count
+    sampled once per ``sample_s``, plus burst detection (activations in the last sample above
+    the window's mean + ``burst_sigma`` std make the forecast at least the current count plus
+    that burst again).  rho_hat and the hysteresis band still guard the deadline: it scales up
+    when the current *or* forecast load leaves the band, and down only when both are below it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from services.scheduler.core.autoscale import gpus_for
+from services.scheduler.core.loop import Controller
+from services.scheduler.core.policies import available_policies, get_policy, register_policy
+from services.scheduler.core.profile import LatencyProfile
+from services.scheduler.core.types import Decision, Event, EventKind
+
+__all__ = ["ClairvoyantController", "HpaController", "PredictiveController"]
+
+_CONTROLLER_PARAMS = frozenset({
+    "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
+    "min_gpus", "max_gpus", "rho_table", "t0",
+})
+
+
+def _check(name: str, params: dict[str, Any], extra: Iterable[str]) -> None:
+    allowed = _CONTROLLER_PARAMS | {"gpus"} | set(extra)
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise TypeError(
+            f"policy {name!r} does not take {', '.join(unknown)}; "
+            f"it takes {', '.join(sorted(allowed))}"
+        )
+    if "gpus" in params:
+        if "initial_gpus" in params:
+            raise TypeError(f"policy {name!r}: give gpus or initial_gpus, not both")
+        params["initial_gpus"] = params.pop("gpus")
+
+
+# ---- HPA-style reactive scaler ---------------------------------------------------------------
+
+class HpaController(Controller):
+    def __init__(self, profile: LatencyProfile, *, target: float = 0.7, tolerance: float = 0.1,
+                 sync_s: float = 15.0, stabilization_s: float = 300.0, **params: Any) -> None:
+        if not 0 < target <= 1:
+            raise ValueError(f"target utilisation must be in (0, 1], got {target}")
+        params.setdefault("rho_hat", target)  # unused by the hook; keeps the table unloaded
+        super().__init__(profile, migrate=False, **params)
+        self.target = target
+        self.tolerance = tolerance
+        self.sync_s = sync_s
+        self.stabilization_s = stabilization_s
+        self._next_sync = float("-inf")
+        self._recommendations: deque[tuple[float, int]] = deque()
+        self._last: tuple[float, int] | None = None
+
+    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: int,
+                    rho_hat: float, delta: float) -> int:
+        # The loop may ask more than once per event (scale-in pass, scale-out pass): the
+        # answer of this sync stands until the next one.
+        if self._last is not None and self._last[0] == t:
+            return self._last[1]
+        if t < self._next_sync:
+            return budget
+        self._next_sync = t + self.sync_s
+        self._last = (t, self._recommend(t, n_required, budget))
+        return self._last[1]
+
+    def _recommend(self, t: float, n_required: int, budget: int) -> int:
+        # Booting GPUs count as replicas at zero utilisation, as HPA treats unready pods.
+        current = max(1, budget)
+        utilisation = n_required / (self._cluster.capacity * current)
+        ratio = utilisation / self.target
+        desired = budget if abs(ratio - 1.0) <= self.tolerance else math.ceil(current * ratio)
+        desired = max(desired, self.min_gpus, 1 if n_required else self.min_gpus)
+        if self.max_gpus is not None:
+            desired = min(desired, self.max_gpus)
+        # Down-scale stabilisation: the highest recommendation of the window wins.
+        recs = self._recommendations
+        recs.append((t, desired))
+        while recs and recs[0][0] < t - self.stabilization_s:
+            recs.popleft()
+        if desired >= budget:
+            return desired
+        return min(budget, max(r for _, r in recs))
+
+
+def _hpa(profile: LatencyProfile, **params: Any) -> HpaController:
+    _check("hpa", params, {"target", "tolerance", "sync_s", "stabilization_s"})
+    if "rho_hat" in params and "target" not in params:
+        params["target"] = params.pop("rho_hat")
+    return HpaController(profile, name="hpa", **params)
+
+
+# ---- clairvoyant --------------------------------------------------------------------------
+
+class _RangeMax:
+    """Max of a step function over [a, b] in O(1) per query (sparse table)."""
+
+    def __init__(self, times: list[float], values: list[int]) -> None:
+        self.times = times
+        table = [list(values)]
+        span = 1
+        while 2 * span <= len(values):
+            prev = table[-1]
+            table.append([max(prev[i], prev[i + span]) for i in range(len(prev) - span)])
+            span *= 2
+        self.table = table
+
+    def query(self, a: float, b: float) -> int:
+        if not self.times:
+            return 0
+        lo = max(0, bisect.bisect_right(self.times, a) - 1)
+        hi = max(lo, bisect.bisect_right(self.times, b) - 1)
+        k = (hi - lo + 1).bit_length() - 1
+        row = self.table[k]
+        return max(row[lo], row[hi - (1 << k) + 1])
+
+
+def active_timeline(future: Any) -> tuple[list[float], list[int]]:
+    """(times, active count from that time on) from a trace or rows of (t, sid, event)."""
+    rows = getattr(future, "events", future)
+    active: set[str] = set()
+    times: list[float] = []
+    counts: list[int] = []
+    for row in rows:
+        t, sid, kind = (row[0], row[1], row[2]) if isinstance(row, tuple | list) else (
+            row.t, row.session_id, row.event)
+        if kind in ("arrive", "active"):
+            active.add(sid)
+        else:
+            active.discard(sid)
+        if times and times[-1] == t:
+            counts[-1] = len(active)
+        else:
+            times.append(float(t))
+            counts.append(len(active))
+    return times, counts
+
+
+class ClairvoyantController(Controller):
+    def __init__(self, profile: LatencyProfile, *, future: Any,
+                 lookahead_slack_s: float = 1.0, **params: Any) -> None:
+        super().__init__(profile, **params)
+        times, counts = active_timeline(future)
+        self._demand = _RangeMax(times, counts)
+        self.horizon_s = self.boot_delay_s + lookahead_slack_s
+
+    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: int,
+                    rho_hat: float, delta: float) -> int:
+        peak = max(n_required, self._demand.query(t, t + self.horizon_s))
+        target = max(gpus_for(peak, self._cluster.capacity, rho_hat, delta), self.min_gpus)
+        if self.max_gpus is not None:
+            target = min(target, self.max_gpus)
+        return target
+
+
+def _clairvoyant(profile: LatencyProfile, **params: Any) -> ClairvoyantController:
+    _check("clairvoyant", params, {"future", "lookahead_slack_s"})
+    if "future" not in params:
+        raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
+    return ClairvoyantController(profile, name="clairvoyant", **params)
+
+
+# ---- predictive ---------------------------------------------------------------------------
+
+class PredictiveController(Controller):
+    def __init__(self, profile: LatencyProfile, *, sample_s: float = 5.0, alpha: float = 0.5,
+                 beta: float = 0.3, burst_sigma: float = 3.0, window_s: float = 300.0,
+                 **params: Any) -> None:
+        super().__init__(profile, **params)
+        self.sample_s = sample_s
+        self.alpha = alpha
+        self.beta = beta
+        self.burst_sigma = burst_sigma
+        self._window = max(3, int(window_s / sample_s))
+        self._level: float | None = None
+        self._trend = 0.0
+        self._next_sample = float("-inf")
+        self._activations = 0
+        self._history: deque[int] = deque(maxlen=self._window)
+        self._burst = 0.0
+
+    def step(self, event: Event) -> list[Decision]:
+        if event.kind is EventKind.ARRIVE or event.kind is EventKind.ACTIVE:
+            self._activations += 1
+        if event.t >= self._next_sample:
+            self._sample(event.t)
+        return super().step(event)
+
+    def _sample(self, t: float) -> None:
+        n = self._cluster.n_active
+        if self._level is None:
+            self._level = float(n)
+        else:
+            previous = self._level
+            self._level = self.alpha * n + (1 - self.alpha) * (previous + self._trend)
+            self._trend = self.beta * (self._level - previous) + (1 - self.beta) * self._trend
+        hist = self._history
+        self._burst = 0.0
+        if len(hist) >= 3:
+            mean = sum(hist) / len(hist)
+            std = math.sqrt(max(0.0, sum(x * x for x in hist) / len(hist) - mean * mean))
+            if self._activations > mean + self.burst_sigma * max(std, 1.0):
+                self._burst = float(self._activations - mean)
+        hist.append(self._activations)
+        self._activations = 0
+        self._next_sample = t + self.sample_s
+
+    def forecast(self) -> float:
+        """Active sessions expected one boot delay from now."""
+        if self._level is None:
+            return 0.0
+        ahead = self._level + self._trend * (self.boot_delay_s / self.sample_s)
+        return max(ahead, self._cluster.n_active + self._burst)
+
+    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: int,
+                    rho_hat: float, delta: float) -> int:
+        capacity = self._cluster.capacity
+        expected = max(0, math.ceil(self.forecast() - 1e-9))
+        rho_future = expected / (capacity * max(1, budget))
+        up = rho_max > rho_hat + delta or rho_future > rho_hat + delta
+        down = rho_max < rho_hat - delta and rho_future < rho_hat - delta
+        if not (up or down):
+            return budget
+        target = max(gpus_for(max(n_required, expected), capacity, rho_hat, delta),
+                     self.min_gpus)
+        if self.max_gpus is not None:
+            target = min(target, self.max_gpus)
+        return max(target, budget) if up else min(target, budget)
+
+
+def _predictive(profile: LatencyProfile, **params: Any) -> PredictiveController:
+    _check("turboserve_predictive", params,
+           {"sample_s", "alpha", "beta", "burst_sigma", "window_s"})
+    return PredictiveController(profile, name="turboserve_predictive", **params)
+
+
+def _least_loaded_autoscale(profile: LatencyProfile, **params: Any) -> Controller:
+    policy = get_policy("no_migration", profile, **params)
+    policy.name = "least_loaded_autoscale"
+    return policy
+
+
+register_policy("hpa", _hpa)
+register_policy("clairvoyant", _clairvoyant)
+register_policy("turboserve_predictive", _predictive)
+if "least_loaded_autoscale" not in available_policies():
+    register_policy("least_loaded_autoscale", _least_loaded_autoscale)

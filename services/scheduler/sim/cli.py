@@ -1,0 +1,175 @@
+"""``turboserve sim traces|run|profile`` (and ``evaluate``, from ``services.scheduler.eval``).
+
+Top-level imports stay light: numpy, the core and the simulator load inside ``run`` functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+# The paper's static baselines: they take a fixed ``gpus`` count and never scale.
+STATIC_POLICIES = ("round_robin", "least_loaded", "memory_aware")
+DEFAULT_BOOT_DELAY_S = 30.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sim = subparsers.add_parser("sim", help="traces, the discrete-event simulator, the profiler")
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SIM_COMMAND")
+
+    traces = sim_sub.add_parser("traces", help="write the six seeded synthetic traces")
+    traces.add_argument("--out", required=True, type=Path, help="folder to write *.csv.gz into")
+    traces.add_argument("--duration", type=float, default=None,
+                        help="seconds per trace (default: 1800)")
+    traces.add_argument("--plain", action="store_true", help="write .csv instead of .csv.gz")
+    traces.set_defaults(func=run_traces)
+
+    run = sim_sub.add_parser("run", help="simulate one policy (or all) on one trace")
+    run.add_argument("--trace", required=True, help="a trace file, or a built-in trace name")
+    run.add_argument("--policy", default="turboserve",
+                     help="a registered policy name, or 'all' (default: turboserve)")
+    run.add_argument("--gpus", type=int, default=None,
+                     help="GPU count for static policies (with --policy all: default is "
+                          "turboserve's mean GPU count, i.e. matched cost)")
+    run.add_argument("--rho-hat", type=float, default=None,
+                     help="fixed target utilisation (default: the adaptive table)")
+    run.add_argument("--delta", type=float, default=None, help="hysteresis band")
+    run.add_argument("--boot-delay", type=float, default=DEFAULT_BOOT_DELAY_S,
+                     help=f"GPU boot delay in seconds (default {DEFAULT_BOOT_DELAY_S:g})")
+    run.add_argument("--profile", default=None, help="latency profile name or JSON path")
+    run.add_argument("--tick", type=float, default=1.0, help="TICK period in seconds")
+    run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra policy parameter (repeatable), e.g. --param eta=0.02")
+    run.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    run.add_argument("--timeline", action="store_true",
+                     help="include (t, GPUs, active sessions) points in the JSON")
+    run.set_defaults(func=run_sim)
+
+    prof = sim_sub.add_parser("profile", help="build the adaptive rho_hat table offline")
+    prof.add_argument("--out", type=Path, default=None,
+                      help="where to write the table (default: the core's rho_table.json)")
+    prof.add_argument("--quick", action="store_true", help="fewer traces and a coarser grid")
+    prof.add_argument("--boot-delay", type=float, default=DEFAULT_BOOT_DELAY_S)
+    prof.add_argument("--profile", default=None, help="latency profile name or JSON path")
+    prof.add_argument("--jobs", type=int, default=1, help="worker processes")
+    prof.add_argument("--json", type=Path, default=None, help="also write every grid point here")
+    prof.set_defaults(func=run_profile)
+
+    try:
+        eval_cli = importlib.import_module("services.scheduler.eval.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("services.scheduler.eval.cli", "services.scheduler.eval"):
+            raise
+        return
+    eval_cli.register(sim_sub)
+
+
+# ---- sim traces ---------------------------------------------------------------------------
+
+def run_traces(args: argparse.Namespace) -> int:
+    from services.scheduler.sim import synth
+    from services.scheduler.sim.traceio import write_trace
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = ".csv" if args.plain else ".csv.gz"
+    print("| trace | seed | minutes | sessions | events | peak active | shape |")
+    print("|---|---|---|---|---|---|---|")
+    for name in synth.BUILTIN_NAMES:
+        kwargs = {} if args.duration is None else {"duration_s": args.duration}
+        spec = synth.spec(name, **kwargs)
+        trace = synth.generate(spec)
+        write_trace(trace, args.out / f"{name}{suffix}")
+        print(f"| {name} | {spec.seed} | {trace.duration / 60:.0f} | {trace.sessions} | "
+              f"{len(trace.events)} | {trace.peak_active()} | {spec.description} |")
+    return 0
+
+
+# ---- sim run ------------------------------------------------------------------------------
+
+def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--param needs KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from services.scheduler.core.profile import load_profile
+    from services.scheduler.sim.report import markdown_table, progress_bar
+    from services.scheduler.sim.simulator import simulate
+    from services.scheduler.sim.traceio import load_trace
+
+    trace = load_trace(args.trace)
+    profile = load_profile() if args.profile is None else load_profile(args.profile)
+    params = _parse_params(args.param)
+    if args.rho_hat is not None:
+        params["rho_hat"] = args.rho_hat
+    if args.delta is not None:
+        params["delta"] = args.delta
+
+    def one(policy: str, gpus: int | None) -> dict[str, Any]:
+        kw = dict(params)
+        if policy in STATIC_POLICIES or policy == "no_autoscale":
+            # Static pools take no autoscaling knobs; default size: the trace's peak at K.
+            kw = {"gpus": gpus if gpus is not None else _default_static_gpus(trace, profile)}
+        elif gpus is not None and "gpus" not in kw:
+            kw["gpus"] = gpus
+        result = simulate(trace, policy, profile, boot_delay_s=args.boot_delay, tick_s=args.tick,
+                          progress=progress_bar(f"{policy} on {trace.name}"), **kw)
+        return result.to_json(timeline=args.timeline)
+
+    rows: list[dict[str, Any]] = []
+    if args.policy == "all":
+        rows.append(one("turboserve", None))
+        matched = args.gpus or max(1, round(rows[0]["cost_gpu_seconds"] / trace.duration))
+        for name in _all_policies():
+            if name == "turboserve":
+                continue
+            try:
+                rows.append(one(name, matched if name in STATIC_POLICIES else None))
+            except TypeError as exc:  # e.g. a policy that needs a parameter we cannot guess
+                print(f"skipped {name}: {exc}", file=sys.stderr)
+    else:
+        rows.append(one(args.policy, args.gpus))
+    print(f"trace {trace.name}: {trace.duration / 60:.0f} min, {trace.sessions} sessions, "
+          f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
+          f"deadline {profile.deadline_ms:g} ms); boot delay {args.boot_delay:g} s")
+    print(markdown_table(rows, extra=["gpus"] if args.policy == "all" else ()))
+    if args.json is not None:
+        doc: Any = rows[0] if len(rows) == 1 else {"trace": trace.name, "runs": rows}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+def _all_policies() -> list[str]:
+    from services.scheduler.core.policies import available_policies
+
+    return list(available_policies())
+
+
+def _default_static_gpus(trace: Any, profile: Any) -> int:
+    """A static pool sized for the trace's peak at full capacity K (the least that fits)."""
+    return max(1, math.ceil(trace.peak_active() / profile.capacity))
+
+
+# ---- sim profile --------------------------------------------------------------------------
+
+def run_profile(args: argparse.Namespace) -> int:
+    from services.scheduler.sim.profiler import build_table
+
+    build_table(quick=args.quick, out=args.out, boot_delay_s=args.boot_delay,
+                profile_name=args.profile, jobs=args.jobs, json_out=args.json,
+                log=lambda line: print(line, file=sys.stdout, flush=True))
+    return 0

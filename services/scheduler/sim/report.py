@@ -1,0 +1,65 @@
+"""Human output for simulator runs: a progress bar on a TTY and markdown tables."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+
+def progress_bar(label: str, stream: TextIO | None = None) -> Callable[[float], None] | None:
+    """A callback drawing ``label [#####.....] 42%`` on a TTY; None when not on a TTY."""
+    out = stream if stream is not None else sys.stderr
+    if not out.isatty():
+        return None
+    start = time.perf_counter()
+    width = 30
+
+    def update(fraction: float) -> None:
+        done = int(width * min(1.0, fraction))
+        elapsed = time.perf_counter() - start
+        out.write(f"\r{label} [{'#' * done}{'.' * (width - done)}] {fraction:4.0%} {elapsed:5.1f}s")
+        if fraction >= 1.0:
+            out.write("\n")
+        out.flush()
+
+    return update
+
+
+COLUMNS = (
+    ("policy", "policy"),
+    ("GPU-s", "cost_gpu_seconds"),
+    ("$", "cost_usd"),
+    ("p50 ms", ("latency_ms", "p50")),
+    ("p99 ms", ("latency_ms", "p99")),
+    ("max ms", ("latency_ms", "max")),
+    ("deadline %", "deadline_attainment"),
+    ("migr.", "migrations"),
+    ("scale ev.", "scale_events"),
+    ("peak GPUs", "peak_gpus"),
+    ("decision p99 ms", ("decision_ms", "p99")),
+    ("chunks", "chunks"),
+)
+
+
+def _cell(row: dict[str, Any], key: str | tuple[str, str]) -> str:
+    value = row[key[0]][key[1]] if isinstance(key, tuple) else row[key]
+    if key == "deadline_attainment":
+        return f"{100 * value:.2f}"
+    if key == "cost_usd":
+        return f"{value:.2f}"
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 1 else f"{value:.0f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], extra: Sequence[str] = ()) -> str:
+    """Rows are ``SimResult.to_json()`` documents; ``extra`` adds columns from ``params``."""
+    heads = [h for h, _ in COLUMNS] + list(extra)
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for row in rows:
+        cells = [_cell(row, key) for _, key in COLUMNS]
+        cells += [str(row.get("params", {}).get(name, "")) for name in extra]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,534 @@
+"""Discrete-event simulator with chunk-level timing, driving any policy through ``Policy.step``.
+
+The model (issue 3; ``shared/design/evaluation.md`` for the metrics):
+
+* **Steps.** A READY or DRAINING GPU with active sessions runs coalesced steps back to back: a
+  step takes the sessions that are ready for their next chunk *when it starts* (chunk
+  boundaries only) and lasts ``profile.chunk_ms(batch)``. At its end each of them has one chunk.
+* **Latency.** A chunk is *due* when the previous one was delivered, or when the session became
+  active (arrive / idle->active). Its latency is delivery minus due, so waiting for a GPU, for
+  the current step to finish, and for a GPU to boot all count.
+* **Migration.** A migrated session finishes any chunk in flight on its source, then joins the
+  destination; the destination's first step with it starts only after its state has been
+  copied, i.e. that step lasts ``chunk_ms(batch) + sum of the migration costs of the sessions
+  joining it`` (the batch is coalesced, so it cannot start before every member's state is in
+  place; this is conservative for the co-batched sessions). Resuming from host RAM is free in
+  this model, as it is in the paper: suspension and resume overlap the idle time.
+* **GPUs.** A requested GPU costs from the request on, is BOOTING for ``boot_delay_s`` and
+  serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
+  of any step still in flight on it. Cost is integrated to the end of the trace.
+* **Idle sessions** sit in host RAM once the policy suspends them; they take no batch slot.
+* **Unserved work.** At the end of the trace, an active session whose chunk has been due for
+  longer than the deadline counts as one late chunk with its wait so far (a lower bound).
+
+The policy sees trace events, a ``TICK`` every ``tick_s`` and ``GPU_READY``; its decisions are
+carried out in order. A decision the environment cannot carry out (an unknown GPU or session,
+releasing a GPU that still holds an active session) raises :class:`SimulationError`: the
+simulator never guesses. Everything is deterministic for a given trace, policy and parameters;
+only the measured decision times vary.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.scheduler.core.types import (
+    Assign,
+    Decision,
+    Drain,
+    Event,
+    EventKind,
+    Migrate,
+    Release,
+    RequestGpus,
+    Resume,
+    Suspend,
+)
+from services.scheduler.sim.traceio import Trace
+
+DEFAULT_PRICE_USD_PER_GPU_HOUR = 2.0  # used when the profile names no price (see profile.py)
+
+_TRACE_KINDS = {
+    "arrive": EventKind.ARRIVE,
+    "active": EventKind.ACTIVE,
+    "idle": EventKind.IDLE,
+    "depart": EventKind.DEPART,
+}
+
+# Heap priorities at equal times: chunks finish, then GPUs come up, then the trace, then ticks.
+_P_STEP, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3
+
+
+class SimulationError(RuntimeError):
+    """A decision the simulated environment cannot carry out; names the decision and time."""
+
+    def __init__(self, t: float, decision: object, reason: str) -> None:
+        super().__init__(f"t={t:.3f}s: cannot carry out {decision!r}: {reason}")
+        self.t = t
+        self.decision = decision
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _Gpu:
+    gpu_id: str
+    requested_at: float
+    ready: bool = False
+    draining: bool = False
+    released_at: float | None = None
+    release_pending: bool = False  # released while a step was in flight
+    members: set[str] = field(default_factory=set)
+    batch: list[tuple[str, int]] = field(default_factory=list)  # (session, its epoch)
+    busy: bool = False
+
+
+@dataclass(slots=True)
+class _Session:
+    active: bool = True
+    gpu: str | None = None
+    due: float = 0.0
+    in_flight: str | None = None  # GPU whose step is producing its chunk now
+    pending_migration_ms: float = 0.0
+    first: bool = True  # next chunk is the first after becoming active
+    epoch: int = 0  # bumped when the session goes idle: a chunk in flight then is void
+
+
+@dataclass
+class SimResult:
+    """What one run measured. ``to_json()`` is the ``sim run --json`` document."""
+
+    policy: str
+    trace: str
+    duration_s: float
+    cost_gpu_seconds: float
+    cost_usd: float
+    latencies_ms: list[float]
+    first_chunk_latencies_ms: list[float]
+    stream_latencies_ms: list[float]
+    deadline_ms: float
+    migrations: int
+    scale_events: int
+    peak_gpus: int
+    decision_times_ms: list[float]
+    timeline: list[tuple[float, int, int]]  # (t, GPUs held incl. booting, active sessions)
+    params: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def chunks(self) -> int:
+        return len(self.latencies_ms)
+
+    @property
+    def deadline_attainment(self) -> float:
+        if not self.latencies_ms:
+            return 1.0
+        return sum(1 for x in self.latencies_ms if x <= self.deadline_ms) / len(self.latencies_ms)
+
+    def latency(self) -> dict[str, float]:
+        return _summary(self.latencies_ms)
+
+    def decision(self) -> dict[str, float]:
+        return _summary(self.decision_times_ms)
+
+    def to_json(self, timeline: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "policy": self.policy,
+            "trace": self.trace,
+            "duration_s": self.duration_s,
+            "cost_gpu_seconds": round(self.cost_gpu_seconds, 3),
+            "cost_usd": round(self.cost_usd, 4),
+            "latency_ms": self.latency(),
+            "first_chunk_latency_ms": _summary(self.first_chunk_latencies_ms),
+            "stream_latency_ms": _summary(self.stream_latencies_ms),
+            "deadline_ms": self.deadline_ms,
+            "deadline_attainment": round(self.deadline_attainment, 6),
+            "migrations": self.migrations,
+            "scale_events": self.scale_events,
+            "peak_gpus": self.peak_gpus,
+            "decision_ms": self.decision(),
+            "chunks": self.chunks,
+            "params": self.params,
+            "wall_s": round(self.wall_s, 3),
+        }
+        if timeline:
+            out["timeline"] = [list(x) for x in self.timeline]
+        return out
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    return {"p50": round(_quantile(ordered, 0.50), 3), "p99": round(_quantile(ordered, 0.99), 3),
+            "max": round(ordered[-1], 3)}
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear-interpolated quantile of sorted values (numpy's default method)."""
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class Simulator:
+    """One run of one policy over one trace. Use :func:`simulate` unless you need the parts."""
+
+    def __init__(self, trace: Trace, policy: Any, profile: Any, *, boot_delay_s: float = 30.0,
+                 tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
+                 progress: Callable[[float], None] | None = None) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.profile = profile
+        self.boot_delay_s = float(boot_delay_s)
+        self.tick_s = float(tick_s)
+        self.price = (price_usd_per_gpu_hour or getattr(profile, "price_usd_per_gpu_hour", None)
+                      or DEFAULT_PRICE_USD_PER_GPU_HOUR)
+        self.progress = progress
+        self.now = 0.0
+        self.gpus: dict[str, _Gpu] = {}
+        self.sessions: dict[str, _Session] = {}
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.latencies: list[float] = []
+        self.first_latencies: list[float] = []
+        self.stream_latencies: list[float] = []
+        self.decision_ms: list[float] = []
+        self.migrations = 0
+        self.scale_events = 0
+        self.n_active = 0
+        self.timeline: list[tuple[float, int, int]] = []
+        self.held = 0
+        self.peak = 0
+        self._chunk_s = [0.0] + [profile.chunk_ms(b) / 1000.0 for b in range(1, 257)]
+        self._migration_ms = profile.migration_ms()
+
+    # ---- driving --------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        self._adopt_initial_gpus()
+        for i in range(len(self.trace.events)):
+            self._push(self.trace.events[i].t, _P_TRACE, i)
+        end = self.trace.duration
+        n_ticks = int(end // self.tick_s) if self.tick_s > 0 else 0
+        for k in range(1, n_ticks + 1):
+            self._push(k * self.tick_s, _P_TICK, None)
+        next_report = 0.0
+        while self.heap and self.heap[0][0] <= end:
+            t, prio, _, payload = heapq.heappop(self.heap)
+            self.now = t
+            if prio == _P_STEP:
+                self._end_step(payload)
+            elif prio == _P_TRACE:
+                self._trace_event(self.trace.events[payload])
+            elif prio == _P_READY:
+                self._gpu_ready(payload)
+            else:
+                self._call(Event(t, EventKind.TICK))
+            if self.progress is not None and t >= next_report:
+                self.progress(t / end if end > 0 else 1.0)
+                next_report = t + end / 200.0
+        self.now = end
+        self._account_unserved(end)
+        if self.progress is not None:
+            self.progress(1.0)
+        return self._result(time.perf_counter() - wall)
+
+    def _push(self, t: float, prio: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, prio, self.seq, payload))
+
+    def _adopt_initial_gpus(self) -> None:
+        """GPUs the policy starts with (static pools, ``initial_gpus``) are READY at t=0."""
+        for gpu_id, ready in _initial_gpus(self.policy):
+            self.gpus[gpu_id] = _Gpu(gpu_id, requested_at=0.0, ready=ready)
+            if not ready:
+                self._push(self.boot_delay_s, _P_READY, gpu_id)
+            self.held += 1
+        self.peak = self.held
+        self.timeline.append((0.0, self.held, 0))
+
+    # ---- events in ------------------------------------------------------------------------
+
+    def _trace_event(self, ev: Any) -> None:
+        sid, kind = ev.session_id, ev.event
+        if kind == "arrive":
+            self.sessions[sid] = _Session(due=ev.t)
+            self.n_active += 1
+        elif kind == "active":
+            s = self.sessions[sid]
+            s.active, s.due, s.first = True, ev.t, True
+            self.n_active += 1
+        else:
+            s = self.sessions[sid]
+            if s.active:
+                self.n_active -= 1
+            s.active = False
+            s.epoch += 1
+            if kind == "depart":
+                if s.gpu is not None:
+                    self.gpus[s.gpu].members.discard(sid)
+                del self.sessions[sid]
+        self._call(Event(ev.t, _TRACE_KINDS[kind], session_id=sid))
+
+    def _gpu_ready(self, gpu_id: str) -> None:
+        g = self.gpus.get(gpu_id)
+        if g is None or g.released_at is not None or g.release_pending:
+            return  # cancelled while booting
+        g.ready = True
+        self._call(Event(self.now, EventKind.GPU_READY, gpu_id=gpu_id))
+
+    def _call(self, event: Event) -> None:
+        t0 = time.perf_counter()
+        decisions = self.policy.step(event)
+        self.decision_ms.append((time.perf_counter() - t0) * 1000.0)
+        if decisions:
+            self._apply(decisions)
+        self._mark()
+
+    # ---- decisions out --------------------------------------------------------------------
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        touched: set[str] = set()
+        scaled_out = scaled_in = False
+        for d in decisions:
+            if isinstance(d, Assign | Resume):
+                s = self._session(d, d.session_id)
+                self._place(d, s, d.session_id, d.gpu_id)
+                touched.add(d.gpu_id)
+            elif isinstance(d, Migrate):
+                s = self._session(d, d.session_id)
+                if s.gpu != d.src:
+                    raise SimulationError(self.now, d, f"session is on {s.gpu}, not {d.src}")
+                self._place(d, s, d.session_id, d.dst)
+                s.pending_migration_ms += self._migration_ms
+                self.migrations += 1
+                touched.add(d.dst)
+            elif isinstance(d, Suspend):
+                s = self._session(d, d.session_id)
+                if s.gpu is not None:
+                    self.gpus[s.gpu].members.discard(d.session_id)
+                s.gpu = None
+            elif isinstance(d, RequestGpus):
+                for gpu_id in d.gpu_ids:
+                    if gpu_id in self.gpus:
+                        raise SimulationError(self.now, d, f"GPU {gpu_id} already exists")
+                    self.gpus[gpu_id] = _Gpu(gpu_id, requested_at=self.now)
+                    self._push(self.now + self.boot_delay_s, _P_READY, gpu_id)
+                    self.held += 1
+                scaled_out = True
+            elif isinstance(d, Drain):
+                self._gpu(d, d.gpu_id).draining = True
+                scaled_in = True
+            elif isinstance(d, Release):
+                self._release(d)
+                scaled_in = True
+            else:
+                raise SimulationError(self.now, d, "unknown decision type")
+        self.scale_events += int(scaled_out) + int(scaled_in)
+        self.peak = max(self.peak, self.held)
+        for gpu_id in touched:
+            g = self.gpus[gpu_id]
+            if not g.busy:
+                self._start_step(g)
+
+    def _session(self, d: object, sid: str) -> _Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise SimulationError(self.now, d, f"unknown or departed session {sid}")
+        return s
+
+    def _gpu(self, d: object, gpu_id: str) -> _Gpu:
+        g = self.gpus.get(gpu_id)
+        if g is None or g.released_at is not None or g.release_pending:
+            raise SimulationError(self.now, d, f"unknown or released GPU {gpu_id}")
+        return g
+
+    def _place(self, d: object, s: _Session, sid: str, gpu_id: str) -> None:
+        g = self._gpu(d, gpu_id)
+        if s.gpu is not None and s.gpu in self.gpus:
+            self.gpus[s.gpu].members.discard(sid)
+        s.gpu = gpu_id
+        g.members.add(sid)
+
+    def _release(self, d: Release) -> None:
+        g = self._gpu(d, d.gpu_id)
+        live = [sid for sid in g.members if self.sessions[sid].active]
+        if live:
+            raise SimulationError(self.now, d, f"GPU still holds active sessions {sorted(live)}")
+        for sid in g.members:  # idle, never suspended: their state goes to host RAM now
+            self.sessions[sid].gpu = None
+        g.members.clear()
+        self.held -= 1
+        if g.busy:
+            g.release_pending = True  # stops costing when the step in flight ends
+        else:
+            g.released_at = self.now
+
+    # ---- chunk-level timing ---------------------------------------------------------------
+
+    def _start_step(self, g: _Gpu) -> None:
+        if not g.ready or g.released_at is not None or g.release_pending:
+            return
+        now = self.now
+        sessions = self.sessions
+        batch = [sid for sid in g.members
+                 if (s := sessions[sid]).active and s.in_flight is None and s.due <= now]
+        if not batch:
+            return
+        batch.sort()  # set order is not deterministic across runs; sorted order is
+        extra_ms = 0.0
+        for sid in batch:
+            s = sessions[sid]
+            s.in_flight = g.gpu_id
+            extra_ms += s.pending_migration_ms
+            s.pending_migration_ms = 0.0
+        n = len(batch)
+        step_s = self._chunk_s[n] if n < len(self._chunk_s) else self.profile.chunk_ms(n) / 1e3
+        g.batch = [(sid, sessions[sid].epoch) for sid in batch]
+        g.busy = True
+        self._push(now + step_s + extra_ms / 1000.0, _P_STEP, g.gpu_id)
+
+    def _end_step(self, gpu_id: str) -> None:
+        g = self.gpus[gpu_id]
+        now = self.now
+        wake: set[str] = set()
+        for sid, epoch in g.batch:
+            s = self.sessions.get(sid)
+            if s is None:
+                continue  # departed mid-chunk: nobody receives it
+            s.in_flight = None
+            if s.active and s.epoch == epoch:  # not for a session that went idle meanwhile
+                latency = (now - s.due) * 1000.0
+                self.latencies.append(latency)
+                if s.first:
+                    self.first_latencies.append(latency)
+                    s.first = False
+                else:
+                    self.stream_latencies.append(latency)
+                s.due = now
+                if s.gpu is not None and s.gpu != gpu_id:
+                    wake.add(s.gpu)
+        g.batch = []
+        g.busy = False
+        if g.release_pending:
+            g.release_pending = False
+            g.released_at = now
+        else:
+            self._start_step(g)
+        for other in wake:
+            og = self.gpus[other]
+            if not og.busy:
+                self._start_step(og)
+
+    # ---- accounting -----------------------------------------------------------------------
+
+    def _mark(self) -> None:
+        last = self.timeline[-1]
+        point = (self.now, self.held, self.n_active)
+        if last[1:] != point[1:]:
+            if last[0] == self.now:
+                self.timeline[-1] = point
+            else:
+                self.timeline.append(point)
+
+    def _account_unserved(self, end: float) -> None:
+        deadline_s = self.profile.deadline_ms / 1000.0
+        for s in self.sessions.values():
+            if s.active and s.in_flight is None and end - s.due > deadline_s:
+                self.latencies.append((end - s.due) * 1000.0)
+                (self.first_latencies if s.first else self.stream_latencies).append(
+                    (end - s.due) * 1000.0)
+
+    def _cost_gpu_seconds(self, end: float) -> float:
+        total = 0.0
+        for g in self.gpus.values():
+            stop = g.released_at if g.released_at is not None else end
+            total += max(0.0, min(stop, end) - g.requested_at)
+        return total
+
+    def _result(self, wall_s: float) -> SimResult:
+        end = self.trace.duration
+        gpu_s = self._cost_gpu_seconds(end)
+        return SimResult(
+            policy=getattr(self.policy, "name", type(self.policy).__name__),
+            trace=self.trace.name,
+            duration_s=end,
+            cost_gpu_seconds=gpu_s,
+            cost_usd=gpu_s / 3600.0 * self.price,
+            latencies_ms=self.latencies,
+            first_chunk_latencies_ms=self.first_latencies,
+            stream_latencies_ms=self.stream_latencies,
+            deadline_ms=self.profile.deadline_ms,
+            migrations=self.migrations,
+            scale_events=self.scale_events,
+            peak_gpus=self.peak,
+            decision_times_ms=self.decision_ms,
+            timeline=self.timeline,
+            wall_s=wall_s,
+        )
+
+
+def _initial_gpus(policy: Any) -> list[tuple[str, bool]]:
+    """(gpu_id, ready) for the GPUs in a fresh policy's view (the ``view`` property agreed in
+    core/policies.py): static pools and ``initial_gpus``. A GPU without a ``state`` (or in
+    state READY) is ready at t=0; a BOOTING one boots like any requested GPU."""
+    view = getattr(policy, "view", None)
+    gpus = getattr(view, "gpus", None) if view is not None else None
+    if not gpus:
+        return []
+    out = []
+    for gpu_id in sorted(gpus):
+        value = gpus[gpu_id] if isinstance(gpus, dict) else None
+        state = value if isinstance(value, str) else getattr(value, "state", None)
+        out.append((gpu_id, state is None or str(state) != "booting"))
+    return out
+
+
+def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay_s: float = 30.0,
+             tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
+             progress: Callable[[float], None] | None = None, **params: Any) -> SimResult:
+    """Run ``policy`` (a registered name, or an object with ``step``) over ``trace`` (a Trace,
+    a built-in trace name or a path). ``params`` go to ``get_policy``; autoscaling policies
+    also get ``boot_delay_s`` so that they know what the environment does.
+
+    This is the entry point for sweeps: ``simulate("bursty", "turboserve", rho_hat=0.6)``."""
+    from services.scheduler.core.profile import LatencyProfile, load_profile
+    from services.scheduler.sim.traceio import load_trace
+
+    if not isinstance(trace, Trace):
+        trace = load_trace(trace)
+    if profile is None or not isinstance(profile, LatencyProfile):
+        profile = load_profile() if profile is None else load_profile(profile)
+    if isinstance(policy, str):
+        policy_obj = make_policy(policy, profile, boot_delay_s=boot_delay_s, **params)
+    else:
+        policy_obj = policy
+    sim = Simulator(trace, policy_obj, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
+                    price_usd_per_gpu_hour=price_usd_per_gpu_hour, progress=progress)
+    result = sim.run()
+    result.params = {"boot_delay_s": boot_delay_s, "tick_s": tick_s, "profile": profile.name,
+                     **{k: v for k, v in params.items() if _jsonable(v)}}
+    return result
+
+
+def make_policy(name: str, profile: Any, *, boot_delay_s: float, **params: Any) -> Any:
+    """Build a registered policy, telling it the environment's boot delay when it takes one."""
+    from services.scheduler.core.policies import get_policy
+
+    try:
+        return get_policy(name, profile, boot_delay_s=boot_delay_s, **params)
+    except TypeError as exc:
+        if "boot_delay_s" not in str(exc) or "boot_delay_s" in params:
+            raise
+    return get_policy(name, profile, **params)
+
+
+def _jsonable(v: Any) -> bool:
+    return v is None or isinstance(v, bool | int | float | str)

@@ -1,0 +1,346 @@
+"""The Redis registry: sessions, the placement map and workers.
+
+Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
+
+- ``{ns}:session:{id}``   hash: state, owner, epoch, prompt, seed, last_seq, created_at, updated_at
+- ``{ns}:placement``      hash: session id -> worker id, for every session that has an owner
+- ``{ns}:pending``        sorted set: sessions waiting for a worker, by time
+- ``{ns}:worker:{id}``    hash: status, capacity, device, gpu_kind, chunk_ms, memory, updated_at
+- ``{ns}:worker:{id}:alive``  key with a TTL, refreshed by each heartbeat
+- ``{ns}:workers``        set of known worker ids
+
+Every ownership or state change is one Lua script: it checks the expected epoch and the allowed
+source states, then writes the session, the placement map and the pending set together. The
+epoch grows by one on every ownership change, and a worker's writes carry the epoch it was given,
+so a worker whose session was taken away (fenced) can no longer write: two workers can never both
+own a session.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+import redis.asyncio as aioredis
+
+from shared.states import IllegalTransition, SessionState, sources_of
+from shared.wire import WorkerStatus
+
+KEEP: Final = object()  # sentinel: leave the owner as it is
+
+# Terminated sessions stay readable this long, then Redis forgets them.
+TERMINATED_TTL_S = 3600
+
+_TRANSITION_LUA = """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'owner')
+if not cur[1] then return {'missing', '', ''} end
+if ARGV[2] ~= '' and cur[2] ~= ARGV[2] then return {'epoch', cur[2], cur[1]} end
+local allowed = false
+for s in string.gmatch(ARGV[3], '[^,]+') do
+  if s == cur[1] then allowed = true end
+end
+if not allowed then return {'state', cur[2], cur[1]} end
+local epoch = tonumber(cur[2])
+if ARGV[7] == '1' then epoch = epoch + 1 end
+local owner = cur[3] or ''
+if ARGV[5] ~= '\\0keep' then owner = ARGV[5] end
+redis.call('HSET', KEYS[1], 'state', ARGV[4], 'epoch', epoch, 'owner', owner, 'updated_at', ARGV[6])
+if ARGV[4] == 'terminated' or owner == '' then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+else
+  redis.call('HSET', KEYS[2], ARGV[1], owner)
+end
+if ARGV[4] == 'pending' then
+  redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
+else
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+if ARGV[4] == 'terminated' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
+return {'ok', tostring(epoch), ARGV[4]}
+"""
+
+# A worker records its progress only while it still owns the session at its epoch.
+_PROGRESS_LUA = """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'owner', 'last_seq')
+if not cur[1] or cur[3] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[1] == 'terminated' then
+  return 0
+end
+if tonumber(ARGV[3]) > tonumber(cur[4]) then
+  redis.call('HSET', KEYS[1], 'last_seq', ARGV[3], 'updated_at', ARGV[4])
+end
+return 1
+"""
+
+
+class RegistryError(RuntimeError):
+    retryable = False
+
+
+class SessionNotFound(RegistryError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session {session_id!r}")
+        self.session_id = session_id
+
+
+class SessionExists(RegistryError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} already exists")
+        self.session_id = session_id
+
+
+class StaleEpoch(RegistryError):
+    """The session moved on (another owner or state change) since the caller last read it."""
+
+    def __init__(self, session_id: str, expected: int, actual: int) -> None:
+        super().__init__(f"session {session_id!r}: expected epoch {expected}, registry has {actual}")
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: str
+    state: SessionState
+    owner: str | None
+    epoch: int
+    prompt: str
+    seed: int
+    last_seq: int
+    created_at: float
+    updated_at: float
+
+    def to_public(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "state": str(self.state),
+            "worker_id": self.owner,
+            "epoch": self.epoch,
+            "prompt": self.prompt,
+            "seed": self.seed,
+            "last_seq": self.last_seq,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    id: str
+    status: WorkerStatus
+    capacity: int
+    device: str = "cpu"
+    gpu_kind: str = "cpu"
+    alive: bool = False
+    active: int = 0
+    chunk_ms: dict[int, float] = field(default_factory=dict)
+    mem_free_bytes: int | None = None
+    updated_at: float = 0.0
+
+
+def _s(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Registry:
+    """Async access to the registry; one instance per service, sharing its Redis client."""
+
+    def __init__(self, client: aioredis.Redis, namespace: str = "ts") -> None:
+        self.r = client
+        self.ns = namespace
+        self._transition = client.register_script(_TRANSITION_LUA)
+        self._progress = client.register_script(_PROGRESS_LUA)
+
+    # -- keys ---------------------------------------------------------------------------------
+    def session_key(self, session_id: str) -> str:
+        return f"{self.ns}:session:{session_id}"
+
+    @property
+    def placement_key(self) -> str:
+        return f"{self.ns}:placement"
+
+    @property
+    def pending_key(self) -> str:
+        return f"{self.ns}:pending"
+
+    def worker_key(self, worker_id: str) -> str:
+        return f"{self.ns}:worker:{worker_id}"
+
+    def alive_key(self, worker_id: str) -> str:
+        return f"{self.ns}:worker:{worker_id}:alive"
+
+    @property
+    def workers_key(self) -> str:
+        return f"{self.ns}:workers"
+
+    # -- sessions -----------------------------------------------------------------------------
+    async def create_session(self, session_id: str, prompt: str, seed: int) -> SessionRecord:
+        now = time.time()
+        key = self.session_key(session_id)
+        record = {
+            "id": session_id, "state": SessionState.PENDING.value, "owner": "", "epoch": 0,
+            "prompt": prompt, "seed": seed, "last_seq": -1, "created_at": now, "updated_at": now,
+        }
+        # HSETNX on ``id`` claims the key; the rest follows in the same transaction.
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(key, "id", session_id)
+            pipe.hset(key, mapping={k: v for k, v in record.items() if k != "id"})
+            pipe.zadd(self.pending_key, {session_id: now})
+            created, *_ = await pipe.execute()
+        if not created:
+            raise SessionExists(session_id)
+        return _session_from(record)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        raw = await self.r.hgetall(self.session_key(session_id))
+        if not raw or b"state" not in raw:
+            return None
+        return _session_from({_s(k): _s(v) for k, v in raw.items()})
+
+    async def transition(
+        self,
+        session_id: str,
+        target: SessionState,
+        *,
+        expected_epoch: int | None = None,
+        owner: object = KEEP,
+        bump_epoch: bool = True,
+    ) -> SessionRecord:
+        """Atomically move a session to ``target`` (compare-and-set on state and epoch).
+
+        ``owner``: a worker id, ``None`` to clear it, or :data:`KEEP`. Raises
+        :class:`SessionNotFound`, :class:`StaleEpoch` or :class:`IllegalTransition`.
+        """
+        allowed = ",".join(sorted(s.value for s in sources_of(target)))
+        owner_arg = "\0keep" if owner is KEEP else (owner or "")
+        status, epoch, state = await self._transition(
+            keys=[self.session_key(session_id), self.placement_key, self.pending_key],
+            args=[
+                session_id,
+                "" if expected_epoch is None else str(expected_epoch),
+                allowed,
+                target.value,
+                owner_arg,
+                repr(time.time()),
+                "1" if bump_epoch else "0",
+                TERMINATED_TTL_S,
+            ],
+        )
+        status = _s(status)
+        if status == "missing":
+            raise SessionNotFound(session_id)
+        if status == "epoch":
+            raise StaleEpoch(session_id, expected_epoch or 0, int(_s(epoch)))
+        if status == "state":
+            raise IllegalTransition(SessionState(_s(state)), target)
+        record = await self.get_session(session_id)
+        if record is None:  # expired between the two calls: only possible for terminated
+            raise SessionNotFound(session_id)
+        return record
+
+    async def claim(self, session_id: str, worker_id: str, expected_epoch: int) -> SessionRecord:
+        """Give a pending (or re-placed) session to ``worker_id``; exactly one claimant wins."""
+        return await self.transition(
+            session_id, SessionState.EXECUTING, expected_epoch=expected_epoch, owner=worker_id
+        )
+
+    async def record_progress(self, session_id: str, worker_id: str, epoch: int, seq: int) -> bool:
+        """Record ``seq`` as generated; False when the worker no longer owns the session."""
+        ok = await self._progress(
+            keys=[self.session_key(session_id)],
+            args=[worker_id, str(epoch), str(seq), repr(time.time())],
+        )
+        return bool(ok)
+
+    async def set_prompt(self, session_id: str, prompt: str) -> None:
+        await self.r.hset(self.session_key(session_id), mapping={"prompt": prompt, "updated_at": time.time()})
+
+    async def placement(self) -> dict[str, str]:
+        raw = await self.r.hgetall(self.placement_key)
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    async def pending_sessions(self) -> list[str]:
+        return [_s(m) for m in await self.r.zrange(self.pending_key, 0, -1)]
+
+    # -- workers ------------------------------------------------------------------------------
+    async def register_worker(self, worker: WorkerRecord, ttl_s: float) -> None:
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.sadd(self.workers_key, worker.id)
+            pipe.hset(self.worker_key(worker.id), mapping=_worker_fields(worker))
+            pipe.set(self.alive_key(worker.id), "1", px=int(ttl_s * 1000))
+            await pipe.execute()
+
+    async def heartbeat(self, worker: WorkerRecord, ttl_s: float) -> None:
+        """Refresh the worker's record and its liveness TTL."""
+        await self.register_worker(worker, ttl_s)
+
+    async def set_worker_status(self, worker_id: str, status: WorkerStatus) -> None:
+        await self.r.hset(self.worker_key(worker_id), mapping={"status": status.value, "updated_at": time.time()})
+
+    async def remove_worker(self, worker_id: str) -> None:
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.srem(self.workers_key, worker_id)
+            pipe.delete(self.worker_key(worker_id), self.alive_key(worker_id))
+            await pipe.execute()
+
+    async def workers(self) -> list[WorkerRecord]:
+        ids = sorted(_s(m) for m in await self.r.smembers(self.workers_key))
+        if not ids:
+            return []
+        async with self.r.pipeline(transaction=False) as pipe:
+            for wid in ids:
+                pipe.hgetall(self.worker_key(wid))
+                pipe.exists(self.alive_key(wid))
+            raw = await pipe.execute()
+        out = []
+        for wid, fields_, alive in zip(ids, raw[0::2], raw[1::2], strict=True):
+            if fields_:
+                out.append(_worker_from(wid, {_s(k): _s(v) for k, v in fields_.items()}, bool(alive)))
+        return out
+
+
+def _session_from(d: dict) -> SessionRecord:
+    return SessionRecord(
+        id=str(d["id"]),
+        state=SessionState(d["state"]),
+        owner=d.get("owner") or None,
+        epoch=int(d["epoch"]),
+        prompt=str(d.get("prompt", "")),
+        seed=int(d.get("seed", 0)),
+        last_seq=int(d.get("last_seq", -1)),
+        created_at=float(d["created_at"]),
+        updated_at=float(d["updated_at"]),
+    )
+
+
+def _worker_fields(w: WorkerRecord) -> dict[str, object]:
+    return {
+        "status": w.status.value,
+        "capacity": w.capacity,
+        "device": w.device,
+        "gpu_kind": w.gpu_kind,
+        "active": w.active,
+        "chunk_ms": orjson.dumps({str(k): v for k, v in w.chunk_ms.items()}),
+        "mem_free_bytes": -1 if w.mem_free_bytes is None else w.mem_free_bytes,
+        "updated_at": time.time(),
+    }
+
+
+def _worker_from(worker_id: str, d: dict, alive: bool) -> WorkerRecord:
+    mem = int(d.get("mem_free_bytes", -1))
+    return WorkerRecord(
+        id=worker_id,
+        status=WorkerStatus(d.get("status", WorkerStatus.BOOTING.value)),
+        capacity=int(d.get("capacity", 0)),
+        device=d.get("device", "cpu"),
+        gpu_kind=d.get("gpu_kind", "cpu"),
+        alive=alive,
+        active=int(d.get("active", 0)),
+        chunk_ms={int(k): float(v) for k, v in orjson.loads(d.get("chunk_ms") or "{}").items()},
+        mem_free_bytes=None if mem < 0 else mem,
+        updated_at=float(d.get("updated_at", 0.0)),
+    )

@@ -1,0 +1,215 @@
+"""The service runner: connect, supervise, drain.
+
+A service is an object with ``name``, ``async start(ctx)`` (subscribe, spawn its tasks through
+``ctx.spawn``) and ``async stop()`` (stop taking work, finish or hand off what is in flight).
+:func:`run_service` gives it a NATS connection (with JetStream), a Redis client and the registry,
+all connected with retries; supervises its tasks (one that fails takes the service down with a
+non-zero exit: a permanent failure must not look like uptime); and on SIGTERM/SIGINT runs the
+phased shutdown: ``stop()``, drain NATS, cancel the remaining tasks, close Redis, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import nats
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from shared.logging import configure_logging, get_logger
+from shared.registry import Registry
+from shared.settings import CommonSettings
+from shared.wire import Subjects
+
+log = get_logger("turboserve.runner")
+
+
+class Service(Protocol):
+    name: str
+
+    async def start(self, ctx: ServiceContext) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class ConnectError(RuntimeError):
+    retryable = True
+
+
+@dataclass
+class ServiceContext:
+    settings: CommonSettings
+    nc: NATS
+    js: JetStreamContext
+    redis: aioredis.Redis
+    registry: Registry
+    subjects: Subjects
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    _failure: asyncio.Future[BaseException] | None = None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Start a supervised task: its failure stops the service; it is cancelled at shutdown."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._failure is not None and not self._failure.done():
+            log.error("task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
+            self._failure.set_result(exc)
+
+    async def cancel_tasks(self, grace_s: float) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s)
+
+
+async def retry(
+    what: str, attempt: Callable[[], Awaitable[Any]], timeout_s: float, first_delay: float = 0.2
+) -> Any:
+    """Call ``attempt`` until it succeeds or ``timeout_s`` passes (exponential backoff)."""
+    deadline = time.monotonic() + timeout_s
+    delay = first_delay
+    while True:
+        try:
+            return await attempt()
+        except Exception as exc:  # noqa: BLE001 - any connect failure is retried until the deadline
+            if time.monotonic() + delay > deadline:
+                raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {exc}") from exc
+            log.warning("connect_retry", target=what, error=str(exc), retry_in_s=round(delay, 2))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def connect_nats(settings: CommonSettings, name: str) -> NATS:
+    async def _error_cb(exc: Exception) -> None:
+        log.warning("nats_error", error=str(exc))
+
+    async def _attempt() -> NATS:
+        return await nats.connect(
+            servers=[settings.nats_url],
+            name=name,
+            connect_timeout=2,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=1,
+            error_cb=_error_cb,
+        )
+
+    return await retry("nats", _attempt, settings.connect_timeout_s)
+
+
+async def connect_redis(settings: CommonSettings) -> aioredis.Redis:
+    client = aioredis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=10)
+
+    async def _attempt() -> aioredis.Redis:
+        await client.ping()
+        return client
+
+    try:
+        return await retry("redis", _attempt, settings.connect_timeout_s)
+    except ConnectError:
+        await client.aclose()
+        raise
+
+
+async def open_context(settings: CommonSettings, name: str) -> ServiceContext:
+    nc = await connect_nats(settings, name)
+    try:
+        client = await connect_redis(settings)
+    except BaseException:
+        await nc.close()
+        raise
+    return ServiceContext(
+        settings=settings,
+        nc=nc,
+        js=nc.jetstream(),
+        redis=client,
+        registry=Registry(client, settings.redis_namespace),
+        subjects=settings.subjects,
+    )
+
+
+async def close_context(ctx: ServiceContext) -> None:
+    with contextlib.suppress(Exception):
+        if not ctx.nc.is_closed:
+            await ctx.nc.drain()
+    await ctx.cancel_tasks(grace_s=ctx.settings.shutdown_grace_s)
+    with contextlib.suppress(Exception):
+        await ctx.nc.close()
+    with contextlib.suppress(Exception):
+        await ctx.redis.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running(service: Service, settings: CommonSettings) -> AsyncIterator[ServiceContext]:
+    """Connect, start ``service``, and on exit run the phased shutdown (idempotent).
+
+    Phase 1: ``service.stop()`` (stop taking work, finish or hand off what is in flight), bounded
+    by the grace period. Phase 2: drain NATS (flush what we publish), cancel the remaining tasks,
+    close Redis. ``serve`` uses it for the real processes; tests use it to run a service in-process.
+    """
+    ctx = await open_context(settings, f"turboserve-{service.name}")
+    ctx._failure = asyncio.get_running_loop().create_future()
+    try:
+        await service.start(ctx)
+        yield ctx
+    finally:
+        ctx.stopping.set()
+        try:
+            await asyncio.wait_for(service.stop(), timeout=settings.shutdown_grace_s)
+        except (TimeoutError, Exception) as exc:  # noqa: BLE001 - shutdown goes on regardless
+            log.warning("service_stop_incomplete", error=repr(exc))
+        await close_context(ctx)
+
+
+async def serve(service: Service, settings: CommonSettings) -> int:
+    """Run ``service`` until a signal or a task failure; returns the exit code."""
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop_requested.set)
+    code = 0
+    try:
+        async with running(service, settings) as ctx:
+            log.info("service_started", settings=settings.public_dict())
+            assert ctx._failure is not None
+            stop_wait = asyncio.ensure_future(stop_requested.wait())
+            done, _ = await asyncio.wait({stop_wait, ctx._failure}, return_when=asyncio.FIRST_COMPLETED)
+            stop_wait.cancel()
+            code = 1 if ctx._failure in done else 0
+            log.info("service_stopping", reason="task_failed" if code else "signal")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    log.info("service_stopped", code=code)
+    return code
+
+
+def run_service(make_service: Callable[[], Service], settings: CommonSettings, name: str) -> int:
+    """Entry point for ``turboserve <service>``: logging, then the loop, then the exit code."""
+    configure_logging(settings.log_level, settings.log_format, service=name)
+    try:
+        return asyncio.run(serve(make_service(), settings))
+    except ConnectError as exc:
+        get_logger().error("startup_failed", error=str(exc))
+        return 2
+    except KeyboardInterrupt:
+        return 0

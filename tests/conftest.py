@@ -1,0 +1,66 @@
+"""Shared fixtures: a real NATS (JetStream) and Redis, isolated per test by prefix/namespace.
+
+They are the ones at TURBOSERVE_NATS_URL / TURBOSERVE_REDIS_URL (default: the standard local
+ports) when those answer, otherwise embedded servers that this session starts and stops, exactly
+as ``turboserve up`` would.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from services.launcher import Mesh
+
+
+@pytest.fixture(scope="session")
+def infra() -> Iterator[Mesh]:
+    mesh = Mesh(
+        nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
+        redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        quiet=True,
+    )
+    mesh.start_infra()
+    yield mesh
+    mesh.stop()
+
+
+@pytest.fixture
+def isolation() -> dict[str, str]:
+    """A subject prefix and Redis namespace of this test's own."""
+    tag = "t" + uuid.uuid4().hex[:10]
+    return {"TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag}
+
+
+@pytest.fixture
+async def redis_client(infra: Mesh, isolation: dict[str, str]) -> AsyncIterator[object]:
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(infra.redis_url)
+    yield client
+    ns = isolation["TURBOSERVE_REDIS_NAMESPACE"]
+    keys = [k async for k in client.scan_iter(match=f"{ns}:*", count=500)]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+@pytest.fixture
+async def nats_client(infra: Mesh, isolation: dict[str, str]) -> AsyncIterator[object]:
+    import nats
+
+    from shared.wire import Subjects
+
+    nc = await nats.connect(infra.nats_url)
+    yield nc
+    subjects = Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"])
+    js = nc.jetstream()
+    for stream in (subjects.sessions_stream, subjects.chunks_stream):
+        try:
+            await js.delete_stream(stream)
+        except Exception:  # noqa: BLE001 - the test may not have created it
+            pass
+    await nc.close()

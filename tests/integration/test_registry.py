@@ -1,0 +1,124 @@
+"""The registry against a real Redis: atomic ownership, fencing, workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from shared.registry import (
+    TERMINATED_TTL_S,
+    Registry,
+    SessionExists,
+    SessionNotFound,
+    StaleEpoch,
+    WorkerRecord,
+)
+from shared.states import IllegalTransition, SessionState
+from shared.wire import WorkerStatus
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def registry(redis_client, isolation) -> Registry:
+    return Registry(redis_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
+
+
+async def test_create_and_read(registry):
+    rec = await registry.create_session("s1", "a fox", 7)
+    assert rec.state is SessionState.PENDING and rec.epoch == 0 and rec.last_seq == -1
+    got = await registry.get_session("s1")
+    assert got == rec
+    assert await registry.pending_sessions() == ["s1"]
+    with pytest.raises(SessionExists):
+        await registry.create_session("s1", "again", 1)
+    assert await registry.get_session("nope") is None
+
+
+async def test_two_claimants_exactly_one_wins(infra, registry, isolation):
+    """Many rounds of two workers claiming the same session over separate connections."""
+    ns = isolation["TURBOSERVE_REDIS_NAMESPACE"]
+    other_client = aioredis.from_url(infra.redis_url)
+    other = Registry(other_client, ns)
+    try:
+        for i in range(40):
+            sid = f"race{i}"
+            await registry.create_session(sid, "p", 0)
+            results = await asyncio.gather(
+                registry.claim(sid, "w1", expected_epoch=0),
+                other.claim(sid, "w2", expected_epoch=0),
+                return_exceptions=True,
+            )
+            wins = [r for r in results if not isinstance(r, BaseException)]
+            losses = [r for r in results if isinstance(r, BaseException)]
+            assert len(wins) == 1, results
+            assert len(losses) == 1 and isinstance(losses[0], (StaleEpoch, IllegalTransition))
+            final = await registry.get_session(sid)
+            assert final.owner == wins[0].owner and final.epoch == 1
+            assert final.state is SessionState.EXECUTING
+            assert (await registry.placement())[sid] == final.owner
+    finally:
+        await other_client.aclose()
+
+
+async def test_fencing_stops_a_stale_owner(registry):
+    await registry.create_session("s", "p", 0)
+    first = await registry.claim("s", "w1", expected_epoch=0)
+    assert await registry.record_progress("s", "w1", first.epoch, 0)
+    # w1 dies; the session is requeued and claimed by w2
+    requeued = await registry.transition("s", SessionState.PENDING, expected_epoch=first.epoch, owner=None)
+    assert requeued.owner is None and "s" not in await registry.placement()
+    second = await registry.claim("s", "w2", expected_epoch=requeued.epoch)
+    assert second.epoch == first.epoch + 2
+    # the old owner can no longer write, the new one can
+    assert not await registry.record_progress("s", "w1", first.epoch, 1)
+    assert await registry.record_progress("s", "w2", second.epoch, 1)
+    assert (await registry.get_session("s")).last_seq == 1
+    # progress never goes backwards
+    assert await registry.record_progress("s", "w2", second.epoch, 0)
+    assert (await registry.get_session("s")).last_seq == 1
+
+
+async def test_illegal_and_missing(registry):
+    await registry.create_session("s", "p", 0)
+    with pytest.raises(IllegalTransition):
+        await registry.transition("s", SessionState.SUSPENDED)
+    with pytest.raises(SessionNotFound):
+        await registry.transition("ghost", SessionState.EXECUTING)
+    with pytest.raises(StaleEpoch) as info:
+        await registry.claim("s", "w", expected_epoch=5)
+    assert info.value.actual == 0
+
+
+async def test_terminate_clears_placement_and_expires(registry, redis_client):
+    await registry.create_session("s", "p", 0)
+    rec = await registry.claim("s", "w1", 0)
+    done = await registry.transition("s", SessionState.TERMINATED)
+    assert done.state is SessionState.TERMINATED and done.owner == "w1" and done.epoch == rec.epoch + 1
+    assert "s" not in await registry.placement()
+    ttl = await redis_client.ttl(registry.session_key("s"))
+    assert 0 < ttl <= TERMINATED_TTL_S
+    with pytest.raises(IllegalTransition):
+        await registry.transition("s", SessionState.PENDING)
+    # a terminated session takes no progress
+    assert not await registry.record_progress("s", "w1", done.epoch, 3)
+
+
+async def test_workers_and_heartbeat_ttl(registry):
+    w = WorkerRecord(id="w1", status=WorkerStatus.READY, capacity=8, chunk_ms={1: 12.5}, mem_free_bytes=10)
+    await registry.register_worker(w, ttl_s=0.3)
+    [got] = await registry.workers()
+    assert got.alive and got.capacity == 8 and got.chunk_ms == {1: 12.5} and got.mem_free_bytes == 10
+    deadline = time.monotonic() + 5
+    while (await registry.workers())[0].alive:
+        assert time.monotonic() < deadline, "heartbeat TTL never expired"
+        await asyncio.sleep(0.05)
+    await registry.heartbeat(w, ttl_s=5)
+    assert (await registry.workers())[0].alive
+    await registry.set_worker_status("w1", WorkerStatus.DRAINING)
+    assert (await registry.workers())[0].status is WorkerStatus.DRAINING
+    await registry.remove_worker("w1")
+    assert await registry.workers() == []

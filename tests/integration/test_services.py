@@ -1,0 +1,135 @@
+"""Gateway and scheduler running in-process against the real NATS and Redis.
+
+A test client plays the worker: it registers in the registry and listens on its command subject,
+so each hop is checked on the wire: the gateway's event is decoded by the scheduler, whose
+command is decoded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+import pytest
+
+from services.gateway.service import GatewayService
+from services.launcher import free_port
+from services.scheduler.service import SchedulerService
+from shared.registry import WorkerRecord
+from shared.runner import running
+from shared.settings import GatewaySettings, SchedulerSettings
+from shared.wire import (
+    SessionEvent,
+    SessionEventKind,
+    WorkerCmdKind,
+    WorkerCommand,
+    WorkerStatus,
+    decode,
+    encode,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(infra, isolation):
+    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
+            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+
+
+@contextlib.asynccontextmanager
+async def mesh_core(env):
+    port = free_port()
+    gw_settings = GatewaySettings.from_env(env, port=port)
+    sch_settings = SchedulerSettings.from_env(env, tick_s=0.2)
+    async with running(SchedulerService(sch_settings), sch_settings) as sch_ctx, \
+            running(GatewayService(gw_settings), gw_settings):
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            yield http, sch_ctx
+
+
+async def _next_command(sub, timeout=10.0) -> WorkerCommand:
+    msg = await sub.next_msg(timeout=timeout)
+    return decode(msg.subject, msg.data, WorkerCommand)
+
+
+async def test_session_event_reaches_scheduler_and_worker_command_is_decoded(env, nats_client, redis_client):
+    async with mesh_core(env) as (http, ctx):
+        worker = WorkerRecord(id="wtest", status=WorkerStatus.READY, capacity=4)
+        await ctx.registry.register_worker(worker, ttl_s=60)
+        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("wtest"))
+
+        resp = await http.post("/v1/sessions", json={"prompt": "a lighthouse at dusk", "seed": 5})
+        assert resp.status == 201
+        body = await resp.json()
+        assert body["stream_url"].endswith(f"/v1/sessions/{body['id']}/stream")
+
+        cmd = await _next_command(sub)
+        assert cmd.kind is WorkerCmdKind.ASSIGN and cmd.session_id == body["id"]
+        assert cmd.prompt == "a lighthouse at dusk" and cmd.seed == 5 and cmd.seq == 0
+        record = await ctx.registry.get_session(body["id"])
+        assert record.owner == "wtest" and record.epoch == cmd.epoch == 1
+        assert (await ctx.registry.placement())[body["id"]] == "wtest"
+
+        resp = await http.delete(f"/v1/sessions/{body['id']}")
+        assert resp.status == 200 and (await resp.json())["state"] == "terminated"
+        stop = await _next_command(sub)
+        assert stop.kind is WorkerCmdKind.STOP and stop.session_id == body["id"]
+
+
+async def test_garbage_on_subjects_is_dropped_and_service_keeps_serving(env, nats_client):
+    async with mesh_core(env) as (http, ctx):
+        js = nats_client.jetstream()
+        for junk in (b"\x00\xffgarbage", b"{}", b'{"type":"session_event","session_id":"x y","kind":"created"}'):
+            await js.publish(ctx.subjects.session_events, junk)
+        await nats_client.publish(ctx.subjects.provisioner_cmd, b"nonsense")
+        # A valid event after the garbage is still handled: the scheduler places the session.
+        await ctx.registry.register_worker(WorkerRecord(id="wg", status=WorkerStatus.READY, capacity=2), 60)
+        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("wg"))
+        resp = await http.post("/v1/sessions", json={"prompt": "after garbage"})
+        assert resp.status == 201
+        cmd = await _next_command(sub)
+        assert cmd.session_id == (await resp.json())["id"]
+        assert (await http.get("/healthz")).status == 200
+
+
+async def test_pending_session_placed_when_a_worker_appears(env, nats_client):
+    """The event arrives before any worker exists; the tick places it later."""
+    async with mesh_core(env) as (http, ctx):
+        resp = await http.post("/v1/sessions", json={"prompt": "waiting"})
+        sid = (await resp.json())["id"]
+        assert (await ctx.registry.get_session(sid)).state.value == "pending"
+        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("late"))
+        await ctx.registry.register_worker(WorkerRecord(id="late", status=WorkerStatus.READY, capacity=1), 60)
+        cmd = await _next_command(sub)
+        assert cmd.session_id == sid
+
+
+async def test_dead_worker_sessions_are_requeued_and_continue_at_next_seq(env, nats_client):
+    async with mesh_core(env) as (http, ctx):
+        await ctx.registry.register_worker(WorkerRecord(id="dies", status=WorkerStatus.READY, capacity=4), 0.5)
+        sub_dead = await nats_client.subscribe(ctx.subjects.worker_cmd("dies"))
+        sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
+        first = await _next_command(sub_dead)
+        assert await ctx.registry.record_progress(sid, "dies", first.epoch, 4)
+        # "dies" stops heartbeating; a healthy worker takes over at seq 5
+        sub_new = await nats_client.subscribe(ctx.subjects.worker_cmd("heir"))
+        await ctx.registry.register_worker(WorkerRecord(id="heir", status=WorkerStatus.READY, capacity=4), 60)
+        cmd = await _next_command(sub_new)
+        assert cmd.session_id == sid and cmd.seq == 5 and cmd.epoch > first.epoch
+        assert not await ctx.registry.record_progress(sid, "dies", first.epoch, 5)
+
+
+async def test_scheduler_decodes_events_published_by_another_client(env, nats_client):
+    async with mesh_core(env) as (http, ctx):
+        await ctx.registry.create_session("extern1", "p", 1)
+        await ctx.registry.register_worker(WorkerRecord(id="wx", status=WorkerStatus.READY, capacity=1), 60)
+        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("wx"))
+        ev = SessionEvent(session_id="extern1", kind=SessionEventKind.CREATED)
+        await nats_client.jetstream().publish(ctx.subjects.session_events, encode(ev))
+        cmd = await _next_command(sub)
+        assert cmd.session_id == "extern1"
+        # nothing else to place: no spurious second command
+        with pytest.raises(asyncio.TimeoutError):
+            await sub.next_msg(timeout=0.6)

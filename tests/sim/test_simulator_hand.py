@@ -1,0 +1,149 @@
+"""The simulator on a tiny trace whose cost and latencies were worked out by hand.
+
+The policy is scripted (fixed decisions per event), so the arithmetic depends only on the
+simulator's timing model, not on any controller.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from services.scheduler.core.profile import profile_from_dict
+from services.scheduler.core.types import (
+    Assign,
+    Drain,
+    EventKind,
+    Migrate,
+    Release,
+    RequestGpus,
+    Suspend,
+)
+from services.scheduler.sim.simulator import SimulationError, simulate
+from services.scheduler.sim.traceio import make_trace
+
+# Chunk time 100 ms at batch 1, 150 ms at batch 2, 200 ms at batch 3; deadline 180 ms (so K=2);
+# migration 10 ms per session; $3.60 per GPU-hour = $0.001 per GPU-second.
+PROFILE = profile_from_dict({
+    "name": "tiny", "gpu_kind": "T", "model": "m", "chunk_ms": [100.0, 150.0, 200.0],
+    "deadline_ms": 180.0, "state_bytes_per_session": 1,
+    "migration": {"per_session_ms": 10.0, "fixed_ms": 0.0}, "price_usd_per_gpu_hour": 3.6,
+})
+
+TRACE = make_trace("tiny", [
+    (0.0, "a", "arrive"),
+    (0.25, "b", "arrive"),
+    (1.5, "a", "idle"),
+    (2.0, "b", "depart"),
+    (2.5, "a", "depart"),
+])
+
+
+class ScriptedPolicy:
+    """Answers each event with a fixed list of decisions; starts with GPU g0 ready."""
+
+    name = "scripted"
+
+    def __init__(self, script):
+        self.script = script
+        self.view = SimpleNamespace(gpus={"g0": None})
+        self.seen: list[tuple] = []
+
+    def step(self, event):
+        key = (event.kind, event.session_id or event.gpu_id)
+        self.seen.append((event.t, *key))
+        return list(self.script.get(key, []))
+
+
+SCRIPT = {
+    (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+    (EventKind.ARRIVE, "b"): [RequestGpus(("g1",), "T"), Assign("b", "g0")],
+    (EventKind.GPU_READY, "g1"): [Migrate("b", "g0", "g1")],
+    (EventKind.IDLE, "a"): [Suspend("a", "g0"), Drain("g0"), Release("g0")],
+    (EventKind.DEPART, "b"): [Release("g1")],
+}
+
+
+def test_hand_checked_tiny_trace():
+    policy = ScriptedPolicy(SCRIPT)
+    r = simulate(TRACE, policy, PROFILE, boot_delay_s=1.0, tick_s=0)
+    # Timeline, worked by hand:
+    # g0: [a] steps 0-0.1, 0.1-0.2, 0.2-0.3             -> 3 chunks of a at 100 ms.
+    #     b arrives at 0.25 (due 0.25) and joins the step at the 0.3 boundary:
+    #     [a,b] 0.30-0.45                                 -> a 150 ms, b 0.45-0.25 = 200 ms.
+    #     [a,b] ends 0.60 0.75 0.90 1.05 1.20 1.35        -> 6 steps x 2 chunks of 150 ms.
+    # g1 requested at 0.25, boots 1 s, ready at 1.25; b migrates then, but its chunk is in
+    #     flight on g0 until 1.35; g1's first step 1.35-1.46 is 100 ms + 10 ms migration
+    #     -> b 110 ms. g0 runs [a] 1.35-1.45 -> a 100 ms.
+    # a goes idle at 1.5 inside g0's step 1.45-1.55: that chunk is not delivered to an active
+    #     session and is not counted; g0 is released then and stops costing at 1.55.
+    # g1: [b] steps end 1.56 1.66 1.76 1.86 1.96        -> 5 chunks of b at 100 ms; b departs
+    #     at 2.0 inside the step 1.96-2.06 (not counted); g1 is released, stops costing at 2.06.
+    # Chunks: 3 + 2 + 12 + 1 + 1 + 5 = 24: nine of 100, one of 110, thirteen of 150, one of 200.
+    assert r.chunks == 24
+    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 9 + [110.0] + [150.0] * 13 \
+        + [200.0]
+    # p50: position 23 * 0.5 = 11.5 -> both neighbours are 150. p99: position 22.77 between
+    # 150 and 200 -> 150 + 0.77 * 50 = 188.5. Max 200.
+    lat = r.latency()
+    assert lat["p50"] == pytest.approx(150.0)
+    assert lat["p99"] == pytest.approx(188.5)
+    assert lat["max"] == pytest.approx(200.0)
+    # Deadline 180 ms: only b's first chunk (200 ms) misses -> 23/24.
+    assert r.deadline_attainment == pytest.approx(23 / 24)
+    # First chunks after becoming active: a at 100 ms, b at 200 ms.
+    assert sorted(round(x, 6) for x in r.first_chunk_latencies_ms) == [100.0, 200.0]
+    # Cost: g0 0 -> 1.55 = 1.55 s; g1 0.25 -> 2.06 = 1.81 s; total 3.36 GPU-s = $0.00336.
+    assert r.cost_gpu_seconds == pytest.approx(3.36)
+    assert r.cost_usd == pytest.approx(0.00336)
+    assert r.migrations == 1
+    # Scale events: the request at 0.25, drain+release at 1.5 (one event), release at 2.0.
+    assert r.scale_events == 3
+    assert r.peak_gpus == 2
+    assert r.duration_s == 2.5
+    # The policy heard every trace event plus g1's GPU_READY at 1.25, in time order.
+    assert [(round(t, 6), k) for t, k, _ in policy.seen] == [
+        (0.0, EventKind.ARRIVE), (0.25, EventKind.ARRIVE), (1.25, EventKind.GPU_READY),
+        (1.5, EventKind.IDLE), (2.0, EventKind.DEPART), (2.5, EventKind.DEPART)]
+
+
+def test_sessions_wait_for_a_booting_gpu():
+    # One session, no GPU at start: the policy asks for one at arrival and assigns on READY.
+    trace = make_trace("wait", [(0.0, "a", "arrive"), (3.05, "a", "depart")])
+
+    class Boot(ScriptedPolicy):
+        def __init__(self):
+            super().__init__({(EventKind.ARRIVE, "a"): [RequestGpus(("g",), "T")],
+                              (EventKind.GPU_READY, "g"): [Assign("a", "g")]})
+            self.view = SimpleNamespace(gpus={})
+
+    r = simulate(trace, Boot(), PROFILE, boot_delay_s=2.0, tick_s=0)
+    # Ready at 2.0, first chunk at 2.1: 2100 ms; then 2.2 ... 3.0 -> 9 more chunks of 100 ms;
+    # the step 3.0-3.1 is cut by the depart at 3.05.
+    assert r.first_chunk_latencies_ms == [pytest.approx(2100.0)]
+    assert r.chunks == 10
+    # The GPU costs from its request at 0 to the end of the trace at 3.05.
+    assert r.cost_gpu_seconds == pytest.approx(3.05)
+
+
+def test_releasing_a_gpu_with_an_active_session_is_an_error():
+    bad = dict(SCRIPT)
+    bad[(EventKind.ARRIVE, "b")] = [Assign("b", "g0"), Release("g0")]
+    with pytest.raises(SimulationError, match="still holds active sessions"):
+        simulate(TRACE, ScriptedPolicy(bad), PROFILE, boot_delay_s=1.0, tick_s=0)
+
+
+def test_unknown_gpu_is_an_error():
+    bad = {(EventKind.ARRIVE, "a"): [Assign("a", "nope")]}
+    with pytest.raises(SimulationError, match="unknown or released GPU nope"):
+        simulate(TRACE, ScriptedPolicy(bad), PROFILE, tick_s=0)
+
+
+def test_unserved_active_session_counts_as_late():
+    # Nobody ever places b: at the end (2.5 s) its first chunk has waited 2.25 s.
+    script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")]}
+    trace = make_trace("t", [(0.0, "a", "arrive"), (0.25, "b", "arrive"), (2.5, "a", "depart")])
+    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0)
+    assert max(r.latencies_ms) == pytest.approx(2250.0)
+    assert r.deadline_attainment < 1.0

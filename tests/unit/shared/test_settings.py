@@ -1,0 +1,78 @@
+import pytest
+
+from shared.settings import (
+    CommonSettings,
+    GatewaySettings,
+    ProvisionerSettings,
+    SettingsError,
+    WorkerSettings,
+    mask_url,
+)
+
+
+def test_defaults_are_valid():
+    for cls in (CommonSettings, GatewaySettings, WorkerSettings, ProvisionerSettings):
+        cls.from_env({})
+
+
+def test_reads_prefixed_variables_with_types():
+    s = GatewaySettings.from_env({"TURBOSERVE_PORT": "9001", "TURBOSERVE_SSE_KEEPALIVE_S": "2.5",
+                                  "TURBOSERVE_SUBJECT_PREFIX": "prod", "PORT": "1"})
+    assert s.port == 9001 and s.sse_keepalive_s == 2.5 and s.subject_prefix == "prod"
+    assert s.subjects.session_events == "prod.session.events"
+
+
+def test_optional_and_bool_parsing():
+    s = WorkerSettings.from_env({"TURBOSERVE_CHECKPOINT": "/models/x.safetensors"})
+    assert s.checkpoint == "/models/x.safetensors"
+    assert WorkerSettings.from_env({"TURBOSERVE_CHECKPOINT": "none"}).checkpoint is None
+
+
+def test_all_faults_reported_together():
+    with pytest.raises(SettingsError) as info:
+        GatewaySettings.from_env({"TURBOSERVE_PORT": "http", "TURBOSERVE_LOG_LEVEL": "loud",
+                                  "TURBOSERVE_NATS_URL": "http://x"})
+    text = str(info.value)
+    assert "TURBOSERVE_PORT" in text
+    # The port fault is a parse fault; validation faults appear once parsing succeeds.
+    with pytest.raises(SettingsError) as info2:
+        GatewaySettings.from_env({"TURBOSERVE_PORT": "70000", "TURBOSERVE_LOG_LEVEL": "loud",
+                                  "TURBOSERVE_NATS_URL": "http://x"})
+    assert len(info2.value.faults) == 3
+    assert "TURBOSERVE_LOG_LEVEL" in str(info2.value) and "TURBOSERVE_NATS_URL" in str(info2.value)
+
+
+@pytest.mark.parametrize(("var", "value"), [
+    ("TURBOSERVE_WORKER_ID", "bad id"),
+    ("TURBOSERVE_MAX_SESSIONS", "0"),
+    ("TURBOSERVE_JPEG_QUALITY", "101"),
+    ("TURBOSERVE_HEARTBEAT_S", "-1"),
+])
+def test_worker_validation(var, value):
+    with pytest.raises(SettingsError, match=var):
+        WorkerSettings.from_env({var: value})
+
+
+def test_provisioner_bounds():
+    with pytest.raises(SettingsError, match="MAX_WORKERS"):
+        ProvisionerSettings.from_env({"TURBOSERVE_MIN_WORKERS": "5", "TURBOSERVE_MAX_WORKERS": "2"})
+
+
+def test_secrets_masked_when_printed():
+    s = GatewaySettings.from_env({"TURBOSERVE_API_TOKEN": "hunter2",
+                                  "TURBOSERVE_REDIS_URL": "redis://:pa55@db:6379/0"})
+    text = str(s)
+    assert "hunter2" not in text and "pa55" not in text
+    assert "***" in text
+    assert s.api_token == "hunter2"  # masked only when printed
+
+
+def test_mask_url():
+    assert mask_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert mask_url("nats://h:4222") == "nats://h:4222"
+
+
+def test_settings_are_frozen():
+    s = CommonSettings.from_env({})
+    with pytest.raises(AttributeError):
+        s.nats_url = "x"  # type: ignore[misc]
