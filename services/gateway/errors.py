@@ -66,9 +66,5 @@ class PayloadTooLarge(ApiError):
     status, code = 413, "payload_too_large"
 
 
-class UnsupportedMediaType(ApiError):
-    status, code = 415, "unsupported_media_type"
-
-
 class Unavailable(ApiError):
     status, code, retryable = 503, "unavailable", True

@@ -66,6 +66,8 @@ class SchedulerService:
         self._lock = asyncio.Lock()  # one placement pass at a time
         self._stopping = asyncio.Event()
         self._warned_no_worker = False
+        self._psub = None
+        self._consumer: asyncio.Task[None] | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -73,11 +75,20 @@ class SchedulerService:
         psub = await ctx.js.pull_subscribe(
             ctx.subjects.session_events, durable=SCHEDULER_DURABLE, stream=ctx.subjects.sessions_stream
         )
-        ctx.spawn(self._consume(psub), name="scheduler-events")
+        self._psub = psub
+        self._consumer = ctx.spawn(self._consume(psub), name="scheduler-events")
         ctx.spawn(self._tick(), name="scheduler-tick")
 
     async def stop(self) -> None:
         self._stopping.set()
+        # The consumer leaves within one fetch timeout; a pull subscription left open would
+        # make the NATS drain wait for its full timeout.
+        if self._consumer is not None:
+            await asyncio.wait({self._consumer}, timeout=5.0)
+        if self._psub is not None:
+            psub, self._psub = self._psub, None
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
         async with self._lock:  # let an in-flight placement pass finish
             pass
 

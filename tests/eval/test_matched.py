@@ -57,3 +57,12 @@ def test_reductions_in_percent_of_the_rival():
 def test_a_curve_without_finite_points_is_an_error():
     with pytest.raises(ValueError):
         pareto_envelope([CurvePoint(float("inf"), 1.0)])
+
+
+def test_matches_outside_the_measured_range_are_flagged():
+    assert not latency_at_cost(RIVAL, 500).reached
+    assert latency_at_cost(RIVAL, 500).value == 500
+    assert latency_at_cost(RIVAL, 400).reached
+    high = cost_at_latency(RIVAL, 3000)
+    assert not high.reached and high.value == 100
+    assert cost_at_latency(RIVAL, 2000).reached

@@ -61,6 +61,7 @@ class _Session:
     position: int = 0
     pending_prompt: str | None = None
     host: SessionState | None = None  # set while suspended
+    host_exported: bool = False  # the host buffers were handed out: never recycle them
 
     @property
     def suspended(self) -> bool:
@@ -88,6 +89,7 @@ class Engine:
         self._resident: list[str] = []  # slot i holds self._resident[i]
         self._generator = torch.Generator(device=self._device)
         self._chunk_ms: dict[int, deque[float]] = {}
+        self._spare_host: list[list[torch.Tensor]] = []  # recycled suspend buffers
         self._lock = threading.RLock()
 
     # -- properties ---------------------------------------------------------------------
@@ -136,7 +138,9 @@ class Engine:
             session = self._get(session_id)
             if session.suspended:
                 raise WrongSessionState(session_id, "suspended", "executing")
-            session.host = self._read_state(session)
+            spare = self._spare_host.pop() if self._spare_host else None
+            session.host = self._read_state(session, into=spare)
+            session.host_exported = False
             self._release_slot(session_id)
 
     def resume(self, session_id: str) -> None:
@@ -146,13 +150,15 @@ class Engine:
                 raise WrongSessionState(session_id, "executing", "suspended")
             slot = self._claim_slot()
             self.pool.write(slot, session.host.layers, session.host.misc)
-            session.host = None
+            self._recycle_host(session)
             self._resident.append(session_id)
 
     def remove_session(self, session_id: str) -> None:
         with self._lock:
             session = self._get(session_id)
-            if not session.suspended:
+            if session.suspended:
+                self._recycle_host(session)
+            else:
                 self._release_slot(session_id)
             del self._sessions[session_id]
 
@@ -161,6 +167,7 @@ class Engine:
         with self._lock:
             session = self._get(session_id)
             if session.host is not None:
+                session.host_exported = True
                 return session.host
             return self._read_state(session)
 
@@ -300,9 +307,16 @@ class Engine:
                 self._write_prompt(slot, session.pending_prompt)
                 session.prompt, session.pending_prompt = session.pending_prompt, None
 
-    def _read_state(self, session: _Session) -> SessionState:
+    def _recycle_host(self, session: _Session) -> None:
+        host, session.host = session.host, None
+        if host is not None and not session.host_exported and len(self._spare_host) < self.capacity:
+            self._spare_host.append([*host.layers, host.misc])
+
+    def _read_state(
+        self, session: _Session, into: list[torch.Tensor] | None = None
+    ) -> SessionState:
         slot = self._resident.index(session.session_id)
-        layers, misc = self.pool.read(slot, pin=self._pin)
+        layers, misc = self.pool.read(slot, pin=self._pin, into=into)
         return SessionState(
             session_id=session.session_id, seq=session.seq, position=session.position,
             prompt=session.prompt, seed=session.seed, preset=self.model_config.name,

@@ -80,14 +80,22 @@ class SlotPool:
         """The slot's contiguous regions (views): one per layer, then the misc one."""
         return [buffer[slot] for buffer in self.layers] + [self.misc[slot]]
 
-    def read(self, slot: int, pin: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """A host copy of the slot (page-locked when ``pin``), complete when it returns."""
-        copies = []
-        for region in self.regions(slot):
-            host = torch.empty(region.shape, dtype=region.dtype, pin_memory=pin)
-            host.copy_(region, non_blocking=pin)
-            copies.append(host)
-        if pin and self.device.type == "cuda":
+    def host_buffers(self, pin: bool) -> list[torch.Tensor]:
+        """Empty host tensors shaped like one slot's regions (page-locked when ``pin``)."""
+        return [
+            torch.empty(region.shape, dtype=region.dtype, pin_memory=pin)
+            for region in self.regions(0)
+        ]
+
+    def read(
+        self, slot: int, pin: bool, into: list[torch.Tensor] | None = None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A host copy of the slot, complete when it returns; ``into`` reuses buffers from
+        ``host_buffers`` (allocating page-locked memory costs far more than the copy)."""
+        copies = into if into is not None else self.host_buffers(pin)
+        for region, host in zip(self.regions(slot), copies, strict=True):
+            host.copy_(region, non_blocking=host.is_pinned())
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return copies[:-1], copies[-1]
 

@@ -192,9 +192,9 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
                 f"({chunk[batch]} ms) is faster than batch {batch} ({chunk[batch - 1]} ms)",
             )
     migration = get.obj("migration")
-    mig = _Fields(migration, f"{source} (migration)")
+    mig = _Fields(migration, source, prefix="migration.")
     memory = get.obj("memory", required=False)
-    mem = _Fields(memory, f"{source} (memory)") if memory is not None else None
+    mem = _Fields(memory, source, prefix="memory.") if memory is not None else None
     state_bytes = int(get.positive("state_bytes_per_session"))
     profile = LatencyProfile(
         name=get.text("name"),
@@ -233,14 +233,15 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
 class _Fields:
     """Typed access to a JSON object with errors that name the field."""
 
-    def __init__(self, raw: dict[str, Any], source: str) -> None:
+    def __init__(self, raw: dict[str, Any], source: str, prefix: str = "") -> None:
         self.raw = raw
         self.source = source
+        self.prefix = prefix
 
     def _get(self, key: str, required: bool) -> Any:
         if key not in self.raw:
             if required:
-                raise ProfileError(self.source, f"missing field {key!r}")
+                raise ProfileError(self.source, f"missing field {self.prefix + key!r}")
             return None
         return self.raw[key]
 
@@ -249,12 +250,12 @@ class _Fields:
         if value is None and not required:
             return None
         if not isinstance(value, str) or not value:
-            raise ProfileError(self.source, f"field {key!r} must be a non-empty string")
+            raise ProfileError(self.source, f"field {self.prefix + key!r} must be a non-empty string")
         return value
 
     def _number(self, key: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ProfileError(self.source, f"field {key!r} must be a finite number, got {value!r}")
+            raise ProfileError(self.source, f"field {self.prefix + key!r} must be a finite number, got {value!r}")
         return float(value)
 
     def positive(self, key: str, required: bool = True) -> float | None:
@@ -263,7 +264,7 @@ class _Fields:
             return None
         number = self._number(key, value)
         if number <= 0:
-            raise ProfileError(self.source, f"field {key!r} must be > 0, got {value!r}")
+            raise ProfileError(self.source, f"field {self.prefix + key!r} must be > 0, got {value!r}")
         return number
 
     def non_negative(self, key: str, required: bool = True) -> float | None:
@@ -272,18 +273,18 @@ class _Fields:
             return None
         number = self._number(key, value)
         if number < 0:
-            raise ProfileError(self.source, f"field {key!r} must be >= 0, got {value!r}")
+            raise ProfileError(self.source, f"field {self.prefix + key!r} must be >= 0, got {value!r}")
         return number
 
     def list_of_positive(self, key: str) -> list[float]:
         value = self._get(key, True)
         if not isinstance(value, list) or not value:
-            raise ProfileError(self.source, f"field {key!r} must be a non-empty list of numbers")
+            raise ProfileError(self.source, f"field {self.prefix + key!r} must be a non-empty list of numbers")
         out = []
         for i, item in enumerate(value):
             number = self._number(f"{key}[{i}]", item)
             if number <= 0:
-                raise ProfileError(self.source, f"field {key}[{i}] must be > 0, got {item!r}")
+                raise ProfileError(self.source, f"field {self.prefix}{key}[{i}] must be > 0, got {item!r}")
             out.append(number)
         return out
 
@@ -292,7 +293,7 @@ class _Fields:
         if value is None and not required:
             return None
         if not isinstance(value, dict):
-            raise ProfileError(self.source, f"field {key!r} must be an object")
+            raise ProfileError(self.source, f"field {self.prefix + key!r} must be an object")
         return value
 
     def sources(self) -> dict[str, str]:

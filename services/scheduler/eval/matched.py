@@ -5,14 +5,16 @@ More money never has to buy worse latency -- a policy could always copy its chea
 and leave the extra GPUs idle -- so we compare against a rival's *Pareto envelope*: the
 points no other point beats on both axes, joined by straight lines.
 
-- ``latency_at_cost(curve, c)``: the rival's latency interpolated at cost c.  Below the
-  rival's cheapest point we use that point's latency: the rival cannot be cheaper than that,
-  and charging it only its cheapest latency understates our win (conservative).  Above its
-  dearest point we use its best latency (the envelope is flat: it cannot get better by
-  interpolation we have not measured).
+- ``latency_at_cost(curve, c)``: the rival's latency interpolated at cost c.  Outside the
+  rival's measured cost range we clamp to the nearest end point and say ``reached=False``:
+  below its cheapest point the clamp understates our win (it would only be worse there);
+  above its dearest point the clamp may overstate it (it might improve further), which is why
+  every out-of-range match is flagged and counted in the report.
 - ``cost_at_latency(curve, l)``: the cost the rival needs to reach latency l.  When l is
-  better than any rival point, the rival never reaches it; we report its dearest point's cost
-  with ``reached=False`` (again conservative: it would need at least that much).
+  better than any rival point, the rival never reaches it in the measured range; we report its
+  dearest point's cost with ``reached=False`` (conservative: it would need at least that
+  much).  When l is worse than its cheapest point, the clamp to that point's cost may
+  overstate the rival's need, and is flagged the same way.
 
 Reductions are in percent of the rival's value: ``100 * (rival - ours) / rival``.
 """
@@ -74,7 +76,9 @@ def latency_at_cost(curve: Sequence[CurvePoint], cost: float) -> Matched:
     env = pareto_envelope(curve)
     if cost < env[0].cost:
         return Matched(env[0].latency, False)
-    if cost >= env[-1].cost:
+    if cost > env[-1].cost:
+        return Matched(env[-1].latency, False)
+    if cost == env[-1].cost:
         return Matched(env[-1].latency, True)
     for a, b in zip(env, env[1:], strict=False):
         if a.cost <= cost <= b.cost:
@@ -85,7 +89,9 @@ def latency_at_cost(curve: Sequence[CurvePoint], cost: float) -> Matched:
 def cost_at_latency(curve: Sequence[CurvePoint], latency: float) -> Matched:
     """The cost the rival needs to reach ``latency`` (see the module docstring)."""
     env = pareto_envelope(curve)
-    if latency >= env[0].latency:
+    if latency > env[0].latency:
+        return Matched(env[0].cost, False)
+    if latency == env[0].latency:
         return Matched(env[0].cost, True)
     if latency < env[-1].latency:
         return Matched(env[-1].cost, False)

@@ -58,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prof.add_argument("--profile", default=None, help="latency profile name or JSON path")
     prof.add_argument("--jobs", type=int, default=1, help="worker processes")
     prof.add_argument("--json", type=Path, default=None, help="also write every grid point here")
+    prof.add_argument("--target", type=float, default=0.99,
+                      help="share of chunks that must be on time at each level (default 0.99)")
     prof.set_defaults(func=run_profile)
 
     try:
@@ -170,6 +172,6 @@ def run_profile(args: argparse.Namespace) -> int:
     from services.scheduler.sim.profiler import build_table
 
     build_table(quick=args.quick, out=args.out, boot_delay_s=args.boot_delay,
-                profile_name=args.profile, jobs=args.jobs, json_out=args.json,
+                profile_name=args.profile, jobs=args.jobs, json_out=args.json, target=args.target,
                 log=lambda line: print(line, file=sys.stdout, flush=True))
     return 0

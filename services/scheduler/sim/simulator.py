@@ -118,6 +118,9 @@ class SimResult:
     timeline: list[tuple[float, int, int]]  # (t, GPUs held incl. booting, active sessions)
     params: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    # Delivery time of each chunk, parallel to latencies_ms (only with keep_chunk_times=True).
+    chunk_times_s: list[float] = field(default_factory=list)
+    first_flags: list[bool] = field(default_factory=list)
 
     @property
     def chunks(self) -> int:
@@ -181,8 +184,12 @@ class Simulator:
 
     def __init__(self, trace: Trace, policy: Any, profile: Any, *, boot_delay_s: float = 30.0,
                  tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None,
+                 keep_chunk_times: bool = False) -> None:
         self.trace = trace
+        self.keep_chunk_times = keep_chunk_times
+        self.chunk_times: list[float] = []
+        self.first_flags: list[bool] = []
         self.policy = policy
         self.profile = profile
         self.boot_delay_s = float(boot_delay_s)
@@ -407,6 +414,9 @@ class Simulator:
             if s.active and s.epoch == epoch:  # not for a session that went idle meanwhile
                 latency = (now - s.due) * 1000.0
                 self.latencies.append(latency)
+                if self.keep_chunk_times:
+                    self.chunk_times.append(now)
+                    self.first_flags.append(s.first)
                 if s.first:
                     self.first_latencies.append(latency)
                     s.first = False
@@ -443,6 +453,9 @@ class Simulator:
         for s in self.sessions.values():
             if s.active and s.in_flight is None and end - s.due > deadline_s:
                 self.latencies.append((end - s.due) * 1000.0)
+                if self.keep_chunk_times:
+                    self.chunk_times.append(end)
+                    self.first_flags.append(s.first)
                 (self.first_latencies if s.first else self.stream_latencies).append(
                     (end - s.due) * 1000.0)
 
@@ -472,6 +485,8 @@ class Simulator:
             decision_times_ms=self.decision_ms,
             timeline=self.timeline,
             wall_s=wall_s,
+            chunk_times_s=self.chunk_times,
+            first_flags=self.first_flags,
         )
 
 
@@ -493,7 +508,8 @@ def _initial_gpus(policy: Any) -> list[tuple[str, bool]]:
 
 def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay_s: float = 30.0,
              tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
-             progress: Callable[[float], None] | None = None, **params: Any) -> SimResult:
+             progress: Callable[[float], None] | None = None, keep_chunk_times: bool = False,
+             **params: Any) -> SimResult:
     """Run ``policy`` (a registered name, or an object with ``step``) over ``trace`` (a Trace,
     a built-in trace name or a path). ``params`` go to ``get_policy``; autoscaling policies
     also get ``boot_delay_s`` so that they know what the environment does.
@@ -511,7 +527,8 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
     else:
         policy_obj = policy
     sim = Simulator(trace, policy_obj, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
-                    price_usd_per_gpu_hour=price_usd_per_gpu_hour, progress=progress)
+                    price_usd_per_gpu_hour=price_usd_per_gpu_hour, progress=progress,
+                    keep_chunk_times=keep_chunk_times)
     result = sim.run()
     result.params = {"boot_delay_s": boot_delay_s, "tick_s": tick_s, "profile": profile.name,
                      **{k: v for k, v in params.items() if _jsonable(v)}}

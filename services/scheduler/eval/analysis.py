@@ -1,0 +1,314 @@
+"""From the runs of one trace to its figures, and from the traces to the summary.
+
+Conventions (``shared/design/evaluation.md``): cost in GPU-hours, latency is p99 per-chunk.
+"Ours" is the ``turboserve`` run with the adaptive rho_hat table.  Every matched value says
+whether it was inside the rival's measured range (``reached``), see ``matched.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from services.scheduler.eval.floor import (
+    active_steps,
+    floor_gpu_seconds,
+    floor_with_boot_gpu_seconds,
+)
+from services.scheduler.eval.matched import (
+    CurvePoint,
+    cost_at_latency,
+    latency_at_cost,
+    reduction_pct,
+)
+from services.scheduler.eval.plan import STATIC_BASELINES
+from services.scheduler.eval.runs import RunSummary
+
+__all__ = ["TraceFloors", "analyse_trace", "summarise", "trace_floors"]
+
+STRONG_RIVALS = ("least_loaded_autoscale", "hpa", "turboserve_fixed")
+_EPS_H = 1e-9
+
+
+class TraceFloors:
+    """The floor and the boot-aware floors (GPU-hours) of one trace at capacity K."""
+
+    def __init__(self, trace: Any, capacity: int, boot_delays: Sequence[float]) -> None:
+        steps = active_steps(trace.events, t_end=trace.duration)
+        self.capacity = capacity
+        self.floor_h = floor_gpu_seconds(steps, capacity) / 3600.0
+        self.with_boot_h = {
+            float(b): floor_with_boot_gpu_seconds(steps, capacity, b) / 3600.0
+            for b in boot_delays
+        }
+        self.peak_active = max((s.active for s in steps), default=0)
+        self.steps = steps
+
+
+def trace_floors(trace: Any, capacity: int, boot_delays: Sequence[float]) -> TraceFloors:
+    return TraceFloors(trace, capacity, boot_delays)
+
+
+def _adaptive(run: RunSummary) -> bool:
+    return run.spec.param("rho_hat") is None and run.spec.param("target") is None
+
+
+def _pt(run: RunSummary) -> CurvePoint:
+    label = run.spec.param("rho_hat") or run.spec.param("target") or run.spec.param("gpus")
+    return CurvePoint(run.cost_gpu_h, run.p99_ms, "adaptive" if label is None else str(label))
+
+
+def _curves(runs: Sequence[RunSummary]) -> dict[str, list[RunSummary]]:
+    out: dict[str, list[RunSummary]] = {}
+    for run in runs:
+        out.setdefault(run.spec.curve, []).append(run)
+    for curve in out.values():
+        curve.sort(key=lambda r: r.cost_gpu_h)
+    return out
+
+
+def _one(curves: dict[str, list[RunSummary]], curve: str) -> RunSummary:
+    """The adaptive run of an autoscaling curve (or the only run of a one-run curve)."""
+    runs = curves[curve]
+    adaptive = [r for r in runs if _adaptive(r)]
+    return adaptive[0] if adaptive else runs[0]
+
+
+def _match(rival: list[CurvePoint], ours: CurvePoint) -> dict[str, Any]:
+    at_cost = latency_at_cost(rival, ours.cost)
+    at_lat = cost_at_latency(rival, ours.latency)
+    return {
+        "latency_reduction_at_matched_cost_pct": round(reduction_pct(at_cost.value, ours.latency), 3),
+        "rival_latency_ms": round(at_cost.value, 1),
+        "latency_match_in_range": at_cost.reached,
+        "cost_reduction_at_matched_latency_pct": round(reduction_pct(at_lat.value, ours.cost), 3),
+        "rival_cost_gpu_hours": round(at_lat.value, 4),
+        "cost_match_in_range": at_lat.reached,
+    }
+
+
+def _increase(ours: float, theirs: float) -> float:
+    return 100.0 * (theirs / ours - 1.0) if ours > 0 else 0.0
+
+
+def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
+                  boot_delay_s: float) -> dict[str, Any]:
+    curves = _curves(runs)
+    ours_run = _one(curves, "turboserve")
+    ours = _pt(ours_run)
+    points = {c: [_pt(r) for r in rs] for c, rs in curves.items()}
+    points["turboserve_fixed"] = [_pt(r) for r in curves["turboserve"] if not _adaptive(r)]
+
+    vs = {rival: _match(points[rival], ours) for rival in (*STATIC_BASELINES, *STRONG_RIVALS)}
+    best_lat = min(STATIC_BASELINES, key=lambda b: vs[b]["rival_latency_ms"])
+    best_cost = min(STATIC_BASELINES, key=lambda b: vs[b]["rival_cost_gpu_hours"])
+    rivals_all = (*STATIC_BASELINES, *STRONG_RIVALS)
+    best_rival_lat = min(rivals_all, key=lambda b: vs[b]["rival_latency_ms"])
+    best_rival_cost = min(rivals_all, key=lambda b: vs[b]["rival_cost_gpu_hours"])
+
+    # Ablations at matched latency: the cost each ablated curve needs to reach our p99.
+    ablation = {}
+    for key, curve in (("no_migration", "least_loaded_autoscale"), ("no_autoscale", "no_autoscale")):
+        m = cost_at_latency(points[curve], ours.latency)
+        ablation[key] = {
+            "cost_increase_pct": round(_increase(ours.cost, m.value), 3),
+            "matched_cost_gpu_hours": round(m.value, 4),
+            "in_range": m.reached,
+        }
+    nm = _one(curves, "least_loaded_autoscale")
+    ablation["no_migration"]["same_setting_cost_increase_pct"] = round(
+        _increase(ours.cost, nm.cost_gpu_h), 3)
+    ablation["no_migration"]["same_setting_p99_ms"] = round(nm.p99_ms, 1)
+
+    # The autoscaler against the clairvoyant controller and the floor.
+    clair = _one(curves, "clairvoyant")
+    clair_m = cost_at_latency(points["clairvoyant"], ours.latency)
+    floor_boot = floors.with_boot_h.get(float(boot_delay_s), floors.floor_h)
+    oracle = {
+        "clairvoyant_cost_gpu_hours": round(clair.cost_gpu_h, 4),
+        "clairvoyant_p99_ms": round(clair.p99_ms, 1),
+        "clairvoyant_attainment": round(clair.attainment, 5),
+        "gap_to_clairvoyant_matched_latency_pct": round(_increase(clair_m.value, ours.cost), 3),
+        "clairvoyant_match_in_range": clair_m.reached,
+        "gap_to_clairvoyant_same_rho_pct": round(_increase(clair.cost_gpu_h, ours.cost), 3),
+        "floor_gpu_hours": round(floors.floor_h, 4),
+        "floor_with_boot_gpu_hours": round(floor_boot, 4),
+        "gap_to_floor_pct": round(_increase(floors.floor_h, ours.cost), 3),
+        "gap_to_floor_with_boot_pct": round(_increase(floor_boot, ours.cost), 3),
+        "clairvoyant_gap_to_floor_pct": round(_increase(floors.floor_h, clair.cost_gpu_h), 3),
+    }
+
+    predictive = _predictive(curves, points, ours_run, floors)
+    sensitivity = _sensitivity(curves, floors, ours_run, clair, boot_delay_s)
+    bound = _lower_bound(runs, floors)
+
+    return {
+        "peak_active": floors.peak_active,
+        "capacity": floors.capacity,
+        "turboserve": ours_run.to_json(),
+        "vs": vs,
+        "best_baseline": {
+            "latency_reduction_at_matched_cost_pct": vs[best_lat]["latency_reduction_at_matched_cost_pct"],
+            "latency_best_baseline": best_lat,
+            "cost_reduction_at_matched_latency_pct": vs[best_cost]["cost_reduction_at_matched_latency_pct"],
+            "cost_best_baseline": best_cost,
+        },
+        "best_rival": {
+            "latency_reduction_at_matched_cost_pct": vs[best_rival_lat]["latency_reduction_at_matched_cost_pct"],
+            "latency_best_rival": best_rival_lat,
+            "cost_reduction_at_matched_latency_pct": vs[best_rival_cost]["cost_reduction_at_matched_latency_pct"],
+            "cost_best_rival": best_rival_cost,
+        },
+        "ablation": ablation,
+        "oracle": oracle,
+        "predictive": predictive,
+        "sensitivity": sensitivity,
+        "lower_bound": bound,
+        "curves": {c: [r.to_json() for r in rs] for c, rs in curves.items()},
+    }
+
+
+def _attainment_curve(runs: list[RunSummary]) -> list[CurvePoint]:
+    # "Latency" axis = missed-deadline share, so the envelope machinery applies unchanged.
+    return [CurvePoint(r.cost_gpu_h, 1.0 - r.attainment) for r in runs]
+
+
+def _predictive(curves, points, ours_run: RunSummary, floors: TraceFloors) -> dict[str, Any]:
+    pred = _one(curves, "turboserve_predictive")
+    at_att = cost_at_latency(_attainment_curve(curves["turboserve"]), 1.0 - pred.attainment)
+    at_p99 = cost_at_latency(points["turboserve"], pred.p99_ms)
+    return {
+        "cost_gpu_hours": round(pred.cost_gpu_h, 4),
+        "p99_ms": round(pred.p99_ms, 1),
+        "attainment": round(pred.attainment, 5),
+        "turboserve_attainment": round(ours_run.attainment, 5),
+        "gap_to_floor_pct": round(_increase(floors.floor_h, pred.cost_gpu_h), 3),
+        "cost_vs_turboserve_same_setting_pct": round(_increase(ours_run.cost_gpu_h, pred.cost_gpu_h), 3),
+        "cost_vs_turboserve_matched_attainment_pct": round(_increase(at_att.value, pred.cost_gpu_h), 3),
+        "matched_attainment_in_range": at_att.reached,
+        "cost_vs_turboserve_matched_p99_pct": round(_increase(at_p99.value, pred.cost_gpu_h), 3),
+        "matched_p99_in_range": at_p99.reached,
+    }
+
+
+def _sensitivity(curves, floors: TraceFloors, ours_run, clair, boot_delay_s) -> dict[str, Any]:
+    boot: dict[str, Any] = {}
+    for b, floor_h in sorted(floors.with_boot_h.items()):
+        if b == float(boot_delay_s):
+            ts, cv = ours_run, clair
+        else:
+            key = f"sens_boot_{b:g}"
+            if key not in curves:
+                continue
+            ts, cv = curves[key][0], curves[f"{key}_clairvoyant"][0]
+        boot[f"{b:g}"] = {
+            "turboserve_cost_gpu_hours": round(ts.cost_gpu_h, 4),
+            "turboserve_p99_ms": round(ts.p99_ms, 1),
+            "turboserve_attainment": round(ts.attainment, 5),
+            "clairvoyant_cost_gpu_hours": round(cv.cost_gpu_h, 4),
+            "clairvoyant_p99_ms": round(cv.p99_ms, 1),
+            "floor_with_boot_gpu_hours": round(floor_h, 4),
+            "gap_to_clairvoyant_same_rho_pct": round(_increase(cv.cost_gpu_h, ts.cost_gpu_h), 3),
+            "gap_to_floor_with_boot_pct": round(_increase(floor_h, ts.cost_gpu_h), 3),
+        }
+    migration: dict[str, Any] = {}
+    nm = _one(curves, "least_loaded_autoscale")
+    for label, ts, nom in (("nvlink", ours_run, nm),
+                           ("pcie", _get(curves, "sens_pcie"), _get(curves, "sens_pcie_no_migration"))):
+        if ts is None or nom is None:
+            continue
+        migration[label] = {
+            "turboserve_cost_gpu_hours": round(ts.cost_gpu_h, 4),
+            "turboserve_p99_ms": round(ts.p99_ms, 1),
+            "turboserve_attainment": round(ts.attainment, 5),
+            "migrations": ts.migrations,
+            "no_migration_cost_gpu_hours": round(nom.cost_gpu_h, 4),
+            "no_migration_p99_ms": round(nom.p99_ms, 1),
+            "no_migration_cost_increase_pct": round(_increase(ts.cost_gpu_h, nom.cost_gpu_h), 3),
+        }
+    return {"boot_delay_s": boot, "migration": migration}
+
+
+def _get(curves, key):
+    return curves[key][0] if key in curves else None
+
+
+def _lower_bound(runs: Sequence[RunSummary], floors: TraceFloors) -> dict[str, Any]:
+    """Check both proven bounds on every run (see ``floor.py`` and ``runs.py``)."""
+    served_ok = all(r.cost_gpu_h >= r.served_floor_gpu_h - _EPS_H for r in runs)
+    full = [r for r in runs if r.unserved_session_s == 0.0]
+    floor_ok = all(r.cost_gpu_h >= floors.floor_h - _EPS_H for r in full)
+    boot_ok = all(
+        r.cost_gpu_h >= floors.with_boot_h.get(r.spec.boot_delay_s, floors.floor_h) - _EPS_H
+        for r in full
+    )
+    below = [r for r in runs if r.cost_gpu_h < floors.floor_h - _EPS_H]
+    return {
+        "holds": served_ok and floor_ok and boot_ok,
+        "runs": len(runs),
+        "runs_serving_everyone": len(full),
+        "runs_below_floor": [
+            {"curve": r.spec.curve, "params": r.to_json()["params"],
+             "cost_gpu_hours": round(r.cost_gpu_h, 4),
+             "unserved_session_seconds": round(r.unserved_session_s, 1)}
+            for r in below
+        ],
+        "min_cost_over_floor": round(min(r.cost_gpu_h for r in runs) / floors.floor_h, 4)
+        if floors.floor_h > 0 else None,
+    }
+
+
+def _avg_max(values: list[float]) -> dict[str, float]:
+    return {"avg": round(statistics.fmean(values), 3), "max": round(max(values), 3)}
+
+
+def summarise(traces: dict[str, dict[str, Any]], placement: dict[str, Any]) -> dict[str, Any]:
+    """The summary block of the evaluation JSON (keys as issue 4 gives them)."""
+    t = list(traces.values())
+    lat = [x["best_baseline"]["latency_reduction_at_matched_cost_pct"] for x in t]
+    cost = [x["best_baseline"]["cost_reduction_at_matched_latency_pct"] for x in t]
+    return {
+        "cost_reduction_at_matched_latency_pct": {
+            "avg_vs_best_baseline": round(statistics.fmean(cost), 3),
+            "max_vs_best_baseline": round(max(cost), 3),
+            "avg_vs_best_rival": round(statistics.fmean(
+                [x["best_rival"]["cost_reduction_at_matched_latency_pct"] for x in t]), 3),
+        },
+        "latency_reduction_at_matched_cost_pct": {
+            "avg_vs_best_baseline": round(statistics.fmean(lat), 3),
+            "max_vs_best_baseline": round(max(lat), 3),
+            "avg_vs_best_rival": round(statistics.fmean(
+                [x["best_rival"]["latency_reduction_at_matched_cost_pct"] for x in t]), 3),
+        },
+        "ablation_cost_increase_pct": {
+            "no_migration": round(statistics.fmean(
+                [x["ablation"]["no_migration"]["cost_increase_pct"] for x in t]), 3),
+            "no_autoscale": round(statistics.fmean(
+                [x["ablation"]["no_autoscale"]["cost_increase_pct"] for x in t]), 3),
+            "no_migration_max": round(max(
+                x["ablation"]["no_migration"]["cost_increase_pct"] for x in t), 3),
+            "no_autoscale_max": round(max(
+                x["ablation"]["no_autoscale"]["cost_increase_pct"] for x in t), 3),
+        },
+        "autoscaler_gap_to_oracle_pct": {
+            **_avg_max([x["oracle"]["gap_to_clairvoyant_matched_latency_pct"] for x in t]),
+            "same_rho_avg": round(statistics.fmean(
+                [x["oracle"]["gap_to_clairvoyant_same_rho_pct"] for x in t]), 3),
+        },
+        "autoscaler_gap_to_floor_pct": {
+            **_avg_max([x["oracle"]["gap_to_floor_pct"] for x in t]),
+            "with_boot_avg": round(statistics.fmean(
+                [x["oracle"]["gap_to_floor_with_boot_pct"] for x in t]), 3),
+        },
+        "predictive_gap_to_floor_pct": _avg_max([x["predictive"]["gap_to_floor_pct"] for x in t]),
+        "placement_gap_to_oracle_pct": {
+            "avg": placement["avg"], "max": placement["max"],
+            "instances": placement["instances"],
+        },
+        "oracle_is_lower_bound": all(x["lower_bound"]["holds"] for x in t),
+        "out_of_range_matches": sum(
+            1 for x in t for b in STATIC_BASELINES
+            for k in ("latency_match_in_range", "cost_match_in_range") if not x["vs"][b][k]
+        ),
+    }

@@ -1,0 +1,114 @@
+"""Which runs the evaluation makes on one trace: the sweeps behind every curve and figure.
+
+Curves (cost against p99 per-chunk latency):
+
+* the paper's static baselines ``round_robin``, ``least_loaded``, ``memory_aware`` over GPU
+  counts spanning 0.4x to 1.5x the count the trace's peak needs at capacity K;
+* ``turboserve`` over fixed rho_hat values, plus one run with the adaptive table (ours);
+* rivals: ``least_loaded_autoscale`` (our autoscaler, no migration) over the same rho_hat
+  values and adaptive, ``hpa`` over utilisation targets;
+* ablations: ``no_migration`` is the adaptive point of ``least_loaded_autoscale``;
+  ``no_autoscale`` (migration, static pool) over GPU counts;
+* oracle: ``clairvoyant`` over the same rho_hat values and adaptive;
+* ``turboserve_predictive`` over the same rho_hat values and adaptive;
+* sensitivity: boot delay 0 / 30 / 120 s (turboserve and clairvoyant, adaptive), and the PCIe
+  profile (turboserve and no_migration, adaptive).
+
+Every autoscaling policy starts with the same warm pool, sized for the demand of the first
+boot delay at rho_hat 0.7 (the paper's clusters are running when its traces start; a cold
+start would charge every policy the same boot lag and blur the comparison).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.scheduler.eval.runs import DEFAULT_PROFILE, RunSpec
+
+__all__ = ["PlanConfig", "TraceFacts", "plan_trace"]
+
+PCIE_PROFILE = "h20-longlive-1.3b-pcie"
+STATIC_BASELINES = ("round_robin", "least_loaded", "memory_aware")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    rho_hats: tuple[float, ...]
+    hpa_targets: tuple[float, ...]
+    static_factors: tuple[float, ...]
+    boot_delays: tuple[float, ...] = (0.0, 30.0, 120.0)
+    boot_delay_s: float = 30.0
+    profile: str = DEFAULT_PROFILE
+    pcie_profile: str = PCIE_PROFILE
+
+    @classmethod
+    def full(cls) -> PlanConfig:
+        return cls(
+            rho_hats=(0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95),
+            hpa_targets=(0.5, 0.6, 0.7, 0.8, 0.9),
+            static_factors=(0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5),
+        )
+
+    @classmethod
+    def quick(cls) -> PlanConfig:
+        return cls(
+            rho_hats=(0.45, 0.65, 0.85, 0.95),
+            hpa_targets=(0.6, 0.8),
+            static_factors=(0.5, 0.7, 0.85, 1.0, 1.25),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFacts:
+    key: str  # what ``load_trace`` takes: a built-in name or a path
+    name: str
+    peak_active: int
+    initial_active: int  # most active sessions during the first boot delay
+    capacity: int
+
+
+def _initial_gpus(facts: TraceFacts) -> int:
+    return max(1, math.ceil(facts.initial_active / (facts.capacity * 0.7)))
+
+
+def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> list[RunSpec]:
+    """Every run for one trace; ``detail`` keeps latencies and timelines for the plots."""
+    specs: list[RunSpec] = []
+    init = ("initial_gpus", _initial_gpus(facts))
+
+    def add(policy: str, curve: str, params: tuple = (), *, profile: str | None = None,
+            boot: float | None = None, keep: bool = False) -> None:
+        specs.append(RunSpec(
+            trace=facts.key, policy=policy, curve=curve, params=tuple(params),
+            profile=profile or cfg.profile,
+            boot_delay_s=cfg.boot_delay_s if boot is None else boot,
+            detail=keep and detail,
+        ))
+
+    peak_need = max(1, math.ceil(facts.peak_active / facts.capacity))
+    counts = sorted({max(1, round(peak_need * f)) for f in cfg.static_factors})
+    for policy in STATIC_BASELINES:
+        for n in counts:
+            add(policy, policy, (("gpus", n),), keep=(n == peak_need))
+    for n in counts:
+        add("no_autoscale", "no_autoscale", (("gpus", n),))
+
+    autoscalers = ("turboserve", "least_loaded_autoscale", "clairvoyant", "turboserve_predictive")
+    for policy in autoscalers:
+        extra = (("future", True),) if policy == "clairvoyant" else ()
+        add(policy, policy, (init, *extra), keep=True)  # adaptive table
+        for rho in cfg.rho_hats:
+            add(policy, policy, (init, ("rho_hat", rho), *extra))
+    for target in cfg.hpa_targets:
+        add("hpa", "hpa", (init, ("target", target)), keep=(target == 0.7))
+
+    for boot in cfg.boot_delays:
+        if boot == cfg.boot_delay_s:
+            continue  # the main runs above
+        add("turboserve", f"sens_boot_{boot:g}", (init,), boot=boot)
+        add("clairvoyant", f"sens_boot_{boot:g}_clairvoyant", (init, ("future", True)),
+            boot=boot)
+    add("turboserve", "sens_pcie", (init,), profile=cfg.pcie_profile)
+    add("least_loaded_autoscale", "sens_pcie_no_migration", (init,), profile=cfg.pcie_profile)
+    return specs

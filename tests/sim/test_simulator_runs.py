@@ -1,0 +1,108 @@
+"""The simulator with the real core policies: determinism, the CLI, and the headline check."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from services.cli import main
+from services.scheduler.sim import synth
+from services.scheduler.sim.simulator import simulate
+from services.scheduler.sim.traceio import TRACE_DIR, load_trace, read_trace
+
+STATIC = ("round_robin", "least_loaded", "memory_aware")
+
+
+@pytest.fixture(scope="module")
+def short_trace():
+    return synth.generate(synth.spec("bursty", duration_s=300.0))
+
+
+def _fingerprint(r):
+    return (r.cost_gpu_seconds, r.latencies_ms, r.migrations, r.scale_events, r.peak_gpus,
+            r.timeline)
+
+
+def test_runs_are_deterministic(short_trace):
+    a = simulate(short_trace, "turboserve", rho_hat=0.6)
+    b = simulate(short_trace, "turboserve", rho_hat=0.6)
+    assert a.chunks > 1000
+    assert _fingerprint(a) == _fingerprint(b)
+
+
+def test_parameters_change_the_outcome(short_trace):
+    low = simulate(short_trace, "turboserve", rho_hat=0.4)
+    high = simulate(short_trace, "turboserve", rho_hat=0.9)
+    # A lower target utilisation holds more GPUs and runs smaller batches.
+    assert low.cost_gpu_seconds > high.cost_gpu_seconds
+    assert low.latency()["p50"] < high.latency()["p50"]
+
+
+def test_static_pool_costs_exactly_gpus_times_duration(short_trace):
+    r = simulate(short_trace, "round_robin", gpus=3)
+    assert r.cost_gpu_seconds == pytest.approx(3 * short_trace.duration)
+    assert r.migrations == 0 and r.scale_events == 0 and r.peak_gpus == 3
+
+
+def test_boot_delay_is_paid(short_trace):
+    fast = simulate(short_trace, "turboserve", rho_hat=0.6, boot_delay_s=0.0)
+    slow = simulate(short_trace, "turboserve", rho_hat=0.6, boot_delay_s=120.0)
+    assert slow.latency()["max"] > fast.latency()["max"]
+
+
+def test_shipped_traces_are_the_generated_ones():
+    for name in synth.BUILTIN_NAMES:
+        shipped = read_trace(TRACE_DIR / f"{name}.csv.gz")
+        assert shipped.events == synth.builtin_trace(name).events, name
+        assert shipped.duration >= 1800
+
+
+def test_cli_traces_and_run(tmp_path, capsys):
+    assert main(["sim", "traces", "--out", str(tmp_path / "tr"), "--duration", "120"]) == 0
+    files = sorted(p.name for p in (tmp_path / "tr").iterdir())
+    assert files == sorted(f"{n}.csv.gz" for n in synth.BUILTIN_NAMES)
+    out = tmp_path / "r.json"
+    code = main(["sim", "run", "--trace", str(tmp_path / "tr" / "calm.csv.gz"), "--policy",
+                 "turboserve", "--rho-hat", "0.7", "--json", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    for key in ("policy", "trace", "cost_gpu_seconds", "cost_usd", "latency_ms",
+                "deadline_attainment", "migrations", "scale_events", "peak_gpus", "decision_ms",
+                "chunks"):
+        assert key in doc, key
+    assert set(doc["latency_ms"]) == {"p50", "p99", "max"}
+    assert set(doc["decision_ms"]) == {"p50", "p99", "max"}
+    assert doc["policy"] == "turboserve" and doc["trace"] == "calm"
+    assert doc["params"]["rho_hat"] == 0.7
+    assert "| turboserve |" in capsys.readouterr().out
+
+
+def test_cli_static_policy_takes_gpus(tmp_path):
+    out = tmp_path / "s.json"
+    assert main(["sim", "run", "--trace", "calm", "--policy", "memory_aware", "--gpus", "5",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["cost_gpu_seconds"] == pytest.approx(5 * 1800.0)
+
+
+def _p99_at_cost(trace, policy, cost):
+    """A static baseline's p99, linearly interpolated between the GPU counts around ``cost``."""
+    g = cost / trace.duration
+    lo, hi = max(1, math.floor(g)), max(1, math.ceil(g))
+    p_lo = simulate(trace, policy, gpus=lo).latency()["p99"]
+    if hi == lo:
+        return p_lo
+    p_hi = simulate(trace, policy, gpus=hi).latency()["p99"]
+    return p_lo + (p_hi - p_lo) * (g - lo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", synth.BUILTIN_NAMES)
+def test_turboserve_beats_static_baselines_at_matched_cost(name):
+    trace = load_trace(name)
+    ours = simulate(trace, "turboserve")
+    for policy in STATIC:
+        theirs = _p99_at_cost(trace, policy, ours.cost_gpu_seconds)
+        assert ours.latency()["p99"] < theirs, (name, policy, ours.latency()["p99"], theirs)

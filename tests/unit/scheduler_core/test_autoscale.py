@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from services.scheduler.core import autoscale
+from services.scheduler.core.autoscale import (
+    FALLBACK_RHO_HAT,
+    RhoTable,
+    VolatilityTracker,
+    gpus_for,
+    load_rho_table,
+    save_rho_table,
+    scale,
+)
+from services.scheduler.core.policies import get_policy
+from services.scheduler.core.types import Event, EventKind
+
+TABLE = RhoTable(
+    level_edges=(0.5, 1, 1.5, 2, 3, 4, 5, 6.5, 8),
+    rho_hat=(0.8, 0.75, 0.7, 0.65, 0.6, 0.5, 0.45, 0.4, 0.3, 0.25),
+    delta=(0.1,) * 10,
+    source="test",
+)
+
+
+def test_scale_uses_the_papers_formula():
+    # 100 sessions, K = 12, rho_hat 0.7: M = ceil(100 / 8.4) = 12.
+    assert scale(100, 0.95, budget=8, capacity=12, rho_hat=0.7, delta=0.1) == 12
+    assert scale(100, 0.3, budget=30, capacity=12, rho_hat=0.7, delta=0.1) == 12
+    assert scale(100, 0.7, budget=30, capacity=12, rho_hat=0.7, delta=0.1) == 30  # in band
+    assert scale(0, 0.0, budget=3, capacity=12, rho_hat=0.7, delta=0.1, min_gpus=1) == 1
+    assert scale(1000, 1.2, budget=3, capacity=12, rho_hat=0.7, delta=0.1, max_gpus=10) == 10
+
+
+def test_gpus_for_guards_against_flapping():
+    # K = 12, rho_hat 0.5, delta 0: ceil(13 / 6) = 3 GPUs, balanced load 5 -> no flap.
+    assert gpus_for(13, 12, 0.5, 0.0) == 3
+    # rho_hat 0.74, delta 0.01: 12 * 0.75 = 9 per GPU at most -> 19 sessions need 3, not 2.
+    assert math.ceil(19 / (12 * 0.74)) == 3 and gpus_for(19, 12, 0.74, 0.01) == 3
+    assert gpus_for(17, 12, 0.74, 0.01) == 2
+
+
+def test_volatility_tracker():
+    tr = VolatilityTracker(window_s=40, bin_s=10)
+    assert tr.std(5.0) is None
+    for t in (1, 2, 3, 4, 11, 21, 22, 23, 24, 25, 26):  # bins: 4, 1, 6
+        tr.record(t)
+    assert tr.std(25.0) is None  # only two complete bins
+    assert tr.std(31.0) == pytest.approx(math.sqrt(((4 - 11 / 3) ** 2 + (1 - 11 / 3) ** 2 + (6 - 11 / 3) ** 2) / 3))
+    # Later, the first bin leaves the window and empty bins count as zeros.
+    assert tr.std(61.0) == pytest.approx(math.sqrt((0 + 0 + 36 + 0) / 4 - (6 / 4) ** 2))
+    steady = VolatilityTracker(window_s=50, bin_s=10)
+    for t in range(0, 100):
+        steady.record(t + 0.5)  # one per second: 10 per bin
+    assert steady.std(100.0) == 0.0
+
+
+def test_rho_table_levels_and_round_trip(tmp_path):
+    assert TABLE.level(0.0) == 0 and TABLE.level(0.5) == 1 and TABLE.level(100.0) == 9
+    assert TABLE.lookup(2.5) == (0.6, 0.1)
+    path = save_rho_table(TABLE, tmp_path / "t.json")
+    assert load_rho_table(path) == TABLE
+    with pytest.raises(FileNotFoundError):
+        load_rho_table(tmp_path / "absent.json")
+    bad = TABLE.to_dict()
+    bad["levels"] = bad["levels"][:9]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="need 10 levels"):
+        load_rho_table(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="0 < rho_hat <= 1"):
+        RhoTable(TABLE.level_edges, (1.5,) * 10, (0.1,) * 10)
+    with pytest.raises(ValueError, match="ascend"):
+        RhoTable(tuple(reversed(TABLE.level_edges)), TABLE.rho_hat, TABLE.delta)
+
+
+def test_absent_default_table_falls_back_to_fixed_rho(tmp_path, monkeypatch):
+    monkeypatch.setattr(autoscale, "DEFAULT_TABLE_PATH", tmp_path / "none.json")
+    assert load_rho_table() is None
+    policy = get_policy("turboserve")
+    assert policy.current_rho_hat(0.0) == (FALLBACK_RHO_HAT, 0.1)
+
+
+def test_adaptive_rho_follows_volatility():
+    policy = get_policy("turboserve", rho_table=TABLE)
+    assert policy.current_rho_hat(0.0) == (TABLE.rho_hat[5], 0.1)  # window not filled yet
+    t, n = 0.0, 0
+    for _ in range(30):  # calm: one activation every 5 s for 150 s
+        policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
+        policy.step(Event(t + 1, EventKind.DEPART, f"s{n}"))
+        t, n = t + 5.0, n + 1
+    assert policy.current_rho_hat(t) == (0.8, 0.1)
+    for _burst in range(3):  # storms: 40 activations inside one bin, then silence
+        for _ in range(40):
+            policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
+            n += 1
+        t += 60.0
+        policy.step(Event(t, EventKind.TICK))
+    assert policy.current_rho_hat(t)[0] <= 0.3

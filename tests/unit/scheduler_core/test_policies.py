@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from services.scheduler.core import policies
+from services.scheduler.core.policies import (
+    Policy,
+    available_policies,
+    get_policy,
+    register_policy,
+)
+from services.scheduler.core.profile import load_profile
+from services.scheduler.core.types import (
+    Assign,
+    Drain,
+    Event,
+    EventKind,
+    Migrate,
+    Release,
+    RequestGpus,
+    Resume,
+    Suspend,
+)
+
+from .harness import Env
+
+BUILT_INS = ["least_loaded", "memory_aware", "no_autoscale", "no_migration", "round_robin", "turboserve"]
+
+
+def test_registry_lists_built_ins_and_rejects_unknowns():
+    assert set(BUILT_INS) <= set(available_policies())
+    for name in BUILT_INS:
+        policy = get_policy(name)
+        assert isinstance(policy, Policy) and policy.name == name
+    with pytest.raises(KeyError, match="unknown policy 'nope'; available: .*turboserve"):
+        get_policy("nope")
+    with pytest.raises(TypeError, match="'round_robin' does not take rho_hat"):
+        get_policy("round_robin", rho_hat=0.5)
+    with pytest.raises(TypeError, match="not both"):
+        get_policy("turboserve", gpus=2, initial_gpus=3)
+    with pytest.raises(ValueError, match="rho_hat must be in"):
+        get_policy("turboserve", rho_hat=1.5)
+
+
+def test_register_policy_adds_a_factory(monkeypatch):
+    monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
+    seen = {}
+
+    def factory(profile, **params):
+        seen.update(params, profile=profile.name)
+        return get_policy("least_loaded", profile, gpus=params["gpus"])
+
+    register_policy("mine", factory)
+    assert get_policy("mine", "h20-longlive-1.3b-pcie", gpus=3).view.billed_gpus == 3
+    assert seen == {"gpus": 3, "profile": "h20-longlive-1.3b-pcie"}
+
+
+def test_static_policies_place_by_their_rule():
+    events = [Event(float(i), EventKind.ARRIVE, f"s{i}") for i in range(5)]
+    placements = {}
+    for name in ("round_robin", "least_loaded", "memory_aware"):
+        policy = get_policy(name, gpus=3)
+        placements[name] = [policy.step(e)[0].gpu_id for e in events]
+    assert placements["round_robin"] == ["h20-0000", "h20-0001", "h20-0002", "h20-0000", "h20-0001"]
+    assert placements["least_loaded"] == placements["round_robin"]  # ties in join order
+    assert placements["memory_aware"] == ["h20-0000"] * 5  # best fit packs
+    # Departures break the tie: least-loaded refills the emptiest GPU, round robin moves on.
+    rr, ll = get_policy("round_robin", gpus=3), get_policy("least_loaded", gpus=3)
+    for p in (rr, ll):
+        for e in events:
+            p.step(e)
+        p.step(Event(9.0, EventKind.DEPART, "s2"))  # h20-0002 empties
+    new = Event(10.0, EventKind.ARRIVE, "x")
+    assert rr.step(new) == [Assign("x", "h20-0002")]
+    assert ll.step(new) == [Assign("x", "h20-0002")]
+    assert rr.step(Event(11.0, EventKind.ARRIVE, "y")) == [Assign("y", "h20-0000")]
+    assert ll.step(Event(11.0, EventKind.ARRIVE, "y")) == [Assign("y", "h20-0002")]
+
+
+def test_static_pool_queues_sessions_beyond_capacity():
+    k = load_profile().capacity
+    policy = get_policy("least_loaded", gpus=1)
+    env = Env(policy)
+    for i in range(k + 2):
+        env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+    assert policy.view.pending == (f"s{k}", f"s{k + 1}")
+    out = env.send(Event(50.0, EventKind.IDLE, "s0"))
+    assert out == [Suspend("s0", "h20-0000"), Assign(f"s{k}", "h20-0000")]
+    out = env.send(Event(51.0, EventKind.DEPART, "s1"))
+    assert out == [Assign(f"s{k + 1}", "h20-0000")]
+    env.check()
+
+
+def test_idle_and_active_flip_suspends_and_resumes():
+    policy = get_policy("turboserve", rho_hat=0.7)
+    assert policy.step(Event(0.0, EventKind.ARRIVE, "a")) == [Assign("a", "h20-0000")]
+    assert policy.step(Event(1.0, EventKind.IDLE, "a")) == [Suspend("a", "h20-0000")]
+    assert policy.view.placement == {} and policy.view.idle_sessions == ("a",)
+    assert policy.step(Event(2.0, EventKind.ACTIVE, "a")) == [Resume("a", "h20-0000")]
+    assert policy.step(Event(3.0, EventKind.DEPART, "a")) == []
+    assert policy.view.placement == {} and policy.view.active_sessions == 0
+
+
+def test_gpu_gone_displaces_sessions_and_they_are_reassigned():
+    policy = get_policy("no_autoscale", gpus=2)
+    env = Env(policy)
+    for i in range(4):
+        env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+    out = env.send(Event(5.0, EventKind.GPU_GONE, gpu_id="h20-0000"))
+    assert sorted(d.session_id for d in out if isinstance(d, Assign)) == ["s0", "s2"]
+    assert set(policy.view.placement.values()) == {"h20-0001"}
+    env.check()
+
+
+def test_no_migration_never_migrates_and_drains_before_release():
+    policy = get_policy("no_migration", rho_hat=0.5, delta=0.1, gpus=1)
+    env = Env(policy)
+    seen = []
+    for i in range(24):
+        seen += env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+        seen += env.boot_one()
+    for i in range(20):
+        seen += env.send(Event(100.0 + i, EventKind.DEPART, f"s{i}"))
+        env.check()
+    assert not [d for d in seen if isinstance(d, Migrate)]
+    assert [d for d in seen if isinstance(d, RequestGpus)]
+    released = [d.gpu_id for d in seen if isinstance(d, Release)]
+    drained = [d.gpu_id for d in seen if isinstance(d, Drain)]
+    assert released and set(released) <= set(drained)
+
+
+def test_turboserve_migrates_where_no_migration_cannot():
+    """Scale-out then rebalance: the new GPU takes load off the old ones only with migration."""
+    loads = {}
+    for name in ("turboserve", "no_migration"):
+        policy = get_policy(name, rho_hat=0.5, delta=0.1, gpus=2)
+        env = Env(policy)
+        for i in range(20):
+            env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+        while env.booting:
+            env.boot_one()
+        loads[name] = sorted(policy.view.active_counts.values())
+    assert max(loads["turboserve"]) - min(loads["turboserve"]) <= 1
+    assert max(loads["no_migration"]) - min(loads["no_migration"]) > 1
+
+
+def test_booting_gpus_are_billed_from_the_request_and_cancelled_first():
+    policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=1)
+    for i in range(11):
+        policy.step(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+    assert policy.view.billed_gpus == 2 and "booting" in policy.view.gpus.values()
+    out = []
+    for i in range(11):
+        out += policy.step(Event(20.0 + i, EventKind.DEPART, f"s{i}"))
+    assert out[0] == Release("h20-0001")  # the booting one goes, no drain needed
+    assert policy.view.billed_gpus == 1
+
+
+def test_bench_cli_writes_the_agreed_json(tmp_path):
+    from services.scheduler import bench
+
+    out = tmp_path / "b.json"
+    args = argparse.Namespace(gpus="4,8", steps=60, seed=1, profile=None, json_out=str(out))
+    assert bench.run(args) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["gpus"], r["sessions"]) for r in results] == [(4, 32), (8, 64)]
+    for r in results:
+        assert 0 < r["decision_ms_p50"] <= r["decision_ms_p99"] <= r["decision_ms_max"]

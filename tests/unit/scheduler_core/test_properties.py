@@ -1,0 +1,219 @@
+"""Property tests over random clusters and event sequences (see issue 3, "Tests")."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.scheduler.core.autoscale import gpus_for, scale
+from services.scheduler.core.cluster import Cluster
+from services.scheduler.core.placement import move_gain, rebalance
+from services.scheduler.core.policies import get_policy
+from services.scheduler.core.profile import load_profile
+from services.scheduler.core.types import Drain, Event, EventKind, GpuState, Release, RequestGpus
+
+from .harness import Env
+
+PROFILE = load_profile()
+K = PROFILE.capacity
+
+# One operation of a random workload: (what, which) - `which` picks a session or GPU.
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["arrive", "arrive", "active", "idle", "depart", "tick", "boot", "gone"]),
+        st.integers(min_value=0, max_value=10_000),
+    ),
+    min_size=1,
+    max_size=120,
+)
+POLICIES = st.sampled_from(
+    ["turboserve", "no_migration", "no_autoscale", "round_robin", "least_loaded", "memory_aware"]
+)
+
+
+def _drive(env: Env, ops, check_each: bool = True) -> None:
+    active: list[str] = []
+    idle: list[str] = []
+    counter = 0
+    for what, which in ops:
+        t = env.t + 1.0
+        if what == "arrive" or (what == "active" and not idle):
+            sid = f"s{counter}"
+            counter += 1
+            active.append(sid)
+            env.send(Event(t, EventKind.ARRIVE, sid))
+        elif what == "active":
+            sid = idle.pop(which % len(idle))
+            active.append(sid)
+            env.send(Event(t, EventKind.ACTIVE, sid))
+        elif what in ("idle", "depart") and active:
+            sid = active.pop(which % len(active))
+            if what == "idle":
+                idle.append(sid)
+            env.send(Event(t, EventKind.IDLE if what == "idle" else EventKind.DEPART, sid))
+        elif what == "boot" and env.booting:
+            env.boot_one()
+        elif what == "gone" and which % 7 == 0 and env.gpus:
+            gpu = sorted(env.gpus)[which % len(env.gpus)]
+            env.send(Event(t, EventKind.GPU_GONE, gpu_id=gpu))
+        else:
+            env.send(Event(t, EventKind.TICK))
+        if check_each:
+            env.check()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=POLICIES, ops=OPS, gpus=st.integers(min_value=1, max_value=6),
+       rho_hat=st.sampled_from([None, 0.4, 0.7, 0.9]))
+def test_invariants_hold_after_every_step(policy, ops, gpus, rho_hat):
+    """No GPU above K, every active session placed when capacity allows, never on two GPUs,
+    decisions consistent with the view, and no Release of a GPU that holds a session (the
+    harness asserts the last one as it replays each Release)."""
+    params = {"gpus": gpus}
+    if policy in ("turboserve", "no_migration") and rho_hat is not None:
+        params["rho_hat"] = rho_hat
+    env = Env(get_policy(policy, PROFILE, **params))
+    _drive(env, ops)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=OPS)
+def test_same_events_give_same_decisions(ops):
+    def run():
+        env = Env(get_policy("turboserve", PROFILE, rho_hat=0.6))
+        trace: list = []
+        original = env.send
+
+        def recording(event):
+            out = original(event)
+            trace.append((event, tuple(out)))
+            return out
+
+        env.send = recording
+        _drive(env, ops, check_each=False)
+        return trace
+
+    assert run() == run()
+
+
+@settings(max_examples=200, deadline=None)
+@given(loads=st.lists(st.integers(min_value=0, max_value=K), min_size=1, max_size=12),
+       eta=st.sampled_from([0.0, 0.1, 1.0, 3.0]))
+def test_rebalance_never_worsens_the_worst_latency(loads, eta):
+    cluster = Cluster(PROFILE)
+    for i, n in enumerate(loads):
+        cluster.add_gpu(f"g{i}", "H20", GpuState.READY, 0.0)
+        for j in range(n):
+            cluster.add_session(f"g{i}s{j}")
+            cluster.place(f"g{i}s{j}", f"g{i}")
+    before = cluster.worst_latency_ms()
+    counts = {f"g{i}": n for i, n in enumerate(loads)}
+    moves = rebalance(cluster, eta)
+    for m in moves:  # each applied move gained, measured on the loads it saw
+        assert move_gain(PROFILE, counts[m.src], counts[m.dst], PROFILE.migration_ms(), eta) > 0
+        counts[m.src] -= 1
+        counts[m.dst] += 1
+    assert counts == {g: cluster.load(g) for g in counts}
+    assert cluster.worst_latency_ms() <= before
+    if moves:
+        # ... and the search ran to the end: no move off the worst GPU gains any more.
+        assert move_gain(PROFILE, cluster.max_load, cluster.min_load, PROFILE.migration_ms(), eta) <= 0
+    if eta * PROFILE.migration_ms() < PROFILE.chunk_ms(2) - PROFILE.chunk_ms(1):
+        assert cluster.max_load - cluster.min_load <= 1  # cheap moves balance fully
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(min_value=0, max_value=5000), budget=st.integers(min_value=1, max_value=800),
+       rho_hat=st.floats(min_value=0.2, max_value=0.95), delta=st.floats(min_value=0.0, max_value=0.15),
+       rho_max=st.floats(min_value=0.0, max_value=1.5))
+def test_scale_fires_only_outside_the_band(n, budget, rho_hat, delta, rho_max):
+    target = scale(n, rho_max, budget, K, rho_hat, delta)
+    if rho_hat - delta <= rho_max <= rho_hat + delta:
+        assert target == budget
+    elif rho_max > rho_hat + delta:
+        assert target >= budget
+    else:
+        assert target <= budget
+    if target != budget and n > 0:
+        # A fresh target puts the balanced load inside the band's top: no flap back up.
+        m = gpus_for(n, K, rho_hat, delta)
+        assert -(-n // m) <= max(1, int(K * (rho_hat + delta) + 1e-9))
+
+
+@settings(max_examples=60, deadline=None)
+@given(swings=st.lists(st.integers(min_value=29, max_value=36), min_size=1, max_size=40))
+def test_load_inside_the_band_causes_no_scale_event(swings):
+    """4 GPUs, K = 12, rho_hat 0.7 +- 0.1: any 29..36 active sessions, balanced, keep the
+    fullest GPU at 8 or 9 sessions (rho 0.67-0.75), inside the band."""
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4)
+    env = Env(policy)
+    policy.autoscale = False  # fill without the (correct) scale-in of an almost empty pool
+    live: list[str] = []
+    for i in range(32):
+        live.append(f"s{i}")
+        env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+    policy.autoscale = True
+    counter = 32
+    for goal in swings:
+        while len(live) != goal:
+            env.t += 1.0
+            if len(live) < goal:
+                live.append(f"s{counter}")
+                out = env.send(Event(env.t, EventKind.ARRIVE, f"s{counter}"))
+                counter += 1
+            else:
+                out = env.send(Event(env.t, EventKind.DEPART, live.pop(0)))
+            assert not [d for d in out if isinstance(d, RequestGpus | Drain | Release)], out
+            env.check()
+    assert env.scale_events == 0 and len(env.gpus) == 4
+
+
+def test_load_leaving_the_band_does_scale():
+    """The counterpart of the test above: the same setup reacts on both sides of the band."""
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4)
+    env = Env(policy)
+    policy.autoscale = False
+    for i in range(32):
+        env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+    policy.autoscale = True
+    requested = []
+    for i in range(32, 40):  # up to 10 per GPU: rho 0.83 > 0.8
+        out = env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+        requested += [d for d in out if isinstance(d, RequestGpus)]
+    # M = ceil(40 / (12 * 0.7)) = 5: one GPU asked for, once, and billed while it boots.
+    assert [len(d.gpu_ids) for d in requested] == [1]
+    assert policy.view.billed_gpus == 5
+    env.boot_one()
+    env.check()
+    assert max(policy.view.active_counts.values()) == 8  # rebalanced onto the new GPU
+    released = []
+    for i in range(40 - 20):  # down to 20 sessions: rho 4/12 < 0.6
+        out = env.send(Event(100.0 + i, EventKind.DEPART, f"s{i}"))
+        released += [d.gpu_id for d in out if isinstance(d, Release)]
+        env.check()
+    assert len(released) == 2 and len(env.gpus) == 3  # ceil(20 / 8.4) = 3
+
+
+def test_harness_catches_a_bad_release():
+    """The invariant checks above can fail: a policy that releases an occupied GPU is caught."""
+    import pytest
+
+    class Liar:
+        name = "liar"
+
+        def __init__(self):
+            self.inner = get_policy("least_loaded", PROFILE, gpus=2)
+
+        @property
+        def view(self):
+            return self.inner.view
+
+        def step(self, event):
+            out = self.inner.step(event)
+            if event.kind is EventKind.ARRIVE:
+                out.append(Release(self.inner.view.gpu_of(event.session_id)))
+            return out
+
+    env = Env(Liar())
+    with pytest.raises(AssertionError, match="while it holds"):
+        env.send(Event(0.0, EventKind.ARRIVE, "s0"))

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import json
+
+from services.cli import main
+from services.gpu_worker.bench import _fill_table, build_profile
+from services.gpu_worker.telemetry import describe, device_report
+
+
+def test_fill_table_interpolates_and_is_monotone():
+    assert _fill_table({1: 10.0, 4: 40.0}) == [10.0, 20.0, 30.0, 40.0]
+    assert _fill_table({1: 10.0, 2: 9.0}) == [10.0, 10.0]
+    assert _fill_table({2: 12.0, 3: 15.0}) == [12.0, 12.0, 15.0]
+
+
+def test_bench_worker_writes_results_and_a_profile(tmp_path, capsys):
+    out, profile_path = tmp_path / "bench.json", tmp_path / "profile.json"
+    code = main([
+        "bench", "worker", "--preset", "tiny", "--device", "cpu", "--batch", "1,2",
+        "--chunks", "1", "--warmup", "0", "--json", str(out), "--profile-out", str(profile_path),
+    ])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["preset"] == "tiny" and report["device"] == "cpu"
+    assert [row["batch"] for row in report["results"]] == [1, 2]
+    for row in report["results"]:
+        assert row["chunk_ms_p50"] > 0
+        assert abs(row["sessions_per_s"] - row["batch"] * 1000 / row["chunk_ms_p50"]) < 1e-2
+    assert report["state_bytes"] > 0 and report["suspend_ms"] >= 0 and report["resume_ms"] >= 0
+    profile = json.loads(profile_path.read_text())
+    assert len(profile["chunk_ms"]) == 2
+    assert profile["state_bytes_per_session"] == report["state_bytes"]
+    assert "batch" in capsys.readouterr().out
+
+
+def test_profile_loads_in_the_scheduler_when_present(tmp_path):
+    report = {
+        "preset": "tiny", "device": "cpu", "state_bytes": 1000, "suspend_ms": 0.5,
+        "resume_ms": 0.5, "video_frames_per_chunk": 12, "weights_bytes": 10,
+        "results": [{"batch": 1, "chunk_ms_p50": 20.0}, {"batch": 4, "chunk_ms_p50": 50.0}],
+        "telemetry": {"name": "cpu", "mem_total": 10**9},
+    }
+    profile = build_profile(report)
+    assert profile["chunk_ms"] == [20.0, 30.0, 40.0, 50.0]
+    assert profile["deadline_ms"] == 750.0
+    try:
+        from services.scheduler.core.profile import load_profile
+    except ImportError:
+        return
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    loaded = load_profile(path)
+    assert loaded.chunk_ms(3) == 40.0 and loaded.capacity == 4
+
+
+def test_cpu_telemetry_says_so():
+    import torch
+
+    report = device_report(torch.device("cpu"))
+    assert report["mode"] == "cpu" and report["util_percent"] is None
+    assert "no GPU" in describe(torch.device("cpu"))

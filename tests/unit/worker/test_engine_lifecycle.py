@@ -1,0 +1,191 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.gpu_worker.engine import (
+    EngineFull,
+    IncompatibleState,
+    SessionExists,
+    UnknownSession,
+    WrongSessionState,
+)
+
+from .conftest import make_engine, run_chunks, solo
+
+
+def test_chunk_shape_seq_and_batch():
+    engine = make_engine()
+    engine.add_session("a", "a red fox", 1)
+    engine.add_session("b", "a blue bird", 2)
+    first = engine.step()
+    second = engine.step()
+    config = engine.model_config
+    assert [r.session_id for r in first] == ["a", "b"]
+    assert [r.seq for r in first] == [0, 0] and [r.seq for r in second] == [1, 1]
+    for result in first:
+        assert result.frames.dtype == torch.uint8
+        assert result.frames.device.type == "cpu"
+        assert tuple(result.frames.shape) == (
+            config.video_frames_per_chunk, config.height, config.width, 3
+        )
+        assert result.batch == 2 and result.gen_ms > 0
+    assert not torch.equal(first[0].frames, first[1].frames)
+
+
+def test_same_seed_and_prompt_history_gives_same_frames():
+    a = solo(("a red fox", 7), 4, prompts={2: "a red fox at night"})
+    b = solo(("a red fox", 7), 4, prompts={2: "a red fox at night"})
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    other_seed = solo(("a red fox", 8), 1)
+    assert not torch.equal(a[0], other_seed[0])
+
+
+def test_capacity_and_errors():
+    engine = make_engine(max_sessions=2)
+    engine.add_session("a", "p", 0)
+    engine.add_session("b", "p", 0)
+    with pytest.raises(EngineFull) as full:
+        engine.add_session("c", "p", 0)
+    assert full.value.capacity == 2 and full.value.retryable
+    with pytest.raises(SessionExists):
+        engine.add_session("a", "p", 0)
+    with pytest.raises(UnknownSession):
+        engine.set_prompt("zzz", "p")
+    with pytest.raises(WrongSessionState):
+        engine.resume("a")
+    engine.suspend("a")
+    with pytest.raises(WrongSessionState):
+        engine.suspend("a")
+    engine.add_session("c", "p", 0)  # the suspended session freed its slot
+    with pytest.raises(EngineFull):
+        engine.resume("a")
+    assert engine.active_sessions() == ["b", "c"] and engine.suspended_sessions() == ["a"]
+    engine.remove_session("a")
+    assert not engine.has_session("a")
+    assert engine.capacity == 2
+
+
+def test_step_with_no_sessions_returns_nothing():
+    assert make_engine().step() == []
+
+
+def test_suspend_resume_is_bitwise_identical():
+    reference = solo(("a slow river", 3), 5)
+    engine = make_engine()
+    engine.add_session("a", "a slow river", 3)
+    got = run_chunks(engine, "a", 2)
+    engine.suspend("a")
+    # Another session uses (and dirties) slot 0 while "a" is parked in host memory.
+    engine.add_session("other", "a fast car", 9)
+    run_chunks(engine, "other", 2)
+    engine.remove_session("other")
+    engine.resume("a")
+    got += run_chunks(engine, "a", 3)
+    assert all(torch.equal(x, y) for x, y in zip(got, reference, strict=True))
+
+
+def test_removing_a_session_keeps_the_others_going():
+    engine = make_engine()
+    for name in ("a", "b", "c"):
+        engine.add_session(name, f"prompt {name}", 5)
+    engine.step()
+    engine.remove_session("a")  # "c" moves into slot 0
+    assert engine.active_sessions() == ["c", "b"]
+    results = {r.session_id: r for r in engine.step()}
+    assert set(results) == {"b", "c"} and results["c"].seq == 1
+    reference = solo(("prompt c", 5), 2)
+    diff = (results["c"].frames.int() - reference[1].int()).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+
+
+def test_export_import_continues_bitwise():
+    reference = solo(("waves on a beach", 11), 4, prompts={3: "storm"})
+    source = make_engine()
+    source.add_session("s", "waves on a beach", 11)
+    got = run_chunks(source, "s", 2)
+    state = source.export_state("s")
+    assert state.seq == 2 and state.position == 2 * source.model_config.chunk_frames
+    assert state.nbytes == source.state_bytes
+    source.remove_session("s")
+    target = make_engine()
+    target.import_state(state)
+    got += run_chunks(target, "s", 1)
+    target.set_prompt("s", "storm")
+    got += run_chunks(target, "s", 1)
+    assert all(torch.equal(x, y) for x, y in zip(got, reference, strict=True))
+
+
+def test_export_of_a_suspended_session_and_pending_prompt_travel():
+    source = make_engine()
+    source.add_session("s", "a cat", 1)
+    run_chunks(source, "s", 1)
+    source.set_prompt("s", "a dog")
+    source.suspend("s")
+    state = source.export_state("s")
+    assert state.pending_prompt == "a dog" and state.prompt == "a cat"
+    target = make_engine()
+    target.import_state(state)
+    (result,) = target.step()
+    reference = solo(("a cat", 1), 2, prompts={1: "a dog"})
+    assert result.seq == 1 and torch.equal(result.frames, reference[1])
+
+
+def test_import_rejects_incompatible_state():
+    engine = make_engine()
+    engine.add_session("s", "p", 0)
+    state = engine.export_state("s")
+    state.preset = "small"
+    with pytest.raises(IncompatibleState) as err:
+        make_engine().import_state(state)
+    assert err.value.field_name == "preset"
+    state.preset = "tiny"
+    state.layers = state.layers[:-1]
+    with pytest.raises(IncompatibleState):
+        make_engine().import_state(state)
+
+
+def test_prompt_change_takes_effect_at_the_next_chunk():
+    engine = make_engine()
+    engine.add_session("s", "a quiet forest", 4)
+    first = run_chunks(engine, "s", 1)
+    engine.set_prompt("s", "a burning forest")
+    second = run_chunks(engine, "s", 1)
+    unchanged = solo(("a quiet forest", 4), 2)
+    assert torch.equal(first[0], unchanged[0])
+    assert not torch.equal(second[0], unchanged[1])
+    # The new prompt conditions the chunk, but the cached frames of the old one still shape it.
+    fresh = solo(("a burning forest", 4), 2)
+    assert not torch.equal(second[0], fresh[1])
+
+
+def test_telemetry_reports_cpu_mode_and_measured_chunk_times():
+    engine = make_engine()
+    engine.add_session("a", "p", 0)
+    engine.step()
+    engine.add_session("b", "p", 1)
+    engine.step()
+    report = engine.telemetry()
+    assert report["mode"] == "cpu" and report["device"] == "cpu"
+    assert report["mem_total"] > report["mem_free"] > 0
+    assert set(report["chunk_ms"]) == {1, 2}
+    assert all(ms > 0 for ms in report["chunk_ms"].values())
+    assert report["active"] == 2 and report["state_bytes"] == engine.state_bytes
+
+
+def test_suspend_buffers_are_reused_but_never_under_an_exported_state():
+    engine = make_engine()
+    engine.add_session("a", "p", 0)
+    run_chunks(engine, "a", 1)
+    engine.suspend("a")
+    first = engine._sessions["a"].host.misc
+    engine.resume("a")
+    engine.suspend("a")
+    assert engine._sessions["a"].host.misc.data_ptr() == first.data_ptr()  # recycled
+    exported = engine.export_state("a")
+    saved = exported.misc.clone()
+    engine.resume("a")
+    run_chunks(engine, "a", 1)
+    engine.suspend("a")  # must not write into the exported state's tensors
+    assert engine._sessions["a"].host.misc.data_ptr() != exported.misc.data_ptr()
+    assert torch.equal(exported.misc, saved)
