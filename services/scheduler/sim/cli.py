@@ -127,8 +127,17 @@ def run_sim(args: argparse.Namespace) -> int:
             kw = {"gpus": gpus if gpus is not None else _default_static_gpus(trace, profile)}
         elif gpus is not None and "gpus" not in kw:
             kw["gpus"] = gpus
-        result = simulate(trace, policy, profile, boot_delay_s=args.boot_delay, tick_s=args.tick,
-                          progress=progress_bar(f"{policy} on {trace.name}"), **kw)
+        try:
+            result = simulate(trace, policy, profile, boot_delay_s=args.boot_delay,
+                              tick_s=args.tick, progress=progress_bar(f"{policy} on {trace.name}"),
+                              **kw)
+        except TypeError as exc:
+            if "future=" not in str(exc):
+                raise
+            # An oracle (the evaluation's clairvoyant policy) is told the trace it runs on.
+            result = simulate(trace, policy, profile, boot_delay_s=args.boot_delay,
+                              tick_s=args.tick, progress=progress_bar(f"{policy} on {trace.name}"),
+                              future=trace, **kw)
         return result.to_json(timeline=args.timeline)
 
     rows: list[dict[str, Any]] = []

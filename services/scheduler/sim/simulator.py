@@ -535,16 +535,22 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
     return result
 
 
-def make_policy(name: str, profile: Any, *, boot_delay_s: float, **params: Any) -> Any:
-    """Build a registered policy, telling it the environment's boot delay when it takes one."""
+def make_policy(name: str, profile: Any, *, boot_delay_s: float,
+                optional: tuple[str, ...] = ("boot_delay_s",), **params: Any) -> Any:
+    """Build a registered policy, telling it the environment's boot delay. Keys in
+    ``optional`` were added by the environment, not the caller: a policy that does not take
+    one (a ``TypeError`` naming it) is built without it."""
     from services.scheduler.core.policies import get_policy
 
-    try:
-        return get_policy(name, profile, boot_delay_s=boot_delay_s, **params)
-    except TypeError as exc:
-        if "boot_delay_s" not in str(exc) or "boot_delay_s" in params:
-            raise
-    return get_policy(name, profile, **params)
+    params = {"boot_delay_s": boot_delay_s, **params}
+    while True:
+        try:
+            return get_policy(name, profile, **params)
+        except TypeError as exc:
+            drop = [k for k in optional if k in params and k in str(exc)]
+            if not drop:
+                raise
+            params = {k: v for k, v in params.items() if k not in drop}
 
 
 def _jsonable(v: Any) -> bool:

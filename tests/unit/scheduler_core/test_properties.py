@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from services.scheduler.core.autoscale import gpus_for, scale
 from services.scheduler.core.cluster import Cluster
-from services.scheduler.core.placement import move_gain, rebalance
+from services.scheduler.core.placement import rebalance
 from services.scheduler.core.policies import get_policy
 from services.scheduler.core.profile import load_profile
 from services.scheduler.core.types import Drain, Event, EventKind, GpuState, Release, RequestGpus
@@ -107,19 +107,22 @@ def test_rebalance_never_worsens_the_worst_latency(loads, eta):
             cluster.add_session(f"g{i}s{j}")
             cluster.place(f"g{i}s{j}", f"g{i}")
     before = cluster.worst_latency_ms()
-    counts = {f"g{i}": n for i, n in enumerate(loads)}
     moves = rebalance(cluster, eta)
-    for m in moves:  # each applied move gained, measured on the loads it saw
-        assert move_gain(PROFILE, counts[m.src], counts[m.dst], PROFILE.migration_ms(), eta) > 0
-        counts[m.src] -= 1
-        counts[m.dst] += 1
-    assert counts == {g: cluster.load(g) for g in counts}
-    assert cluster.worst_latency_ms() <= before
-    if moves:
-        # ... and the search ran to the end: no move off the worst GPU gains any more.
-        assert move_gain(PROFILE, cluster.max_load, cluster.min_load, PROFILE.migration_ms(), eta) <= 0
-    if eta * PROFILE.migration_ms() < PROFILE.chunk_ms(2) - PROFILE.chunk_ms(1):
-        assert cluster.max_load - cluster.min_load <= 1  # cheap moves balance fully
+    after = cluster.worst_latency_ms()
+    assert after <= before
+    moved = [m.session_id for m in moves]
+    assert len(moved) == len(set(moved))  # a session moves at most once per search
+    kappa = sum(cluster.sessions[sid].kappa_ms for sid in moved)
+    if moves:  # gain positive or no move: J = worst + eta * sum(kappa) went down
+        assert before - after > eta * kappa
+    if eta == 0:  # free moves reach the least possible worst load
+        assert cluster.max_load == -(-sum(loads) // len(loads))
+    else:  # ... and in general the next level is out of reach or does not pay
+        hi = cluster.max_load
+        plateau = len(cluster.bucket(hi))
+        room = sum(hi - 1 - cluster.load(g) for g in cluster.gpus if cluster.load(g) <= hi - 2)
+        next_gain = PROFILE.chunk_ms(hi) - PROFILE.chunk_ms(hi - 1) - eta * plateau * PROFILE.migration_ms()
+        assert hi == 0 or room < plateau or next_gain <= 0
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import json
 
-from services.cli import main
-from services.gpu_worker.bench import _fill_table, build_profile
+import argparse
+
+from services.gpu_worker.bench import _fill_table, build_profile, register
 from services.gpu_worker.telemetry import describe, device_report
 
 
@@ -15,11 +16,14 @@ def test_fill_table_interpolates_and_is_monotone():
 
 def test_bench_worker_writes_results_and_a_profile(tmp_path, capsys):
     out, profile_path = tmp_path / "bench.json", tmp_path / "profile.json"
-    code = main([
-        "bench", "worker", "--preset", "tiny", "--device", "cpu", "--batch", "1,2",
+    # Only this module's parser: other services' CLIs are not under test here.
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="target", required=True))
+    args = parser.parse_args([
+        "worker", "--preset", "tiny", "--device", "cpu", "--batch", "1,2",
         "--chunks", "1", "--warmup", "0", "--json", str(out), "--profile-out", str(profile_path),
     ])
-    assert code == 0
+    assert args.func(args) == 0
     report = json.loads(out.read_text())
     assert report["preset"] == "tiny" and report["device"] == "cpu"
     assert [row["batch"] for row in report["results"]] == [1, 2]

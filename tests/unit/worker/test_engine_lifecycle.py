@@ -189,3 +189,36 @@ def test_suspend_buffers_are_reused_but_never_under_an_exported_state():
     engine.suspend("a")  # must not write into the exported state's tensors
     assert engine._sessions["a"].host.misc.data_ptr() != exported.misc.data_ptr()
     assert torch.equal(exported.misc, saved)
+
+
+def test_kv_recache_with_the_same_prompt_reproduces_the_cache():
+    """Before any frame is evicted, recomputing the cache under the same prompt rebuilds the
+    same keys and values, so the stream goes on as if nothing happened."""
+    reference = solo(("a lighthouse", 6), 4)
+    switched = solo(("a lighthouse", 6), 4, prompts={3: "a lighthouse"})
+    assert torch.equal(reference[3], switched[3])
+
+
+def test_kv_recache_changes_more_than_the_cross_attention():
+    prompts = {2: "a lighthouse in a storm"}
+    kv = solo(("a lighthouse", 6), 4, prompts=prompts)
+    cross = solo(("a lighthouse", 6), 4, prompts=prompts, prompt_recache="cross")
+    unchanged = solo(("a lighthouse", 6), 4)
+    assert torch.equal(kv[1], cross[1]) and torch.equal(kv[1], unchanged[1])
+    assert not torch.equal(kv[2], cross[2]) and not torch.equal(kv[2], unchanged[2])
+
+
+def test_kv_recache_after_frames_were_evicted():
+    engine = make_engine()
+    config = engine.model_config
+    engine.add_session("s", "a road", 2)
+    chunks = (config.sink_frames + 2 * config.window_frames) // config.chunk_frames
+    run_chunks(engine, "s", chunks)
+    history = engine.pool.latent_history(0, 1).clone()
+    engine.set_prompt("s", "a road at dusk")
+    (result,) = engine.step()
+    assert result.seq == chunks and engine._sessions["s"].prompt == "a road at dusk"
+    # The re-cache reads the kept latents and does not change them.
+    frame = engine._frame_slot(chunks * config.chunk_frames)
+    keep = [f for f in range(history.shape[2]) if not frame <= f < frame + config.chunk_frames]
+    assert torch.equal(engine.pool.latent_history(0, 1)[:, :, keep], history[:, :, keep])

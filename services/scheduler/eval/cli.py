@@ -1,0 +1,64 @@
+"""``turboserve sim evaluate``: the whole evaluation, from the command line.
+
+Registered by the simulator's CLI (``services/scheduler/sim/cli.py``) on its ``sim``
+subparsers. Top-level imports stay light; the work is imported inside :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sim_subparsers: argparse._SubParsersAction) -> None:
+    parser = sim_subparsers.add_parser(
+        "evaluate",
+        help="oracles, matched comparisons, ablations, sensitivity; tables, plots and JSON",
+    )
+    parser.add_argument("--traces", type=Path, default=None,
+                        help="a folder of trace CSVs (.csv / .csv.gz); default: the six "
+                             "built-in traces")
+    parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
+    parser.add_argument("--quick", action="store_true",
+                        help="coarser sweeps (under 2 minutes on a 2-core machine)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="worker processes (default: min(2, CPUs))")
+    parser.add_argument("--placement-instances", type=int, default=1000,
+                        help="random instances for the placement oracle (default 1000)")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="also write the markdown tables to this file")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.scheduler.eval.evaluate import evaluate, trace_keys_from_dir
+    from services.scheduler.eval.report import markdown_report, write_plots
+
+    if args.traces is not None:
+        try:
+            keys = trace_keys_from_dir(args.traces)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        from services.scheduler.sim.synth import BUILTIN_NAMES
+
+        keys = list(BUILTIN_NAMES)
+    result = evaluate(keys, quick=args.quick, jobs=args.jobs,
+                      placement_instances=args.placement_instances)
+    text = markdown_report(result.document)
+    print(text)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text)
+    if args.plots is not None:
+        for path in write_plots(result, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.document, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
