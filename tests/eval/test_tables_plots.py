@@ -39,3 +39,16 @@ def test_plots_write_pngs(tmp_path):
     p3 = plot_latency_cdf({"a": [900, 950, 1200]}, tmp_path / "l.png", title="t",
                           deadline_ms=1000)
     assert all(_is_png(p) for p in (p1, p2, p3))
+
+
+def test_stall_adjusted_attainment_counts_each_waiting_deadline_as_a_miss():
+    from services.scheduler.eval.runs import RunSpec, RunSummary
+
+    run = RunSummary(
+        spec=RunSpec("t", "p", "p"), cost_gpu_h=1.0, cost_usd=2.0, p50_ms=1, p99_ms=1,
+        max_ms=1, attainment=0.9, migrations=0, scale_events=0, peak_gpus=1,
+        decision_p99_ms=0.0, served_floor_gpu_h=0.5, unserved_session_s=125.0, wall_s=0.0,
+        chunks=900, deadline_ms=1250.0,
+    )
+    # 810 chunks on time out of 900 delivered + 100 deadline periods spent waiting.
+    assert run.stall_adjusted_attainment == 810 / 1000

@@ -98,6 +98,8 @@ def test_hand_checked_tiny_trace():
     assert r.cost_gpu_seconds == pytest.approx(3.36)
     assert r.cost_usd == pytest.approx(0.00336)
     assert r.migrations == 1
+    # b's chunk delivered on g0 at 1.35 is not "after the migration"; the one on g1 (110 ms) is.
+    assert (r.chunks_after_migration, r.late_chunks_after_migration) == (1, 0)
     # Scale events: the request at 0.25, drain+release at 1.5 (one event), release at 2.0.
     assert r.scale_events == 3
     assert r.peak_gpus == 2

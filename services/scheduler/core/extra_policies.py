@@ -128,6 +128,9 @@ class _RangeMax:
     """Max of a step function over [a, b] in O(1) per query (sparse table)."""
 
     def __init__(self, times: list[float], values: list[int]) -> None:
+        # Nothing is active before the first event.
+        times = [float("-inf"), *times]
+        values = [0, *values]
         self.times = times
         table = [list(values)]
         span = 1
@@ -138,8 +141,6 @@ class _RangeMax:
         self.table = table
 
     def query(self, a: float, b: float) -> int:
-        if not self.times:
-            return 0
         lo = max(0, bisect.bisect_right(self.times, a) - 1)
         hi = max(lo, bisect.bisect_right(self.times, b) - 1)
         k = (hi - lo + 1).bit_length() - 1
@@ -197,8 +198,9 @@ def _clairvoyant(profile: LatencyProfile, **params: Any) -> ClairvoyantControlle
 class PredictiveController(Controller):
     def __init__(self, profile: LatencyProfile, *, sample_s: float = 5.0, alpha: float = 0.5,
                  beta: float = 0.3, burst_sigma: float = 3.0, window_s: float = 300.0,
-                 **params: Any) -> None:
+                 hold_down: bool = True, **params: Any) -> None:
         super().__init__(profile, **params)
+        self.hold_down = hold_down
         self.sample_s = sample_s
         self.alpha = alpha
         self.beta = beta
@@ -250,11 +252,11 @@ class PredictiveController(Controller):
         expected = max(0, math.ceil(self.forecast() - 1e-9))
         rho_future = expected / (capacity * max(1, budget))
         up = rho_max > rho_hat + delta or rho_future > rho_hat + delta
-        down = rho_max < rho_hat - delta and rho_future < rho_hat - delta
+        down = rho_max < rho_hat - delta and (not self.hold_down or rho_future < rho_hat - delta)
         if not (up or down):
             return budget
-        target = max(gpus_for(max(n_required, expected), capacity, rho_hat, delta),
-                     self.min_gpus)
+        sized_for = max(n_required, expected) if (up or self.hold_down) else n_required
+        target = max(gpus_for(sized_for, capacity, rho_hat, delta), self.min_gpus)
         if self.max_gpus is not None:
             target = min(target, self.max_gpus)
         return max(target, budget) if up else min(target, budget)
@@ -262,7 +264,7 @@ class PredictiveController(Controller):
 
 def _predictive(profile: LatencyProfile, **params: Any) -> PredictiveController:
     _check("turboserve_predictive", params,
-           {"sample_s", "alpha", "beta", "burst_sigma", "window_s"})
+           {"sample_s", "alpha", "beta", "burst_sigma", "window_s", "hold_down"})
     return PredictiveController(profile, name="turboserve_predictive", **params)
 
 

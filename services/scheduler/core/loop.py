@@ -24,8 +24,8 @@ it records idempotent for equal ``t``.
 
 Deviations from the agreed shape: none in names. Documented choices: the controller is lenient
 about inconsistent session events (an ``ACTIVE`` for an unknown session counts as an arrival,
-``IDLE``/``DEPART`` for an unknown one are ignored, ``GPU_READY`` for a released GPU is ignored
-and for an unknown one adds it), because the live service may replay events after a restart.
+``IDLE``/``DEPART`` for an unknown one are ignored, ``GPU_READY`` for a released or vanished
+GPU is ignored and for an unknown one adds it), because the live service may replay events after a restart.
 Sessions displaced by ``GPU_GONE`` lost their state and come back with ``Assign``.
 """
 
@@ -86,6 +86,7 @@ class Controller:
         min_gpus: int = 1,
         max_gpus: int | None = None,
         rho_table: RhoTable | str | Path | None = None,
+        scale_in_delay_s: float = 0.0,
         t0: float = 0.0,
     ) -> None:
         if initial_gpus < 0 or min_gpus < 0:
@@ -94,8 +95,9 @@ class Controller:
             raise ValueError(f"rho_hat must be in (0, 1], got {rho_hat}")
         if delta is not None and delta < 0:
             raise ValueError(f"delta must be >= 0, got {delta}")
-        if eta < 0 or boot_delay_s < 0:
-            raise ValueError(f"eta and boot_delay_s must be >= 0, got {eta}, {boot_delay_s}")
+        if eta < 0 or boot_delay_s < 0 or scale_in_delay_s < 0:
+            raise ValueError(f"eta, boot_delay_s and scale_in_delay_s must be >= 0, got "
+                             f"{eta}, {boot_delay_s}, {scale_in_delay_s}")
         self.name = name
         self.profile = profile
         self.gpu_kind = gpu_kind or profile.gpu_kind
@@ -104,6 +106,8 @@ class Controller:
         self.migrate = migrate
         self.autoscale = autoscale
         self.min_gpus = min_gpus
+        self.scale_in_delay_s = scale_in_delay_s
+        self._low_since: float | None = None  # when a scale-in first wanted to fire
         self.max_gpus = max_gpus
         self.chooser = chooser or LeastLatencyGrowth()
         self.fixed_rho_hat = rho_hat
@@ -210,6 +214,7 @@ class Controller:
             gpu_id = _require(event.gpu_id, event)
             if gpu_id in cluster.gpus:
                 cluster.remove_gpu(gpu_id)
+                self._released.add(gpu_id)  # never reuse the name; ignore a late GPU_READY
         else:
             self.volatility.observe(event.t)
 
@@ -218,6 +223,15 @@ class Controller:
         rho_hat, delta = self.current_rho_hat(t)
         budget = cluster.budget
         target = self.target_gpus(t, cluster.n_active, self.rho_max(), budget, rho_hat, delta)
+        if target < budget and self.scale_in_delay_s > 0:
+            # Optional stabilisation (not in the paper; 0 by default): scale in only once the
+            # load has stayed below the band for scale_in_delay_s.
+            if self._low_since is None:
+                self._low_since = t
+            if t - self._low_since < self.scale_in_delay_s:
+                return []
+        elif target >= budget and scale_out:
+            self._low_since = None
         if target > budget and scale_out:
             self.scale_events += 1
             return [self._request(target - budget, t)]

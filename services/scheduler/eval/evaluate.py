@@ -71,6 +71,9 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     for summary in run_all(specs, jobs=jobs, progress=progress):
         by_trace[names[summary.spec.trace]].append(summary)
     placement = placement_gap(profile, instances=placement_instances).to_json()
+    # The same with K = 4, so that capacity binds on instances of at most 12 sessions.
+    placement["tight_capacity_4"] = placement_gap(
+        profile, instances=placement_instances, capacity=4).to_json()
 
     per_trace = {
         name: analyse_trace(name, runs, floors[name], cfg.boot_delay_s)

@@ -11,6 +11,7 @@ latency alone.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from dataclasses import dataclass
@@ -67,8 +68,15 @@ def core_objective(inst: PlacementInstance, profile) -> tuple[float, float]:
 
 
 def placement_gap(profile, instances: int = 1000, seed: int = 0, eta: float = 0.1,
-                  max_gpus: int = 4, max_sessions: int = 12) -> PlacementGap:
-    """Average and maximum gap of the core's placement to the optimum over random instances."""
+                  max_gpus: int = 4, max_sessions: int = 12,
+                  capacity: int | None = None) -> PlacementGap:
+    """Average and maximum gap of the core's placement to the optimum over random instances.
+
+    ``capacity`` truncates the profile's chunk table (K = capacity) to make the capacity
+    constraint bind on small instances (12 sessions on 4 GPUs never fill K = 12)."""
+    if capacity is not None:
+        profile = dataclasses.replace(
+            profile, chunk_ms_table=profile.chunk_ms_table[:capacity], sources={})
     rng = random.Random(seed)
     chunk = tuple(profile.chunk_ms(b) for b in range(1, profile.capacity + 1))
     base_kappa = profile.migration_ms()

@@ -96,6 +96,7 @@ class _Session:
     pending_migration_ms: float = 0.0
     first: bool = True  # next chunk is the first after becoming active
     epoch: int = 0  # bumped when the session goes idle: a chunk in flight then is void
+    migrated_to: str | None = None  # set until its first chunk on the migration's target
 
 
 @dataclass
@@ -118,6 +119,8 @@ class SimResult:
     timeline: list[tuple[float, int, int]]  # (t, GPUs held incl. booting, active sessions)
     params: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    chunks_after_migration: int = 0
+    late_chunks_after_migration: int = 0
     # Delivery time of each chunk, parallel to latencies_ms (only with keep_chunk_times=True).
     chunk_times_s: list[float] = field(default_factory=list)
     first_flags: list[bool] = field(default_factory=list)
@@ -151,6 +154,8 @@ class SimResult:
             "deadline_ms": self.deadline_ms,
             "deadline_attainment": round(self.deadline_attainment, 6),
             "migrations": self.migrations,
+            "chunks_after_migration": {"total": self.chunks_after_migration,
+                                       "late": self.late_chunks_after_migration},
             "scale_events": self.scale_events,
             "peak_gpus": self.peak_gpus,
             "decision_ms": self.decision(),
@@ -207,6 +212,8 @@ class Simulator:
         self.stream_latencies: list[float] = []
         self.decision_ms: list[float] = []
         self.migrations = 0
+        self.after_migration = 0  # chunks that were a session's first after a migration
+        self.late_after_migration = 0  # ... and missed the deadline
         self.scale_events = 0
         self.n_active = 0
         self.timeline: list[tuple[float, int, int]] = []
@@ -315,6 +322,7 @@ class Simulator:
                     raise SimulationError(self.now, d, f"session is on {s.gpu}, not {d.src}")
                 self._place(d, s, d.session_id, d.dst)
                 s.pending_migration_ms += self._migration_ms
+                s.migrated_to = d.dst
                 self.migrations += 1
                 touched.add(d.dst)
             elif isinstance(d, Suspend):
@@ -422,6 +430,10 @@ class Simulator:
                     s.first = False
                 else:
                     self.stream_latencies.append(latency)
+                if s.migrated_to == gpu_id:
+                    s.migrated_to = None
+                    self.after_migration += 1
+                    self.late_after_migration += latency > self.profile.deadline_ms
                 s.due = now
                 if s.gpu is not None and s.gpu != gpu_id:
                     wake.add(s.gpu)
@@ -486,6 +498,8 @@ class Simulator:
             timeline=self.timeline,
             wall_s=wall_s,
             chunk_times_s=self.chunk_times,
+            chunks_after_migration=self.after_migration,
+            late_chunks_after_migration=self.late_after_migration,
             first_flags=self.first_flags,
         )
 

@@ -44,6 +44,8 @@ class Env:
             for sid in self.on_gpu.pop(event.gpu_id, set()):
                 self.where.pop(sid, None)
             self.gpus.pop(event.gpu_id, None)
+            if event.gpu_id in self.booting:
+                self.booting.remove(event.gpu_id)
         out = self.policy.step(event)
         for decision in out:
             self.apply(decision)

@@ -169,3 +169,23 @@ def test_bench_cli_writes_the_agreed_json(tmp_path):
     assert [(r["gpus"], r["sessions"]) for r in results] == [(4, 32), (8, 64)]
     for r in results:
         assert 0 < r["decision_ms_p50"] <= r["decision_ms_p99"] <= r["decision_ms_max"]
+
+
+def test_scale_in_delay_waits_for_the_load_to_stay_low():
+    def releases_after(delay):
+        policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay)
+        policy.autoscale = False
+        for i in range(24):
+            policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
+        policy.autoscale = True
+        times = []
+        for i in range(20):  # 4 sessions left from t = 10 on: far below the band
+            if any(isinstance(d, Release) for d in policy.step(Event(10.0, EventKind.DEPART, f"s{i}"))):
+                times.append(10.0)
+        for t in range(11, 120):
+            if any(isinstance(d, Release) for d in policy.step(Event(float(t), EventKind.TICK))):
+                times.append(float(t))
+        return times
+
+    assert releases_after(0.0)[0] == 10.0
+    assert releases_after(60.0)[0] == 70.0

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-import json
-
 import argparse
+import json
 
 from services.gpu_worker.bench import _fill_table, build_profile, register
 from services.gpu_worker.telemetry import describe, device_report
@@ -42,7 +41,7 @@ def test_profile_loads_in_the_scheduler_when_present(tmp_path):
         "preset": "tiny", "device": "cpu", "state_bytes": 1000, "suspend_ms": 0.5,
         "resume_ms": 0.5, "video_frames_per_chunk": 12, "weights_bytes": 10,
         "results": [{"batch": 1, "chunk_ms_p50": 20.0}, {"batch": 4, "chunk_ms_p50": 50.0}],
-        "telemetry": {"name": "cpu", "mem_total": 10**9},
+        "telemetry": {"name": "cpu", "mem_total_bytes": 10**9},
     }
     profile = build_profile(report)
     assert profile["chunk_ms"] == [20.0, 30.0, 40.0, 50.0]

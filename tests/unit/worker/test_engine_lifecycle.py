@@ -167,7 +167,7 @@ def test_telemetry_reports_cpu_mode_and_measured_chunk_times():
     engine.step()
     report = engine.telemetry()
     assert report["mode"] == "cpu" and report["device"] == "cpu"
-    assert report["mem_total"] > report["mem_free"] > 0
+    assert report["mem_total_bytes"] > report["mem_free_bytes"] > 0
     assert set(report["chunk_ms"]) == {1, 2}
     assert all(ms > 0 for ms in report["chunk_ms"].values())
     assert report["active"] == 2 and report["state_bytes"] == engine.state_bytes
@@ -222,3 +222,20 @@ def test_kv_recache_after_frames_were_evicted():
     frame = engine._frame_slot(chunks * config.chunk_frames)
     keep = [f for f in range(history.shape[2]) if not frame <= f < frame + config.chunk_frames]
     assert torch.equal(engine.pool.latent_history(0, 1)[:, :, keep], history[:, :, keep])
+
+
+def test_telemetry_does_not_wait_for_a_running_step():
+    import threading
+
+    engine = make_engine()
+    engine.add_session("a", "p", 0)
+    engine.step()
+    engine._lock.acquire()  # what a step in the generation thread holds
+    try:
+        box = {}
+        reader = threading.Thread(target=lambda: box.update(report=engine.telemetry()))
+        reader.start()
+        reader.join(timeout=30)
+        assert not reader.is_alive() and box["report"]["active"] == 1
+    finally:
+        engine._lock.release()

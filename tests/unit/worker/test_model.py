@@ -76,3 +76,18 @@ def test_sigmas_are_shifted_and_decreasing():
     assert len(levels) == 4 and levels[0] == pytest.approx(1.0)
     assert all(x > y for x, y in zip(levels, levels[1:], strict=False))
     assert levels[-1] == pytest.approx(5 * 0.25 / (1 + 4 * 0.25))
+
+
+def test_wan_state_per_session_matches_the_scheduler_estimate():
+    """The slot of a wan-1.3b session (bf16) holds a 12-frame KV window of 1560-token frames
+    in 30 layers plus the prompt's cross-attention cache: ~3.55 GB, the figure the scheduler's
+    shipped profile assumes."""
+    from services.gpu_worker.engine.slots import SlotPool
+
+    config = get_preset("wan-1.3b")
+    with torch.device("meta"):
+        pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16)
+    kv = 30 * 2 * 1536 * 2 * (12 * 1560)
+    cross = 30 * 2 * 1536 * 2 * 512
+    assert kv + cross <= pool.bytes_per_slot < kv + cross + 5_000_000
+    assert pool.scratch[1] == 12 * 1560

@@ -1,0 +1,96 @@
+"""The evaluation's extra policies: registered, and doing what their docstrings say."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.core.policies import available_policies, get_policy
+from services.scheduler.core.types import Drain, Event, EventKind, Release, RequestGpus
+
+
+def _requests(decisions):
+    return [d for d in decisions if isinstance(d, RequestGpus)]
+
+
+def test_extra_policies_are_registered():
+    names = set(available_policies())
+    assert {"hpa", "clairvoyant", "turboserve_predictive", "least_loaded_autoscale"} <= names
+
+
+def test_clairvoyant_needs_the_future():
+    with pytest.raises(TypeError, match="future"):
+        get_policy("clairvoyant", None)
+
+
+def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
+    future = [(100.0, f"s{i}", "arrive") for i in range(30)]
+    future += [(200.0, f"s{i}", "depart") for i in range(30)]
+    policy = get_policy("clairvoyant", None, future=future, rho_hat=0.5, delta=0.1,
+                        boot_delay_s=30.0, lookahead_slack_s=1.0)
+    first_request = None
+    for t in range(0, 100):
+        out = policy.step(Event(float(t), EventKind.TICK))
+        if _requests(out) and first_request is None:
+            first_request = (t, _requests(out)[0])
+    assert first_request is not None
+    t, request = first_request
+    assert t == 69  # 100 - 30 s boot - 1 s tick slack
+    assert len(request.gpu_ids) == 4  # 30 sessions at rho_hat 0.5 of K = 12: 5 GPUs in all
+    for gpu_id in request.gpu_ids:
+        policy.step(Event(99.0, EventKind.GPU_READY, gpu_id=gpu_id))
+    for i in range(30):
+        policy.step(Event(100.0, EventKind.ARRIVE, session_id=f"s{i}"))
+    assert not policy.view.pending
+    released = []
+    for i in range(30):
+        out = policy.step(Event(200.0, EventKind.DEPART, session_id=f"s{i}"))
+        released += [d for d in out if isinstance(d, Release)]
+    assert len(released) == 4 and policy.view.billed_gpus == 1
+
+
+def test_hpa_scales_up_at_its_next_sync_and_down_only_after_the_stabilisation_window():
+    policy = get_policy("hpa", None, target=0.5, boot_delay_s=30.0)
+    for i in range(30):
+        policy.step(Event(0.0, EventKind.ARRIVE, session_id=f"s{i}"))  # synced at t=0: 1 GPU
+    requested, when = [], None
+    for t in range(1, 16):
+        out = policy.step(Event(float(t), EventKind.TICK))
+        if _requests(out):
+            requested, when = [g for r in _requests(out) for g in r.gpu_ids], t
+    assert when == 15 and len(requested) == 4  # 30 sessions at 0.5 of K = 12: 5 GPUs
+    for gpu_id in requested:
+        policy.step(Event(45.0, EventKind.GPU_READY, gpu_id=gpu_id))
+    for i in range(30):
+        policy.step(Event(50.0, EventKind.DEPART, session_id=f"s{i}"))
+    shrink_at = None
+    for t in range(51, 400):
+        out = policy.step(Event(float(t), EventKind.TICK))
+        if any(isinstance(d, Release | Drain) for d in out):
+            shrink_at = t
+            break
+    # Syncs run every 15 s from the last one: 15, then 45 (the GPU_READY event, still 30
+    # sessions: another 5-GPU recommendation), 60, 75, ...  That recommendation holds the pool
+    # until it leaves the 300 s window, at the sync of t = 360.
+    assert shrink_at == 360
+
+
+def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
+    def first_request(name):
+        policy = get_policy(name, None, rho_hat=0.6, delta=0.1, boot_delay_s=30.0,
+                            initial_gpus=4, min_gpus=4)
+        for t in range(400):  # one arrival every 2 s, a tick every second
+            out = policy.step(Event(float(t), EventKind.TICK))
+            if t % 2 == 0:
+                out += policy.step(Event(float(t), EventKind.ARRIVE, session_id=f"s{t}"))
+            if _requests(out):
+                return t
+        return None
+
+    predictive, reactive = first_request("turboserve_predictive"), first_request("turboserve")
+    assert predictive is not None and reactive is not None
+    assert predictive < reactive
+
+
+def test_least_loaded_autoscale_never_migrates():
+    policy = get_policy("least_loaded_autoscale", None, rho_hat=0.5, boot_delay_s=0.0)
+    assert policy.name == "least_loaded_autoscale" and policy.migrate is False
