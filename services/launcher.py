@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -81,11 +81,14 @@ def probe_redis(url: str, timeout: float = 1.0) -> bool:
     return reply.startswith((b"+PONG", b"-NOAUTH"))
 
 
-def _wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+def _wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None,
+                abort: Callable[[], bool] = lambda: False) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
+        if abort():
+            raise LaunchError(f"interrupted while waiting for {what}")
         if proc is not None and proc.poll() is not None:
             raise LaunchError(f"{what} exited with code {proc.returncode} before it was ready")
         time.sleep(0.1)
@@ -131,6 +134,8 @@ class Mesh:
     env: Mapping[str, str] = field(default_factory=dict)
     quiet: bool = False
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    # Polled while starting: a Ctrl-C during start-up stops everything at once.
+    abort: Callable[[], bool] = lambda: False
     tmpdir: Path | None = None
 
     @property
@@ -151,7 +156,7 @@ class Mesh:
             }
             for name in SERVICES:
                 self._spawn(name, [sys.executable, "-m", "services.cli", name], child_env)
-            _wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1])
+            _wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1], self.abort)
         except BaseException:
             self.stop()
             raise
@@ -172,14 +177,14 @@ class Mesh:
             store = self.tmpdir / "jetstream"
             proc = self._spawn("nats", [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
                                         "-sd", str(store)], os.environ, log_to=self.tmpdir / "nats.log")
-            _wait_until(lambda: probe_nats(self.nats_url), 20, "embedded nats-server", proc)
+            _wait_until(lambda: probe_nats(self.nats_url), 20, "embedded nats-server", proc, self.abort)
         if need_redis:
             port = free_port()
             self.redis_url = f"redis://127.0.0.1:{port}/0"
             proc = self._spawn("redis", [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
                                          "--save", "", "--appendonly", "no", "--dir", str(self.tmpdir)],
                                os.environ, log_to=self.tmpdir / "redis.log")
-            _wait_until(lambda: probe_redis(self.redis_url), 20, "embedded redis-server", proc)
+            _wait_until(lambda: probe_redis(self.redis_url), 20, "embedded redis-server", proc, self.abort)
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str],
                log_to: Path | None = None) -> subprocess.Popen:
@@ -243,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
         redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
         port=args.port, host=args.host, workers=args.workers, embedded=args.embedded,
+        abort=lambda: stop,
     )
     stop = False
 

@@ -61,6 +61,14 @@ if ARGV[4] == 'terminated' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
 return {'ok', tostring(epoch), ARGV[4]}
 """
 
+# Create only if absent: a MULTI would not abort after a failed HSETNX and would overwrite.
+_CREATE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
 # A worker records its progress only while it still owns the session at its epoch.
 _PROGRESS_LUA = """
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'owner', 'last_seq')
@@ -152,6 +160,7 @@ class Registry:
     def __init__(self, client: aioredis.Redis, namespace: str = "ts") -> None:
         self.r = client
         self.ns = namespace
+        self._create = client.register_script(_CREATE_LUA)
         self._transition = client.register_script(_TRANSITION_LUA)
         self._progress = client.register_script(_PROGRESS_LUA)
 
@@ -179,18 +188,17 @@ class Registry:
 
     # -- sessions -----------------------------------------------------------------------------
     async def create_session(self, session_id: str, prompt: str, seed: int) -> SessionRecord:
+        """Create a pending session; :class:`SessionExists` (and nothing written) if the id is taken."""
         now = time.time()
-        key = self.session_key(session_id)
         record = {
             "id": session_id, "state": SessionState.PENDING.value, "owner": "", "epoch": 0,
             "prompt": prompt, "seed": seed, "last_seq": -1, "created_at": now, "updated_at": now,
         }
-        # HSETNX on ``id`` claims the key; the rest follows in the same transaction.
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(key, "id", session_id)
-            pipe.hset(key, mapping={k: v for k, v in record.items() if k != "id"})
-            pipe.zadd(self.pending_key, {session_id: now})
-            created, *_ = await pipe.execute()
+        flat = [str(x) for kv in record.items() for x in kv]
+        created = await self._create(
+            keys=[self.session_key(session_id), self.pending_key],
+            args=[repr(now), session_id, *flat],
+        )
         if not created:
             raise SessionExists(session_id)
         return _session_from(record)

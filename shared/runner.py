@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import nats
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -101,15 +100,27 @@ async def connect_nats(settings: CommonSettings, name: str) -> NATS:
         log.warning("nats_error", error=str(exc))
 
     async def _attempt() -> NATS:
-        return await nats.connect(
-            servers=[settings.nats_url],
-            name=name,
-            connect_timeout=2,
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=1,
-            error_cb=_error_cb,
-        )
+        # With reconnects allowed, nats-py retries a *first* connect forever; bound each attempt
+        # so that retry() owns the deadline, and close the half-open client on failure.
+        nc = NATS()
+        try:
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=[settings.nats_url],
+                    name=name,
+                    connect_timeout=2,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=1,
+                    error_cb=_error_cb,
+                ),
+                timeout=3.0,
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise
+        return nc
 
     return await retry("nats", _attempt, settings.connect_timeout_s)
 
@@ -179,15 +190,28 @@ async def running(service: Service, settings: CommonSettings) -> AsyncIterator[S
 
 
 async def serve(service: Service, settings: CommonSettings) -> int:
-    """Run ``service`` until a signal or a task failure; returns the exit code."""
+    """Run ``service`` until a signal or a task failure; returns the exit code.
+
+    A signal during start-up (still connecting, say) cancels the start-up and exits 0.
+    """
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
+    main = asyncio.current_task()
+    started = False
+
+    def _on_signal() -> None:
+        if started:
+            stop_requested.set()
+        elif main is not None:
+            main.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop_requested.set)
+            loop.add_signal_handler(sig, _on_signal)
     code = 0
     try:
         async with running(service, settings) as ctx:
+            started = True
             log.info("service_started", settings=settings.public_dict())
             assert ctx._failure is not None
             stop_wait = asyncio.ensure_future(stop_requested.wait())
@@ -195,6 +219,10 @@ async def serve(service: Service, settings: CommonSettings) -> int:
             stop_wait.cancel()
             code = 1 if ctx._failure in done else 0
             log.info("service_stopping", reason="task_failed" if code else "signal")
+    except asyncio.CancelledError:
+        if started:
+            raise
+        log.info("startup_interrupted")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):

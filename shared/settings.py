@@ -8,6 +8,7 @@ masks secrets (passwords in URLs, tokens), so printing it at start is safe.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import socket
@@ -33,8 +34,18 @@ class SettingsError(ValueError):
 
 
 def mask_url(url: str) -> str:
-    """``redis://:secret@host`` -> ``redis://:***@host``."""
-    return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+    """Hide the credentials of a URL: ``redis://u:secret@h`` -> ``redis://u:***@h``,
+    ``nats://token@h`` -> ``nats://***@h`` (a password may itself contain ``@``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    masked = f"{user}:***" if colon else "***"
+    return f"{scheme}://{masked}@{host}{slash}{path}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +112,8 @@ class CommonSettings:
         if self.log_format not in _LOG_FORMATS:
             faults.append(f"TURBOSERVE_LOG_FORMAT={self.log_format!r}: one of {', '.join(_LOG_FORMATS)}")
         for name in ("connect_timeout_s", "shutdown_grace_s"):
-            if getattr(self, name) <= 0:
-                faults.append(f"TURBOSERVE_{name.upper()}: must be > 0")
+            if not 0 < getattr(self, name) < math.inf:
+                faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
         return faults
 
     @property
@@ -153,9 +164,12 @@ def _parse(raw: str, type_: Any) -> Any:
             raise ValueError("expected an integer") from None
     if type_ is float:
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ValueError("expected a number") from None
+        if not math.isfinite(value):
+            raise ValueError("expected a finite number")
+        return value
     return raw
 
 

@@ -49,9 +49,10 @@ class Subjects:
     prefix: str = DEFAULT_PREFIX
 
     def __post_init__(self) -> None:
-        token_ok = all(part and not any(c in part for c in " .*>\t\r\n") for part in self.prefix.split("."))
-        if not self.prefix or not token_ok:
-            raise ValueError(f"invalid subject prefix {self.prefix!r}: dot-separated tokens without spaces or wildcards")
+        # One token of a strict alphabet: it is also the start of the stream names, which must be
+        # valid and distinct for distinct prefixes (so deployments never share a stream).
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", self.prefix):
+            raise ValueError(f"invalid subject prefix {self.prefix!r}: 1-32 characters of [A-Za-z0-9_-]")
 
     # Gateway -> scheduler (JetStream stream ``sessions_stream``).
     @property
@@ -84,11 +85,11 @@ class Subjects:
 
     @property
     def sessions_stream(self) -> str:
-        return f"{self.prefix.replace('.', '_').upper()}_SESSIONS"
+        return f"{self.prefix}_SESSIONS"
 
     @property
     def chunks_stream(self) -> str:
-        return f"{self.prefix.replace('.', '_').upper()}_CHUNKS"
+        return f"{self.prefix}_CHUNKS"
 
 
 def valid_id(value: str) -> bool:
@@ -131,6 +132,7 @@ class ProvisionerCmdKind(enum.StrEnum):
 
 
 # Session and worker ids become subject tokens: a strict alphabet keeps them safe there.
+MAX_WORKERS_PER_COMMAND = 1024
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
 
@@ -197,7 +199,7 @@ class StreamEnd(_Msg, tag="stream_end"):
 
 class ProvisionerCommand(_Msg, tag="provisioner_cmd"):
     kind: ProvisionerCmdKind
-    count: int = 1
+    count: Annotated[int, msgspec.Meta(ge=0, le=MAX_WORKERS_PER_COMMAND)] = 1
     worker_ids: list[Id] = msgspec.field(default_factory=list)
     gpu_kind: str | None = None
 

@@ -22,10 +22,10 @@ from nats.js import api as js_api
 
 from services.gateway import errors
 from shared.logging import get_logger
-from shared.registry import SessionRecord
+from shared.registry import SessionRecord, StaleEpoch
 from shared.runner import ServiceContext
 from shared.settings import GatewaySettings
-from shared.states import SessionState
+from shared.states import IllegalTransition, SessionState
 from shared.wire import (
     Chunk,
     ChunkStreamMsg,
@@ -68,10 +68,9 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return errors.MethodNotAllowed(
             f"{request.method} not allowed on {request.path}", allowed=sorted(exc.allowed_methods)
         ).response()
-    except web.HTTPRequestEntityTooLarge as exc:
-        return errors.PayloadTooLarge(
-            "request body too large", limit=exc.max_size if hasattr(exc, "max_size") else None
-        ).response()
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS].max_body_bytes
+        return errors.PayloadTooLarge(f"request body over {limit} bytes", limit=limit).response()
     except web.HTTPException:
         raise
     except (ConnectionResetError, asyncio.CancelledError):
@@ -170,17 +169,28 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
+    """Close a session. Idempotent: a second (or concurrent) DELETE answers 200 with the record."""
     ctx = request.app[CTX]
     record = await _get_record(request)
     if record.state is not SessionState.TERMINATED:
-        # Terminating bumps the epoch: the worker is fenced off at once, whatever it is doing.
-        # The owner stays on record so that the scheduler knows which worker to stop.
-        record = await ctx.registry.transition(record.id, SessionState.TERMINATED)
-        event = SessionEvent(session_id=record.id, kind=SessionEventKind.CLOSED)
-        await ctx.js.publish(ctx.subjects.session_events, encode(event), timeout=2)
-        end = StreamEnd(session_id=record.id, last_seq=record.last_seq, reason="closed")
-        await ctx.nc.publish(ctx.subjects.chunks(record.id), encode(end))
-        log.info("session_closed", session_id=record.id, last_seq=record.last_seq)
+        try:
+            # Terminating bumps the epoch: the worker is fenced off at once, whatever it does.
+            # The owner stays on record so that the scheduler knows which worker to stop.
+            record = await ctx.registry.transition(record.id, SessionState.TERMINATED)
+        except (IllegalTransition, StaleEpoch):
+            record = await _get_record(request)  # someone else closed it first
+        else:
+            # Streams end first (the StreamEnd is what open SSE clients wait for); the event to
+            # the scheduler is best effort: a worker that misses its STOP is fenced at its next
+            # chunk anyway, since a terminated session takes no progress.
+            end = StreamEnd(session_id=record.id, last_seq=record.last_seq, reason="closed")
+            await ctx.nc.publish(ctx.subjects.chunks(record.id), encode(end))
+            event = SessionEvent(session_id=record.id, kind=SessionEventKind.CLOSED)
+            try:
+                await ctx.js.publish(ctx.subjects.session_events, encode(event), timeout=2)
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("session_event_publish_failed", session_id=record.id, error=str(exc))
+            log.info("session_closed", session_id=record.id, last_seq=record.last_seq)
     return json_response(session_body(request.app[SETTINGS], record))
 
 
@@ -242,18 +252,25 @@ async def stream_session(request: web.Request) -> web.StreamResponse:
     )
     sent = last_id
     idle_s = 0.0
+    quiet_polls = 0  # consecutive polls with nothing delivered
     poll_s = min(1.0, settings.sse_keepalive_s)
     try:
         while not closing.is_set():
             try:
                 msg = await sub.next_msg(timeout=poll_s)
             except NatsTimeout:
+                quiet_polls += 1
                 idle_s += poll_s
                 if idle_s >= settings.sse_keepalive_s:
                     await resp.write(b": keepalive\n\n")
                     idle_s = 0.0
+                # The StreamEnd may be gone (retention) or never sent: the registry decides.
+                if await _stream_is_over(ctx, record.id, sent, drained=quiet_polls >= 2):
+                    await resp.write(end_event(record.id, sent, "closed"))
+                    return resp
                 continue
             idle_s = 0.0
+            quiet_polls = 0
             try:
                 item = decode(msg.subject, msg.data, ChunkStreamMsg)
             except WireError as exc:
@@ -273,6 +290,16 @@ async def stream_session(request: web.Request) -> web.StreamResponse:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
     return resp
+
+
+async def _stream_is_over(ctx: ServiceContext, session_id: str, sent: int, drained: bool) -> bool:
+    """True when the session is terminated (or gone) and nothing newer than ``sent`` will come:
+    either the client has its last chunk, or the stream has been quiet long enough to have
+    delivered every retained chunk (a terminated session produces no new ones)."""
+    record = await ctx.registry.get_session(session_id)
+    if record is None:
+        return True
+    return record.state is SessionState.TERMINATED and (record.last_seq <= sent or drained)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -88,6 +88,7 @@ class WorkerService:
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._thread_done: asyncio.Future[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext) -> None:
@@ -107,13 +108,14 @@ class WorkerService:
         log.info("engine_ready", device=self.engine.device, capacity=self.engine.capacity,
                  preset=self.settings.preset)
         await ctx.nc.subscribe(ctx.subjects.worker_cmd(self.worker_id), cb=self._on_command)
+        await ctx.nc.flush()  # the subscription is live on the server before we say READY
         self._thread_done = self.loop.create_future()
         self._thread = threading.Thread(target=self._generate_forever, name="generation", daemon=True)
         self._thread.start()
         ctx.spawn(self._watch_thread(), name="worker-generation")
         self.status = WorkerStatus.READY
         await self._heartbeat_once()
-        ctx.spawn(self._heartbeats(), name="worker-heartbeat")
+        self._heartbeat_task = ctx.spawn(self._heartbeats(), name="worker-heartbeat")
 
     async def stop(self) -> None:
         """Take no new sessions, stop the generation thread, hand sessions back, leave."""
@@ -126,21 +128,17 @@ class WorkerService:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
         await self._release_sessions()
+        if self._heartbeat_task is not None:  # else a late beat would re-register us
+            self._heartbeat_task.cancel()
+            await asyncio.wait({self._heartbeat_task}, timeout=5.0)
         with contextlib.suppress(Exception):
             await self.ctx.registry.remove_worker(self.worker_id)
 
     async def _release_sessions(self) -> None:
         """Put the sessions this worker still owns back to pending, to continue elsewhere."""
-        ctx = self.ctx
-        assert ctx is not None
         for session_id, owned in list(self.owned.items()):
-            try:
-                await ctx.registry.transition(
-                    session_id, SessionState.PENDING, expected_epoch=owned.epoch, owner=None
-                )
-                log.info("session_released", session_id=session_id)
-            except (RegistryError, IllegalTransition) as exc:
-                log.info("release_skipped", session_id=session_id, reason=str(exc))
+            await self._release(session_id, owned.epoch)
+            log.info("session_released", session_id=session_id)
         self.owned.clear()
 
     async def _watch_thread(self) -> None:
@@ -205,7 +203,9 @@ class WorkerService:
                 return
 
     def _apply(self, cmd: WorkerCommand) -> None:
-        from services.gpu_worker.engine import EngineFull
+        """Apply one command at a chunk boundary. A command the engine refuses is logged and
+        dropped: it never takes the generation thread (and every other session) down."""
+        from services.gpu_worker.engine import EngineError, EngineFull
 
         sid = cmd.session_id
         assert sid is not None
@@ -220,6 +220,7 @@ class WorkerService:
                 self._drop(sid, reason="stopped")
             elif not eng.has_session(sid):
                 log.warning("command_for_unknown_session", session_id=sid, kind=str(cmd.kind))
+                return
             elif cmd.kind is WorkerCmdKind.SUSPEND:
                 eng.suspend(sid)
             elif cmd.kind is WorkerCmdKind.RESUME:
@@ -229,7 +230,25 @@ class WorkerService:
                 eng.set_prompt(sid, cmd.prompt or "")
             log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch)
         except EngineFull:
+            # No slot: hand the session straight back so the scheduler places it elsewhere.
             log.warning("engine_full", session_id=sid, capacity=eng.capacity)
+            self._run_on_loop(self._release(sid, cmd.epoch))
+        except EngineError as exc:
+            log.warning("command_refused", session_id=sid, kind=str(cmd.kind), error=str(exc))
+
+    def _run_on_loop(self, coro: Any) -> Any:
+        """Run a coroutine on the event loop from the generation thread and wait for it."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    async def _release(self, session_id: str, epoch: int) -> None:
+        assert self.ctx is not None
+        try:
+            await self.ctx.registry.transition(
+                session_id, SessionState.PENDING, expected_epoch=epoch, owner=None
+            )
+        except (RegistryError, IllegalTransition) as exc:
+            log.info("release_skipped", session_id=session_id, reason=str(exc))
 
     def _drop(self, session_id: str, reason: str) -> None:
         if self.engine.has_session(session_id):
@@ -278,10 +297,7 @@ class WorkerService:
             # The next chunk is due when this one has played out, or now if we are late.
             period = self.settings.chunk_period_s
             owned.next_due = max(owned.next_due + period, done_at) if period > 0 else done_at
-        assert self.loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._publish(chunks), self.loop)
-        fenced = future.result(timeout=30)
-        for session_id in fenced:
+        for session_id in self._run_on_loop(self._publish(chunks)):
             self._drop(session_id, reason="fenced")
 
     # -- publishing (asyncio side) --------------------------------------------------------------

@@ -36,6 +36,7 @@ class ProvisionerService:
         self.backend = LocalBackend(extra_env={"TURBOSERVE_PRESET": settings.worker_preset})
         self.ctx: ServiceContext | None = None
         self._stopping = False
+        self._restart_backoff_s = 1.0
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -45,12 +46,21 @@ class ProvisionerService:
 
     async def stop(self) -> None:
         self._stopping = True
-        await self.backend.stop_all(grace_s=self.settings.shutdown_grace_s)
+        # Inside the runner's own grace period, so leave room for the SIGKILL escalation.
+        await self.backend.stop_all(grace_s=self._worker_grace_s)
+
+    @property
+    def _worker_grace_s(self) -> float:
+        return 0.8 * self.settings.shutdown_grace_s
 
     def _new_id(self) -> str:
         return f"w-{uuid.uuid4().hex[:8]}"
 
     async def start_worker(self, worker_id: str) -> None:
+        if worker_id in self.backend.workers:
+            # Two processes with one id would both pass the epoch check: refuse.
+            log.warning("worker_id_in_use", worker_id=worker_id)
+            return
         if len(self.backend.workers) >= self.settings.max_workers:
             log.warning("max_workers_reached", max_workers=self.settings.max_workers, refused=worker_id)
             await self._event(worker_id, WorkerStatus.GONE, "refused: max_workers reached")
@@ -63,7 +73,17 @@ class ProvisionerService:
     def _on_exit(self, worker_id: str, code: int) -> None:
         log.warning("worker_process_exited", worker_id=worker_id, code=code)
         if self.ctx is not None and not self._stopping:
-            self.ctx.spawn(self._event(worker_id, WorkerStatus.GONE, f"exit code {code}"), name="event")
+            self.ctx.spawn(self._replace(worker_id, code), name=f"replace-{worker_id}")
+
+    async def _replace(self, worker_id: str, code: int) -> None:
+        """Report the loss; keep ``min_workers`` running, backing off if workers keep dying."""
+        await self._event(worker_id, WorkerStatus.GONE, f"exit code {code}")
+        if len(self.backend.workers) >= self.settings.min_workers:
+            return
+        await asyncio.sleep(self._restart_backoff_s)
+        self._restart_backoff_s = min(2 * self._restart_backoff_s, 60.0)
+        if not self._stopping and len(self.backend.workers) < self.settings.min_workers:
+            await self.start_worker(self._new_id())
 
     async def _on_command(self, msg) -> None:
         try:
@@ -74,14 +94,15 @@ class ProvisionerService:
         if self._stopping:
             return
         if cmd.kind is ProvisionerCmdKind.START:
-            ids = cmd.worker_ids or [self._new_id() for _ in range(max(0, cmd.count))]
+            room = max(0, self.settings.max_workers - len(self.backend.workers))
+            ids = cmd.worker_ids or [self._new_id() for _ in range(min(cmd.count, room))]
             for wid in ids:
                 await self.start_worker(wid)
         elif cmd.kind is ProvisionerCmdKind.STOP:
             await asyncio.gather(*(self._stop_one(wid) for wid in cmd.worker_ids))
 
     async def _stop_one(self, worker_id: str) -> None:
-        code = await self.backend.stop(worker_id, grace_s=self.settings.shutdown_grace_s)
+        code = await self.backend.stop(worker_id, grace_s=self._worker_grace_s)
         if code is not None:
             await self._event(worker_id, WorkerStatus.GONE, f"stopped, exit code {code}")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import FetchTimeoutError
@@ -25,6 +26,7 @@ from shared.settings import SchedulerSettings
 from shared.states import IllegalTransition, SessionState
 from shared.streams import SCHEDULER_DURABLE, ensure_streams
 from shared.wire import (
+    Heartbeat,
     SessionEvent,
     SessionEventKind,
     WireError,
@@ -68,6 +70,7 @@ class SchedulerService:
         self._warned_no_worker = False
         self._psub = None
         self._consumer: asyncio.Task[None] | None = None
+        self._heartbeats: dict[str, Heartbeat] = {}  # latest per worker
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -77,6 +80,7 @@ class SchedulerService:
         )
         self._psub = psub
         self._consumer = ctx.spawn(self._consume(psub), name="scheduler-events")
+        await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=self._on_heartbeat)
         ctx.spawn(self._tick(), name="scheduler-tick")
 
     async def stop(self) -> None:
@@ -112,6 +116,14 @@ class SchedulerService:
                     log.warning("event_failed", session_id=event.session_id, kind=event.kind, error=str(exc))
                 await msg.ack()
 
+    async def _on_heartbeat(self, msg) -> None:
+        try:
+            beat = decode(msg.subject, msg.data, Heartbeat)
+        except WireError as exc:
+            log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+            return
+        self._heartbeats[beat.worker_id] = beat
+
     async def handle_event(self, event: SessionEvent) -> None:
         if event.kind is SessionEventKind.CREATED:
             await self.place_pending()
@@ -134,7 +146,8 @@ class SchedulerService:
     # -- periodic pass --------------------------------------------------------------------------
     async def _tick(self) -> None:
         while not self._stopping.is_set():
-            await self.requeue_orphans()
+            live = await self.live_workers()
+            await self.requeue_orphans(live)
             await self.place_pending()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.tick_s)
@@ -144,21 +157,41 @@ class SchedulerService:
         assert self.ctx is not None, "service not started"
         return self.ctx
 
-    async def requeue_orphans(self) -> None:
-        """Sessions owned by a worker whose heartbeat expired go back to pending."""
+    async def live_workers(self) -> list[WorkerRecord]:
+        """Workers whose heartbeat is fresh; forgets those silent for ``worker_timeout_s``."""
         ctx = self._ctx
-        alive = {w.id for w in await ctx.registry.workers() if w.alive}
+        now = time.time()
+        live = []
+        for w in await ctx.registry.workers():
+            if w.alive and now - w.updated_at < self.settings.worker_timeout_s:
+                live.append(w)
+            elif now - w.updated_at >= self.settings.worker_timeout_s:
+                await ctx.registry.remove_worker(w.id)
+                self._heartbeats.pop(w.id, None)
+                log.warning("worker_forgotten", worker_id=w.id, silent_s=round(now - w.updated_at, 1))
+        return live
+
+    async def requeue_orphans(self, live: list[WorkerRecord]) -> None:
+        """Sessions go back to pending when their worker is gone, or when its heartbeats keep
+        saying it does not have them (a lost ASSIGN, a slot it could not take)."""
+        ctx = self._ctx
+        alive = {w.id for w in live}
+        grace = self.settings.worker_timeout_s
         for session_id, owner in (await ctx.registry.placement()).items():
-            if owner in alive:
+            beat = self._heartbeats.get(owner)
+            if owner in alive and (beat is None or session_id in beat.sessions):
                 continue
             record = await ctx.registry.get_session(session_id)
             if record is None or record.owner != owner:
                 continue
+            if owner in alive and beat is not None and beat.at - record.updated_at < grace:
+                continue  # assigned recently: the worker may not have reached a chunk boundary
             try:
                 await ctx.registry.transition(
                     session_id, SessionState.PENDING, expected_epoch=record.epoch, owner=None
                 )
-                log.warning("session_requeued", session_id=session_id, dead_worker=owner)
+                log.warning("session_requeued", session_id=session_id, worker_id=owner,
+                            reason="worker_alive_without_it" if owner in alive else "worker_gone")
             except (RegistryError, IllegalTransition) as exc:
                 log.info("requeue_skipped", session_id=session_id, reason=str(exc))
 
@@ -168,7 +201,7 @@ class SchedulerService:
             pending = await ctx.registry.pending_sessions()
             if not pending:
                 return
-            workers = await ctx.registry.workers()
+            workers = await self.live_workers()
             placement = await ctx.registry.placement()
             for session_id in pending:
                 if self._stopping.is_set():

@@ -94,3 +94,22 @@ def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
 def test_least_loaded_autoscale_never_migrates():
     policy = get_policy("least_loaded_autoscale", None, rho_hat=0.5, boot_delay_s=0.0)
     assert policy.name == "least_loaded_autoscale" and policy.migrate is False
+
+
+def test_session_forecast_lies_between_the_active_and_the_live_sessions():
+    policy = get_policy("turboserve_predictive", None, rho_hat=0.6, boot_delay_s=30.0,
+                        initial_gpus=4, min_gpus=4)
+    for k in range(40):
+        policy.step(Event(float(k), EventKind.ARRIVE, session_id=f"s{k}"))
+    for k in range(0, 40, 2):  # half of them go idle
+        policy.step(Event(40.0 + k / 10, EventKind.IDLE, session_id=f"s{k}"))
+    for t in range(45, 120):
+        policy.step(Event(float(t), EventKind.TICK))
+    forecast = policy.forecast()
+    assert policy.view.active_sessions == 20
+    assert 20 <= forecast <= 40
+
+
+def test_predictive_mode_is_checked():
+    with pytest.raises(ValueError, match="mode"):
+        get_policy("turboserve_predictive", None, mode="crystal_ball")

@@ -122,3 +122,15 @@ async def test_workers_and_heartbeat_ttl(registry):
     assert (await registry.workers())[0].status is WorkerStatus.DRAINING
     await registry.remove_worker("w1")
     assert await registry.workers() == []
+
+
+async def test_create_never_overwrites_an_existing_session(registry):
+    await registry.create_session("keep", "original", 1)
+    owned = await registry.claim("keep", "w1", expected_epoch=0)
+    assert await registry.record_progress("keep", "w1", owned.epoch, 7)
+    with pytest.raises(SessionExists):
+        await registry.create_session("keep", "intruder", 2)
+    after = await registry.get_session("keep")
+    assert after.prompt == "original" and after.epoch == owned.epoch and after.last_seq == 7
+    assert after.state is SessionState.EXECUTING
+    assert "keep" not in await registry.pending_sessions()

@@ -42,7 +42,8 @@ def env(infra, isolation):
 async def mesh_core(env):
     port = free_port()
     gw_settings = GatewaySettings.from_env(env, port=port)
-    sch_settings = SchedulerSettings.from_env(env, tick_s=0.2)
+    # Test "workers" are registry entries that never heartbeat: keep them for the whole test.
+    sch_settings = SchedulerSettings.from_env(env, tick_s=0.2, worker_timeout_s=60.0)
     async with running(SchedulerService(sch_settings), sch_settings) as sch_ctx, \
             running(GatewayService(gw_settings), gw_settings):
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
@@ -108,17 +109,39 @@ async def test_pending_session_placed_when_a_worker_appears(env, nats_client):
 
 async def test_dead_worker_sessions_are_requeued_and_continue_at_next_seq(env, nats_client):
     async with mesh_core(env) as (http, ctx):
-        await ctx.registry.register_worker(WorkerRecord(id="dies", status=WorkerStatus.READY, capacity=4), 0.5)
+        await ctx.registry.register_worker(WorkerRecord(id="dies", status=WorkerStatus.READY, capacity=4), 60)
         sub_dead = await nats_client.subscribe(ctx.subjects.worker_cmd("dies"))
         sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
         first = await _next_command(sub_dead)
         assert await ctx.registry.record_progress(sid, "dies", first.epoch, 4)
-        # "dies" stops heartbeating; a healthy worker takes over at seq 5
+        # "dies" stops heartbeating (its liveness key expires); a healthy worker takes over at seq 5
+        await ctx.redis.delete(ctx.registry.alive_key("dies"))
         sub_new = await nats_client.subscribe(ctx.subjects.worker_cmd("heir"))
         await ctx.registry.register_worker(WorkerRecord(id="heir", status=WorkerStatus.READY, capacity=4), 60)
         cmd = await _next_command(sub_new)
         assert cmd.session_id == sid and cmd.seq == 5 and cmd.epoch > first.epoch
         assert not await ctx.registry.record_progress(sid, "dies", first.epoch, 5)
+
+
+async def test_worker_alive_without_its_session_gets_it_requeued(env, nats_client):
+    """A lost ASSIGN: the worker heartbeats but never lists the session; it goes elsewhere."""
+    from shared.wire import Heartbeat
+
+    async with mesh_core(env) as (http, ctx):
+        await ctx.registry.register_worker(WorkerRecord(id="deaf", status=WorkerStatus.READY, capacity=1), 60)
+        sub_deaf = await nats_client.subscribe(ctx.subjects.worker_cmd("deaf"))
+        sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
+        first = await _next_command(sub_deaf)
+        # "deaf" keeps beating without the session, long after the assignment
+        await ctx.registry.set_worker_status("deaf", WorkerStatus.DRAINING)  # take no more
+        record = await ctx.registry.get_session(sid)
+        beat = Heartbeat(worker_id="deaf", status=WorkerStatus.DRAINING, capacity=1, active=0,
+                         sessions=[], at=record.updated_at + 120)
+        sub_new = await nats_client.subscribe(ctx.subjects.worker_cmd("good"))
+        await ctx.registry.register_worker(WorkerRecord(id="good", status=WorkerStatus.READY, capacity=2), 60)
+        await nats_client.publish(ctx.subjects.worker_heartbeat, encode(beat))
+        cmd = await _next_command(sub_new)
+        assert cmd.session_id == sid and cmd.epoch > first.epoch
 
 
 async def test_scheduler_decodes_events_published_by_another_client(env, nats_client):
@@ -133,3 +156,60 @@ async def test_scheduler_decodes_events_published_by_another_client(env, nats_cl
         # nothing else to place: no spurious second command
         with pytest.raises(asyncio.TimeoutError):
             await sub.next_msg(timeout=0.6)
+
+
+async def test_concurrent_deletes_are_idempotent(env, nats_client):
+    async with mesh_core(env) as (http, ctx):
+        sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
+        responses = await asyncio.gather(*(http.delete(f"/v1/sessions/{sid}") for _ in range(4)))
+        assert [r.status for r in responses] == [200] * 4
+        bodies = [await r.json() for r in responses]
+        assert {b["state"] for b in bodies} == {"terminated"}
+        assert (await ctx.registry.get_session(sid)).epoch == 1  # terminated exactly once
+
+
+async def test_stream_of_terminated_session_ends_without_stream_end_message(env, nats_client):
+    """The StreamEnd can be gone (retention) or never sent: the registry ends the stream."""
+    from shared.states import SessionState
+
+    async with mesh_core(env) as (http, ctx):
+        rec = await ctx.registry.create_session("gone1", "p", 0)
+        rec = await ctx.registry.claim("gone1", "wz", rec.epoch)
+        await ctx.registry.record_progress("gone1", "wz", rec.epoch, 3)
+        await ctx.registry.transition("gone1", SessionState.TERMINATED)
+        async with http.get("/v1/sessions/gone1/stream") as resp:
+            async with asyncio.timeout(15):
+                text = (await resp.read()).decode()
+        assert "event: end" in text and '"reason":"closed"' in text
+
+
+def test_service_gives_up_connecting_with_exit_code_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1", "TURBOSERVE_CONNECT_TIMEOUT_S": "1.5"}
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "scheduler"], env=env,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2
+    assert b"startup_failed" in proc.stderr
+
+
+def test_sigterm_while_connecting_exits_0():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1", "TURBOSERVE_CONNECT_TIMEOUT_S": "300"}
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "scheduler"], env=env,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    line = b""
+    while b"connect_retry" not in line:  # it is in its retry loop
+        line = proc.stderr.readline()
+        assert line and time.monotonic() < deadline
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    proc.stderr.close()

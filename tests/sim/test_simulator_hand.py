@@ -18,6 +18,7 @@ from services.scheduler.core.types import (
     Migrate,
     Release,
     RequestGpus,
+    Resume,
     Suspend,
 )
 from services.scheduler.sim.simulator import SimulationError, simulate
@@ -149,3 +150,31 @@ def test_unserved_active_session_counts_as_late():
     r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0)
     assert max(r.latencies_ms) == pytest.approx(2250.0)
     assert r.deadline_attainment < 1.0
+
+
+def test_drain_then_release_is_one_scale_event():
+    trace = make_trace("d", [(0.0, "a", "arrive"), (1.0, "a", "idle"), (2.0, "a", "depart")])
+    script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+              (EventKind.IDLE, "a"): [Suspend("a", "g0"), Drain("g0")],
+              (EventKind.DEPART, "a"): [Release("g0")]}
+    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0)
+    assert r.scale_events == 1
+    # g0 is idle from a's last step (ending at about 1.0) and released at 2.0 with nothing in
+    # flight, so it costs 0 -> 2.0 = 2.0 GPU-s.
+    assert r.cost_gpu_seconds == pytest.approx(2.0)
+
+
+def test_session_resumed_elsewhere_while_its_void_chunk_runs():
+    # a goes idle at 0.25 inside g0's step 0.2-0.3 and comes back at 0.27 onto the idle g1.
+    # g1 cannot start it before its void chunk ends on g0 at 0.3; then g1 runs 0.3-0.4 -> first
+    # chunk 0.4 - 0.27 = 130 ms, then 0.5 ... 0.9 -> five of 100 ms; a departs at 0.95.
+    # Chunks: 0.1 and 0.2 on g0 (100 ms each), the void one is not counted: 8 in all.
+    trace = make_trace("r", [(0.0, "a", "arrive"), (0.25, "a", "idle"), (0.27, "a", "active"),
+                             (0.95, "a", "depart")])
+    policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+                             (EventKind.IDLE, "a"): [Suspend("a", "g0")],
+                             (EventKind.ACTIVE, "a"): [Resume("a", "g1")]})
+    policy.view = SimpleNamespace(gpus={"g0": None, "g1": None})
+    r = simulate(trace, policy, PROFILE, tick_s=0)
+    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 7 + [130.0]
+    assert r.cost_gpu_seconds == pytest.approx(2 * 0.95)

@@ -116,3 +116,39 @@ def test_turboserve_beats_static_baselines_at_matched_cost(name):
     for policy in STATIC:
         theirs = _p99_at_cost(trace, policy, ours.cost_gpu_seconds)
         assert ours.latency()["p99"] < theirs, (name, policy, ours.latency()["p99"], theirs)
+
+
+def test_cli_all_policies_on_one_trace(tmp_path, capsys):
+    path = tmp_path / "short.csv.gz"
+    from services.scheduler.sim.traceio import write_trace
+
+    write_trace(synth.generate(synth.spec("steps", duration_s=240.0)), path)
+    out = tmp_path / "all.json"
+    assert main(["sim", "run", "--trace", str(path), "--policy", "all", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    names = [row["policy"] for row in doc["runs"]]
+    assert names[0] == "turboserve"
+    assert {"round_robin", "least_loaded", "memory_aware", "no_migration", "no_autoscale"} <= set(
+        names)
+    # Static pools are matched to turboserve's mean GPU count.
+    matched = max(1, round(doc["runs"][0]["cost_gpu_seconds"] / 240.0))
+    for row in doc["runs"]:
+        if row["policy"] in STATIC:
+            assert row["params"]["gpus"] == matched
+    table = capsys.readouterr().out
+    assert table.count("\n| ") >= len(names)
+
+
+def test_unknown_trace_name_lists_the_builtins():
+    with pytest.raises(FileNotFoundError, match="built-in: calm, diurnal"):
+        load_trace("no_such_trace")
+
+
+def test_cli_bad_trace_row_is_one_line_naming_it(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("t,session_id,event\n0,a,arrive\n1,a,jump\n")
+    assert main(["sim", "run", "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv:3: unknown event 'jump'" in err
+    assert main(["sim", "run", "--trace", "calm", "--policy", "nope"]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err

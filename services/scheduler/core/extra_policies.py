@@ -24,11 +24,18 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     ``events`` of ``(t, session_id, event)``, or a list of such rows).
 ``turboserve_predictive``
     Our loop, with the GPU count sized for a short-horizon forecast of active sessions one
-    boot delay ahead: Holt's linear trend (double exponential smoothing) on the active count
-    sampled once per ``sample_s``, plus burst detection (activations in the last sample above
-    the window's mean + ``burst_sigma`` std make the forecast at least the current count plus
-    that burst again).  rho_hat and the hysteresis band still guard the deadline: it scales up
-    when the current *or* forecast load leaves the band, and down only when both are below it.
+    boot delay ahead.  Default ``mode="sessions"``: Holt's linear trend (double exponential
+    smoothing) on the number of *live* sessions (active + idle) sampled once per
+    ``sample_s``, times the recent active share (an EWMA of active / live).  Active and idle
+    spells last seconds, a boot tens of seconds, so the active count one boot delay ahead
+    depends on the live population then far more than on who is active now; the reactive
+    loop sees only the latter and scales in just before idle sessions come back.
+    ``mode="active"`` runs Holt on the active count itself (the first version; it did worse).
+    Burst detection: activations in the last sample above the window's mean +
+    ``burst_sigma`` std make the forecast at least the current count plus that burst again.
+    rho_hat and the hysteresis band still guard the deadline: it scales up when the current
+    *or* forecast load leaves the band, and down only when both are below it
+    (``hold_down=False``: the current load alone decides scale-in).
 """
 
 from __future__ import annotations
@@ -198,9 +205,15 @@ def _clairvoyant(profile: LatencyProfile, **params: Any) -> ClairvoyantControlle
 class PredictiveController(Controller):
     def __init__(self, profile: LatencyProfile, *, sample_s: float = 5.0, alpha: float = 0.5,
                  beta: float = 0.3, burst_sigma: float = 3.0, window_s: float = 300.0,
-                 hold_down: bool = True, **params: Any) -> None:
+                 hold_down: bool = True, mode: str = "sessions", share_alpha: float = 0.05,
+                 **params: Any) -> None:
+        if mode not in ("sessions", "active"):
+            raise ValueError(f"mode must be 'sessions' or 'active', got {mode!r}")
         super().__init__(profile, **params)
         self.hold_down = hold_down
+        self.mode = mode
+        self.share_alpha = share_alpha
+        self._share: float | None = None  # EWMA of active / live sessions
         self.sample_s = sample_s
         self.alpha = alpha
         self.beta = beta
@@ -221,7 +234,13 @@ class PredictiveController(Controller):
         return super().step(event)
 
     def _sample(self, t: float) -> None:
-        n = self._cluster.n_active
+        cluster = self._cluster
+        live = len(cluster.sessions)
+        n = live if self.mode == "sessions" else cluster.n_active
+        if live:
+            share = cluster.n_active / live
+            self._share = share if self._share is None else (
+                self.share_alpha * share + (1 - self.share_alpha) * self._share)
         if self._level is None:
             self._level = float(n)
         else:
@@ -244,6 +263,10 @@ class PredictiveController(Controller):
         if self._level is None:
             return 0.0
         ahead = self._level + self._trend * (self.boot_delay_s / self.sample_s)
+        if self.mode == "sessions":
+            # Active/idle spells are short next to a boot delay, so the active count one boot
+            # delay ahead is about the live sessions then, times the share that is active.
+            ahead *= self._share if self._share is not None else 1.0
         return max(ahead, self._cluster.n_active + self._burst)
 
     def target_gpus(self, t: float, n_required: int, rho_max: float, budget: int,
@@ -264,7 +287,8 @@ class PredictiveController(Controller):
 
 def _predictive(profile: LatencyProfile, **params: Any) -> PredictiveController:
     _check("turboserve_predictive", params,
-           {"sample_s", "alpha", "beta", "burst_sigma", "window_s", "hold_down"})
+           {"sample_s", "alpha", "beta", "burst_sigma", "window_s", "hold_down", "mode",
+            "share_alpha"})
     return PredictiveController(profile, name="turboserve_predictive", **params)
 
 

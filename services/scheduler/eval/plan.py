@@ -97,7 +97,7 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
 
     for policy in STATIC_BASELINES:
         for n in counts(cfg.static_factors):
-            add(policy, policy, (("gpus", n),), keep=(n == peak_need))
+            add(policy, policy, (("gpus", n),), keep=True)  # the plot picks matched cost
     for n in counts(cfg.no_autoscale_factors or cfg.static_factors):
         add("no_autoscale", "no_autoscale", (("gpus", n),))
 

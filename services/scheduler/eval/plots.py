@@ -94,7 +94,8 @@ def plot_latency_cdf(
     title: str,
     deadline_ms: float | None = None,
 ) -> Path:
-    """Empirical CDF of per-chunk latency per policy."""
+    """Latency distribution per policy as a tail plot: the share of chunks slower than x
+    (1 - CDF, log scale), so p99 is where a curve crosses 0.01."""
     import numpy as np
 
     plt = _pyplot()
@@ -103,13 +104,16 @@ def plot_latency_cdf(
         xs = np.sort(np.asarray(values, dtype=float))
         if xs.size == 0:
             continue
-        ys = np.arange(1, xs.size + 1) / xs.size
-        ax.plot(xs, ys, lw=1.2, label=name)
+        tail = 1.0 - np.arange(1, xs.size + 1) / xs.size
+        keep = tail > 0
+        ax.step(xs[keep], tail[keep], where="post", lw=1.2, label=name)
     if deadline_ms is not None:
         ax.axvline(deadline_ms, color="grey", ls="--", lw=1, label="deadline")
+    ax.axhline(0.01, color="grey", ls=":", lw=1)
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("per-chunk latency (ms)")
-    ax.set_ylabel("fraction of chunks")
+    ax.set_ylabel("share of chunks slower (1 - CDF)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

@@ -210,12 +210,20 @@ def write_plots(evaluation: Any, folder: str | Path) -> list[Path]:
         demand = ([s.t for s in fl.steps], [-(-s.active // fl.capacity) for s in fl.steps])
         written.append(plot_gpus_over_time(series, demand, out_dir / f"gpus_over_time_{name}.png",
                                            title=f"{name}: GPUs held vs demand"))
+        # Autoscalers at their adaptive point; each static baseline at the GPU count whose
+        # cost is closest to turboserve's (matched cost).
+        ours_cost = next((r.cost_gpu_h for r in detailed
+                          if r.spec.curve == "turboserve" and r.spec.param("rho_hat") is None),
+                         None)
         lat = {}
         for r in detailed:
-            label = r.spec.curve if r.spec.param("gpus") is None else (
-                f"{r.spec.curve} ({r.spec.param('gpus')} GPUs)")
-            if r.latencies_ms:
-                lat[label] = r.latencies_ms
+            if r.spec.param("gpus") is None and r.latencies_ms:
+                lat[r.spec.curve] = r.latencies_ms
+        for base in STATIC_BASELINES:
+            candidates = [r for r in detailed if r.spec.curve == base and r.latencies_ms]
+            if candidates and ours_cost is not None:
+                r = min(candidates, key=lambda r: abs(r.cost_gpu_h - ours_cost))
+                lat[f"{base} ({r.spec.param('gpus')} GPUs, ~matched cost)"] = r.latencies_ms
         deadline = None
         if detailed:
             from services.scheduler.core.profile import load_profile

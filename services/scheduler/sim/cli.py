@@ -107,6 +107,21 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def run_sim(args: argparse.Namespace) -> int:
+    from services.scheduler.core.profile import ProfileError
+    from services.scheduler.sim.simulator import SimulationError
+    from services.scheduler.sim.traceio import TraceError
+
+    try:
+        return _run_sim(args)
+    except (TraceError, ProfileError, SimulationError, FileNotFoundError, KeyError) as exc:
+        # Bad input (a trace row, a profile field, an unknown name) or a policy decision the
+        # environment cannot carry out: one line that names it, no traceback.
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"turboserve sim run: {message}", file=sys.stderr)
+        return 2
+
+
+def _run_sim(args: argparse.Namespace) -> int:
     from services.scheduler.core.profile import load_profile
     from services.scheduler.sim.report import markdown_table, progress_bar
     from services.scheduler.sim.simulator import simulate
@@ -157,6 +172,7 @@ def run_sim(args: argparse.Namespace) -> int:
           f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
           f"deadline {profile.deadline_ms:g} ms); boot delay {args.boot_delay:g} s")
     print(markdown_table(rows, extra=["gpus"] if args.policy == "all" else ()))
+    print(f"simulated {len(rows)} run(s) in {sum(r['wall_s'] for r in rows):.2f} s wall")
     if args.json is not None:
         doc: Any = rows[0] if len(rows) == 1 else {"trace": trace.name, "runs": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)

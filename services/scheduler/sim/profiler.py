@@ -227,14 +227,24 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
 
 
 def _map(tasks: list, jobs: int, log: Callable[[str], None]) -> list[dict]:
+    """Run the grid in order (serially, or in ``jobs`` forked workers), logging every 10%."""
+    step = max(1, len(tasks) // 10)
     if jobs <= 1:
-        out = []
-        for i, task in enumerate(tasks):
-            out.append(_run_point(task))
-            if (i + 1) % max(1, len(tasks) // 10) == 0:
-                log(f"  {i + 1}/{len(tasks)} runs")
-        return out
-    import multiprocessing
+        results = map(_run_point, tasks)
+        pool = None
+    else:
+        import multiprocessing
 
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        return pool.map(_run_point, tasks)
+        pool = multiprocessing.get_context("fork").Pool(jobs)
+        results = pool.imap(_run_point, tasks)
+    out = []
+    try:
+        for i, point in enumerate(results, start=1):
+            out.append(point)
+            if i % step == 0 or i == len(tasks):
+                log(f"  {i}/{len(tasks)} runs")
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    return out

@@ -21,6 +21,12 @@ The model (issue 3; ``shared/design/evaluation.md`` for the metrics):
 * **Unserved work.** At the end of the trace, an active session whose chunk has been due for
   longer than the deadline counts as one late chunk with its wait so far (a lower bound).
 
+**Counters.** ``migrations`` counts Migrate decisions; ``scale_events`` counts controller steps
+that request GPUs (one scale-out) and steps that start a scale-in (a Drain, or a Release of a
+GPU that was not draining; releasing a drained GPU finishes a counted scale-in);
+``chunks_after_migration`` counts each migrated session's first chunk on its new GPU (and how
+many of those were late).
+
 The policy sees trace events, a ``TICK`` every ``tick_s`` and ``GPU_READY``; its decisions are
 carried out in order. A decision the environment cannot carry out (an unknown GPU or session,
 releasing a GPU that still holds an active session) raises :class:`SimulationError`: the
@@ -342,8 +348,9 @@ class Simulator:
                 self._gpu(d, d.gpu_id).draining = True
                 scaled_in = True
             elif isinstance(d, Release):
+                # Releasing a drained GPU finishes a scale-in already counted at its Drain.
+                scaled_in |= not self._gpu(d, d.gpu_id).draining
                 self._release(d)
-                scaled_in = True
             else:
                 raise SimulationError(self.now, d, "unknown decision type")
         self.scale_events += int(scaled_out) + int(scaled_in)
@@ -435,8 +442,8 @@ class Simulator:
                     self.after_migration += 1
                     self.late_after_migration += latency > self.profile.deadline_ms
                 s.due = now
-                if s.gpu is not None and s.gpu != gpu_id:
-                    wake.add(s.gpu)
+            if s.active and s.gpu is not None and s.gpu != gpu_id:
+                wake.add(s.gpu)  # it moved (or was resumed elsewhere) while this chunk ran
         g.batch = []
         g.busy = False
         if g.release_pending:

@@ -67,9 +67,21 @@ def test_secrets_masked_when_printed():
     assert s.api_token == "hunter2"  # masked only when printed
 
 
-def test_mask_url():
-    assert mask_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
-    assert mask_url("nats://h:4222") == "nats://h:4222"
+@pytest.mark.parametrize(("url", "masked"), [
+    ("redis://user:pw@h:1/0", "redis://user:***@h:1/0"),
+    ("redis://:p@ss@h:6379/0", "redis://:***@h:6379/0"),
+    ("nats://s3cr3t@host:4222", "nats://***@host:4222"),
+    ("nats://h:4222", "nats://h:4222"),
+    ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
+])
+def test_mask_url(url, masked):
+    assert mask_url(url) == masked
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_durations_must_be_finite_and_positive(value):
+    with pytest.raises(SettingsError, match="TURBOSERVE_SHUTDOWN_GRACE_S"):
+        CommonSettings.from_env({"TURBOSERVE_SHUTDOWN_GRACE_S": value})
 
 
 def test_settings_are_frozen():

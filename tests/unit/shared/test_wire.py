@@ -90,11 +90,22 @@ def test_subjects_use_prefix():
     assert s.session_events == "acme.session.events"
     assert s.chunks("abc") == "acme.session.abc.chunks"
     assert s.worker_cmd("w1") == "acme.worker.w1.cmd"
-    assert s.chunks_stream == "ACME_CHUNKS"
+    assert s.chunks_stream == "acme_CHUNKS" and s.sessions_stream == "acme_SESSIONS"
     assert Subjects().prefix == "ts"
 
 
-@pytest.mark.parametrize("bad", ["", "a b", "a.*", "a.>", "a..b"])
+def test_distinct_prefixes_never_share_a_stream():
+    prefixes = ["ts", "TS", "a_b", "a-b", "ts_SESSIONS", "x_CHUNKS"]
+    names = [n for p in prefixes for n in (Subjects(p).sessions_stream, Subjects(p).chunks_stream)]
+    assert len(set(names)) == len(names)
+
+
+def test_provisioner_count_is_bounded():
+    with pytest.raises(WireError, match="count"):
+        decode("p", b'{"type":"provisioner_cmd","kind":"start","count":1000000000000}', ProvisionerCommand)
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "a.*", "a.>", "a..b", "a.b", "a/b", "x" * 33])
 def test_bad_prefix_rejected(bad):
     with pytest.raises(ValueError, match="prefix"):
         Subjects(bad)
