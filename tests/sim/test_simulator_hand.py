@@ -75,8 +75,8 @@ def test_hand_checked_tiny_trace():
     #     [a,b] 0.30-0.45                                 -> a 150 ms, b 0.45-0.25 = 200 ms.
     #     [a,b] ends 0.60 0.75 0.90 1.05 1.20 1.35        -> 6 steps x 2 chunks of 150 ms.
     # g1 requested at 0.25, boots 1 s, ready at 1.25; b migrates then, but its chunk is in
-    #     flight on g0 until 1.35; g1's first step 1.35-1.46 is 100 ms + 10 ms migration
-    #     -> b 110 ms. g0 runs [a] 1.35-1.45 -> a 100 ms.
+    #     flight on g0 until 1.35; its 10 ms copy ends at 1.36 and the idle g1 starts [b]
+    #     1.36-1.46 -> b 1.46 - 1.35 = 110 ms. g0 runs [a] 1.35-1.45 -> a 100 ms.
     # a goes idle at 1.5 inside g0's step 1.45-1.55: that chunk is not delivered to an active
     #     session and is not counted; g0 is released then and stops costing at 1.55.
     # g1: [b] steps end 1.56 1.66 1.76 1.86 1.96        -> 5 chunks of b at 100 ms; b departs
@@ -105,6 +105,8 @@ def test_hand_checked_tiny_trace():
     assert r.scale_events == 3
     assert r.peak_gpus == 2
     assert r.duration_s == 2.5
+    # One timed decision per policy call.
+    assert len(r.decision_times_ms) == len(policy.seen) == 6
     # The policy heard every trace event plus g1's GPU_READY at 1.25, in time order.
     assert [(round(t, 6), k) for t, k, _ in policy.seen] == [
         (0.0, EventKind.ARRIVE), (0.25, EventKind.ARRIVE), (1.25, EventKind.GPU_READY),
@@ -178,3 +180,39 @@ def test_session_resumed_elsewhere_while_its_void_chunk_runs():
     r = simulate(trace, policy, PROFILE, tick_s=0)
     assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 7 + [130.0]
     assert r.cost_gpu_seconds == pytest.approx(2 * 0.95)
+
+
+def test_resume_from_host_ram_pays_its_copy():
+    # a idles at 0.25 inside the step 0.2-0.3 (void), comes back at 0.5 onto the idle g0 with
+    # a 50 ms host->GPU copy, done at 0.55: step 0.55-0.65 -> first chunk 150 ms. Departs at
+    # 0.68, inside the step 0.65-0.75. Chunks: 0.1 and 0.2 (100 ms each) and the 150 ms one. Without the copy:
+    # step 0.5-0.6 (100 ms), and the step 0.6-0.7 is cut by the depart.
+    trace = make_trace("h", [(0.0, "a", "arrive"), (0.25, "a", "idle"), (0.5, "a", "active"),
+                             (0.68, "a", "depart")])
+    script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+              (EventKind.IDLE, "a"): [Suspend("a", "g0")],
+              (EventKind.ACTIVE, "a"): [Resume("a", "g0")]}
+    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, resume_ms=50.0)
+    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0, 100.0, 150.0]
+    free = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0)
+    assert sorted(round(x, 6) for x in free.latencies_ms) == [100.0, 100.0, 100.0]
+
+
+def test_a_copy_delays_only_the_moved_session():
+    # g0: [a] 0-0.1, 0.1-0.2 (100 ms each); b arrives at 0.12 and joins [a,b] 0.2-0.35 -> b's
+    #     first chunk 0.35 - 0.12 = 230 ms. a idles at 0.3 (its chunk at 0.35 is void) and b
+    #     is moved to g1 then; its chunk in flight ends at 0.35, the 10 ms copy at 0.36.
+    # g1: c arrives at 0.07: [c] 0.07-0.17, -0.27, -0.37 (100 ms each). b is ready at 0.36 but
+    #     g1 is mid-step: [b,c] 0.37-0.52 -> b 0.52 - 0.35 = 170 ms, c 150 ms: c's step is
+    #     not stretched by b's copy. Everyone departs at 0.6, inside the next step.
+    trace = make_trace("o", [(0.0, "a", "arrive"), (0.07, "c", "arrive"), (0.12, "b", "arrive"),
+                             (0.3, "a", "idle"), (0.6, "a", "depart"), (0.6, "b", "depart"),
+                             (0.6, "c", "depart")])
+    policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+                             (EventKind.ARRIVE, "c"): [Assign("c", "g1")],
+                             (EventKind.ARRIVE, "b"): [Assign("b", "g0")],
+                             (EventKind.IDLE, "a"): [Suspend("a", "g0"), Migrate("b", "g0", "g1")]})
+    policy.view = SimpleNamespace(gpus={"g0": None, "g1": None})
+    r = simulate(trace, policy, PROFILE, tick_s=0)
+    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 5 + [150.0, 170.0, 230.0]
+    assert (r.chunks_after_migration, r.late_chunks_after_migration) == (1, 0)

@@ -121,3 +121,24 @@ def test_training_traces_use_other_seeds_than_the_evaluation():
     for tr in train:
         shape = tr.name.removeprefix("train_").rsplit("_", 1)[0]
         assert tr.events != evaluation[shape].events
+
+
+def _relative_churn(trace) -> float:
+    """Mean |change of active sessions| per 10 s, over the mean active count (after 1 min)."""
+    counts = trace.active_counts()
+    samples = []
+    i = 0
+    for k in range(6, int(trace.duration // 10)):
+        while i + 1 < len(counts) and counts[i + 1][0] <= 10.0 * k:
+            i += 1
+        samples.append(counts[i][1])
+    steps = [abs(b - a) for a, b in zip(samples, samples[1:], strict=False)]
+    return (sum(steps) / len(steps)) / (sum(samples) / len(samples))
+
+
+def test_traces_range_from_calm_to_very_bursty():
+    churn = {t.name: _relative_churn(t) for t in synth.builtin_traces()}
+    ranked = sorted(churn, key=churn.get)
+    assert ranked[0] == "calm", churn
+    assert set(ranked[-2:]) == {"bursty", "chaotic"}, churn
+    assert churn["chaotic"] > 1.4 * churn["calm"], churn

@@ -14,7 +14,7 @@ from typing import Any
 
 from services.scheduler.eval.analysis import TraceFloors, analyse_trace, summarise
 from services.scheduler.eval.plan import PlanConfig, TraceFacts, plan_trace
-from services.scheduler.eval.runs import RunSummary, run_all
+from services.scheduler.eval.runs import RunSummary, prime_trace_cache, run_all
 
 __all__ = ["Evaluation", "evaluate", "trace_keys_from_dir"]
 
@@ -53,6 +53,7 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     profile = load_profile(cfg.profile)
     capacity = profile.capacity
     traces = {key: load_trace(key) for key in trace_keys}
+    prime_trace_cache(traces)  # forked workers inherit it instead of re-reading every file
     names = {key: tr.name for key, tr in traces.items()}
     if len(set(names.values())) != len(names):
         raise ValueError(f"two traces share a name: {sorted(names.values())}")
@@ -91,8 +92,20 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
             "rho_hats": list(cfg.rho_hats),
             "hpa_targets": list(cfg.hpa_targets),
             "static_factors": list(cfg.static_factors),
+            "rho_table_sha256": _table_digest(),
             "runs": len(specs),
             "wall_s": round(time.perf_counter() - started, 1),
         },
     }
     return Evaluation(document, by_trace, floors, names[plot_key])
+
+
+def _table_digest() -> str | None:
+    """Which adaptive rho_hat table the runs used (its content changes every result)."""
+    import hashlib
+
+    from services.scheduler.core.autoscale import DEFAULT_TABLE_PATH
+
+    if not DEFAULT_TABLE_PATH.is_file():
+        return None
+    return hashlib.sha256(DEFAULT_TABLE_PATH.read_bytes()).hexdigest()[:12]

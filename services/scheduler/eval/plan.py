@@ -39,6 +39,7 @@ class PlanConfig:
     static_factors: tuple[float, ...]
     no_autoscale_factors: tuple[float, ...] | None = None  # None: the static factors
     predictive_sweep: bool = True  # sweep rho_hat for the predictive scaler too
+    boot_sweep: bool = True  # sweep rho_hat at the other boot delays too (matched oracle gap)
     boot_delays: tuple[float, ...] = (0.0, 30.0, 120.0)
     boot_delay_s: float = 30.0
     profile: str = DEFAULT_PROFILE
@@ -60,6 +61,7 @@ class PlanConfig:
             static_factors=(0.6, 0.8, 1.0),
             no_autoscale_factors=(0.8, 1.0),
             predictive_sweep=False,
+            boot_sweep=False,
         )
 
 
@@ -115,9 +117,11 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     for boot in cfg.boot_delays:
         if boot == cfg.boot_delay_s:
             continue  # the main runs above
-        add("turboserve", f"sens_boot_{boot:g}", (init,), boot=boot)
-        add("clairvoyant", f"sens_boot_{boot:g}_clairvoyant", (init, ("future", True)),
-            boot=boot)
+        for rho in (None, *(cfg.rho_hats if cfg.boot_sweep else ())):
+            fixed = () if rho is None else (("rho_hat", rho),)
+            add("turboserve", f"sens_boot_{boot:g}", (init, *fixed), boot=boot)
+            add("clairvoyant", f"sens_boot_{boot:g}_clairvoyant",
+                (init, *fixed, ("future", True)), boot=boot)
     # Without migration the PCIe profile changes nothing (same chunk table), so the
     # no-migration side of this comparison reuses the main least_loaded_autoscale run.
     add("turboserve", "sens_pcie", (init,), profile=cfg.pcie_profile)

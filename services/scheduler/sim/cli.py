@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help=f"GPU boot delay in seconds (default {DEFAULT_BOOT_DELAY_S:g})")
     run.add_argument("--profile", default=None, help="latency profile name or JSON path")
     run.add_argument("--tick", type=float, default=1.0, help="TICK period in seconds")
+    run.add_argument("--resume-ms", type=float, default=0.0,
+                     help="cost of bringing an idle session's state back from host RAM "
+                          "(default 0, as in the paper)")
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="extra policy parameter (repeatable), e.g. --param eta=0.02")
     run.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
@@ -79,15 +82,18 @@ def run_traces(args: argparse.Namespace) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = ".csv" if args.plain else ".csv.gz"
-    print("| trace | seed | minutes | sessions | events | peak active | shape |")
+    print("| trace | seed | minutes | sessions | events "
+          "| active sessions (min-max after 1 min) | shape |")
     print("|---|---|---|---|---|---|---|")
     for name in synth.BUILTIN_NAMES:
         kwargs = {} if args.duration is None else {"duration_s": args.duration}
         spec = synth.spec(name, **kwargs)
         trace = synth.generate(spec)
         write_trace(trace, args.out / f"{name}{suffix}")
+        active = [n for t, n in trace.active_counts() if 60.0 <= t < trace.duration]
         print(f"| {name} | {spec.seed} | {trace.duration / 60:.0f} | {trace.sessions} | "
-              f"{len(trace.events)} | {trace.peak_active()} | {spec.description} |")
+              f"{len(trace.events)} | {min(active, default=0)}-{max(active, default=0)} | "
+              f"{spec.description} |")
     return 0
 
 
@@ -145,14 +151,14 @@ def _run_sim(args: argparse.Namespace) -> int:
         try:
             result = simulate(trace, policy, profile, boot_delay_s=args.boot_delay,
                               tick_s=args.tick, progress=progress_bar(f"{policy} on {trace.name}"),
-                              **kw)
+                              resume_ms=args.resume_ms, **kw)
         except TypeError as exc:
             if "future=" not in str(exc):
                 raise
             # An oracle (the evaluation's clairvoyant policy) is told the trace it runs on.
             result = simulate(trace, policy, profile, boot_delay_s=args.boot_delay,
                               tick_s=args.tick, progress=progress_bar(f"{policy} on {trace.name}"),
-                              future=trace, **kw)
+                              resume_ms=args.resume_ms, future=trace, **kw)
         return result.to_json(timeline=args.timeline)
 
     rows: list[dict[str, Any]] = []

@@ -8,12 +8,14 @@ The model (issue 3; ``shared/design/evaluation.md`` for the metrics):
 * **Latency.** A chunk is *due* when the previous one was delivered, or when the session became
   active (arrive / idle->active). Its latency is delivery minus due, so waiting for a GPU, for
   the current step to finish, and for a GPU to boot all count.
-* **Migration.** A migrated session finishes any chunk in flight on its source, then joins the
-  destination; the destination's first step with it starts only after its state has been
-  copied, i.e. that step lasts ``chunk_ms(batch) + sum of the migration costs of the sessions
-  joining it`` (the batch is coalesced, so it cannot start before every member's state is in
-  place; this is conservative for the co-batched sessions). Resuming from host RAM is free in
-  this model, as it is in the paper: suspension and resume overlap the idle time.
+* **Migration.** A migrated session finishes any chunk in flight on its source; then its state
+  is copied (``profile.migration_ms()``) and it joins the first step of the destination that
+  starts once the copy is done. Copies run beside compute (copy engines, one-sided reads), so
+  they delay only the moved session, never a step: the session pays the copy plus the wait for
+  the destination's next chunk boundary. Resuming from host RAM is a copy of ``resume_ms``
+  started at the idle->active flip (default 0, as in the paper, which does not price it; a
+  PCIe-class host-to-GPU copy of a 3.5 GB state is of the order of 100-150 ms). Suspending is
+  free: it overlaps the user's idle time.
 * **GPUs.** A requested GPU costs from the request on, is BOOTING for ``boot_delay_s`` and
   serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
   of any step still in flight on it. Cost is integrated to the end of the trace.
@@ -67,7 +69,8 @@ _TRACE_KINDS = {
 }
 
 # Heap priorities at equal times: chunks finish, then GPUs come up, then the trace, then ticks.
-_P_STEP, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3
+# (A finished copy, _P_COPY, may start a step on an idle GPU.)
+_P_STEP, _P_COPY, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3, 4
 
 
 class SimulationError(RuntimeError):
@@ -99,7 +102,8 @@ class _Session:
     gpu: str | None = None
     due: float = 0.0
     in_flight: str | None = None  # GPU whose step is producing its chunk now
-    pending_migration_ms: float = 0.0
+    pending_copy_ms: float = 0.0  # a copy to start once no chunk of it is in flight
+    ready_at: float = 0.0  # its state is on its GPU from then on
     first: bool = True  # next chunk is the first after becoming active
     epoch: int = 0  # bumped when the session goes idle: a chunk in flight then is void
     migrated_to: str | None = None  # set until its first chunk on the migration's target
@@ -196,8 +200,9 @@ class Simulator:
     def __init__(self, trace: Trace, policy: Any, profile: Any, *, boot_delay_s: float = 30.0,
                  tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
                  progress: Callable[[float], None] | None = None,
-                 keep_chunk_times: bool = False) -> None:
+                 keep_chunk_times: bool = False, resume_ms: float = 0.0) -> None:
         self.trace = trace
+        self.resume_ms = float(resume_ms)
         self.keep_chunk_times = keep_chunk_times
         self.chunk_times: list[float] = []
         self.first_flags: list[bool] = []
@@ -247,6 +252,8 @@ class Simulator:
                 self._end_step(payload)
             elif prio == _P_TRACE:
                 self._trace_event(self.trace.events[payload])
+            elif prio == _P_COPY:
+                self._copy_done(payload)
             elif prio == _P_READY:
                 self._gpu_ready(payload)
             else:
@@ -321,13 +328,17 @@ class Simulator:
             if isinstance(d, Assign | Resume):
                 s = self._session(d, d.session_id)
                 self._place(d, s, d.session_id, d.gpu_id)
+                if isinstance(d, Resume) and self.resume_ms > 0:
+                    s.pending_copy_ms += self.resume_ms  # state comes back from host RAM
+                    self._start_copy(d.session_id, s)
                 touched.add(d.gpu_id)
             elif isinstance(d, Migrate):
                 s = self._session(d, d.session_id)
                 if s.gpu != d.src:
                     raise SimulationError(self.now, d, f"session is on {s.gpu}, not {d.src}")
                 self._place(d, s, d.session_id, d.dst)
-                s.pending_migration_ms += self._migration_ms
+                s.pending_copy_ms += self._migration_ms
+                self._start_copy(d.session_id, s)
                 s.migrated_to = d.dst
                 self.migrations += 1
                 touched.add(d.dst)
@@ -401,21 +412,35 @@ class Simulator:
         now = self.now
         sessions = self.sessions
         batch = [sid for sid in g.members
-                 if (s := sessions[sid]).active and s.in_flight is None and s.due <= now]
+                 if (s := sessions[sid]).active and s.in_flight is None and s.due <= now
+                 and s.ready_at <= now]
         if not batch:
             return
         batch.sort()  # set order is not deterministic across runs; sorted order is
-        extra_ms = 0.0
         for sid in batch:
-            s = sessions[sid]
-            s.in_flight = g.gpu_id
-            extra_ms += s.pending_migration_ms
-            s.pending_migration_ms = 0.0
+            sessions[sid].in_flight = g.gpu_id
         n = len(batch)
         step_s = self._chunk_s[n] if n < len(self._chunk_s) else self.profile.chunk_ms(n) / 1e3
         g.batch = [(sid, sessions[sid].epoch) for sid in batch]
         g.busy = True
-        self._push(now + step_s + extra_ms / 1000.0, _P_STEP, g.gpu_id)
+        self._push(now + step_s, _P_STEP, g.gpu_id)
+
+    def _start_copy(self, sid: str, s: _Session) -> None:
+        """Start a pending state copy unless a chunk of the session is still in flight (then
+        ``_end_step`` starts it at that chunk's boundary)."""
+        if s.in_flight is not None or s.pending_copy_ms <= 0:
+            return
+        s.ready_at = self.now + s.pending_copy_ms / 1000.0
+        s.pending_copy_ms = 0.0
+        self._push(s.ready_at, _P_COPY, sid)
+
+    def _copy_done(self, sid: str) -> None:
+        s = self.sessions.get(sid)
+        if s is None or s.gpu is None or s.ready_at > self.now:
+            return  # departed, suspended, or a later copy superseded this one
+        g = self.gpus[s.gpu]
+        if not g.busy:
+            self._start_step(g)
 
     def _end_step(self, gpu_id: str) -> None:
         g = self.gpus[gpu_id]
@@ -442,8 +467,10 @@ class Simulator:
                     self.after_migration += 1
                     self.late_after_migration += latency > self.profile.deadline_ms
                 s.due = now
-            if s.active and s.gpu is not None and s.gpu != gpu_id:
-                wake.add(s.gpu)  # it moved (or was resumed elsewhere) while this chunk ran
+            if s.pending_copy_ms > 0:
+                self._start_copy(sid, s)  # moved while this chunk ran: the copy starts now
+            elif s.active and s.gpu is not None and s.gpu != gpu_id:
+                wake.add(s.gpu)  # resumed elsewhere while its void chunk ran
         g.batch = []
         g.busy = False
         if g.release_pending:
@@ -530,7 +557,7 @@ def _initial_gpus(policy: Any) -> list[tuple[str, bool]]:
 def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay_s: float = 30.0,
              tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
              progress: Callable[[float], None] | None = None, keep_chunk_times: bool = False,
-             **params: Any) -> SimResult:
+             resume_ms: float = 0.0, **params: Any) -> SimResult:
     """Run ``policy`` (a registered name, or an object with ``step``) over ``trace`` (a Trace,
     a built-in trace name or a path). ``params`` go to ``get_policy``; autoscaling policies
     also get ``boot_delay_s`` so that they know what the environment does.
@@ -549,9 +576,10 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
         policy_obj = policy
     sim = Simulator(trace, policy_obj, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
                     price_usd_per_gpu_hour=price_usd_per_gpu_hour, progress=progress,
-                    keep_chunk_times=keep_chunk_times)
+                    keep_chunk_times=keep_chunk_times, resume_ms=resume_ms)
     result = sim.run()
     result.params = {"boot_delay_s": boot_delay_s, "tick_s": tick_s, "profile": profile.name,
+                     "resume_ms": resume_ms,
                      **{k: v for k, v in params.items() if _jsonable(v)}}
     return result
 
