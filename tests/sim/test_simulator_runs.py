@@ -98,19 +98,8 @@ def _p99_at_cost(trace, policy, cost):
     return p_lo + (p_hi - p_lo) * (g - lo)
 
 
-# Known shortfall (measured, not hidden): on `chaotic` (regime switches every 20-90 s, about the
-# boot delay) a reactive autoscaler lags every switch; with the adaptive table round_robin's and
-# least_loaded's static pools at the same cost have a 3-6% lower p99, and a fixed rho_hat 0.4-0.8
-# at best ties round_robin (docs/simulator.md). Strict: when the core closes the gap this test
-# fails as XPASS, and the mark should go.
-_CHAOTIC_XFAIL = pytest.mark.xfail(
-    strict=True, reason="reactive scaling lags regime switches on the order of the boot delay")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=_CHAOTIC_XFAIL) if n == "chaotic" else n for n in synth.BUILTIN_NAMES])
+@pytest.mark.parametrize("name", synth.BUILTIN_NAMES)
 def test_turboserve_beats_static_baselines_at_matched_cost(name):
     trace = load_trace(name)
     ours = simulate(trace, "turboserve")

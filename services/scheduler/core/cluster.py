@@ -26,6 +26,7 @@ class Gpu:
     state: GpuState
     since: float  # time of the request (BOOTING) or of becoming READY
     sessions: dict[str, None] = field(default_factory=dict)  # active sessions, ordered
+    step_end: float = float("-inf")  # when its chunk step in flight ends (Controller.note_step)
 
 
 @dataclass(slots=True)
@@ -33,7 +34,7 @@ class Session:
     session_id: str
     active: bool
     state_bytes: int
-    kappa_ms: float  # estimated migration cost of this session
+    kappa_ms: float  # estimated migration cost (the copy) of this session
     gpu_id: str | None = None
     in_host_ram: bool = False  # suspended once: coming back is a Resume, not an Assign
 

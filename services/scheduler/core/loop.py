@@ -45,6 +45,7 @@ from services.scheduler.core.cluster import Cluster, ClusterView
 from services.scheduler.core.placement import (
     Chooser,
     LeastLatencyGrowth,
+    SoonestFirstChunk,
     evacuate,
     place_pending,
     rebalance,
@@ -138,6 +139,8 @@ class Controller:
         self._apply(event, out)
         cluster = self._cluster
         if cluster.pending:
+            if isinstance(self.chooser, SoonestFirstChunk):
+                self.chooser.now = event.t
             out.extend(place_pending(cluster, self.chooser))
         if self.autoscale:
             # Scale-in first: rebalancing never raises rho_max, so if it fires now it would fire
@@ -145,12 +148,21 @@ class Controller:
             # make onto GPUs about to be drained.
             out.extend(self._autoscale(event.t, scale_out=False))
         if self.migrate:
-            out.extend(rebalance(cluster, self.eta))
+            out.extend(rebalance(cluster, self.eta, boundary_wait=True))
         if self.autoscale:
             out.extend(self._autoscale(event.t, scale_out=True))
         if cluster.draining:
             out.extend(self._finish_drains())
         return out
+
+    def note_step(self, gpu_id: str, ends_at: float) -> None:
+        """The environment reports that ``gpu_id`` started a coalesced step ending at
+        ``ends_at`` (the simulator knows it; a live worker knows its batch and the profile).
+        Not an event: it changes no decision by itself and returns none; placement reads it
+        to put a newly active session where its first chunk comes soonest."""
+        gpu = self._cluster.gpus.get(gpu_id)
+        if gpu is not None:
+            gpu.step_end = ends_at
 
     # ---- hooks for derived policies -----------------------------------------------------
 

@@ -36,7 +36,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from services.scheduler.core.cluster import ClusterView
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.placement import BestFit, LeastLatencyGrowth, RoundRobin
+from services.scheduler.core.placement import (
+    BestFit,
+    LeastLatencyGrowth,
+    RoundRobin,
+    SoonestFirstChunk,
+)
 from services.scheduler.core.profile import LatencyProfile, load_profile
 from services.scheduler.core.types import Decision, Event
 
@@ -107,7 +112,8 @@ def _autoscaling(name: str, migrate: bool) -> PolicyFactory:
             if "initial_gpus" in params:
                 raise TypeError(f"policy {name!r}: give gpus or initial_gpus, not both")
             params["initial_gpus"] = params.pop("gpus")
-        return Controller(profile, name=name, migrate=migrate, autoscale=True, **params)
+        return Controller(profile, name=name, migrate=migrate, autoscale=True,
+                          chooser=SoonestFirstChunk(), **params)
 
     return factory
 
@@ -116,7 +122,8 @@ def _no_autoscale(profile: LatencyProfile, **params: Any) -> Controller:
     _check("no_autoscale", params, _NO_AUTOSCALE_PARAMS)
     gpus = params.pop("gpus", DEFAULT_STATIC_GPUS)
     return Controller(
-        profile, name="no_autoscale", migrate=True, autoscale=False, initial_gpus=gpus, **params
+        profile, name="no_autoscale", migrate=True, autoscale=False, initial_gpus=gpus,
+        chooser=SoonestFirstChunk(), **params,
     )
 
 

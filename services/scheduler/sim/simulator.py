@@ -232,6 +232,8 @@ class Simulator:
         self.peak = 0
         self._chunk_s = [0.0] + [profile.chunk_ms(b) / 1000.0 for b in range(1, 257)]
         self._migration_ms = profile.migration_ms()
+        # Policies that place by step phase hear when each step ends (Controller.note_step).
+        self._note_step = getattr(policy, "note_step", None)
 
     # ---- driving --------------------------------------------------------------------------
 
@@ -424,6 +426,8 @@ class Simulator:
         g.batch = [(sid, sessions[sid].epoch) for sid in batch]
         g.busy = True
         self._push(now + step_s, _P_STEP, g.gpu_id)
+        if self._note_step is not None:
+            self._note_step(g.gpu_id, now + step_s)
 
     def _start_copy(self, sid: str, s: _Session) -> None:
         """Start a pending state copy unless a chunk of the session is still in flight (then

@@ -133,18 +133,22 @@ def test_no_migration_never_migrates_and_drains_before_release():
 
 
 def test_turboserve_migrates_where_no_migration_cannot():
-    """Scale-out then rebalance: the new GPU takes load off the old ones only with migration."""
+    """Scale-out then rebalance: the new GPUs take load off the old ones only with migration.
+    With eta = 0 moves are free and the loads end balanced; at the default eta a move also pays
+    its destination's chunk-boundary wait, so only moves onto (nearly) idle GPUs pay off."""
     loads = {}
-    for name in ("turboserve", "no_migration"):
-        policy = get_policy(name, rho_hat=0.5, delta=0.1, gpus=2)
+    for name, eta in (("turboserve", 0.0), ("turboserve", 0.1), ("no_migration", 0.1)):
+        policy = get_policy(name, rho_hat=0.5, delta=0.1, gpus=2, eta=eta)
         env = Env(policy)
         for i in range(20):
             env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
         while env.booting:
             env.boot_one()
-        loads[name] = sorted(policy.view.active_counts.values())
-    assert max(loads["turboserve"]) - min(loads["turboserve"]) <= 1
-    assert max(loads["no_migration"]) - min(loads["no_migration"]) > 1
+        loads[name, eta] = sorted(policy.view.active_counts.values())
+    assert max(loads["turboserve", 0.0]) - min(loads["turboserve", 0.0]) <= 1
+    assert max(loads["turboserve", 0.1]) < max(loads["no_migration", 0.1])
+    assert min(loads["turboserve", 0.1]) > 0  # every new GPU took sessions
+    assert max(loads["no_migration", 0.1]) - min(loads["no_migration", 0.1]) > 1
 
 
 def test_booting_gpus_are_billed_from_the_request_and_cancelled_first():
@@ -189,3 +193,25 @@ def test_scale_in_delay_waits_for_the_load_to_stay_low():
 
     assert releases_after(0.0)[0] == 10.0
     assert releases_after(60.0)[0] == 70.0
+
+
+def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
+    """With step reports (Controller.note_step) a newly active session goes to the GPU whose
+    step in flight ends soonest, unless a lighter GPU still delivers its first chunk earlier;
+    without them it is the least loaded GPU. The least_loaded baseline ignores step reports."""
+    profile = load_profile()
+    policy = get_policy("no_autoscale", gpus=2)  # turboserve's placement on a fixed pool
+    env = Env(policy)
+    for i in range(5):
+        env.send(Event(0.0, EventKind.ARRIVE, f"s{i}"))
+    assert sorted(policy.view.active_counts.values()) == [2, 3]  # least loaded, no reports
+    busy, light = sorted(policy.view.active_counts, key=policy.view.load, reverse=True)
+    policy.note_step(light, 10.0 + profile.chunk_ms(2) / 1000)  # just started a step
+    policy.note_step(busy, 10.05)  # its step ends in 50 ms
+    out = env.send(Event(10.0, EventKind.ARRIVE, "new"))
+    # busy: 50 + chunk(4) = 683 ms; light: chunk(2) + chunk(3) = 1053 ms.
+    assert Assign("new", busy) in out
+    baseline = get_policy("least_loaded", gpus=2)
+    baseline.note_step("h20-0000", 5.0)  # the hook exists on every Controller ...
+    first = baseline.step(Event(0.0, EventKind.ARRIVE, "a"))
+    assert first == [Assign("a", "h20-0000")]  # ... but only turboserve's chooser reads it

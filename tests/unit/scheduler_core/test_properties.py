@@ -125,6 +125,44 @@ def test_rebalance_never_worsens_the_worst_latency(loads, eta):
         assert hi == 0 or room < plateau or next_gain <= 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(loads=st.lists(st.integers(min_value=0, max_value=K), min_size=1, max_size=12),
+       eta=st.sampled_from([0.01, 0.03, 0.1, 1.0]))
+def test_rebalance_with_boundary_waits_gains_more_than_it_pays(loads, eta):
+    """The controller's rebalance also charges each move its destination's chunk-boundary wait
+    (worst case: the step in flight there, nothing on an empty GPU); it still never raises the
+    worst latency and every move set it makes gains more than copies plus waits."""
+    cluster = Cluster(PROFILE)
+    for i, n in enumerate(loads):
+        cluster.add_gpu(f"g{i}", "H20", GpuState.READY, 0.0)
+        for j in range(n):
+            cluster.add_session(f"g{i}s{j}")
+            cluster.place(f"g{i}s{j}", f"g{i}")
+    while True:
+        before = cluster.worst_latency_ms()
+        dst_loads = dict(cluster_loads := {g: cluster.load(g) for g in cluster.gpus})
+        moves = rebalance(cluster, eta, boundary_wait=True, max_moves=len(cluster.bucket(
+            cluster.max_load)) if cluster.n_placeable else 0)
+        if not moves:
+            break
+        after = cluster.worst_latency_ms()
+        assert after < before
+        waits = 0.0
+        for m in moves:
+            waits += PROFILE.chunk_ms(dst_loads[m.dst])
+            dst_loads[m.dst] += 1
+        kappa = sum(cluster.sessions[m.session_id].kappa_ms for m in moves)
+        assert before - after > eta * (kappa + waits), (cluster_loads, moves)
+    free = Cluster(PROFILE)  # the same instance with free waits moves at least as far
+    for i, n in enumerate(loads):
+        free.add_gpu(f"g{i}", "H20", GpuState.READY, 0.0)
+        for j in range(n):
+            free.add_session(f"g{i}s{j}")
+            free.place(f"g{i}s{j}", f"g{i}")
+    rebalance(free, eta)
+    assert free.max_load <= cluster.max_load
+
+
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(min_value=0, max_value=5000), budget=st.integers(min_value=1, max_value=800),
        rho_hat=st.floats(min_value=0.2, max_value=0.95), delta=st.floats(min_value=0.0, max_value=0.15),
@@ -148,7 +186,8 @@ def test_scale_fires_only_outside_the_band(n, budget, rho_hat, delta, rho_max):
 def test_load_inside_the_band_causes_no_scale_event(swings):
     """4 GPUs, K = 12, rho_hat 0.7 +- 0.1: any 29..36 active sessions, balanced, keep the
     fullest GPU at 8 or 9 sessions (rho 0.67-0.75), inside the band."""
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4)
+    # eta = 0: free moves, so the rebalance onto the new GPU below is complete.
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
     env = Env(policy)
     policy.autoscale = False  # fill without the (correct) scale-in of an almost empty pool
     live: list[str] = []
@@ -173,7 +212,8 @@ def test_load_inside_the_band_causes_no_scale_event(swings):
 
 def test_load_leaving_the_band_does_scale():
     """The counterpart of the test above: the same setup reacts on both sides of the band."""
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4)
+    # eta = 0: free moves, so the rebalance onto the new GPU below is complete.
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
     env = Env(policy)
     policy.autoscale = False
     for i in range(32):
