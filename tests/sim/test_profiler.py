@@ -22,10 +22,12 @@ def test_level_edges_are_the_deciles():
 def test_volatility_levels_follow_the_core_tracker():
     # 5 activations in bin 0, none after: std over complete bins is defined from bin 3 on.
     trace = make_trace("v", [(0.1 * i, f"s{i}", "arrive") for i in range(5)] + [(60.0, "s0", "idle")])
-    values = profiler.volatility_levels(trace, window_s=300.0, bin_s=10.0)
+    values = profiler.volatility_levels(trace, window_s=300.0, bin_s=10.0, signal="std")
     assert values[:3] == [None, None, None]
     # Bins 0..2 hold counts 5, 0, 0: mean 5/3, std sqrt(25/3 - 25/9) = 2.357.
     assert values[3] == pytest.approx((25 / 3 - 25 / 9) ** 0.5)
+    # The default signal, the index of dispersion: variance / mean = (50/9) / (5/3) = 10/3.
+    assert profiler.volatility_levels(trace, window_s=300.0, bin_s=10.0)[3] == pytest.approx(10 / 3)
 
 
 def test_per_level_stats_attributes_cost_and_chunks_to_bins():
@@ -35,6 +37,8 @@ def test_per_level_stats_attributes_cost_and_chunks_to_bins():
         chunk_times_s=[1.0, 2.0, 12.0, 13.0], latencies_ms=[100.0, 300.0, 100.0, 900.0],
         first_flags=[False, False, True, False])
     stats = per_level_stats(result, [0, 1], 10.0, deadline_ms=200.0, startup_ms=500.0)
+    # Within the deadline itself: 100 at level 0; the first chunk (100) at level 1.
+    assert (stats[0].within_deadline, stats[1].within_deadline) == (1, 1)
     # Level 0: 2 GPUs x 10 s = 20 GPU-s; chunks 100 (on time) and 300 (late) -> 1 of 2.
     assert stats[0].gpu_seconds == pytest.approx(20.0)
     assert (stats[0].on_time, stats[0].chunks) == (1, 2)
@@ -44,9 +48,41 @@ def test_per_level_stats_attributes_cost_and_chunks_to_bins():
     assert stats[2].chunks == 0
 
 
-def _point(rho, share_ok, cost):
-    levels = {0: LevelStats(cost, share_ok, 100, 0.0, 0.0)}
+def _point(rho, share_ok, cost, within=None):
+    levels = {0: LevelStats(cost, share_ok, 100, 0.0, 0.0,
+                            share_ok if within is None else within)}
     return {"rho_hat": rho, "delta": 0.1, "levels": levels}
+
+
+def _table_point(rho, within_by_level, cost_by_level):
+    levels = {lv: LevelStats(cost_by_level[lv], 100, 100, 0.0, 0.0, within_by_level[lv])
+              for lv in range(10)}
+    return {"rho_hat": rho, "delta": 0.1, "levels": levels}
+
+
+def test_choose_rule_deadline_counts_first_chunks_against_the_deadline():
+    # 0.7 meets the startup bound (on_time 99) but only 95 chunks are within the deadline.
+    points = [_point(0.5, 100, 60.0), _point(0.7, 99, 40.0, within=95)]
+    assert choose(points, 0, 0.99, rule="startup")[0] == 0.7
+    assert choose(points, 0, 0.99, rule="deadline")[0] == 0.5
+    with pytest.raises(ValueError, match="unknown rule"):
+        choose(points, 0, 0.99, rule="p95")
+
+
+def test_choose_table_pools_neighbours_and_is_monotone():
+    # rho 0.8 is on time everywhere but at level 3; rho 0.4 everywhere. Level 6 alone says
+    # 0.4 (noise: 0.8 misses there too), level 7 says 0.8 again.
+    miss = {3: 90, 6: 98}
+    within_08 = [miss.get(lv, 100) for lv in range(10)]
+    points = [_table_point(0.8, within_08, [10.0] * 10), _table_point(0.4, [100] * 10, [20.0] * 10)]
+    unpooled = profiler.choose_table(points, 0.99, pool=0, monotone=False)
+    assert [p[0] for p in unpooled] == [0.8, 0.8, 0.8, 0.4, 0.8, 0.8, 0.4, 0.8, 0.8, 0.8]
+    # Monotone: once a level needs 0.4, no burstier level gets more.
+    mono = profiler.choose_table(points, 0.99, pool=0, monotone=True)
+    assert [p[0] for p in mono] == [0.8] * 3 + [0.4] * 7
+    # Pooled +-1: level 6 with 5 and 7 is 298/300 on time at 0.8, but 2..4 still miss.
+    pooled = profiler.choose_table(points, 0.99, pool=1, monotone=False)
+    assert [p[0] for p in pooled] == [0.8, 0.8, 0.4, 0.4, 0.4, 0.8, 0.8, 0.8, 0.8, 0.8]
 
 
 def test_choose_takes_the_cheapest_point_on_time():
@@ -86,3 +122,6 @@ def test_shipped_table_is_loadable_and_was_made_by_the_profiler():
     assert table is not None
     assert "turboserve sim profile" in table.source
     assert all(0.25 <= r <= 0.9 for r in table.rho_hat)
+    assert table.signal == "dispersion"
+    # Burstier levels never get a higher target utilisation than calmer ones.
+    assert all(a >= b for a, b in zip(table.rho_hat, table.rho_hat[1:], strict=False))

@@ -14,9 +14,14 @@ from flapping on integer loads: M is never below ``ceil(N_req / floor(K * (rho_h
 never shrinks the pool nor a "down" grows it.
 
 Adaptive rho_hat (paper: "volatility of activations"): :class:`VolatilityTracker` counts
-activations (arrivals and idle->active flips) in fixed bins and reports the standard deviation
-of the per-bin counts over a sliding window; :class:`RhoTable` quantises it into 10 levels and
-maps each to (rho_hat, delta). The table lives at ``core/data/rho_table.json`` and is written
+activations (arrivals and idle->active flips) in fixed bins and reports a burstiness measure of
+the per-bin counts over a sliding window; :class:`RhoTable` quantises it into 10 levels and
+maps each to (rho_hat, delta). The paper measures the standard deviation; a Poisson count's
+std grows as the square root of its rate, so that signal also rises with plain load and mixes
+"busy" with "bursty". Our tables therefore use the *index of dispersion* (variance / mean of
+the bin counts: 1 for Poisson arrivals at any rate, above 1 when arrivals cluster). The table
+names its signal (``"signal": "dispersion"`` or ``"std"``; a table without the key is a std
+table, as the old ones were). The table lives at ``core/data/rho_table.json`` and is written
 by ``turboserve sim profile``; when the file is absent the core uses the fixed
 ``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the paper's own examples.
 """
@@ -37,6 +42,8 @@ LEVELS = 10
 DEFAULT_TABLE_PATH = Path(__file__).with_name("data") / "rho_table.json"
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_BIN_S = 10.0
+SIGNALS = ("dispersion", "std")
+DEFAULT_SIGNAL = "dispersion"
 
 
 def scale(
@@ -72,19 +79,26 @@ def gpus_for(n_required: int, capacity: int, rho_hat: float, delta: float) -> in
 
 
 class VolatilityTracker:
-    """Std of activation counts per ``bin_s`` bin over the last ``window_s`` (complete bins).
+    """Activation counts per ``bin_s`` bin over the last ``window_s`` (complete bins only).
 
-    Bins before the first recorded time do not count, so the measure is defined from the third
-    complete bin on; before that :meth:`std` returns None."""
+    :meth:`std` is the paper's measure (standard deviation of the counts); :meth:`dispersion`
+    is variance / mean (0 when there were no activations at all); :meth:`value` is the one
+    named by ``signal``, the measure a :class:`RhoTable` is indexed by. Bins before the first
+    recorded time do not count, so every measure is defined from the third complete bin on;
+    before that they return None."""
 
-    def __init__(self, window_s: float = DEFAULT_WINDOW_S, bin_s: float = DEFAULT_BIN_S) -> None:
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, bin_s: float = DEFAULT_BIN_S,
+                 signal: str = DEFAULT_SIGNAL) -> None:
         if bin_s <= 0 or window_s < bin_s:
             raise ValueError(f"need 0 < bin_s <= window_s, got bin_s={bin_s}, window_s={window_s}")
+        if signal not in SIGNALS:
+            raise ValueError(f"unknown volatility signal {signal!r} (known: {', '.join(SIGNALS)})")
         self.bin_s = bin_s
+        self.signal = signal
         self.n_bins = int(round(window_s / bin_s))
         self._bins: deque[list[int]] = deque()  # [bin index, count], oldest first
         self._first_bin: int | None = None
-        self._cache: tuple[int, float | None] | None = None
+        self._cache: tuple[int, tuple[float, float] | None] | None = None
 
     def observe(self, t: float) -> None:
         """Advance the clock without an activation (keeps the first-bin origin right)."""
@@ -102,6 +116,24 @@ class VolatilityTracker:
         # No cache reset: only complete bins count, and a record lands in the current one.
 
     def std(self, t: float) -> float | None:
+        """Standard deviation of the per-bin counts (the paper's volatility)."""
+        moments = self._moments(t)
+        return None if moments is None else math.sqrt(moments[1])
+
+    def dispersion(self, t: float) -> float | None:
+        """Index of dispersion, variance / mean of the per-bin counts: 1 for Poisson arrivals
+        whatever their rate, above 1 for clustered (bursty) ones, 0 without activations."""
+        moments = self._moments(t)
+        if moments is None:
+            return None
+        mean, var = moments
+        return var / mean if mean > 0 else 0.0
+
+    def value(self, t: float) -> float | None:
+        """The measure named by ``signal``."""
+        return self.dispersion(t) if self.signal == "dispersion" else self.std(t)
+
+    def _moments(self, t: float) -> tuple[float, float] | None:
         current = int(t // self.bin_s)
         if self._cache is not None and self._cache[0] == current:
             return self._cache[1]
@@ -109,7 +141,7 @@ class VolatilityTracker:
         self._cache = (current, value)
         return value
 
-    def _compute(self, current: int) -> float | None:
+    def _compute(self, current: int) -> tuple[float, float] | None:
         if self._first_bin is None:
             return None
         lo = max(self._first_bin, current - self.n_bins)
@@ -126,13 +158,14 @@ class VolatilityTracker:
             total += count
             squares += count * count
         mean = total / n
-        return math.sqrt(max(0.0, squares / n - mean * mean))
+        return mean, max(0.0, squares / n - mean * mean)
 
 
 @dataclass(frozen=True, slots=True)
 class RhoTable:
-    """Volatility level -> (rho_hat, delta). ``level_edges`` are the 9 ascending std thresholds
-    between the 10 levels (level = how many edges the std reaches or exceeds)."""
+    """Volatility level -> (rho_hat, delta). ``level_edges`` are the 9 ascending thresholds of
+    the table's ``signal`` between the 10 levels (level = how many edges the signal reaches or
+    exceeds)."""
 
     level_edges: tuple[float, ...]
     rho_hat: tuple[float, ...]
@@ -140,8 +173,12 @@ class RhoTable:
     window_s: float = DEFAULT_WINDOW_S
     bin_s: float = DEFAULT_BIN_S
     source: str = ""
+    signal: str = "std"
 
     def __post_init__(self) -> None:
+        if self.signal not in SIGNALS:
+            raise ValueError(f"rho table: unknown signal {self.signal!r} "
+                             f"(known: {', '.join(SIGNALS)})")
         if len(self.level_edges) != LEVELS - 1:
             raise ValueError(f"rho table: need {LEVELS - 1} level_edges, got {len(self.level_edges)}")
         if list(self.level_edges) != sorted(self.level_edges):
@@ -154,18 +191,23 @@ class RhoTable:
                 raise ValueError(f"rho table: level {i} needs 0 < rho_hat <= 1 and "
                                  f"0 <= delta < rho_hat, got rho_hat={r}, delta={d}")
 
-    def level(self, std: float) -> int:
-        return bisect.bisect_right(self.level_edges, std)
+    def level(self, value: float) -> int:
+        return bisect.bisect_right(self.level_edges, value)
 
-    def lookup(self, std: float) -> tuple[float, float]:
-        i = self.level(std)
+    def lookup(self, value: float) -> tuple[float, float]:
+        i = self.level(value)
         return self.rho_hat[i], self.delta[i]
+
+    def tracker(self) -> VolatilityTracker:
+        """A fresh tracker measuring this table's signal over its window and bins."""
+        return VolatilityTracker(self.window_s, self.bin_s, self.signal)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": 1,
             "window_s": self.window_s,
             "bin_s": self.bin_s,
+            "signal": self.signal,
             "level_edges": list(self.level_edges),
             "levels": [{"rho_hat": r, "delta": d} for r, d in zip(self.rho_hat, self.delta, strict=True)],
             "source": self.source,
@@ -182,6 +224,7 @@ class RhoTable:
                 window_s=float(raw.get("window_s", DEFAULT_WINDOW_S)),
                 bin_s=float(raw.get("bin_s", DEFAULT_BIN_S)),
                 source=str(raw.get("source", "")),
+                signal=str(raw.get("signal", "std")),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rho table: malformed ({exc!r})") from exc

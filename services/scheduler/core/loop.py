@@ -117,9 +117,7 @@ class Controller:
             rho_table = load_rho_table(rho_table)
         self.rho_table: RhoTable | None = rho_table if rho_hat is None else None
         table = self.rho_table
-        self.volatility = (
-            VolatilityTracker(table.window_s, table.bin_s) if table else VolatilityTracker()
-        )
+        self.volatility = table.tracker() if table else VolatilityTracker()
         self._cluster = Cluster(profile)
         self._view = ClusterView(self._cluster)
         self._released: set[str] = set()
@@ -172,12 +170,12 @@ class Controller:
             return self.fixed_rho_hat, FALLBACK_DELTA if self.fixed_delta is None else self.fixed_delta
         if self.rho_table is None:
             return FALLBACK_RHO_HAT, FALLBACK_DELTA if self.fixed_delta is None else self.fixed_delta
-        std = self.volatility.std(t)
-        if std is None:  # window not yet filled: the table's middle level
+        value = self.volatility.value(t)  # the table's own signal (dispersion or std)
+        if value is None:  # window not yet filled: the table's middle level
             level = len(self.rho_table.rho_hat) // 2
             rho, delta = self.rho_table.rho_hat[level], self.rho_table.delta[level]
         else:
-            rho, delta = self.rho_table.lookup(std)
+            rho, delta = self.rho_table.lookup(value)
         return rho, delta if self.fixed_delta is None else self.fixed_delta
 
     def target_gpus(

@@ -101,6 +101,13 @@ class _Recorder:
     def view(self) -> Any:
         return self.policy.view
 
+    def __getattr__(self, name: str) -> Any:
+        # Everything else an environment may look up (e.g. ``note_step``, which the simulator
+        # finds with getattr) must reach the policy unchanged, or the run measures another one.
+        if name == "policy":
+            raise AttributeError(name)
+        return getattr(self.policy, name)
+
     def step(self, event: Any) -> list[Any]:
         out = self.policy.step(event)
         view = self.policy.view

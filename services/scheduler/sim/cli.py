@@ -63,6 +63,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prof.add_argument("--json", type=Path, default=None, help="also write every grid point here")
     prof.add_argument("--target", type=float, default=0.99,
                       help="share of chunks that must be on time at each level (default 0.99)")
+    prof.add_argument("--rule", choices=("deadline", "startup"), default="deadline",
+                      help="on time = every chunk within the deadline (default: the p99 of "
+                           "per-chunk latency meets it), or first chunks within the startup "
+                           "bound (deadline + one step at capacity)")
+    prof.add_argument("--pool", type=int, default=1,
+                      help="also count the N neighbouring levels on each side (default 1)")
+    prof.add_argument("--no-monotone", action="store_true",
+                      help="let a burstier level get a higher rho_hat than a calmer one")
+    prof.add_argument("--signal", choices=("dispersion", "std"), default="dispersion",
+                      help="volatility signal: variance/mean of activations per bin (default) "
+                           "or the paper's std")
+    prof.add_argument("--check", choices=("eval", "train", "both"), default=None,
+                      help="do not profile: print turboserve's matched-cost p99 margins over "
+                           "the static baselines with the table (--out, else the shipped one) "
+                           "on the built-in traces, the training traces, or both")
     prof.set_defaults(func=run_profile)
 
     try:
@@ -200,9 +215,15 @@ def _default_static_gpus(trace: Any, profile: Any) -> int:
 # ---- sim profile --------------------------------------------------------------------------
 
 def run_profile(args: argparse.Namespace) -> int:
-    from services.scheduler.sim.profiler import build_table
+    from services.scheduler.sim.profiler import build_table, check_table
 
+    if args.check is not None:
+        check_table(args.out, which=args.check, boot_delay_s=args.boot_delay,
+                    profile_name=args.profile,
+                    log=lambda line: print(line, file=sys.stdout, flush=True))
+        return 0
     build_table(quick=args.quick, out=args.out, boot_delay_s=args.boot_delay,
                 profile_name=args.profile, jobs=args.jobs, json_out=args.json, target=args.target,
+                rule=args.rule, pool=args.pool, monotone=not args.no_monotone, signal=args.signal,
                 log=lambda line: print(line, file=sys.stdout, flush=True))
     return 0

@@ -35,6 +35,7 @@ from typing import Any
 
 from services.scheduler.core.autoscale import (
     DEFAULT_BIN_S,
+    DEFAULT_SIGNAL,
     DEFAULT_WINDOW_S,
     LEVELS,
     RhoTable,
@@ -58,12 +59,15 @@ class LevelStats:
     chunks: int
     stream_p99_ms: float
     first_p99_ms: float
+    within_deadline: int = 0  # chunks, first ones included, within the deadline itself
 
 
 def volatility_levels(trace: Trace, window_s: float = DEFAULT_WINDOW_S,
-                      bin_s: float = DEFAULT_BIN_S) -> list[float | None]:
-    """The core tracker's std at the start of every bin of ``trace`` (None while warming up)."""
-    tracker = VolatilityTracker(window_s, bin_s)
+                      bin_s: float = DEFAULT_BIN_S, signal: str = DEFAULT_SIGNAL
+                      ) -> list[float | None]:
+    """The core tracker's ``signal`` at the start of every bin of ``trace`` (None while
+    warming up)."""
+    tracker = VolatilityTracker(window_s, bin_s, signal)
     tracker.observe(0.0)
     n_bins = int(math.ceil(trace.duration / bin_s))
     out: list[float | None] = []
@@ -75,7 +79,7 @@ def volatility_levels(trace: Trace, window_s: float = DEFAULT_WINDOW_S,
             if events[i].event in ("arrive", "active"):
                 tracker.record(events[i].t)
             i += 1
-        out.append(tracker.std(t))
+        out.append(tracker.value(t))
     return out
 
 
@@ -128,8 +132,10 @@ def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float, dea
     for level in range(LEVELS):
         cost = sum(g for g, lv in zip(gpu_s, bin_levels, strict=True) if lv == level)
         s, f = stream.get(level, []), first.get(level, [])
-        on_time = sum(1 for x in s if x <= deadline_ms) + sum(1 for x in f if x <= startup_ms)
-        out[level] = LevelStats(cost, on_time, len(s) + len(f), _p99(s), _p99(f))
+        in_s = sum(1 for x in s if x <= deadline_ms)
+        on_time = in_s + sum(1 for x in f if x <= startup_ms)
+        within = in_s + sum(1 for x in f if x <= deadline_ms)
+        out[level] = LevelStats(cost, on_time, len(s) + len(f), _p99(s), _p99(f), within)
     return out
 
 
@@ -150,17 +156,38 @@ def startup_bound_ms(profile: Any) -> float:
     return profile.deadline_ms + profile.chunk_ms(profile.capacity)
 
 
-def choose(points: list[dict], level: int, target: float
+RULES = ("deadline", "startup")
+DEFAULT_RULE = "deadline"
+DEFAULT_POOL = 1
+
+
+def choose(points: list[dict], level: int, target: float, rule: str = "startup",
+           pool: int = 0, max_rho: float | None = None
            ) -> tuple[float, float, bool, dict[str, float]]:
     """The cheapest (rho_hat, delta) at ``level`` whose pooled on-time share reaches
-    ``target``; else the most punctual one. Ties go to the higher rho_hat."""
+    ``target``; else the most punctual one. Ties go to the higher rho_hat.
+
+    ``rule`` says what on time means: ``"deadline"``, every chunk (first chunks included)
+    within the deadline, i.e. the p99 of per-chunk latency meets it; ``"startup"``, first
+    chunks within the startup bound instead. ``pool`` also counts the chunks and cost of the
+    ``pool`` neighbouring levels on each side (smoothing the per-bin attribution noise);
+    ``max_rho`` leaves out points above it (the monotone pass of :func:`choose_table`)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r} (known: {', '.join(RULES)})")
+    window = [lv for lv in range(level - pool, level + pool + 1) if 0 <= lv < LEVELS]
     by_config: dict[tuple[float, float], list[LevelStats]] = {}
     for p in points:
-        by_config.setdefault((p["rho_hat"], p["delta"]), []).append(p["levels"][level])
+        if max_rho is not None and p["rho_hat"] > max_rho + 1e-9:
+            continue
+        by_config.setdefault((p["rho_hat"], p["delta"]), []).extend(
+            p["levels"][lv] for lv in window if lv in p["levels"])
+    if not by_config:
+        raise ValueError(f"no grid point at or below rho_hat {max_rho}")
     scored = []
     for (rho, delta), stats in sorted(by_config.items()):
         chunks = sum(s.chunks for s in stats)
-        share = sum(s.on_time for s in stats) / chunks if chunks else 1.0
+        good = sum((s.within_deadline if rule == "deadline" else s.on_time) for s in stats)
+        share = good / chunks if chunks else 1.0
         cost = sum(s.gpu_seconds for s in stats)
         scored.append((share, cost, rho, delta, chunks))
     feasible = [s for s in scored if s[0] >= target]
@@ -173,9 +200,28 @@ def choose(points: list[dict], level: int, target: float
                                         "chunks": chunks}
 
 
+def choose_table(points: list[dict], target: float, rule: str = DEFAULT_RULE,
+                 pool: int = DEFAULT_POOL, monotone: bool = True
+                 ) -> list[tuple[float, float, bool, dict[str, float]]]:
+    """:func:`choose` at every level, calmest first. With ``monotone`` a level never gets a
+    higher rho_hat than the calmer level below it: where its own choice is higher, it is chosen
+    again among the points at or below that rho_hat. Since a lower rho_hat (more GPUs) hardly
+    ever makes chunks later, this is the cheapest non-increasing table that meets the target
+    wherever the per-level choices do."""
+    out: list[tuple[float, float, bool, dict[str, float]]] = []
+    for level in range(LEVELS):
+        pick = choose(points, level, target, rule, pool)
+        if monotone and out and pick[0] > out[-1][0] + 1e-9:
+            pick = choose(points, level, target, rule, pool, max_rho=out[-1][0])
+        out.append(pick)
+    return out
+
+
 def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: float = 30.0,
                 profile_name: str | None = None, jobs: int = 1, json_out: Path | None = None,
-                target: float = DEFAULT_TARGET, log: Callable[[str], None] = print) -> RhoTable:
+                target: float = DEFAULT_TARGET, rule: str = DEFAULT_RULE,
+                pool: int = DEFAULT_POOL, monotone: bool = True, signal: str = DEFAULT_SIGNAL,
+                log: Callable[[str], None] = print) -> RhoTable:
     from services.scheduler.core.profile import load_profile
     from services.scheduler.sim import synth
 
@@ -185,13 +231,13 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     traces = synth.training_traces(duration_s=900.0 if quick else 1200.0,
                                    variants=1 if quick else 2)
     window_s, bin_s = DEFAULT_WINDOW_S, DEFAULT_BIN_S
-    raw_levels = {tr.name: volatility_levels(tr, window_s, bin_s) for tr in traces}
+    raw_levels = {tr.name: volatility_levels(tr, window_s, bin_s, signal) for tr in traces}
     edges = level_edges([v for vals in raw_levels.values() for v in vals if v is not None])
-    probe = RhoTable(edges, (0.5,) * LEVELS, (0.1,) * LEVELS)
+    probe = RhoTable(edges, (0.5,) * LEVELS, (0.1,) * LEVELS, signal=signal)
     bin_levels = {name: [None if v is None else probe.level(v) for v in vals]
                   for name, vals in raw_levels.items()}
     log(f"profiler: {len(traces)} training traces, grid {len(grid['rho_hat'])} rho_hat x "
-        f"{len(grid['delta'])} delta, level edges {list(edges)}")
+        f"{len(grid['delta'])} delta, {signal} level edges {list(edges)}")
     tasks = [(tr, rho, delta, bin_levels[tr.name], bin_s, boot_delay_s, profile)
              for rho in grid["rho_hat"] for delta in grid["delta"] if delta < rho
              for tr in traces]
@@ -199,8 +245,8 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     deadline = profile.deadline_ms
     startup = startup_bound_ms(profile)
     rhos, deltas, notes, chosen = [], [], [], []
-    for level in range(LEVELS):
-        rho, delta, ok, stats = choose(points, level, target)
+    picks = choose_table(points, target, rule, pool, monotone)
+    for level, (rho, delta, ok, stats) in enumerate(picks):
         rhos.append(rho)
         deltas.append(delta)
         chosen.append({"level": level, "rho_hat": rho, "delta": delta, "feasible": ok, **stats})
@@ -208,13 +254,17 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
             notes.append(str(level))
         log(f"  level {level}: rho_hat {rho:.2f} delta {delta:.2f} "
             f"{'meets' if ok else 'MOST PUNCTUAL (none meets the target)'} {stats}")
+    if rule == "deadline":
+        bound = f"every chunk <= {deadline:g} ms"
+    else:
+        bound = f"continuation <= {deadline:g} ms, first <= {startup:g} ms"
     source = (f"turboserve sim profile{' --quick' if quick else ''}: {len(traces)} training "
               f"traces (seeds 1000+), boot delay {boot_delay_s:g} s, profile {profile.name}, "
-              f"constraint: >= {target:.1%} of chunks on time (continuation <= {deadline:g} ms, "
-              f"first <= {startup:g} ms)")
+              f"signal {signal}, constraint: >= {target:.1%} of chunks on time ({bound}), "
+              f"levels pooled +-{pool}{', rho_hat non-increasing' if monotone else ''}")
     if notes:
         source += f"; no grid point met it at levels {', '.join(notes)} (most punctual taken)"
-    table = RhoTable(edges, tuple(rhos), tuple(deltas), window_s, bin_s, source)
+    table = RhoTable(edges, tuple(rhos), tuple(deltas), window_s, bin_s, source, signal)
     path = save_rho_table(table, out)
     log(f"wrote {path} in {time.perf_counter() - started:.0f} s")
     if json_out is not None:
@@ -248,3 +298,65 @@ def _map(tasks: list, jobs: int, log: Callable[[str], None]) -> list[dict]:
             pool.close()
             pool.join()
     return out
+
+
+STATIC_BASELINES = ("round_robin", "least_loaded", "memory_aware")
+
+
+def static_p99_at_cost(trace: Trace, policy: str, cost_gpu_seconds: float, profile: Any = None,
+                       boot_delay_s: float = 30.0) -> float:
+    """A static baseline's p99, linearly interpolated between the GPU counts around the mean
+    GPU count that ``cost_gpu_seconds`` buys (the rule of the matched-cost test)."""
+    from services.scheduler.sim.simulator import simulate
+
+    g = cost_gpu_seconds / trace.duration
+    lo, hi = max(1, math.floor(g)), max(1, math.ceil(g))
+    p_lo = simulate(trace, policy, profile, boot_delay_s=boot_delay_s, gpus=lo).latency()["p99"]
+    if hi == lo:
+        return p_lo
+    p_hi = simulate(trace, policy, profile, boot_delay_s=boot_delay_s, gpus=hi).latency()["p99"]
+    return p_lo + (p_hi - p_lo) * (g - lo)
+
+
+def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s: float = 30.0,
+                profile_name: str | None = None, log: Callable[[str], None] = print
+                ) -> list[dict]:
+    """``turboserve sim profile --check``: with the table at ``table`` (default: the shipped
+    one), ``turboserve``'s p99 against each static baseline at matched cost, on the six
+    built-in traces (``eval``), the training traces at 30 minutes (``train``) or both. A
+    report only: nothing here feeds the table."""
+    from services.scheduler.core.autoscale import DEFAULT_TABLE_PATH, load_rho_table
+    from services.scheduler.core.profile import load_profile
+    from services.scheduler.sim import synth
+    from services.scheduler.sim.simulator import simulate
+    from services.scheduler.sim.traceio import load_trace
+
+    profile = load_profile() if profile_name is None else load_profile(profile_name)
+    path = Path(table) if table is not None else DEFAULT_TABLE_PATH
+    rho_table = load_rho_table(path)
+    traces: list[Trace] = []
+    if which in ("eval", "both"):
+        traces += [load_trace(name) for name in synth.BUILTIN_NAMES]
+    if which in ("train", "both"):
+        traces += synth.training_traces(duration_s=1800.0, variants=2)
+    log(f"table {path} (signal {rho_table.signal}, rho_hat {list(rho_table.rho_hat)})")
+    log("| trace | turboserve mean GPUs | p99 ms | "
+        + " | ".join(f"vs {p}" for p in STATIC_BASELINES) + " |")
+    log("|---|---|---|" + "---|" * len(STATIC_BASELINES))
+    rows = []
+    for trace in traces:
+        ours = simulate(trace, "turboserve", profile, boot_delay_s=boot_delay_s,
+                        rho_table=rho_table)
+        p99 = ours.latency()["p99"]
+        margins = {p: 100.0 * (p99 / static_p99_at_cost(trace, p, ours.cost_gpu_seconds, profile,
+                                                        boot_delay_s) - 1.0)
+                   for p in STATIC_BASELINES}
+        row = {"trace": trace.name, "mean_gpus": ours.cost_gpu_seconds / trace.duration,
+               "p99_ms": p99, "margin_pct": margins}
+        rows.append(row)
+        log(f"| {trace.name} | {row['mean_gpus']:.2f} | {p99:.0f} | "
+            + " | ".join(f"{margins[p]:+.1f}%" for p in STATIC_BASELINES) + " |")
+    worst = max(rows, key=lambda r: max(r["margin_pct"].values()))
+    policy = max(worst["margin_pct"], key=worst["margin_pct"].get)
+    log(f"least margin: {worst['margin_pct'][policy]:+.1f}% ({worst['trace']} vs {policy})")
+    return rows

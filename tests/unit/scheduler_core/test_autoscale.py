@@ -58,6 +58,66 @@ def test_volatility_tracker():
     assert steady.std(100.0) == 0.0
 
 
+def _poisson_tracker(rate_per_bin: float, seed: int, bins: int = 400) -> VolatilityTracker:
+    """A tracker fed Poisson arrivals at ``rate_per_bin`` per 10 s bin for ``bins`` bins."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tr = VolatilityTracker(window_s=10.0 * bins, bin_s=10.0)
+    tr.observe(0.0)
+    for b, count in enumerate(rng.poisson(rate_per_bin, size=bins)):
+        for k in range(int(count)):
+            tr.record(10.0 * b + 10.0 * (k + 0.5) / (count + 1))
+    return tr
+
+
+def test_dispersion_is_load_independent_and_sees_bursts():
+    t_end = 4000.0
+    quiet, busy = _poisson_tracker(3.0, seed=1), _poisson_tracker(30.0, seed=2)
+    # Poisson: variance = mean, so the index of dispersion is ~1 at any rate ...
+    assert quiet.dispersion(t_end) == pytest.approx(1.0, abs=0.2)
+    assert busy.dispersion(t_end) == pytest.approx(1.0, abs=0.2)
+    # ... while the paper's std grows as sqrt(rate): busy looks "volatile" without a burst.
+    assert busy.std(t_end) > 2.5 * quiet.std(t_end)
+    # The same mean (3 per bin) in storms of 30 every tenth bin is far more dispersed.
+    bursty = VolatilityTracker(window_s=4000.0, bin_s=10.0)
+    for b in range(0, 400, 10):
+        for k in range(30):
+            bursty.record(10.0 * b + 0.1 * k)
+    assert bursty.dispersion(t_end) > 20 * quiet.dispersion(t_end)
+    assert bursty.value(t_end) == bursty.dispersion(t_end)  # the default signal
+
+
+def test_dispersion_by_hand():
+    tr = VolatilityTracker(window_s=40, bin_s=10)
+    assert tr.dispersion(5.0) is None
+    for t in (1, 2, 3, 4, 11, 21, 22, 23, 24, 25, 26):  # bins: 4, 1, 6
+        tr.record(t)
+    assert tr.dispersion(25.0) is None
+    mean = 11 / 3
+    var = ((4 - mean) ** 2 + (1 - mean) ** 2 + (6 - mean) ** 2) / 3
+    assert tr.dispersion(31.0) == pytest.approx(var / mean)
+    empty = VolatilityTracker(window_s=40, bin_s=10)
+    empty.observe(0.0)
+    assert empty.dispersion(35.0) == 0.0  # no activations at all: calm
+    assert VolatilityTracker(signal="std").value(0.0) is None
+    with pytest.raises(ValueError, match="unknown volatility signal"):
+        VolatilityTracker(signal="variance")
+
+
+def test_rho_table_signal_round_trip_and_default(tmp_path):
+    disp = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion")
+    path = save_rho_table(disp, tmp_path / "d.json")
+    assert json.loads(path.read_text())["signal"] == "dispersion"
+    assert load_rho_table(path) == disp
+    assert disp.tracker().signal == "dispersion"
+    old = TABLE.to_dict()
+    del old["signal"]  # tables written before the signal was named are std tables
+    assert RhoTable.from_dict(old).signal == "std"
+    with pytest.raises(ValueError, match="unknown signal"):
+        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="cv")
+
+
 def test_rho_table_levels_and_round_trip(tmp_path):
     assert TABLE.level(0.0) == 0 and TABLE.level(0.5) == 1 and TABLE.level(100.0) == 9
     assert TABLE.lookup(2.5) == (0.6, 0.1)
@@ -93,6 +153,26 @@ def test_adaptive_rho_follows_volatility():
         t, n = t + 5.0, n + 1
     assert policy.current_rho_hat(t) == (0.8, 0.1)
     for _burst in range(3):  # storms: 40 activations inside one bin, then silence
+        for _ in range(40):
+            policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
+            n += 1
+        t += 60.0
+        policy.step(Event(t, EventKind.TICK))
+    assert policy.current_rho_hat(t)[0] <= 0.3
+
+
+def test_adaptive_rho_follows_dispersion_not_load():
+    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion")
+    policy = get_policy("turboserve", rho_table=table)
+    t, n = 0.0, 0
+    for _ in range(150):  # busy but even: 10 activations every 10 s (std 0, dispersion 0)
+        for k in range(10):
+            policy.step(Event(t + k, EventKind.ARRIVE, f"s{n}"))
+            policy.step(Event(t + k + 0.5, EventKind.DEPART, f"s{n}"))
+            n += 1
+        t += 10.0
+    assert policy.current_rho_hat(t) == (0.8, 0.1)
+    for _burst in range(3):  # the same kind of storms as above
         for _ in range(40):
             policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
             n += 1
