@@ -66,3 +66,17 @@ def test_matches_outside_the_measured_range_are_flagged():
     high = cost_at_latency(RIVAL, 3000)
     assert not high.reached and high.value == 100
     assert cost_at_latency(RIVAL, 2000).reached
+
+
+def test_a_rival_that_never_reaches_our_latency_is_not_the_best_match():
+    from services.scheduler.eval.analysis import _best
+
+    vs = {
+        "never_reaches": {"rival_cost_gpu_hours": 3.0, "cost_match_in_range": False},
+        "reaches": {"rival_cost_gpu_hours": 4.0, "cost_match_in_range": True},
+        "dearer": {"rival_cost_gpu_hours": 5.0, "cost_match_in_range": True},
+    }
+    assert _best(vs, list(vs), "rival_cost_gpu_hours", "cost_match_in_range") == "reaches"
+    none_in_range = {k: {**v, "cost_match_in_range": False} for k, v in vs.items()}
+    assert _best(none_in_range, list(vs), "rival_cost_gpu_hours",
+                 "cost_match_in_range") == "never_reaches"

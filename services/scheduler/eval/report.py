@@ -35,6 +35,9 @@ def _summary_table(s: dict[str, Any]) -> str:
          f"{PAPER['cost']} ({PAPER['cost_max']})",
          f"{c['avg_vs_best_baseline']:.1f} ({c['max_vs_best_baseline']:.1f})", "> 37.2",
          _met(c["avg_vs_best_baseline"] > 37.2)],
+        ["same, letting clamped out-of-range matches be 'best' (most conservative)", "-",
+         f"{lat['avg_vs_best_baseline_clamped_included']:.1f} / "
+         f"{c['avg_vs_best_baseline_clamped_included']:.1f}", "reported", "-"],
         ["same, vs best of all rivals (HPA, autoscaled least-loaded, fixed rho_hat)",
          "-", f"{lat['avg_vs_best_rival']:.1f} / {c['avg_vs_best_rival']:.1f}", "reported", "-"],
         ["cost without migration / without autoscaling, avg %",
