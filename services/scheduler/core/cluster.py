@@ -26,7 +26,7 @@ class Gpu:
     state: GpuState
     since: float  # time of the request (BOOTING) or of becoming READY
     sessions: dict[str, None] = field(default_factory=dict)  # active sessions, ordered
-    step_end: float = float("-inf")  # when its chunk step in flight ends (Controller.note_step)
+    step_end: float = float("-inf")  # when its pass in flight ends (Controller.note_step)
 
 
 @dataclass(slots=True)

@@ -154,8 +154,10 @@ class Controller:
         return out
 
     def note_step(self, gpu_id: str, ends_at: float) -> None:
-        """The environment reports that ``gpu_id`` started a coalesced step ending at
-        ``ends_at`` (the simulator knows it; a live worker knows its batch and the profile).
+        """The environment reports that ``gpu_id`` started a batched pass (a whole coalesced step
+        when the profile has one pass per chunk) ending at ``ends_at``: the next boundary where
+        a joining session can enter (the simulator knows it; a live worker knows its batch and
+        the profile).
         Not an event: it changes no decision by itself and returns none; placement reads it
         to put a newly active session where its first chunk comes soonest."""
         gpu = self._cluster.gpus.get(gpu_id)

@@ -54,10 +54,11 @@ class LeastLatencyGrowth:
 class SoonestFirstChunk:
     """TurboServe's step 2: the GPU on which the session's first chunk is delivered soonest.
 
-    A session that becomes active joins the next coalesced step of its GPU: it waits for the
-    step in flight (until ``Gpu.step_end``, reported by the environment through
-    ``Controller.note_step``), then runs a step of ``load + 1`` sessions. Its first chunk is
-    thus ready after ``max(0, step_end - now) + chunk_ms(load + 1)``; this picks the GPU with
+    A session that becomes active joins its GPU's batch at the next boundary: it waits for the
+    pass in flight (until ``Gpu.step_end``, reported by the environment through
+    ``Controller.note_step``; at most ``pass_ms(load)``, a whole step when the profile has one
+    pass per chunk), then runs ``passes_per_chunk`` passes of ``load + 1`` sessions. Its first
+    chunk is thus ready after ``max(0, step_end - now) + chunk_ms(load + 1)``; this picks the GPU with
     room that minimises it (ties: the least loaded, then join order). Without step reports every
     wait is 0 and this is the paper's least-latency-growth rule, an O(1) bucket lookup.
 
@@ -183,12 +184,13 @@ def rebalance(cluster: Cluster, eta: float, max_moves: int | None = None,
 
 def boundary_waits_ms(cluster: Cluster, h: int, hi: int) -> float:
     """Worst-case waits of ``h`` sessions moved one by one onto the then least loaded GPU (all
-    below ``hi - 1``), each for its destination's next chunk boundary.
+    below ``hi - 1``), each for its destination's next pass boundary.
 
-    Steps are coalesced: a moved session joins its destination's next step, so after the
-    copy it may wait up to a whole step in flight, ``chunk_ms(load)``, and nothing on an idle,
-    empty GPU. Counted at the worst case because the objective is one. O(h + K)."""
-    chunk_ms = cluster.profile.chunk_ms
+    A moved session joins its destination's batch at the next pass boundary, so after the
+    copy it may wait up to a whole pass in flight, ``pass_ms(load) = chunk_ms(load) /
+    passes_per_chunk`` (a whole step with one pass per chunk), and nothing on an idle, empty
+    GPU. Counted at the worst case because the objective is one. O(h + K)."""
+    chunk_ms = cluster.profile.pass_ms
     counts = [len(cluster.bucket(level)) for level in range(hi)]
     level = cluster.min_load
     total = 0.0

@@ -6,6 +6,7 @@ A profile is a small JSON file (see ``core/profiles/*.json`` and docs/scheduler.
       "name": "h20-longlive-1.3b-nvlink",
       "gpu_kind": "H20", "model": "LongLive-1.3B", "interconnect": "nvlink",
       "chunk_ms": [420.0, 491.0, ...],       # time of one coalesced step at batch 1, 2, ...
+      "passes_per_chunk": 5,                 # optional, default 1: model passes per chunk
       "deadline_ms": 1250.0,                 # a chunk must be ready within this
       "state_bytes_per_session": 3550000000, # KV cache + prompt embeddings + RNG + position
       "migration": {"per_session_ms": 26.5, "fixed_ms": 3.0},
@@ -17,6 +18,14 @@ A profile is a small JSON file (see ``core/profiles/*.json`` and docs/scheduler.
 ``turboserve bench worker`` writes the same format from measurements. Capacity ``K`` is not
 stored: it is the largest batch that both meets the deadline and fits in memory (and that the
 table covers), so a measured table and a memory budget are all that decide it.
+
+``passes_per_chunk`` (default 1 when absent, which is the chunk-level model that measured and
+older profiles describe) is the number of batched model passes that make one chunk: a few-step
+sampler's denoising passes plus the pass that writes the KV cache (Self-Forcing / LongLive: 4
+denoising steps + 1 cache write = 5). An engine with pass-level admission runs the same batch
+through every pass, so one pass of ``n`` sessions takes ``pass_ms(n) = chunk_ms(n) /
+passes_per_chunk``, and a session that becomes active (or arrives by migration) joins at the
+next *pass* boundary instead of the next chunk boundary.
 
 The latency of a GPU is ``chunk_ms(n)`` for its ``n`` active sessions; ``chunk_ms`` must be
 non-decreasing in ``n`` (checked on load), which is what lets placement treat "the GPU whose
@@ -60,6 +69,7 @@ class LatencyProfile:
     reserved_memory_bytes: int = 0
     interconnect: str = "unknown"
     price_usd_per_gpu_hour: float | None = None
+    passes_per_chunk: int = 1
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     # ---- derived ------------------------------------------------------------------------
@@ -109,6 +119,11 @@ class LatencyProfile:
         slope = table[-1] - table[-2] if len(table) >= 2 else table[-1]
         return table[-1] + slope * (batch - len(table))
 
+    def pass_ms(self, batch: int) -> float:
+        """Time of one batched model pass with ``batch`` sessions: ``chunk_ms(batch) /
+        passes_per_chunk``; the longest a joining session waits for a pass boundary."""
+        return self.chunk_ms(batch) / self.passes_per_chunk
+
     def migration_ms(self, state_bytes: int | None = None) -> float:
         """Cost of moving one session's state of ``state_bytes`` (default: a typical session):
         a fixed part (handshake, ownership change) plus a part proportional to the bytes."""
@@ -131,6 +146,8 @@ class LatencyProfile:
                 "fixed_ms": self.migration_fixed_ms,
             },
         }
+        if self.passes_per_chunk != 1:
+            out["passes_per_chunk"] = self.passes_per_chunk
         if self.gpu_memory_bytes is not None:
             out["memory"] = {
                 "gpu_bytes": self.gpu_memory_bytes,
@@ -211,6 +228,7 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
         if mem
         else 0,
         price_usd_per_gpu_hour=get.positive("price_usd_per_gpu_hour", required=False),
+        passes_per_chunk=get.positive_int("passes_per_chunk", required=False) or 1,
         sources=get.sources(),
     )
     if profile.migration_fixed_ms > profile.migration_per_session_ms:
@@ -266,6 +284,15 @@ class _Fields:
         if number <= 0:
             raise ProfileError(self.source, f"field {self.prefix + key!r} must be > 0, got {value!r}")
         return number
+
+    def positive_int(self, key: str, required: bool = True) -> int | None:
+        value = self._get(key, required)
+        if value is None and not required:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ProfileError(self.source,
+                               f"field {self.prefix + key!r} must be an integer >= 1, got {value!r}")
+        return value
 
     def non_negative(self, key: str, required: bool = True) -> float | None:
         value = self._get(key, required)

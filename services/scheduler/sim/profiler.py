@@ -153,7 +153,8 @@ def _run_point(args: tuple[Trace, float, float, list[int | None], float, float, 
 
 
 def startup_bound_ms(profile: Any) -> float:
-    return profile.deadline_ms + profile.chunk_ms(profile.capacity)
+    # A first chunk may wait for the pass in flight: one pass (a whole step at one pass/chunk).
+    return profile.deadline_ms + profile.pass_ms(profile.capacity)
 
 
 RULES = ("deadline", "startup")

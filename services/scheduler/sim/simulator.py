@@ -92,7 +92,11 @@ class _Gpu:
     released_at: float | None = None
     release_pending: bool = False  # released while a step was in flight
     members: set[str] = field(default_factory=set)
-    batch: list[tuple[str, int]] = field(default_factory=list)  # (session, its epoch)
+    # Sessions in the batch: session -> (its epoch, the pass whose end completes its chunk).
+    batch: dict[str, tuple[int, int]] = field(default_factory=dict)
+    done_at: dict[int, list[str]] = field(default_factory=dict)  # pass -> sessions completing
+    leaving: set[str] = field(default_factory=set)  # went idle / departed while in the batch
+    pass_no: int = 0  # index of the pass in flight (or the next one)
     busy: bool = False
 
 
@@ -230,7 +234,9 @@ class Simulator:
         self.timeline: list[tuple[float, int, int]] = []
         self.held = 0
         self.peak = 0
-        self._chunk_s = [0.0] + [profile.chunk_ms(b) / 1000.0 for b in range(1, 257)]
+        self._passes = int(getattr(profile, "passes_per_chunk", 1) or 1)
+        self._pass_s = [0.0] + [profile.chunk_ms(b) / 1000.0 / self._passes
+                                for b in range(1, 257)]
         self._migration_ms = profile.migration_ms()
         # Policies that place by step phase hear when each step ends (Controller.note_step).
         self._note_step = getattr(policy, "note_step", None)
@@ -300,6 +306,8 @@ class Simulator:
                 self.n_active -= 1
             s.active = False
             s.epoch += 1
+            if s.in_flight is not None:
+                self.gpus[s.in_flight].leaving.add(sid)  # leaves the batch at the next pass
             if kind == "depart":
                 if s.gpu is not None:
                     self.gpus[s.gpu].members.discard(sid)
@@ -406,32 +414,51 @@ class Simulator:
         else:
             g.released_at = self.now
 
-    # ---- chunk-level timing ---------------------------------------------------------------
+    # ---- pass-level timing ----------------------------------------------------------------
 
     def _start_step(self, g: _Gpu) -> None:
+        """Start the next pass on an idle GPU (the name is kept from the chunk-level model: with
+        ``passes_per_chunk = 1`` a pass is a whole coalesced step)."""
         if not g.ready or g.released_at is not None or g.release_pending:
             return
+        self._admit(g)
+        if g.batch:
+            self._run_pass(g)
+
+    def _admit(self, g: _Gpu) -> None:
+        """At a pass boundary: every member ready for a chunk and not in a batch joins; its
+        chunk completes at the end of the ``passes_per_chunk``-th pass from this one."""
         now = self.now
         sessions = self.sessions
-        batch = [sid for sid in g.members
-                 if (s := sessions[sid]).active and s.in_flight is None and s.due <= now
-                 and s.ready_at <= now]
-        if not batch:
+        joiners = [sid for sid in g.members
+                   if (s := sessions[sid]).active and s.in_flight is None and s.due <= now
+                   and s.ready_at <= now]
+        if not joiners:
             return
-        batch.sort()  # set order is not deterministic across runs; sorted order is
-        for sid in batch:
-            sessions[sid].in_flight = g.gpu_id
-        n = len(batch)
-        step_s = self._chunk_s[n] if n < len(self._chunk_s) else self.profile.chunk_ms(n) / 1e3
-        g.batch = [(sid, sessions[sid].epoch) for sid in batch]
+        joiners.sort()  # set order is not deterministic across runs; sorted order is
+        last = g.pass_no + self._passes - 1
+        done = g.done_at.get(last)
+        if done is None:
+            done = g.done_at[last] = []
+        gpu_id = g.gpu_id
+        for sid in joiners:
+            s = sessions[sid]
+            s.in_flight = gpu_id
+            g.batch[sid] = (s.epoch, last)
+            done.append(sid)
+
+    def _run_pass(self, g: _Gpu) -> None:
+        n = len(g.batch)
+        pass_s = self._pass_s[n] if n < len(self._pass_s) else self.profile.pass_ms(n) / 1e3
         g.busy = True
-        self._push(now + step_s, _P_STEP, g.gpu_id)
+        end = self.now + pass_s
+        self._push(end, _P_STEP, g.gpu_id)
         if self._note_step is not None:
-            self._note_step(g.gpu_id, now + step_s)
+            self._note_step(g.gpu_id, end)
 
     def _start_copy(self, sid: str, s: _Session) -> None:
         """Start a pending state copy unless a chunk of the session is still in flight (then
-        ``_end_step`` starts it at that chunk's boundary)."""
+        ``_end_step`` starts it at that chunk's end)."""
         if s.in_flight is not None or s.pending_copy_ms <= 0:
             return
         s.ready_at = self.now + s.pending_copy_ms / 1000.0
@@ -447,15 +474,41 @@ class Simulator:
             self._start_step(g)
 
     def _end_step(self, gpu_id: str) -> None:
+        """End of one pass on ``gpu_id``: sessions that went idle or departed leave the batch
+        (their chunk is void), sessions whose last pass this was get their chunk, then the next
+        pass admits whoever is ready."""
         g = self.gpus[gpu_id]
         now = self.now
+        sessions = self.sessions
+        batch = g.batch
+        k = g.pass_no
+        g.pass_no = k + 1
         wake: set[str] = set()
-        for sid, epoch in g.batch:
-            s = self.sessions.get(sid)
+        if g.leaving:
+            for sid in sorted(g.leaving):
+                entry = batch.get(sid)
+                s = sessions.get(sid)
+                if entry is None or (s is not None and s.active and s.epoch == entry[0]):
+                    continue  # completed already, or not void after all
+                del batch[sid]
+                if s is None:
+                    continue  # departed mid-chunk: nobody receives it
+                s.in_flight = None
+                if s.pending_copy_ms > 0:
+                    self._start_copy(sid, s)
+                elif s.active and s.gpu is not None and s.gpu != gpu_id:
+                    wake.add(s.gpu)  # resumed elsewhere while its void chunk ran
+            g.leaving.clear()
+        for sid in g.done_at.pop(k, ()):
+            entry = batch.get(sid)
+            if entry is None or entry[1] != k:
+                continue  # left the batch (void chunk) before completing
+            del batch[sid]
+            s = sessions.get(sid)
             if s is None:
-                continue  # departed mid-chunk: nobody receives it
+                continue
             s.in_flight = None
-            if s.active and s.epoch == epoch:  # not for a session that went idle meanwhile
+            if s.active and s.epoch == entry[0]:  # not for a session that went idle meanwhile
                 latency = (now - s.due) * 1000.0
                 self.latencies.append(latency)
                 if self.keep_chunk_times:
@@ -475,14 +528,16 @@ class Simulator:
                 self._start_copy(sid, s)  # moved while this chunk ran: the copy starts now
             elif s.active and s.gpu is not None and s.gpu != gpu_id:
                 wake.add(s.gpu)  # resumed elsewhere while its void chunk ran
-        g.batch = []
         g.busy = False
         if g.release_pending:
-            g.release_pending = False
-            g.released_at = now
+            if batch:
+                self._run_pass(g)  # chunks of sessions moved away finish before the release
+            else:
+                g.release_pending = False
+                g.released_at = now
         else:
             self._start_step(g)
-        for other in wake:
+        for other in sorted(wake):
             og = self.gpus[other]
             if not og.busy:
                 self._start_step(og)

@@ -102,3 +102,17 @@ def test_missing_field_and_bad_files(tmp_path):
     listed.write_text(json.dumps([1, 2]))
     with pytest.raises(ProfileError, match="top level must be a JSON object"):
         load_profile(listed)
+
+
+def test_passes_per_chunk_defaults_to_one_and_is_validated():
+    raw = _raw()
+    assert raw["passes_per_chunk"] == 5  # shipped: 4 denoising passes + 1 cache write
+    p = profile_from_dict(raw)
+    assert p.passes_per_chunk == 5 and p.pass_ms(12) == pytest.approx(p.chunk_ms(12) / 5)
+    del raw["passes_per_chunk"]
+    legacy = profile_from_dict(raw)
+    assert legacy.passes_per_chunk == 1 and legacy.pass_ms(12) == legacy.chunk_ms(12)
+    assert "passes_per_chunk" not in legacy.to_dict()
+    for bad in (0, -1, 2.5, True, "5"):
+        with pytest.raises(ProfileError, match="passes_per_chunk"):
+            profile_from_dict(_raw(passes_per_chunk=bad))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -129,8 +130,8 @@ def test_rebalance_never_worsens_the_worst_latency(loads, eta):
 @given(loads=st.lists(st.integers(min_value=0, max_value=K), min_size=1, max_size=12),
        eta=st.sampled_from([0.01, 0.03, 0.1, 1.0]))
 def test_rebalance_with_boundary_waits_gains_more_than_it_pays(loads, eta):
-    """The controller's rebalance also charges each move its destination's chunk-boundary wait
-    (worst case: the step in flight there, nothing on an empty GPU); it still never raises the
+    """The controller's rebalance also charges each move its destination's pass-boundary wait
+    (worst case: the pass in flight there, nothing on an empty GPU); it still never raises the
     worst latency and every move set it makes gains more than copies plus waits."""
     cluster = Cluster(PROFILE)
     for i, n in enumerate(loads):
@@ -149,7 +150,7 @@ def test_rebalance_with_boundary_waits_gains_more_than_it_pays(loads, eta):
         assert after < before
         waits = 0.0
         for m in moves:
-            waits += PROFILE.chunk_ms(dst_loads[m.dst])
+            waits += PROFILE.pass_ms(dst_loads[m.dst])
             dst_loads[m.dst] += 1
         kappa = sum(cluster.sessions[m.session_id].kappa_ms for m in moves)
         assert before - after > eta * (kappa + waits), (cluster_loads, moves)
@@ -260,3 +261,26 @@ def test_harness_catches_a_bad_release():
     env = Env(Liar())
     with pytest.raises(AssertionError, match="while it holds"):
         env.send(Event(0.0, EventKind.ARRIVE, "s0"))
+
+
+def test_boundary_wait_is_one_pass_not_one_chunk():
+    """With pass-level admission a moved session waits at most one pass of its destination:
+    chunk_ms(load) / passes_per_chunk (the whole step when a profile has one pass per chunk)."""
+    from dataclasses import replace
+
+    from services.scheduler.core.placement import boundary_waits_ms
+
+    def waits(profile):
+        cluster = Cluster(profile)
+        for i, n in enumerate([7, 7, 3, 0]):
+            cluster.add_gpu(f"g{i}", "H20", GpuState.READY, 0.0)
+            for j in range(n):
+                cluster.add_session(f"g{i}s{j}")
+                cluster.place(f"g{i}s{j}", f"g{i}")
+        return boundary_waits_ms(cluster, 2, 7)
+
+    one = replace(PROFILE, passes_per_chunk=1)
+    assert PROFILE.passes_per_chunk == 5
+    # Two moves: onto the empty GPU (no wait), then onto the 1-session GPU (one pass at 1).
+    assert waits(one) == pytest.approx(one.chunk_ms(1))
+    assert waits(PROFILE) == pytest.approx(PROFILE.chunk_ms(1) / 5)
