@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=3000, help="timed steps per size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default=None, help="profile name or JSON path")
+    parser.add_argument("--no-step-reports", dest="step_reports", action="store_false",
+                        help="time placement without the workers' pass-end reports (the O(1) "
+                             "least-loaded path); by default every GPU reports, as in the simulator")
     parser.add_argument("--json", dest="json_out", default=None, metavar="OUT",
                         help="write the results as JSON here")
     parser.set_defaults(func=run)
@@ -44,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if not sizes or min(sizes) < 1 or args.steps < 1:
         print("--gpus needs sizes >= 1 and --steps >= 1")
         return 2
-    results = [bench_one(g, args.steps, args.seed, args.profile) for g in sizes]
+    step_reports = getattr(args, "step_reports", True)
+    results = [bench_one(g, args.steps, args.seed, args.profile, step_reports) for g in sizes]
     print(format_table(results))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"results": results}, indent=2) + "\n")
@@ -52,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None) -> dict:
+def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
+              step_reports: bool = True) -> dict:
     from services.scheduler.core.policies import get_policy
     from services.scheduler.core.types import Event, EventKind, RequestGpus
 
@@ -74,11 +79,24 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None)
         policy.step(Event(t, EventKind.ARRIVE, sid))
         active.add(sid)
 
+    # Pass-end reports (untimed): the environment tells the controller when each GPU's current
+    # pass ends, so placement takes its step-phase path (a scan of the least-loaded GPUs).
+    report = policy.note_step if step_reports else None
+    pass_s = 0.2
+
+    def _report_all(now: float) -> None:
+        if report is not None:
+            for gid in policy.view.gpus:
+                report(gid, now + rng.uniform(0.0, pass_s))
+
+    _report_all(t)
     times: list[float] = []
     decisions = 0
     phase = max(1, steps // 6)
     for i in range(steps):
         t += 0.05
+        if report is not None and i % 4 == 0:  # a pass ends about every 0.2 s
+            _report_all(t)
         # Demand swings between 8 and 10 sessions per GPU (rho 0.67 <-> 0.83) every `phase`
         # steps, so scale-outs, rebalances onto fresh GPUs and scale-in drains are timed too.
         goal = target if (i // phase) % 2 == 0 else target + target // 4
@@ -105,6 +123,7 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None)
         "decision_ms_p99": round(_quantile(times, 0.99), 4),
         "decision_ms_max": round(times[-1], 4),
         "decisions_per_step": round(decisions / steps, 3),
+        "step_reports": step_reports,
         "gpus_at_end": view.billed_gpus,
         "scale_events": getattr(policy, "scale_events", None),
     }
