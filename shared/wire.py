@@ -14,7 +14,7 @@ import enum
 import re
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -242,3 +242,17 @@ def decode(subject: str, data: bytes, type_: type[M]) -> M:
     if msg.v != PROTOCOL_VERSION:
         raise WireError(subject, f"protocol version {msg.v} unsupported (speaks {PROTOCOL_VERSION})")
     return msg
+
+
+class _Log(Protocol):
+    def warning(self, event: str, /, **kw: Any) -> Any: ...
+
+
+def decode_or_drop(subject: str, data: bytes, type_: type[M], log: _Log) -> M | None:
+    """Decode, or log the bad message with its subject and fault and return None, so that the
+    caller drops it. Every subscription uses this: no input ever kills a service."""
+    try:
+        return decode(subject, data, type_)
+    except WireError as exc:
+        log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+        return None

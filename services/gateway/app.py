@@ -32,8 +32,7 @@ from shared.wire import (
     SessionEvent,
     SessionEventKind,
     StreamEnd,
-    WireError,
-    decode,
+    decode_or_drop,
     encode,
     valid_id,
 )
@@ -271,10 +270,8 @@ async def stream_session(request: web.Request) -> web.StreamResponse:
                 continue
             idle_s = 0.0
             quiet_polls = 0
-            try:
-                item = decode(msg.subject, msg.data, ChunkStreamMsg)
-            except WireError as exc:
-                log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+            item = decode_or_drop(msg.subject, msg.data, ChunkStreamMsg, log)
+            if item is None:
                 continue
             if isinstance(item, StreamEnd):
                 await resp.write(end_event(record.id, item.last_seq, item.reason))

@@ -31,11 +31,10 @@ from shared.streams import ensure_streams
 from shared.wire import (
     Chunk,
     Heartbeat,
-    WireError,
     WorkerCmdKind,
     WorkerCommand,
     WorkerStatus,
-    decode,
+    decode_or_drop,
     encode,
 )
 
@@ -149,10 +148,8 @@ class WorkerService:
 
     # -- commands (asyncio side) ----------------------------------------------------------------
     async def _on_command(self, msg: Any) -> None:
-        try:
-            cmd = decode(msg.subject, msg.data, WorkerCommand)
-        except WireError as exc:
-            log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+        cmd = decode_or_drop(msg.subject, msg.data, WorkerCommand, log)
+        if cmd is None:
             return
         if cmd.worker_id != self.worker_id or cmd.session_id is None:
             log.warning("command_misaddressed", kind=str(cmd.kind), to=cmd.worker_id)

@@ -19,9 +19,8 @@ from shared.wire import (
     ProvisionerCmdKind,
     ProvisionerCommand,
     ProvisionerEvent,
-    WireError,
     WorkerStatus,
-    decode,
+    decode_or_drop,
     encode,
 )
 
@@ -86,10 +85,8 @@ class ProvisionerService:
             await self.start_worker(self._new_id())
 
     async def _on_command(self, msg) -> None:
-        try:
-            cmd = decode(msg.subject, msg.data, ProvisionerCommand)
-        except WireError as exc:
-            log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+        cmd = decode_or_drop(msg.subject, msg.data, ProvisionerCommand, log)
+        if cmd is None:
             return
         if self._stopping:
             return

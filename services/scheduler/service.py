@@ -29,11 +29,10 @@ from shared.wire import (
     Heartbeat,
     SessionEvent,
     SessionEventKind,
-    WireError,
     WorkerCmdKind,
     WorkerCommand,
     WorkerStatus,
-    decode,
+    decode_or_drop,
     encode,
 )
 
@@ -104,10 +103,8 @@ class SchedulerService:
             except (TimeoutError, FetchTimeoutError, NatsTimeout):
                 continue
             for msg in msgs:
-                try:
-                    event = decode(msg.subject, msg.data, SessionEvent)
-                except WireError as exc:
-                    log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+                event = decode_or_drop(msg.subject, msg.data, SessionEvent, log)
+                if event is None:
                     await msg.term()  # never redeliver garbage
                     continue
                 try:
@@ -117,10 +114,8 @@ class SchedulerService:
                 await msg.ack()
 
     async def _on_heartbeat(self, msg) -> None:
-        try:
-            beat = decode(msg.subject, msg.data, Heartbeat)
-        except WireError as exc:
-            log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
+        beat = decode_or_drop(msg.subject, msg.data, Heartbeat, log)
+        if beat is None:
             return
         self._heartbeats[beat.worker_id] = beat
 

@@ -119,3 +119,17 @@ def test_every_message_has_version_field():
 
 def test_messages_are_structs():
     assert all(isinstance(m, msgspec.Struct) for m in SAMPLES)
+
+
+def test_decode_or_drop_logs_and_returns_none():
+    logged = []
+
+    class Log:
+        def warning(self, event, **kw):
+            logged.append((event, kw))
+
+    assert wire.decode_or_drop("ts.x", b"junk", SessionEvent, Log()) is None
+    assert logged and logged[0][0] == "bad_message_dropped" and logged[0][1]["subject"] == "ts.x"
+    ok = SessionEvent(session_id="s", kind=SessionEventKind.IDLE)
+    assert wire.decode_or_drop("ts.x", encode(ok), SessionEvent, Log()) == ok
+    assert len(logged) == 1
