@@ -1,6 +1,10 @@
 """``turboserve bench worker``: chunk time and throughput per batch size, state size, suspend
 and resume time, and a latency profile the scheduler's latency model reads.
 
+Per batch size it times lockstep chunks (``Engine.step``), then single passes under pass-level
+admission (``Engine.pass_step``) with the sessions staggered across the phases of their chunks,
+as a serving worker runs them.
+
 On a GPU: ``turboserve bench worker --preset wan-1.3b --batch 1,2,4,8 --json out.json
 --profile-out wan.json`` runs in one short go (bf16 weights and caches, pinned host memory
 for suspend/resume, a device sync inside every timed step).
@@ -96,12 +100,18 @@ def run_benchmark(
             engine.step()
         times = [engine.step()[0].gen_ms for _ in range(max(chunks, 1))]
         p50 = statistics.median(times)
+        pass_times, pass_chunks = _time_passes(engine, batch, max(chunks, 1))
         results.append({
             "batch": batch,
             "chunk_ms_p50": round(p50, 3),
             "chunk_ms_min": round(min(times), 3),
             "chunk_ms_max": round(max(times), 3),
             "sessions_per_s": round(batch * 1000.0 / p50, 4),
+            "pass_ms_p50": round(statistics.median(pass_times), 3),
+            "pass_ms_min": round(min(pass_times), 3),
+            "pass_ms_max": round(max(pass_times), 3),
+            # gen_ms of the chunks made by pass_step: the sum of their passes' times
+            "pass_chunk_ms_p50": round(statistics.median(pass_chunks), 3) if pass_chunks else None,
         })
     suspend_ms, resume_ms = _suspend_resume_ms(engine, repeats=max(chunks, 3))
     base = results[0]["sessions_per_s"]
@@ -116,6 +126,7 @@ def run_benchmark(
         "dtype": str(engine.dtype).removeprefix("torch."),
         "state_bytes": engine.state_bytes,
         "results": results,
+        "passes_per_chunk": engine.passes_per_chunk,
         "suspend_ms": round(suspend_ms, 3),
         "resume_ms": round(resume_ms, 3),
         "video_frames_per_chunk": config.video_frames_per_chunk,
@@ -129,6 +140,34 @@ def run_benchmark(
     if engine._device.type == "cuda":
         report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(engine._device)
     return report
+
+
+def _time_passes(engine: Any, batch: int, chunks: int) -> tuple[list[float], list[float]]:
+    """Wall times of ``chunks * passes_per_chunk`` passes at ``batch`` sessions spread over
+    the phases of their chunks (so the cache-write passes and decodes are spread too), and
+    the gen_ms of the chunks completed meanwhile. Leaves every session at a chunk boundary."""
+    sessions = engine.active_sessions()
+    ppc = engine.passes_per_chunk
+    # Stagger: park all but the first, then bring one back per (untimed) pass.
+    for session_id in sessions[1:]:
+        engine.suspend(session_id)
+    for session_id in sessions[1:]:
+        engine.pass_step()
+        engine.resume(session_id)
+    pass_times, chunk_times = [], []
+    for _ in range(chunks * ppc):
+        started = time.perf_counter()
+        results = engine.pass_step()
+        pass_times.append((time.perf_counter() - started) * 1000.0)
+        chunk_times += [r.gen_ms for r in results if r.batch == batch]
+    # Back into lockstep: each session parks at its own chunk boundary, then all come back.
+    for session_id in sessions:
+        engine.suspend(session_id, wait=True)
+    while engine.active_sessions():
+        engine.pass_step()
+    for session_id in sessions:
+        engine.resume(session_id)
+    return pass_times, chunk_times
 
 
 def _set_batch(engine: Any, batch: int) -> None:
@@ -159,12 +198,16 @@ def format_table(report: dict[str, Any]) -> str:
         f"worker benchmark: preset {report['preset']} on {report['device']} ({report['dtype']}), "
         f"{report['video_frames_per_chunk']} frames/chunk at "
         f"{report['resolution'][0]}x{report['resolution'][1]}",
-        f"{'batch':>5} {'chunk ms p50':>13} {'min':>9} {'max':>9} {'sessions/s':>11} {'x first':>8}",
+        f"{'batch':>5} {'chunk ms p50':>13} {'min':>9} {'max':>9} {'sessions/s':>11} "
+        f"{'x first':>8} {'pass ms p50':>12} {'x' + str(report.get('passes_per_chunk', '?')):>8}",
     ]
     for row in report["results"]:
+        pass_p50 = row.get("pass_ms_p50")
+        ppc = report.get("passes_per_chunk")
         lines.append(
             f"{row['batch']:>5} {row['chunk_ms_p50']:>13.1f} {row['chunk_ms_min']:>9.1f} "
             f"{row['chunk_ms_max']:>9.1f} {row['sessions_per_s']:>11.2f} {row['speedup_vs_first']:>8.2f}"
+            + (f" {pass_p50:>12.2f} {pass_p50 * ppc:>8.1f}" if pass_p50 and ppc else "")
         )
     lines.append(
         f"state per session: {report['state_bytes'] / 2**20:.2f} MiB; suspend "

@@ -4,9 +4,11 @@ Two halves that meet only through thread-safe hand-offs:
 
 - the asyncio side (NATS, Redis): validates each command against the registry (fencing by
   epoch), queues it for the generation thread, publishes chunks, records progress, heartbeats;
-- the generation thread: at each chunk boundary applies the queued commands to the engine, runs
-  one coalesced step for every active session, encodes the frames, hands the chunks over and
-  waits until they are published (backpressure), then paces to the playback period.
+- the generation thread: at each pass boundary applies the queued commands to the engine, runs
+  one coalesced model pass for every active session (each at its own phase of its chunk, so a
+  joining session waits one pass, not a chunk), encodes the frames of the chunks that pass
+  completed, hands them over and waits until they are published (backpressure), then paces
+  to the playback period.
 
 Progress is recorded with a compare-and-set on (owner, epoch): a worker whose session was taken
 away stops generating it at the next boundary.
@@ -219,7 +221,7 @@ class WorkerService:
                 log.warning("command_for_unknown_session", session_id=sid, kind=str(cmd.kind))
                 return
             elif cmd.kind is WorkerCmdKind.SUSPEND:
-                eng.suspend(sid)
+                eng.suspend(sid, wait=True)  # mid-chunk: right after its chunk is done
             elif cmd.kind is WorkerCmdKind.RESUME:
                 eng.resume(sid)
                 self.owned[sid].next_due = time.time()
@@ -254,8 +256,13 @@ class WorkerService:
             log.info("session_dropped", session_id=session_id, reason=reason)
 
     def _pace(self, active: list[str]) -> None:
-        """Wait until the earliest active session's next chunk is due (playback pace)."""
+        """Wait until the earliest active session's next chunk is due (playback pace).
+
+        Only at a boundary of every active session: a session in the middle of its chunk keeps
+        the batch's passes running (pausing would stall every session in the batch)."""
         if self.settings.chunk_period_s <= 0:
+            return
+        if any(self.engine.passes_to_boundary(s) for s in active):
             return
         due = min(self.owned[s].next_due for s in active if s in self.owned) if self.owned else time.time()
         delay = due - time.time()
@@ -265,13 +272,15 @@ class WorkerService:
     def _step_and_publish(self) -> None:
         from services.gpu_worker.codec import encode_frames
 
-        results = self.engine.step()
+        # One batched pass; each session is at its own phase of its chunk, so a session that
+        # joins waits for one pass, not a whole chunk. Most passes complete no chunk.
+        results = self.engine.pass_step()
         if not results:
             return
         done_at = time.time()
-        self.chunk_times.add(results[0].batch, results[0].gen_ms)
         chunks = []
         for r in results:
+            self.chunk_times.add(r.batch, r.gen_ms)
             owned = self.owned.get(r.session_id)
             if owned is None:
                 continue

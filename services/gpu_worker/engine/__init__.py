@@ -1,4 +1,5 @@
-"""The GPU worker's batch engine (slots, coalesced step, suspend/resume, export/import)."""
+"""The GPU worker's batch engine (slots, coalesced step and pass-level admission,
+suspend/resume, export/import)."""
 
 from .engine import Engine, noise_seed, resolve_device
 from .types import (
@@ -7,6 +8,7 @@ from .types import (
     EngineError,
     EngineFull,
     IncompatibleState,
+    MidChunk,
     SessionExists,
     SessionState,
     UnknownSession,
@@ -20,6 +22,7 @@ __all__ = [
     "EngineError",
     "EngineFull",
     "IncompatibleState",
+    "MidChunk",
     "SessionExists",
     "SessionState",
     "UnknownSession",

@@ -1,7 +1,15 @@
 """The batch engine: sessions in preallocated slots, one coalesced model pass per step.
 
+Two ways to drive it, sharing one pass function (``_pass``):
+
+- ``step()``: every resident session makes one chunk in lockstep (4 denoising passes, the
+  cache-write pass, the decode);
+- ``pass_step()``: pass-level admission. One batched pass for every resident session, each at
+  its own phase of its own chunk; a session that joins starts at the next pass and its chunk
+  is done ``passes_per_chunk`` passes later.
+
 Blocking and not thread-safe by design beyond one lock: the worker service calls it from
-one dedicated thread, so commands land between steps, at chunk boundaries.
+one dedicated thread, so commands land between steps (or passes).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from .types import (
     EngineConfig,
     EngineFull,
     IncompatibleState,
+    MidChunk,
     SessionExists,
     SessionState,
     UnknownSession,
@@ -64,6 +73,12 @@ class _Session:
     pending_prompt: str | None = None
     host: SessionState | None = None  # set while suspended
     host_exported: bool = False  # the host buffers were handed out: never recycle them
+    # Pass-level admission (pass_step): passes of the current chunk already run (0 = at a chunk
+    # boundary); the chunk's latent in progress lives in the slot's ``pool.inflight`` row.
+    phase: int = 0
+    chunk_ms: float = 0.0  # wall time of the current chunk's passes so far
+    chunk_batch: int = 0  # batch of its passes so far; -1 once it changed mid-chunk
+    suspend_requested: bool = False  # suspend(wait=True) mid-chunk: suspend at the boundary
 
     @property
     def suspended(self) -> bool:
@@ -109,7 +124,9 @@ class Engine:
         self._sessions: dict[str, _Session] = {}
         self._resident: list[str] = []  # slot i holds self._resident[i]
         self._generator = torch.Generator(device=self._device)
+        self._timesteps = [sigma * 1000.0 for sigma in self._sigmas] + [0.0]  # per phase
         self._chunk_ms: dict[int, deque[float]] = {}
+        self._pass_ms: dict[int, deque[float]] = {}
         self._spare_host: list[list[torch.Tensor]] = []  # recycled suspend buffers
         self._lock = threading.RLock()
 
@@ -127,6 +144,18 @@ class Engine:
         """Chunks after which a new session's KV window is full (steady state, no mask)."""
         config = self.model_config
         return (config.sink_frames + config.window_frames) // config.chunk_frames
+
+    @property
+    def passes_per_chunk(self) -> int:
+        """Batched model passes per chunk: the denoising steps plus the cache-write pass."""
+        return len(self._sigmas) + 1
+
+    def passes_to_boundary(self, session_id: str) -> int:
+        """Passes until the session's current chunk is done (0: it is at a chunk boundary,
+        where suspend/export are allowed and a new prompt applies)."""
+        with self._lock:
+            phase = self._get(session_id).phase
+            return self.passes_per_chunk - phase if phase else 0
 
     @property
     def state_bytes(self) -> int:
@@ -156,24 +185,46 @@ class Engine:
 
     def set_prompt(self, session_id: str, prompt: str) -> None:
         """The new prompt conditions chunks from the next one on (LongLive's re-cache of the
-        cross-attention at a chunk boundary)."""
+        cross-attention at a chunk boundary). Mid-chunk (pass_step), the chunk in progress
+        keeps the old prompt."""
         with self._lock:
             self._get(session_id).pending_prompt = prompt
 
-    def suspend(self, session_id: str) -> None:
+    def suspend(self, session_id: str, *, wait: bool = False) -> bool:
+        """Moves the session's state to host memory; True when done.
+
+        A session is suspended only at a chunk boundary. Mid-chunk (under ``pass_step``) this
+        raises ``MidChunk``, or with ``wait=True`` returns False and suspends the session
+        right after the pass that completes its current chunk (whose ``ChunkResult`` that
+        pass_step returns as usual); a ``resume`` before then cancels the request."""
         with self._lock:
             session = self._get(session_id)
             if session.suspended:
                 raise WrongSessionState(session_id, "suspended", "executing")
-            spare = self._spare_host.pop() if self._spare_host else None
-            session.host = self._read_state(session, into=spare)
-            session.host_exported = False
-            self._release_slot(session_id)
+            if session.phase:
+                if not wait:
+                    raise MidChunk(session_id, self.passes_per_chunk - session.phase, "suspend")
+                session.suspend_requested = True
+                return False
+            self._suspend_now(session)
+            return True
+
+    def _suspend_now(self, session: _Session) -> None:
+        spare = self._spare_host.pop() if self._spare_host else None
+        session.host = self._read_state(session, into=spare)
+        session.host_exported = False
+        session.suspend_requested = False
+        self._release_slot(session.session_id)
 
     def resume(self, session_id: str) -> None:
+        """Makes a suspended session resident again; its next chunk starts at the next step
+        or pass. On a session with a pending ``suspend(wait=True)``, cancels that request."""
         with self._lock:
             session = self._get(session_id)
             if session.host is None:
+                if session.suspend_requested:
+                    session.suspend_requested = False
+                    return
                 raise WrongSessionState(session_id, "executing", "suspended")
             slot = self._claim_slot()
             self.pool.write(slot, session.host.layers, session.host.misc)
@@ -190,12 +241,15 @@ class Engine:
             del self._sessions[session_id]
 
     def export_state(self, session_id: str) -> SessionState:
-        """A host copy of the session's state; the session itself is left as it was."""
+        """A host copy of the session's state; the session itself is left as it was.
+        Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``."""
         with self._lock:
             session = self._get(session_id)
             if session.host is not None:
                 session.host_exported = True
                 return session.host
+            if session.phase:
+                raise MidChunk(session_id, self.passes_per_chunk - session.phase, "export")
             return self._read_state(session)
 
     def import_state(self, state: SessionState) -> None:
@@ -215,31 +269,84 @@ class Engine:
     # -- the step -----------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[ChunkResult]:
-        """One chunk for every resident session, in one batched pass per denoising step."""
+        """One chunk for every resident session, in one batched pass per denoising step.
+
+        Needs every session at a chunk boundary (it always is, unless ``pass_step`` left one
+        mid-chunk: then this raises ``MidChunk``)."""
         with self._lock, _flush_denormals(self._device.type == "cpu"):
             if not self._resident:
                 return []
             started = time.perf_counter()
             sessions = [self._sessions[sid] for sid in self._resident]
+            for session in sessions:
+                if session.phase:
+                    raise MidChunk(
+                        session.session_id, self.passes_per_chunk - session.phase, "step"
+                    )
             self._apply_pending_prompts(sessions)
-            frames = self._generate(sessions)
+            starts, caches = self._pass_inputs(sessions)
+            for _ in range(self.passes_per_chunk):
+                done, frames = self._pass(sessions, starts, caches)
+            assert frames is not None and len(done) == len(sessions)
             frames_cpu = frames.contiguous().cpu()  # one transfer; each [T, H, W, 3] contiguous
             if self._device.type == "cuda":
                 torch.cuda.synchronize(self._device)  # the timing covers all queued work
             gen_ms = (time.perf_counter() - started) * 1000.0
             batch = len(sessions)
             self._chunk_ms.setdefault(batch, deque(maxlen=64)).append(gen_ms)
+            return [
+                self._complete(session, frames_cpu[i], gen_ms, batch)
+                for i, session in enumerate(sessions)
+            ]
+
+    @torch.inference_mode()
+    def pass_step(self) -> list[ChunkResult]:
+        """One batched model pass for every resident session, each at its own phase.
+
+        Phase 0..3 is denoising step k of the session's chunk (its own noisy latent and
+        timestep), phase 4 the cache-write pass of its clean chunk at t=0, after which its keys
+        go into its cache, the chunk is decoded and returned here; the session then starts its
+        next chunk at the next pass. A session added, resumed or imported starts at phase 0 at
+        the next pass, so its first chunk comes ``passes_per_chunk`` passes later. A prompt
+        change applies at the session's own chunk boundary. ``gen_ms`` of a result is the sum
+        of its chunk's pass times; ``batch`` is the batch of the pass that completed it."""
+        with self._lock, _flush_denormals(self._device.type == "cpu"):
+            if not self._resident:
+                return []
+            started = time.perf_counter()
+            sessions = [self._sessions[sid] for sid in self._resident]
+            self._apply_pending_prompts(sessions)  # those at phase 0 only
+            starts, caches = self._pass_inputs(sessions)
+            done, frames = self._pass(sessions, starts, caches)
+            frames_cpu = frames.contiguous().cpu() if frames is not None else None
+            if self._device.type == "cuda":
+                torch.cuda.synchronize(self._device)
+            pass_ms = (time.perf_counter() - started) * 1000.0
+            batch = len(sessions)
+            self._pass_ms.setdefault(batch, deque(maxlen=256)).append(pass_ms)
+            for session in sessions:
+                if session.phase == 1:  # this was its chunk's first pass
+                    session.chunk_ms, session.chunk_batch = 0.0, batch
+                elif session.chunk_batch != batch:
+                    session.chunk_batch = -1
+                session.chunk_ms += pass_ms
             results = []
-            for i, session in enumerate(sessions):
-                results.append(ChunkResult(session.session_id, session.seq, frames_cpu[i], gen_ms, batch))
-                session.seq += 1
-                session.position += self.model_config.chunk_frames
+            for j, row in enumerate(done):
+                session = sessions[row]
+                if session.chunk_batch == batch:  # a whole chunk at one batch size: telemetry
+                    self._chunk_ms.setdefault(batch, deque(maxlen=64)).append(session.chunk_ms)
+                assert frames_cpu is not None
+                results.append(self._complete(session, frames_cpu[j], session.chunk_ms, batch))
+            for row in done:  # after the pass: suspending moves slots
+                if sessions[row].suspend_requested:
+                    self._suspend_now(sessions[row])
             return results
 
-    def _generate(self, sessions: list[_Session]) -> torch.Tensor:
+    def _pass_inputs(self, sessions: list[_Session]) -> tuple[torch.Tensor, ChunkCaches]:
+        """The per-session positions and cache views of slots 0..n-1 (valid until a session's
+        chunk completes: its position and cache fill change)."""
         config = self.model_config
         batch = len(sessions)
-        device = self._device
         starts = torch.tensor([s.position for s in sessions], dtype=torch.long)
         caches = ChunkCaches(
             self_kv=[self.pool.self_kv(i, 0, batch) for i in range(config.num_layers)],
@@ -247,22 +354,69 @@ class Engine:
             key_mask=self._key_mask(sessions),
             scratch=self.pool.scratch,
         )
-        # 1. Denoise: a few flow-matching steps, fresh noise per step and session.
-        x = self._noise(sessions, 0)
-        x0 = x
-        for step, sigma in enumerate(self._sigmas):
-            t = torch.full((batch,), sigma * 1000.0, device=device)
-            flow = self.model(x, t, starts, caches).float()
-            x0 = x - sigma * flow
-            if step + 1 < len(self._sigmas):
-                nxt = self._sigmas[step + 1]
-                x = (1.0 - nxt) * x0 + nxt * self._noise(sessions, step + 1)
-        # 2. Cache-write pass: the clean chunk at t=0, then scratch -> sink or ring; the clean
-        #    latents go to the same frame slots of the history (for a later re-cache).
-        self.model(x0, torch.zeros(batch, device=device), starts, caches)
-        self._commit(0, [s.position for s in sessions], caches.self_kv, x0)
-        # 3. Decode to RGB; the decoder context in the slot advances in place.
-        return self.decoder(x0, self.pool.decoder_context(0, batch))
+        return starts, caches
+
+    def _pass(
+        self, sessions: list[_Session], starts: torch.Tensor, caches: ChunkCaches
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """One batched model pass, every session at its own phase; advances the phases.
+
+        Returns the rows whose chunk completed (cache-write pass, keys committed, decoded) and
+        their frames on the device (None when none completed). The chunk in progress is the
+        slot's ``pool.inflight`` row: noise x_t before a denoising pass, x0 before the
+        cache-write pass. Rows are grouped by phase, so a lockstep batch (``step``) runs the
+        very same tensor ops as a single-phase batch."""
+        batch = len(sessions)
+        last = self.passes_per_chunk - 1
+        x = self.pool.inflight[:batch]
+        groups: dict[int, list[int]] = {}
+        for row, session in enumerate(sessions):
+            groups.setdefault(session.phase, []).append(row)
+        if 0 in groups:  # a new chunk: its first noise, from (seed, seq, 0)
+            rows = groups[0]
+            x[_rows(rows)] = self._noise([sessions[r] for r in rows], 0)
+        t = torch.tensor([self._timesteps[s.phase] for s in sessions], device=self._device)
+        flow = self.model(x, t, starts, caches).float()
+        # 1. Denoising rows: x0 = x_t - sigma * flow, re-noised to the next level with fresh
+        #    noise (Self-Forcing's few-step sampler), or kept clean for the cache-write pass.
+        for phase, rows in groups.items():
+            if phase == last:
+                continue
+            index = _rows(rows)
+            x0 = x[index] - self._sigmas[phase] * flow[index]
+            if phase + 1 < len(self._sigmas):
+                nxt = self._sigmas[phase + 1]
+                noise = self._noise([sessions[r] for r in rows], phase + 1)
+                x[index] = (1.0 - nxt) * x0 + nxt * noise
+            else:
+                x[index] = x0
+        for session in sessions:
+            session.phase += 1
+        done = groups.get(last, [])
+        if not done:
+            return done, None
+        # 2. Cache-write rows (their clean chunk ran at t=0): scratch -> sink or ring, clean
+        #    latents -> history (for a later re-cache); then decode, the decoder context in
+        #    the slot advancing in place.
+        index = _rows(done)
+        clean = x[index]
+        self._commit(done, [sessions[r].position for r in done], clean)
+        context = self.pool.decoder_context(0, batch)
+        if isinstance(index, slice):
+            return done, self.decoder(clean, context[index])
+        gathered = context[index]
+        frames = self.decoder(clean, gathered)
+        context[index] = gathered
+        return done, frames
+
+    def _complete(
+        self, session: _Session, frames: torch.Tensor, gen_ms: float, batch: int
+    ) -> ChunkResult:
+        result = ChunkResult(session.session_id, session.seq, frames, gen_ms, batch)
+        session.seq += 1
+        session.position += self.model_config.chunk_frames
+        session.phase = 0
+        return result
 
     def _noise(self, sessions: list[_Session], step: int) -> torch.Tensor:
         config = self.model_config
@@ -293,22 +447,19 @@ class Engine:
         tokens = valid.repeat_interleave(config.tokens_per_frame, dim=1)
         return tokens[:, None, None, :].to(self._device)
 
-    def _commit(
-        self, first_slot: int, positions: list[int], self_kv: list[torch.Tensor],
-        latents: torch.Tensor,
-    ) -> None:
+    def _commit(self, slots: list[int], positions: list[int], latents: torch.Tensor) -> None:
         """Scratch keys/values -> the chunk's frame slots, and its clean latents -> history,
-        for the slots ``first_slot + i`` whose chunks start at ``positions[i]``."""
-        tpf = self.model_config.tokens_per_frame
-        frames = self.model_config.chunk_frames
+        for the slots ``slots[i]`` whose chunks start at ``positions[i]``."""
+        config = self.model_config
+        tpf, frames = config.tokens_per_frame, config.chunk_frames
         start, end = self.pool.scratch
-        history = self.pool.latent_history(first_slot, first_slot + len(positions))
-        for i, position in enumerate(positions):
+        for i, (slot, position) in enumerate(zip(slots, positions, strict=True)):
             frame = self._frame_slot(position)
             dst = frame * tpf
-            for kv in self_kv:
-                kv[i, :, :, dst : dst + end - start] = kv[i, :, :, start:end]
-            history[i, :, frame : frame + frames] = latents[i]
+            for layer in range(config.num_layers):
+                kv = self.pool.self_kv(layer, slot, slot + 1)[0]
+                kv[:, :, dst : dst + end - start] = kv[:, :, start:end]
+            self.pool.latent_history(slot, slot + 1)[0, :, frame : frame + frames] = latents[i]
 
     def _recache(self, slot: int, session: _Session) -> None:
         """LongLive's KV re-cache: recompute the cached frames' keys and values under the
@@ -330,7 +481,7 @@ class Engine:
             latents = history[:, :, frame : frame + chunk].clone()
             self.model(latents, torch.zeros(1, device=self._device),
                        torch.tensor([position]), caches)
-            self._commit(slot, [position], self_kv, latents)
+            self._commit([slot], [position], latents)
             valid[frame : frame + chunk] = True
 
     # -- helpers --------------------------------------------------------------------------
@@ -362,8 +513,9 @@ class Engine:
             self.pool.cross_kv(layer, slot, slot + 1).copy_(kv)
 
     def _apply_pending_prompts(self, sessions: list[_Session]) -> None:
+        """Switches prompts at chunk boundaries: only sessions at phase 0 (slot = index)."""
         for slot, session in enumerate(sessions):
-            if session.pending_prompt is not None:
+            if session.pending_prompt is not None and session.phase == 0:
                 self._write_prompt(slot, session.pending_prompt)
                 if self.config.prompt_recache == "kv" and session.position > 0:
                     self._recache(slot, session)
@@ -409,6 +561,13 @@ class Engine:
         samples = list(self._chunk_ms.items())
         return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
+    def pass_ms_by_batch(self) -> dict[int, float]:
+        """Median measured wall time of one ``pass_step`` pass, per batch size seen;
+        lock-free like ``chunk_ms_by_batch``. Under pass_step, ``chunk_ms_by_batch`` holds
+        the chunks whose passes all ran at one batch size (the sum of their pass times)."""
+        samples = list(self._pass_ms.items())
+        return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
+
     def telemetry(self) -> dict:
         """Device report plus engine figures; lock-free, like ``chunk_ms_by_batch``."""
         report = telemetry_mod.device_report(self._device)
@@ -420,5 +579,15 @@ class Engine:
             suspended=sum(1 for s in sessions if s.suspended),
             state_bytes=self.state_bytes,
             chunk_ms=self.chunk_ms_by_batch(),
+            pass_ms=self.pass_ms_by_batch(),
+            passes_per_chunk=self.passes_per_chunk,
         )
         return report
+
+
+def _rows(rows: list[int]) -> slice | list[int]:
+    """An index for ``rows`` (ascending): a slice (a view, no copy) when they are contiguous,
+    as every row of a lockstep step is, else the list (a gather)."""
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return slice(rows[0], rows[-1] + 1)
+    return rows

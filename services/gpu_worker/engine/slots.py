@@ -12,6 +12,12 @@ holds the current chunk's keys and values during its passes; the cache-write pas
 them into the sink (first chunk) or the ring (later chunks, overwriting the oldest). The
 misc region keeps the decoder context and the clean latents of the cached frames (in the same
 frame slots), from which a prompt switch recomputes the cache.
+
+A third buffer, ``inflight`` ``[capacity, C, F, h, w]`` (float32), holds each resident
+session's chunk in progress under pass-level admission (``Engine.pass_step``): its noisy
+latent during denoising passes, its clean latent before the cache-write pass. It moves with
+the slot but is not part of the session's state (a session is suspended or exported only at a
+chunk boundary, where it holds nothing).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class SlotPool:
             for _ in range(config.num_layers)
         ]
         self.misc = torch.zeros(capacity, self.misc_numel, device=device, dtype=dtype)
+        chunk = (config.in_dim, config.chunk_frames, *latent)
+        self.inflight = torch.zeros(capacity, *chunk, device=device, dtype=torch.float32)
 
     @property
     def bytes_per_slot(self) -> int:
@@ -84,17 +92,23 @@ class SlotPool:
         for buffer in self.layers:
             buffer[dst].copy_(buffer[src])
         self.misc[dst].copy_(self.misc[src])
+        self.inflight[dst].copy_(self.inflight[src])
 
     def regions(self, slot: int) -> list[torch.Tensor]:
         """The slot's contiguous regions (views): one per layer, then the misc one."""
         return [buffer[slot] for buffer in self.layers] + [self.misc[slot]]
 
     def host_buffers(self, pin: bool) -> list[torch.Tensor]:
-        """Empty host tensors shaped like one slot's regions (page-locked when ``pin``)."""
-        return [
-            torch.empty(region.shape, dtype=region.dtype, pin_memory=pin)
-            for region in self.regions(0)
-        ]
+        """Empty host tensors shaped like one slot's regions (page-locked when ``pin``).
+
+        Never inference tensors, even when allocated inside ``torch.inference_mode`` (a
+        suspend deferred to the end of ``Engine.pass_step``): they are recycled and written
+        again by suspends outside it."""
+        with torch.inference_mode(False):
+            return [
+                torch.empty(region.shape, dtype=region.dtype, pin_memory=pin)
+                for region in self.regions(0)
+            ]
 
     def read(
         self, slot: int, pin: bool, into: list[torch.Tensor] | None = None

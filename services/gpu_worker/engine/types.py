@@ -33,8 +33,10 @@ class ChunkResult:
     session_id: str
     seq: int  # 0 for a session's first chunk
     frames: torch.Tensor  # uint8 [T, H, W, 3] on the CPU
-    gen_ms: float  # wall time of the whole batched step
-    batch: int
+    # step(): wall time of the whole batched step (all 5 passes and the decode).
+    # pass_step(): the sum of the wall times of the passes that produced this chunk.
+    gen_ms: float
+    batch: int  # sessions in the step (step()) or in the pass that completed the chunk
 
 
 @dataclass(slots=True)
@@ -96,6 +98,23 @@ class WrongSessionState(EngineError):
         self.session_id = session_id
         self.state = state
         self.wanted = wanted
+
+
+class MidChunk(EngineError):
+    """The session is part-way through a chunk (``Engine.pass_step``): its state cannot leave
+    the engine until the chunk's last pass. ``passes_left`` passes bring it to the boundary;
+    ``suspend(session_id, wait=True)`` suspends it there instead."""
+
+    retryable = True
+
+    def __init__(self, session_id: str, passes_left: int, action: str) -> None:
+        super().__init__(
+            f"cannot {action} session {session_id!r} mid-chunk: {passes_left} more pass(es) to "
+            f"its chunk boundary"
+        )
+        self.session_id = session_id
+        self.passes_left = passes_left
+        self.action = action
 
 
 class IncompatibleState(EngineError):

@@ -55,7 +55,9 @@ class LayerNorm(nn.LayerNorm):
     """LayerNorm computed in float32, as Wan does under bf16."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.float()).type_as(x)
+        weight = self.weight.float() if self.weight is not None else None
+        bias = self.bias.float() if self.bias is not None else None
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
 def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,9 @@ def test_bench_worker_writes_results_and_a_profile(tmp_path, capsys):
     for row in report["results"]:
         assert row["chunk_ms_p50"] > 0
         assert abs(row["sessions_per_s"] - row["batch"] * 1000 / row["chunk_ms_p50"]) < 1e-2
+        assert 0 < row["pass_ms_min"] <= row["pass_ms_p50"] <= row["pass_ms_max"]
+        assert row["pass_chunk_ms_p50"] > 0
+    assert report["passes_per_chunk"] == 5
     assert report["state_bytes"] > 0 and report["suspend_ms"] >= 0 and report["resume_ms"] >= 0
     profile = json.loads(profile_path.read_text())
     assert len(profile["chunk_ms"]) == 2
