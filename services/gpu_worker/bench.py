@@ -48,19 +48,76 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+class BenchUsageError(Exception):
+    """A bad option or an environment that cannot run the benchmark: said in one line."""
+
+
+def _fail(message: str) -> int:
+    print(f"turboserve bench worker: {message}", file=sys.stderr)
+    return 2
+
+
+def _parse_batches(text: str) -> list[int]:
+    try:
+        batches = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        raise BenchUsageError(
+            f"--batch must be comma-separated integers >= 1, got {text!r}"
+        ) from None
+    if not batches or batches[0] < 1:
+        raise BenchUsageError(f"--batch needs batch sizes >= 1, got {text!r}")
+    return batches
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Everything that can be checked before building an engine, with a clear message."""
+    from .model.config import PRESETS
+
+    if args.preset not in PRESETS:
+        raise BenchUsageError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    if args.chunks < 1:
+        raise BenchUsageError(f"--chunks must be >= 1, got {args.chunks}")
+    if args.warmup is not None and args.warmup < 0:
+        raise BenchUsageError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.checkpoint is not None:
+        path = Path(args.checkpoint)
+        if not path.is_file():
+            raise BenchUsageError(f"checkpoint {args.checkpoint!r} not found (or not a file)")
+    _check_device(args.device)
+
+
+def _check_device(name: str) -> None:
+    import torch
+
+    if name == "auto":
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise BenchUsageError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise BenchUsageError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if not torch.cuda.is_available():
+        raise BenchUsageError(
+            f"--device {name}: no CUDA GPU is available here (use --device cpu or auto)"
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise BenchUsageError(f"--device {name}: only {count} CUDA device(s) are visible")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        batches = sorted({int(b) for b in args.batch.split(",") if b.strip()})
-    except ValueError:
-        print(f"--batch must be comma-separated integers, got {args.batch!r}", file=sys.stderr)
-        return 2
-    if not batches or batches[0] < 1:
-        print("--batch needs at least one size >= 1", file=sys.stderr)
-        return 2
-    report = run_benchmark(
-        preset=args.preset, batches=batches, device=args.device, chunks=args.chunks,
-        warmup=args.warmup, seed=args.seed, checkpoint=args.checkpoint,
-    )
+        batches = _parse_batches(args.batch)
+        _check_options(args)
+        report = run_benchmark(
+            preset=args.preset, batches=batches, device=args.device, chunks=args.chunks,
+            warmup=args.warmup, seed=args.seed, checkpoint=args.checkpoint,
+        )
+    except BenchUsageError as exc:
+        return _fail(str(exc))
     print(format_table(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
@@ -86,9 +143,22 @@ def run_benchmark(
     from . import telemetry
     from .engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig(
-        preset=preset, device=device, max_sessions=max(batches), seed=seed, checkpoint=checkpoint,
-    ))
+    if chunks < 1:
+        raise BenchUsageError(f"--chunks must be >= 1, got {chunks}")
+
+    from .model.checkpoint import CheckpointMismatch
+
+    try:
+        engine = Engine(EngineConfig(
+            preset=preset, device=device, max_sessions=max(batches), seed=seed,
+            checkpoint=checkpoint,
+        ))
+    except CheckpointMismatch as exc:
+        raise BenchUsageError(str(exc)) from None
+    except Exception as exc:
+        if checkpoint and type(exc).__name__ == "SafetensorError":
+            raise BenchUsageError(f"checkpoint {checkpoint!r} is not a safetensors file: {exc}") from None
+        raise
     print(f"# {telemetry.describe(engine._device)}; preset {preset}; dtype {engine.dtype}")
     if warmup is None:
         # Time the steady state: every session's window full, so attention runs unmasked.
@@ -98,9 +168,9 @@ def run_benchmark(
         _set_batch(engine, batch)
         for _ in range(warmup):
             engine.step()
-        times = [engine.step()[0].gen_ms for _ in range(max(chunks, 1))]
+        times = [engine.step()[0].gen_ms for _ in range(chunks)]
         p50 = statistics.median(times)
-        pass_times, pass_chunks = _time_passes(engine, batch, max(chunks, 1))
+        pass_times, pass_chunks = _time_passes(engine, batch, chunks)
         results.append({
             "batch": batch,
             "chunk_ms_p50": round(p50, 3),

@@ -53,13 +53,16 @@ def _gpu_report(device: torch.device) -> dict[str, Any]:
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(device))
+            handle = _nvml_handle(pynvml, device)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            util = pynvml.nvmlDeviceGetUtilizationRates(handle)
             report.update(
                 source="nvml", mem_total_bytes=int(memory.total), mem_free_bytes=int(memory.free),
-                util_percent=int(util.gpu), mem_util_percent=int(util.memory),
             )
+            try:
+                util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+                report.update(util_percent=int(util.gpu), mem_util_percent=int(util.memory))
+            except pynvml.NVMLError:  # e.g. not supported on a MIG instance
+                report.update(util_percent=None, mem_util_percent=None)
         finally:
             pynvml.nvmlShutdown()
     except Exception as exc:  # NVML missing or refused (e.g. in some containers)
@@ -71,12 +74,68 @@ def _gpu_report(device: torch.device) -> dict[str, Any]:
     return report
 
 
-def _physical_index(device: torch.device) -> int:
-    """NVML counts all GPUs; CUDA_VISIBLE_DEVICES renumbers them for torch."""
-    index = device.index or 0
+def _nvml_handle(pynvml: Any, device: torch.device) -> Any:
+    """The NVML handle of the GPU torch calls ``device``.
+
+    NVML numbers every GPU of the machine while torch numbers the visible ones, and
+    CUDA_VISIBLE_DEVICES may name them by index, UUID (``GPU-...``, possibly a prefix) or MIG
+    id (``MIG-...``). So look the device up by the UUID CUDA reports for it first, then by a
+    full UUID written in CUDA_VISIBLE_DEVICES, and only then by index."""
+    for uuid in _uuid_candidates(device):
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        except pynvml.NVMLError:
+            continue
+    return pynvml.nvmlDeviceGetHandleByIndex(_physical_index(device))
+
+
+def _uuid_candidates(device: torch.device) -> list[str]:
+    """NVML UUIDs to try for ``device``, best first (may be empty)."""
+    candidates: list[str] = []
+    try:
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    except Exception:  # no CUDA, or an old torch
+        uuid = None
+    if uuid is not None:
+        candidates += nvml_uuids(str(uuid))
+    entry = _visible_entry(device)
+    if entry is not None and _is_full_uuid(entry) and entry not in candidates:
+        candidates.append(entry)
+    return candidates
+
+
+def nvml_uuids(cuda_uuid: str) -> list[str]:
+    """NVML's spellings of a UUID as torch prints it (``xxxxxxxx-xxxx-...``, no prefix): a
+    whole GPU is ``GPU-<uuid>``, a MIG instance ``MIG-<uuid>`` (R470+ drivers)."""
+    text = cuda_uuid.strip()
+    for prefix in ("GPU-", "MIG-"):
+        if text.startswith(prefix):
+            return [text]
+    if not text or text.strip("0-") == "":  # empty or all zeros: CUDA did not say
+        return []
+    return [f"GPU-{text}", f"MIG-{text}"]
+
+
+def _is_full_uuid(entry: str) -> bool:
+    """A complete ``GPU-``/``MIG-`` UUID (36 characters after the prefix), not a prefix of one
+    (CUDA accepts those; NVML does not)."""
+    return entry[:4] in ("GPU-", "MIG-") and len(entry) == 40 and entry.count("-") == 5
+
+
+def _visible_entry(device: torch.device) -> str | None:
+    """The CUDA_VISIBLE_DEVICES entry that torch's ``device`` is, if the variable is set."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        entries = [v.strip() for v in visible.split(",") if v.strip()]
-        if index < len(entries) and entries[index].isdigit():
-            return int(entries[index])
-    return index
+    if not visible:
+        return None
+    entries = [v.strip() for v in visible.split(",") if v.strip()]
+    index = device.index or 0
+    return entries[index] if index < len(entries) else None
+
+
+def _physical_index(device: torch.device) -> int:
+    """NVML counts all GPUs; CUDA_VISIBLE_DEVICES renumbers them for torch. The fallback when
+    no UUID lookup worked: right for index lists, a guess (torch's index) otherwise."""
+    entry = _visible_entry(device)
+    if entry is not None and entry.isdigit():
+        return int(entry)
+    return device.index or 0

@@ -21,12 +21,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .. import telemetry as telemetry_mod
-from ..model.checkpoint import load_checkpoint
+from ..model.checkpoint import checkpoint_identity, load_checkpoint
 from ..model.config import ModelConfig, get_preset
 from ..model.decoder import build_decoder
 from ..model.dit import ChunkCaches, build_model
@@ -113,8 +113,12 @@ class Engine:
         self.dtype = _DTYPES[config.dtype or default]
         self._pin = config.pin_host_memory and self._device.type == "cuda"
         self.model = build_model(self.model_config, self._device, self.dtype, seed=config.seed)
+        # What an imported state's caches must have been computed with: the weight seed (it
+        # decides the random DiT and, always, the decoder) and the checkpoint's content.
+        self._checkpoint_id: tuple[str, str] = ("none", "none")  # (digest, description)
         if config.checkpoint:
             load_checkpoint(self.model, config.checkpoint)
+            self._checkpoint_id = checkpoint_identity(config.checkpoint)
         self.decoder = build_decoder(self.model_config, self._device, self.dtype, seed=config.seed)
         self.text_encoder = make_text_encoder(
             config.text_encoder, self.model_config.text_dim, self.model_config.text_len
@@ -247,7 +251,13 @@ class Engine:
             session = self._get(session_id)
             if session.host is not None:
                 session.host_exported = True
-                return session.host
+                # The tensors were captured at suspend time and do not change while suspended,
+                # but the session's fields may (set_prompt): export the live ones.
+                return replace(
+                    session.host, seq=session.seq, position=session.position,
+                    prompt=session.prompt, pending_prompt=session.pending_prompt,
+                    meta=dict(session.host.meta),
+                )
             if session.phase:
                 raise MidChunk(session_id, self.passes_per_chunk - session.phase, "export")
             return self._read_state(session)
@@ -536,8 +546,16 @@ class Engine:
             prompt=session.prompt, seed=session.seed, preset=self.model_config.name,
             dtype=str(self.dtype).removeprefix("torch."), layers=layers, misc=misc,
             pending_prompt=session.pending_prompt,
-            meta={"weights_seed": str(self.config.seed)},
+            meta=self._meta(),
         )
+
+    def _meta(self) -> dict[str, str]:
+        digest, description = self._checkpoint_id
+        return {
+            "weights_seed": str(self.config.seed),
+            "checkpoint": description,
+            "checkpoint_digest": digest,
+        }
 
     def _check_compatible(self, state: SessionState) -> None:
         expected_dtype = str(self.dtype).removeprefix("torch.")
@@ -551,6 +569,15 @@ class Engine:
         for name, got, expected in checks:
             if got != expected:
                 raise IncompatibleState(name, got, expected)
+        # Same layout is not enough: caches computed with other weights (another weight seed
+        # or checkpoint) would be silently wrong here.
+        ours = self._meta()
+        if state.meta.get("weights_seed") != ours["weights_seed"]:
+            raise IncompatibleState("weights_seed", state.meta.get("weights_seed"),
+                                    ours["weights_seed"])
+        if state.meta.get("checkpoint_digest") != ours["checkpoint_digest"]:
+            raise IncompatibleState("checkpoint", state.meta.get("checkpoint"),
+                                    ours["checkpoint"])
 
     # -- telemetry ------------------------------------------------------------------------
     def chunk_ms_by_batch(self) -> dict[int, float]:

@@ -29,6 +29,7 @@ model and are reported as unexpected. Self-Forcing ships ``.pt`` files; convert 
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -99,3 +100,17 @@ def load_checkpoint(model: nn.Module, path: str | Path, strict: bool = True) -> 
             if name in tensors:
                 param.copy_(tensors[name].to(device=param.device, dtype=param.dtype))
     return unexpected
+
+
+def checkpoint_identity(path: str | Path) -> tuple[str, str]:
+    """``(digest, description)`` of a checkpoint file: a content hash (blake2b, 128 bits; a
+    streaming read, about a second per GB) and ``"<basename> (<size> bytes, blake2b <digest>)"``.
+    Engines compare the digest so that a session's caches only move between workers holding
+    the same weights, whatever the file is called."""
+    path = Path(path)
+    hasher = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            hasher.update(block)
+    digest = hasher.hexdigest()
+    return digest, f"{path.name} ({path.stat().st_size} bytes, blake2b {digest})"

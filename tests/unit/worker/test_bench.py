@@ -3,6 +3,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from services.gpu_worker.bench import _fill_table, build_profile, register
 from services.gpu_worker.telemetry import describe, device_report
 
@@ -65,3 +67,49 @@ def test_cpu_telemetry_says_so():
     report = device_report(torch.device("cpu"))
     assert report["mode"] == "cpu" and report["util_percent"] is None
     assert "no GPU" in describe(torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--preset", "nope"], "unknown preset 'nope'"),
+        (["--chunks", "0"], "--chunks must be >= 1"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+        (["--batch", "0"], "--batch needs batch sizes >= 1"),
+        (["--batch", "x"], "--batch must be comma-separated integers"),
+        (["--batch", ","], "--batch needs batch sizes >= 1"),
+        (["--checkpoint", "/nonexistent/ckpt.safetensors"], "not found"),
+        (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N"),
+    ],
+)
+def test_bench_worker_refuses_bad_options_in_one_line(extra, message, capsys):
+    from services.cli import main
+
+    code = main(["bench", "worker", "--device", "cpu", "--chunks", "1", "--warmup", "0",
+                 "--batch", "1", *extra])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.startswith("turboserve bench worker: ") and message in captured.err
+    assert "Traceback" not in captured.err and "chunk ms" not in captured.out
+
+
+def test_bench_worker_without_a_gpu_says_so(monkeypatch, capsys):
+    import torch
+
+    from services.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "worker", "--device", "cuda", "--batch", "1", "--chunks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("turboserve bench worker: ") and "no CUDA GPU" in err
+
+
+def test_bench_worker_refuses_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
+    from services.cli import main
+
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    code = main(["bench", "worker", "--device", "cpu", "--batch", "1", "--chunks", "1",
+                 "--checkpoint", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("turboserve bench worker: ") and "bad.safetensors" in err

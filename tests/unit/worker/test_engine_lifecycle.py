@@ -131,6 +131,61 @@ def test_export_of_a_suspended_session_and_pending_prompt_travel():
     assert result.seq == 1 and torch.equal(result.frames, reference[1])
 
 
+def test_prompt_set_while_suspended_survives_export_and_import():
+    # set_prompt on a SUSPENDED session only updates the session; export must not return the
+    # state captured at suspend time (pending_prompt None there).
+    source = make_engine()
+    source.add_session("s", "a cat", 1)
+    run_chunks(source, "s", 1)
+    source.suspend("s")
+    source.set_prompt("s", "a dog")
+    state = source.export_state("s")
+    assert state.pending_prompt == "a dog" and state.prompt == "a cat" and state.seq == 1
+    assert source.export_state("s").pending_prompt == "a dog"  # export again: still live
+    target = make_engine()
+    target.import_state(state)
+    (result,) = target.step()
+    reference = solo(("a cat", 1), 2, prompts={1: "a dog"})
+    assert result.seq == 1 and torch.equal(result.frames, reference[1])
+    # ... and on the source too, once resumed.
+    source.resume("s")
+    (again,) = source.step()
+    assert torch.equal(again.frames, reference[1])
+
+
+def test_import_rejects_a_state_made_with_other_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    engine = make_engine(seed=0)
+    engine.add_session("s", "p", 0)
+    state = engine.export_state("s")
+    with pytest.raises(IncompatibleState) as err:
+        make_engine(seed=1).import_state(state)
+    assert err.value.field_name == "weights_seed"
+    assert "'0'" in str(err.value) and "'1'" in str(err.value)
+    make_engine(seed=0).import_state(state)  # same weights: accepted
+
+    weights = {k: v.detach().float().contiguous() for k, v in engine.model.state_dict().items()}
+    first, second = tmp_path / "first.safetensors", tmp_path / "second.safetensors"
+    save_file(weights, str(first))
+    save_file({k: v + 1.0 for k, v in weights.items()}, str(second))
+    with_first = make_engine(checkpoint=str(first))
+    with pytest.raises(IncompatibleState) as err:  # random weights -> checkpoint
+        with_first.import_state(state)
+    assert err.value.field_name == "checkpoint"
+    assert err.value.got == "none" and "first.safetensors" in str(err.value)
+    with_first.add_session("c", "p", 0)
+    from_first = with_first.export_state("c")
+    with pytest.raises(IncompatibleState) as err:  # another checkpoint, same size
+        make_engine(checkpoint=str(second)).import_state(from_first)
+    assert "first.safetensors" in str(err.value) and "second.safetensors" in str(err.value)
+    with pytest.raises(IncompatibleState):  # checkpoint -> random weights
+        make_engine().import_state(from_first)
+    renamed = tmp_path / "renamed.safetensors"  # the same content under another name
+    renamed.write_bytes(first.read_bytes())
+    make_engine(checkpoint=str(renamed)).import_state(from_first)
+
+
 def test_import_rejects_incompatible_state():
     engine = make_engine()
     engine.add_session("s", "p", 0)
