@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -39,14 +40,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.scheduler.core.profile import ProfileError, load_profile
+
+    def fail(message: str) -> int:
+        print(f"turboserve bench scheduler: {message}", file=sys.stderr)
+        return 2
+
     try:
         sizes = [int(x) for x in str(args.gpus).split(",") if x.strip()]
     except ValueError:
-        print(f"--gpus must be comma-separated integers, got {args.gpus!r}")
-        return 2
+        return fail(f"--gpus must be comma-separated integers, got {args.gpus!r}")
     if not sizes or min(sizes) < 1 or args.steps < 1:
-        print("--gpus needs sizes >= 1 and --steps >= 1")
-        return 2
+        return fail("--gpus needs sizes >= 1 and --steps >= 1")
+    if args.profile is not None:
+        try:
+            load_profile(args.profile)
+        except (ProfileError, FileNotFoundError) as exc:
+            return fail(str(exc))
     step_reports = getattr(args, "step_reports", True)
     results = [bench_one(g, args.steps, args.seed, args.profile, step_reports) for g in sizes]
     print(format_table(results))
@@ -59,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
               step_reports: bool = True) -> dict:
     from services.scheduler.core.policies import get_policy
-    from services.scheduler.core.types import Event, EventKind, RequestGpus
+    from services.scheduler.core.types import Event, EventKind
 
     # min_gpus = G keeps the cluster at its size while it fills (an almost empty cluster would
     # rightly scale in); above G the controller scales out and back in freely.
@@ -110,9 +120,7 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
         out = policy.step(event)
         times.append((time.perf_counter() - start) * 1e3)
         decisions += len(out)
-        for d in out:
-            if isinstance(d, RequestGpus):
-                booting.extend(d.gpu_ids)
+        track_booting(booting, out)
     times.sort()
     view = policy.view
     return {
@@ -127,6 +135,18 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
         "gpus_at_end": view.billed_gpus,
         "scale_events": getattr(policy, "scale_events", None),
     }
+
+
+def track_booting(booting: list[str], decisions: list) -> None:
+    """Keep ``booting`` (GPUs that will send GPU_READY) in step with the controller: requested
+    GPUs boot, and a GPU released while booting (a cancelled request) never comes up."""
+    from services.scheduler.core.types import Release, RequestGpus
+
+    for d in decisions:
+        if isinstance(d, RequestGpus):
+            booting.extend(d.gpu_ids)
+        elif isinstance(d, Release) and d.gpu_id in booting:
+            booting.remove(d.gpu_id)
 
 
 def _next_session_event(rng: random.Random, t: float, active: _Bag, idle: _Bag,

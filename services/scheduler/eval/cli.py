@@ -34,21 +34,30 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.scheduler.core.profile import ProfileError
     from services.scheduler.eval.evaluate import evaluate, trace_keys_from_dir
     from services.scheduler.eval.report import markdown_report, write_plots
+    from services.scheduler.sim.simulator import PolicyError, SimulationError
+    from services.scheduler.sim.traceio import TraceError
 
-    if args.traces is not None:
-        try:
+    def fail(message: object) -> int:
+        print(f"turboserve sim evaluate: {message}", file=sys.stderr)
+        return 2
+
+    if args.jobs is not None and args.jobs < 1:
+        return fail(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        if args.traces is not None:
             keys = trace_keys_from_dir(args.traces)
-        except FileNotFoundError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    else:
-        from services.scheduler.sim.synth import BUILTIN_NAMES
+        else:
+            from services.scheduler.sim.synth import BUILTIN_NAMES
 
-        keys = list(BUILTIN_NAMES)
-    result = evaluate(keys, quick=args.quick, jobs=args.jobs,
-                      placement_instances=args.placement_instances)
+            keys = list(BUILTIN_NAMES)
+        result = evaluate(keys, quick=args.quick, jobs=args.jobs,
+                          placement_instances=args.placement_instances)
+    except (TraceError, ProfileError, SimulationError, PolicyError, FileNotFoundError) as exc:
+        # A bad trace file (named, with its line where known), not a traceback.
+        return fail(exc)
     text = markdown_report(result.document)
     print(text)
     if args.markdown is not None:

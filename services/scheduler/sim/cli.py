@@ -129,17 +129,41 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 def run_sim(args: argparse.Namespace) -> int:
     from services.scheduler.core.profile import ProfileError
-    from services.scheduler.sim.simulator import SimulationError
+    from services.scheduler.sim.simulator import PolicyError, SimulationError
     from services.scheduler.sim.traceio import TraceError
 
     try:
+        _check_run_args(args)
         return _run_sim(args)
-    except (TraceError, ProfileError, SimulationError, FileNotFoundError, KeyError) as exc:
+    except (TraceError, ProfileError, SimulationError, PolicyError, UsageError,
+            FileNotFoundError, KeyError) as exc:
         # Bad input (a trace row, a profile field, an unknown name) or a policy decision the
         # environment cannot carry out: one line that names it, no traceback.
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"turboserve sim run: {message}", file=sys.stderr)
         return 2
+
+
+class UsageError(ValueError):
+    """A command-line value out of range: printed as one line, exit status 2."""
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    """Ranges the simulator itself needs; the policy checks its own knobs (rho_hat, delta,
+    --param) when it is built and says what it does not take."""
+    if args.gpus is not None and args.gpus < 0:
+        raise UsageError(f"--gpus must be >= 0, got {args.gpus}")
+    if not (math.isfinite(args.boot_delay) and args.boot_delay >= 0):
+        raise UsageError(f"--boot-delay must be a finite number of seconds >= 0, got "
+                         f"{args.boot_delay:g}")
+    if not (math.isfinite(args.tick) and args.tick > 0):
+        raise UsageError(f"--tick must be > 0 seconds, got {args.tick:g}")
+    if not (math.isfinite(args.resume_ms) and args.resume_ms >= 0):
+        raise UsageError(f"--resume-ms must be >= 0, got {args.resume_ms:g}")
+    if args.rho_hat is not None and not (0.0 < args.rho_hat <= 1.0):
+        raise UsageError(f"--rho-hat must be in (0, 1], got {args.rho_hat:g}")
+    if args.delta is not None and not (math.isfinite(args.delta) and args.delta >= 0):
+        raise UsageError(f"--delta must be >= 0, got {args.delta:g}")
 
 
 def _run_sim(args: argparse.Namespace) -> int:
@@ -156,11 +180,13 @@ def _run_sim(args: argparse.Namespace) -> int:
     if args.delta is not None:
         params["delta"] = args.delta
 
-    def one(policy: str, gpus: int | None) -> dict[str, Any]:
+    def one(policy: str, gpus: int | None, static_params: dict[str, Any]) -> dict[str, Any]:
         kw = dict(params)
         if policy in STATIC_POLICIES or policy == "no_autoscale":
-            # Static pools take no autoscaling knobs; default size: the trace's peak at K.
-            kw = {"gpus": gpus if gpus is not None else _default_static_gpus(trace, profile)}
+            # Static pools: default size is the trace's peak at K. Every other parameter goes
+            # to the policy, which names any it does not take (PolicyError), never dropped.
+            kw = {**static_params,
+                  "gpus": gpus if gpus is not None else _default_static_gpus(trace, profile)}
         elif gpus is not None and "gpus" not in kw:
             kw["gpus"] = gpus
         try:
@@ -178,17 +204,22 @@ def _run_sim(args: argparse.Namespace) -> int:
 
     rows: list[dict[str, Any]] = []
     if args.policy == "all":
-        rows.append(one("turboserve", None))
+        rows.append(one("turboserve", None, {}))
         matched = args.gpus or max(1, round(rows[0]["cost_gpu_seconds"] / trace.duration))
+        if params:
+            # With --policy all the autoscaling knobs are meant for the autoscalers: say so
+            # instead of silently ignoring them for the static pools.
+            print(f"note: {', '.join(sorted(params))} not given to the static pools "
+                  f"({', '.join(STATIC_POLICIES)}, no_autoscale)", file=sys.stderr)
         for name in _all_policies():
             if name == "turboserve":
                 continue
             try:
-                rows.append(one(name, matched if name in STATIC_POLICIES else None))
+                rows.append(one(name, matched if name in STATIC_POLICIES else None, {}))
             except TypeError as exc:  # e.g. a policy that needs a parameter we cannot guess
                 print(f"skipped {name}: {exc}", file=sys.stderr)
     else:
-        rows.append(one(args.policy, args.gpus))
+        rows.append(one(args.policy, args.gpus, params))
     print(f"trace {trace.name}: {trace.duration / 60:.0f} min, {trace.sessions} sessions, "
           f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
           f"deadline {profile.deadline_ms:g} ms); boot delay {args.boot_delay:g} s")
@@ -215,7 +246,28 @@ def _default_static_gpus(trace: Any, profile: Any) -> int:
 # ---- sim profile --------------------------------------------------------------------------
 
 def run_profile(args: argparse.Namespace) -> int:
+    from services.scheduler.core.profile import ProfileError
+    from services.scheduler.sim.simulator import PolicyError, SimulationError
+    from services.scheduler.sim.traceio import TraceError
+
+    try:
+        return _run_profile(args)
+    except (TraceError, ProfileError, SimulationError, PolicyError, UsageError,
+            FileNotFoundError) as exc:
+        print(f"turboserve sim profile: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_profile(args: argparse.Namespace) -> int:
+    from services.scheduler.core.profile import load_profile
     from services.scheduler.sim.profiler import build_table, check_table
+
+    if args.profile is not None:
+        load_profile(args.profile)  # a bad profile is a one-line error before any work
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    if not (math.isfinite(args.boot_delay) and args.boot_delay >= 0):
+        raise UsageError(f"--boot-delay must be >= 0, got {args.boot_delay:g}")
 
     if args.check is not None:
         check_table(args.out, which=args.check, boot_delay_s=args.boot_delay,

@@ -20,8 +20,10 @@ The model (issue 3; ``shared/design/evaluation.md`` for the metrics):
   serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
   of any step still in flight on it. Cost is integrated to the end of the trace.
 * **Idle sessions** sit in host RAM once the policy suspends them; they take no batch slot.
-* **Unserved work.** At the end of the trace, an active session whose chunk has been due for
-  longer than the deadline counts as one late chunk with its wait so far (a lower bound).
+* **Unserved work.** When a session goes idle or departs, and at the end of the trace for
+  every active session, a chunk that has been due for longer than the deadline and was never
+  delivered (still waiting, or in flight and now void) counts as one late chunk with its wait
+  so far as latency (a lower bound). So a session starved of a GPU still shows up.
 
 **Counters.** ``migrations`` counts Migrate decisions; ``scale_events`` counts controller steps
 that request GPUs (one scale-out) and steps that start a scale-in (a Drain, or a Release of a
@@ -71,6 +73,12 @@ _TRACE_KINDS = {
 # Heap priorities at equal times: chunks finish, then GPUs come up, then the trace, then ticks.
 # (A finished copy, _P_COPY, may start a step on an idle GPU.)
 _P_STEP, _P_COPY, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3, 4
+
+
+class PolicyError(TypeError, ValueError):
+    """A policy that cannot be built from the given parameters (one it does not take, or a
+    value out of range). A ``TypeError`` as well as a ``ValueError``, so callers that catch
+    either, as before, still do."""
 
 
 class SimulationError(RuntimeError):
@@ -138,6 +146,9 @@ class SimResult:
     # Delivery time of each chunk, parallel to latencies_ms (only with keep_chunk_times=True).
     chunk_times_s: list[float] = field(default_factory=list)
     first_flags: list[bool] = field(default_factory=list)
+    # Late chunks never generated (the session went idle, departed or the trace ended first
+    # after waiting longer than the deadline); included in latencies_ms.
+    unserved_chunks: int = 0
 
     @property
     def chunks(self) -> int:
@@ -174,6 +185,7 @@ class SimResult:
             "peak_gpus": self.peak_gpus,
             "decision_ms": self.decision(),
             "chunks": self.chunks,
+            "unserved_chunks": self.unserved_chunks,
             "params": self.params,
             "wall_s": round(self.wall_s, 3),
         }
@@ -230,6 +242,7 @@ class Simulator:
         self.after_migration = 0  # chunks that were a session's first after a migration
         self.late_after_migration = 0  # ... and missed the deadline
         self.scale_events = 0
+        self.unserved_chunks = 0  # late chunks never generated (see _record_unserved)
         self.n_active = 0
         self.timeline: list[tuple[float, int, int]] = []
         self.held = 0
@@ -304,6 +317,7 @@ class Simulator:
             s = self.sessions[sid]
             if s.active:
                 self.n_active -= 1
+                self._record_unserved(s, ev.t)  # its due chunk never comes
             s.active = False
             s.epoch += 1
             if s.in_flight is not None:
@@ -408,11 +422,11 @@ class Simulator:
         for sid in g.members:  # idle, never suspended: their state goes to host RAM now
             self.sessions[sid].gpu = None
         g.members.clear()
-        self.held -= 1
         if g.busy:
-            g.release_pending = True  # stops costing when the step in flight ends
+            g.release_pending = True  # held and billed until the pass in flight ends
         else:
             g.released_at = self.now
+            self.held -= 1
 
     # ---- pass-level timing ----------------------------------------------------------------
 
@@ -535,6 +549,8 @@ class Simulator:
             else:
                 g.release_pending = False
                 g.released_at = now
+                self.held -= 1
+                self._mark()
         else:
             self._start_step(g)
         for other in sorted(wake):
@@ -554,15 +570,29 @@ class Simulator:
                 self.timeline.append(point)
 
     def _account_unserved(self, end: float) -> None:
-        deadline_s = self.profile.deadline_ms / 1000.0
-        for s in self.sessions.values():
-            if s.active and s.in_flight is None and end - s.due > deadline_s:
-                self.latencies.append((end - s.due) * 1000.0)
-                if self.keep_chunk_times:
-                    self.chunk_times.append(end)
-                    self.first_flags.append(s.first)
-                (self.first_latencies if s.first else self.stream_latencies).append(
-                    (end - s.due) * 1000.0)
+        """At the end of the trace: every active session's undelivered chunk (waiting, or in
+        flight) that has already waited longer than the deadline counts as one late chunk."""
+        for sid in sorted(self.sessions):
+            s = self.sessions[sid]
+            if s.active:
+                self._record_unserved(s, end)
+
+    def _record_unserved(self, s: _Session, t: float) -> None:
+        """The chunk ``s`` has been due since ``s.due`` will never be generated (the session
+        goes idle or departs at ``t``, or the trace ends). A chunk not generated is late by at
+        least the time it waited, so once that wait exceeds the deadline it counts as one late
+        chunk of latency ``t - due`` (a lower bound), whether it was waiting for a slot or in
+        flight (a chunk in flight is void). A shorter wait is not counted: the chunk might
+        still have been on time, and the user stopped wanting it."""
+        wait_ms = (t - s.due) * 1000.0
+        if wait_ms <= self.profile.deadline_ms:
+            return
+        self.latencies.append(wait_ms)
+        if self.keep_chunk_times:
+            self.chunk_times.append(t)
+            self.first_flags.append(s.first)
+        (self.first_latencies if s.first else self.stream_latencies).append(wait_ms)
+        self.unserved_chunks += 1
 
     def _cost_gpu_seconds(self, end: float) -> float:
         total = 0.0
@@ -594,6 +624,7 @@ class Simulator:
             chunks_after_migration=self.after_migration,
             late_chunks_after_migration=self.late_after_migration,
             first_flags=self.first_flags,
+            unserved_chunks=self.unserved_chunks,
         )
 
 
@@ -654,11 +685,15 @@ def make_policy(name: str, profile: Any, *, boot_delay_s: float,
     while True:
         try:
             return get_policy(name, profile, **params)
+        except PolicyError:
+            raise
         except TypeError as exc:
             drop = [k for k in optional if k in params and k in str(exc)]
             if not drop:
-                raise
+                raise PolicyError(str(exc)) from exc
             params = {k: v for k, v in params.items() if k not in drop}
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from exc
 
 
 def _jsonable(v: Any) -> bool:

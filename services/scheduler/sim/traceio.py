@@ -15,6 +15,7 @@ import gzip
 import io
 import math
 import os
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +28,15 @@ EVENTS = ("arrive", "active", "idle", "depart")
 class TraceError(ValueError):
     """A row that breaks the trace format; carries where it is and what was wrong."""
 
-    def __init__(self, source: str, line: int, reason: str) -> None:
-        super().__init__(f"{source}:{line}: {reason}")
+    def __init__(self, source: str, line: int | None, reason: str) -> None:
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {reason}")
         self.source = source
         self.line = line
         self.reason = reason
+
+    def __reduce__(self):  # picklable across worker processes despite the 3-argument init
+        return (type(self), (self.source, self.line, self.reason))
 
 
 class TraceEvent(NamedTuple):
@@ -128,13 +133,29 @@ def read_trace(path: str | os.PathLike[str], name: str | None = None) -> Trace:
     """Read and validate a ``.csv`` or ``.csv.gz`` trace."""
     p = Path(path)
     source = str(p)
-    with _open_text(p, "r") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header) != HEADER:
-            raise TraceError(source, 1, f"header must be {','.join(HEADER)}, got {header!r}")
-        rows = ((reader.line_num, fields) for fields in reader if fields)
-        events = tuple(validate(rows, source))
+    reader = None
+    try:
+        with _open_text(p, "r") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None or tuple(h.strip() for h in header) != HEADER:
+                raise TraceError(source, 1, f"header must be {','.join(HEADER)}, got {header!r}")
+            rows = ((reader.line_num, fields) for fields in reader if fields)
+            events = tuple(validate(rows, source))
+    except TraceError:
+        raise
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error, csv.Error) as exc:
+        # A corrupt or truncated gzip (BadGzipFile, EOFError, zlib.error), bytes that are not
+        # UTF-8, a NUL byte, an unreadable file: an error that names the file, never a traceback.
+        line = reader.line_num + 1 if reader is not None else None
+        what = {EOFError: "truncated gzip data", UnicodeDecodeError: "not UTF-8 text",
+                gzip.BadGzipFile: "not a valid gzip file"}.get(
+            type(exc), "cannot read the file")
+        if line is not None and line > 1:
+            what += f" (at or after line {line})"
+        raise TraceError(source, None, f"{what}: {exc}") from exc
     return Trace(name or trace_name(p), events, events[-1].t if events else 0.0)
 
 
