@@ -55,6 +55,13 @@ def _register(module_name: str, subparsers: argparse._SubParsersAction) -> None:
     module.register(subparsers)
 
 
+def fail(command: str, message: object) -> int:
+    """Report a user error of ``turboserve <command>`` in one line on stderr (no traceback);
+    returns the exit code for it. Every subcommand reports bad input this way."""
+    print(f"turboserve {command}: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from shared.settings import SettingsError
 
@@ -62,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = args.func(args)
     except SettingsError as exc:
-        print(f"turboserve: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     return int(code or 0)
 
 

@@ -53,8 +53,9 @@ class BenchUsageError(Exception):
 
 
 def _fail(message: str) -> int:
-    print(f"turboserve bench worker: {message}", file=sys.stderr)
-    return 2
+    from services.cli import fail
+
+    return fail("bench worker", message)
 
 
 def _parse_batches(text: str) -> list[int]:

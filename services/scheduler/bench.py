@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -40,23 +39,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.cli import fail
     from services.scheduler.core.profile import ProfileError, load_profile
-
-    def fail(message: str) -> int:
-        print(f"turboserve bench scheduler: {message}", file=sys.stderr)
-        return 2
 
     try:
         sizes = [int(x) for x in str(args.gpus).split(",") if x.strip()]
     except ValueError:
-        return fail(f"--gpus must be comma-separated integers, got {args.gpus!r}")
+        return fail("bench scheduler", f"--gpus must be comma-separated integers, got {args.gpus!r}")
     if not sizes or min(sizes) < 1 or args.steps < 1:
-        return fail("--gpus needs sizes >= 1 and --steps >= 1")
+        return fail("bench scheduler", "--gpus needs sizes >= 1 and --steps >= 1")
     if args.profile is not None:
         try:
             load_profile(args.profile)
         except (ProfileError, FileNotFoundError) as exc:
-            return fail(str(exc))
+            return fail("bench scheduler", str(exc))
     step_reports = getattr(args, "step_reports", True)
     results = [bench_one(g, args.steps, args.seed, args.profile, step_reports) for g in sizes]
     print(format_table(results))

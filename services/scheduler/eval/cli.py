@@ -34,18 +34,15 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.cli import fail
     from services.scheduler.core.profile import ProfileError
     from services.scheduler.eval.evaluate import evaluate, trace_keys_from_dir
     from services.scheduler.eval.report import markdown_report, write_plots
     from services.scheduler.sim.simulator import PolicyError, SimulationError
     from services.scheduler.sim.traceio import TraceError
 
-    def fail(message: object) -> int:
-        print(f"turboserve sim evaluate: {message}", file=sys.stderr)
-        return 2
-
     if args.jobs is not None and args.jobs < 1:
-        return fail(f"--jobs must be >= 1, got {args.jobs}")
+        return fail("sim evaluate", f"--jobs must be >= 1, got {args.jobs}")
     try:
         if args.traces is not None:
             keys = trace_keys_from_dir(args.traces)
@@ -57,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                           placement_instances=args.placement_instances)
     except (TraceError, ProfileError, SimulationError, PolicyError, FileNotFoundError) as exc:
         # A bad trace file (named, with its line where known), not a traceback.
-        return fail(exc)
+        return fail("sim evaluate", exc)
     text = markdown_report(result.document)
     print(text)
     if args.markdown is not None:

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from services.cli import fail
+
 # The paper's static baselines: they take a fixed ``gpus`` count and never scale.
 STATIC_POLICIES = ("round_robin", "least_loaded", "memory_aware")
 DEFAULT_BOOT_DELAY_S = 30.0
@@ -140,8 +142,7 @@ def run_sim(args: argparse.Namespace) -> int:
         # Bad input (a trace row, a profile field, an unknown name) or a policy decision the
         # environment cannot carry out: one line that names it, no traceback.
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"turboserve sim run: {message}", file=sys.stderr)
-        return 2
+        return fail("sim run", message)
 
 
 class UsageError(ValueError):
@@ -254,8 +255,7 @@ def run_profile(args: argparse.Namespace) -> int:
         return _run_profile(args)
     except (TraceError, ProfileError, SimulationError, PolicyError, UsageError,
             FileNotFoundError) as exc:
-        print(f"turboserve sim profile: {exc}", file=sys.stderr)
-        return 2
+        return fail("sim profile", exc)
 
 
 def _run_profile(args: argparse.Namespace) -> int:
