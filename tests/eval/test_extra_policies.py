@@ -22,6 +22,20 @@ def test_clairvoyant_needs_the_future():
         get_policy("clairvoyant", None)
 
 
+def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
+    from services.scheduler.core.autoscale import RhoTable
+
+    table = RhoTable(tuple(float(i) for i in range(1, 10)), (0.8,) * 10, (0.1,) * 10,
+                     signal="dispersion", idle_reserve=(0.5,) * 10)
+    oracle = get_policy("clairvoyant", None, future=[], rho_table=table)
+    assert oracle.current_idle_reserve(0.0) == 0.0
+    assert get_policy("clairvoyant", None, future=[], rho_table=table,
+                      idle_reserve=0.25).current_idle_reserve(0.0) == 0.25
+    for name in ("turboserve", "least_loaded_autoscale", "turboserve_predictive"):
+        assert get_policy(name, None, rho_table=table).current_idle_reserve(0.0) == 0.5, name
+    assert get_policy("hpa", None).current_idle_reserve(0.0) == 0.0  # its own rule, no table
+
+
 def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
     future = [(100.0, f"s{i}", "arrive") for i in range(30)]
     future += [(200.0, f"s{i}", "depart") for i in range(30)]

@@ -134,3 +134,10 @@ def test_bench_scheduler_bad_profile(bad_profile, capsys):
            "not valid JSON")
     _fails(capsys, ["bench", "scheduler", "--gpus", "x"], "turboserve bench scheduler: ",
            "--gpus must be")
+
+
+@pytest.mark.parametrize("value, needle", [("x", "numbers separated by commas"),
+                                           ("0,1.5", "must be in [0, 1]"), (",", "must be in")])
+def test_sim_profile_bad_idle_reserve(capsys, value, needle):
+    _fails(capsys, ["sim", "profile", "--quick", "--idle-reserve", value],
+           "turboserve sim profile: ", "--idle-reserve", needle)

@@ -103,6 +103,7 @@ def test_build_table_end_to_end(tmp_path, monkeypatch):
              for i, name in enumerate(("calm", "chaotic"))]
     monkeypatch.setattr(synth, "training_traces", lambda **kw: short)
     monkeypatch.setattr(profiler, "QUICK_GRID", {"rho_hat": (0.4, 0.8), "delta": (0.1,)})
+    monkeypatch.setattr(profiler, "QUICK_RESERVES", (0.0, 0.5))
     out = tmp_path / "rho.json"
     table = profiler.build_table(quick=True, out=out, json_out=tmp_path / "points.json",
                                  log=lambda line: None)
@@ -111,7 +112,9 @@ def test_build_table_end_to_end(tmp_path, monkeypatch):
     assert set(loaded.rho_hat) <= {0.4, 0.8}
     assert "sim profile --quick" in loaded.source
     points = json.loads((tmp_path / "points.json").read_text())["points"]
-    assert len(points) == 4  # 2 rho_hat x 1 delta x 2 traces
+    assert len(points) == 8  # 2 rho_hat x 1 delta x 2 idle reserves x 2 traces
+    assert {p["idle_reserve"] for p in points} == {0.0, 0.5}
+    assert len(loaded.idle_reserve) == 10 and set(loaded.idle_reserve) <= {0.0, 0.5}
     # The core accepts it.
     policy = get_policy("turboserve", rho_table=out)
     assert policy.rho_table == table
@@ -125,3 +128,14 @@ def test_shipped_table_is_loadable_and_was_made_by_the_profiler():
     assert table.signal == "dispersion"
     # Burstier levels never get a higher target utilisation than calmer ones.
     assert all(a >= b for a, b in zip(table.rho_hat, table.rho_hat[1:], strict=False))
+
+
+def test_choose_searches_the_idle_reserve_too():
+    """A reserve is one more knob of a grid point: the cheapest on-time point wins whatever
+    its reserve, and the pick reports it; points without one count as reserve 0."""
+    no_reserve = _point(0.5, 99, 60.0)
+    with_reserve = {**_point(0.7, 99, 50.0), "idle_reserve": 0.25}
+    late_reserve = {**_point(0.8, 95, 40.0), "idle_reserve": 0.5}
+    rho, delta, ok, stats = choose([no_reserve, with_reserve, late_reserve], 0, target=0.99)
+    assert (rho, ok, stats["idle_reserve"]) == (0.7, True, 0.25)
+    assert choose([no_reserve], 0, target=0.99)[3]["idle_reserve"] == 0.0

@@ -9,7 +9,7 @@ import pytest
 
 from services.cli import main
 from services.scheduler.sim import synth
-from services.scheduler.sim.simulator import simulate
+from services.scheduler.sim.simulator import simulate, warm_start_gpus
 from services.scheduler.sim.traceio import TRACE_DIR, load_trace, read_trace
 
 STATIC = ("round_robin", "least_loaded", "memory_aware")
@@ -50,6 +50,32 @@ def test_boot_delay_is_paid(short_trace):
     fast = simulate(short_trace, "turboserve", rho_hat=0.6, boot_delay_s=0.0)
     slow = simulate(short_trace, "turboserve", rho_hat=0.6, boot_delay_s=120.0)
     assert slow.latency()["max"] > fast.latency()["max"]
+
+
+def test_autoscalers_start_warm_unless_told_otherwise(short_trace, tmp_path):
+    """A warm trace against static pools that are READY at t=0: autoscalers start with the pool
+    warm_start_gpus gives (and keep it for one boot delay) instead of one GPU."""
+    from services.scheduler.core.profile import load_profile
+
+    k = load_profile().capacity
+    expected = warm_start_gpus(short_trace, k, 30.0)
+    assert expected == math.ceil(short_trace.initial_active(30.0) / (k * 0.7)) > 1
+    warm = simulate(short_trace, "turboserve", keep_chunk_times=True)
+    cold = simulate(short_trace, "turboserve", keep_chunk_times=True, warm_start=False)
+    assert warm.params["initial_gpus"] == expected and "initial_gpus" not in cold.params
+    assert warm.timeline[0][1] == expected and cold.timeline[0][1] == 1
+
+    def late_in_first_minute(r):
+        return sum(1 for t, lat in zip(r.chunk_times_s, r.latencies_ms, strict=True)
+                   if t < 60 and lat > r.deadline_ms)
+
+    assert late_in_first_minute(warm) < late_in_first_minute(cold)
+    # An explicit pool wins; static pools never get one.
+    assert simulate(short_trace, "turboserve", gpus=2).params["gpus"] == 2
+    assert "initial_gpus" not in simulate(short_trace, "least_loaded", gpus=3).params
+    out = tmp_path / "cold.json"
+    assert main(["sim", "run", "--trace", "bursty", "--cold-start", "--json", str(out)]) == 0
+    assert "initial_gpus" not in json.loads(out.read_text())["params"]
 
 
 def test_shipped_traces_are_the_generated_ones():
@@ -98,17 +124,8 @@ def _p99_at_cost(trace, policy, cost):
     return p_lo + (p_hi - p_lo) * (g - lo)
 
 
-# Known shortfall (see docs/simulator.md): since chunks never generated count as late, on
-# `chaotic` turboserve leaves sessions waiting for booting GPUs and loses at matched cost.
-_KNOWN_LOSS = pytest.mark.xfail(
-    strict=True, reason="chaotic: regimes shorter than a boot; stalls while GPUs boot cost p99"
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_KNOWN_LOSS) if n == "chaotic" else n for n in synth.BUILTIN_NAMES]
-)
+@pytest.mark.parametrize("name", synth.BUILTIN_NAMES)
 def test_turboserve_beats_static_baselines_at_matched_cost(name):
     trace = load_trace(name)
     ours = simulate(trace, "turboserve")

@@ -21,7 +21,8 @@ std grows as the square root of its rate, so that signal also rises with plain l
 "busy" with "bursty". Our tables therefore use the *index of dispersion* (variance / mean of
 the bin counts: 1 for Poisson arrivals at any rate, above 1 when arrivals cluster). The table
 names its signal (``"signal": "dispersion"`` or ``"std"``; a table without the key is a std
-table, as the old ones were). The table lives at ``core/data/rho_table.json`` and is written
+table, as the old ones were). Each level may also carry an ``idle_reserve``: the share of idle
+sessions the controller sizes the pool for as if active (absent means 0). The table lives at ``core/data/rho_table.json`` and is written
 by ``turboserve sim profile``; when the file is absent the core uses the fixed
 ``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the paper's own examples.
 """
@@ -174,6 +175,9 @@ class RhoTable:
     bin_s: float = DEFAULT_BIN_S
     source: str = ""
     signal: str = "std"
+    # Per level, the share of idle sessions the pool is sized for as if active (the
+    # controller's ``idle_reserve``); empty means 0 at every level (tables without the key).
+    idle_reserve: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.signal not in SIGNALS:
@@ -190,6 +194,14 @@ class RhoTable:
             if not (0 < r <= 1) or not (0 <= d < r):
                 raise ValueError(f"rho table: level {i} needs 0 < rho_hat <= 1 and "
                                  f"0 <= delta < rho_hat, got rho_hat={r}, delta={d}")
+        if self.idle_reserve:
+            if len(self.idle_reserve) != LEVELS:
+                raise ValueError(f"rho table: need {LEVELS} idle_reserve values, got "
+                                 f"{len(self.idle_reserve)}")
+            for i, x in enumerate(self.idle_reserve):
+                if not 0 <= x <= 1:
+                    raise ValueError(f"rho table: level {i} needs 0 <= idle_reserve <= 1, "
+                                     f"got {x}")
 
     def level(self, value: float) -> int:
         return bisect.bisect_right(self.level_edges, value)
@@ -197,6 +209,10 @@ class RhoTable:
     def lookup(self, value: float) -> tuple[float, float]:
         i = self.level(value)
         return self.rho_hat[i], self.delta[i]
+
+    def reserve(self, level: int) -> float:
+        """The idle reserve at ``level`` (0 for a table without one)."""
+        return self.idle_reserve[level] if self.idle_reserve else 0.0
 
     def tracker(self) -> VolatilityTracker:
         """A fresh tracker measuring this table's signal over its window and bins."""
@@ -209,7 +225,9 @@ class RhoTable:
             "bin_s": self.bin_s,
             "signal": self.signal,
             "level_edges": list(self.level_edges),
-            "levels": [{"rho_hat": r, "delta": d} for r, d in zip(self.rho_hat, self.delta, strict=True)],
+            "levels": [{"rho_hat": r, "delta": d,
+                        **({"idle_reserve": self.idle_reserve[i]} if self.idle_reserve else {})}
+                       for i, (r, d) in enumerate(zip(self.rho_hat, self.delta, strict=True))],
             "source": self.source,
         }
 
@@ -225,6 +243,8 @@ class RhoTable:
                 bin_s=float(raw.get("bin_s", DEFAULT_BIN_S)),
                 source=str(raw.get("source", "")),
                 signal=str(raw.get("signal", "std")),
+                idle_reserve=(tuple(float(x.get("idle_reserve", 0.0)) for x in levels)
+                              if any("idle_reserve" in x for x in levels) else ()),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rho table: malformed ({exc!r})") from exc

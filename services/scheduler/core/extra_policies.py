@@ -21,7 +21,8 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     ``gpus_for(max active over [t, t + boot_delay_s + lookahead_slack_s])``, so it asks for a
     GPU exactly one boot delay (plus one tick) before it is needed and lets it go as soon as
     it is not needed within that horizon.  Needs ``future=`` (a trace: an object with
-    ``events`` of ``(t, session_id, event)``, or a list of such rows).
+    ``events`` of ``(t, session_id, event)``, or a list of such rows).  It takes no idle
+    reserve from the table (``idle_reserve=0`` unless given): it knows who comes back.
 ``turboserve_predictive``
     Our loop, with the GPU count sized for a short-horizon forecast of active sessions one
     boot delay ahead.  Default ``mode="sessions"``: Holt's linear trend (double exponential
@@ -56,7 +57,7 @@ __all__ = ["ClairvoyantController", "HpaController", "PredictiveController"]
 
 _CONTROLLER_PARAMS = frozenset({
     "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
-    "min_gpus", "max_gpus", "rho_table", "t0",
+    "min_gpus", "max_gpus", "rho_table", "t0", "warmup_s", "idle_reserve",
 })
 
 
@@ -197,6 +198,9 @@ def _clairvoyant(profile: LatencyProfile, **params: Any) -> ClairvoyantControlle
     _check("clairvoyant", params, {"future", "lookahead_slack_s"})
     if "future" not in params:
         raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
+    # The idle reserve stands in for the sessions that will come back; the clairvoyant knows
+    # them, so by default it sizes for the true demand alone.
+    params.setdefault("idle_reserve", 0.0)
     return ClairvoyantController(profile, name="clairvoyant", **params)
 
 

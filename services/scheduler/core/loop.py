@@ -14,6 +14,12 @@
    their sessions onto the others (``Migrate``) and releases them once empty (``Release``);
 5. release any draining GPU that has become empty.
 
+Warm-up: for ``warmup_s`` (default: the boot delay) after its first event the loop scales out
+but never in, so a pool it starts with is not released on the first arrival of a warm system.
+Idle reserve (not in the paper): the autoscaler sizes the pool for the active sessions plus
+``idle_reserve`` times the idle ones (the table's value at the current volatility level unless
+given), because idle users come back faster than a GPU boots.
+
 The same class, with switches, is every built-in policy (see ``policies.py``): the static
 baselines turn off migration and autoscaling and use another chooser for step 2.
 
@@ -31,6 +37,7 @@ Sessions displaced by ``GPU_GONE`` lost their state and come back with ``Assign`
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from services.scheduler.core import autoscale as autoscale_mod
@@ -88,6 +95,8 @@ class Controller:
         max_gpus: int | None = None,
         rho_table: RhoTable | str | Path | None = None,
         scale_in_delay_s: float = 0.0,
+        warmup_s: float | None = None,
+        idle_reserve: float | None = None,
         t0: float = 0.0,
     ) -> None:
         if initial_gpus < 0 or min_gpus < 0:
@@ -99,6 +108,10 @@ class Controller:
         if eta < 0 or boot_delay_s < 0 or scale_in_delay_s < 0:
             raise ValueError(f"eta, boot_delay_s and scale_in_delay_s must be >= 0, got "
                              f"{eta}, {boot_delay_s}, {scale_in_delay_s}")
+        if warmup_s is not None and not warmup_s >= 0:
+            raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
+        if idle_reserve is not None and not 0 <= idle_reserve <= 1:
+            raise ValueError(f"idle_reserve must be in [0, 1], got {idle_reserve}")
         self.name = name
         self.profile = profile
         self.gpu_kind = gpu_kind or profile.gpu_kind
@@ -109,6 +122,12 @@ class Controller:
         self.min_gpus = min_gpus
         self.scale_in_delay_s = scale_in_delay_s
         self._low_since: float | None = None  # when a scale-in first wanted to fire
+        # No scale-in before the loop has watched the traffic this long (see _autoscale).
+        self.warmup_s = boot_delay_s if warmup_s is None else warmup_s
+        self._started: float | None = None  # time of the first event
+        # Share of idle sessions the pool is sized for as if active (see _autoscale); None:
+        # the table's value at the current level (0 without a table or with a fixed rho_hat).
+        self.idle_reserve = idle_reserve
         self.max_gpus = max_gpus
         self.chooser = chooser or LeastLatencyGrowth()
         self.fixed_rho_hat = rho_hat
@@ -134,6 +153,8 @@ class Controller:
 
     def step(self, event: Event) -> list[Decision]:
         out: list[Decision] = []
+        if self._started is None:
+            self._started = event.t
         self._apply(event, out)
         cluster = self._cluster
         if cluster.pending:
@@ -172,13 +193,25 @@ class Controller:
             return self.fixed_rho_hat, FALLBACK_DELTA if self.fixed_delta is None else self.fixed_delta
         if self.rho_table is None:
             return FALLBACK_RHO_HAT, FALLBACK_DELTA if self.fixed_delta is None else self.fixed_delta
-        value = self.volatility.value(t)  # the table's own signal (dispersion or std)
-        if value is None:  # window not yet filled: the table's middle level
-            level = len(self.rho_table.rho_hat) // 2
-            rho, delta = self.rho_table.rho_hat[level], self.rho_table.delta[level]
-        else:
-            rho, delta = self.rho_table.lookup(value)
+        level = self._volatility_level(t)
+        rho, delta = self.rho_table.rho_hat[level], self.rho_table.delta[level]
         return rho, delta if self.fixed_delta is None else self.fixed_delta
+
+    def current_idle_reserve(self, t: float) -> float:
+        """Share of idle sessions sized for as if active at ``t``: fixed, or the table's."""
+        if self.idle_reserve is not None:
+            return self.idle_reserve
+        if self.rho_table is None:
+            return 0.0
+        return self.rho_table.reserve(self._volatility_level(t))
+
+    def _volatility_level(self, t: float) -> int:
+        """The table's volatility level at ``t`` (its middle level until the window fills)."""
+        assert self.rho_table is not None
+        value = self.volatility.value(t)  # the table's own signal (dispersion or std)
+        if value is None:
+            return len(self.rho_table.rho_hat) // 2
+        return self.rho_table.level(value)
 
     def target_gpus(
         self, t: float, n_required: int, rho_max: float, budget: int, rho_hat: float, delta: float
@@ -234,7 +267,21 @@ class Controller:
         cluster = self._cluster
         rho_hat, delta = self.current_rho_hat(t)
         budget = cluster.budget
-        target = self.target_gpus(t, cluster.n_active, self.rho_max(), budget, rho_hat, delta)
+        n_required = cluster.n_active
+        reserve = self.current_idle_reserve(t)
+        if reserve:
+            # Not in the paper (0 unless given or in the table): size the pool as if this share
+            # of the idle sessions were active too. Idle users come back, and a storm of
+            # returns is faster than a boot; the active count alone cannot see them coming.
+            idle = len(cluster.sessions) - cluster.n_active
+            n_required += math.ceil(reserve * idle - 1e-9)
+        target = self.target_gpus(t, n_required, self.rho_max(), budget, rho_hat, delta)
+        if target < budget and self._started is not None and t - self._started < self.warmup_s:
+            # Warm-up: the pool the loop starts with (initial_gpus, or the GPUs a restarted
+            # scheduler finds) is kept until the loop has seen warmup_s of traffic (default
+            # one boot delay), instead of being released on the first event, before the
+            # sessions that are already there have reported in. Scale-out is not delayed.
+            return []
         if target < budget and self.scale_in_delay_s > 0:
             # Optional stabilisation (not in the paper; 0 by default): scale in only once the
             # load has stayed below the band for scale_in_delay_s.

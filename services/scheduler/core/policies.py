@@ -11,7 +11,8 @@ name           placement    migration autoscale parameters
 ============== ============ ========= ========= ===============================================
 turboserve     least growth yes       yes       rho_hat, delta, boot_delay_s, eta,
                                                 initial_gpus, gpu_kind (+ min_gpus, max_gpus,
-                                                rho_table, scale_in_delay_s)
+                                                rho_table, scale_in_delay_s,
+                                                warmup_s, idle_reserve)
 no_migration   least growth no        yes       same as turboserve
 no_autoscale   least growth yes       no        gpus (static count), eta, gpu_kind, ...
 round_robin    round robin  no        no        gpus, gpu_kind
@@ -91,7 +92,8 @@ def get_policy(name: str, profile: LatencyProfile | str | Path | None = None, **
 
 _AUTOSCALING_PARAMS = frozenset({
     "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
-    "min_gpus", "max_gpus", "rho_table", "gpus", "t0", "scale_in_delay_s",
+    "min_gpus", "max_gpus", "rho_table", "gpus", "t0", "scale_in_delay_s", "warmup_s",
+    "idle_reserve",
 })
 _NO_AUTOSCALE_PARAMS = frozenset({"gpus", "eta", "gpu_kind", "boot_delay_s", "t0"})
 _STATIC_PARAMS = frozenset({"gpus", "gpu_kind", "boot_delay_s", "t0"})

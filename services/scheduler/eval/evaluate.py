@@ -46,6 +46,7 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
              cfg: PlanConfig | None = None) -> Evaluation:
     from services.scheduler.core.profile import load_profile
     from services.scheduler.eval.placement_gap import placement_gap
+    from services.scheduler.sim.simulator import WARM_START_MIN_WINDOW_S
     from services.scheduler.sim.traceio import load_trace
 
     started = time.perf_counter()
@@ -64,7 +65,7 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     for key, trace in traces.items():
         fl = TraceFloors(trace, capacity, cfg.boot_delays)
         floors[names[key]] = fl
-        initial = max((s.active for s in fl.steps if s.t < cfg.boot_delay_s), default=0)
+        initial = trace.initial_active(max(cfg.boot_delay_s, WARM_START_MIN_WINDOW_S))
         facts = TraceFacts(key, names[key], fl.peak_active, initial, capacity)
         specs.extend(plan_trace(facts, cfg, detail=(key == plot_key)))
 

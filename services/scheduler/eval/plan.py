@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from services.scheduler.eval.runs import DEFAULT_PROFILE, RunSpec
+from services.scheduler.sim.simulator import WARM_START_RHO
 
 __all__ = ["PlanConfig", "TraceFacts", "plan_trace"]
 
@@ -70,12 +71,13 @@ class TraceFacts:
     key: str  # what ``load_trace`` takes: a built-in name or a path
     name: str
     peak_active: int
-    initial_active: int  # most active sessions during the first boot delay
+    initial_active: int  # most active sessions during the first boot delay (>= 10 s)
     capacity: int
 
 
 def _initial_gpus(facts: TraceFacts) -> int:
-    return max(1, math.ceil(facts.initial_active / (facts.capacity * 0.7)))
+    """The warm pool ``simulate`` gives autoscalers by default (``warm_start_gpus``)."""
+    return max(1, math.ceil(facts.initial_active / (facts.capacity * WARM_START_RHO) - 1e-9))
 
 
 def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> list[RunSpec]:
@@ -97,8 +99,15 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     def counts(factors: tuple[float, ...]) -> list[int]:
         return sorted({max(1, round(peak_need * f)) for f in factors})
 
+    def every_count(factors: tuple[float, ...]) -> list[int]:
+        # A static curve is read by linear interpolation between its points, and p99 against
+        # GPUs is convex and steep near the knee: a missing count in between would overstate
+        # the rival's latency at matched cost. Static runs are cheap, so run every count.
+        grid = counts(factors)
+        return list(range(grid[0], grid[-1] + 1))
+
     for policy in STATIC_BASELINES:
-        for n in counts(cfg.static_factors):
+        for n in every_count(cfg.static_factors):
             add(policy, policy, (("gpus", n),), keep=True)  # the plot picks matched cost
     for n in counts(cfg.no_autoscale_factors or cfg.static_factors):
         add("no_autoscale", "no_autoscale", (("gpus", n),))

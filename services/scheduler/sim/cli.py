@@ -37,7 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="a registered policy name, or 'all' (default: turboserve)")
     run.add_argument("--gpus", type=int, default=None,
                      help="GPU count for static policies (with --policy all: default is "
-                          "turboserve's mean GPU count, i.e. matched cost)")
+                          "turboserve's mean GPU count, i.e. matched cost); for autoscalers, "
+                          "the pool they start with")
+    run.add_argument("--cold-start", action="store_true",
+                     help="start autoscalers from one GPU instead of a pool sized for the "
+                          "trace's first boot delay (the warm start, the default)")
     run.add_argument("--rho-hat", type=float, default=None,
                      help="fixed target utilisation (default: the adaptive table)")
     run.add_argument("--delta", type=float, default=None, help="hysteresis band")
@@ -76,6 +80,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prof.add_argument("--signal", choices=("dispersion", "std"), default="dispersion",
                       help="volatility signal: variance/mean of activations per bin (default) "
                            "or the paper's std")
+    prof.add_argument("--idle-reserve", default=None, metavar="LIST",
+                      help="comma-separated idle reserves (share of idle sessions sized for as "
+                           "if active) searched per level with rho_hat and delta (default "
+                           "0,0.25,0.5,0.75,1; --quick: 0,0.5; 0 searches none)")
     prof.add_argument("--check", choices=("eval", "train", "both"), default=None,
                       help="do not profile: print turboserve's matched-cost p99 margins over "
                            "the static baselines with the table (--out, else the shipped one) "
@@ -190,6 +198,8 @@ def _run_sim(args: argparse.Namespace) -> int:
                   "gpus": gpus if gpus is not None else _default_static_gpus(trace, profile)}
         elif gpus is not None and "gpus" not in kw:
             kw["gpus"] = gpus
+        elif args.cold_start and "gpus" not in kw and "initial_gpus" not in kw:
+            kw["warm_start"] = False  # the policy's own default start (one GPU)
         try:
             result = simulate(trace, policy, profile, boot_delay_s=args.boot_delay,
                               tick_s=args.tick, progress=progress_bar(f"{policy} on {trace.name}"),
@@ -277,5 +287,16 @@ def _run_profile(args: argparse.Namespace) -> int:
     build_table(quick=args.quick, out=args.out, boot_delay_s=args.boot_delay,
                 profile_name=args.profile, jobs=args.jobs, json_out=args.json, target=args.target,
                 rule=args.rule, pool=args.pool, monotone=not args.no_monotone, signal=args.signal,
+                idle_reserves=None if args.idle_reserve is None else _reserves(args.idle_reserve),
                 log=lambda line: print(line, file=sys.stdout, flush=True))
     return 0
+
+
+def _reserves(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--idle-reserve takes numbers separated by commas, got {text!r}") from None
+    if not values or any(not (math.isfinite(x) and 0 <= x <= 1) for x in values):
+        raise UsageError(f"--idle-reserve values must be in [0, 1], got {text!r}")
+    return values

@@ -10,11 +10,13 @@ deadline. How we do it:
 2. **Levels.** The core's own :class:`VolatilityTracker` (same window and bin) is replayed over
    each training trace; the 9 level edges are the deciles of the pooled per-bin values, so each
    level holds a tenth of the training time.
-3. **Grid.** ``turboserve`` runs every training trace with each fixed (rho_hat, delta). Each
+3. **Grid.** ``turboserve`` runs every training trace with each fixed (rho_hat, delta, idle
+   reserve); the reserve is the share of idle sessions sized for as if active (``Controller
+   .idle_reserve``; ``FULL_RESERVES``, ``--idle-reserve 0`` for none). Each
    bin's GPU-seconds and the chunks delivered in it are attributed to the bin's volatility
    level (attribution is approximate: a choice's effect lags by about a boot delay).
-4. **Choice per level**: the cheapest (rho_hat, delta) whose chunks at that level, pooled over
-   the training traces, are on time at least ``target`` (default 99%, i.e. "p99 meets the
+4. **Choice per level**: the cheapest (rho_hat, delta, reserve) whose chunks at that level,
+   pooled over the training traces, are on time at least ``target`` (default 99%, i.e. "p99 meets the
    deadline") of the time. On time is read as streaming playback needs it: a continuation
    chunk within the deadline; a first chunk after (re)activation within the *startup bound*,
    the deadline plus one step at capacity (it waits for the step in flight, then runs; even an
@@ -47,6 +49,10 @@ from services.scheduler.sim.traceio import Trace
 FULL_GRID = {"rho_hat": tuple(round(0.25 + 0.05 * i, 2) for i in range(14)),  # 0.25 .. 0.9
              "delta": (0.05, 0.1, 0.15)}
 QUICK_GRID = {"rho_hat": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8), "delta": (0.1,)}
+# Share of idle sessions sized for as if active (``Controller.idle_reserve``), searched with
+# (rho_hat, delta) at every level; ``--idle-reserve 0`` searches none.
+FULL_RESERVES = (0.0, 0.25, 0.5, 0.75, 1.0)
+QUICK_RESERVES = (0.0, 0.5)
 DEFAULT_TARGET = 0.99
 
 
@@ -139,14 +145,15 @@ def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float, dea
     return out
 
 
-def _run_point(args: tuple[Trace, float, float, list[int | None], float, float, Any]) -> dict:
+def _run_point(args: tuple[Trace, float, float, float, list[int | None], float, float, Any]
+               ) -> dict:
     from services.scheduler.sim.simulator import simulate
 
-    trace, rho, delta, bin_levels, bin_s, boot_delay_s, profile = args
+    trace, rho, delta, reserve, bin_levels, bin_s, boot_delay_s, profile = args
     result = simulate(trace, "turboserve", profile, boot_delay_s=boot_delay_s, rho_hat=rho,
-                      delta=delta, keep_chunk_times=True)
+                      delta=delta, idle_reserve=reserve, keep_chunk_times=True)
     startup = startup_bound_ms(profile)
-    return {"rho_hat": rho, "delta": delta, "trace": trace.name,
+    return {"rho_hat": rho, "delta": delta, "idle_reserve": reserve, "trace": trace.name,
             "levels": per_level_stats(result, bin_levels, bin_s, profile.deadline_ms, startup),
             "cost_gpu_seconds": result.cost_gpu_seconds,
             "p99_ms": result.latency()["p99"]}
@@ -165,8 +172,9 @@ DEFAULT_POOL = 1
 def choose(points: list[dict], level: int, target: float, rule: str = "startup",
            pool: int = 0, max_rho: float | None = None
            ) -> tuple[float, float, bool, dict[str, float]]:
-    """The cheapest (rho_hat, delta) at ``level`` whose pooled on-time share reaches
-    ``target``; else the most punctual one. Ties go to the higher rho_hat.
+    """The cheapest (rho_hat, delta, idle reserve) at ``level`` whose pooled on-time share
+    reaches ``target``; else the most punctual one. Ties go to the higher rho_hat, then the
+    smaller reserve. The chosen reserve is ``stats["idle_reserve"]`` (0 for points without one).
 
     ``rule`` says what on time means: ``"deadline"``, every chunk (first chunks included)
     within the deadline, i.e. the p99 of per-chunk latency meets it; ``"startup"``, first
@@ -176,29 +184,29 @@ def choose(points: list[dict], level: int, target: float, rule: str = "startup",
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} (known: {', '.join(RULES)})")
     window = [lv for lv in range(level - pool, level + pool + 1) if 0 <= lv < LEVELS]
-    by_config: dict[tuple[float, float], list[LevelStats]] = {}
+    by_config: dict[tuple[float, float, float], list[LevelStats]] = {}
     for p in points:
         if max_rho is not None and p["rho_hat"] > max_rho + 1e-9:
             continue
-        by_config.setdefault((p["rho_hat"], p["delta"]), []).extend(
+        by_config.setdefault((p["rho_hat"], p["delta"], p.get("idle_reserve", 0.0)), []).extend(
             p["levels"][lv] for lv in window if lv in p["levels"])
     if not by_config:
         raise ValueError(f"no grid point at or below rho_hat {max_rho}")
     scored = []
-    for (rho, delta), stats in sorted(by_config.items()):
+    for (rho, delta, reserve), stats in sorted(by_config.items()):
         chunks = sum(s.chunks for s in stats)
         good = sum((s.within_deadline if rule == "deadline" else s.on_time) for s in stats)
         share = good / chunks if chunks else 1.0
         cost = sum(s.gpu_seconds for s in stats)
-        scored.append((share, cost, rho, delta, chunks))
+        scored.append((share, cost, rho, delta, reserve, chunks))
     feasible = [s for s in scored if s[0] >= target]
     if feasible:
-        best = min(feasible, key=lambda s: (s[1], -s[2]))
+        best = min(feasible, key=lambda s: (s[1], -s[2], s[4]))
     else:
         best = max(scored, key=lambda s: (s[0], -s[1]))
-    share, cost, rho, delta, chunks = best
+    share, cost, rho, delta, reserve, chunks = best
     return rho, delta, bool(feasible), {"on_time": round(share, 5), "gpu_seconds": round(cost, 1),
-                                        "chunks": chunks}
+                                        "chunks": chunks, "idle_reserve": reserve}
 
 
 def choose_table(points: list[dict], target: float, rule: str = DEFAULT_RULE,
@@ -222,6 +230,7 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
                 profile_name: str | None = None, jobs: int = 1, json_out: Path | None = None,
                 target: float = DEFAULT_TARGET, rule: str = DEFAULT_RULE,
                 pool: int = DEFAULT_POOL, monotone: bool = True, signal: str = DEFAULT_SIGNAL,
+                idle_reserves: tuple[float, ...] | None = None,
                 log: Callable[[str], None] = print) -> RhoTable:
     from services.scheduler.core.profile import load_profile
     from services.scheduler.sim import synth
@@ -237,23 +246,31 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     probe = RhoTable(edges, (0.5,) * LEVELS, (0.1,) * LEVELS, signal=signal)
     bin_levels = {name: [None if v is None else probe.level(v) for v in vals]
                   for name, vals in raw_levels.items()}
+    if idle_reserves is None:
+        idle_reserves = QUICK_RESERVES if quick else FULL_RESERVES
+    reserves = tuple(sorted(set(idle_reserves))) or (0.0,)
+    if any(not 0 <= x <= 1 for x in reserves):
+        raise ValueError(f"idle reserves must be in [0, 1], got {list(reserves)}")
     log(f"profiler: {len(traces)} training traces, grid {len(grid['rho_hat'])} rho_hat x "
-        f"{len(grid['delta'])} delta, {signal} level edges {list(edges)}")
-    tasks = [(tr, rho, delta, bin_levels[tr.name], bin_s, boot_delay_s, profile)
+        f"{len(grid['delta'])} delta x {len(reserves)} idle reserve, {signal} level edges "
+        f"{list(edges)}")
+    tasks = [(tr, rho, delta, reserve, bin_levels[tr.name], bin_s, boot_delay_s, profile)
              for rho in grid["rho_hat"] for delta in grid["delta"] if delta < rho
-             for tr in traces]
+             for reserve in reserves for tr in traces]
     points = _map(tasks, jobs, log)
     deadline = profile.deadline_ms
     startup = startup_bound_ms(profile)
-    rhos, deltas, notes, chosen = [], [], [], []
+    rhos, deltas, picked_reserves, notes, chosen = [], [], [], [], []
     picks = choose_table(points, target, rule, pool, monotone)
     for level, (rho, delta, ok, stats) in enumerate(picks):
         rhos.append(rho)
         deltas.append(delta)
+        picked_reserves.append(stats["idle_reserve"])
         chosen.append({"level": level, "rho_hat": rho, "delta": delta, "feasible": ok, **stats})
         if not ok:
             notes.append(str(level))
         log(f"  level {level}: rho_hat {rho:.2f} delta {delta:.2f} "
+            f"idle reserve {stats['idle_reserve']:.2f} "
             f"{'meets' if ok else 'MOST PUNCTUAL (none meets the target)'} {stats}")
     if rule == "deadline":
         bound = f"every chunk <= {deadline:g} ms"
@@ -262,10 +279,12 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     source = (f"turboserve sim profile{' --quick' if quick else ''}: {len(traces)} training "
               f"traces (seeds 1000+), boot delay {boot_delay_s:g} s, profile {profile.name}, "
               f"signal {signal}, constraint: >= {target:.1%} of chunks on time ({bound}), "
-              f"levels pooled +-{pool}{', rho_hat non-increasing' if monotone else ''}")
+              f"levels pooled +-{pool}{', rho_hat non-increasing' if monotone else ''}"
+              + (f", idle reserve grid {list(reserves)}" if reserves != (0.0,) else ""))
     if notes:
         source += f"; no grid point met it at levels {', '.join(notes)} (most punctual taken)"
-    table = RhoTable(edges, tuple(rhos), tuple(deltas), window_s, bin_s, source, signal)
+    table = RhoTable(edges, tuple(rhos), tuple(deltas), window_s, bin_s, source, signal,
+                     tuple(picked_reserves) if reserves != (0.0,) else ())
     path = save_rho_table(table, out)
     log(f"wrote {path} in {time.perf_counter() - started:.0f} s")
     if json_out is not None:

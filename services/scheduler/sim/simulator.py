@@ -644,13 +644,32 @@ def _initial_gpus(policy: Any) -> list[tuple[str, bool]]:
     return out
 
 
+WARM_START_RHO = 0.7  # the paper's example target utilisation (autoscale.FALLBACK_RHO_HAT)
+WARM_START_MIN_WINDOW_S = 10.0
+
+
+def warm_start_gpus(trace: Trace, capacity: int, boot_delay_s: float) -> int:
+    """The pool an autoscaler starts a warm trace with: enough GPUs for the most sessions
+    active during the first boot delay (at least the first 10 s) at utilisation 0.7.
+
+    Why: the traces start warm (their initial population arrives in the first seconds, as
+    if the service had been running) and the static pools they are compared with are all
+    READY at t=0. An autoscaler started from one GPU would instead spend its first boot delay
+    with most sessions waiting: a cold start, which is a different experiment (``sim run
+    --cold-start``)."""
+    window = max(boot_delay_s, WARM_START_MIN_WINDOW_S)
+    return max(1, math.ceil(trace.initial_active(window) / (capacity * WARM_START_RHO) - 1e-9))
+
+
 def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay_s: float = 30.0,
              tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
              progress: Callable[[float], None] | None = None, keep_chunk_times: bool = False,
-             resume_ms: float = 0.0, **params: Any) -> SimResult:
+             resume_ms: float = 0.0, warm_start: bool = True, **params: Any) -> SimResult:
     """Run ``policy`` (a registered name, or an object with ``step``) over ``trace`` (a Trace,
     a built-in trace name or a path). ``params`` go to ``get_policy``; autoscaling policies
-    also get ``boot_delay_s`` so that they know what the environment does.
+    also get ``boot_delay_s`` so that they know what the environment does, and, unless the
+    caller names ``gpus`` or ``initial_gpus`` or passes ``warm_start=False``, a warm pool
+    (:func:`warm_start_gpus`) as ``initial_gpus``.
 
     This is the entry point for sweeps: ``simulate("bursty", "turboserve", rho_hat=0.6)``."""
     from services.scheduler.core.profile import LatencyProfile, load_profile
@@ -660,8 +679,14 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
         trace = load_trace(trace)
     if profile is None or not isinstance(profile, LatencyProfile):
         profile = load_profile() if profile is None else load_profile(profile)
+    extra: dict[str, Any] = {}
     if isinstance(policy, str):
-        policy_obj = make_policy(policy, profile, boot_delay_s=boot_delay_s, **params)
+        if warm_start and "gpus" not in params and "initial_gpus" not in params:
+            extra["initial_gpus"] = warm_start_gpus(trace, profile.capacity, boot_delay_s)
+        policy_obj, taken = _build_policy(policy, profile, {"boot_delay_s": boot_delay_s,
+                                                            **extra, **params},
+                                          optional=("boot_delay_s", *extra))
+        extra = {k: v for k, v in extra.items() if k in taken}
     else:
         policy_obj = policy
     sim = Simulator(trace, policy_obj, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
@@ -670,7 +695,7 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
     result = sim.run()
     result.params = {"boot_delay_s": boot_delay_s, "tick_s": tick_s, "profile": profile.name,
                      "resume_ms": resume_ms,
-                     **{k: v for k, v in params.items() if _jsonable(v)}}
+                     **{k: v for k, v in {**extra, **params}.items() if _jsonable(v)}}
     return result
 
 
@@ -679,16 +704,24 @@ def make_policy(name: str, profile: Any, *, boot_delay_s: float,
     """Build a registered policy, telling it the environment's boot delay. Keys in
     ``optional`` were added by the environment, not the caller: a policy that does not take
     one (a ``TypeError`` naming it) is built without it."""
+    return _build_policy(name, profile, {"boot_delay_s": boot_delay_s, **params}, optional)[0]
+
+
+def _build_policy(name: str, profile: Any, params: dict[str, Any],
+                  optional: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """(policy, the parameters it was built with): :func:`make_policy`'s loop."""
     from services.scheduler.core.policies import get_policy
 
-    params = {"boot_delay_s": boot_delay_s, **params}
     while True:
         try:
-            return get_policy(name, profile, **params)
+            return get_policy(name, profile, **params), params
         except PolicyError:
             raise
         except TypeError as exc:
-            drop = [k for k in optional if k in params and k in str(exc)]
+            # Only the names the policy refuses: its message may go on to list the ones it
+            # takes ("... does not take X; it takes A, B").
+            refused = str(exc).split("; it takes")[0]
+            drop = [k for k in optional if k in params and k in refused]
             if not drop:
                 raise PolicyError(str(exc)) from exc
             params = {k: v for k, v in params.items() if k not in drop}

@@ -76,6 +76,20 @@ class Trace:
     def peak_active(self) -> int:
         return max((n for _, n in self.active_counts()), default=0)
 
+    def initial_active(self, window_s: float) -> int:
+        """Most sessions active at once during the first ``window_s`` seconds."""
+        active: set[str] = set()
+        peak = 0
+        for ev in self.events:
+            if ev.t >= window_s:
+                break
+            if ev.event in ("arrive", "active"):
+                active.add(ev.session_id)
+                peak = max(peak, len(active))
+            else:
+                active.discard(ev.session_id)
+        return peak
+
 
 @contextlib.contextmanager
 def _open_text(path: Path, mode: str) -> Iterator[io.TextIOBase]:

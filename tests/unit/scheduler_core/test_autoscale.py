@@ -179,3 +179,40 @@ def test_adaptive_rho_follows_dispersion_not_load():
         t += 60.0
         policy.step(Event(t, EventKind.TICK))
     assert policy.current_rho_hat(t)[0] <= 0.3
+
+
+def test_rho_table_idle_reserve_round_trip_lookup_and_validation(tmp_path):
+    reserve = (0.0,) * 5 + (0.25,) * 3 + (0.5,) * 2
+    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
+                     idle_reserve=reserve)
+    path = save_rho_table(table, tmp_path / "r.json")
+    assert [lv["idle_reserve"] for lv in json.loads(path.read_text())["levels"]] == list(reserve)
+    assert load_rho_table(path) == table
+    assert table.reserve(0) == 0.0 and table.reserve(9) == 0.5
+    # Tables without the key (every table before it) reserve nothing at any level.
+    assert "idle_reserve" not in TABLE.to_dict()["levels"][0] and TABLE.reserve(9) == 0.0
+    assert RhoTable.from_dict(TABLE.to_dict()).idle_reserve == ()
+    with pytest.raises(ValueError, match="need 10 idle_reserve"):
+        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, idle_reserve=(0.1,) * 9)
+    with pytest.raises(ValueError, match="0 <= idle_reserve <= 1"):
+        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, idle_reserve=(2.0,) * 10)
+
+
+def test_controller_takes_the_idle_reserve_of_the_current_level():
+    """The table's reserve at the current volatility level, unless one is given; none with a
+    fixed rho_hat and no table."""
+    reserve = (0.1,) * 5 + (0.2,) * 4 + (0.7,)
+    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
+                     idle_reserve=reserve)
+    policy = get_policy("turboserve", rho_table=table)
+    assert policy.current_idle_reserve(0.0) == 0.2  # window not filled: the middle level
+    t, n = 0.0, 0
+    for _burst in range(3):  # storms: dispersion far above the top edge
+        for _ in range(40):
+            policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
+            n += 1
+        t += 60.0
+        policy.step(Event(t, EventKind.TICK))
+    assert policy.current_idle_reserve(t) == 0.7
+    assert get_policy("turboserve", rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
+    assert get_policy("turboserve", rho_hat=0.7).current_idle_reserve(t) == 0.0

@@ -177,7 +177,8 @@ def test_bench_cli_writes_the_agreed_json(tmp_path):
 
 def test_scale_in_delay_waits_for_the_load_to_stay_low():
     def releases_after(delay):
-        policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay)
+        policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay,
+                            warmup_s=0.0)
         policy.autoscale = False
         for i in range(24):
             policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
@@ -193,6 +194,51 @@ def test_scale_in_delay_waits_for_the_load_to_stay_low():
 
     assert releases_after(0.0)[0] == 10.0
     assert releases_after(60.0)[0] == 70.0
+
+
+def test_warmup_keeps_the_starting_pool_then_scales_in():
+    """A warm start: the pool the loop starts with survives the first arrivals of a warm
+    system for warmup_s (default: the boot delay); scale-out is never delayed."""
+    def first_release(**kw):
+        policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=6, boot_delay_s=30.0, **kw)
+        for t in range(0, 120):
+            out = policy.step(Event(float(t), EventKind.ARRIVE if t == 0 else EventKind.TICK, "s0"
+                                    if t == 0 else None))
+            if any(isinstance(d, Release | Drain) for d in out):
+                return float(t)
+        return None
+
+    assert first_release(warmup_s=0.0) == 0.0
+    assert first_release() == 30.0
+    assert first_release(warmup_s=75.0) == 75.0
+    # Scale-out during the warm-up: 40 sessions at once on one GPU ask for more at once.
+    policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=1)
+    asked = [d for i in range(40) for d in policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
+             if isinstance(d, RequestGpus)]
+    assert asked
+    with pytest.raises(ValueError, match="warmup_s"):
+        get_policy("turboserve", warmup_s=-1.0)
+
+
+def test_idle_reserve_sizes_the_pool_for_returning_sessions():
+    """idle_reserve = 0.5 sizes the pool as if half the idle sessions were active."""
+    def gpus_after(reserve):
+        policy = get_policy("turboserve", rho_hat=0.5, delta=0.1, gpus=8, warmup_s=1.5,
+                            idle_reserve=reserve)
+        for i in range(48):  # 6 per GPU: inside the band
+            policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
+        assert len(policy.view.gpus) == 8
+        for i in range(24):  # half go idle: 24 active, 24 idle
+            policy.step(Event(1.0, EventKind.IDLE, f"s{i}"))
+        for t in range(2, 60):
+            policy.step(Event(float(t), EventKind.TICK))
+        return len(policy.view.gpus)
+
+    k = load_profile().capacity
+    assert gpus_after(0.0) == -(-24 // (k * 0.5))  # ceil(24 / (K rho_hat))
+    assert gpus_after(0.5) == -(-36 // (k * 0.5))  # 24 active + half of 24 idle
+    with pytest.raises(ValueError, match="idle_reserve"):
+        get_policy("turboserve", idle_reserve=1.5)
 
 
 def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
