@@ -22,9 +22,10 @@ std grows as the square root of its rate, so that signal also rises with plain l
 the bin counts: 1 for Poisson arrivals at any rate, above 1 when arrivals cluster). The table
 names its signal (``"signal": "dispersion"`` or ``"std"``; a table without the key is a std
 table, as the old ones were). Each level may also carry an ``idle_reserve``: the share of idle
-sessions the controller sizes the pool for as if active (absent means 0). The table lives at ``core/data/rho_table.json`` and is written
-by ``turboserve sim profile``; when the file is absent the core uses the fixed
-``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the paper's own examples.
+sessions the controller sizes the pool for as if active (absent means 0). The table lives at
+``core/data/rho_table.json`` and is written by ``turboserve sim profile``; when the file is
+absent the core uses the fixed ``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the
+paper's own examples.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from services.scheduler.eval.runs import DEFAULT_PROFILE, RunSpec
-from services.scheduler.sim.simulator import WARM_START_RHO
+from services.scheduler.sim.simulator import warm_pool
 
 __all__ = ["PlanConfig", "TraceFacts", "plan_trace"]
 
@@ -77,7 +77,7 @@ class TraceFacts:
 
 def _initial_gpus(facts: TraceFacts) -> int:
     """The warm pool ``simulate`` gives autoscalers by default (``warm_start_gpus``)."""
-    return max(1, math.ceil(facts.initial_active / (facts.capacity * WARM_START_RHO) - 1e-9))
+    return warm_pool(facts.initial_active, facts.capacity)
 
 
 def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> list[RunSpec]:

@@ -16,8 +16,8 @@ deadline. How we do it:
    bin's GPU-seconds and the chunks delivered in it are attributed to the bin's volatility
    level (attribution is approximate: a choice's effect lags by about a boot delay).
 4. **Choice per level**: the cheapest (rho_hat, delta, reserve) whose chunks at that level,
-   pooled over the training traces, are on time at least ``target`` (default 99%, i.e. "p99 meets the
-   deadline") of the time. On time is read as streaming playback needs it: a continuation
+   pooled over the training traces, are on time at least ``target`` (default 99%, i.e. "p99
+   meets the deadline") of the time. On time is read as streaming playback needs it: a continuation
    chunk within the deadline; a first chunk after (re)activation within the *startup bound*,
    the deadline plus one step at capacity (it waits for the step in flight, then runs; even an
    empty cluster cannot do better). Where no grid point reaches the target at a level, the most

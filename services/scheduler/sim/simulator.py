@@ -658,7 +658,12 @@ def warm_start_gpus(trace: Trace, capacity: int, boot_delay_s: float) -> int:
     with most sessions waiting: a cold start, which is a different experiment (``sim run
     --cold-start``)."""
     window = max(boot_delay_s, WARM_START_MIN_WINDOW_S)
-    return max(1, math.ceil(trace.initial_active(window) / (capacity * WARM_START_RHO) - 1e-9))
+    return warm_pool(trace.initial_active(window), capacity)
+
+
+def warm_pool(initial_active: int, capacity: int) -> int:
+    """GPUs for ``initial_active`` sessions at utilisation ``WARM_START_RHO`` (at least one)."""
+    return max(1, math.ceil(initial_active / (capacity * WARM_START_RHO) - 1e-9))
 
 
 def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay_s: float = 30.0,
