@@ -4,6 +4,7 @@ never a traceback."""
 from __future__ import annotations
 
 import gzip
+import json
 
 import pytest
 
@@ -141,3 +142,22 @@ def test_bench_scheduler_bad_profile(bad_profile, capsys):
 def test_sim_profile_bad_idle_reserve(capsys, value, needle):
     _fails(capsys, ["sim", "profile", "--quick", "--idle-reserve", value],
            "turboserve sim profile: ", "--idle-reserve", needle)
+
+
+@pytest.mark.parametrize("fault, needle", [
+    ("idle_reserve=-1", "0 <= idle_reserve <= 1"),
+    ("idle_reserve=x", "could not convert"),
+    ("json", "not valid JSON"),
+])
+def test_sim_profile_check_with_a_bad_table_is_one_line(tmp_path, capsys, fault, needle):
+    from services.scheduler.core.autoscale import DEFAULT_TABLE_PATH
+
+    doc = json.loads(DEFAULT_TABLE_PATH.read_text())
+    path = tmp_path / "t.json"
+    if fault == "json":
+        path.write_text("{")
+    else:
+        doc["levels"][3]["idle_reserve"] = -1.0 if fault.endswith("-1") else "x"
+        path.write_text(json.dumps(doc))
+    _fails(capsys, ["sim", "profile", "--check", "eval", "--out", str(path)],
+           "turboserve sim profile: ", "t.json", needle)

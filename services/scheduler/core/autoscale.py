@@ -249,6 +249,10 @@ class RhoTable:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rho table: malformed ({exc!r})") from exc
+        except ValueError as exc:
+            if str(exc).startswith("rho table"):
+                raise
+            raise ValueError(f"rho table: malformed ({exc})") from exc
 
 
 def load_rho_table(path: str | Path | None = None) -> RhoTable | None:
@@ -263,8 +267,15 @@ def load_rho_table(path: str | Path | None = None) -> RhoTable | None:
     try:
         raw = json.loads(target.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"rho table {target}: not valid JSON ({exc})") from exc
-    return RhoTable.from_dict(raw)
+        raise RhoTableError(f"rho table {target}: not valid JSON ({exc})") from exc
+    try:
+        return RhoTable.from_dict(raw)
+    except ValueError as exc:  # a field out of range, or a value that is not a number
+        raise RhoTableError(f"{target}: {exc}") from exc
+
+
+class RhoTableError(ValueError):
+    """A rho table file that cannot be used; the message names the file and the fault."""
 
 
 def save_rho_table(table: RhoTable, path: str | Path | None = None) -> Path:

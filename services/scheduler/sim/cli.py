@@ -257,6 +257,7 @@ def _default_static_gpus(trace: Any, profile: Any) -> int:
 # ---- sim profile --------------------------------------------------------------------------
 
 def run_profile(args: argparse.Namespace) -> int:
+    from services.scheduler.core.autoscale import RhoTableError
     from services.scheduler.core.profile import ProfileError
     from services.scheduler.sim.simulator import PolicyError, SimulationError
     from services.scheduler.sim.traceio import TraceError
@@ -264,7 +265,7 @@ def run_profile(args: argparse.Namespace) -> int:
     try:
         return _run_profile(args)
     except (TraceError, ProfileError, SimulationError, PolicyError, UsageError,
-            FileNotFoundError) as exc:
+            FileNotFoundError, RhoTableError) as exc:
         return fail("sim profile", exc)
 
 

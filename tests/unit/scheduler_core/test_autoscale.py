@@ -105,6 +105,17 @@ def test_dispersion_by_hand():
         VolatilityTracker(signal="variance")
 
 
+def _storms(policy, t: float, n: int) -> tuple[float, int]:
+    """Three storms: 40 activations inside one bin, then a minute of silence; returns (t, n)."""
+    for _burst in range(3):
+        for _ in range(40):
+            policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
+            n += 1
+        t += 60.0
+        policy.step(Event(t, EventKind.TICK))
+    return t, n
+
+
 def test_rho_table_signal_round_trip_and_default(tmp_path):
     disp = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion")
     path = save_rho_table(disp, tmp_path / "d.json")
@@ -152,12 +163,7 @@ def test_adaptive_rho_follows_volatility():
         policy.step(Event(t + 1, EventKind.DEPART, f"s{n}"))
         t, n = t + 5.0, n + 1
     assert policy.current_rho_hat(t) == (0.8, 0.1)
-    for _burst in range(3):  # storms: 40 activations inside one bin, then silence
-        for _ in range(40):
-            policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
-            n += 1
-        t += 60.0
-        policy.step(Event(t, EventKind.TICK))
+    t, n = _storms(policy, t, n)
     assert policy.current_rho_hat(t)[0] <= 0.3
 
 
@@ -172,12 +178,7 @@ def test_adaptive_rho_follows_dispersion_not_load():
             n += 1
         t += 10.0
     assert policy.current_rho_hat(t) == (0.8, 0.1)
-    for _burst in range(3):  # the same kind of storms as above
-        for _ in range(40):
-            policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
-            n += 1
-        t += 60.0
-        policy.step(Event(t, EventKind.TICK))
+    t, n = _storms(policy, t, n)
     assert policy.current_rho_hat(t)[0] <= 0.3
 
 
@@ -207,12 +208,7 @@ def test_controller_takes_the_idle_reserve_of_the_current_level():
     policy = get_policy("turboserve", rho_table=table)
     assert policy.current_idle_reserve(0.0) == 0.2  # window not filled: the middle level
     t, n = 0.0, 0
-    for _burst in range(3):  # storms: dispersion far above the top edge
-        for _ in range(40):
-            policy.step(Event(t, EventKind.ARRIVE, f"s{n}"))
-            n += 1
-        t += 60.0
-        policy.step(Event(t, EventKind.TICK))
+    t, n = _storms(policy, t, n)
     assert policy.current_idle_reserve(t) == 0.7
     assert get_policy("turboserve", rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
     assert get_policy("turboserve", rho_hat=0.7).current_idle_reserve(t) == 0.0
