@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.scheduler.core.autoscale import FALLBACK_RHO_HAT
 from services.scheduler.core.types import (
     Assign,
     Decision,
@@ -644,7 +645,7 @@ def _initial_gpus(policy: Any) -> list[tuple[str, bool]]:
     return out
 
 
-WARM_START_RHO = 0.7  # the paper's example target utilisation (autoscale.FALLBACK_RHO_HAT)
+WARM_START_RHO = FALLBACK_RHO_HAT  # the paper's example target utilisation, 0.7
 WARM_START_MIN_WINDOW_S = 10.0
 
 

@@ -78,17 +78,7 @@ class Trace:
 
     def initial_active(self, window_s: float) -> int:
         """Most sessions active at once during the first ``window_s`` seconds."""
-        active: set[str] = set()
-        peak = 0
-        for ev in self.events:
-            if ev.t >= window_s:
-                break
-            if ev.event in ("arrive", "active"):
-                active.add(ev.session_id)
-                peak = max(peak, len(active))
-            else:
-                active.discard(ev.session_id)
-        return peak
+        return max((n for t, n in self.active_counts() if t < window_s), default=0)
 
 
 @contextlib.contextmanager
