@@ -8,6 +8,9 @@ Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 - ``{ns}:worker:{id}``    hash: status, capacity, device, gpu_kind, chunk_ms, memory, updated_at
 - ``{ns}:worker:{id}:alive``  key with a TTL, refreshed by each heartbeat
 - ``{ns}:workers``        set of known worker ids
+- ``{ns}:pool``           hash: the pool's limits as the provisioner enforces them (min_workers,
+                          max_workers, backend), for admission control and operators
+- ``{ns}:cluster_events`` list (newest first, capped): migrations and scale events, as JSON
 
 Every ownership or state change is one Lua script: it checks the expected epoch and the allowed
 source states, then writes the session, the placement map and the pending set together. The
@@ -32,6 +35,8 @@ KEEP: Final = object()  # sentinel: leave the owner as it is
 
 # Terminated sessions stay readable this long, then Redis forgets them.
 TERMINATED_TTL_S = 3600
+# Cluster events kept for operators (``/v1/cluster``, ``turboserve ctl status``).
+CLUSTER_EVENTS_KEPT = 200
 
 _TRANSITION_LUA = """
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'owner')
@@ -119,6 +124,8 @@ class SessionRecord:
     last_seq: int
     created_at: float
     updated_at: float
+    token_hash: str = ""  # never shown: to_public leaves it out
+    owner_key: str = ""
 
     def to_public(self) -> dict[str, object]:
         return {
@@ -146,6 +153,20 @@ class WorkerRecord:
     chunk_ms: dict[int, float] = field(default_factory=dict)
     mem_free_bytes: int | None = None
     updated_at: float = 0.0
+    sessions: tuple[str, ...] = ()  # every session it holds (executing and suspended)
+    suspended: tuple[str, ...] = ()
+    waiting: int = 0  # sessions ahead of playback, sitting out of the batch
+    pass_ms: dict[int, float] = field(default_factory=dict)
+    keeping_pace: bool = True
+    emulated: str = ""  # the GPU kind it emulates, empty when real
+    handoff_addr: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLimits:
+    min_workers: int
+    max_workers: int
+    backend: str = "local"
 
 
 def _s(value: bytes | str | None) -> str | None:
@@ -187,12 +208,18 @@ class Registry:
         return f"{self.ns}:workers"
 
     # -- sessions -----------------------------------------------------------------------------
-    async def create_session(self, session_id: str, prompt: str, seed: int) -> SessionRecord:
-        """Create a pending session; :class:`SessionExists` (and nothing written) if the id is taken."""
+    async def create_session(
+        self, session_id: str, prompt: str, seed: int, *, token_hash: str = "", owner_key: str = ""
+    ) -> SessionRecord:
+        """Create a pending session; :class:`SessionExists` (and nothing written) if the id is taken.
+
+        ``token_hash``: a digest of the session's client token (the token itself is never
+        stored); ``owner_key``: the name of the API key that created it."""
         now = time.time()
         record = {
             "id": session_id, "state": SessionState.PENDING.value, "owner": "", "epoch": 0,
             "prompt": prompt, "seed": seed, "last_seq": -1, "created_at": now, "updated_at": now,
+            "token_hash": token_hash, "owner_key": owner_key,
         }
         flat = [str(x) for kv in record.items() for x in kv]
         created = await self._create(
@@ -295,6 +322,54 @@ class Registry:
             pipe.delete(self.worker_key(worker_id), self.alive_key(worker_id))
             await pipe.execute()
 
+    # -- pool and cluster events ----------------------------------------------------------------
+    @property
+    def pool_key(self) -> str:
+        return f"{self.ns}:pool"
+
+    @property
+    def cluster_events_key(self) -> str:
+        return f"{self.ns}:cluster_events"
+
+    async def set_pool_limits(self, limits: PoolLimits) -> None:
+        await self.r.hset(self.pool_key, mapping={
+            "min_workers": limits.min_workers, "max_workers": limits.max_workers,
+            "backend": limits.backend,
+        })
+
+    async def pool_limits(self) -> PoolLimits | None:
+        raw = await self.r.hgetall(self.pool_key)
+        if not raw:
+            return None
+        d = {_s(k): _s(v) for k, v in raw.items()}
+        return PoolLimits(int(d["min_workers"]), int(d["max_workers"]), d.get("backend", "local"))
+
+    @property
+    def scheduler_status_key(self) -> str:
+        return f"{self.ns}:scheduler"
+
+    async def set_scheduler_status(self, status: dict[str, object], ttl_s: float) -> None:
+        """What the leading scheduler sees and aims for (rho_max, rho_hat, GPU target, leader),
+        as JSON with a TTL, so that a dead scheduler's view does not linger."""
+        await self.r.set(self.scheduler_status_key, orjson.dumps(status), px=int(ttl_s * 1000))
+
+    async def scheduler_status(self) -> dict[str, object] | None:
+        raw = await self.r.get(self.scheduler_status_key)
+        return None if raw is None else orjson.loads(raw)
+
+    async def record_cluster_event(self, kind: str, **fields_: object) -> None:
+        """Append an operator-visible event (``migration``, ``scale_out``, ``scale_in``, ...)."""
+        entry = orjson.dumps({"kind": kind, "at": time.time(), **fields_})
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.lpush(self.cluster_events_key, entry)
+            pipe.ltrim(self.cluster_events_key, 0, CLUSTER_EVENTS_KEPT - 1)
+            await pipe.execute()
+
+    async def cluster_events(self, limit: int = 50) -> list[dict[str, object]]:
+        """The newest ``limit`` cluster events, newest first."""
+        raw = await self.r.lrange(self.cluster_events_key, 0, max(0, limit - 1))
+        return [orjson.loads(item) for item in raw]
+
     async def workers(self) -> list[WorkerRecord]:
         ids = sorted(_s(m) for m in await self.r.smembers(self.workers_key))
         if not ids:
@@ -322,6 +397,8 @@ def _session_from(d: dict) -> SessionRecord:
         last_seq=int(d.get("last_seq", -1)),
         created_at=float(d["created_at"]),
         updated_at=float(d["updated_at"]),
+        token_hash=str(d.get("token_hash") or ""),
+        owner_key=str(d.get("owner_key") or ""),
     )
 
 
@@ -335,6 +412,13 @@ def _worker_fields(w: WorkerRecord) -> dict[str, object]:
         "chunk_ms": orjson.dumps({str(k): v for k, v in w.chunk_ms.items()}),
         "mem_free_bytes": -1 if w.mem_free_bytes is None else w.mem_free_bytes,
         "updated_at": time.time(),
+        "sessions": orjson.dumps(list(w.sessions)),
+        "suspended": orjson.dumps(list(w.suspended)),
+        "waiting": w.waiting,
+        "pass_ms": orjson.dumps({str(k): v for k, v in w.pass_ms.items()}),
+        "keeping_pace": int(w.keeping_pace),
+        "emulated": w.emulated,
+        "handoff_addr": w.handoff_addr,
     }
 
 
@@ -351,4 +435,11 @@ def _worker_from(worker_id: str, d: dict, alive: bool) -> WorkerRecord:
         chunk_ms={int(k): float(v) for k, v in orjson.loads(d.get("chunk_ms") or "{}").items()},
         mem_free_bytes=None if mem < 0 else mem,
         updated_at=float(d.get("updated_at", 0.0)),
+        sessions=tuple(orjson.loads(d.get("sessions") or "[]")),
+        suspended=tuple(orjson.loads(d.get("suspended") or "[]")),
+        waiting=int(d.get("waiting", 0)),
+        pass_ms={int(k): float(v) for k, v in orjson.loads(d.get("pass_ms") or "{}").items()},
+        keeping_pace=d.get("keeping_pace", "1") != "0",
+        emulated=d.get("emulated", ""),
+        handoff_addr=d.get("handoff_addr", ""),
     )

@@ -233,8 +233,21 @@ class WorkerSettings(CommonSettings):
     heartbeat_s: float = 1.0
     # Playback pace: a chunk is due this long after the previous one (0 = as fast as possible).
     chunk_period_s: float = 0.75
+    # How far ahead of its due time a chunk may be done (the viewer's buffer); none = one period.
+    pace_lead_s: float | None = None
     jpeg_quality: int = 80
     gpu_kind: str = "cpu"
+    # Emulate a GPU kind of a latency profile: run the real model, but pace every pass to the
+    # profile's time for its batch (CPU hosts that stand in for GPUs in experiments).
+    emulate: str = ""
+    emulate_profile: str | None = None  # a profile JSON; none = the scheduler's default profile
+    # Session-state handoff (migration): the address peers reach this worker at, its port
+    # (0 = any free one), the transport (auto: NCCL between CUDA devices, CUDA IPC on one
+    # device, gloo on the CPU) and how long one handoff may take before it is aborted.
+    handoff_host: str = "127.0.0.1"
+    handoff_port: int = 0
+    handoff_transport: str = "auto"
+    handoff_timeout_s: float = 30.0
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
@@ -248,7 +261,21 @@ class WorkerSettings(CommonSettings):
             faults.append("TURBOSERVE_CHUNK_PERIOD_S: must be >= 0")
         if not 1 <= self.jpeg_quality <= 100:
             faults.append("TURBOSERVE_JPEG_QUALITY: must be 1-100")
+        if self.pace_lead_s is not None and not 0 <= self.pace_lead_s < math.inf:
+            faults.append("TURBOSERVE_PACE_LEAD_S: must be a finite number >= 0")
+        if not 0 <= self.handoff_port <= 65535:
+            faults.append(f"TURBOSERVE_HANDOFF_PORT={self.handoff_port}: must be 0-65535")
+        if self.handoff_transport not in ("auto", "gloo", "nccl", "cuda_ipc"):
+            faults.append(f"TURBOSERVE_HANDOFF_TRANSPORT={self.handoff_transport!r}: one of auto, "
+                          "gloo, nccl, cuda_ipc")
+        if not 0 < self.handoff_timeout_s < math.inf:
+            faults.append("TURBOSERVE_HANDOFF_TIMEOUT_S: must be a finite number > 0")
         return faults
+
+    @property
+    def lead_s(self) -> float:
+        """The pacing lead in force: the setting, or one chunk period."""
+        return self.chunk_period_s if self.pace_lead_s is None else self.pace_lead_s
 
 
 @dataclass(frozen=True, slots=True, repr=False)

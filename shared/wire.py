@@ -75,6 +75,15 @@ class Subjects:
     def worker_heartbeat(self) -> str:
         return f"{self.prefix}.worker.heartbeat"
 
+    # Worker -> worker: the session-state handoff of a migration (request/reply).
+    def worker_handoff(self, worker_id: str) -> str:
+        return f"{self.prefix}.worker.{worker_id}.handoff"
+
+    # Source worker -> whoever asked for a migration (scheduler, ``turboserve ctl``).
+    @property
+    def migrations(self) -> str:
+        return f"{self.prefix}.migrations"
+
     @property
     def provisioner_cmd(self) -> str:
         return f"{self.prefix}.provisioner.cmd"
@@ -116,7 +125,13 @@ class WorkerCmdKind(enum.StrEnum):
     SUSPEND = "suspend"  # state to host memory
     RESUME = "resume"  # state back to the device
     PROMPT = "prompt"  # new prompt at the next chunk boundary
-    DRAIN = "drain"  # take no new sessions
+    MIGRATE = "migrate"  # hand the session's state to ``target`` at its next chunk boundary
+    DRAIN = "drain"  # take no new sessions (nor migrations in); worker-wide, no session_id
+    UNDRAIN = "undrain"  # take sessions again; worker-wide, no session_id
+
+
+# Commands that address the worker itself rather than one of its sessions.
+WORKER_WIDE_COMMANDS = frozenset({WorkerCmdKind.DRAIN, WorkerCmdKind.UNDRAIN})
 
 
 class WorkerStatus(enum.StrEnum):
@@ -159,20 +174,53 @@ class WorkerCommand(_Msg, tag="worker_cmd"):
     seed: int | None = None
     # First seq to generate (a continued session never repeats or skips a seq).
     seq: int = 0
+    # MIGRATE: the destination worker.
+    target: Id | None = None
+    # Chosen by the requester; echoed in the CommandReply and the MigrationReport it causes.
+    command_id: str = ""
+
+
+class CommandReply(_Msg, tag="command_reply"):
+    """A worker's answer to a command sent as a NATS request: accepted (``ok``) or refused with
+    a stable ``code`` (``stale_epoch``, ``unknown_session``, ``draining``, ``busy``, ...). For
+    MIGRATE, ``ok`` means the migration started; its outcome is a :class:`MigrationReport`."""
+
+    worker_id: Id
+    ok: bool
+    command_id: str = ""
+    code: str = ""
+    detail: str = ""
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
     worker_id: Id
     status: WorkerStatus
     capacity: int
-    active: int
-    sessions: list[str] = msgspec.field(default_factory=list)
+    active: int  # sessions on the device (executing), frozen ones included
+    sessions: list[str] = msgspec.field(default_factory=list)  # every session it holds
     device: str = "cpu"
-    # Measured chunk generation time per batch size (ms), from this worker's recent steps.
+    # Measured chunk generation time per batch size (ms), from this worker's recent chunks.
     chunk_ms: dict[int, float] = msgspec.field(default_factory=dict)
     mem_free_bytes: int | None = None
     mem_total_bytes: int | None = None
     at: float = msgspec.field(default_factory=time.time)
+    # What the worker really does (pacing): sessions parked in host memory, sessions that are
+    # ahead of playback and sit out of the batch, the measured time of one batched pass per
+    # batch size (ms), and per session how far its last chunk was ahead of its due time (ms;
+    # negative: late).
+    suspended: list[str] = msgspec.field(default_factory=list)
+    waiting: int = 0
+    pass_ms: dict[int, float] = msgspec.field(default_factory=dict)
+    lead_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    # False when the real compute cannot keep the pace an emulated GPU kind promises.
+    keeping_pace: bool = True
+    emulated: str | None = None  # the GPU kind this worker emulates, if any
+    gpu_kind: str = "cpu"
+    # Migration: where peers reach this worker's handoff rendezvous, and the measured cost of
+    # its recent handoffs (fixed ms, and ms per MiB of state).
+    handoff_addr: str = ""
+    handoff_fixed_ms: float | None = None
+    handoff_ms_per_mib: float | None = None
 
 
 class Chunk(_Msg, tag="chunk"):
@@ -197,6 +245,105 @@ class StreamEnd(_Msg, tag="stream_end"):
     reason: str = "closed"
 
 
+class NoticeKind(enum.StrEnum):
+    PLACED = "placed"  # a worker took the session and generates it
+    MIGRATED = "migrated"  # the session now runs on another worker, from ``next_seq``
+    SUSPENDED = "suspended"  # idle: state parked in host memory, no chunks
+    RESUMED = "resumed"  # active again
+    RESTARTED = "restarted"  # the state was lost: the video starts over from the prompt
+    PROMPT = "prompt"  # a new prompt conditions the chunks from ``next_seq`` on
+
+
+class SessionNotice(_Msg, tag="session_notice"):
+    """A lifecycle change a viewer should know of, sent on the session's chunk subject between
+    its chunks (the gateway relays it as ``event: state``)."""
+
+    session_id: Id
+    kind: NoticeKind
+    worker_id: Id
+    epoch: int
+    next_seq: int  # the seq of the next chunk the session will get
+    detail: str = ""
+    at: float = msgspec.field(default_factory=time.time)
+
+
+# --- migration (source worker <-> destination worker) ----------------------------------------
+
+
+class TensorSpec(msgspec.Struct, frozen=True):
+    shape: list[int]
+    dtype: str  # torch dtype name without the "torch." prefix
+
+
+class HandoffOffer(_Msg, tag="handoff_offer"):
+    """Source -> destination: a frozen session's state is ready to move (request; the answer
+    is a :class:`HandoffAnswer`). ``epoch`` is the session's epoch while migrating."""
+
+    transfer_id: str
+    session_id: Id
+    epoch: int
+    src: Id
+    dst: Id
+    transport: str  # "gloo", "nccl", "cuda_ipc", ...
+    rendezvous: dict[str, str] = msgspec.field(default_factory=dict)  # transport-specific
+    tensors: list[TensorSpec] = msgspec.field(default_factory=list)
+    nbytes: int = 0
+    checksum: str = ""  # empty: not checked
+    suspended: bool = False  # the state is parked in host memory (moves host to host)
+    # The session beside its tensors (the engine's snapshot fields).
+    next_seq: int = 0  # wire seq of the next chunk
+    engine_seq: int = 0
+    position: int = 0
+    prompt: str = ""
+    pending_prompt: str | None = None
+    seed: int = 0
+    preset: str = ""
+    dtype: str = ""
+    meta: dict[str, str] = msgspec.field(default_factory=dict)
+    due_at: float = 0.0  # when the session's next chunk is due (the viewer's clock moves on)
+    command_id: str = ""
+
+
+class HandoffAnswer(_Msg, tag="handoff_answer"):
+    transfer_id: str
+    accepted: bool
+    code: str = ""  # refusal: draining, full, stale_epoch, incompatible, ...
+    detail: str = ""
+    rendezvous: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class HandoffOutcome(_Msg, tag="handoff_outcome"):
+    """Destination -> source after the transfer: ``committed`` (ownership moved in Redis at
+    ``epoch``; the source must never publish the session again) or aborted with a reason."""
+
+    transfer_id: str
+    session_id: Id
+    committed: bool
+    epoch: int = 0
+    code: str = ""
+    detail: str = ""
+
+
+class MigrationReport(_Msg, tag="migration_report"):
+    """The source's account of one migration, on ``<prefix>.migrations``."""
+
+    session_id: Id
+    src: Id
+    dst: Id
+    ok: bool
+    command_id: str = ""
+    code: str = ""  # why it failed (stable): refused, transfer_failed, timeout, stale_epoch, ...
+    detail: str = ""
+    epoch: int = 0  # the session's epoch afterwards
+    nbytes: int = 0
+    suspended: bool = False
+    freeze_ms: float = 0.0
+    transfer_ms: float = 0.0
+    commit_ms: float = 0.0
+    connect_ms: float = 0.0  # building a communicator for a new peer (0 when cached)
+    at: float = msgspec.field(default_factory=time.time)
+
+
 class ProvisionerCommand(_Msg, tag="provisioner_cmd"):
     kind: ProvisionerCmdKind
     count: Annotated[int, msgspec.Meta(ge=0, le=MAX_WORKERS_PER_COMMAND)] = 1
@@ -213,8 +360,13 @@ class ProvisionerEvent(_Msg, tag="provisioner_event"):
 
 _ID_RE = re.compile(ID_PATTERN)
 
-ChunkStreamMsg = Chunk | StreamEnd
-Message = SessionEvent | WorkerCommand | Heartbeat | Chunk | StreamEnd | ProvisionerCommand | ProvisionerEvent
+ChunkStreamMsg = Chunk | StreamEnd | SessionNotice
+HandoffMsg = HandoffOffer | HandoffOutcome
+Message = (
+    SessionEvent | WorkerCommand | CommandReply | Heartbeat | Chunk | StreamEnd | SessionNotice
+    | ProvisionerCommand | ProvisionerEvent | HandoffOffer | HandoffAnswer | HandoffOutcome
+    | MigrationReport
+)
 
 M = TypeVar("M")
 

@@ -39,8 +39,8 @@ from .types import (
     EngineFull,
     IncompatibleState,
     MidChunk,
-    SessionExists,
-    SessionState,
+    SessionAlreadyResident,
+    SessionSnapshot,
     UnknownSession,
     WrongSessionState,
 )
@@ -71,7 +71,7 @@ class _Session:
     seq: int = 0
     position: int = 0
     pending_prompt: str | None = None
-    host: SessionState | None = None  # set while suspended
+    host: SessionSnapshot | None = None  # set while suspended
     host_exported: bool = False  # the host buffers were handed out: never recycle them
     # Pass-level admission (pass_step): passes of the current chunk already run (0 = at a chunk
     # boundary); the chunk's latent in progress lives in the slot's ``pool.inflight`` row.
@@ -180,7 +180,7 @@ class Engine:
     def add_session(self, session_id: str, prompt: str, seed: int) -> None:
         with self._lock:
             if session_id in self._sessions:
-                raise SessionExists(session_id)
+                raise SessionAlreadyResident(session_id)
             slot = self._claim_slot()
             self.pool.clear(slot)
             self._write_prompt(slot, prompt)
@@ -244,7 +244,7 @@ class Engine:
                 self._release_slot(session_id)
             del self._sessions[session_id]
 
-    def export_state(self, session_id: str) -> SessionState:
+    def export_state(self, session_id: str) -> SessionSnapshot:
         """A host copy of the session's state; the session itself is left as it was.
         Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``."""
         with self._lock:
@@ -262,12 +262,12 @@ class Engine:
                 raise MidChunk(session_id, self.passes_per_chunk - session.phase, "export")
             return self._read_state(session)
 
-    def import_state(self, state: SessionState) -> None:
+    def import_state(self, state: SessionSnapshot) -> None:
         """Makes the session resident here; its next chunk is ``state.seq``."""
         with self._lock:
             self._check_compatible(state)
             if state.session_id in self._sessions:
-                raise SessionExists(state.session_id)
+                raise SessionAlreadyResident(state.session_id)
             slot = self._claim_slot()
             self.pool.write(slot, state.layers, state.misc)
             self._sessions[state.session_id] = _Session(
@@ -538,10 +538,10 @@ class Engine:
 
     def _read_state(
         self, session: _Session, into: list[torch.Tensor] | None = None
-    ) -> SessionState:
+    ) -> SessionSnapshot:
         slot = self._resident.index(session.session_id)
         layers, misc = self.pool.read(slot, pin=self._pin, into=into)
-        return SessionState(
+        return SessionSnapshot(
             session_id=session.session_id, seq=session.seq, position=session.position,
             prompt=session.prompt, seed=session.seed, preset=self.model_config.name,
             dtype=str(self.dtype).removeprefix("torch."), layers=layers, misc=misc,
@@ -557,7 +557,7 @@ class Engine:
             "checkpoint_digest": digest,
         }
 
-    def _check_compatible(self, state: SessionState) -> None:
+    def _check_compatible(self, state: SessionSnapshot) -> None:
         expected_dtype = str(self.dtype).removeprefix("torch.")
         checks = [
             ("preset", state.preset, self.model_config.name),

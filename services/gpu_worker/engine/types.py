@@ -40,7 +40,7 @@ class ChunkResult:
 
 
 @dataclass(slots=True)
-class SessionState:
+class SessionSnapshot:
     """Everything a session needs to continue elsewhere: one flat tensor per layer (the
     slot's contiguous region: self-attention KV window and cross-attention cache), one for
     the rest (decoder context), and metadata. Noise is derived from (seed, seq, step), so the
@@ -84,7 +84,7 @@ class UnknownSession(EngineError, KeyError):
         self.session_id = session_id
 
 
-class SessionExists(EngineError):
+class SessionAlreadyResident(EngineError):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} is already on this engine")
         self.session_id = session_id

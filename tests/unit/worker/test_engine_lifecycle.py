@@ -6,7 +6,7 @@ import torch
 from services.gpu_worker.engine import (
     EngineFull,
     IncompatibleState,
-    SessionExists,
+    SessionAlreadyResident,
     UnknownSession,
     WrongSessionState,
 )
@@ -48,7 +48,7 @@ def test_capacity_and_errors():
     with pytest.raises(EngineFull) as full:
         engine.add_session("c", "p", 0)
     assert full.value.capacity == 2 and full.value.retryable
-    with pytest.raises(SessionExists):
+    with pytest.raises(SessionAlreadyResident):
         engine.add_session("a", "p", 0)
     with pytest.raises(UnknownSession):
         engine.set_prompt("zzz", "p")
