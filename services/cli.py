@@ -20,11 +20,15 @@ _TOP_LEVEL = (
     "services.scheduler.cli",       # scheduler
     "services.gpu_worker.cli",      # worker
     "services.provisioner.cli",     # provisioner
+    "services.ctl",                 # ctl status|migrate|drain|undrain
+    "services.replay",              # replay (load generator)
     "services.scheduler.sim.cli",   # sim traces|run|profile|evaluate
 )
 _BENCH = (
     "services.scheduler.bench",     # bench scheduler
     "services.gpu_worker.bench",    # bench worker
+    "services.gpu_worker.handoff.bench",  # bench migration
+    "services.gateway.bench",       # bench gateway
 )
 
 

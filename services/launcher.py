@@ -137,6 +137,9 @@ class Mesh:
     # Polled while starting: a Ctrl-C during start-up stops everything at once.
     abort: Callable[[], bool] = lambda: False
     tmpdir: Path | None = None
+    # Where each service's output goes (``<log_dir>/<service>.log``); None: inherited stdout
+    # (or nowhere when ``quiet``).
+    log_dir: Path | None = None
 
     @property
     def gateway_url(self) -> str:
@@ -155,7 +158,9 @@ class Mesh:
                 "TURBOSERVE_MIN_WORKERS": str(self.workers),
             }
             for name in SERVICES:
-                self._spawn(name, [sys.executable, "-m", "services.cli", name], child_env)
+                log_to = self.log_dir / f"{name}.log" if self.log_dir else None
+                self._spawn(name, [sys.executable, "-m", "services.cli", name], child_env,
+                            log_to=log_to)
             _wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1], self.abort)
         except BaseException:
             self.stop()
@@ -232,6 +237,75 @@ class Mesh:
         return codes
 
 
+def state_dir() -> Path:
+    """Where ``turboserve up`` keeps its state file and logs (``TURBOSERVE_STATE_DIR``, else
+    ``~/.turboserve``)."""
+    configured = os.environ.get("TURBOSERVE_STATE_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".turboserve"
+
+
+STATE_FILE = "up.json"
+
+
+def read_state(directory: Path | None = None) -> dict[str, str] | None:
+    """What a running ``turboserve up`` wrote about itself (None when none runs)."""
+    path = (directory or state_dir()) / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    pid = state.get("pid")
+    if not isinstance(pid, int) or not _pid_alive(pid):
+        return None  # left behind by an up that was killed
+    return state
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_state(directory: Path, state: dict[str, object]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / STATE_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds keys
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f, indent=2)
+    return path
+
+
+def has_gpu() -> bool:
+    """Whether NVML finds an NVIDIA GPU here (no torch import: start-up stays quick)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML, no driver: no GPU to use
+        return False
+    try:
+        return pynvml.nvmlDeviceGetCount() > 0
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def local_keys(env: Mapping[str, str]) -> dict[str, str]:
+    """A local API key and operator key for the gateway when none is configured."""
+    import secrets
+
+    out: dict[str, str] = {}
+    if not (env.get("TURBOSERVE_API_KEYS") or env.get("TURBOSERVE_API_KEYS_FILE")
+            or env.get("TURBOSERVE_API_TOKEN")):
+        out["TURBOSERVE_API_KEYS"] = f"local:{secrets.token_urlsafe(24)}"
+    if not env.get("TURBOSERVE_OPERATOR_KEY"):
+        out["TURBOSERVE_OPERATOR_KEY"] = secrets.token_urlsafe(24)
+    return out
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("up", help="run the whole mesh locally (embedded NATS/Redis if none)")
     p.add_argument("--port", type=int, default=int(os.environ.get("TURBOSERVE_PORT", 8080)))
@@ -240,15 +314,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="worker processes to start (CPU workers where there is no GPU)")
     p.add_argument("--embedded", choices=("auto", "always", "never"), default="auto",
                    help="start our own NATS/Redis: when none answers (auto), always, or never")
+    p.add_argument("--max-workers", type=int,
+                   default=int(os.environ.get("TURBOSERVE_MAX_WORKERS", 4)),
+                   help="the most workers the autoscaler may grow the pool to")
+    p.add_argument("--emulate", default=os.environ.get("TURBOSERVE_EMULATE"),
+                   help="GPU kind the CPU workers emulate (default: H20, the default profile's, "
+                        "where there is no GPU; 'none' for plain CPU workers)")
+    p.add_argument("--logs", choices=("file", "console"), default="file",
+                   help="services log to files under the state folder (default), or to this "
+                        "terminal")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    states = state_dir()
+    running_up = read_state(states)
+    if running_up is not None:
+        print(f"turboserve up: another one runs (pid {running_up['pid']}, "
+              f"{running_up.get('gateway_url')}); stop it, or set TURBOSERVE_STATE_DIR to run a "
+              "second one", file=sys.stderr)
+        return 1
+    keys = local_keys(os.environ)
+    if args.max_workers < max(1, args.workers):
+        print("turboserve up: --max-workers must be >= --workers", file=sys.stderr)
+        return 2
+    keys["TURBOSERVE_MAX_WORKERS"] = str(args.max_workers)
+    emulate = args.emulate if args.emulate is not None else ("" if has_gpu() else "H20")
+    keys["TURBOSERVE_EMULATE"] = "" if emulate.lower() == "none" else emulate
+    log_dir = None
+    if args.logs == "file":
+        log_dir = states / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for old in log_dir.glob("*.log"):
+            old.unlink()
     mesh = Mesh(
         nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
         redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
         port=args.port, host=args.host, workers=args.workers, embedded=args.embedded,
-        abort=lambda: stop,
+        abort=lambda: stop, env=keys, log_dir=log_dir,
     )
     stop = False
 
@@ -264,12 +367,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"turboserve up: {exc}", file=sys.stderr)
         return 1
     url = mesh.gateway_url
-    print(f"\nTurboServe is up at {url}  (NATS {mesh.nats_url}, Redis {mesh.redis_url})", flush=True)
-    print("Try it:", flush=True)
-    print(f"  curl -s -X POST {url}/v1/sessions -H 'Content-Type: application/json' "
-          "-d '{\"prompt\": \"a red fox running through snow\"}'", flush=True)
-    print(f"  curl -N {url}/v1/sessions/<id>/stream", flush=True)
-    print("Ctrl-C stops everything.\n", flush=True)
+    env = {**os.environ, **keys}
+    api_key = _first_key(env)
+    state_path = _write_state(states, {
+        "pid": os.getpid(), "gateway_url": url, "nats_url": mesh.nats_url,
+        "redis_url": mesh.redis_url,
+        "subject_prefix": env.get("TURBOSERVE_SUBJECT_PREFIX", "ts"),
+        "redis_namespace": env.get("TURBOSERVE_REDIS_NAMESPACE", "ts"),
+        "api_key": api_key or "", "operator_key": env.get("TURBOSERVE_OPERATOR_KEY", ""),
+        "log_dir": str(log_dir) if log_dir else "",
+    })
+    print(banner(url, mesh, api_key, env.get("TURBOSERVE_OPERATOR_KEY"), log_dir,
+                 pool=f"{args.workers}-{args.max_workers} workers"
+                      + (f", CPU workers emulating {emulate} GPUs" if keys["TURBOSERVE_EMULATE"]
+                         else "")), flush=True)
     code = 0
     try:
         while not stop:
@@ -282,4 +393,46 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan anything
         mesh.stop()
+        with contextlib.suppress(OSError):
+            state_path.unlink()
     return code
+
+
+def _first_key(env: Mapping[str, str]) -> str | None:
+    """The key to show in the banner: the first of TURBOSERVE_API_KEYS, or the legacy token."""
+    entries = [e.strip() for e in env.get("TURBOSERVE_API_KEYS", "").split(",") if e.strip()]
+    if entries:
+        return entries[0].partition(":")[2] or entries[0]
+    return env.get("TURBOSERVE_API_TOKEN") or None
+
+
+def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
+           log_dir: Path | None, pool: str = "") -> str:
+    """What a user needs to start: the URL, the keys, a curl line; apart from the logs."""
+    auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
+    lines = [
+        "",
+        "=" * 72,
+        f"TurboServe is up at {url}",
+        f"  playground: {url}/    dashboard: {url}/dashboard",
+    ]
+    if api_key:
+        lines.append(f"API key: {api_key}")
+    elif os.environ.get("TURBOSERVE_API_KEYS_FILE"):
+        lines.append(f"API keys: from {os.environ['TURBOSERVE_API_KEYS_FILE']}")
+    if operator_key:
+        lines.append(f"Operator key: {operator_key}")
+    lines += [
+        f"NATS {mesh.nats_url}, Redis {mesh.redis_url}" + (f"; pool {pool}" if pool else ""),
+        "Try it:",
+        f"  curl -s -X POST {url}/v1/sessions{auth} -H 'Content-Type: application/json' "
+        "-d '{\"prompt\": \"a red fox running through snow\"}'",
+        f"  curl -N {url}/v1/sessions/<id>/stream -H 'Authorization: Bearer <token>'",
+        "  (the token is in the reply to the POST)",
+        "Operators: turboserve ctl status",
+        f"Logs: {log_dir}/" if log_dir else "Logs: this terminal",
+        "Ctrl-C stops everything.",
+        "=" * 72,
+        "",
+    ]
+    return "\n".join(lines)

@@ -11,6 +11,7 @@ Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 - ``{ns}:pool``           hash: the pool's limits as the provisioner enforces them (min_workers,
                           max_workers, backend), for admission control and operators
 - ``{ns}:cluster_events`` list (newest first, capped): migrations and scale events, as JSON
+- ``{ns}:counters``       hash: operator counters (migrations, scale events, peak GPUs)
 
 Every ownership or state change is one Lua script: it checks the expected epoch and the allowed
 source states, then writes the session, the placement map and the pending set together. The
@@ -39,6 +40,7 @@ TERMINATED_TTL_S = 3600
 CLUSTER_EVENTS_KEPT = 200
 
 _TRANSITION_LUA = """
+if ARGV[9] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[9] then return {'guard', '', ''} end
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'owner')
 if not cur[1] then return {'missing', '', ''} end
 if ARGV[2] ~= '' and cur[2] ~= ARGV[2] then return {'epoch', cur[2], cur[1]} end
@@ -101,6 +103,14 @@ class SessionExists(RegistryError):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} already exists")
         self.session_id = session_id
+
+
+class GuardFailed(RegistryError):
+    """The caller's guard (e.g. its scheduler leadership) no longer holds: nothing written."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"guard {key!r} no longer holds")
+        self.key = key
 
 
 class StaleEpoch(RegistryError):
@@ -244,16 +254,20 @@ class Registry:
         expected_epoch: int | None = None,
         owner: object = KEEP,
         bump_epoch: bool = True,
+        guard: tuple[str, str] | None = None,
     ) -> SessionRecord:
         """Atomically move a session to ``target`` (compare-and-set on state and epoch).
 
-        ``owner``: a worker id, ``None`` to clear it, or :data:`KEEP`. Raises
-        :class:`SessionNotFound`, :class:`StaleEpoch` or :class:`IllegalTransition`.
+        ``owner``: a worker id, ``None`` to clear it, or :data:`KEEP`. ``guard``: a
+        ``(key, value)`` that must hold in the same step (a scheduler's leadership), else
+        :class:`GuardFailed`. Raises :class:`SessionNotFound`, :class:`StaleEpoch` or
+        :class:`IllegalTransition`.
         """
         allowed = ",".join(sorted(s.value for s in sources_of(target)))
         owner_arg = "\0keep" if owner is KEEP else (owner or "")
+        guard_key, guard_value = guard if guard is not None else (self.pending_key, "")
         status, epoch, state = await self._transition(
-            keys=[self.session_key(session_id), self.placement_key, self.pending_key],
+            keys=[self.session_key(session_id), self.placement_key, self.pending_key, guard_key],
             args=[
                 session_id,
                 "" if expected_epoch is None else str(expected_epoch),
@@ -263,9 +277,12 @@ class Registry:
                 repr(time.time()),
                 "1" if bump_epoch else "0",
                 TERMINATED_TTL_S,
+                guard_value,
             ],
         )
         status = _s(status)
+        if status == "guard":
+            raise GuardFailed(guard_key)
         if status == "missing":
             raise SessionNotFound(session_id)
         if status == "epoch":
@@ -277,10 +294,12 @@ class Registry:
             raise SessionNotFound(session_id)
         return record
 
-    async def claim(self, session_id: str, worker_id: str, expected_epoch: int) -> SessionRecord:
+    async def claim(self, session_id: str, worker_id: str, expected_epoch: int,
+                    guard: tuple[str, str] | None = None) -> SessionRecord:
         """Give a pending (or re-placed) session to ``worker_id``; exactly one claimant wins."""
         return await self.transition(
-            session_id, SessionState.EXECUTING, expected_epoch=expected_epoch, owner=worker_id
+            session_id, SessionState.EXECUTING, expected_epoch=expected_epoch, owner=worker_id,
+            guard=guard,
         )
 
     async def record_progress(self, session_id: str, worker_id: str, epoch: int, seq: int) -> bool:
@@ -356,6 +375,28 @@ class Registry:
     async def scheduler_status(self) -> dict[str, object] | None:
         raw = await self.r.get(self.scheduler_status_key)
         return None if raw is None else orjson.loads(raw)
+
+    @property
+    def counters_key(self) -> str:
+        return f"{self.ns}:counters"
+
+    async def bump_counters(self, **deltas: int) -> None:
+        """Add to operator counters (migrations, scale events, ...); they outlive any process."""
+        async with self.r.pipeline(transaction=True) as pipe:
+            for name, delta in deltas.items():
+                pipe.hincrby(self.counters_key, name, delta)
+            await pipe.execute()
+
+    async def raise_counter(self, name: str, value: int) -> None:
+        """Keep the largest value seen (a peak)."""
+        await self.r.eval(
+            "local v = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1') "
+            "if tonumber(ARGV[2]) > v then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end "
+            "return 1", 1, self.counters_key, name, value)
+
+    async def counters(self) -> dict[str, int]:
+        raw = await self.r.hgetall(self.counters_key)
+        return {_s(k): int(v) for k, v in raw.items()}
 
     async def record_cluster_event(self, kind: str, **fields_: object) -> None:
         """Append an operator-visible event (``migration``, ``scale_out``, ``scale_in``, ...)."""

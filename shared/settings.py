@@ -65,6 +65,9 @@ class CommonSettings:
     connect_timeout_s: float = 30.0
     # Grace period for in-flight work on SIGTERM before the service exits anyway.
     shutdown_grace_s: float = 10.0
+    # The ops endpoint (/healthz, /metrics): 0 = a free port on loopback, logged (local runs);
+    # N = port N on every interface (deployments: probes and scrapers); -1 = off.
+    metrics_port: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Self:
@@ -114,6 +117,9 @@ class CommonSettings:
         for name in ("connect_timeout_s", "shutdown_grace_s"):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
+        if not -1 <= self.metrics_port <= 65535:
+            faults.append(f"TURBOSERVE_METRICS_PORT={self.metrics_port}: -1 (off), 0 (a free "
+                          "port) or 1-65535")
         return faults
 
     @property
@@ -173,19 +179,69 @@ def _parse(raw: str, type_: Any) -> Any:
     return raw
 
 
+_KEY_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def parse_api_keys(text: str, source: str, sep: str = ",") -> tuple[dict[str, str], list[str]]:
+    """Parse ``name:key`` entries separated by ``sep`` (blank entries and ``#`` comments are
+    skipped); returns the keys by name and the faults, each naming ``source``."""
+    keys: dict[str, str] = {}
+    faults: list[str] = []
+    for n, raw in enumerate(text.split(sep), start=1):
+        entry = raw.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        name, colon, key = (part.strip() for part in entry.partition(":"))
+        where = f"{source} entry {n}"
+        if not colon or not key:
+            faults.append(f"{where}: expected name:key")
+        elif not _KEY_NAME_RE.fullmatch(name):
+            faults.append(f"{where}: key name {name!r} must be 1-64 of [A-Za-z0-9_.-]")
+        elif any(c.isspace() for c in key):
+            faults.append(f"{where} ({name}): a key must not contain whitespace")
+        elif name in keys:
+            faults.append(f"{where}: key name {name!r} given twice")
+        else:
+            keys[name] = key
+    return keys, faults
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class GatewaySettings(CommonSettings):
-    SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"api_token"})
+    SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"api_token", "api_keys", "operator_key"})
 
     host: str = "127.0.0.1"
     port: int = 8080
-    # Public base URL used in ``stream_url``; empty means relative URLs.
+    # Public base URL used in ``stream_url`` and ``ws_url``; empty means relative URLs.
     public_url: str = ""
     max_prompt_chars: int = 2000
     max_body_bytes: int = 64 * 1024
-    # Bearer token required on /v1 when set (the security wave deepens this).
+    # API keys that may create sessions: ``name:key`` pairs, comma-separated, and/or a file
+    # with one ``name:key`` per line. The single legacy token is the key named "default".
+    # With no key at all, anyone may create sessions (a warning says so at start).
+    api_keys: str = ""
+    api_keys_file: str | None = None
     api_token: str = ""
+    # The key for /v1/cluster, the dashboard and operator access to any session; empty: none.
+    operator_key: str = ""
     sse_keepalive_s: float = 15.0
+    # Lifetimes: a session with no stream or socket attached for idle_after_s goes idle (its
+    # state is suspended to host memory); one left unattached for close_after_s more is closed.
+    idle_after_s: float = 60.0
+    close_after_s: float = 600.0
+    # An attachment stays visible to every gateway this long without its refresh.
+    attach_ttl_s: float = 15.0
+    reap_interval_s: float = 1.0
+    # Per API key: sessions open at once, and requests per second (with a burst allowance).
+    max_sessions_per_key: int = 32
+    rate_per_key_s: float = 20.0
+    rate_burst: int = 40
+    # Retry-After (seconds) when the pool is at its maximum and every worker is full.
+    admission_retry_after_s: int = 10
+    # How long prompt/pause/resume wait for the worker's notice before answering 202.
+    control_wait_s: float = 5.0
+    # Chunks a client may fall behind the live edge before it skips ahead (event: lag).
+    client_queue_chunks: int = 16
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
@@ -195,25 +251,112 @@ class GatewaySettings(CommonSettings):
             faults.append("TURBOSERVE_MAX_PROMPT_CHARS: must be >= 1")
         if self.max_body_bytes < 256:
             faults.append("TURBOSERVE_MAX_BODY_BYTES: must be >= 256")
-        if self.sse_keepalive_s <= 0:
-            faults.append("TURBOSERVE_SSE_KEEPALIVE_S: must be > 0")
+        for name in ("sse_keepalive_s", "idle_after_s", "close_after_s", "attach_ttl_s",
+                     "reap_interval_s", "rate_per_key_s", "control_wait_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
+        for name in ("max_sessions_per_key", "rate_burst", "admission_retry_after_s",
+                     "client_queue_chunks"):
+            if getattr(self, name) < 1:
+                faults.append(f"TURBOSERVE_{name.upper()}: must be >= 1")
+        if any(c.isspace() for c in self.operator_key):
+            faults.append("TURBOSERVE_OPERATOR_KEY: must not contain whitespace")
+        faults += self._key_faults()
         return faults
+
+    def _key_faults(self) -> list[str]:
+        try:
+            self.api_key_map()
+        except SettingsError as exc:
+            return exc.faults
+        return []
+
+    def api_key_map(self) -> dict[str, str]:
+        """Every API key by name, from ``api_keys``, ``api_keys_file`` and ``api_token``
+        (named "default"); :class:`SettingsError` names each malformed entry."""
+        keys, faults = parse_api_keys(self.api_keys, "TURBOSERVE_API_KEYS")
+        if self.api_keys_file:
+            try:
+                with open(self.api_keys_file, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as exc:
+                faults.append(f"TURBOSERVE_API_KEYS_FILE={self.api_keys_file!r}: {exc.strerror}")
+            else:
+                source = f"TURBOSERVE_API_KEYS_FILE {self.api_keys_file!r}"
+                from_file, file_faults = parse_api_keys(text, source, sep="\n")
+                faults += file_faults
+                for name in sorted(from_file.keys() & keys.keys()):
+                    faults.append(f"{source}: key name {name!r} also in TURBOSERVE_API_KEYS")
+                keys.update(from_file)
+        if self.api_token:
+            if "default" in keys:
+                faults.append("TURBOSERVE_API_TOKEN: a key named 'default' is also configured")
+            elif any(c.isspace() for c in self.api_token):
+                faults.append("TURBOSERVE_API_TOKEN: must not contain whitespace")
+            else:
+                keys["default"] = self.api_token
+        if faults:
+            raise SettingsError(faults)
+        return keys
 
 
 @dataclass(frozen=True, slots=True, repr=False)
 class SchedulerSettings(CommonSettings):
-    # How often pending sessions and dead workers are re-examined.
+    # How often the loop re-evaluates (scale-in, dead workers, lost events).
     tick_s: float = 0.5
     # A worker whose heartbeat is older than this is considered gone.
     worker_timeout_s: float = 5.0
+    # The policy by name (turboserve, no_migration, least_loaded, ...; see docs/scheduler.md).
+    policy: str = "turboserve"
+    # The latency profile of the default GPU kind: a shipped name or a JSON path (empty: the
+    # shipped default); the kinds the workers report are then measured live.
+    profile: str = ""
+    # The adaptive rho_hat table: a JSON path, empty for the shipped one, "none" for a fixed
+    # rho_hat.
+    rho_table: str = ""
+    # Pool limits when the provisioner has not written its own (it normally has).
+    min_workers: int = 1
+    max_workers: int = 8
+    # Experiments: the delay the provisioner puts before a worker starts (the same setting).
+    boot_delay_s: float = 0.0
+    # A requested GPU not ready this long after the request is given up (the same setting).
+    boot_timeout_s: float = 300.0
+    # Active/standby: the leader lease's time to live (a standby takes over within it).
+    leader_ttl_s: float = 3.0
+    scheduler_id: str = dataclasses.field(default_factory=lambda: _default_worker_id())
+    # How long a worker has to answer a command before it is sent again.
+    command_timeout_s: float = 2.0
+    # How long one migration may take (the workers' setting of the same name).
+    handoff_timeout_s: float = 30.0
+    # Names of the GPUs it asks for: <prefix>-NNNN (empty: the GPU kind in lower case).
+    gpu_id_prefix: str = ""
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
-        if self.tick_s <= 0:
-            faults.append("TURBOSERVE_TICK_S: must be > 0")
-        if self.worker_timeout_s <= 0:
-            faults.append("TURBOSERVE_WORKER_TIMEOUT_S: must be > 0")
+        for name in ("tick_s", "worker_timeout_s", "leader_ttl_s", "command_timeout_s",
+                     "handoff_timeout_s", "boot_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
+        if not 0 <= self.boot_delay_s < math.inf:
+            faults.append("TURBOSERVE_BOOT_DELAY_S: must be a finite number >= 0")
+        if self.min_workers < 0:
+            faults.append("TURBOSERVE_MIN_WORKERS: must be >= 0")
+        if self.max_workers < max(1, self.min_workers):
+            faults.append("TURBOSERVE_MAX_WORKERS: must be >= max(1, TURBOSERVE_MIN_WORKERS)")
+        if not valid_id(self.scheduler_id):
+            faults.append(f"TURBOSERVE_SCHEDULER_ID={self.scheduler_id!r}: 1-128 of [A-Za-z0-9_-]")
+        if self.gpu_id_prefix and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,40}",
+                                                   self.gpu_id_prefix):
+            faults.append(f"TURBOSERVE_GPU_ID_PREFIX={self.gpu_id_prefix!r}: letters, digits, "
+                          "'-' or '_'")
+        if not re.fullmatch(r"[a-z0-9_]{1,64}", self.policy):
+            faults.append(f"TURBOSERVE_POLICY={self.policy!r}: a policy name (the scheduler "
+                          "checks it exists)")
         return faults
+
+
+DEFAULT_SLOTS = 8
+DEFAULT_CHUNK_PERIOD_S = 0.75  # 12 frames at 16 fps
 
 
 def _default_worker_id() -> str:
@@ -227,12 +370,14 @@ class WorkerSettings(CommonSettings):
     preset: str = "tiny"
     # "auto" = first CUDA device when there is one, else the CPU.
     device: str = "auto"
-    max_sessions: int = 8
+    # Session slots; none = 8, or the emulated profile's capacity K.
+    max_sessions: int | None = None
     checkpoint: str | None = None
     seed: int = 0
     heartbeat_s: float = 1.0
-    # Playback pace: a chunk is due this long after the previous one (0 = as fast as possible).
-    chunk_period_s: float = 0.75
+    # Playback pace: a chunk is due this long after the previous one (0 = as fast as possible);
+    # none = 0.75 s (12 frames at 16 fps), or the emulated profile's deadline.
+    chunk_period_s: float | None = None
     # How far ahead of its due time a chunk may be done (the viewer's buffer); none = one period.
     pace_lead_s: float | None = None
     jpeg_quality: int = 80
@@ -253,12 +398,12 @@ class WorkerSettings(CommonSettings):
         faults = CommonSettings._faults(self)
         if not valid_id(self.worker_id):
             faults.append(f"TURBOSERVE_WORKER_ID={self.worker_id!r}: 1-128 of [A-Za-z0-9_-]")
-        if self.max_sessions < 1:
+        if self.max_sessions is not None and self.max_sessions < 1:
             faults.append("TURBOSERVE_MAX_SESSIONS: must be >= 1")
         if self.heartbeat_s <= 0:
             faults.append("TURBOSERVE_HEARTBEAT_S: must be > 0")
-        if self.chunk_period_s < 0:
-            faults.append("TURBOSERVE_CHUNK_PERIOD_S: must be >= 0")
+        if self.chunk_period_s is not None and not 0 <= self.chunk_period_s < math.inf:
+            faults.append("TURBOSERVE_CHUNK_PERIOD_S: must be a finite number >= 0")
         if not 1 <= self.jpeg_quality <= 100:
             faults.append("TURBOSERVE_JPEG_QUALITY: must be 1-100")
         if self.pace_lead_s is not None and not 0 <= self.pace_lead_s < math.inf:
@@ -273,26 +418,59 @@ class WorkerSettings(CommonSettings):
         return faults
 
     @property
-    def lead_s(self) -> float:
-        """The pacing lead in force: the setting, or one chunk period."""
-        return self.chunk_period_s if self.pace_lead_s is None else self.pace_lead_s
+    def slots(self) -> int:
+        """Session slots when not emulating (the worker resolves the emulated default)."""
+        return DEFAULT_SLOTS if self.max_sessions is None else self.max_sessions
 
 
 @dataclass(frozen=True, slots=True, repr=False)
 class ProvisionerSettings(CommonSettings):
-    backend: str = "local"
-    # Workers kept running from the start (the autoscaler asks for more in a later wave).
+    """The pool manager. Workers take their own settings (preset, device, emulate...) from the
+    environment: a local worker inherits the provisioner's, a pod gets its template's."""
+
+    backend: str = "local"  # local | kubernetes
+    # The pool never shrinks below min_workers (kept running from the start, replaced when
+    # they die) nor grows past max_workers (booting ones count).
     min_workers: int = 1
     max_workers: int = 8
-    # Extra environment for the workers it starts (preset, device...) is inherited.
-    worker_preset: str = "tiny"
+    # Experiments: a started worker is launched this long after the request; it counts as
+    # booting, and costs, from the request.
+    boot_delay_s: float = 0.0
+    # A worker not READY this long after its request is stopped and reported gone.
+    boot_timeout_s: float = 300.0
+    # local: the GPUs to hand out, one worker each: auto (every GPU nvidia-ml-py finds), none
+    # (CPU workers), or a comma-separated list of GPU UUIDs or indices.
+    gpus: str = "auto"
+    # The GPU kind the workers emulate (the workers' own TURBOSERVE_EMULATE, which they
+    # inherit; a pod gets it too): shown in events and metrics. Empty: real devices.
+    emulate: str = ""
+    # kubernetes: the namespace (empty: the provisioner's own, else "default"), the PodTemplate
+    # each worker pod is made from, and how often pods are listed to notice deaths.
+    k8s_namespace: str = ""
+    k8s_pod_template: str = "turboserve-worker"
+    k8s_poll_s: float = 2.0
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
-        if self.backend not in ("local",):
-            faults.append(f"TURBOSERVE_BACKEND={self.backend!r}: one of local")
+        if self.backend not in ("local", "kubernetes"):
+            faults.append(f"TURBOSERVE_BACKEND={self.backend!r}: one of local, kubernetes")
         if self.min_workers < 0:
             faults.append("TURBOSERVE_MIN_WORKERS: must be >= 0")
         if self.max_workers < max(1, self.min_workers):
             faults.append("TURBOSERVE_MAX_WORKERS: must be >= max(1, TURBOSERVE_MIN_WORKERS)")
+        if not 0 <= self.boot_delay_s < math.inf:
+            faults.append("TURBOSERVE_BOOT_DELAY_S: must be a finite number >= 0")
+        for name in ("boot_timeout_s", "k8s_poll_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
+        if not re.fullmatch(r"auto|none|[A-Za-z0-9_:-]+(,[A-Za-z0-9_:-]+)*", self.gpus):
+            faults.append(f"TURBOSERVE_GPUS={self.gpus!r}: auto, none, or a comma-separated "
+                          "list of GPU UUIDs or indices")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.k8s_pod_template):
+            faults.append(f"TURBOSERVE_K8S_POD_TEMPLATE={self.k8s_pod_template!r}: a Kubernetes "
+                          "object name")
+        if self.k8s_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                                                   self.k8s_namespace):
+            faults.append(f"TURBOSERVE_K8S_NAMESPACE={self.k8s_namespace!r}: a Kubernetes "
+                          "namespace name")
         return faults

@@ -178,6 +178,9 @@ class WorkerCommand(_Msg, tag="worker_cmd"):
     target: Id | None = None
     # Chosen by the requester; echoed in the CommandReply and the MigrationReport it causes.
     command_id: str = ""
+    # The scheduler leadership term that sent it (0: an operator); a worker refuses a term
+    # that no longer leads, so a deposed scheduler commands nobody.
+    term: int = 0
 
 
 class CommandReply(_Msg, tag="command_reply"):
@@ -216,6 +219,8 @@ class Heartbeat(_Msg, tag="heartbeat"):
     keeping_pace: bool = True
     emulated: str | None = None  # the GPU kind this worker emulates, if any
     gpu_kind: str = "cpu"
+    chunk_period_s: float = 0.0  # the playback pace it keeps (the deadline of a chunk)
+    state_bytes: int = 0  # one session's state
     # Migration: where peers reach this worker's handoff rendezvous, and the measured cost of
     # its recent handoffs (fixed ms, and ms per MiB of state).
     handoff_addr: str = ""
@@ -277,14 +282,20 @@ class TensorSpec(msgspec.Struct, frozen=True):
 
 class HandoffOffer(_Msg, tag="handoff_offer"):
     """Source -> destination: a frozen session's state is ready to move (request; the answer
-    is a :class:`HandoffAnswer`). ``epoch`` is the session's epoch while migrating."""
+    is a :class:`HandoffAnswer`). ``epoch`` is the session's epoch while migrating.
+
+    ``transport`` is the one the source asks for (``auto`` or a name); the destination picks
+    the one used. ``rendezvous`` (strings): ``store`` (the source's rendezvous, host:port),
+    ``device`` and ``uuid`` (where the state is: ``cpu`` or ``cuda:N`` and the GPU's UUID),
+    ``new_link`` (the id of a link built for this transfer), ``link.<transport>`` (the links
+    the source already holds to the destination) and ``tag`` (the transfer's first tag)."""
 
     transfer_id: str
     session_id: Id
     epoch: int
     src: Id
     dst: Id
-    transport: str  # "gloo", "nccl", "cuda_ipc", ...
+    transport: str  # asked for: "auto", "gloo", "nccl", "cuda_ipc"
     rendezvous: dict[str, str] = msgspec.field(default_factory=dict)  # transport-specific
     tensors: list[TensorSpec] = msgspec.field(default_factory=list)
     nbytes: int = 0
@@ -309,12 +320,15 @@ class HandoffAnswer(_Msg, tag="handoff_answer"):
     accepted: bool
     code: str = ""  # refusal: draining, full, stale_epoch, incompatible, ...
     detail: str = ""
-    rendezvous: dict[str, str] = msgspec.field(default_factory=dict)
+    transport: str = ""  # accepted: the transport both sides use
+    rendezvous: dict[str, str] = msgspec.field(default_factory=dict)  # accepted: ``link`` (its id)
 
 
 class HandoffOutcome(_Msg, tag="handoff_outcome"):
     """Destination -> source after the transfer: ``committed`` (ownership moved in Redis at
-    ``epoch``; the source must never publish the session again) or aborted with a reason."""
+    ``epoch``; the source must never publish the session again) or aborted with a reason.
+    Source -> destination (``committed`` false, code ``aborted``): the source gave up, the
+    destination discards what it is receiving."""
 
     transfer_id: str
     session_id: Id
@@ -337,25 +351,73 @@ class MigrationReport(_Msg, tag="migration_report"):
     epoch: int = 0  # the session's epoch afterwards
     nbytes: int = 0
     suspended: bool = False
-    freeze_ms: float = 0.0
+    transport: str = ""  # the transport used ("" when nothing moved)
+    freeze_ms: float = 0.0  # reaching a chunk boundary and freezing
+    offer_ms: float = 0.0  # registry CAS to migrating + offer/answer round trip
     transfer_ms: float = 0.0
-    commit_ms: float = 0.0
+    commit_ms: float = 0.0  # transfer end -> the destination's outcome (verify, CAS, adopt)
     connect_ms: float = 0.0  # building a communicator for a new peer (0 when cached)
+    total_ms: float = 0.0  # the command's arrival -> this report
     at: float = msgspec.field(default_factory=time.time)
 
 
 class ProvisionerCommand(_Msg, tag="provisioner_cmd"):
+    """START the workers named in ``worker_ids`` (or ``count`` new ones when none is named), or
+    STOP the named ones. Idempotent: a worker already booting or running is not started twice,
+    one already gone is not stopped twice. Sent as a NATS request, it is answered with a
+    :class:`ProvisionerReply`; what happens to each worker follows as ProvisionerEvents."""
+
     kind: ProvisionerCmdKind
     count: Annotated[int, msgspec.Meta(ge=0, le=MAX_WORKERS_PER_COMMAND)] = 1
-    worker_ids: list[Id] = msgspec.field(default_factory=list)
+    worker_ids: Annotated[list[Id], msgspec.Meta(max_length=MAX_WORKERS_PER_COMMAND)] = (
+        msgspec.field(default_factory=list))
+    # START: the GPU kind wanted; refused (``kind_unavailable``) when the pool emulates another.
     gpu_kind: str | None = None
+    # Chosen by the requester; echoed in the reply and in the events the command causes.
+    command_id: str = ""
+
+
+class ProvisionerRefusal(msgspec.Struct, frozen=True):
+    """One worker the provisioner would not start or stop, and why (a stable ``code``).
+    ``worker_id`` is empty for workers asked for by ``count``."""
+
+    code: str
+    worker_id: str = ""
+    detail: str = ""
+
+
+class ProvisionerReply(_Msg, tag="provisioner_reply"):
+    """The answer to a ProvisionerCommand: ``started`` (booting from now on), ``stopping``,
+    ``unchanged`` (already in the state asked for) and ``refused``; ``ok`` when nothing was
+    refused."""
+
+    kind: ProvisionerCmdKind
+    ok: bool
+    command_id: str = ""
+    started: list[str] = msgspec.field(default_factory=list)
+    stopping: list[str] = msgspec.field(default_factory=list)
+    unchanged: list[str] = msgspec.field(default_factory=list)
+    refused: list[ProvisionerRefusal] = msgspec.field(default_factory=list)
 
 
 class ProvisionerEvent(_Msg, tag="provisioner_event"):
+    """What happened to one worker: BOOTING (its request was accepted; it costs from now),
+    READY (its first READY heartbeat; ``boot_s`` after the request), GONE (stopped, died,
+    refused; ``gpu_seconds`` it cost). ``code`` says why (stable): for GONE ``stopped``,
+    ``exited``, ``boot_timeout``, ``launch_failed``, ``provisioner_stopped`` or a START
+    refusal (``max_workers``, ``no_gpu``, ``kind_unavailable``); a refused STOP is reported
+    with the worker's current status and ``not_drained`` or ``min_workers``."""
+
     worker_id: Id
     status: WorkerStatus
     detail: str = ""
     at: float = msgspec.field(default_factory=time.time)
+    code: str = ""
+    command_id: str = ""
+    emulated: str = ""  # the GPU kind the worker emulates; empty when it is real
+    gpu_kind: str = ""  # READY: the kind the worker reports
+    boot_s: float | None = None
+    gpu_seconds: float | None = None
 
 
 _ID_RE = re.compile(ID_PATTERN)
@@ -364,8 +426,8 @@ ChunkStreamMsg = Chunk | StreamEnd | SessionNotice
 HandoffMsg = HandoffOffer | HandoffOutcome
 Message = (
     SessionEvent | WorkerCommand | CommandReply | Heartbeat | Chunk | StreamEnd | SessionNotice
-    | ProvisionerCommand | ProvisionerEvent | HandoffOffer | HandoffAnswer | HandoffOutcome
-    | MigrationReport
+    | ProvisionerCommand | ProvisionerReply | ProvisionerEvent | HandoffOffer | HandoffAnswer
+    | HandoffOutcome | MigrationReport
 )
 
 M = TypeVar("M")

@@ -1,10 +1,15 @@
-"""The gateway as a supervised service: an aiohttp site inside the shared runner."""
+"""The gateway as a supervised service: an aiohttp site inside the shared runner, plus its two
+loops (lifetimes, and ending the feeds of sessions that are over)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
-from services.gateway.app import CLOSING, build_app
+from services.gateway import lifetimes
+from services.gateway.app import build_app, build_gateway
+from services.gateway.state import Gateway
 from shared.logging import get_logger
 from shared.runner import ServiceContext
 from shared.settings import GatewaySettings
@@ -18,23 +23,36 @@ class GatewayService:
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
+        self.gateway: Gateway | None = None
         self._runner: web.AppRunner | None = None
-        self._app: web.Application | None = None
+        self._loops_stop = asyncio.Event()
 
     async def start(self, ctx: ServiceContext) -> None:
         await ensure_streams(ctx.js, ctx.subjects)
-        self._app = build_app(ctx, self.settings)
-        # Streams end on their own when CLOSING is set; the timeout bounds the rest.
-        self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=5.0)
+        gw = self.gateway = build_gateway(ctx, self.settings)
+        if gw.keys.open:
+            log.warning("no_api_key_configured",
+                        detail="anyone who reaches this gateway may create sessions; set "
+                               "TURBOSERVE_API_KEYS or TURBOSERVE_API_KEYS_FILE")
+        ctx.spawn(lifetimes.run(gw, self._loops_stop), name="gateway-lifetimes")
+        ctx.spawn(gw.hub.run_quiet_checks(self._loops_stop), name="gateway-feed-ends")
+        # Streams end on their own once the hub is closed; the timeout bounds the rest.
+        self._runner = web.AppRunner(build_app(gw), access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
-        log.info("gateway_listening", addresses=[f"http://{h}:{p}" for h, p, *_ in self._runner.addresses])
+        log.info("gateway_listening", addresses=[f"http://{h}:{p}" for h, p, *_ in self._runner.addresses],
+                 api_keys=sorted(gw.keys.api_keys), operator_key=gw.keys.operator is not None)
 
     async def stop(self) -> None:
-        """Refuse new sessions, end open SSE streams, stop the site (idempotent)."""
-        if self._app is not None:
-            self._app[CLOSING].set()
+        """Refuse new sessions, end open streams and sockets, stop the site (idempotent)."""
+        gw = self.gateway
+        if gw is not None:
+            gw.closing.set()
+            await gw.hub.close()
+        self._loops_stop.set()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        if gw is not None:
+            await gw.redis.aclose()

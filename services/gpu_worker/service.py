@@ -1,38 +1,44 @@
 """The worker service: commands in over NATS, chunks out, torch in its own thread.
 
-Two halves that meet only through thread-safe hand-offs:
+Three parts that meet only through thread-safe hand-offs:
 
-- the asyncio side (NATS, Redis): validates each command against the registry (fencing by
-  epoch), queues it for the generation thread, publishes chunks, records progress, heartbeats;
-- the generation thread: at each pass boundary applies the queued commands to the engine, runs
-  one coalesced model pass for every active session (each at its own phase of its chunk, so a
-  joining session waits one pass, not a chunk), encodes the frames of the chunks that pass
-  completed, hands them over and waits until they are published (backpressure), then paces
-  to the playback period.
-
-Progress is recorded with a compare-and-set on (owner, epoch): a worker whose session was taken
-away stops generating it at the next boundary.
+- the command intake (event loop): decodes each command, checks it against the registry
+  (fencing by epoch), answers it when it came as a request, and puts it in the inbox;
+- the generation loop (:mod:`generation`, its own thread): applies what the inbox holds at pass
+  boundaries, paces every session to playback, runs the batched passes;
+- the publisher (event loop): records each chunk's progress with a compare-and-set on
+  (owner, epoch) and publishes it; a worker whose session was taken away stops generating it at
+  the next boundary. Heartbeats report what the loop really does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from services.gpu_worker.engine import Engine, EngineConfig
+from services.gpu_worker.engine_host import EngineHost
+from services.gpu_worker.generation import GenerationLoop, Outgoing
+from services.gpu_worker.handoff.endpoint import HandoffEndpoint
+from services.gpu_worker.inbox import CommandInbox
+from services.scheduler.core.profile import LatencyProfile
+from shared.leader import leader_key, parse_term
 from shared.logging import get_logger
 from shared.registry import RegistryError, WorkerRecord
 from shared.runner import ServiceContext
-from shared.settings import WorkerSettings
+from shared.settings import DEFAULT_CHUNK_PERIOD_S, SettingsError, WorkerSettings
 from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
 from shared.wire import (
+    WORKER_WIDE_COMMANDS,
     Chunk,
+    CommandReply,
     Heartbeat,
+    ProvisionerEvent,
+    SessionNotice,
     WorkerCmdKind,
     WorkerCommand,
     WorkerStatus,
@@ -42,34 +48,102 @@ from shared.wire import (
 
 log = get_logger("turboserve.worker")
 
-FPS = 16.0  # playback rate of the frames a chunk carries
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """What the worker runs at, resolved from its settings and, when it emulates a GPU kind,
+    from that kind's latency profile."""
+
+    slots: int
+    period_s: float
+    lead_s: float
+    kind: str  # the GPU kind it reports (the emulated one, when emulating)
+    emulated: LatencyProfile | None = None
+
+    @classmethod
+    def of(cls, settings: WorkerSettings) -> Pace:
+        profile = emulated_profile(settings)
+        if profile is None:
+            period = DEFAULT_CHUNK_PERIOD_S if settings.chunk_period_s is None else settings.chunk_period_s
+            slots, kind = settings.slots, settings.gpu_kind
+        else:
+            period = (profile.deadline_ms / 1000.0 if settings.chunk_period_s is None
+                      else settings.chunk_period_s)
+            slots = profile.capacity if settings.max_sessions is None else settings.max_sessions
+            kind = profile.gpu_kind
+        lead = period if settings.pace_lead_s is None else settings.pace_lead_s
+        return cls(slots=slots, period_s=period, lead_s=lead, kind=kind, emulated=profile)
+
+    def pass_floor_ms(self, batch: int) -> float:
+        assert self.emulated is not None
+        return self.emulated.pass_ms(batch)
 
 
-@dataclass
-class _Owned:
-    """What the worker knows of a session it generates."""
+def emulated_profile(settings: WorkerSettings) -> LatencyProfile | None:
+    """The profile of the GPU kind the worker emulates (``TURBOSERVE_EMULATE``), or None.
+    Raises SettingsError when the profile cannot be read or describes another kind."""
+    if not settings.emulate:
+        return None
+    from services.scheduler.core.profile import ProfileError
+    from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
 
-    epoch: int
-    seq_base: int  # wire seq = seq_base + engine seq
-    next_due: float = field(default_factory=time.time)
+    try:
+        profile = load_profile(settings.emulate_profile or DEFAULT_PROFILE)
+    except (ProfileError, OSError) as exc:
+        raise SettingsError([f"TURBOSERVE_EMULATE_PROFILE: {exc}"]) from None
+    if profile.gpu_kind.lower() != settings.emulate.lower():
+        raise SettingsError([f"TURBOSERVE_EMULATE={settings.emulate!r}: the profile "
+                             f"{profile.name!r} describes {profile.gpu_kind}"])
+    return profile
 
 
-class ChunkTimes:
-    """Measured chunk time per batch size (exponential moving average), for heartbeats."""
+class MeshSink:
+    """The generation loop's way out: publishes chunks and notices on the event loop."""
 
-    def __init__(self, alpha: float = 0.2) -> None:
-        self.alpha = alpha
-        self._ms: dict[int, float] = {}
-        self._lock = threading.Lock()
+    def __init__(self, ctx: ServiceContext, worker_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.ctx = ctx
+        self.worker_id = worker_id
+        self.loop = loop
 
-    def add(self, batch: int, ms: float) -> None:
-        with self._lock:
-            old = self._ms.get(batch)
-            self._ms[batch] = ms if old is None else old + self.alpha * (ms - old)
+    def deliver(self, items: list[Outgoing]) -> set[str]:
+        return self._wait(self._deliver(items))
 
-    def snapshot(self) -> dict[int, float]:
-        with self._lock:
-            return {b: round(v, 3) for b, v in sorted(self._ms.items())}
+    def hand_back(self, session_id: str, epoch: int) -> None:
+        self._wait(self.release(session_id, epoch))
+
+    def _wait(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    async def _deliver(self, items: list[Outgoing]) -> set[str]:
+        ctx, fenced = self.ctx, set()
+        for item in items:
+            if item.session_id in fenced:
+                continue
+            if isinstance(item, Chunk):
+                owner = await ctx.registry.record_progress(
+                    item.session_id, self.worker_id, item.epoch, item.seq
+                )
+            else:
+                owner = await self._owns(item)
+            if not owner:
+                fenced.add(item.session_id)
+                continue
+            await ctx.nc.publish(ctx.subjects.chunks(item.session_id), encode(item))
+        return fenced
+
+    async def _owns(self, notice: SessionNotice) -> bool:
+        record = await self.ctx.registry.get_session(notice.session_id)
+        return (record is not None and record.owner == self.worker_id
+                and record.epoch == notice.epoch and record.state is not SessionState.TERMINATED)
+
+    async def release(self, session_id: str, epoch: int) -> None:
+        """Put a session back to pending (to be placed elsewhere), if still ours at ``epoch``."""
+        try:
+            await self.ctx.registry.transition(
+                session_id, SessionState.PENDING, expected_epoch=epoch, owner=None
+            )
+        except (RegistryError, IllegalTransition) as exc:
+            log.info("release_skipped", session_id=session_id, reason=str(exc))
 
 
 class WorkerService:
@@ -77,41 +151,57 @@ class WorkerService:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
+        self.pace = Pace.of(settings)
         self.worker_id = settings.worker_id
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self.ctx: ServiceContext | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.status = WorkerStatus.BOOTING
-        self.owned: dict[str, _Owned] = {}  # touched only by the generation thread
-        self.commands: queue.Queue[WorkerCommand] = queue.Queue()
-        self.chunk_times = ChunkTimes()
-        self._halt = threading.Event()
+        self.inbox = CommandInbox()
+        self.generation: GenerationLoop | None = None
+        self.sink: MeshSink | None = None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._thread_done: asyncio.Future[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self.handoff: HandoffEndpoint | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext) -> None:
-        from services.gpu_worker.engine import Engine, EngineConfig
-
-        self.ctx, self.loop = ctx, asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self.ctx = ctx
         await ensure_streams(ctx.js, ctx.subjects)
         await self._heartbeat_once()  # visible as booting while the model loads
         config = EngineConfig(
             preset=self.settings.preset,
             device=self.settings.device,
-            max_sessions=self.settings.max_sessions,
+            max_sessions=self.pace.slots,
             seed=self.settings.seed,
             checkpoint=self.settings.checkpoint,
         )
-        self.engine = await asyncio.to_thread(Engine, config)
-        log.info("engine_ready", device=self.engine.device, capacity=self.engine.capacity,
+        engine = self.engine = await asyncio.to_thread(Engine, config)
+        log.info("engine_ready", device=engine.device, capacity=engine.capacity,
                  preset=self.settings.preset)
+        self.sink = MeshSink(ctx, self.worker_id, loop)
+        self.generation = GenerationLoop(
+            engine, self.inbox, self.sink,
+            worker_id=self.worker_id,
+            period_s=self.pace.period_s,
+            lead_s=self.pace.lead_s,
+            jpeg_quality=self.settings.jpeg_quality,
+            pass_floor_ms=self.pace.pass_floor_ms if self.pace.emulated else None,
+        )
+        if self.pace.emulated is not None:
+            log.info("emulating", gpu_kind=self.pace.kind, profile=self.pace.emulated.name,
+                     slots=self.pace.slots, chunk_period_s=self.pace.period_s)
+        host = EngineHost(self.worker_id, engine, self.generation, self.inbox,
+                          is_draining=lambda: self.status is not WorkerStatus.READY)
+        self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)
+        await self.handoff.start()
         await ctx.nc.subscribe(ctx.subjects.worker_cmd(self.worker_id), cb=self._on_command)
-        await ctx.nc.flush()  # the subscription is live on the server before we say READY
-        self._thread_done = self.loop.create_future()
-        self._thread = threading.Thread(target=self._generate_forever, name="generation", daemon=True)
+        await ctx.nc.subscribe(ctx.subjects.provisioner_events, cb=self._on_pool_event)
+        await ctx.nc.flush()  # the subscriptions are live on the server before we say READY
+        self._thread_done = loop.create_future()
+        self._thread = threading.Thread(target=self._generate, name="generation", daemon=True)
         self._thread.start()
         ctx.spawn(self._watch_thread(), name="worker-generation")
         self.status = WorkerStatus.READY
@@ -125,7 +215,9 @@ class WorkerService:
         self.status = WorkerStatus.DRAINING
         with contextlib.suppress(Exception):
             await self.ctx.registry.set_worker_status(self.worker_id, WorkerStatus.DRAINING)
-        self._halt.set()
+        if self.handoff is not None:  # handoffs in flight finish or abort first
+            await self.handoff.close()
+        self.inbox.close()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
         await self._release_sessions()
@@ -135,12 +227,17 @@ class WorkerService:
         with contextlib.suppress(Exception):
             await self.ctx.registry.remove_worker(self.worker_id)
 
-    async def _release_sessions(self) -> None:
-        """Put the sessions this worker still owns back to pending, to continue elsewhere."""
-        for session_id, owned in list(self.owned.items()):
-            await self._release(session_id, owned.epoch)
-            log.info("session_released", session_id=session_id)
-        self.owned.clear()
+    def _generate(self) -> None:
+        assert self.generation is not None
+        try:
+            self.generation.run()
+        except BaseException as exc:  # noqa: BLE001 - reported to the service via the future
+            self._thread_error = exc
+        finally:
+            done = self._thread_done
+            assert done is not None
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                done.get_loop().call_soon_threadsafe(_set_done, done)
 
     async def _watch_thread(self) -> None:
         assert self._thread_done is not None
@@ -148,179 +245,105 @@ class WorkerService:
         if self._thread_error is not None:
             raise RuntimeError("generation thread failed") from self._thread_error
 
-    # -- commands (asyncio side) ----------------------------------------------------------------
+    async def _release_sessions(self) -> None:
+        """Put the sessions this worker still owns back to pending, to continue elsewhere."""
+        if self.generation is None or self.sink is None:
+            return
+        for session_id, owned in list(self.generation.owned.items()):
+            await self.sink.release(session_id, owned.epoch)
+            log.info("session_released", session_id=session_id)
+        self.generation.owned.clear()
+
+    # -- commands (event loop) ------------------------------------------------------------------
     async def _on_command(self, msg: Any) -> None:
         cmd = decode_or_drop(msg.subject, msg.data, WorkerCommand, log)
         if cmd is None:
             return
-        if cmd.worker_id != self.worker_id or cmd.session_id is None:
-            log.warning("command_misaddressed", kind=str(cmd.kind), to=cmd.worker_id)
-            return
-        if cmd.kind is not WorkerCmdKind.STOP and not await self._epoch_current(cmd):
-            return
-        self.commands.put(cmd)
+        reply = await self._accept(cmd)
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(encode(reply))
 
-    async def _epoch_current(self, cmd: WorkerCommand) -> bool:
+    async def _accept(self, cmd: WorkerCommand) -> CommandReply:
+        """Validate a command and queue it for the generation loop; the answer to send."""
+
+        def refuse(code: str, detail: str) -> CommandReply:
+            log.warning("command_refused", kind=str(cmd.kind), session_id=cmd.session_id,
+                        code=code, detail=detail)
+            return CommandReply(worker_id=self.worker_id, ok=False, command_id=cmd.command_id,
+                                code=code, detail=detail)
+
+        ok = CommandReply(worker_id=self.worker_id, ok=True, command_id=cmd.command_id)
+        if cmd.worker_id != self.worker_id:
+            return refuse("misaddressed", f"command for {cmd.worker_id}")
+        if cmd.term and not await self._term_current(cmd.term):
+            return refuse("stale_leader", f"term {cmd.term} no longer leads the scheduling")
+        if cmd.kind in WORKER_WIDE_COMMANDS:
+            self._set_draining(cmd.kind is WorkerCmdKind.DRAIN)
+            await self._heartbeat_once()
+            return ok
+        if cmd.session_id is None:
+            return refuse("invalid", f"{cmd.kind} needs a session_id")
+        if cmd.kind is WorkerCmdKind.ASSIGN and self.status is WorkerStatus.DRAINING:
+            await self._release_assignment(cmd)
+            return refuse("draining", "this worker takes no new sessions")
+        if cmd.kind is not WorkerCmdKind.STOP:
+            fault = await self._epoch_fault(cmd)
+            if fault:
+                return refuse("stale_epoch", fault)
+        if cmd.kind is WorkerCmdKind.MIGRATE:
+            if self.handoff is None or not cmd.target or cmd.target == self.worker_id:
+                return refuse("invalid", "MIGRATE needs another worker as its target")
+            assert self.ctx is not None
+            self.ctx.spawn(self._migrate(cmd), name=f"migrate-{cmd.session_id}")
+            return ok  # started; the outcome is a MigrationReport
+        self.inbox.put(cmd)
+        return ok
+
+    async def _migrate(self, cmd: WorkerCommand) -> None:
+        assert self.handoff is not None
+        try:
+            report = await self.handoff.migrate(cmd)
+        except Exception as exc:  # noqa: BLE001 - one failed handoff never takes the worker down
+            log.error("migration_failed", session_id=cmd.session_id, error=repr(exc))
+            return
+        log.info("migration_done", session_id=cmd.session_id, dst=cmd.target, ok=report.ok,
+                 code=report.code, transfer_ms=round(report.transfer_ms, 2))
+
+    async def _on_pool_event(self, msg: Any) -> None:
+        """A worker the provisioner reports gone: tear down our links with it."""
+        event = decode_or_drop(msg.subject, msg.data, ProvisionerEvent, log)
+        if event is None or event.status is not WorkerStatus.GONE or self.handoff is None:
+            return
+        if event.worker_id != self.worker_id:
+            with contextlib.suppress(Exception):
+                await self.handoff.forget_peer(event.worker_id)
+
+    async def _term_current(self, term: int) -> bool:
+        assert self.ctx is not None
+        raw = await self.ctx.redis.get(leader_key(self.ctx.registry.ns))
+        return parse_term(raw) == term
+
+    async def _epoch_fault(self, cmd: WorkerCommand) -> str:
         """Fencing: act only on a command whose epoch and owner match the registry."""
         assert self.ctx is not None and cmd.session_id is not None
         record = await self.ctx.registry.get_session(cmd.session_id)
-        if record is None or record.owner != self.worker_id or record.epoch != cmd.epoch:
-            log.warning("command_fenced", session_id=cmd.session_id, kind=str(cmd.kind), epoch=cmd.epoch,
-                        registry_epoch=None if record is None else record.epoch)
-            return False
-        return True
+        if record is None:
+            return "no such session"
+        if record.owner != self.worker_id or record.epoch != cmd.epoch:
+            return (f"registry has owner {record.owner} at epoch {record.epoch}, command "
+                    f"epoch {cmd.epoch}")
+        return ""
 
-    # -- generation thread ----------------------------------------------------------------------
-    def _generate_forever(self) -> None:
-        try:
-            while not self._halt.is_set():
-                self._apply_commands(block=not self.engine.active_sessions())
-                active = self.engine.active_sessions()
-                if not active:
-                    continue
-                self._pace(active)
-                if self._halt.is_set():
-                    break
-                self._step_and_publish()
-        except BaseException as exc:  # noqa: BLE001 - reported to the service via the future
-            self._thread_error = exc
-        finally:
-            assert self.loop is not None and self._thread_done is not None
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self.loop.call_soon_threadsafe(_set_done, self._thread_done)
+    async def _release_assignment(self, cmd: WorkerCommand) -> None:
+        assert self.sink is not None and cmd.session_id is not None
+        await self.sink.release(cmd.session_id, cmd.epoch)
 
-    def _apply_commands(self, block: bool) -> None:
-        try:
-            cmd = self.commands.get(timeout=0.1) if block else self.commands.get_nowait()
-        except queue.Empty:
+    def _set_draining(self, draining: bool) -> None:
+        if self.status is WorkerStatus.BOOTING:
             return
-        while True:
-            self._apply(cmd)
-            try:
-                cmd = self.commands.get_nowait()
-            except queue.Empty:
-                return
-
-    def _apply(self, cmd: WorkerCommand) -> None:
-        """Apply one command at a chunk boundary. A command the engine refuses is logged and
-        dropped: it never takes the generation thread (and every other session) down."""
-        from services.gpu_worker.engine import EngineError, EngineFull
-
-        sid = cmd.session_id
-        assert sid is not None
-        eng = self.engine
-        try:
-            if cmd.kind is WorkerCmdKind.ASSIGN:
-                if eng.has_session(sid):
-                    eng.remove_session(sid)
-                eng.add_session(sid, cmd.prompt or "", cmd.seed or 0)
-                self.owned[sid] = _Owned(epoch=cmd.epoch, seq_base=cmd.seq)
-            elif cmd.kind is WorkerCmdKind.STOP:
-                self._drop(sid, reason="stopped")
-            elif not eng.has_session(sid):
-                log.warning("command_for_unknown_session", session_id=sid, kind=str(cmd.kind))
-                return
-            elif cmd.kind is WorkerCmdKind.SUSPEND:
-                eng.suspend(sid, wait=True)  # mid-chunk: right after its chunk is done
-            elif cmd.kind is WorkerCmdKind.RESUME:
-                eng.resume(sid)
-                self.owned[sid].next_due = time.time()
-            elif cmd.kind is WorkerCmdKind.PROMPT:
-                eng.set_prompt(sid, cmd.prompt or "")
-            log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch)
-        except EngineFull:
-            # No slot: hand the session straight back so the scheduler places it elsewhere.
-            log.warning("engine_full", session_id=sid, capacity=eng.capacity)
-            self._run_on_loop(self._release(sid, cmd.epoch))
-        except EngineError as exc:
-            log.warning("command_refused", session_id=sid, kind=str(cmd.kind), error=str(exc))
-
-    def _run_on_loop(self, coro: Any) -> Any:
-        """Run a coroutine on the event loop from the generation thread and wait for it."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
-
-    async def _release(self, session_id: str, epoch: int) -> None:
-        assert self.ctx is not None
-        try:
-            await self.ctx.registry.transition(
-                session_id, SessionState.PENDING, expected_epoch=epoch, owner=None
-            )
-        except (RegistryError, IllegalTransition) as exc:
-            log.info("release_skipped", session_id=session_id, reason=str(exc))
-
-    def _drop(self, session_id: str, reason: str) -> None:
-        if self.engine.has_session(session_id):
-            self.engine.remove_session(session_id)
-        if self.owned.pop(session_id, None) is not None:
-            log.info("session_dropped", session_id=session_id, reason=reason)
-
-    def _pace(self, active: list[str]) -> None:
-        """Wait until the earliest active session's next chunk is due (playback pace).
-
-        Only at a boundary of every active session: a session in the middle of its chunk keeps
-        the batch's passes running (pausing would stall every session in the batch)."""
-        if self.settings.chunk_period_s <= 0:
-            return
-        if any(self.engine.passes_to_boundary(s) for s in active):
-            return
-        due = min(self.owned[s].next_due for s in active if s in self.owned) if self.owned else time.time()
-        delay = due - time.time()
-        if delay > 0:
-            self._halt.wait(delay)
-
-    def _step_and_publish(self) -> None:
-        from services.gpu_worker.codec import encode_frames
-
-        # One batched pass; each session is at its own phase of its chunk, so a session that
-        # joins waits for one pass, not a whole chunk. Most passes complete no chunk.
-        results = self.engine.pass_step()
-        if not results:
-            return
-        done_at = time.time()
-        chunks = []
-        for r in results:
-            self.chunk_times.add(r.batch, r.gen_ms)
-            owned = self.owned.get(r.session_id)
-            if owned is None:
-                continue
-            frames = r.frames
-            chunks.append(Chunk(
-                session_id=r.session_id,
-                seq=owned.seq_base + r.seq,
-                worker_id=self.worker_id,
-                epoch=owned.epoch,
-                encoding="jpeg",
-                frames=encode_frames(frames, fmt="jpeg", quality=self.settings.jpeg_quality),
-                width=int(frames.shape[2]),
-                height=int(frames.shape[1]),
-                fps=FPS,
-                gen_ms=r.gen_ms,
-                batch=r.batch,
-                due_at=owned.next_due,
-                done_at=done_at,
-            ))
-            # The next chunk is due when this one has played out, or now if we are late.
-            period = self.settings.chunk_period_s
-            owned.next_due = max(owned.next_due + period, done_at) if period > 0 else done_at
-        for session_id in self._run_on_loop(self._publish(chunks)):
-            self._drop(session_id, reason="fenced")
-
-    # -- publishing (asyncio side) --------------------------------------------------------------
-    async def _publish(self, chunks: list[Chunk]) -> list[str]:
-        """Publish chunks, then record progress; returns the sessions we no longer own."""
-        ctx = self.ctx
-        assert ctx is not None
-        fenced = []
-        for chunk in chunks:
-            still_owner = await ctx.registry.record_progress(
-                chunk.session_id, self.worker_id, chunk.epoch, chunk.seq
-            )
-            if not still_owner:
-                fenced.append(chunk.session_id)
-                continue
-            await ctx.nc.publish(ctx.subjects.chunks(chunk.session_id), encode(chunk))
-        return fenced
+        self.status = WorkerStatus.DRAINING if draining else WorkerStatus.READY
+        log.info("worker_status", status=str(self.status))
 
     # -- heartbeats -----------------------------------------------------------------------------
     async def _heartbeats(self) -> None:
@@ -332,29 +355,57 @@ class WorkerService:
         ctx = self.ctx
         assert ctx is not None
         telemetry = self._telemetry()
-        sessions = sorted(list(self.owned))  # a copy: the generation thread mutates it
-        capacity = self.engine.capacity if self.engine is not None else self.settings.max_sessions
+        loop_status = self.generation.status() if self.generation is not None else None
+        capacity = self.engine.capacity if self.engine is not None else self.pace.slots
+        chunk_ms = self.generation.chunk_times.snapshot() if self.generation else {}
+        pass_ms = self.generation.pass_times.snapshot() if self.generation else {}
+        sessions = loop_status.sessions if loop_status else ()
+        active = loop_status.active if loop_status else ()
+        suspended = loop_status.suspended if loop_status else ()
+        cost = self.handoff.cost() if self.handoff is not None else None
+        handoff_addr = ""
+        if self.handoff is not None and not self.handoff.closing:
+            handoff_addr = self.handoff.address
         record = WorkerRecord(
             id=self.worker_id,
             status=self.status,
             capacity=capacity,
             device=telemetry.get("device", self.settings.device),
-            gpu_kind=self.settings.gpu_kind,
-            active=len(sessions),
-            chunk_ms=self.chunk_times.snapshot(),
+            gpu_kind=self.pace.kind,
+            active=len(active),
+            chunk_ms=chunk_ms,
             mem_free_bytes=telemetry.get("mem_free_bytes"),
+            sessions=sessions,
+            suspended=suspended,
+            waiting=loop_status.waiting if loop_status else 0,
+            pass_ms=pass_ms,
+            keeping_pace=loop_status.keeping_pace if loop_status else True,
+            emulated=self.pace.kind if self.pace.emulated else "",
+            handoff_addr=handoff_addr,
         )
         await ctx.registry.heartbeat(record, ttl_s=3 * self.settings.heartbeat_s)
         beat = Heartbeat(
             worker_id=self.worker_id,
             status=self.status,
             capacity=capacity,
-            active=len(sessions),
-            sessions=sessions,
+            active=len(active),
+            sessions=list(sessions),
             device=record.device,
-            chunk_ms=record.chunk_ms,
+            chunk_ms=chunk_ms,
             mem_free_bytes=record.mem_free_bytes,
             mem_total_bytes=telemetry.get("mem_total_bytes"),
+            suspended=list(suspended),
+            waiting=record.waiting,
+            pass_ms=pass_ms,
+            lead_ms=dict(loop_status.lead_ms) if loop_status else {},
+            keeping_pace=record.keeping_pace,
+            emulated=self.pace.kind if self.pace.emulated else None,
+            gpu_kind=self.pace.kind,
+            chunk_period_s=self.pace.period_s,
+            state_bytes=self.engine.state_bytes if self.engine is not None else 0,
+            handoff_addr=handoff_addr,
+            handoff_fixed_ms=cost.fixed_ms if cost else None,
+            handoff_ms_per_mib=cost.ms_per_mib if cost else None,
         )
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
 

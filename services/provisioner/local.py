@@ -1,8 +1,15 @@
 """The local backend: GPU workers as child processes of the provisioner.
 
-Each worker is ``python -m services.cli worker`` with its id in ``TURBOSERVE_WORKER_ID`` and the
-rest of the environment inherited. On Linux a worker also gets SIGTERM if the provisioner dies
-(``PR_SET_PDEATHSIG``), so even a killed provisioner leaves no orphan behind.
+Each worker is ``python -m services.cli worker`` with its id in ``TURBOSERVE_WORKER_ID``, its
+GPU in ``CUDA_VISIBLE_DEVICES`` (by UUID, so that the numbering of the devices does not matter)
+and the rest of the environment inherited: ``TURBOSERVE_PRESET``, ``TURBOSERVE_DEVICE``,
+``TURBOSERVE_EMULATE`` ... mean for the worker what they mean everywhere. The mesh settings
+(NATS and Redis URLs, subject prefix, Redis namespace) are the provisioner's own, so a worker
+always joins the mesh that started it.
+
+With GPUs, there is one worker per GPU at most; without, CPU workers up to ``max_workers``. On
+Linux a worker also gets SIGTERM if the provisioner dies (``PR_SET_PDEATHSIG``), so even a
+killed provisioner leaves no orphan behind.
 """
 
 from __future__ import annotations
@@ -11,11 +18,13 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.proc import die_with_parent
+from services.provisioner.backend import LaunchError, OnExit, Spawn, mesh_env
+from services.provisioner.gpus import Gpu, discover
 from shared.logging import get_logger
+from shared.settings import ProvisionerSettings
 
 log = get_logger("turboserve.provisioner")
 
@@ -24,41 +33,86 @@ log = get_logger("turboserve.provisioner")
 class LocalWorker:
     worker_id: str
     process: asyncio.subprocess.Process
+    gpu: Gpu | None
 
 
 class LocalBackend:
     """Starts and stops worker processes on this machine."""
 
-    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
-        self.extra_env = extra_env or {}
+    name = "local"
+
+    def __init__(self, settings: ProvisionerSettings, gpus: list[Gpu] | None = None) -> None:
+        self.settings = settings
+        self.gpus = discover(settings.gpus) if gpus is None else gpus
+        self.capacity = len(self.gpus) or None
         self.workers: dict[str, LocalWorker] = {}
+        self._spawn: Spawn | None = None
+        self._on_exit: OnExit | None = None
+        log.info("local_backend", gpus=[str(g) for g in self.gpus] or "none: CPU workers")
 
-    async def start(self, worker_id: str) -> LocalWorker:
-        env = {**os.environ, **self.extra_env, "TURBOSERVE_WORKER_ID": worker_id}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.cli", "worker",
-            env=env, preexec_fn=die_with_parent,
-        )
-        worker = LocalWorker(worker_id, process)
+    async def open(self, spawn: Spawn, on_exit: OnExit) -> dict[str, float]:
+        self._spawn, self._on_exit = spawn, on_exit
+        return {}  # children die with their provisioner: there is never anything to take over
+
+    def worker_env(self, worker_id: str, gpu: Gpu | None) -> dict[str, str]:
+        s = self.settings
+        env = {**os.environ, **mesh_env(s), "TURBOSERVE_NATS_URL": s.nats_url,
+               "TURBOSERVE_REDIS_URL": s.redis_url, "TURBOSERVE_WORKER_ID": worker_id}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
+        # Workers share this host: one fixed ops port would be taken by the first of them.
+        if s.metrics_port > 0:
+            env["TURBOSERVE_METRICS_PORT"] = "0"
+        return env
+
+    def _free_gpu(self) -> Gpu | None:
+        used = {w.gpu for w in self.workers.values()}
+        return next((g for g in self.gpus if g not in used), None)
+
+    async def launch(self, worker_id: str) -> str:
+        if worker_id in self.workers:
+            return _where(self.workers[worker_id])
+        gpu = self._free_gpu()
+        if self.gpus and gpu is None:
+            raise LaunchError(f"all {len(self.gpus)} GPUs are in use")
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "services.cli", "worker",
+                env=self.worker_env(worker_id, gpu), preexec_fn=die_with_parent,
+            )
+        except OSError as exc:
+            raise LaunchError(f"could not start a worker process: {exc}") from exc
+        worker = LocalWorker(worker_id, process, gpu)
         self.workers[worker_id] = worker
-        log.info("worker_process_started", worker_id=worker_id, pid=process.pid)
-        return worker
+        assert self._spawn is not None, "open() first"
+        self._spawn(self._watch(worker), f"watch-{worker_id}")
+        log.info("worker_process_started", worker_id=worker_id, pid=process.pid,
+                 gpu=str(gpu) if gpu else "cpu")
+        return _where(worker)
 
-    async def stop(self, worker_id: str, grace_s: float) -> int | None:
+    async def terminate(self, worker_id: str, grace_s: float) -> str:
         worker = self.workers.pop(worker_id, None)
         if worker is None:
-            return None
-        return await _terminate(worker.process, grace_s)
+            return "not running"
+        code = await _terminate(worker.process, grace_s)
+        return f"exit code {code}"
 
-    async def stop_all(self, grace_s: float) -> None:
+    async def close(self, grace_s: float) -> list[str]:
         ids = list(self.workers)
-        await asyncio.gather(*(self.stop(wid, grace_s) for wid in ids))
+        await asyncio.gather(*(self.terminate(wid, grace_s) for wid in ids))
+        return ids
 
-    async def watch(self, worker: LocalWorker, on_exit: Callable[[str, int], object]) -> None:
+    async def _watch(self, worker: LocalWorker) -> None:
         code = await worker.process.wait()
         if self.workers.get(worker.worker_id) is worker:  # died on its own, not stopped by us
             del self.workers[worker.worker_id]
-            on_exit(worker.worker_id, code)
+            assert self._on_exit is not None
+            self._on_exit(worker.worker_id, f"exit code {code}")
+
+
+def _where(worker: LocalWorker) -> str:
+    gpu = f"GPU {worker.gpu}" if worker.gpu else "the CPU"
+    return f"pid {worker.process.pid} on {gpu}"
 
 
 async def _terminate(process: asyncio.subprocess.Process, grace_s: float) -> int:

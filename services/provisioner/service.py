@@ -1,24 +1,47 @@
 """The provisioner: the only service that starts or stops workers.
 
-Commands arrive on ``ts.provisioner.cmd`` (start N workers, stop these workers); what happens is
-reported on ``ts.provisioner.events`` (booting, gone). Workers report ``ready`` themselves through
-the registry once their model is loaded. The autoscaler drives it in the closed-loop wave; for
-now it keeps ``min_workers`` running from the start.
+Commands arrive on ``<prefix>.provisioner.cmd`` (:class:`ProvisionerCommand`: START the workers
+the scheduler names, or a count of new ones; STOP named ones); sent as NATS requests they are
+answered with a :class:`ProvisionerReply`. What happens to each worker is published on
+``<prefix>.provisioner.events``: BOOTING when its request is accepted, READY at its first READY
+heartbeat, GONE when it was stopped, died or was refused. The rules (limits, drain before
+release, idempotence) are the pool's (``pool.py``); the backend (``backend.py``) only launches and
+terminates. Every worker is metered in GPU-seconds from its request to its end (``shared.meter``),
+and every scale event is recorded in the registry for operators.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from typing import Any
 
-from services.provisioner.local import LocalBackend
+from services.provisioner.backend import Backend, LaunchError, make_backend
+from services.provisioner.metrics import ProvisionerMetrics
+from services.provisioner.pool import (
+    ID_IN_USE,
+    SHUTTING_DOWN,
+    STATUS_OF,
+    Plan,
+    Pool,
+    Refusal,
+    Slot,
+    SlotState,
+)
 from shared.logging import get_logger
+from shared.meter import Meter
+from shared.ops import OpsServer, close_ops, start_ops
+from shared.registry import PoolLimits
 from shared.runner import ServiceContext
 from shared.settings import ProvisionerSettings
 from shared.wire import (
+    Heartbeat,
     ProvisionerCmdKind,
     ProvisionerCommand,
     ProvisionerEvent,
+    ProvisionerRefusal,
+    ProvisionerReply,
     WorkerStatus,
     decode_or_drop,
     encode,
@@ -26,84 +49,328 @@ from shared.wire import (
 
 log = get_logger("turboserve.provisioner")
 
+MAX_RESTART_BACKOFF_S = 60.0
+
+
+def new_worker_id() -> str:
+    return f"w-{uuid.uuid4().hex[:8]}"
+
 
 class ProvisionerService:
     name = "provisioner"
 
-    def __init__(self, settings: ProvisionerSettings) -> None:
+    def __init__(self, settings: ProvisionerSettings, backend: Backend | None = None) -> None:
         self.settings = settings
-        self.backend = LocalBackend(extra_env={"TURBOSERVE_PRESET": settings.worker_preset})
+        self.backend = backend if backend is not None else make_backend(settings)
+        self.pool = Pool(settings.min_workers, settings.max_workers, self.backend.capacity,
+                         settings.emulate)
+        self.metrics = ProvisionerMetrics(self.pool, self.backend.name)
         self.ctx: ServiceContext | None = None
+        self.meter: Meter | None = None
+        self.ops: OpsServer | None = None
         self._stopping = False
+        self._lock = asyncio.Lock()  # one command (or refill) decides at a time
+        self._boots: dict[str, asyncio.Task[None]] = {}
         self._restart_backoff_s = 1.0
 
+    # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
+        self.meter = Meter(ctx.redis, ctx.settings.redis_namespace)
+        adopted = await self.backend.open(ctx.spawn, self._on_exit)
+        await self._take_over(adopted)
+        await ctx.registry.set_pool_limits(
+            PoolLimits(self.pool.min_workers, self.pool.max_size, self.backend.name))
+        await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=self._on_heartbeat)
         await ctx.nc.subscribe(ctx.subjects.provisioner_cmd, cb=self._on_command)
-        for _ in range(self.settings.min_workers):
-            await self.start_worker(self._new_id())
+        # A SUB sits in the client's write buffer until its flusher runs; a command published
+        # from another connection before the server has it would be dropped. Started = live.
+        await ctx.nc.flush()
+        self.ops = await start_ops(ctx, self.metrics.registry, service=self.name,
+                                   details=self._health_details)
+        log.info("provisioner_ready", backend=self.backend.name, min_workers=self.pool.min_workers,
+                 max_workers=self.pool.max_size, emulate=self.settings.emulate or None,
+                 boot_delay_s=self.settings.boot_delay_s)
+        await self._fill()
 
     async def stop(self) -> None:
+        """Refuse new commands; local workers stop with the provisioner (pods do not)."""
+        if self._stopping:
+            return
         self._stopping = True
-        # Inside the runner's own grace period, so leave room for the SIGKILL escalation.
-        await self.backend.stop_all(grace_s=self._worker_grace_s)
+        async with self._lock:
+            for slot in list(self.pool.slots.values()):
+                async with slot.lock:  # a launch in progress ends first
+                    await self._cancel_boot(slot.worker_id)
+                    launched = slot.launched
+                if not launched:  # still in its boot delay: nothing to stop
+                    await self._gone(slot, "provisioner_stopped", "the provisioner stopped")
+            stopped = await self.backend.close(self._worker_grace_s)
+            for wid in stopped:
+                slot = self.pool.get(wid)
+                if slot is not None:
+                    await self._cancel_boot(wid)
+                    await self._gone(slot, "provisioner_stopped", "the provisioner stopped")
+        await close_ops(self.ops)
 
     @property
     def _worker_grace_s(self) -> float:
+        # Inside the runner's own grace period, so leave room for the SIGKILL escalation.
         return 0.8 * self.settings.shutdown_grace_s
 
-    def _new_id(self) -> str:
-        return f"w-{uuid.uuid4().hex[:8]}"
+    def _health_details(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend.name,
+            "workers": {state.value: n for state, n in self.pool.counts().items()},
+            "min_workers": self.pool.min_workers,
+            "max_workers": self.pool.max_size,
+            "emulated": self.settings.emulate or None,
+            "stopping": self._stopping,
+        }
 
-    async def start_worker(self, worker_id: str) -> None:
-        if worker_id in self.backend.workers:
-            # Two processes with one id would both pass the epoch check: refuse.
-            log.warning("worker_id_in_use", worker_id=worker_id)
-            return
-        if len(self.backend.workers) >= self.settings.max_workers:
-            log.warning("max_workers_reached", max_workers=self.settings.max_workers, refused=worker_id)
-            await self._event(worker_id, WorkerStatus.GONE, "refused: max_workers reached")
-            return
-        worker = await self.backend.start(worker_id)
-        await self._event(worker_id, WorkerStatus.BOOTING, f"pid {worker.process.pid}")
-        assert self.ctx is not None
-        self.ctx.spawn(self.backend.watch(worker, self._on_exit), name=f"watch-{worker_id}")
-
-    def _on_exit(self, worker_id: str, code: int) -> None:
-        log.warning("worker_process_exited", worker_id=worker_id, code=code)
-        if self.ctx is not None and not self._stopping:
-            self.ctx.spawn(self._replace(worker_id, code), name=f"replace-{worker_id}")
-
-    async def _replace(self, worker_id: str, code: int) -> None:
-        """Report the loss; keep ``min_workers`` running, backing off if workers keep dying."""
-        await self._event(worker_id, WorkerStatus.GONE, f"exit code {code}")
-        if len(self.backend.workers) >= self.settings.min_workers:
-            return
-        await asyncio.sleep(self._restart_backoff_s)
-        self._restart_backoff_s = min(2 * self._restart_backoff_s, 60.0)
-        if not self._stopping and len(self.backend.workers) < self.settings.min_workers:
-            await self.start_worker(self._new_id())
-
-    async def _on_command(self, msg) -> None:
+    # -- commands -------------------------------------------------------------------------------
+    async def _on_command(self, msg: Any) -> None:
         cmd = decode_or_drop(msg.subject, msg.data, ProvisionerCommand, log)
         if cmd is None:
             return
-        if self._stopping:
-            return
         if cmd.kind is ProvisionerCmdKind.START:
-            room = max(0, self.settings.max_workers - len(self.backend.workers))
-            ids = cmd.worker_ids or [self._new_id() for _ in range(min(cmd.count, room))]
-            for wid in ids:
-                await self.start_worker(wid)
-        elif cmd.kind is ProvisionerCmdKind.STOP:
-            await asyncio.gather(*(self._stop_one(wid) for wid in cmd.worker_ids))
+            reply = await self.start_workers(cmd.worker_ids, cmd.count, gpu_kind=cmd.gpu_kind,
+                                             command_id=cmd.command_id)
+        else:
+            reply = await self.stop_workers(cmd.worker_ids, command_id=cmd.command_id)
+        log.info("provisioner_command", kind=str(cmd.kind), command_id=cmd.command_id or None,
+                 started=reply.started, stopping=reply.stopping, unchanged=reply.unchanged,
+                 refused=[f"{r.worker_id or '-'}:{r.code}" for r in reply.refused])
+        if msg.reply:
+            await msg.respond(encode(reply))
 
-    async def _stop_one(self, worker_id: str) -> None:
-        code = await self.backend.stop(worker_id, grace_s=self._worker_grace_s)
-        if code is not None:
-            await self._event(worker_id, WorkerStatus.GONE, f"stopped, exit code {code}")
+    async def start_workers(self, worker_ids: list[str], count: int, *, gpu_kind: str | None = None,
+                            command_id: str = "") -> ProvisionerReply:
+        """START: the named workers (or ``count`` new ones) boot, unless refused."""
+        async with self._lock:
+            plan = await self._start_locked(worker_ids, count, gpu_kind, command_id)
+        return _reply(ProvisionerCmdKind.START, plan, command_id, started=True)
 
-    async def _event(self, worker_id: str, status: WorkerStatus, detail: str) -> None:
+    async def _start_locked(self, worker_ids: list[str], count: int, gpu_kind: str | None,
+                            command_id: str) -> Plan:
+        if self._stopping:
+            plan = _refuse_all(worker_ids, count, SHUTTING_DOWN, "the provisioner is stopping")
+        else:
+            in_use = await self._live_worker_ids()
+            plan = self.pool.start(worker_ids, count, now=time.time(), new_id=new_worker_id,
+                                   in_use=in_use, gpu_kind=gpu_kind, command_id=command_id)
+        for wid in plan.accepted:
+            await self._boot(self.pool.slots[wid])
+        for refusal in plan.refused:
+            self.metrics.refusal("start", refusal.code)
+            # A refused request is a GPU that will not come: say so for the named ones. Not for
+            # an id in use: that worker is alive, and "gone" would be a lie about it.
+            if refusal.worker_id and refusal.code != ID_IN_USE:
+                await self._event(refusal.worker_id, WorkerStatus.GONE, code=refusal.code,
+                                  detail=refusal.detail, command_id=command_id)
+        return plan
+
+    async def stop_workers(self, worker_ids: list[str], *, command_id: str = "") -> ProvisionerReply:
+        """STOP: the named workers are released, unless one still holds sessions (the scheduler
+        drains first) or the pool would fall below ``min_workers``."""
+        async with self._lock:
+            if self._stopping:
+                plan = _refuse_all(worker_ids, 0, SHUTTING_DOWN, "the provisioner is stopping")
+            else:
+                holdings = await self._holdings(worker_ids)
+                plan = self.pool.stop(worker_ids, holdings)
+            for wid in plan.accepted:
+                slot = self.pool.slots[wid]
+                slot.command_id = command_id
+                assert self.ctx is not None
+                self.ctx.spawn(self._release(slot, "stopped"), name=f"release-{wid}")
+            for refusal in plan.refused:
+                self.metrics.refusal("stop", refusal.code)
+                slot = self.pool.get(refusal.worker_id)
+                if slot is not None:
+                    await self._event(refusal.worker_id, STATUS_OF[slot.state], code=refusal.code,
+                                      detail=refusal.detail, command_id=command_id)
+        return _reply(ProvisionerCmdKind.STOP, plan, command_id, started=False)
+
+    async def _live_worker_ids(self) -> set[str]:
         assert self.ctx is not None
-        event = ProvisionerEvent(worker_id=worker_id, status=status, detail=detail)
+        return {w.id for w in await self.ctx.registry.workers() if w.alive}
+
+    async def _holdings(self, worker_ids: list[str]) -> dict[str, list[str]]:
+        """The sessions each worker holds, by its own record and by the placement map."""
+        assert self.ctx is not None
+        wanted = set(worker_ids)
+        held: dict[str, set[str]] = {wid: set() for wid in wanted}
+        for record in await self.ctx.registry.workers():
+            if record.id in wanted:
+                held[record.id].update(record.sessions)
+                if record.active and not record.sessions:
+                    held[record.id].add(f"<{record.active} active>")
+        for session_id, owner in (await self.ctx.registry.placement()).items():
+            if owner in wanted:
+                held[owner].add(session_id)
+        return {wid: sorted(s) for wid, s in held.items() if s}
+
+    # -- one worker's life ------------------------------------------------------------------------
+    async def _boot(self, slot: Slot) -> None:
+        """Accepted: meter it, say BOOTING, and launch it after the boot delay."""
+        assert self.ctx is not None and self.meter is not None
+        slot.requested_at = await self.meter.open(slot.worker_id, at=slot.requested_at)
+        self.metrics.booted()
+        await self._event(slot.worker_id, WorkerStatus.BOOTING, command_id=slot.command_id,
+                          detail=f"boot delay {self.settings.boot_delay_s:g}s"
+                          if self.settings.boot_delay_s else "")
+        await self.ctx.registry.record_cluster_event(
+            "scale_out", worker_id=slot.worker_id, backend=self.backend.name,
+            emulated=self.settings.emulate or None, command_id=slot.command_id or None)
+        self._boots[slot.worker_id] = self.ctx.spawn(self._launch(slot), name=f"boot-{slot.worker_id}")
+
+    async def _launch(self, slot: Slot) -> None:
+        if self.settings.boot_delay_s:
+            await asyncio.sleep(self.settings.boot_delay_s)
+        failure = None
+        async with slot.lock:
+            if slot.state is SlotState.STOPPING or self._stopping:
+                return
+            try:
+                slot.where = await self.backend.launch(slot.worker_id)
+                slot.launched = True
+            except LaunchError as exc:
+                failure = str(exc)
+        if failure is not None:
+            log.warning("worker_launch_failed", worker_id=slot.worker_id, error=failure)
+            self._boots.pop(slot.worker_id, None)
+            await self._gone(slot, "launch_failed", failure)
+            return
+        await self._await_ready(slot)
+
+    async def _await_ready(self, slot: Slot) -> None:
+        """A worker not READY ``boot_timeout_s`` after its request is stopped."""
+        remaining = slot.requested_at + self.settings.boot_timeout_s - time.time()
+        try:
+            await asyncio.wait_for(slot.ready.wait(), timeout=max(0.0, remaining))
+        except TimeoutError:
+            if slot.state is SlotState.BOOTING and self.pool.get(slot.worker_id) is slot:
+                log.warning("worker_boot_timeout", worker_id=slot.worker_id,
+                            boot_timeout_s=self.settings.boot_timeout_s)
+                slot.state = SlotState.STOPPING
+                self._boots.pop(slot.worker_id, None)
+                await self._release(slot, "boot_timeout")
+
+    async def _release(self, slot: Slot, code: str) -> None:
+        """Terminate a STOPPING worker and report it gone. A launch in progress ends first
+        (the slot's lock), then the boot task is cancelled, so no process or pod is left."""
+        async with slot.lock:
+            await self._cancel_boot(slot.worker_id)
+            how = (await self.backend.terminate(slot.worker_id, self._worker_grace_s)
+                   if slot.launched else "never launched")
+        await self._gone(slot, code, how)
+
+    async def _cancel_boot(self, worker_id: str) -> None:
+        task = self._boots.pop(worker_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _on_exit(self, worker_id: str, detail: str) -> None:
+        """The backend saw a worker die on its own."""
+        slot = self.pool.get(worker_id)
+        if slot is None or slot.state is SlotState.STOPPING or self.ctx is None:
+            return
+        log.warning("worker_exited", worker_id=worker_id, detail=detail)
+        self.ctx.spawn(self._exited(slot, detail), name=f"exited-{worker_id}")
+
+    async def _exited(self, slot: Slot, detail: str) -> None:
+        await self._cancel_boot(slot.worker_id)
+        await self._gone(slot, "exited", detail)
+        if not self._stopping and self.pool.deficit:
+            await asyncio.sleep(self._restart_backoff_s)  # workers that keep dying: back off
+            self._restart_backoff_s = min(2 * self._restart_backoff_s, MAX_RESTART_BACKOFF_S)
+            await self._fill()
+
+    async def _gone(self, slot: Slot, code: str, detail: str) -> None:
+        """The worker no longer holds a GPU: close its meter, say GONE (once)."""
+        if self.pool.get(slot.worker_id) is not slot:
+            return
+        self.pool.remove(slot.worker_id)
+        assert self.ctx is not None and self.meter is not None
+        seconds = await self.meter.close(slot.worker_id)
+        if seconds is None:
+            seconds = max(0.0, time.time() - slot.requested_at)
+        self.metrics.departed(code, seconds)
+        await self._event(slot.worker_id, WorkerStatus.GONE, code=code, detail=detail,
+                          command_id=slot.command_id, gpu_seconds=round(seconds, 3))
+        kind = "scale_in" if code == "stopped" else "worker_lost"
+        await self.ctx.registry.record_cluster_event(
+            kind, worker_id=slot.worker_id, code=code, detail=detail,
+            gpu_seconds=round(seconds, 3), backend=self.backend.name)
+
+    async def _fill(self) -> None:
+        """Start workers until the pool is back at ``min_workers``."""
+        async with self._lock:
+            if self.pool.deficit and not self._stopping:
+                await self._start_locked([], self.pool.deficit, None, "min_workers")
+
+    async def _take_over(self, adopted: dict[str, float]) -> None:
+        """Workers the backend already runs (pods after a provisioner restart) join the pool;
+        meters left open by workers that died unwatched are closed."""
+        assert self.ctx is not None and self.meter is not None
+        ready = {w.id for w in await self.ctx.registry.workers()
+                 if w.alive and w.status in (WorkerStatus.READY, WorkerStatus.DRAINING)}
+        for wid, created_at in adopted.items():
+            slot = Slot(wid, requested_at=await self.meter.open(wid, at=created_at),
+                        launched=True, command_id="adopted")
+            self.pool.slots[wid] = slot
+            if wid in ready:
+                self.pool.mark_ready(wid, time.time())
+            else:
+                self._boots[wid] = self.ctx.spawn(self._await_ready(slot), name=f"boot-{wid}")
+        for wid in set((await self.meter.read()).open) - set(adopted):
+            seconds = await self.meter.close(wid)
+            log.warning("stale_meter_closed", worker_id=wid, gpu_seconds=seconds)
+            await self._event(wid, WorkerStatus.GONE, code="exited",
+                              detail="not running when the provisioner started")
+
+    # -- heartbeats -------------------------------------------------------------------------------
+    async def _on_heartbeat(self, msg: Any) -> None:
+        beat = decode_or_drop(msg.subject, msg.data, Heartbeat, log)
+        if beat is None or self.pool.get(beat.worker_id) is None:
+            return
+        now = time.time()
+        if beat.status is WorkerStatus.READY:
+            slot = self.pool.mark_ready(beat.worker_id, now)
+            if slot is not None:
+                boot_s = now - slot.requested_at
+                self.metrics.ready(boot_s)
+                self._restart_backoff_s = 1.0
+                log.info("worker_ready", worker_id=slot.worker_id, boot_s=round(boot_s, 2),
+                         where=slot.where, emulated=beat.emulated or None)
+                await self._event(slot.worker_id, WorkerStatus.READY, detail=slot.where,
+                                  command_id=slot.command_id, boot_s=round(boot_s, 3),
+                                  gpu_kind=beat.gpu_kind, emulated=beat.emulated or None)
+                return
+        self.pool.mark_status(beat.worker_id, beat.status)
+
+    async def _event(self, worker_id: str, status: WorkerStatus, *, code: str = "",
+                     detail: str = "", command_id: str = "", boot_s: float | None = None,
+                     gpu_seconds: float | None = None, gpu_kind: str = "",
+                     emulated: str | None = None) -> None:
+        assert self.ctx is not None
+        event = ProvisionerEvent(
+            worker_id=worker_id, status=status, code=code, detail=detail, command_id=command_id,
+            emulated=self.settings.emulate if emulated is None else emulated,
+            gpu_kind=gpu_kind, boot_s=boot_s, gpu_seconds=gpu_seconds)
         await self.ctx.nc.publish(self.ctx.subjects.provisioner_events, encode(event))
+
+
+def _refuse_all(worker_ids: list[str], count: int, code: str, detail: str) -> Plan:
+    ids = list(dict.fromkeys(worker_ids)) or [""] * count
+    return Plan(refused=[Refusal(code, wid, detail) for wid in ids])
+
+
+def _reply(kind: ProvisionerCmdKind, plan: Plan, command_id: str, *, started: bool) -> ProvisionerReply:
+    refused = [ProvisionerRefusal(code=r.code, worker_id=r.worker_id, detail=r.detail)
+               for r in plan.refused]
+    return ProvisionerReply(
+        kind=kind, ok=not refused, command_id=command_id,
+        started=plan.accepted if started else [], stopping=[] if started else plan.accepted,
+        unchanged=plan.unchanged, refused=refused)

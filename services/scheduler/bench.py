@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from services.cli import fail
-    from services.scheduler.core.profile import ProfileError, load_profile
+    from services.scheduler.core.profile import ProfileError
+    from services.scheduler.shipped import load_profile
 
     try:
         sizes = [int(x) for x in str(args.gpus).split(",") if x.strip()]
@@ -66,11 +67,13 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
               step_reports: bool = True) -> dict:
     from services.scheduler.core.policies import get_policy
     from services.scheduler.core.types import Event, EventKind
+    from services.scheduler.shipped import load_profile
 
     # min_gpus = G keeps the cluster at its size while it fills (an almost empty cluster would
     # rightly scale in); above G the controller scales out and back in freely.
-    policy = get_policy("turboserve", profile_name, rho_hat=0.7, delta=0.1,
-                        initial_gpus=gpus, min_gpus=gpus)
+    profile = load_profile() if profile_name is None else load_profile(profile_name)
+    policy = get_policy("turboserve", profile, rho_hat=0.7, delta=0.1, initial_gpus=gpus,
+                        min_gpus=gpus)
     rng = random.Random(seed)
     target = SESSIONS_PER_GPU * gpus
     active: _Bag = _Bag()

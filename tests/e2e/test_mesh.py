@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import os
 import signal
 import subprocess
@@ -40,14 +41,16 @@ def mesh(infra, isolation, nats_client):  # nats_client: deletes this test's str
 
 
 async def read_sse(resp: aiohttp.ClientResponse, want: int, timeout: float = 90.0) -> list[dict]:
-    """Parse SSE events (event/id/data) until ``want`` events or an end event."""
+    """Parse SSE events (event/id/data) until ``want`` events or an end event. Lifecycle
+    events (``event: state``) are left out: how many come depends on the placement."""
     events: list[dict] = []
     current: dict = {}
     async with asyncio.timeout(timeout):
         async for raw in resp.content:
             line = raw.decode().rstrip("\n")
             if not line:
-                if "event" in current or "data" in current:  # not the "retry:" preamble
+                # not the "retry:" preamble
+                if ("event" in current or "data" in current) and current.get("event") != "state":
                     events.append(current)
                     if len(events) >= want or current.get("event") == "end":
                         return events
@@ -76,8 +79,9 @@ async def test_session_streams_end_to_end(mesh, redis_client, isolation):
         assert resp.status == 201
         session = await resp.json()
         sid = session["id"]
+        auth = {"Authorization": f"Bearer {session['token']}"}  # the session's own token
 
-        async with http.get(session["stream_url"]) as stream:
+        async with http.get(session["stream_url"], headers=auth) as stream:
             assert stream.status == 200
             assert stream.headers["Content-Type"].startswith("text/event-stream")
             events = [e for e in await read_sse(stream, want=4) if e.get("event") == "chunk"]
@@ -92,14 +96,14 @@ async def test_session_streams_end_to_end(mesh, redis_client, isolation):
         assert image.format == "JPEG" and image.size == (data["width"], data["height"])
 
         # Reconnecting with Last-Event-ID resumes after what the client has.
-        async with http.get(session["stream_url"], headers={"Last-Event-ID": str(seqs[-1])}) as again:
+        async with http.get(session["stream_url"], headers={**auth, "Last-Event-ID": str(seqs[-1])}) as again:
             resumed = [e for e in await read_sse(again, want=1) if e.get("event") == "chunk"]
         assert int(resumed[0]["id"]) == seqs[-1] + 1
 
-        state = await (await http.get(f"/v1/sessions/{sid}")).json()
+        state = await (await http.get(f"/v1/sessions/{sid}", headers=auth)).json()
         assert state["state"] == "executing" and state["worker_id"]
 
-        resp = await http.delete(f"/v1/sessions/{sid}")
+        resp = await http.delete(f"/v1/sessions/{sid}", headers=auth)
         assert resp.status == 200
         await wait_for_state(registry, sid, SessionState.TERMINATED)
         record = await registry.get_session(sid)
@@ -107,7 +111,8 @@ async def test_session_streams_end_to_end(mesh, redis_client, isolation):
         assert sid not in await registry.placement()
 
         # A stream of a closed session ends at once.
-        async with http.get(session["stream_url"], headers={"Last-Event-ID": str(record.last_seq)}) as closed:
+        async with http.get(session["stream_url"],
+                            headers={**auth, "Last-Event-ID": str(record.last_seq)}) as closed:
             tail = await read_sse(closed, want=1, timeout=10)
         assert tail[-1]["event"] == "end"
 
@@ -143,7 +148,8 @@ async def test_garbage_to_worker_is_dropped_and_it_keeps_serving(mesh, nats_clie
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
         first = await (await http.post("/v1/sessions", json={"prompt": "one"})).json()
         deadline = time.monotonic() + 60
-        while not (rec := await (await http.get(f"/v1/sessions/{first['id']}")).json())["worker_id"]:
+        first_auth = {"Authorization": f"Bearer {first['token']}"}
+        while not (rec := await (await http.get(f"/v1/sessions/{first['id']}", headers=first_auth)).json())["worker_id"]:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
         worker_id = rec["worker_id"]
@@ -160,7 +166,7 @@ async def test_garbage_to_worker_is_dropped_and_it_keeps_serving(mesh, nats_clie
             await nats_client.publish(subjects.worker_cmd(worker_id), encode(cmd))
         await nats_client.flush()
         second = await (await http.post("/v1/sessions", json={"prompt": "two"})).json()
-        async with http.get(second["stream_url"]) as stream:
+        async with http.get(second["stream_url"], headers={"Authorization": f"Bearer {second['token']}"}) as stream:
             events = [e for e in await read_sse(stream, want=2) if e.get("event") == "chunk"]
         assert [int(e["id"]) for e in events] == [0, 1]
         assert not mesh.exited()
@@ -172,7 +178,8 @@ def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_pat
     """`turboserve up` as a user runs it; SIGINT stops every process it started."""
     port = free_port()
     env = {**os.environ, **isolation, "TURBOSERVE_NATS_URL": infra.nats_url,
-           "TURBOSERVE_REDIS_URL": infra.redis_url, "TURBOSERVE_LOG_LEVEL": "warning"}
+           "TURBOSERVE_REDIS_URL": infra.redis_url, "TURBOSERVE_LOG_LEVEL": "warning",
+           "TURBOSERVE_STATE_DIR": str(tmp_path / "state")}
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -186,8 +193,16 @@ def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_pat
         while len(children := _descendants(proc.pid)) < 4:
             assert time.monotonic() < deadline, children
             time.sleep(0.1)
+        # The state file `turboserve ctl` finds it by, the keys in the banner, logs in files.
+        state = json.loads((tmp_path / "state" / "up.json").read_text())
+        assert state["gateway_url"] == f"http://127.0.0.1:{port}"
+        banner = (tmp_path / "up.log").read_text()
+        assert f"API key: {state['api_key']}" in banner and state["api_key"]
+        assert f"Operator key: {state['operator_key']}" in banner
+        assert (tmp_path / "state" / "logs" / "gateway.log").exists()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
+        assert not (tmp_path / "state" / "up.json").exists()
         alive = [pid for pid in children if _alive(pid)]
         assert alive == [], f"orphans left: {alive}"
         assert f"curl -N http://127.0.0.1:{port}/v1/sessions/" in (tmp_path / "up.log").read_text()

@@ -6,6 +6,9 @@ import pytest
 
 from services.scheduler.core.policies import available_policies, get_policy
 from services.scheduler.core.types import Drain, Event, EventKind, Release, RequestGpus
+from services.scheduler.shipped import load_profile
+
+PROFILE = load_profile()
 
 
 def _requests(decisions):
@@ -19,7 +22,7 @@ def test_extra_policies_are_registered():
 
 def test_clairvoyant_needs_the_future():
     with pytest.raises(TypeError, match="future"):
-        get_policy("clairvoyant", None)
+        get_policy("clairvoyant", PROFILE)
 
 
 def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
@@ -27,19 +30,19 @@ def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
 
     table = RhoTable(tuple(float(i) for i in range(1, 10)), (0.8,) * 10, (0.1,) * 10,
                      signal="dispersion", idle_reserve=(0.5,) * 10)
-    oracle = get_policy("clairvoyant", None, future=[], rho_table=table)
+    oracle = get_policy("clairvoyant", PROFILE, future=[], rho_table=table)
     assert oracle.current_idle_reserve(0.0) == 0.0
-    assert get_policy("clairvoyant", None, future=[], rho_table=table,
+    assert get_policy("clairvoyant", PROFILE, future=[], rho_table=table,
                       idle_reserve=0.25).current_idle_reserve(0.0) == 0.25
     for name in ("turboserve", "least_loaded_autoscale", "turboserve_predictive"):
-        assert get_policy(name, None, rho_table=table).current_idle_reserve(0.0) == 0.5, name
-    assert get_policy("hpa", None).current_idle_reserve(0.0) == 0.0  # its own rule, no table
+        assert get_policy(name, PROFILE, rho_table=table).current_idle_reserve(0.0) == 0.5, name
+    assert get_policy("hpa", PROFILE).current_idle_reserve(0.0) == 0.0  # its own rule, no table
 
 
 def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
     future = [(100.0, f"s{i}", "arrive") for i in range(30)]
     future += [(200.0, f"s{i}", "depart") for i in range(30)]
-    policy = get_policy("clairvoyant", None, future=future, rho_hat=0.5, delta=0.1,
+    policy = get_policy("clairvoyant", PROFILE, future=future, rho_hat=0.5, delta=0.1,
                         boot_delay_s=30.0, lookahead_slack_s=1.0)
     first_request = None
     for t in range(0, 100):
@@ -63,7 +66,7 @@ def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
 
 
 def test_hpa_scales_up_at_its_next_sync_and_down_only_after_the_stabilisation_window():
-    policy = get_policy("hpa", None, target=0.5, boot_delay_s=30.0)
+    policy = get_policy("hpa", PROFILE, target=0.5, boot_delay_s=30.0)
     for i in range(30):
         policy.step(Event(0.0, EventKind.ARRIVE, session_id=f"s{i}"))  # synced at t=0: 1 GPU
     requested, when = [], None
@@ -90,7 +93,7 @@ def test_hpa_scales_up_at_its_next_sync_and_down_only_after_the_stabilisation_wi
 
 def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
     def first_request(name):
-        policy = get_policy(name, None, rho_hat=0.6, delta=0.1, boot_delay_s=30.0,
+        policy = get_policy(name, PROFILE, rho_hat=0.6, delta=0.1, boot_delay_s=30.0,
                             initial_gpus=4, min_gpus=4)
         for t in range(400):  # one arrival every 2 s, a tick every second
             out = policy.step(Event(float(t), EventKind.TICK))
@@ -106,12 +109,12 @@ def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
 
 
 def test_least_loaded_autoscale_never_migrates():
-    policy = get_policy("least_loaded_autoscale", None, rho_hat=0.5, boot_delay_s=0.0)
-    assert policy.name == "least_loaded_autoscale" and policy.migrate is False
+    policy = get_policy("least_loaded_autoscale", PROFILE, rho_hat=0.5, boot_delay_s=0.0)
+    assert policy.name == "least_loaded_autoscale" and policy.config.migrate is False
 
 
 def test_session_forecast_lies_between_the_active_and_the_live_sessions():
-    policy = get_policy("turboserve_predictive", None, rho_hat=0.6, boot_delay_s=30.0,
+    policy = get_policy("turboserve_predictive", PROFILE, rho_hat=0.6, boot_delay_s=30.0,
                         initial_gpus=4, min_gpus=4)
     for k in range(40):
         policy.step(Event(float(k), EventKind.ARRIVE, session_id=f"s{k}"))
@@ -126,4 +129,4 @@ def test_session_forecast_lies_between_the_active_and_the_live_sessions():
 
 def test_predictive_mode_is_checked():
     with pytest.raises(ValueError, match="mode"):
-        get_policy("turboserve_predictive", None, mode="crystal_ball")
+        get_policy("turboserve_predictive", PROFILE, mode="crystal_ball")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from services.scheduler.core.policies import get_policy
-from services.scheduler.core.profile import load_profile
 from services.scheduler.eval.runs import RunSpec, execute, prime_trace_cache
-from services.scheduler.sim.simulator import simulate
+from services.scheduler.shipped import load_profile
+from services.scheduler.sim.simulator import make_policy, simulate
 from services.scheduler.sim.synth import generate, spec
 
 
@@ -16,7 +15,8 @@ def test_a_recorded_run_equals_a_direct_run():
     for policy, params in (("turboserve", {"initial_gpus": 3}),
                            ("least_loaded", {"gpus": 4})):
         recorded = execute(RunSpec("short_bursty_11", policy, policy, tuple(params.items())))
-        direct = simulate(trace, get_policy(policy, profile, boot_delay_s=30.0, **params),
+        # The same policy, built as any caller builds it (with the shipped rho_hat table).
+        direct = simulate(trace, make_policy(policy, profile, boot_delay_s=30.0, **params),
                           profile, boot_delay_s=30.0)
         assert recorded.cost_gpu_h * 3600 == direct.cost_gpu_seconds
         assert recorded.p99_ms == direct.latency()["p99"]

@@ -31,21 +31,28 @@ async def test_refuses_duplicate_ids_and_replaces_a_dead_worker(infra, isolation
     service = ProvisionerService(settings)
     async with running(service, settings) as ctx:
         events = await nats_client.subscribe(ctx.subjects.provisioner_events)
+        await nats_client.flush()
         cmd = ProvisionerCommand(kind=ProvisionerCmdKind.START, worker_ids=["dup", "dup"])
         await nats_client.publish(ctx.subjects.provisioner_cmd, encode(cmd))
         first = decode("e", (await events.next_msg(timeout=10)).data, ProvisionerEvent)
         assert first.worker_id == "dup" and first.status is WorkerStatus.BOOTING
-        with pytest.raises(asyncio.TimeoutError):  # the second "dup" is refused
+        ready = decode("e", (await events.next_msg(timeout=60)).data, ProvisionerEvent)
+        assert ready.worker_id == "dup" and ready.status is WorkerStatus.READY, ready
+        assert ready.boot_s is not None and ready.boot_s > 0
+        with pytest.raises(asyncio.TimeoutError):  # the second "dup" started nothing
             await events.next_msg(timeout=1.0)
         assert list(service.backend.workers) == ["dup"]
 
         # keep one running: kill it, and a replacement appears
-        service.settings = settings.replace(min_workers=1)
+        service.pool.min_workers = 1
         os.kill(service.backend.workers["dup"].process.pid, signal.SIGKILL)
         gone = decode("e", (await events.next_msg(timeout=20)).data, ProvisionerEvent)
-        assert gone.worker_id == "dup" and gone.status is WorkerStatus.GONE
+        assert gone.worker_id == "dup" and gone.status is WorkerStatus.GONE and gone.code == "exited"
+        assert gone.gpu_seconds is not None and gone.gpu_seconds > 0
         booting = decode("e", (await events.next_msg(timeout=20)).data, ProvisionerEvent)
         assert booting.status is WorkerStatus.BOOTING and booting.worker_id != "dup"
+        ready = decode("e", (await events.next_msg(timeout=60)).data, ProvisionerEvent)
+        assert ready.worker_id == booting.worker_id and ready.status is WorkerStatus.READY
         pids = [w.process.pid for w in service.backend.workers.values()]
         assert len(pids) == 1
     # stopped with the service: no worker process left

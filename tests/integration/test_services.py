@@ -50,6 +50,30 @@ async def mesh_core(env):
             yield http, sch_ctx
 
 
+class _Answering:
+    """A subscription on a worker's command subject that answers every command the way a
+    worker does (accepted), so the scheduler does not send it again."""
+
+    def __init__(self, sub) -> None:
+        self.sub = sub
+
+    async def next_msg(self, timeout: float):
+        from shared.wire import CommandReply
+
+        msg = await self.sub.next_msg(timeout=timeout)
+        if msg.reply:
+            cmd = decode(msg.subject, msg.data, WorkerCommand)
+            await msg.respond(encode(CommandReply(worker_id=cmd.worker_id, ok=True,
+                                                  command_id=cmd.command_id)))
+        return msg
+
+
+async def _worker_sub(nats_client, subject: str) -> _Answering:
+    sub = await nats_client.subscribe(subject)
+    await nats_client.flush()
+    return _Answering(sub)
+
+
 async def _next_command(sub, timeout=10.0) -> WorkerCommand:
     msg = await sub.next_msg(timeout=timeout)
     return decode(msg.subject, msg.data, WorkerCommand)
@@ -59,7 +83,7 @@ async def test_session_event_reaches_scheduler_and_worker_command_is_decoded(env
     async with mesh_core(env) as (http, ctx):
         worker = WorkerRecord(id="wtest", status=WorkerStatus.READY, capacity=4)
         await ctx.registry.register_worker(worker, ttl_s=60)
-        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("wtest"))
+        sub = await _worker_sub(nats_client, ctx.subjects.worker_cmd("wtest"))
 
         resp = await http.post("/v1/sessions", json={"prompt": "a lighthouse at dusk", "seed": 5})
         assert resp.status == 201
@@ -73,7 +97,8 @@ async def test_session_event_reaches_scheduler_and_worker_command_is_decoded(env
         assert record.owner == "wtest" and record.epoch == cmd.epoch == 1
         assert (await ctx.registry.placement())[body["id"]] == "wtest"
 
-        resp = await http.delete(f"/v1/sessions/{body['id']}")
+        resp = await http.delete(f"/v1/sessions/{body['id']}",
+                                 headers={"Authorization": f"Bearer {body['token']}"})
         assert resp.status == 200 and (await resp.json())["state"] == "terminated"
         stop = await _next_command(sub)
         assert stop.kind is WorkerCmdKind.STOP and stop.session_id == body["id"]
@@ -87,7 +112,7 @@ async def test_garbage_on_subjects_is_dropped_and_service_keeps_serving(env, nat
         await nats_client.publish(ctx.subjects.provisioner_cmd, b"nonsense")
         # A valid event after the garbage is still handled: the scheduler places the session.
         await ctx.registry.register_worker(WorkerRecord(id="wg", status=WorkerStatus.READY, capacity=2), 60)
-        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("wg"))
+        sub = await _worker_sub(nats_client, ctx.subjects.worker_cmd("wg"))
         resp = await http.post("/v1/sessions", json={"prompt": "after garbage"})
         assert resp.status == 201
         cmd = await _next_command(sub)
@@ -101,7 +126,7 @@ async def test_pending_session_placed_when_a_worker_appears(env, nats_client):
         resp = await http.post("/v1/sessions", json={"prompt": "waiting"})
         sid = (await resp.json())["id"]
         assert (await ctx.registry.get_session(sid)).state.value == "pending"
-        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("late"))
+        sub = await _worker_sub(nats_client, ctx.subjects.worker_cmd("late"))
         await ctx.registry.register_worker(WorkerRecord(id="late", status=WorkerStatus.READY, capacity=1), 60)
         cmd = await _next_command(sub)
         assert cmd.session_id == sid
@@ -110,13 +135,13 @@ async def test_pending_session_placed_when_a_worker_appears(env, nats_client):
 async def test_dead_worker_sessions_are_requeued_and_continue_at_next_seq(env, nats_client):
     async with mesh_core(env) as (http, ctx):
         await ctx.registry.register_worker(WorkerRecord(id="dies", status=WorkerStatus.READY, capacity=4), 60)
-        sub_dead = await nats_client.subscribe(ctx.subjects.worker_cmd("dies"))
+        sub_dead = await _worker_sub(nats_client, ctx.subjects.worker_cmd("dies"))
         sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
         first = await _next_command(sub_dead)
         assert await ctx.registry.record_progress(sid, "dies", first.epoch, 4)
         # "dies" stops heartbeating (its liveness key expires); a healthy worker takes over at seq 5
         await ctx.redis.delete(ctx.registry.alive_key("dies"))
-        sub_new = await nats_client.subscribe(ctx.subjects.worker_cmd("heir"))
+        sub_new = await _worker_sub(nats_client, ctx.subjects.worker_cmd("heir"))
         await ctx.registry.register_worker(WorkerRecord(id="heir", status=WorkerStatus.READY, capacity=4), 60)
         cmd = await _next_command(sub_new)
         assert cmd.session_id == sid and cmd.seq == 5 and cmd.epoch > first.epoch
@@ -129,7 +154,7 @@ async def test_worker_alive_without_its_session_gets_it_requeued(env, nats_clien
 
     async with mesh_core(env) as (http, ctx):
         await ctx.registry.register_worker(WorkerRecord(id="deaf", status=WorkerStatus.READY, capacity=1), 60)
-        sub_deaf = await nats_client.subscribe(ctx.subjects.worker_cmd("deaf"))
+        sub_deaf = await _worker_sub(nats_client, ctx.subjects.worker_cmd("deaf"))
         sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
         first = await _next_command(sub_deaf)
         # "deaf" keeps beating without the session, long after the assignment
@@ -137,7 +162,7 @@ async def test_worker_alive_without_its_session_gets_it_requeued(env, nats_clien
         record = await ctx.registry.get_session(sid)
         beat = Heartbeat(worker_id="deaf", status=WorkerStatus.DRAINING, capacity=1, active=0,
                          sessions=[], at=record.updated_at + 120)
-        sub_new = await nats_client.subscribe(ctx.subjects.worker_cmd("good"))
+        sub_new = await _worker_sub(nats_client, ctx.subjects.worker_cmd("good"))
         await ctx.registry.register_worker(WorkerRecord(id="good", status=WorkerStatus.READY, capacity=2), 60)
         await nats_client.publish(ctx.subjects.worker_heartbeat, encode(beat))
         cmd = await _next_command(sub_new)
@@ -148,7 +173,7 @@ async def test_scheduler_decodes_events_published_by_another_client(env, nats_cl
     async with mesh_core(env) as (http, ctx):
         await ctx.registry.create_session("extern1", "p", 1)
         await ctx.registry.register_worker(WorkerRecord(id="wx", status=WorkerStatus.READY, capacity=1), 60)
-        sub = await nats_client.subscribe(ctx.subjects.worker_cmd("wx"))
+        sub = await _worker_sub(nats_client, ctx.subjects.worker_cmd("wx"))
         ev = SessionEvent(session_id="extern1", kind=SessionEventKind.CREATED)
         await nats_client.jetstream().publish(ctx.subjects.session_events, encode(ev))
         cmd = await _next_command(sub)
@@ -160,8 +185,10 @@ async def test_scheduler_decodes_events_published_by_another_client(env, nats_cl
 
 async def test_concurrent_deletes_are_idempotent(env, nats_client):
     async with mesh_core(env) as (http, ctx):
-        sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
-        responses = await asyncio.gather(*(http.delete(f"/v1/sessions/{sid}") for _ in range(4)))
+        created = await (await http.post("/v1/sessions", json={"prompt": "p"})).json()
+        sid, auth = created["id"], {"Authorization": f"Bearer {created['token']}"}
+        responses = await asyncio.gather(*(http.delete(f"/v1/sessions/{sid}", headers=auth)
+                                           for _ in range(4)))
         assert [r.status for r in responses] == [200] * 4
         bodies = [await r.json() for r in responses]
         assert {b["state"] for b in bodies} == {"terminated"}
@@ -173,11 +200,13 @@ async def test_stream_of_terminated_session_ends_without_stream_end_message(env,
     from shared.states import SessionState
 
     async with mesh_core(env) as (http, ctx):
-        rec = await ctx.registry.create_session("gone1", "p", 0)
+        from services.gateway.auth import digest
+
+        rec = await ctx.registry.create_session("gone1", "p", 0, token_hash=digest("t0ken"))
         rec = await ctx.registry.claim("gone1", "wz", rec.epoch)
         await ctx.registry.record_progress("gone1", "wz", rec.epoch, 3)
         await ctx.registry.transition("gone1", SessionState.TERMINATED)
-        async with http.get("/v1/sessions/gone1/stream") as resp:
+        async with http.get("/v1/sessions/gone1/stream", headers={"Authorization": "Bearer t0ken"}) as resp:
             async with asyncio.timeout(15):
                 text = (await resp.read()).decode()
         assert "event: end" in text and '"reason":"closed"' in text

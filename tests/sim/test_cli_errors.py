@@ -150,7 +150,7 @@ def test_sim_profile_bad_idle_reserve(capsys, value, needle):
     ("json", "not valid JSON"),
 ])
 def test_sim_profile_check_with_a_bad_table_is_one_line(tmp_path, capsys, fault, needle):
-    from services.scheduler.core.autoscale import DEFAULT_TABLE_PATH
+    from services.scheduler.shipped import DEFAULT_TABLE_PATH
 
     doc = json.loads(DEFAULT_TABLE_PATH.read_text())
     path = tmp_path / "t.json"

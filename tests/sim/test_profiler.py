@@ -7,11 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.scheduler.core.autoscale import DEFAULT_TABLE_PATH, load_rho_table
 from services.scheduler.core.policies import get_policy
+from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_profile, load_rho_table
 from services.scheduler.sim import profiler, synth
 from services.scheduler.sim.profiler import LevelStats, choose, level_edges, per_level_stats
 from services.scheduler.sim.traceio import make_trace
+
+PROFILE = load_profile()
 
 
 def test_level_edges_are_the_deciles():
@@ -116,7 +118,7 @@ def test_build_table_end_to_end(tmp_path, monkeypatch):
     assert {p["idle_reserve"] for p in points} == {0.0, 0.5}
     assert len(loaded.idle_reserve) == 10 and set(loaded.idle_reserve) <= {0.0, 0.5}
     # The core accepts it.
-    policy = get_policy("turboserve", rho_table=out)
+    policy = get_policy("turboserve", PROFILE, rho_table=load_rho_table(out))
     assert policy.rho_table == table
 
 

@@ -68,7 +68,7 @@ SCRIPT = {
 
 def test_hand_checked_tiny_trace():
     policy = ScriptedPolicy(SCRIPT)
-    r = simulate(TRACE, policy, PROFILE, boot_delay_s=1.0, tick_s=0)
+    r = simulate(TRACE, policy, PROFILE, boot_delay_s=1.0, tick_s=0, chunk_period_s=0)
     # Timeline, worked by hand:
     # g0: [a] steps 0-0.1, 0.1-0.2, 0.2-0.3             -> 3 chunks of a at 100 ms.
     #     b arrives at 0.25 (due 0.25) and joins the step at the 0.3 boundary:
@@ -123,11 +123,15 @@ def test_sessions_wait_for_a_booting_gpu():
                               (EventKind.GPU_READY, "g"): [Assign("a", "g")]})
             self.view = SimpleNamespace(gpus={})
 
-    r = simulate(trace, Boot(), PROFILE, boot_delay_s=2.0, tick_s=0)
-    # Ready at 2.0, first chunk at 2.1: 2100 ms; then 2.2 ... 3.0 -> 9 more chunks of 100 ms;
-    # the step 3.0-3.1 is cut by the depart at 3.05.
-    assert r.first_chunk_latencies_ms == [pytest.approx(2100.0)]
-    assert r.chunks == 10
+    r = simulate(trace, Boot(), PROFILE, boot_delay_s=2.0, tick_s=0, chunk_period_s=0)
+    # Ready at 2.0, first chunk at 2.1: 100 ms by the worker's clock (it started the session
+    # at 2.0), 2100 ms after the viewer asked: late by 2100 - 180 = 1920 ms, i.e.
+    # ceil(1920 / 180) = 11 missed periods; then 2.2 ... 3.0 -> 9 more chunks of 100 ms; the
+    # step 3.0-3.1 is cut by the depart at 3.05.
+    assert r.first_chunk_latencies_ms == [pytest.approx(100.0)]
+    assert r.chunks == 10 and r.on_time_chunks == 9 and r.missed_periods == 11
+    assert r.deadline_attainment == pytest.approx(0.9)
+    assert r.stall_adjusted_attainment == pytest.approx(9 / 20)
     # The GPU costs from its request at 0 to the end of the trace at 3.05.
     assert r.cost_gpu_seconds == pytest.approx(3.05)
 
@@ -136,22 +140,25 @@ def test_releasing_a_gpu_with_an_active_session_is_an_error():
     bad = dict(SCRIPT)
     bad[(EventKind.ARRIVE, "b")] = [Assign("b", "g0"), Release("g0")]
     with pytest.raises(SimulationError, match="still holds active sessions"):
-        simulate(TRACE, ScriptedPolicy(bad), PROFILE, boot_delay_s=1.0, tick_s=0)
+        simulate(TRACE, ScriptedPolicy(bad), PROFILE, boot_delay_s=1.0, tick_s=0, chunk_period_s=0)
 
 
 def test_unknown_gpu_is_an_error():
     bad = {(EventKind.ARRIVE, "a"): [Assign("a", "nope")]}
     with pytest.raises(SimulationError, match="unknown or released GPU nope"):
-        simulate(TRACE, ScriptedPolicy(bad), PROFILE, tick_s=0)
+        simulate(TRACE, ScriptedPolicy(bad), PROFILE, tick_s=0, chunk_period_s=0)
 
 
 def test_unserved_active_session_counts_as_late():
-    # Nobody ever places b: at the end (2.5 s) its first chunk has waited 2.25 s.
+    # Nobody ever places b: at the end (2.5 s) its first chunk has waited 2.25 s, 2.07 s past
+    # the deadline: ceil(2070 / 180) = 12 missed periods, though no chunk of it exists.
     script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")]}
     trace = make_trace("t", [(0.0, "a", "arrive"), (0.25, "b", "arrive"), (2.5, "a", "depart")])
-    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0)
-    assert max(r.latencies_ms) == pytest.approx(2250.0)
-    assert r.deadline_attainment < 1.0
+    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0)
+    # a: one chunk per 100 ms (the one due at 2.5 s is cut by the departure: float sums).
+    assert r.chunks == 24 and r.deadline_attainment == 1.0
+    assert r.missed_periods == 12 and r.unserved_chunks == 1
+    assert r.stall_adjusted_attainment == pytest.approx(24 / 36)
 
 
 def test_drain_then_release_is_one_scale_event():
@@ -159,7 +166,7 @@ def test_drain_then_release_is_one_scale_event():
     script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
               (EventKind.IDLE, "a"): [Suspend("a", "g0"), Drain("g0")],
               (EventKind.DEPART, "a"): [Release("g0")]}
-    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0)
+    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0)
     assert r.scale_events == 1
     # g0 is idle from a's last step (ending at about 1.0) and released at 2.0 with nothing in
     # flight, so it costs 0 -> 2.0 = 2.0 GPU-s.
@@ -177,7 +184,7 @@ def test_session_resumed_elsewhere_while_its_void_chunk_runs():
                              (EventKind.IDLE, "a"): [Suspend("a", "g0")],
                              (EventKind.ACTIVE, "a"): [Resume("a", "g1")]})
     policy.view = SimpleNamespace(gpus={"g0": None, "g1": None})
-    r = simulate(trace, policy, PROFILE, tick_s=0)
+    r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 7 + [130.0]
     assert r.cost_gpu_seconds == pytest.approx(2 * 0.95)
 
@@ -192,10 +199,14 @@ def test_resume_from_host_ram_pays_its_copy():
     script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
               (EventKind.IDLE, "a"): [Suspend("a", "g0")],
               (EventKind.ACTIVE, "a"): [Resume("a", "g0")]}
-    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, resume_ms=50.0)
-    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0, 100.0, 150.0]
-    free = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0)
-    assert sorted(round(x, 6) for x in free.latencies_ms) == [100.0, 100.0, 100.0]
+    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0,
+                 resume_ms=50.0, keep_chunk_times=True)
+    # The worker's clock starts once the state is back (0.55): 100 ms by it, delivered at 0.65.
+    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0, 100.0, 100.0]
+    assert [round(t, 6) for t in r.chunk_times_s] == [0.1, 0.2, 0.65]
+    free = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0,
+                    keep_chunk_times=True)
+    assert [round(t, 6) for t in free.chunk_times_s] == [0.1, 0.2, 0.6]
 
 
 def test_a_copy_delays_only_the_moved_session():
@@ -213,6 +224,49 @@ def test_a_copy_delays_only_the_moved_session():
                              (EventKind.ARRIVE, "b"): [Assign("b", "g0")],
                              (EventKind.IDLE, "a"): [Suspend("a", "g0"), Migrate("b", "g0", "g1")]})
     policy.view = SimpleNamespace(gpus={"g0": None, "g1": None})
-    r = simulate(trace, policy, PROFILE, tick_s=0)
+    r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 5 + [150.0, 170.0, 230.0]
     assert (r.chunks_after_migration, r.late_chunks_after_migration) == (1, 0)
+
+
+# ---- playback pacing (the live worker's model), worked by hand ---------------------------------
+# The same tiny profile: chunk period P = the deadline, 180 ms; lead = P; one pass per chunk.
+
+def test_one_paced_session_runs_at_most_one_period_ahead():
+    # a is assigned at 0: due_0 = 0, its first chunk runs 0-0.1 (100 ms by the worker's clock,
+    # startup 100 ms: on time). due_1 = max(0, 0.1) + 0.18 = 0.28; it may start at
+    # 0.28 - max(lead 0.18, chunk 0.1) = 0.10: runs 0.1-0.2, 80 ms ahead of its due time.
+    # due_2 = 0.46, start 0.28: the GPU sits idle 0.2-0.28; done 0.38; and so on every 0.18 s:
+    # chunks at 0.1, 0.2, 0.38, 0.56, 0.74, 0.92; a departs at 1.0 (the chunk 0.92-1.02 is cut).
+    trace = make_trace("p", [(0.0, "a", "arrive"), (1.0, "a", "depart")])
+    policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")]})
+    r = simulate(trace, policy, PROFILE, tick_s=0, keep_chunk_times=True)
+    assert r.chunk_period_s == pytest.approx(0.18)
+    assert [round(t, 6) for t in r.chunk_times_s] == [0.1, 0.2, 0.38, 0.56, 0.74, 0.92]
+    assert [round(x, 6) for x in r.latencies_ms] == [100.0, 0, 0, 0, 0, 0]
+    assert r.deadline_attainment == 1.0 and r.stall_adjusted_attainment == 1.0
+    # With no lead the worker starts each chunk one chunk time before it is due: due_1 = 0.28,
+    # start 0.18, done 0.28; then 0.46, 0.64, 0.82, 1.0 (a pass that ends as the session
+    # leaves delivers first).
+    lazy = simulate(trace, ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")]}),
+                    PROFILE, tick_s=0, keep_chunk_times=True, lead_s=0.0)
+    assert [round(t, 6) for t in lazy.chunk_times_s] == [0.1, 0.28, 0.46, 0.64, 0.82, 1.0]
+    assert lazy.deadline_attainment == 1.0
+
+
+def test_an_overloaded_gpu_stalls_every_viewer_and_their_clocks_slip():
+    # Three sessions assigned to one GPU at 0, one event after another: a starts alone,
+    # [a] 0-0.1 (first chunk, 100 ms: on time). b and c join at the next pass boundary, and
+    # so does a (due_1 = 0.28, start 0.28 - 0.18 = 0.1): [a, b, c] 0.1-0.3, 200 ms > P.
+    # a is late by 20 ms; b and c's first chunks come 300 ms after they were assigned
+    # (startup 300 > 180 ms). Every clock slips to 0.3 + 0.18 = 0.48, start 0.3, done 0.5:
+    # late by 20 ms; then 0.7 and 0.9, where the chunks are delivered before the departures at
+    # the same instant. 13 chunks, 1 on time; each late one froze its viewer for one period.
+    trace = make_trace("o", [(0.0, s, "arrive") for s in "abc"]
+                       + [(0.9, s, "depart") for s in "abc"])
+    policy = ScriptedPolicy({(EventKind.ARRIVE, s): [Assign(s, "g0")] for s in "abc"})
+    r = simulate(trace, policy, PROFILE, tick_s=0, keep_chunk_times=True)
+    assert [round(t, 6) for t in r.chunk_times_s] == [0.1] + [0.3] * 3 + [0.5] * 3 + [0.7] * 3 + [0.9] * 3
+    assert sorted(round(x, 6) for x in r.latencies_ms) == [20.0] * 10 + [100.0] + [300.0] * 2
+    assert r.on_time_chunks == 1 and r.missed_periods == 12
+    assert r.stall_adjusted_attainment == pytest.approx(1 / 13)

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.scheduler.core.profile import load_profile, profile_from_dict
+from services.scheduler.core.profile import profile_from_dict
 from services.scheduler.core.types import Assign, EventKind, Migrate
+from services.scheduler.shipped import load_profile
 from services.scheduler.sim.simulator import simulate
 from services.scheduler.sim.traceio import make_trace
 
@@ -51,7 +52,7 @@ def test_session_joining_mid_step_waits_for_the_pass_not_the_chunk():
                                 (0.45, "a", "depart"), (0.45, "b", "depart")])
     policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
                              (EventKind.ARRIVE, "b"): [Assign("b", "g0")]})
-    r = simulate(trace, policy, PROFILE, tick_s=0)
+    r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     # g0 runs [a] in 20 ms passes; a's chunks end 0.10, 0.20 (100 ms each). b arrives at 0.25,
     # inside the pass 0.24-0.26, and joins at 0.26: passes are 30 ms from then.
     # a's third chunk (due 0.20) ends after passes 0.20-0.22-0.24-0.26, 0.26-0.29-0.32: 120 ms.
@@ -76,7 +77,7 @@ def test_migration_finishes_the_chunk_copies_then_joins_at_the_next_pass():
         (EventKind.ARRIVE, "c"): [Assign("c", "g1")],
         (EventKind.ARRIVE, "b"): [Assign("b", "g1"), Migrate("a", "g0", "g1")],
     }, gpus=("g0", "g1"))
-    r = simulate(trace, policy, PROFILE, tick_s=0)
+    r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     # g0: a's chunk in flight ends at 0.10 (100 ms); its 10 ms copy ends at 0.11.
     # g1: [c] 20 ms passes; b (0.05) joins at 0.06; [c, b] 30 ms passes end 0.09, 0.12:
     #     c's first chunk at 0.12 (120 ms). a joins at 0.12: [c, b, a] 40 ms passes.
@@ -96,7 +97,7 @@ def test_idle_session_leaves_the_batch_at_the_next_pass():
                                 (0.3, "b", "depart")])
     policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
                              (EventKind.ARRIVE, "b"): [Assign("b", "g0")]})
-    r = simulate(trace, policy, PROFILE, tick_s=0)
+    r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     # [a, b] 30 ms passes until b goes idle inside 0.03-0.06; from 0.06 [a] runs 20 ms passes.
     # a's first chunk: 0.06 + 3 x 0.02 = 0.12 (120 ms); then 100 ms chunks at 0.22; b's void
     # chunk is never delivered.
@@ -112,7 +113,7 @@ def test_one_pass_per_chunk_is_the_chunk_level_model():
                                 (0.6, "a", "depart"), (0.6, "b", "depart")])
     script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
               (EventKind.ARRIVE, "b"): [Assign("b", "g0")]}
-    r = simulate(trace, ScriptedPolicy(script), legacy, tick_s=0)
+    r = simulate(trace, ScriptedPolicy(script), legacy, tick_s=0, chunk_period_s=0)
     # Chunk-level: b waits for a's step 0.2-0.3, then [a, b] 0.30-0.45: 200 ms.
     assert _sorted(r.latencies_ms) == [100.0, 100.0, 100.0, 150.0, 200.0]
 

@@ -20,7 +20,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -172,6 +172,16 @@ class Engine:
         with self._lock:
             return list(self._resident)
 
+    def phases(self) -> dict[str, int]:
+        """Passes of its current chunk each resident session has run (0: at a boundary)."""
+        with self._lock:
+            return {sid: self._sessions[sid].phase for sid in self._resident}
+
+    def next_seq(self, session_id: str) -> int:
+        """The engine seq of the session's next chunk to complete (0 for a new session)."""
+        with self._lock:
+            return self._get(session_id).seq
+
     def suspended_sessions(self) -> list[str]:
         with self._lock:
             return [s.session_id for s in self._sessions.values() if s.suspended]
@@ -262,12 +272,23 @@ class Engine:
                 raise MidChunk(session_id, self.passes_per_chunk - session.phase, "export")
             return self._read_state(session)
 
-    def import_state(self, state: SessionSnapshot) -> None:
-        """Makes the session resident here; its next chunk is ``state.seq``."""
+    def import_state(self, state: SessionSnapshot, *, suspended: bool = False) -> None:
+        """Makes the session resident here (or, with ``suspended``, keeps it parked in host
+        memory: ``state``'s tensors become its host copy, so they must be host tensors the
+        caller hands over); its next chunk is ``state.seq``."""
         with self._lock:
-            self._check_compatible(state)
+            self.check_compatible(state)
             if state.session_id in self._sessions:
                 raise SessionAlreadyResident(state.session_id)
+            if suspended:
+                session = _Session(
+                    state.session_id, state.seed, state.prompt, state.seq, state.position,
+                    state.pending_prompt,
+                )
+                session.host = replace(state, meta=dict(state.meta))
+                session.host_exported = True  # not ours to recycle
+                self._sessions[state.session_id] = session
+                return
             slot = self._claim_slot()
             self.pool.write(slot, state.layers, state.misc)
             self._sessions[state.session_id] = _Session(
@@ -310,8 +331,9 @@ class Engine:
             ]
 
     @torch.inference_mode()
-    def pass_step(self) -> list[ChunkResult]:
-        """One batched model pass for every resident session, each at its own phase.
+    def pass_step(self, sessions: Collection[str] | None = None) -> list[ChunkResult]:
+        """One batched model pass for every resident session (or only ``sessions``, a subset
+        of them: the others keep their phase and sit this pass out), each at its own phase.
 
         Phase 0..3 is denoising step k of the session's chunk (its own noisy latent and
         timestep), phase 4 the cache-write pass of its clean chunk at t=0, after which its keys
@@ -319,12 +341,16 @@ class Engine:
         next chunk at the next pass. A session added, resumed or imported starts at phase 0 at
         the next pass, so its first chunk comes ``passes_per_chunk`` passes later. A prompt
         change applies at the session's own chunk boundary. ``gen_ms`` of a result is the sum
-        of its chunk's pass times; ``batch`` is the batch of the pass that completed it."""
+        of its chunk's pass times; ``batch`` is the batch of the pass that completed it.
+
+        A subset is moved to the front slots first (a few slot swaps), so the pass still reads
+        plain slices of the slot buffers."""
         with self._lock, _flush_denormals(self._device.type == "cpu"):
-            if not self._resident:
+            count = self._front(sessions)
+            if count == 0:
                 return []
             started = time.perf_counter()
-            sessions = [self._sessions[sid] for sid in self._resident]
+            sessions = [self._sessions[sid] for sid in self._resident[:count]]
             self._apply_pending_prompts(sessions)  # those at phase 0 only
             starts, caches = self._pass_inputs(sessions)
             done, frames = self._pass(sessions, starts, caches)
@@ -516,6 +542,25 @@ class Engine:
             self._resident[slot] = self._resident[last]
         self._resident.pop()
 
+    def _front(self, chosen: Collection[str] | None) -> int:
+        """Moves the ``chosen`` resident sessions to slots ``0..m-1`` (all when None); returns
+        m. Swaps only the slots that are out of place, in a deterministic order."""
+        if chosen is None:
+            return len(self._resident)
+        wanted = set(chosen)
+        unknown = wanted.difference(self._resident)
+        if unknown:
+            raise UnknownSession(sorted(unknown)[0])
+        count = len(wanted)
+        back = [i for i in range(count, len(self._resident)) if self._resident[i] in wanted]
+        for slot in range(count):
+            if self._resident[slot] not in wanted:
+                other = back.pop(0)
+                self.pool.swap(slot, other)
+                res = self._resident
+                res[slot], res[other] = res[other], res[slot]
+        return count
+
     @torch.inference_mode()
     def _write_prompt(self, slot: int, prompt: str) -> None:
         text = self.text_encoder.encode(prompt)[None].to(self._device)
@@ -557,7 +602,9 @@ class Engine:
             "checkpoint_digest": digest,
         }
 
-    def _check_compatible(self, state: SessionSnapshot) -> None:
+    def check_compatible(self, state: SessionSnapshot) -> None:
+        """Raises ``IncompatibleState`` unless ``state`` was made by an engine like this one
+        (preset, dtype, layout, weights). Reads shapes only: meta tensors will do."""
         expected_dtype = str(self.dtype).removeprefix("torch.")
         checks = [
             ("preset", state.preset, self.model_config.name),

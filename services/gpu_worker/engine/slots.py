@@ -94,6 +94,13 @@ class SlotPool:
         self.misc[dst].copy_(self.misc[src])
         self.inflight[dst].copy_(self.inflight[src])
 
+    def swap(self, a: int, b: int) -> None:
+        """Exchanges two slots' contents (state and chunk in progress)."""
+        for buffer in [*self.layers, self.misc, self.inflight]:
+            held = buffer[a].clone()
+            buffer[a].copy_(buffer[b])
+            buffer[b].copy_(held)
+
     def regions(self, slot: int) -> list[torch.Tensor]:
         """The slot's contiguous regions (views): one per layer, then the misc one."""
         return [buffer[slot] for buffer in self.layers] + [self.misc[slot]]

@@ -1,9 +1,16 @@
 """A small causal convolutional decoder from latents to RGB frames.
 
-It has the Wan VAE's strides (4x in time, 8x8 in space) but few channels and random weights:
-it gives the decode step a real, streaming shape, not real pictures. It is causal in time: a
-chunk's first latent frame sees the two latent frames before it, which the session keeps in
-its state (``context_frames``), so decoding chunk by chunk equals decoding the whole stream.
+It has the Wan VAE's strides (4x in time, 8x8 in space) but few channels, and it is not
+trained: it gives the decode step a real, streaming shape. It is causal in time: a chunk's
+first latent frame sees the two latent frames before it, which the session keeps in its state
+(``context_frames``), so decoding chunk by chunk equals decoding the whole stream.
+
+Its initialisation is a fixed colour mapping, not random weights (``init_weights``): the
+latent's visible subspace (``visible.visible_basis``, 3 directions) is interpolated in time
+between latent frames, smoothed and upsampled (nearest 2x then a [1, 2, 1] blur per stage: a
+bilinear upsampling), mixed into RGB by a seeded palette and squashed by tanh. Every stage is
+linear: the SiLU before a convolution passes a signal carried in a (+s, -s) channel pair,
+since ``silu(s) - silu(-s) == s``.
 """
 
 from __future__ import annotations
@@ -12,6 +19,10 @@ import torch
 from torch import nn
 
 from .config import VAE_STRIDE, ModelConfig
+from .visible import VISIBLE_DIMS, visible_basis
+
+CONTRAST = 1.4  # tanh gain on the palette's output: colours stay saturated, rarely clipped
+_BLUR = (0.25, 0.5, 0.25)
 
 
 class LatentDecoder(nn.Module):
@@ -36,10 +47,47 @@ class LatentDecoder(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d | nn.Conv3d):
-                nn.init.kaiming_uniform_(module.weight, a=1.0, generator=generator)
-                nn.init.zeros_(module.bias)
+        """The fixed colour mapping (module docstring); the palette is drawn from
+        ``generator``."""
+        cpu = torch.Generator().manual_seed(
+            int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        )
+        r = VISIBLE_DIMS
+        if min(self.width, *(conv.out_channels for conv in self.ups)) < 2 * r:
+            raise ValueError(f"decoder width {self.width} cannot carry {r} signed signals")
+        for conv in [self.conv_in, *self.ups, self.conv_out]:
+            nn.init.zeros_(conv.weight)
+            nn.init.zeros_(conv.bias)
+        blur = torch.tensor(_BLUR, dtype=torch.float64)
+        blur2d = blur[:, None] * blur[None, :]
+        basis = visible_basis(self.conv_in.in_channels).double()  # [C, r]
+        # conv_in: sub-frame tau of latent frame t interpolates frames t - 1 and t (the
+        # kernel's taps 1 and 2), so motion between latent frames is smooth.
+        weight = torch.zeros(self.conv_in.weight.shape, dtype=torch.float64)
+        for tau in range(self.time_stride):
+            late = (tau + 1) / self.time_stride
+            taps = torch.tensor([0.0, 1.0 - late, late], dtype=torch.float64)
+            for i in range(r):
+                kernel = basis[:, i, None, None, None] * taps[:, None, None] * blur2d
+                weight[tau * self.width + 2 * i] = kernel
+                weight[tau * self.width + 2 * i + 1] = -kernel
+        self.conv_in.weight.copy_(weight)
+        for conv in self.ups:  # (+s, -s) pairs in, blurred (+s, -s) pairs out
+            weight = torch.zeros(conv.weight.shape, dtype=torch.float64)
+            for i in range(r):
+                weight[2 * i, 2 * i], weight[2 * i, 2 * i + 1] = blur2d, -blur2d
+                weight[2 * i + 1, 2 * i], weight[2 * i + 1, 2 * i + 1] = -blur2d, blur2d
+            conv.weight.copy_(weight)
+        # The palette: a seeded rotation of the visible directions into RGB, and a seeded
+        # base colour near mid-grey.
+        palette, _ = torch.linalg.qr(torch.randn(3, r, generator=cpu, dtype=torch.float64))
+        base = 0.0 * torch.randn(3, generator=cpu, dtype=torch.float64)
+        weight = torch.zeros(self.conv_out.weight.shape, dtype=torch.float64)
+        for i in range(r):
+            weight[:, 2 * i, 1, 1] = CONTRAST * palette[:, i]
+            weight[:, 2 * i + 1, 1, 1] = -CONTRAST * palette[:, i]
+        self.conv_out.weight.copy_(weight)
+        self.conv_out.bias.copy_(base)
 
     def forward(self, latents: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """Frames ``[B, 4F, H, W, 3]`` uint8 from latents ``[B, C, F, h, w]``.

@@ -242,8 +242,17 @@ class CausalWanModel(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
-        """Seeded random weights (Wan's scheme, but a small random head instead of zeros so
-        that the frames depend on the prompt and the cache even without a checkpoint)."""
+        """Seeded weights for running without a checkpoint: Wan's random scheme, then (for
+        a config large enough) the hand-set weights of ``visible.py``, which make the frames
+        a visibly moving picture that follows the prompt, the seed and the cache. Not a
+        trained model; ``load_checkpoint`` replaces all of it."""
+        from .visible import init_visible_dit, unfit_reason  # it imports this module
+
+        self._init_random(generator)
+        if unfit_reason(self.config) is None:
+            init_visible_dit(self, generator)
+
+    def _init_random(self, generator: torch.Generator) -> None:
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight, generator=generator)

@@ -22,26 +22,24 @@ std grows as the square root of its rate, so that signal also rises with plain l
 the bin counts: 1 for Poisson arrivals at any rate, above 1 when arrivals cluster). The table
 names its signal (``"signal": "dispersion"`` or ``"std"``; a table without the key is a std
 table, as the old ones were). Each level may also carry an ``idle_reserve``: the share of idle
-sessions the controller sizes the pool for as if active (absent means 0). The table lives at
-``core/data/rho_table.json`` and is written by ``turboserve sim profile``; when the file is
-absent the core uses the fixed ``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the
-paper's own examples.
+sessions the controller sizes the pool for as if active (absent means 0). The shipped table
+(``services/scheduler/shipped/rho_table.json``) is written by ``turboserve sim profile`` and
+loaded by the core's callers, who pass it in ``ControllerConfig.rho_table``; without a table
+the core uses the fixed ``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the paper's
+own examples.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 FALLBACK_RHO_HAT = 0.7
 FALLBACK_DELTA = 0.1
 LEVELS = 10
-DEFAULT_TABLE_PATH = Path(__file__).with_name("data") / "rho_table.json"
 DEFAULT_WINDOW_S = 300.0
 DEFAULT_BIN_S = 10.0
 SIGNALS = ("dispersion", "std")
@@ -51,14 +49,17 @@ DEFAULT_SIGNAL = "dispersion"
 def scale(
     n_required: int,
     rho_max: float,
-    budget: int,
+    budget: float,
     capacity: int,
     rho_hat: float,
     delta: float,
     min_gpus: int = 1,
     max_gpus: int | None = None,
-) -> int:
-    """Target GPU count (READY + BOOTING); returning ``budget`` means no scale event."""
+) -> float:
+    """Target GPU count (READY + BOOTING); returning ``budget`` means no scale event.
+
+    ``budget`` is a count of GPUs of capacity ``capacity``: an integer for a pool of one kind,
+    possibly fractional for a pool of several kinds counted in units of one of them."""
     up = rho_max > rho_hat + delta
     down = rho_max < rho_hat - delta
     if not (up or down):
@@ -255,31 +256,6 @@ class RhoTable:
             raise ValueError(f"rho table: malformed ({exc})") from exc
 
 
-def load_rho_table(path: str | Path | None = None) -> RhoTable | None:
-    """The table at ``path`` (default ``core/data/rho_table.json``); None if the default file is
-    absent (the caller falls back to the fixed rho_hat). A named file that is missing, or any
-    malformed file, raises."""
-    target = Path(path) if path is not None else DEFAULT_TABLE_PATH
-    if not target.is_file():
-        if path is None:
-            return None
-        raise FileNotFoundError(f"rho table {target}: no such file")
-    try:
-        raw = json.loads(target.read_text())
-    except json.JSONDecodeError as exc:
-        raise RhoTableError(f"rho table {target}: not valid JSON ({exc})") from exc
-    try:
-        return RhoTable.from_dict(raw)
-    except ValueError as exc:  # a field out of range, or a value that is not a number
-        raise RhoTableError(f"{target}: {exc}") from exc
-
-
 class RhoTableError(ValueError):
-    """A rho table file that cannot be used; the message names the file and the fault."""
-
-
-def save_rho_table(table: RhoTable, path: str | Path | None = None) -> Path:
-    target = Path(path) if path is not None else DEFAULT_TABLE_PATH
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(table.to_dict(), indent=2) + "\n")
-    return target
+    """A rho table file that cannot be used; the message names the file and the fault.
+    Raised by the loader (``services.scheduler.shipped``); retrying cannot help."""

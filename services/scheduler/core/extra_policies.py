@@ -45,55 +45,61 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from services.scheduler.core.autoscale import gpus_for
+from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import available_policies, get_policy, register_policy
-from services.scheduler.core.profile import LatencyProfile
+from services.scheduler.core.policies import (
+    Profiles,
+    available_policies,
+    check_params,
+    get_policy,
+    gpus_alias,
+    register_policy,
+)
 from services.scheduler.core.types import Decision, Event, EventKind
 
 __all__ = ["ClairvoyantController", "HpaController", "PredictiveController"]
 
 _CONTROLLER_PARAMS = frozenset({
     "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
-    "min_gpus", "max_gpus", "rho_table", "t0", "warmup_s", "idle_reserve",
+    "min_gpus", "max_gpus", "rho_table", "t0", "warmup_s", "idle_reserve", "retry_backoff_s",
+    "gpu_id_prefix",
 })
 
 
-def _check(name: str, params: dict[str, Any], extra: Iterable[str]) -> None:
-    allowed = _CONTROLLER_PARAMS | {"gpus"} | set(extra)
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise TypeError(
-            f"policy {name!r} does not take {', '.join(unknown)}; "
-            f"it takes {', '.join(sorted(allowed))}"
-        )
-    if "gpus" in params:
-        if "initial_gpus" in params:
-            raise TypeError(f"policy {name!r}: give gpus or initial_gpus, not both")
-        params["initial_gpus"] = params.pop("gpus")
+def _split(name: str, params: dict[str, Any], extra: Iterable[str],
+           **switches: Any) -> tuple[ControllerConfig, dict[str, Any]]:
+    """(the controller's config, the policy's own parameters) from ``params``."""
+    own = frozenset(extra)
+    check_params(name, params, _CONTROLLER_PARAMS | {"gpus"} | own)
+    params = gpus_alias(name, params)
+    shared = {k: v for k, v in params.items() if k not in own}
+    return (ControllerConfig(name=name, **switches, **shared),
+            {k: v for k, v in params.items() if k in own})
 
 
 # ---- HPA-style reactive scaler ---------------------------------------------------------------
 
 class HpaController(Controller):
-    def __init__(self, profile: LatencyProfile, *, target: float = 0.7, tolerance: float = 0.1,
-                 sync_s: float = 15.0, stabilization_s: float = 300.0, **params: Any) -> None:
+    def __init__(self, profiles: Profiles, config: ControllerConfig, *, target: float = 0.7,
+                 tolerance: float = 0.1, sync_s: float = 15.0,
+                 stabilization_s: float = 300.0) -> None:
         if not 0 < target <= 1:
             raise ValueError(f"target utilisation must be in (0, 1], got {target}")
-        params.setdefault("rho_hat", target)  # unused by the hook; keeps the table unloaded
-        super().__init__(profile, migrate=False, **params)
+        super().__init__(profiles, config)
         self.target = target
         self.tolerance = tolerance
         self.sync_s = sync_s
         self.stabilization_s = stabilization_s
         self._next_sync = float("-inf")
-        self._recommendations: deque[tuple[float, int]] = deque()
-        self._last: tuple[float, int] | None = None
+        self._recommendations: deque[tuple[float, float]] = deque()
+        self._last: tuple[float, float] | None = None
 
-    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: int,
-                    rho_hat: float, delta: float) -> int:
+    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
+                    rho_hat: float, delta: float) -> float:
         # The loop may ask more than once per event (scale-in pass, scale-out pass): the
         # answer of this sync stands until the next one.
         if self._last is not None and self._last[0] == t:
@@ -104,15 +110,16 @@ class HpaController(Controller):
         self._last = (t, self._recommend(t, n_required, budget))
         return self._last[1]
 
-    def _recommend(self, t: float, n_required: int, budget: int) -> int:
+    def _recommend(self, t: float, n_required: int, budget: float) -> float:
         # Booting GPUs count as replicas at zero utilisation, as HPA treats unready pods.
         current = max(1, budget)
         utilisation = n_required / (self._cluster.capacity * current)
         ratio = utilisation / self.target
         desired = budget if abs(ratio - 1.0) <= self.tolerance else math.ceil(current * ratio)
-        desired = max(desired, self.min_gpus, 1 if n_required else self.min_gpus)
-        if self.max_gpus is not None:
-            desired = min(desired, self.max_gpus)
+        min_gpus, max_gpus = self.config.min_gpus, self.config.max_gpus
+        desired = max(desired, min_gpus, 1 if n_required else min_gpus)
+        if max_gpus is not None:
+            desired = min(desired, max_gpus)
         # Down-scale stabilisation: the highest recommendation of the window wins.
         recs = self._recommendations
         recs.append((t, desired))
@@ -123,11 +130,15 @@ class HpaController(Controller):
         return min(budget, max(r for _, r in recs))
 
 
-def _hpa(profile: LatencyProfile, **params: Any) -> HpaController:
-    _check("hpa", params, {"target", "tolerance", "sync_s", "stabilization_s"})
+def _hpa(profiles: Profiles, **params: Any) -> HpaController:
     if "rho_hat" in params and "target" not in params:
+        params = dict(params)
         params["target"] = params.pop("rho_hat")
-    return HpaController(profile, name="hpa", **params)
+    # rho_hat stays fixed (and unused by the hook): the table plays no part in HPA's rule.
+    config, own = _split("hpa", params, {"target", "tolerance", "sync_s", "stabilization_s"},
+                         migrate=False, placement="least_loaded")
+    config = replace(config, rho_hat=own.get("target", 0.7), rho_table=None)
+    return HpaController(profiles, config, **own)
 
 
 # ---- clairvoyant --------------------------------------------------------------------------
@@ -178,42 +189,43 @@ def active_timeline(future: Any) -> tuple[list[float], list[int]]:
 
 
 class ClairvoyantController(Controller):
-    def __init__(self, profile: LatencyProfile, *, future: Any,
-                 lookahead_slack_s: float = 1.0, **params: Any) -> None:
-        super().__init__(profile, **params)
+    def __init__(self, profiles: Profiles, config: ControllerConfig, *, future: Any,
+                 lookahead_slack_s: float = 1.0) -> None:
+        super().__init__(profiles, config)
         times, counts = active_timeline(future)
         self._demand = _RangeMax(times, counts)
-        self.horizon_s = self.boot_delay_s + lookahead_slack_s
+        self.horizon_s = config.boot_delay_s + lookahead_slack_s
 
-    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: int,
-                    rho_hat: float, delta: float) -> int:
+    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
+                    rho_hat: float, delta: float) -> float:
         peak = max(n_required, self._demand.query(t, t + self.horizon_s))
-        target = max(gpus_for(peak, self._cluster.capacity, rho_hat, delta), self.min_gpus)
-        if self.max_gpus is not None:
-            target = min(target, self.max_gpus)
+        target = max(gpus_for(peak, self._cluster.capacity, rho_hat, delta), self.config.min_gpus)
+        if self.config.max_gpus is not None:
+            target = min(target, self.config.max_gpus)
         return target
 
 
-def _clairvoyant(profile: LatencyProfile, **params: Any) -> ClairvoyantController:
-    _check("clairvoyant", params, {"future", "lookahead_slack_s"})
+def _clairvoyant(profiles: Profiles, **params: Any) -> ClairvoyantController:
     if "future" not in params:
         raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
     # The idle reserve stands in for the sessions that will come back; the clairvoyant knows
     # them, so by default it sizes for the true demand alone.
-    params.setdefault("idle_reserve", 0.0)
-    return ClairvoyantController(profile, name="clairvoyant", **params)
+    params = {"idle_reserve": 0.0, **params}
+    config, own = _split("clairvoyant", params, {"future", "lookahead_slack_s"},
+                         placement="least_loaded")
+    return ClairvoyantController(profiles, config, **own)
 
 
 # ---- predictive ---------------------------------------------------------------------------
 
 class PredictiveController(Controller):
-    def __init__(self, profile: LatencyProfile, *, sample_s: float = 5.0, alpha: float = 0.5,
-                 beta: float = 0.3, burst_sigma: float = 3.0, window_s: float = 300.0,
-                 hold_down: bool = True, mode: str = "sessions", share_alpha: float = 0.05,
-                 **params: Any) -> None:
+    def __init__(self, profiles: Profiles, config: ControllerConfig, *, sample_s: float = 5.0,
+                 alpha: float = 0.5, beta: float = 0.3, burst_sigma: float = 3.0,
+                 window_s: float = 300.0, hold_down: bool = True, mode: str = "sessions",
+                 share_alpha: float = 0.05) -> None:
         if mode not in ("sessions", "active"):
             raise ValueError(f"mode must be 'sessions' or 'active', got {mode!r}")
-        super().__init__(profile, **params)
+        super().__init__(profiles, config)
         self.hold_down = hold_down
         self.mode = mode
         self.share_alpha = share_alpha
@@ -266,15 +278,15 @@ class PredictiveController(Controller):
         """Active sessions expected one boot delay from now."""
         if self._level is None:
             return 0.0
-        ahead = self._level + self._trend * (self.boot_delay_s / self.sample_s)
+        ahead = self._level + self._trend * (self.config.boot_delay_s / self.sample_s)
         if self.mode == "sessions":
             # Active/idle spells are short next to a boot delay, so the active count one boot
             # delay ahead is about the live sessions then, times the share that is active.
             ahead *= self._share if self._share is not None else 1.0
         return max(ahead, self._cluster.n_active + self._burst)
 
-    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: int,
-                    rho_hat: float, delta: float) -> int:
+    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
+                    rho_hat: float, delta: float) -> float:
         capacity = self._cluster.capacity
         expected = max(0, math.ceil(self.forecast() - 1e-9))
         rho_future = expected / (capacity * max(1, budget))
@@ -283,21 +295,22 @@ class PredictiveController(Controller):
         if not (up or down):
             return budget
         sized_for = max(n_required, expected) if (up or self.hold_down) else n_required
-        target = max(gpus_for(sized_for, capacity, rho_hat, delta), self.min_gpus)
-        if self.max_gpus is not None:
-            target = min(target, self.max_gpus)
+        target = max(gpus_for(sized_for, capacity, rho_hat, delta), self.config.min_gpus)
+        if self.config.max_gpus is not None:
+            target = min(target, self.config.max_gpus)
         return max(target, budget) if up else min(target, budget)
 
 
-def _predictive(profile: LatencyProfile, **params: Any) -> PredictiveController:
-    _check("turboserve_predictive", params,
-           {"sample_s", "alpha", "beta", "burst_sigma", "window_s", "hold_down", "mode",
-            "share_alpha"})
-    return PredictiveController(profile, name="turboserve_predictive", **params)
+def _predictive(profiles: Profiles, **params: Any) -> PredictiveController:
+    config, own = _split("turboserve_predictive", params,
+                         {"sample_s", "alpha", "beta", "burst_sigma", "window_s", "hold_down",
+                          "mode", "share_alpha"}, placement="least_loaded")
+    return PredictiveController(profiles, config, **own)
 
 
-def _least_loaded_autoscale(profile: LatencyProfile, **params: Any) -> Controller:
-    policy = get_policy("no_migration", profile, **params)
+def _least_loaded_autoscale(profiles: Profiles, **params: Any) -> Controller:
+    policy = get_policy("no_migration", profiles, **params)
+    assert isinstance(policy, Controller)
     policy.name = "least_loaded_autoscale"
     return policy
 

@@ -1,24 +1,35 @@
 """The closed loop: one controller that places sessions and sizes the pool from one signal.
 
+``Controller(profiles, config)``: ``profiles`` is a :class:`LatencyProfile` or a mapping GPU
+kind -> profile (a pool of several kinds, each placed by its own profile); ``config`` is a
+frozen :class:`ControllerConfig`. The controller reads no files.
+
 ``Controller.step(event)`` does, in order:
 
-1. apply the event to its cluster view (a session arrives, flips, leaves; a GPU becomes ready
-   or vanishes); an active->idle flip emits ``Suspend``;
-2. place pending sessions (new, re-activated, or displaced by a vanished GPU) on the GPU whose
-   latency grows least (``Assign`` / ``Resume``);
+1. apply the event to its cluster view (a session arrives, flips, leaves; a GPU becomes ready,
+   vanishes or is to be drained; a migration or placement failed); an active->idle flip emits
+   ``Suspend``, an operator's drain ``Drain``;
+2. place pending sessions (new, re-activated, or displaced by a vanished GPU or a failed
+   placement) on the GPU whose latency grows least (``Assign`` / ``Resume``);
 3. rebalance by min-max local search (``Migrate``), unless migration is disabled;
-4. autoscale, unless disabled (a scale-in is checked before step 3 as well): compare rho_max with rho_hat +- delta (rho_hat fixed, or looked up
-   from the volatility level); *scale-out* asks for GPUs (``RequestGpus``), and the rebalance of
-   step 3 moves sessions onto them when their ``GPU_READY`` arrives; *scale-in* first cancels
-   booting GPUs (``Release``), then drains the least loaded ready GPUs (``Drain``), consolidates
-   their sessions onto the others (``Migrate``) and releases them once empty (``Release``);
+4. autoscale, unless disabled (a scale-in is checked before step 3 as well): compare rho_max
+   with rho_hat +- delta (rho_hat fixed, or looked up from the volatility level); *scale-out*
+   asks for GPUs (``RequestGpus``), and the rebalance of step 3 moves sessions onto them when
+   their ``GPU_READY`` arrives; *scale-in* first cancels booting GPUs (``Release``), then
+   drains the least loaded ready GPUs (``Drain``), consolidates their sessions onto the others
+   (``Migrate``) and releases them once empty (``Release``);
 5. release any draining GPU that has become empty.
 
-Warm-up: for ``warmup_s`` (default: the boot delay) after its first event the loop scales out
-but never in, so a pool it starts with is not released on the first arrival of a warm system.
+Warm-up: for ``warmup_s`` (default: the boot delay) after its first event, or after
+:meth:`Controller.restore`, the loop scales out but never in, so a pool it starts with is not
+released on the first arrival of a warm system.
 Idle reserve (not in the paper): the autoscaler sizes the pool for the active sessions plus
 ``idle_reserve`` times the idle ones (the table's value at the current volatility level unless
 given), because idle users come back faster than a GPU boots.
+
+Several kinds: the autoscaler counts GPUs in units of the default kind (``config.gpu_kind``,
+the kind it asks for): a GPU of twice its K counts as two. With one kind every count is the
+plain GPU count.
 
 The same class, with switches, is every built-in policy (see ``policies.py``): the static
 baselines turn off migration and autoscaling and use another chooser for step 2.
@@ -28,122 +39,82 @@ Extension hooks for other policies (HPA-style, clairvoyant, predictive):
 ``target_gpus`` is called up to twice per step (before and after the rebalance); keep any state
 it records idempotent for equal ``t``.
 
-Deviations from the agreed shape: none in names. Documented choices: the controller is lenient
-about inconsistent session events (an ``ACTIVE`` for an unknown session counts as an arrival,
-``IDLE``/``DEPART`` for an unknown one are ignored, ``GPU_READY`` for a released or vanished
-GPU is ignored and for an unknown one adds it), because the live service may replay events after a restart.
-Sessions displaced by ``GPU_GONE`` lost their state and come back with ``Assign``.
+Documented choices: the controller is lenient about inconsistent events (an ``ACTIVE`` for an
+unknown session counts as an arrival; ``IDLE``/``DEPART``/``MIGRATION_FAILED``/
+``PLACEMENT_FAILED`` for an unknown or idle one are ignored; ``GPU_READY`` for a released or
+vanished GPU is ignored and for an unknown one adds it; ``GPU_DRAIN`` of an unknown GPU is
+ignored), because a live service may replay events after a restart. Sessions displaced by
+``GPU_GONE`` lost their state and come back with ``Assign``.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+import re
+from collections.abc import Iterable, Mapping
 
 from services.scheduler.core import autoscale as autoscale_mod
 from services.scheduler.core.autoscale import (
     FALLBACK_DELTA,
     FALLBACK_RHO_HAT,
-    RhoTable,
     VolatilityTracker,
-    load_rho_table,
 )
 from services.scheduler.core.cluster import Cluster, ClusterView
+from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.placement import (
-    Chooser,
-    LeastLatencyGrowth,
     SoonestFirstChunk,
     evacuate,
+    make_chooser,
     place_pending,
     rebalance,
 )
 from services.scheduler.core.profile import LatencyProfile
 from services.scheduler.core.types import (
+    Assign,
     Decision,
     Drain,
     Event,
     EventKind,
     GpuState,
+    Migrate,
     Release,
     RequestGpus,
+    RestoredGpu,
+    RestoredSession,
+    Resume,
     Suspend,
 )
 
-DEFAULT_BOOT_DELAY_S = 30.0
-DEFAULT_ETA = 0.1
+_EPS = 1e-9
 
 
 class Controller:
     """The TurboServe loop (and, with switches, the baselines). Deterministic for an event
     sequence; no I/O; decisions are applied to its own view before they are returned."""
 
-    def __init__(
-        self,
-        profile: LatencyProfile,
-        *,
-        name: str = "turboserve",
-        rho_hat: float | None = None,
-        delta: float | None = None,
-        boot_delay_s: float = DEFAULT_BOOT_DELAY_S,
-        eta: float = DEFAULT_ETA,
-        initial_gpus: int = 1,
-        gpu_kind: str | None = None,
-        migrate: bool = True,
-        autoscale: bool = True,
-        chooser: Chooser | None = None,
-        min_gpus: int = 1,
-        max_gpus: int | None = None,
-        rho_table: RhoTable | str | Path | None = None,
-        scale_in_delay_s: float = 0.0,
-        warmup_s: float | None = None,
-        idle_reserve: float | None = None,
-        t0: float = 0.0,
-    ) -> None:
-        if initial_gpus < 0 or min_gpus < 0:
-            raise ValueError(f"initial_gpus and min_gpus must be >= 0, got {initial_gpus}, {min_gpus}")
-        if rho_hat is not None and not 0 < rho_hat <= 1:
-            raise ValueError(f"rho_hat must be in (0, 1], got {rho_hat}")
-        if delta is not None and delta < 0:
-            raise ValueError(f"delta must be >= 0, got {delta}")
-        if eta < 0 or boot_delay_s < 0 or scale_in_delay_s < 0:
-            raise ValueError(f"eta, boot_delay_s and scale_in_delay_s must be >= 0, got "
-                             f"{eta}, {boot_delay_s}, {scale_in_delay_s}")
-        if warmup_s is not None and not warmup_s >= 0:
-            raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
-        if idle_reserve is not None and not 0 <= idle_reserve <= 1:
-            raise ValueError(f"idle_reserve must be in [0, 1], got {idle_reserve}")
-        self.name = name
-        self.profile = profile
-        self.gpu_kind = gpu_kind or profile.gpu_kind
-        self.boot_delay_s = boot_delay_s
-        self.eta = eta
-        self.migrate = migrate
-        self.autoscale = autoscale
-        self.min_gpus = min_gpus
-        self.scale_in_delay_s = scale_in_delay_s
-        self._low_since: float | None = None  # when a scale-in first wanted to fire
-        # No scale-in before the loop has watched the traffic this long (see _autoscale).
-        self.warmup_s = boot_delay_s if warmup_s is None else warmup_s
-        self._started: float | None = None  # time of the first event
-        # Share of idle sessions the pool is sized for as if active (see _autoscale); None:
-        # the table's value at the current level (0 without a table or with a fixed rho_hat).
-        self.idle_reserve = idle_reserve
-        self.max_gpus = max_gpus
-        self.chooser = chooser or LeastLatencyGrowth()
-        self.fixed_rho_hat = rho_hat
-        self.fixed_delta = delta
-        if rho_hat is None and not isinstance(rho_table, RhoTable):
-            rho_table = load_rho_table(rho_table)
-        self.rho_table: RhoTable | None = rho_table if rho_hat is None else None
-        table = self.rho_table
-        self.volatility = table.tracker() if table else VolatilityTracker()
-        self._cluster = Cluster(profile)
+    def __init__(self, profiles: LatencyProfile | Mapping[str, LatencyProfile],
+                 config: ControllerConfig | None = None) -> None:
+        config = ControllerConfig() if config is None else config
+        if not isinstance(config, ControllerConfig):
+            raise TypeError(f"config must be a ControllerConfig, got {type(config).__name__}")
+        self.config = config
+        self.name = config.name
+        self._cluster = Cluster(profiles, config.gpu_kind)
         self._view = ClusterView(self._cluster)
-        self._released: set[str] = set()
+        self.gpu_kind = self._cluster.default_kind
+        self.chooser = make_chooser(config.placement)
+        self.rho_table = config.rho_table if config.rho_hat is None else None
+        self.volatility = self.rho_table.tracker() if self.rho_table else VolatilityTracker()
+        self._started: float | None = None  # time of the first event (warm-up clock)
+        self._low_since: float | None = None  # when a scale-in first wanted to fire
+        self._released: dict[str, str] = {}  # GPUs this controller gave back -> kind
+        self._gone: set[str] = set()  # GPUs the environment reported gone
         self._next_gpu = 0
+        self._id_prefix = config.gpu_id_prefix or (
+            re.sub(r"[^a-z0-9]+", "-", self.gpu_kind.lower()).strip("-") or "gpu")
         self.scale_events = 0
-        for _ in range(initial_gpus):
-            self._cluster.add_gpu(self._new_gpu_id(), self.gpu_kind, GpuState.READY, t0)
+        for _ in range(config.initial_gpus):
+            self._cluster.add_gpu(self._new_gpu_id(), self.gpu_kind, GpuState.READY, config.t0)
 
     # ---- the Policy interface -----------------------------------------------------------
 
@@ -151,28 +122,35 @@ class Controller:
     def view(self) -> ClusterView:
         return self._view
 
+    @property
+    def profile(self) -> LatencyProfile:
+        """The default kind's latency profile."""
+        return self._cluster.profile
+
     def step(self, event: Event) -> list[Decision]:
         out: list[Decision] = []
+        now = event.t
         if self._started is None:
-            self._started = event.t
+            self._started = now
         self._apply(event, out)
         cluster = self._cluster
+        config = self.config
         if cluster.pending:
             if isinstance(self.chooser, SoonestFirstChunk):
-                self.chooser.now = event.t
-            out.extend(place_pending(cluster, self.chooser))
-        if self.autoscale:
+                self.chooser.now = now
+            out.extend(place_pending(cluster, self.chooser, now))
+        if config.autoscale:
             # Scale-in first: rebalancing never raises rho_max, so if it fires now it would fire
             # after the rebalance too, and consolidating first saves the moves a rebalance would
             # make onto GPUs about to be drained.
-            out.extend(self._autoscale(event.t, scale_out=False))
-        if self.migrate:
-            out.extend(rebalance(cluster, self.eta, boundary_wait=True))
-        if self.autoscale:
-            out.extend(self._autoscale(event.t, scale_out=True))
+            out.extend(self._autoscale(now, scale_out=False))
+        if config.migrate:
+            out.extend(rebalance(cluster, config.eta, boundary_wait=True, now=now))
+        if config.autoscale:
+            out.extend(self._autoscale(now, scale_out=True))
         if cluster.draining:
-            out.extend(self._finish_drains())
-        return out
+            out.extend(self._finish_drains(now))
+        return _coalesce(out) if len(out) > 1 else out
 
     def note_step(self, gpu_id: str, ends_at: float) -> None:
         """The environment reports that ``gpu_id`` started a batched pass (a whole coalesced step
@@ -185,22 +163,81 @@ class Controller:
         if gpu is not None:
             gpu.step_end = ends_at
 
+    def set_profile(self, kind: str, profile: LatencyProfile) -> None:
+        """Replace (or add) the latency profile of GPU kind ``kind``, between steps.
+
+        Not an event and returns no decisions: the next step places, rebalances and scales
+        with it. If K drops below a GPU's load, that GPU keeps its sessions (above K) until the
+        rebalance finds room elsewhere; it counts as the worst GPU, so the rebalance moves
+        sessions off it first and the autoscaler sees rho_max above 1."""
+        if not isinstance(profile, LatencyProfile):
+            raise TypeError(f"profile must be a LatencyProfile, got {type(profile).__name__}")
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"kind must be a non-empty string, got {kind!r}")
+        self._cluster.set_profile(kind, profile)
+
+    def restore(self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession],
+                t: float) -> None:
+        """Build the view from what a restarted scheduler finds, instead of the initial pool.
+
+        Call it on a fresh controller, before its first step; then step a ``TICK`` at ``t``
+        for the decisions the found state calls for (placing pending sessions, evacuating
+        draining GPUs, releasing empty ones, scaling out). Rules:
+
+        * every GPU is taken with its kind and state (BOOTING ones still send ``GPU_READY``);
+        * an active session on a READY or DRAINING GPU stays there, even above K;
+        * an active session on no GPU, or on a GPU not listed or still booting, is pending
+          (``Resume`` if ``in_host_ram``, else ``Assign``);
+        * an idle session holds no GPU, whatever ``gpu_id`` says;
+        * the warm-up starts at ``t``: no scale-in for ``warmup_s`` (default one boot delay),
+          so the found pool is not released before the sessions on it report in.
+
+        Raises ``ValueError`` (naming the entry) for a duplicate GPU or session id or a GPU
+        state that is not a ``GpuState``, and ``RuntimeError`` on a controller that has
+        already stepped."""
+        if self._started is not None:
+            raise RuntimeError("restore() needs a fresh controller (this one has stepped)")
+        cluster = Cluster(self._cluster.profiles, self.gpu_kind)
+        for gpu in gpus:
+            if gpu.gpu_id in cluster.gpus:
+                raise ValueError(f"restore: GPU {gpu.gpu_id!r} listed twice")
+            if not isinstance(gpu.state, GpuState):
+                raise ValueError(f"restore: GPU {gpu.gpu_id!r} has state {gpu.state!r}, "
+                                 f"not one of {', '.join(s.value for s in GpuState)}")
+            if not isinstance(gpu.kind, str) or not gpu.kind:
+                raise ValueError(f"restore: GPU {gpu.gpu_id!r} needs a kind, got {gpu.kind!r}")
+            cluster.add_gpu(gpu.gpu_id, gpu.kind, gpu.state, t)
+            self._skip_name(gpu.gpu_id)
+        for found in sessions:
+            sid = found.session_id
+            if sid in cluster.sessions:
+                raise ValueError(f"restore: session {sid!r} listed twice")
+            session = cluster.add_session(sid, active=found.active)
+            session.in_host_ram = found.in_host_ram
+            on = cluster.gpus.get(found.gpu_id) if found.gpu_id is not None else None
+            if found.active and on is not None and on.state is not GpuState.BOOTING:
+                cluster.put(sid, on.gpu_id)
+        self._cluster = cluster
+        self._view = ClusterView(cluster)
+        self._started = t
+
     # ---- hooks for derived policies -----------------------------------------------------
 
     def current_rho_hat(self, t: float) -> tuple[float, float]:
         """(rho_hat, delta) in force at ``t``: fixed, or from the volatility level."""
-        if self.fixed_rho_hat is not None:
-            return self.fixed_rho_hat, FALLBACK_DELTA if self.fixed_delta is None else self.fixed_delta
+        config = self.config
+        if config.rho_hat is not None:
+            return config.rho_hat, FALLBACK_DELTA if config.delta is None else config.delta
         if self.rho_table is None:
-            return FALLBACK_RHO_HAT, FALLBACK_DELTA if self.fixed_delta is None else self.fixed_delta
+            return FALLBACK_RHO_HAT, FALLBACK_DELTA if config.delta is None else config.delta
         level = self._volatility_level(t)
         rho, delta = self.rho_table.rho_hat[level], self.rho_table.delta[level]
-        return rho, delta if self.fixed_delta is None else self.fixed_delta
+        return rho, delta if config.delta is None else config.delta
 
     def current_idle_reserve(self, t: float) -> float:
         """Share of idle sessions sized for as if active at ``t``: fixed, or the table's."""
-        if self.idle_reserve is not None:
-            return self.idle_reserve
+        if self.config.idle_reserve is not None:
+            return self.config.idle_reserve
         if self.rho_table is None:
             return 0.0
         return self.rho_table.reserve(self._volatility_level(t))
@@ -214,20 +251,22 @@ class Controller:
         return self.rho_table.level(value)
 
     def target_gpus(
-        self, t: float, n_required: int, rho_max: float, budget: int, rho_hat: float, delta: float
-    ) -> int:
-        """GPU count (READY + BOOTING) to aim for; ``budget`` means no scale event."""
+        self, t: float, n_required: int, rho_max: float, budget: float, rho_hat: float,
+        delta: float,
+    ) -> float:
+        """GPU count (READY + BOOTING, in units of the default kind) to aim for; ``budget``
+        means no scale event."""
         return autoscale_mod.scale(
             n_required, rho_max, budget, self._cluster.capacity, rho_hat, delta,
-            min_gpus=self.min_gpus, max_gpus=self.max_gpus,
+            min_gpus=self.config.min_gpus, max_gpus=self.config.max_gpus,
         )
 
     def rho_max(self) -> float:
-        """Load of the fullest READY GPU over K; above 1 while sessions wait for a slot."""
+        """Load of the fullest READY GPU over its K; above 1 while sessions wait for a slot."""
         cluster = self._cluster
         if cluster.pending:
             return 1.0 + len(cluster.pending) / cluster.capacity
-        return cluster.max_load / cluster.capacity
+        return cluster.rho_max()
 
     # ---- internals ----------------------------------------------------------------------
 
@@ -250,23 +289,87 @@ class Controller:
             if sid in cluster.sessions:
                 cluster.remove_session(sid)
         elif kind is EventKind.GPU_READY:
-            gpu_id = _require(event.gpu_id, event)
-            if gpu_id in cluster.gpus:
-                cluster.mark_ready(gpu_id, event.t)
-            elif gpu_id not in self._released:
-                cluster.add_gpu(gpu_id, self.gpu_kind, GpuState.READY, event.t)
+            self._gpu_ready(_require(event.gpu_id, event), event.gpu_kind, event.t)
         elif kind is EventKind.GPU_GONE:
             gpu_id = _require(event.gpu_id, event)
             if gpu_id in cluster.gpus:
                 cluster.remove_gpu(gpu_id)
-                self._released.add(gpu_id)  # never reuse the name; ignore a late GPU_READY
+            self._gone.add(gpu_id)  # never reuse the name; ignore a late GPU_READY
+            self._released.pop(gpu_id, None)
+        elif kind is EventKind.GPU_DRAIN:
+            self._operator_drain(_require(event.gpu_id, event), event.t, out)
+        elif kind is EventKind.MIGRATION_FAILED:
+            self._migration_failed(_require(sid, event), _require(event.gpu_id, event), event.t)
+        elif kind is EventKind.PLACEMENT_FAILED:
+            self._placement_failed(_require(sid, event), _require(event.gpu_id, event), event.t)
         else:
             self.volatility.observe(event.t)
 
+    def _gpu_ready(self, gpu_id: str, gpu_kind: str | None, t: float) -> None:
+        cluster = self._cluster
+        gpu = cluster.gpus.get(gpu_id)
+        if gpu is not None:
+            if gpu.state is GpuState.BOOTING and gpu_kind and gpu_kind != gpu.kind:
+                cluster.pool(gpu_kind)  # the environment booted another kind than asked for
+                gpu.kind = gpu_kind
+            cluster.mark_ready(gpu_id, t)
+        elif gpu_id not in self._released and gpu_id not in self._gone:
+            cluster.add_gpu(gpu_id, gpu_kind or self.gpu_kind, GpuState.READY, t)
+            self._skip_name(gpu_id)
+
+    def _operator_drain(self, gpu_id: str, t: float, out: list[Decision]) -> None:
+        """Empty ``gpu_id`` and give it back, as a scale-in would; the autoscaler replaces it
+        if the load needs it (it no longer counts in the budget)."""
+        cluster = self._cluster
+        gpu = cluster.gpus.get(gpu_id)
+        if gpu is None or gpu.state is GpuState.DRAINING:
+            return
+        if gpu.state is GpuState.BOOTING:
+            self._release(gpu_id, out)  # cancel the request
+            return
+        cluster.mark_draining(gpu_id)
+        out.append(Drain(gpu_id))
+        if self.config.migrate:
+            out.extend(evacuate(cluster, gpu_id, t))
+
+    def _migration_failed(self, sid: str, gpu_id: str, t: float) -> None:
+        """The session is still on ``gpu_id`` (the source of the failed migration)."""
+        cluster = self._cluster
+        session = cluster.sessions.get(sid)
+        if session is None or not session.active:
+            return  # it went idle or left meanwhile: nothing to correct
+        session.backoff_until = t + self.config.retry_backoff_s
+        gpu = cluster.gpus.get(gpu_id)
+        if gpu is None and gpu_id in self._released:
+            # We gave the source back after evacuating it, but the environment keeps a GPU
+            # until its migrations are done: take it back as DRAINING, release it once empty.
+            cluster.add_gpu(gpu_id, self._released.pop(gpu_id), GpuState.DRAINING, t)
+            gpu = cluster.gpus[gpu_id]
+        if gpu is None or gpu.state is GpuState.BOOTING:
+            # A GPU we do not know (or one that is not up) cannot hold it: its state is lost.
+            cluster.unplace(sid)
+            session.in_host_ram = False
+            cluster.pending[sid] = None
+            return
+        cluster.put(sid, gpu_id)
+
+    def _placement_failed(self, sid: str, gpu_id: str, t: float) -> None:
+        """The ``Assign``/``Resume`` of the session onto ``gpu_id`` did not happen: it is on no
+        GPU. It is placed again, not on ``gpu_id`` during the backoff."""
+        cluster = self._cluster
+        session = cluster.sessions.get(sid)
+        if session is None or not session.active:
+            return
+        cluster.unplace(sid)
+        cluster.pending[sid] = None
+        session.failed_gpu = gpu_id
+        session.backoff_until = t + self.config.retry_backoff_s
+
     def _autoscale(self, t: float, scale_out: bool) -> list[Decision]:
         cluster = self._cluster
+        config = self.config
         rho_hat, delta = self.current_rho_hat(t)
-        budget = cluster.budget
+        budget = cluster.budget_units()
         n_required = cluster.n_active
         reserve = self.current_idle_reserve(t)
         if reserve:
@@ -274,28 +377,28 @@ class Controller:
             # of the idle sessions were active too. Idle users come back, and a storm of
             # returns is faster than a boot; the active count alone cannot see them coming.
             idle = len(cluster.sessions) - cluster.n_active
-            n_required += math.ceil(reserve * idle - 1e-9)
+            n_required += math.ceil(reserve * idle - _EPS)
         target = self.target_gpus(t, n_required, self.rho_max(), budget, rho_hat, delta)
-        if target < budget and self._started is not None and t - self._started < self.warmup_s:
+        if target < budget and self._started is not None and t - self._started < config.warmup:
             # Warm-up: the pool the loop starts with (initial_gpus, or the GPUs a restarted
             # scheduler finds) is kept until the loop has seen warmup_s of traffic (default
             # one boot delay), instead of being released on the first event, before the
             # sessions that are already there have reported in. Scale-out is not delayed.
             return []
-        if target < budget and self.scale_in_delay_s > 0:
+        if target < budget and config.scale_in_delay_s > 0:
             # Optional stabilisation (not in the paper; 0 by default): scale in only once the
             # load has stayed below the band for scale_in_delay_s.
             if self._low_since is None:
                 self._low_since = t
-            if t - self._low_since < self.scale_in_delay_s:
+            if t - self._low_since < config.scale_in_delay_s:
                 return []
         elif target >= budget and scale_out:
             self._low_since = None
         if target > budget and scale_out:
             self.scale_events += 1
-            return [self._request(target - budget, t)]
+            return [self._request(math.ceil(target - budget - _EPS), t)]
         if target < budget:
-            out = self._scale_in(budget - target)
+            out = self._scale_in(budget - target, t)
             if out:
                 self.scale_events += 1
             return out
@@ -307,45 +410,63 @@ class Controller:
             self._cluster.add_gpu(gpu_id, self.gpu_kind, GpuState.BOOTING, t)
         return RequestGpus(ids, self.gpu_kind)
 
-    def _scale_in(self, count: int) -> list[Decision]:
+    def _scale_in(self, excess: float, t: float) -> list[Decision]:
+        """Give back GPUs worth ``excess`` units of the default kind."""
         cluster = self._cluster
         out: list[Decision] = []
         # 1. Booting GPUs serve nothing yet: cancel the newest requests first.
         for gpu_id in reversed(list(cluster.booting)):
-            if count == 0:
+            if excess <= _EPS:
                 return out
-            self._release(gpu_id, out)
-            count -= 1
+            units = cluster.units_of(gpu_id)
+            if units <= excess + _EPS:
+                self._release(gpu_id, out)
+                excess -= units
         # 2. Drain the least loaded READY GPUs (fewest migrations), consolidating their sessions
         #    onto the rest while those have room.
-        while count > 0 and cluster.n_placeable > 1:
-            gpu_id = next(iter(cluster.bucket(cluster.min_load)))
+        while excess > _EPS and cluster.n_placeable > 1:
+            gpu_id = self._drain_candidate()
+            units = cluster.units_of(gpu_id)
+            if units > excess + _EPS:
+                break
             moving = cluster.load(gpu_id)
-            room = (cluster.n_placeable - 1) * cluster.capacity - (
-                self._placed_on_placeable() - moving
-            )
-            if self.migrate and room < moving:
+            slots = sum(p.capacity * p.n for p in cluster.pools.values())
+            room = slots - cluster.capacity_of(gpu_id) - (self._placed_on_placeable() - moving)
+            if self.config.migrate and room < moving:
                 break
             cluster.mark_draining(gpu_id)
             out.append(Drain(gpu_id))
-            if self.migrate:
-                out.extend(evacuate(cluster, gpu_id))
-            count -= 1
+            if self.config.migrate:
+                out.extend(evacuate(cluster, gpu_id, t))
+            excess -= units
         return out
 
-    def _finish_drains(self) -> list[Decision]:
+    def _drain_candidate(self) -> str:
+        """The READY GPU to drain first: the fewest active sessions (fewest migrations); ties:
+        the smaller K (the weaker GPU), then kind and join order."""
+        best: str | None = None
+        best_key = (0, 0)
+        for pool in self._cluster.live_pools():
+            key = (pool.lo, pool.capacity)
+            if best is None or key < best_key:
+                best, best_key = next(iter(pool.buckets[pool.lo])), key
+        assert best is not None
+        return best
+
+    def _finish_drains(self, t: float) -> list[Decision]:
         cluster = self._cluster
         out: list[Decision] = []
         for gpu_id in list(cluster.draining):
-            if self.migrate and cluster.load(gpu_id):
-                out.extend(evacuate(cluster, gpu_id))
+            if self.config.migrate and cluster.load(gpu_id):
+                out.extend(evacuate(cluster, gpu_id, t))
             if cluster.load(gpu_id) == 0:
                 self._release(gpu_id, out)
         return out
 
     def _release(self, gpu_id: str, out: list[Decision]) -> None:
+        kind = self._cluster.gpus[gpu_id].kind
         self._cluster.remove_gpu(gpu_id)
-        self._released.add(gpu_id)
+        self._released[gpu_id] = kind
         out.append(Release(gpu_id))
 
     def _placed_on_placeable(self) -> int:
@@ -354,12 +475,49 @@ class Controller:
         return cluster.n_active - len(cluster.pending) - on_draining
 
     def _new_gpu_id(self) -> str:
-        # Skip names the environment may have introduced itself (GPU_READY for unknown ids).
+        # Skip names the environment may have introduced itself (GPU_READY for unknown ids,
+        # or a restore) and names used before.
         while True:
-            gpu_id = f"{self.gpu_kind.lower()}-{self._next_gpu:04d}"
+            gpu_id = f"{self._id_prefix}-{self._next_gpu:04d}"
             self._next_gpu += 1
-            if gpu_id not in self._cluster.gpus and gpu_id not in self._released:
+            if (gpu_id not in self._cluster.gpus and gpu_id not in self._released
+                    and gpu_id not in self._gone):
                 return gpu_id
+
+    def _skip_name(self, gpu_id: str) -> None:
+        """Name new GPUs after ``gpu_id`` if it is one of this controller's names."""
+        prefix, _, number = gpu_id.rpartition("-")
+        if prefix == self._id_prefix and number.isdigit():
+            self._next_gpu = max(self._next_gpu, int(number) + 1)
+
+
+def _coalesce(out: list[Decision]) -> list[Decision]:
+    """At most one placement decision per session in one list: a session placed or moved and
+    then moved again in the same step (onto a GPU that a scale-in drains next, say) goes
+    straight to where it ends, and a move back to where it started is dropped. The
+    environment then never carries out a move that a later one in the same list undoes, and a
+    failure report (``MIGRATION_FAILED``) names one move."""
+    first: dict[str, int] = {}
+    result: list[Decision | None] = list(out)
+    merged = False
+    for i, d in enumerate(out):
+        if not isinstance(d, Assign | Resume | Migrate):
+            continue
+        j = first.setdefault(d.session_id, i)
+        if j == i:
+            continue
+        merged = True
+        earlier = result[j]
+        final = d.dst if isinstance(d, Migrate) else d.gpu_id
+        if isinstance(earlier, Migrate):
+            result[j] = Migrate(d.session_id, earlier.src, final)
+        elif isinstance(earlier, Assign | Resume):
+            result[j] = type(earlier)(d.session_id, final)
+        result[i] = None
+    if not merged:
+        return out
+    return [d for d in result
+            if d is not None and not (isinstance(d, Migrate) and d.src == d.dst)]
 
 
 def _require(value: str | None, event: Event) -> str:

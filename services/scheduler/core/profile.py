@@ -1,6 +1,8 @@
 """Latency model of one GPU kind running one model: a measured (or documented) table.
 
-A profile is a small JSON file (see ``core/profiles/*.json`` and docs/scheduler.md)::
+A profile is a small JSON document (the shipped ones are ``services/scheduler/shipped/profiles/``;
+docs/scheduler.md). The core parses values (:func:`profile_from_dict`) and reads no files;
+``services.scheduler.shipped.load_profile`` reads one::
 
     {
       "name": "h20-longlive-1.3b-nvlink",
@@ -29,19 +31,20 @@ next *pass* boundary instead of the next chunk boundary.
 
 The latency of a GPU is ``chunk_ms(n)`` for its ``n`` active sessions; ``chunk_ms`` must be
 non-decreasing in ``n`` (checked on load), which is what lets placement treat "the GPU whose
-latency grows least" as "the least loaded GPU".
+latency grows least" as "the least loaded GPU" among GPUs of one kind.
+
+A pool may hold several GPU kinds, each with its own profile. The live service measures chunk
+times per batch from the workers' heartbeats and turns them into a profile with
+:func:`profile_from_measurements`, falling back to the shipped profile for what it has not
+measured yet.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
-
-PROFILE_DIR = Path(__file__).with_name("profiles")
-DEFAULT_PROFILE = "h20-longlive-1.3b-nvlink"
 
 
 class ProfileError(ValueError):
@@ -162,40 +165,6 @@ class LatencyProfile:
 
 # ---- loading and validation -----------------------------------------------------------------
 
-def available_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
-
-
-def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> LatencyProfile:
-    """Load a shipped profile by name (``core/profiles/<name>.json``) or any JSON file by path.
-
-    Raises :class:`ProfileError` naming the file and the field for anything malformed."""
-    path = _resolve(name_or_path)
-    source = str(path)
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ProfileError(source, f"not valid JSON ({exc})") from exc
-    return profile_from_dict(raw, source=source)
-
-
-def save_profile(profile: LatencyProfile, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
-
-
-def _resolve(name_or_path: str | Path) -> Path:
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".json" or candidate.exists():
-        if not candidate.is_file():
-            raise ProfileError(str(candidate), "no such file")
-        return candidate
-    shipped = PROFILE_DIR / f"{name_or_path}.json"
-    if not shipped.is_file():
-        known = ", ".join(available_profiles()) or "none"
-        raise ProfileError(str(name_or_path), f"no such profile (shipped: {known})")
-    return shipped
-
-
 def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
     if not isinstance(raw, dict):
         raise ProfileError(source, "top level must be a JSON object")
@@ -208,27 +177,26 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
                 f"chunk_ms must be non-decreasing in batch size, but batch {batch + 1} "
                 f"({chunk[batch]} ms) is faster than batch {batch} ({chunk[batch - 1]} ms)",
             )
-    migration = get.obj("migration")
-    mig = _Fields(migration, source, prefix="migration.")
-    memory = get.obj("memory", required=False)
-    mem = _Fields(memory, source, prefix="memory.") if memory is not None else None
+    mig = _Fields(get.obj("migration"), source, prefix="migration.")
+    mem = _Fields(get.obj("memory"), source, prefix="memory.") if get.present("memory") else None
     state_bytes = int(get.positive("state_bytes_per_session"))
     profile = LatencyProfile(
         name=get.text("name"),
         gpu_kind=get.text("gpu_kind"),
         model=get.text("model"),
-        interconnect=get.text("interconnect", required=False) or "unknown",
+        interconnect=get.text("interconnect") if get.present("interconnect") else "unknown",
         chunk_ms_table=tuple(chunk),
         deadline_ms=get.positive("deadline_ms"),
         state_bytes_per_session=state_bytes,
         migration_per_session_ms=mig.non_negative("per_session_ms"),
-        migration_fixed_ms=mig.non_negative("fixed_ms", required=False) or 0.0,
+        migration_fixed_ms=mig.non_negative("fixed_ms") if mig.present("fixed_ms") else 0.0,
         gpu_memory_bytes=int(mem.positive("gpu_bytes")) if mem else None,
-        reserved_memory_bytes=int(mem.non_negative("reserved_bytes", required=False) or 0)
-        if mem
-        else 0,
-        price_usd_per_gpu_hour=get.positive("price_usd_per_gpu_hour", required=False),
-        passes_per_chunk=get.positive_int("passes_per_chunk", required=False) or 1,
+        reserved_memory_bytes=int(mem.non_negative("reserved_bytes"))
+        if mem and mem.present("reserved_bytes") else 0,
+        price_usd_per_gpu_hour=get.positive("price_usd_per_gpu_hour")
+        if get.present("price_usd_per_gpu_hour") else None,
+        passes_per_chunk=get.positive_int("passes_per_chunk")
+        if get.present("passes_per_chunk") else 1,
         sources=get.sources(),
     )
     if profile.migration_fixed_ms > profile.migration_per_session_ms:
@@ -256,17 +224,17 @@ class _Fields:
         self.source = source
         self.prefix = prefix
 
-    def _get(self, key: str, required: bool) -> Any:
+    def present(self, key: str) -> bool:
+        """The field is there and not null (an optional field may be left out either way)."""
+        return self.raw.get(key) is not None
+
+    def _get(self, key: str) -> Any:
         if key not in self.raw:
-            if required:
-                raise ProfileError(self.source, f"missing field {self.prefix + key!r}")
-            return None
+            raise ProfileError(self.source, f"missing field {self.prefix + key!r}")
         return self.raw[key]
 
-    def text(self, key: str, required: bool = True) -> str | None:
-        value = self._get(key, required)
-        if value is None and not required:
-            return None
+    def text(self, key: str) -> str:
+        value = self._get(key)
         if not isinstance(value, str) or not value:
             raise ProfileError(self.source, f"field {self.prefix + key!r} must be a non-empty string")
         return value
@@ -276,35 +244,29 @@ class _Fields:
             raise ProfileError(self.source, f"field {self.prefix + key!r} must be a finite number, got {value!r}")
         return float(value)
 
-    def positive(self, key: str, required: bool = True) -> float | None:
-        value = self._get(key, required)
-        if value is None and not required:
-            return None
+    def positive(self, key: str) -> float:
+        value = self._get(key)
         number = self._number(key, value)
         if number <= 0:
             raise ProfileError(self.source, f"field {self.prefix + key!r} must be > 0, got {value!r}")
         return number
 
-    def positive_int(self, key: str, required: bool = True) -> int | None:
-        value = self._get(key, required)
-        if value is None and not required:
-            return None
+    def positive_int(self, key: str) -> int:
+        value = self._get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ProfileError(self.source,
                                f"field {self.prefix + key!r} must be an integer >= 1, got {value!r}")
         return value
 
-    def non_negative(self, key: str, required: bool = True) -> float | None:
-        value = self._get(key, required)
-        if value is None and not required:
-            return None
+    def non_negative(self, key: str) -> float:
+        value = self._get(key)
         number = self._number(key, value)
         if number < 0:
             raise ProfileError(self.source, f"field {self.prefix + key!r} must be >= 0, got {value!r}")
         return number
 
     def list_of_positive(self, key: str) -> list[float]:
-        value = self._get(key, True)
+        value = self._get(key)
         if not isinstance(value, list) or not value:
             raise ProfileError(self.source, f"field {self.prefix + key!r} must be a non-empty list of numbers")
         out = []
@@ -315,10 +277,8 @@ class _Fields:
             out.append(number)
         return out
 
-    def obj(self, key: str, required: bool = True) -> dict[str, Any] | None:
-        value = self._get(key, required)
-        if value is None and not required:
-            return None
+    def obj(self, key: str) -> dict[str, Any]:
+        value = self._get(key)
         if not isinstance(value, dict):
             raise ProfileError(self.source, f"field {self.prefix + key!r} must be an object")
         return value
@@ -328,3 +288,77 @@ class _Fields:
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise ProfileError(self.source, "field 'sources' must map field names to text")
         return dict(value)
+
+
+# ---- measured profiles ----------------------------------------------------------------------
+
+def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyProfile,
+                              name: str | None = None) -> LatencyProfile:
+    """``fallback`` with its chunk times replaced by measured ones: what a worker kind does,
+    as far as it has been seen to do it.
+
+    ``measured`` maps batch sizes to chunk times in ms (e.g. the median over a window of the
+    workers' heartbeats). Empty: ``fallback`` itself. Otherwise the table covers batches 1 to
+    the larger of the fallback's length and the largest measured batch:
+
+    * a measured batch takes its measurement;
+    * between two measured batches, the straight line between them;
+    * above the largest measured batch, the slope of the last two measured batches (with a
+      single measurement: the fallback's curve scaled by measured / fallback at that batch);
+    * below the smallest measured batch, the fallback's curve scaled the same way;
+
+    then each entry is raised to at least the one before (noise may make batch 2 measure
+    faster than batch 1; a profile's chunk times never decrease). Everything else (deadline,
+    passes per chunk, state size, migration, memory, price) is the fallback's, so K follows
+    the measurements: the largest batch that meets the fallback's deadline.
+
+    Raises :class:`ProfileError` for a batch that is not an integer >= 1, a time that is not
+    a finite number > 0, or measurements under which not even one session meets the deadline
+    (K would be 0)."""
+    if not measured:
+        return fallback
+    source = "measurements"
+    points: list[tuple[int, float]] = []
+    for batch, ms in sorted(measured.items()):
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ProfileError(source, f"batch sizes must be integers >= 1, got {batch!r}")
+        if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms) \
+                or ms <= 0:
+            raise ProfileError(source, f"chunk time at batch {batch} must be a finite number > 0, "
+                                       f"got {ms!r}")
+        points.append((batch, float(ms)))
+    length = max(len(fallback.chunk_ms_table), points[-1][0])
+    lo_batch, lo_ms = points[0]
+    hi_batch, hi_ms = points[-1]
+    lo_scale = lo_ms / fallback.chunk_ms(lo_batch)
+    if len(points) >= 2:
+        (b1, m1), (b2, m2) = points[-2], points[-1]
+        slope = max(0.0, (m2 - m1) / (b2 - b1))
+    table: list[float] = []
+    k = 0  # index of the measured point at or above the batch being filled
+    for batch in range(1, length + 1):
+        while points[k][0] < batch and k < len(points) - 1:
+            k += 1
+        if batch < lo_batch:
+            ms = fallback.chunk_ms(batch) * lo_scale
+        elif batch > hi_batch:
+            if len(points) >= 2:
+                ms = hi_ms + slope * (batch - hi_batch)
+            else:
+                ms = fallback.chunk_ms(batch) * hi_ms / fallback.chunk_ms(hi_batch)
+        elif points[k][0] == batch:
+            ms = points[k][1]
+        else:  # between points[k - 1] and points[k]
+            (b1, m1), (b2, m2) = points[k - 1], points[k]
+            ms = m1 + (m2 - m1) * (batch - b1) / (b2 - b1)
+        table.append(max(ms, table[-1]) if table else ms)
+    shown = ", ".join(f"{b}: {m:.1f}" for b, m in points)
+    sources = {**fallback.sources,
+               "chunk_ms": f"measured at batch {{{shown}}} ms; other batches from "
+                           f"{fallback.name} (profile_from_measurements)"}
+    profile = replace(fallback, name=name or f"{fallback.name}+measured",
+                      chunk_ms_table=tuple(table), sources=sources)
+    if profile.capacity < 1:
+        raise ProfileError(source, f"no batch meets the deadline: batch 1 takes {table[0]:.1f} ms "
+                                   f"> deadline_ms = {fallback.deadline_ms} ms")
+    return profile

@@ -11,7 +11,12 @@ Contract between the core and its environments (simulator, live service):
   what the policy cannot know: session events (``ARRIVE``, ``ACTIVE``, ``IDLE``, ``DEPART``) and
   pool events (``GPU_READY`` when a requested GPU has booted, ``GPU_GONE`` when a GPU vanished).
 * ``TICK`` carries no payload; it lets a policy re-evaluate (scale in on a quiet cluster,
-  advance its volatility window).
+  advance its volatility window, retry what a failure put off).
+* A live environment also reports what went wrong with a decision and what an operator asked:
+  ``MIGRATION_FAILED`` (the session is still on ``gpu_id``), ``PLACEMENT_FAILED`` (an
+  ``Assign``/``Resume`` onto ``gpu_id`` did not happen: the session is on no GPU) and
+  ``GPU_DRAIN`` (evacuate ``gpu_id`` and release it once empty). The simulator never sends
+  them; carrying out every decision is its model.
 """
 
 from __future__ import annotations
@@ -35,24 +40,34 @@ class EventKind(enum.StrEnum):
     IDLE = "idle"          # active -> idle: its state goes to host RAM
     DEPART = "depart"      # the session ends
     # pool events
-    GPU_READY = "gpu_ready"  # a requested GPU finished booting
+    GPU_READY = "gpu_ready"  # a GPU finished booting (one the controller asked for, or not)
     GPU_GONE = "gpu_gone"    # a GPU disappeared (failure or external removal)
+    GPU_DRAIN = "gpu_drain"  # an operator asks to empty a GPU and give it back
+    # what happened to a decision (live environments only)
+    MIGRATION_FAILED = "migration_failed"  # failed or refused: the session is still on gpu_id
+    PLACEMENT_FAILED = "placement_failed"  # an Assign/Resume onto gpu_id did not happen
     # periodic re-evaluation
     TICK = "tick"
 
 
 SESSION_EVENTS = frozenset({EventKind.ARRIVE, EventKind.ACTIVE, EventKind.IDLE, EventKind.DEPART})
-POOL_EVENTS = frozenset({EventKind.GPU_READY, EventKind.GPU_GONE})
+POOL_EVENTS = frozenset({EventKind.GPU_READY, EventKind.GPU_GONE, EventKind.GPU_DRAIN})
+OUTCOME_EVENTS = frozenset({EventKind.MIGRATION_FAILED, EventKind.PLACEMENT_FAILED})
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """Something that happened at time ``t`` (seconds, environment clock)."""
+    """Something that happened at time ``t`` (seconds, environment clock).
+
+    ``gpu_kind`` goes with ``GPU_READY``: the kind of the GPU, which picks its latency profile
+    (None: the kind the controller asked for, or its default kind for a GPU it did not ask
+    for)."""
 
     t: float
     kind: EventKind
     session_id: str | None = None
     gpu_id: str | None = None
+    gpu_kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +114,8 @@ class RequestGpus:
 
 @dataclass(frozen=True, slots=True)
 class Drain:
-    """Stop placing sessions on ``gpu_id``; it will be released once empty."""
+    """Stop placing sessions on ``gpu_id``; it will be released once empty (after a scale-in,
+    or an operator's ``GPU_DRAIN``)."""
 
     gpu_id: str
 
@@ -107,14 +123,45 @@ class Drain:
 @dataclass(frozen=True, slots=True)
 class Release:
     """Give ``gpu_id`` back to the pool. Only ever emitted for a GPU that holds no active
-    session; a BOOTING GPU may be released (the request is cancelled)."""
+    session in the controller's view; a BOOTING GPU may be released (the request is cancelled).
+
+    A ``Release`` may follow ``Migrate`` decisions off the same GPU in one list (a drain): the
+    environment gives the GPU back once those migrations are done. If one fails, it reports
+    ``MIGRATION_FAILED`` and keeps the GPU; the controller takes the GPU back as DRAINING and
+    emits ``Release`` again once it is empty."""
 
     gpu_id: str
 
 
 Decision = Assign | Migrate | Suspend | Resume | RequestGpus | Drain | Release
 
+
+# ---- what a restarted scheduler finds (Controller.restore) ------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RestoredGpu:
+    """A GPU a restarted scheduler finds in the pool: its kind and state."""
+
+    gpu_id: str
+    kind: str
+    state: GpuState
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredSession:
+    """A live session a restarted scheduler finds.
+
+    ``gpu_id``: the GPU generating it (None: it has none, e.g. pending). ``in_host_ram``: its
+    state is parked in host memory (it was suspended), so it comes back with ``Resume``, not
+    ``Assign``."""
+
+    session_id: str
+    active: bool
+    gpu_id: str | None = None
+    in_host_ram: bool = False
+
 __all__ = [
+    "OUTCOME_EVENTS",
     "POOL_EVENTS",
     "SESSION_EVENTS",
     "Assign",
@@ -126,6 +173,8 @@ __all__ = [
     "Migrate",
     "Release",
     "RequestGpus",
+    "RestoredGpu",
+    "RestoredSession",
     "Resume",
     "Suspend",
 ]

@@ -44,8 +44,8 @@ def trace_keys_from_dir(folder: str | Path) -> list[str]:
 def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = None,
              placement_instances: int = 1000, progress: bool = True,
              cfg: PlanConfig | None = None) -> Evaluation:
-    from services.scheduler.core.profile import load_profile
     from services.scheduler.eval.placement_gap import placement_gap
+    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.simulator import WARM_START_MIN_WINDOW_S
     from services.scheduler.sim.traceio import load_trace
 
@@ -105,7 +105,7 @@ def _table_digest() -> str | None:
     """Which adaptive rho_hat table the runs used (its content changes every result)."""
     import hashlib
 
-    from services.scheduler.core.autoscale import DEFAULT_TABLE_PATH
+    from services.scheduler.shipped import DEFAULT_TABLE_PATH
 
     if not DEFAULT_TABLE_PATH.is_file():
         return None

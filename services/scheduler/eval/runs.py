@@ -151,7 +151,7 @@ def _trace(key: str) -> Any:
 
 def _profile(name: str) -> Any:
     if name not in _PROFILES:
-        from services.scheduler.core.profile import load_profile
+        from services.scheduler.shipped import load_profile
 
         _PROFILES[name] = load_profile(name)
     return _PROFILES[name]
@@ -159,16 +159,15 @@ def _profile(name: str) -> Any:
 
 def execute(spec: RunSpec) -> RunSummary:
     """Run one spec in the simulator (deterministic; only ``wall_s`` varies)."""
-    from services.scheduler.core.policies import get_policy
-    from services.scheduler.sim.simulator import simulate
+    from services.scheduler.sim.simulator import make_policy, simulate
 
     trace = _trace(spec.trace)
     profile = _profile(spec.profile)
     params = dict(spec.params)
     if params.get("future"):
         params["future"] = trace
-    params["boot_delay_s"] = spec.boot_delay_s  # every policy takes it (policies.py)
-    recorder = _Recorder(get_policy(spec.policy, profile, **params))
+    recorder = _Recorder(make_policy(spec.policy, profile, boot_delay_s=spec.boot_delay_s,
+                                     **params))
     started = time.perf_counter()
     result = simulate(trace, recorder, profile, boot_delay_s=spec.boot_delay_s)
     wall = time.perf_counter() - started

@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     prof = sim_sub.add_parser("profile", help="build the adaptive rho_hat table offline")
     prof.add_argument("--out", type=Path, default=None,
-                      help="where to write the table (default: the core's rho_table.json)")
+                      help="where to write the table (default: the shipped rho_table.json)")
     prof.add_argument("--quick", action="store_true", help="fewer traces and a coarser grid")
     prof.add_argument("--boot-delay", type=float, default=DEFAULT_BOOT_DELAY_S)
     prof.add_argument("--profile", default=None, help="latency profile name or JSON path")
@@ -176,7 +176,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    from services.scheduler.core.profile import load_profile
+    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.report import markdown_table, progress_bar
     from services.scheduler.sim.simulator import simulate
     from services.scheduler.sim.traceio import load_trace
@@ -270,7 +270,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def _run_profile(args: argparse.Namespace) -> int:
-    from services.scheduler.core.profile import load_profile
+    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.profiler import build_table, check_table
 
     if args.profile is not None:

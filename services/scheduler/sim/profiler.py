@@ -22,7 +22,7 @@ deadline. How we do it:
    the deadline plus one step at capacity (it waits for the step in flight, then runs; even an
    empty cluster cannot do better). Where no grid point reaches the target at a level, the most
    punctual one is taken and the table's ``source`` says so.
-5. The table is written where the core loads it (``core/data/rho_table.json``).
+5. The table is written where the callers load it from (``shipped/rho_table.json``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from services.scheduler.core.autoscale import (
     LEVELS,
     RhoTable,
     VolatilityTracker,
-    save_rho_table,
 )
+from services.scheduler.shipped import save_rho_table
 from services.scheduler.sim.traceio import Trace
 
 FULL_GRID = {"rho_hat": tuple(round(0.25 + 0.05 * i, 2) for i in range(14)),  # 0.25 .. 0.9
@@ -232,7 +232,7 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
                 pool: int = DEFAULT_POOL, monotone: bool = True, signal: str = DEFAULT_SIGNAL,
                 idle_reserves: tuple[float, ...] | None = None,
                 log: Callable[[str], None] = print) -> RhoTable:
-    from services.scheduler.core.profile import load_profile
+    from services.scheduler.shipped import load_profile
     from services.scheduler.sim import synth
 
     started = time.perf_counter()
@@ -345,8 +345,7 @@ def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s:
     one), ``turboserve``'s p99 against each static baseline at matched cost, on the six
     built-in traces (``eval``), the training traces at 30 minutes (``train``) or both. A
     report only: nothing here feeds the table."""
-    from services.scheduler.core.autoscale import DEFAULT_TABLE_PATH, load_rho_table
-    from services.scheduler.core.profile import load_profile
+    from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_profile, load_rho_table
     from services.scheduler.sim import synth
     from services.scheduler.sim.simulator import simulate
     from services.scheduler.sim.traceio import load_trace

@@ -1,35 +1,41 @@
-"""Discrete-event simulator with chunk-level timing, driving any policy through ``Policy.step``.
+"""Discrete-event simulator with pass-level timing and playback pacing, driving any policy
+through ``Policy.step``.
 
-The model (issue 3; ``shared/design/evaluation.md`` for the metrics):
+The model is the live worker's (``services/gpu_worker/pacing.py``), so that a simulated run and
+a live replay of the same trace can be compared figure by figure:
 
-* **Steps.** A READY or DRAINING GPU with active sessions runs coalesced steps back to back: a
-  step takes the sessions that are ready for their next chunk *when it starts* (chunk
-  boundaries only) and lasts ``profile.chunk_ms(batch)``. At its end each of them has one chunk.
-* **Latency.** A chunk is *due* when the previous one was delivered, or when the session became
-  active (arrive / idle->active). Its latency is delivery minus due, so waiting for a GPU, for
-  the current step to finish, and for a GPU to boot all count.
+* **Passes.** A READY or DRAINING GPU runs batched model passes back to back while any of its
+  sessions takes part; a pass with ``b`` participants lasts ``chunk_ms(b) / passes_per_chunk``
+  and a chunk is ``passes_per_chunk`` passes of a session. Sessions at different phases of
+  their chunks share each pass (pass-level admission): a session joins at the next pass
+  boundary, and its chunk is done at the end of its ``passes_per_chunk``-th pass.
+* **Pacing.** Each session plays at its own pace. Chunk k is due at ``due_k``: ``due_0`` when
+  the worker starts the session (``Assign`` or ``Resume``; a ``Migrate`` carries the clock
+  over), ``due_{k+1} = max(due_k, done_k) + P`` (a late chunk stalls the viewer, whose clock
+  slips), P the chunk period (default: the profile's deadline, as the emulated workers pace).
+  The worker starts chunk k's first pass at ``due_k - max(lead, chunk time at the GPU's current
+  batch)`` (lead: one period by default), so a chunk is done at most ``lead`` ahead of its due
+  time; a session that is ahead sits out of the passes until then. With ``chunk_period_s=0``
+  sessions run back to back (``due_{k+1} = done_k``), the model of earlier versions.
+* **Latency** of a chunk is ``max(0, done - due)``; what the viewer sees (on-time chunks,
+  missed periods, stall-adjusted attainment) is counted by :class:`ServiceLedger`
+  (``sim/viewer.py``), which a live replay uses too.
 * **Migration.** A migrated session finishes any chunk in flight on its source; then its state
-  is copied (``profile.migration_ms()``) and it joins the first step of the destination that
-  starts once the copy is done. Copies run beside compute (copy engines, one-sided reads), so
-  they delay only the moved session, never a step: the session pays the copy plus the wait for
-  the destination's next chunk boundary. Resuming from host RAM is a copy of ``resume_ms``
-  started at the idle->active flip (default 0, as in the paper, which does not price it; a
-  PCIe-class host-to-GPU copy of a 3.5 GB state is of the order of 100-150 ms). Suspending is
-  free: it overlaps the user's idle time.
+  is copied (``profile.migration_ms()``) and it joins the first pass of the destination that
+  starts once the copy is done (and its pacing lets it). Copies run beside compute (copy
+  engines, one-sided reads), so they delay only the moved session, never a pass. Resuming
+  from host RAM is a copy of ``resume_ms`` (default 0, as in the paper, which does not price
+  it); the clock starts when it is done. Suspending is free: it overlaps the user's idle time.
 * **GPUs.** A requested GPU costs from the request on, is BOOTING for ``boot_delay_s`` and
   serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
-  of any step still in flight on it. Cost is integrated to the end of the trace.
+  of any pass still in flight on it. Cost is integrated to the end of the trace.
 * **Idle sessions** sit in host RAM once the policy suspends them; they take no batch slot.
-* **Unserved work.** When a session goes idle or departs, and at the end of the trace for
-  every active session, a chunk that has been due for longer than the deadline and was never
-  delivered (still waiting, or in flight and now void) counts as one late chunk with its wait
-  so far as latency (a lower bound). So a session starved of a GPU still shows up.
 
-**Counters.** ``migrations`` counts Migrate decisions; ``scale_events`` counts controller steps
-that request GPUs (one scale-out) and steps that start a scale-in (a Drain, or a Release of a
-GPU that was not draining; releasing a drained GPU finishes a counted scale-in);
-``chunks_after_migration`` counts each migrated session's first chunk on its new GPU (and how
-many of those were late).
+**Counters.** ``migrations`` counts Migrate decisions; ``scale_out_events`` counts controller
+steps that request GPUs; ``scale_in_events`` steps that start a scale-in (a Drain, or a Release
+of a GPU that was not draining; releasing a drained GPU finishes a counted scale-in);
+``scale_events`` is their sum; ``chunks_after_migration`` counts each migrated session's first
+chunk on its new GPU (and how many of those were late).
 
 The policy sees trace events, a ``TICK`` every ``tick_s`` and ``GPU_READY``; its decisions are
 carried out in order. A decision the environment cannot carry out (an unknown GPU or session,
@@ -61,6 +67,7 @@ from services.scheduler.core.types import (
     Suspend,
 )
 from services.scheduler.sim.traceio import Trace
+from services.scheduler.sim.viewer import ServiceLedger, summary
 
 DEFAULT_PRICE_USD_PER_GPU_HOUR = 2.0  # used when the profile names no price (see profile.py)
 
@@ -71,9 +78,11 @@ _TRACE_KINDS = {
     "depart": EventKind.DEPART,
 }
 
-# Heap priorities at equal times: chunks finish, then GPUs come up, then the trace, then ticks.
-# (A finished copy, _P_COPY, may start a step on an idle GPU.)
-_P_STEP, _P_COPY, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3, 4
+# Heap priorities at equal times: passes end, then GPUs come up, then the trace, then ticks.
+# (A finished copy, _P_COPY, or a paced session's start time, _P_WAKE, may start a pass on an
+# idle GPU.)
+_P_STEP, _P_COPY, _P_WAKE, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3, 4, 5
+_EPS_S = 1e-9
 
 
 class PolicyError(TypeError, ValueError):
@@ -99,7 +108,7 @@ class _Gpu:
     ready: bool = False
     draining: bool = False
     released_at: float | None = None
-    release_pending: bool = False  # released while a step was in flight
+    release_pending: bool = False  # released while a pass was in flight
     members: set[str] = field(default_factory=set)
     # Sessions in the batch: session -> (its epoch, the pass whose end completes its chunk).
     batch: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -107,17 +116,20 @@ class _Gpu:
     leaving: set[str] = field(default_factory=set)  # went idle / departed while in the batch
     pass_no: int = 0  # index of the pass in flight (or the next one)
     busy: bool = False
+    wake_at: float = math.inf  # a wake-up is scheduled then (a paced session may start)
 
 
 @dataclass(slots=True)
 class _Session:
+    spell_start: float  # when it became active (arrive / idle->active)
     active: bool = True
     gpu: str | None = None
-    due: float = 0.0
-    in_flight: str | None = None  # GPU whose step is producing its chunk now
+    due: float = 0.0  # the playback clock: when its next chunk is due (once ``clocked``)
+    clocked: bool = False  # a worker started its clock in this spell
+    in_flight: str | None = None  # GPU whose pass is producing its chunk now
     pending_copy_ms: float = 0.0  # a copy to start once no chunk of it is in flight
     ready_at: float = 0.0  # its state is on its GPU from then on
-    first: bool = True  # next chunk is the first after becoming active
+    first: bool = True  # next chunk is the first of this active spell
     epoch: int = 0  # bumped when the session goes idle: a chunk in flight then is void
     migrated_to: str | None = None  # set until its first chunk on the migration's target
 
@@ -144,12 +156,20 @@ class SimResult:
     wall_s: float = 0.0
     chunks_after_migration: int = 0
     late_chunks_after_migration: int = 0
-    # Delivery time of each chunk, parallel to latencies_ms (only with keep_chunk_times=True).
+    # Delivery time and on-time flag of each chunk, parallel to latencies_ms, and the times
+    # and counts of missed periods of spells that ended overdue (only with keep_chunk_times).
     chunk_times_s: list[float] = field(default_factory=list)
     first_flags: list[bool] = field(default_factory=list)
-    # Late chunks never generated (the session went idle, departed or the trace ended first
-    # after waiting longer than the deadline); included in latencies_ms.
+    on_time_flags: list[bool] = field(default_factory=list)
+    missed_at: list[tuple[float, int]] = field(default_factory=list)
+    # Spells that ended (idle, departure, end of trace) with their next chunk overdue.
     unserved_chunks: int = 0
+    on_time_chunks: int = 0
+    missed_periods: int = 0  # chunk periods without an on-time chunk (see viewer.py)
+    scale_out_events: int = 0
+    scale_in_events: int = 0
+    sessions: int = 0
+    chunk_period_s: float = 0.0
 
     @property
     def chunks(self) -> int:
@@ -157,32 +177,43 @@ class SimResult:
 
     @property
     def deadline_attainment(self) -> float:
-        if not self.latencies_ms:
-            return 1.0
-        return sum(1 for x in self.latencies_ms if x <= self.deadline_ms) / len(self.latencies_ms)
+        """On-time chunks / chunks delivered (``viewer.py``)."""
+        return self.on_time_chunks / self.chunks if self.chunks else 1.0
+
+    @property
+    def stall_adjusted_attainment(self) -> float:
+        """On-time chunks / (on-time chunks + missed chunk periods): the measure of service."""
+        total = self.on_time_chunks + self.missed_periods
+        return self.on_time_chunks / total if total else 1.0
 
     def latency(self) -> dict[str, float]:
-        return _summary(self.latencies_ms)
+        return summary(self.latencies_ms)
 
     def decision(self) -> dict[str, float]:
-        return _summary(self.decision_times_ms)
+        return summary(self.decision_times_ms)
 
     def to_json(self, timeline: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "policy": self.policy,
             "trace": self.trace,
             "duration_s": self.duration_s,
+            "sessions": self.sessions,
             "cost_gpu_seconds": round(self.cost_gpu_seconds, 3),
             "cost_usd": round(self.cost_usd, 4),
             "latency_ms": self.latency(),
-            "first_chunk_latency_ms": _summary(self.first_chunk_latencies_ms),
-            "stream_latency_ms": _summary(self.stream_latencies_ms),
+            "first_chunk_latency_ms": summary(self.first_chunk_latencies_ms),
+            "stream_latency_ms": summary(self.stream_latencies_ms),
             "deadline_ms": self.deadline_ms,
+            "chunk_period_s": self.chunk_period_s,
             "deadline_attainment": round(self.deadline_attainment, 6),
+            "stall_adjusted_attainment": round(self.stall_adjusted_attainment, 6),
+            "missed_periods": self.missed_periods,
             "migrations": self.migrations,
             "chunks_after_migration": {"total": self.chunks_after_migration,
                                        "late": self.late_chunks_after_migration},
             "scale_events": self.scale_events,
+            "scale_out_events": self.scale_out_events,
+            "scale_in_events": self.scale_in_events,
             "peak_gpus": self.peak_gpus,
             "decision_ms": self.decision(),
             "chunks": self.chunks,
@@ -195,38 +226,33 @@ class SimResult:
         return out
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-    ordered = sorted(values)
-    return {"p50": round(_quantile(ordered, 0.50), 3), "p99": round(_quantile(ordered, 0.99), 3),
-            "max": round(ordered[-1], 3)}
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    """Linear-interpolated quantile of sorted values (numpy's default method)."""
-    pos = (len(ordered) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 class Simulator:
     """One run of one policy over one trace. Use :func:`simulate` unless you need the parts."""
 
     def __init__(self, trace: Trace, policy: Any, profile: Any, *, boot_delay_s: float = 30.0,
                  tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
                  progress: Callable[[float], None] | None = None,
-                 keep_chunk_times: bool = False, resume_ms: float = 0.0) -> None:
+                 keep_chunk_times: bool = False, resume_ms: float = 0.0,
+                 chunk_period_s: float | None = None, lead_s: float | None = None) -> None:
         self.trace = trace
         self.resume_ms = float(resume_ms)
         self.keep_chunk_times = keep_chunk_times
         self.chunk_times: list[float] = []
         self.first_flags: list[bool] = []
+        self.on_time_flags: list[bool] = []
+        self.missed_at: list[tuple[float, int]] = []
         self.policy = policy
         self.profile = profile
         self.boot_delay_s = float(boot_delay_s)
         self.tick_s = float(tick_s)
+        self.period_s = (profile.deadline_ms / 1000.0 if chunk_period_s is None
+                         else float(chunk_period_s))
+        self.lead_s = self.period_s if lead_s is None else float(lead_s)
+        if not (math.isfinite(self.period_s) and self.period_s >= 0):
+            raise ValueError(f"chunk_period_s must be >= 0, got {chunk_period_s}")
+        if not (math.isfinite(self.lead_s) and self.lead_s >= 0):
+            raise ValueError(f"lead_s must be >= 0, got {lead_s}")
+        self.ledger = ServiceLedger(self.period_s, profile.deadline_ms)
         self.price = (price_usd_per_gpu_hour or getattr(profile, "price_usd_per_gpu_hour", None)
                       or DEFAULT_PRICE_USD_PER_GPU_HOUR)
         self.progress = progress
@@ -235,15 +261,14 @@ class Simulator:
         self.sessions: dict[str, _Session] = {}
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
-        self.latencies: list[float] = []
         self.first_latencies: list[float] = []
         self.stream_latencies: list[float] = []
         self.decision_ms: list[float] = []
         self.migrations = 0
         self.after_migration = 0  # chunks that were a session's first after a migration
-        self.late_after_migration = 0  # ... and missed the deadline
-        self.scale_events = 0
-        self.unserved_chunks = 0  # late chunks never generated (see _record_unserved)
+        self.late_after_migration = 0  # ... and were not on time
+        self.scale_out = 0
+        self.scale_in = 0
         self.n_active = 0
         self.timeline: list[tuple[float, int, int]] = []
         self.held = 0
@@ -252,7 +277,7 @@ class Simulator:
         self._pass_s = [0.0] + [profile.chunk_ms(b) / 1000.0 / self._passes
                                 for b in range(1, 257)]
         self._migration_ms = profile.migration_ms()
-        # Policies that place by step phase hear when each step ends (Controller.note_step).
+        # Policies that place by pass phase hear when each pass ends (Controller.note_step).
         self._note_step = getattr(policy, "note_step", None)
 
     # ---- driving --------------------------------------------------------------------------
@@ -276,6 +301,8 @@ class Simulator:
                 self._trace_event(self.trace.events[payload])
             elif prio == _P_COPY:
                 self._copy_done(payload)
+            elif prio == _P_WAKE:
+                self._wake(payload)
             elif prio == _P_READY:
                 self._gpu_ready(payload)
             else:
@@ -308,17 +335,17 @@ class Simulator:
     def _trace_event(self, ev: Any) -> None:
         sid, kind = ev.session_id, ev.event
         if kind == "arrive":
-            self.sessions[sid] = _Session(due=ev.t)
+            self.sessions[sid] = _Session(spell_start=ev.t)
             self.n_active += 1
         elif kind == "active":
             s = self.sessions[sid]
-            s.active, s.due, s.first = True, ev.t, True
+            s.active, s.first, s.clocked, s.spell_start = True, True, False, ev.t
             self.n_active += 1
         else:
             s = self.sessions[sid]
             if s.active:
                 self.n_active -= 1
-                self._record_unserved(s, ev.t)  # its due chunk never comes
+                self._spell_ended(s, ev.t)  # its next chunk never comes
             s.active = False
             s.epoch += 1
             if s.in_flight is not None:
@@ -353,8 +380,13 @@ class Simulator:
             if isinstance(d, Assign | Resume):
                 s = self._session(d, d.session_id)
                 self._place(d, s, d.session_id, d.gpu_id)
+                # The worker starts the session, and its playback clock, now (a resume once
+                # its state is back from host RAM).
+                s.clocked = True
+                s.due = self.now
                 if isinstance(d, Resume) and self.resume_ms > 0:
                     s.pending_copy_ms += self.resume_ms  # state comes back from host RAM
+                    s.due = self.now + self.resume_ms / 1000.0
                     self._start_copy(d.session_id, s)
                 touched.add(d.gpu_id)
             elif isinstance(d, Migrate):
@@ -389,7 +421,8 @@ class Simulator:
                 self._release(d)
             else:
                 raise SimulationError(self.now, d, "unknown decision type")
-        self.scale_events += int(scaled_out) + int(scaled_in)
+        self.scale_out += int(scaled_out)
+        self.scale_in += int(scaled_in)
         self.peak = max(self.peak, self.held)
         for gpu_id in touched:
             g = self.gpus[gpu_id]
@@ -441,15 +474,33 @@ class Simulator:
             self._run_pass(g)
 
     def _admit(self, g: _Gpu) -> None:
-        """At a pass boundary: every member ready for a chunk and not in a batch joins; its
-        chunk completes at the end of the ``passes_per_chunk``-th pass from this one."""
+        """At a pass boundary: every member ready for a chunk joins the batch if its pacing lets
+        it (``due - max(lead, chunk time at the current batch) <= now``); its chunk completes at
+        the end of the ``passes_per_chunk``-th pass from this one. If a member waits for its
+        start time and nothing runs, the GPU wakes up then."""
         now = self.now
         sessions = self.sessions
-        joiners = [sid for sid in g.members
-                   if (s := sessions[sid]).active and s.in_flight is None and s.due <= now
-                   and s.ready_at <= now]
-        if not joiners:
+        members = [sid for sid in g.members
+                   if (s := sessions[sid]).active and s.in_flight is None and s.ready_at <= now]
+        if not members:
             return
+        joiners = members
+        if self.period_s > 0:
+            batch = sum(1 for sid in g.members if sessions[sid].active)
+            head = max(self.lead_s, self._passes * self._pass_time(batch))
+            joiners = []
+            wake = math.inf
+            for sid in members:
+                start = sessions[sid].due - head
+                if start <= now + _EPS_S:
+                    joiners.append(sid)
+                elif start < wake:
+                    wake = start
+            if wake < math.inf and not g.batch and not joiners and wake < g.wake_at:
+                g.wake_at = wake
+                self._push(wake, _P_WAKE, g.gpu_id)
+            if not joiners:
+                return
         joiners.sort()  # set order is not deterministic across runs; sorted order is
         last = g.pass_no + self._passes - 1
         done = g.done_at.get(last)
@@ -462,14 +513,24 @@ class Simulator:
             g.batch[sid] = (s.epoch, last)
             done.append(sid)
 
+    def _pass_time(self, n: int) -> float:
+        return self._pass_s[n] if n < len(self._pass_s) else self.profile.pass_ms(n) / 1e3
+
     def _run_pass(self, g: _Gpu) -> None:
-        n = len(g.batch)
-        pass_s = self._pass_s[n] if n < len(self._pass_s) else self.profile.pass_ms(n) / 1e3
+        pass_s = self._pass_time(len(g.batch))
         g.busy = True
         end = self.now + pass_s
         self._push(end, _P_STEP, g.gpu_id)
         if self._note_step is not None:
             self._note_step(g.gpu_id, end)
+
+    def _wake(self, gpu_id: str) -> None:
+        g = self.gpus.get(gpu_id)
+        if g is None or g.wake_at > self.now + _EPS_S:
+            return  # superseded by an earlier wake-up that rescheduled
+        g.wake_at = math.inf
+        if not g.busy:
+            self._start_step(g)
 
     def _start_copy(self, sid: str, s: _Session) -> None:
         """Start a pending state copy unless a chunk of the session is still in flight (then
@@ -524,21 +585,7 @@ class Simulator:
                 continue
             s.in_flight = None
             if s.active and s.epoch == entry[0]:  # not for a session that went idle meanwhile
-                latency = (now - s.due) * 1000.0
-                self.latencies.append(latency)
-                if self.keep_chunk_times:
-                    self.chunk_times.append(now)
-                    self.first_flags.append(s.first)
-                if s.first:
-                    self.first_latencies.append(latency)
-                    s.first = False
-                else:
-                    self.stream_latencies.append(latency)
-                if s.migrated_to == gpu_id:
-                    s.migrated_to = None
-                    self.after_migration += 1
-                    self.late_after_migration += latency > self.profile.deadline_ms
-                s.due = now
+                self._delivered(s, gpu_id)
             if s.pending_copy_ms > 0:
                 self._start_copy(sid, s)  # moved while this chunk ran: the copy starts now
             elif s.active and s.gpu is not None and s.gpu != gpu_id:
@@ -559,6 +606,28 @@ class Simulator:
             if not og.busy:
                 self._start_step(og)
 
+    def _delivered(self, s: _Session, gpu_id: str) -> None:
+        """A chunk of ``s`` is done now: count it, move its playback clock."""
+        now = self.now
+        latency = (now - s.due) * 1000.0
+        startup = (now - s.spell_start) * 1000.0 if s.first else None
+        on_time = self.ledger.delivered(latency, startup)
+        latency = max(0.0, latency)
+        if self.keep_chunk_times:
+            self.chunk_times.append(now)
+            self.first_flags.append(s.first)
+            self.on_time_flags.append(on_time)
+        if s.first:
+            self.first_latencies.append(latency)
+            s.first = False
+        else:
+            self.stream_latencies.append(latency)
+        if s.migrated_to == gpu_id:
+            s.migrated_to = None
+            self.after_migration += 1
+            self.late_after_migration += not on_time
+        s.due = max(s.due, now) + self.period_s if self.period_s > 0 else now
+
     # ---- accounting -----------------------------------------------------------------------
 
     def _mark(self) -> None:
@@ -571,29 +640,23 @@ class Simulator:
                 self.timeline.append(point)
 
     def _account_unserved(self, end: float) -> None:
-        """At the end of the trace: every active session's undelivered chunk (waiting, or in
-        flight) that has already waited longer than the deadline counts as one late chunk."""
+        """At the end of the trace, every active session's spell ends (see ``_spell_ended``)."""
         for sid in sorted(self.sessions):
             s = self.sessions[sid]
             if s.active:
-                self._record_unserved(s, end)
+                self._spell_ended(s, end)
 
-    def _record_unserved(self, s: _Session, t: float) -> None:
-        """The chunk ``s`` has been due since ``s.due`` will never be generated (the session
-        goes idle or departs at ``t``, or the trace ends). A chunk not generated is late by at
-        least the time it waited, so once that wait exceeds the deadline it counts as one late
-        chunk of latency ``t - due`` (a lower bound), whether it was waiting for a slot or in
-        flight (a chunk in flight is void). A shorter wait is not counted: the chunk might
-        still have been on time, and the user stopped wanting it."""
-        wait_ms = (t - s.due) * 1000.0
-        if wait_ms <= self.profile.deadline_ms:
-            return
-        self.latencies.append(wait_ms)
-        if self.keep_chunk_times:
-            self.chunk_times.append(t)
-            self.first_flags.append(s.first)
-        (self.first_latencies if s.first else self.stream_latencies).append(wait_ms)
-        self.unserved_chunks += 1
+    def _spell_ended(self, s: _Session, t: float) -> None:
+        """``s`` stops being active at ``t`` (idle, departure, end of trace): if its next chunk
+        was already overdue (waiting for a GPU, for its turn, or in flight and now void), the
+        periods it missed count (``ServiceLedger.spell_ended``)."""
+        if s.first:
+            overdue_ms = (t - s.spell_start) * 1000.0
+        else:
+            overdue_ms = (t - s.due) * 1000.0
+        missed = self.ledger.spell_ended(overdue_ms, s.first)
+        if missed and self.keep_chunk_times:
+            self.missed_at.append((t, missed))
 
     def _cost_gpu_seconds(self, end: float) -> float:
         total = 0.0
@@ -605,18 +668,19 @@ class Simulator:
     def _result(self, wall_s: float) -> SimResult:
         end = self.trace.duration
         gpu_s = self._cost_gpu_seconds(end)
+        ledger = self.ledger
         return SimResult(
             policy=getattr(self.policy, "name", type(self.policy).__name__),
             trace=self.trace.name,
             duration_s=end,
             cost_gpu_seconds=gpu_s,
             cost_usd=gpu_s / 3600.0 * self.price,
-            latencies_ms=self.latencies,
+            latencies_ms=ledger.latencies_ms,
             first_chunk_latencies_ms=self.first_latencies,
             stream_latencies_ms=self.stream_latencies,
             deadline_ms=self.profile.deadline_ms,
             migrations=self.migrations,
-            scale_events=self.scale_events,
+            scale_events=self.scale_out + self.scale_in,
             peak_gpus=self.peak,
             decision_times_ms=self.decision_ms,
             timeline=self.timeline,
@@ -625,7 +689,15 @@ class Simulator:
             chunks_after_migration=self.after_migration,
             late_chunks_after_migration=self.late_after_migration,
             first_flags=self.first_flags,
-            unserved_chunks=self.unserved_chunks,
+            on_time_flags=self.on_time_flags,
+            missed_at=self.missed_at,
+            unserved_chunks=ledger.overdue_spells,
+            on_time_chunks=ledger.on_time,
+            missed_periods=ledger.missed_periods,
+            scale_out_events=self.scale_out,
+            scale_in_events=self.scale_in,
+            sessions=self.trace.sessions,
+            chunk_period_s=self.period_s,
         )
 
 
@@ -670,47 +742,76 @@ def warm_pool(initial_active: int, capacity: int) -> int:
 def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay_s: float = 30.0,
              tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
              progress: Callable[[float], None] | None = None, keep_chunk_times: bool = False,
-             resume_ms: float = 0.0, warm_start: bool = True, **params: Any) -> SimResult:
+             resume_ms: float = 0.0, warm_start: bool = True,
+             chunk_period_s: float | None = None, lead_s: float | None = None,
+             **params: Any) -> SimResult:
     """Run ``policy`` (a registered name, or an object with ``step``) over ``trace`` (a Trace,
     a built-in trace name or a path). ``params`` go to ``get_policy``; autoscaling policies
     also get ``boot_delay_s`` so that they know what the environment does, and, unless the
     caller names ``gpus`` or ``initial_gpus`` or passes ``warm_start=False``, a warm pool
     (:func:`warm_start_gpus`) as ``initial_gpus``.
 
-    This is the entry point for sweeps: ``simulate("bursty", "turboserve", rho_hat=0.6)``."""
-    from services.scheduler.core.profile import LatencyProfile, load_profile
+    This is the entry point for sweeps: ``simulate("bursty", "turboserve", rho_hat=0.6)``.
+    ``profile``: a :class:`LatencyProfile`, a shipped name or a path (None: the default).
+    A policy built by name that takes a ``rho_table`` gets the shipped table unless the
+    caller gives one (``rho_table=None``: none, the fixed rho_hat)."""
     from services.scheduler.sim.traceio import load_trace
 
     if not isinstance(trace, Trace):
         trace = load_trace(trace)
-    if profile is None or not isinstance(profile, LatencyProfile):
-        profile = load_profile() if profile is None else load_profile(profile)
+    profile = resolve_profile(profile)
     extra: dict[str, Any] = {}
     if isinstance(policy, str):
         if warm_start and "gpus" not in params and "initial_gpus" not in params:
             extra["initial_gpus"] = warm_start_gpus(trace, profile.capacity, boot_delay_s)
         policy_obj, taken = _build_policy(policy, profile, {"boot_delay_s": boot_delay_s,
+                                                            **_shipped_table(params),
                                                             **extra, **params},
-                                          optional=("boot_delay_s", *extra))
+                                          optional=("boot_delay_s", "rho_table", *extra))
         extra = {k: v for k, v in extra.items() if k in taken}
     else:
         policy_obj = policy
     sim = Simulator(trace, policy_obj, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
                     price_usd_per_gpu_hour=price_usd_per_gpu_hour, progress=progress,
-                    keep_chunk_times=keep_chunk_times, resume_ms=resume_ms)
+                    keep_chunk_times=keep_chunk_times, resume_ms=resume_ms,
+                    chunk_period_s=chunk_period_s, lead_s=lead_s)
     result = sim.run()
     result.params = {"boot_delay_s": boot_delay_s, "tick_s": tick_s, "profile": profile.name,
-                     "resume_ms": resume_ms,
+                     "resume_ms": resume_ms, "chunk_period_s": sim.period_s,
+                     "lead_s": sim.lead_s,
                      **{k: v for k, v in {**extra, **params}.items() if _jsonable(v)}}
     return result
 
 
 def make_policy(name: str, profile: Any, *, boot_delay_s: float,
                 optional: tuple[str, ...] = ("boot_delay_s",), **params: Any) -> Any:
-    """Build a registered policy, telling it the environment's boot delay. Keys in
-    ``optional`` were added by the environment, not the caller: a policy that does not take
-    one (a ``TypeError`` naming it) is built without it."""
-    return _build_policy(name, profile, {"boot_delay_s": boot_delay_s, **params}, optional)[0]
+    """Build a registered policy, telling it the environment's boot delay and giving it the
+    shipped rho_hat table unless ``params`` name one. Keys in ``optional`` were added by the
+    environment, not the caller: a policy that does not take one (a ``TypeError`` naming it)
+    is built without it."""
+    return _build_policy(name, resolve_profile(profile),
+                         {"boot_delay_s": boot_delay_s, **_shipped_table(params), **params},
+                         (*optional, "rho_table"))[0]
+
+
+def resolve_profile(profile: Any) -> Any:
+    """A :class:`LatencyProfile` from a profile, a shipped name, a path or None (default)."""
+    from services.scheduler.core.profile import LatencyProfile
+    from services.scheduler.shipped import load_profile
+
+    if isinstance(profile, LatencyProfile):
+        return profile
+    return load_profile() if profile is None else load_profile(profile)
+
+
+def _shipped_table(params: dict[str, Any]) -> dict[str, Any]:
+    """``{"rho_table": the shipped table}`` unless ``params`` name a table (or there is none)."""
+    from services.scheduler.shipped import load_rho_table
+
+    if "rho_table" in params:
+        return {}
+    table = load_rho_table()
+    return {} if table is None else {"rho_table": table}
 
 
 def _build_policy(name: str, profile: Any, params: dict[str, Any],
@@ -727,7 +828,8 @@ def _build_policy(name: str, profile: Any, params: dict[str, Any],
             # Only the names the policy refuses: its message may go on to list the ones it
             # takes ("... does not take X; it takes A, B").
             refused = str(exc).split("; it takes")[0]
-            drop = [k for k in optional if k in params and k in refused]
+            drop = [k for k in optional if k in params and k in refused
+                    and "does not take" in refused]
             if not drop:
                 raise PolicyError(str(exc)) from exc
             params = {k: v for k, v in params.items() if k not in drop}

@@ -5,18 +5,20 @@ import math
 
 import pytest
 
-from services.scheduler.core import autoscale
+from services.scheduler import shipped
 from services.scheduler.core.autoscale import (
     FALLBACK_RHO_HAT,
     RhoTable,
     VolatilityTracker,
     gpus_for,
-    load_rho_table,
-    save_rho_table,
     scale,
 )
+from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Event, EventKind
+from services.scheduler.shipped import load_profile, load_rho_table, save_rho_table
+
+PROFILE = load_profile()
 
 TABLE = RhoTable(
     level_edges=(0.5, 1, 1.5, 2, 3, 4, 5, 6.5, 8),
@@ -147,15 +149,23 @@ def test_rho_table_levels_and_round_trip(tmp_path):
         RhoTable(tuple(reversed(TABLE.level_edges)), TABLE.rho_hat, TABLE.delta)
 
 
-def test_absent_default_table_falls_back_to_fixed_rho(tmp_path, monkeypatch):
-    monkeypatch.setattr(autoscale, "DEFAULT_TABLE_PATH", tmp_path / "none.json")
+def test_no_table_falls_back_to_fixed_rho(tmp_path, monkeypatch):
+    """The core reads no file: without a table it uses the fixed rho_hat; the loader says None
+    when the shipped table is absent."""
+    monkeypatch.setattr(shipped, "DEFAULT_TABLE_PATH", tmp_path / "none.json")
     assert load_rho_table() is None
-    policy = get_policy("turboserve")
+    policy = get_policy("turboserve", PROFILE)
     assert policy.current_rho_hat(0.0) == (FALLBACK_RHO_HAT, 0.1)
+    assert policy.current_idle_reserve(0.0) == 0.0
+
+
+def test_config_refuses_a_table_that_is_not_loaded(tmp_path):
+    with pytest.raises(TypeError, match="RhoTable"):
+        ControllerConfig(rho_table=str(tmp_path / "t.json"))  # type: ignore[arg-type]
 
 
 def test_adaptive_rho_follows_volatility():
-    policy = get_policy("turboserve", rho_table=TABLE)
+    policy = get_policy("turboserve", PROFILE, rho_table=TABLE)
     assert policy.current_rho_hat(0.0) == (TABLE.rho_hat[5], 0.1)  # window not filled yet
     t, n = 0.0, 0
     for _ in range(30):  # calm: one activation every 5 s for 150 s
@@ -169,7 +179,7 @@ def test_adaptive_rho_follows_volatility():
 
 def test_adaptive_rho_follows_dispersion_not_load():
     table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion")
-    policy = get_policy("turboserve", rho_table=table)
+    policy = get_policy("turboserve", PROFILE, rho_table=table)
     t, n = 0.0, 0
     for _ in range(150):  # busy but even: 10 activations every 10 s (std 0, dispersion 0)
         for k in range(10):
@@ -205,10 +215,10 @@ def test_controller_takes_the_idle_reserve_of_the_current_level():
     reserve = (0.1,) * 5 + (0.2,) * 4 + (0.7,)
     table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
                      idle_reserve=reserve)
-    policy = get_policy("turboserve", rho_table=table)
+    policy = get_policy("turboserve", PROFILE, rho_table=table)
     assert policy.current_idle_reserve(0.0) == 0.2  # window not filled: the middle level
     t, n = 0.0, 0
     t, n = _storms(policy, t, n)
     assert policy.current_idle_reserve(t) == 0.7
-    assert get_policy("turboserve", rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
-    assert get_policy("turboserve", rho_hat=0.7).current_idle_reserve(t) == 0.0
+    assert get_policy("turboserve", PROFILE, rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
+    assert get_policy("turboserve", PROFILE, rho_hat=0.7).current_idle_reserve(t) == 0.0

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -12,7 +13,6 @@ from services.scheduler.core.policies import (
     get_policy,
     register_policy,
 )
-from services.scheduler.core.profile import load_profile
 from services.scheduler.core.types import (
     Assign,
     Drain,
@@ -24,8 +24,11 @@ from services.scheduler.core.types import (
     Resume,
     Suspend,
 )
+from services.scheduler.shipped import load_profile
 
 from .harness import Env
+
+PROFILE = load_profile()
 
 BUILT_INS = ["least_loaded", "memory_aware", "no_autoscale", "no_migration", "round_robin", "turboserve"]
 
@@ -33,16 +36,16 @@ BUILT_INS = ["least_loaded", "memory_aware", "no_autoscale", "no_migration", "ro
 def test_registry_lists_built_ins_and_rejects_unknowns():
     assert set(BUILT_INS) <= set(available_policies())
     for name in BUILT_INS:
-        policy = get_policy(name)
+        policy = get_policy(name, PROFILE)
         assert isinstance(policy, Policy) and policy.name == name
     with pytest.raises(KeyError, match="unknown policy 'nope'; available: .*turboserve"):
-        get_policy("nope")
+        get_policy("nope", PROFILE)
     with pytest.raises(TypeError, match="'round_robin' does not take rho_hat"):
-        get_policy("round_robin", rho_hat=0.5)
+        get_policy("round_robin", PROFILE, rho_hat=0.5)
     with pytest.raises(TypeError, match="not both"):
-        get_policy("turboserve", gpus=2, initial_gpus=3)
+        get_policy("turboserve", PROFILE, gpus=2, initial_gpus=3)
     with pytest.raises(ValueError, match="rho_hat must be in"):
-        get_policy("turboserve", rho_hat=1.5)
+        get_policy("turboserve", PROFILE, rho_hat=1.5)
 
 
 def test_register_policy_adds_a_factory(monkeypatch):
@@ -54,21 +57,25 @@ def test_register_policy_adds_a_factory(monkeypatch):
         return get_policy("least_loaded", profile, gpus=params["gpus"])
 
     register_policy("mine", factory)
-    assert get_policy("mine", "h20-longlive-1.3b-pcie", gpus=3).view.billed_gpus == 3
+    pcie = load_profile("h20-longlive-1.3b-pcie")
+    assert get_policy("mine", pcie, gpus=3).view.billed_gpus == 3
     assert seen == {"gpus": 3, "profile": "h20-longlive-1.3b-pcie"}
+    # The core reads no files: a profile's name or path is refused, with the way to load it.
+    with pytest.raises(TypeError, match="services.scheduler.shipped"):
+        get_policy("mine", "h20-longlive-1.3b-pcie", gpus=3)
 
 
 def test_static_policies_place_by_their_rule():
     events = [Event(float(i), EventKind.ARRIVE, f"s{i}") for i in range(5)]
     placements = {}
     for name in ("round_robin", "least_loaded", "memory_aware"):
-        policy = get_policy(name, gpus=3)
+        policy = get_policy(name, PROFILE, gpus=3)
         placements[name] = [policy.step(e)[0].gpu_id for e in events]
     assert placements["round_robin"] == ["h20-0000", "h20-0001", "h20-0002", "h20-0000", "h20-0001"]
     assert placements["least_loaded"] == placements["round_robin"]  # ties in join order
     assert placements["memory_aware"] == ["h20-0000"] * 5  # best fit packs
     # Departures break the tie: least-loaded refills the emptiest GPU, round robin moves on.
-    rr, ll = get_policy("round_robin", gpus=3), get_policy("least_loaded", gpus=3)
+    rr, ll = get_policy("round_robin", PROFILE, gpus=3), get_policy("least_loaded", PROFILE, gpus=3)
     for p in (rr, ll):
         for e in events:
             p.step(e)
@@ -82,7 +89,7 @@ def test_static_policies_place_by_their_rule():
 
 def test_static_pool_queues_sessions_beyond_capacity():
     k = load_profile().capacity
-    policy = get_policy("least_loaded", gpus=1)
+    policy = get_policy("least_loaded", PROFILE, gpus=1)
     env = Env(policy)
     for i in range(k + 2):
         env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
@@ -95,7 +102,7 @@ def test_static_pool_queues_sessions_beyond_capacity():
 
 
 def test_idle_and_active_flip_suspends_and_resumes():
-    policy = get_policy("turboserve", rho_hat=0.7)
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.7)
     assert policy.step(Event(0.0, EventKind.ARRIVE, "a")) == [Assign("a", "h20-0000")]
     assert policy.step(Event(1.0, EventKind.IDLE, "a")) == [Suspend("a", "h20-0000")]
     assert policy.view.placement == {} and policy.view.idle_sessions == ("a",)
@@ -105,7 +112,7 @@ def test_idle_and_active_flip_suspends_and_resumes():
 
 
 def test_gpu_gone_displaces_sessions_and_they_are_reassigned():
-    policy = get_policy("no_autoscale", gpus=2)
+    policy = get_policy("no_autoscale", PROFILE, gpus=2)
     env = Env(policy)
     for i in range(4):
         env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
@@ -116,7 +123,7 @@ def test_gpu_gone_displaces_sessions_and_they_are_reassigned():
 
 
 def test_no_migration_never_migrates_and_drains_before_release():
-    policy = get_policy("no_migration", rho_hat=0.5, delta=0.1, gpus=1)
+    policy = get_policy("no_migration", PROFILE, rho_hat=0.5, delta=0.1, gpus=1)
     env = Env(policy)
     seen = []
     for i in range(24):
@@ -138,7 +145,7 @@ def test_turboserve_migrates_where_no_migration_cannot():
     its destination's chunk-boundary wait, so only moves onto (nearly) idle GPUs pay off."""
     loads = {}
     for name, eta in (("turboserve", 0.0), ("turboserve", 0.1), ("no_migration", 0.1)):
-        policy = get_policy(name, rho_hat=0.5, delta=0.1, gpus=2, eta=eta)
+        policy = get_policy(name, PROFILE, rho_hat=0.5, delta=0.1, gpus=2, eta=eta)
         env = Env(policy)
         for i in range(20):
             env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
@@ -152,7 +159,7 @@ def test_turboserve_migrates_where_no_migration_cannot():
 
 
 def test_booting_gpus_are_billed_from_the_request_and_cancelled_first():
-    policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=1)
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=1)
     for i in range(11):
         policy.step(Event(float(i), EventKind.ARRIVE, f"s{i}"))
     assert policy.view.billed_gpus == 2 and "booting" in policy.view.gpus.values()
@@ -177,12 +184,12 @@ def test_bench_cli_writes_the_agreed_json(tmp_path):
 
 def test_scale_in_delay_waits_for_the_load_to_stay_low():
     def releases_after(delay):
-        policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay,
+        policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay,
                             warmup_s=0.0)
-        policy.autoscale = False
+        policy.config = replace(policy.config, autoscale=False)
         for i in range(24):
             policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
-        policy.autoscale = True
+        policy.config = replace(policy.config, autoscale=True)
         times = []
         for i in range(20):  # 4 sessions left from t = 10 on: far below the band
             if any(isinstance(d, Release) for d in policy.step(Event(10.0, EventKind.DEPART, f"s{i}"))):
@@ -200,7 +207,7 @@ def test_warmup_keeps_the_starting_pool_then_scales_in():
     """A warm start: the pool the loop starts with survives the first arrivals of a warm
     system for warmup_s (default: the boot delay); scale-out is never delayed."""
     def first_release(**kw):
-        policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=6, boot_delay_s=30.0, **kw)
+        policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6, boot_delay_s=30.0, **kw)
         for t in range(0, 120):
             out = policy.step(Event(float(t), EventKind.ARRIVE if t == 0 else EventKind.TICK, "s0"
                                     if t == 0 else None))
@@ -212,18 +219,18 @@ def test_warmup_keeps_the_starting_pool_then_scales_in():
     assert first_release() == 30.0
     assert first_release(warmup_s=75.0) == 75.0
     # Scale-out during the warm-up: 40 sessions at once on one GPU ask for more at once.
-    policy = get_policy("turboserve", rho_hat=0.7, delta=0.1, gpus=1)
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=1)
     asked = [d for i in range(40) for d in policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
              if isinstance(d, RequestGpus)]
     assert asked
     with pytest.raises(ValueError, match="warmup_s"):
-        get_policy("turboserve", warmup_s=-1.0)
+        get_policy("turboserve", PROFILE, warmup_s=-1.0)
 
 
 def test_idle_reserve_sizes_the_pool_for_returning_sessions():
     """idle_reserve = 0.5 sizes the pool as if half the idle sessions were active."""
     def gpus_after(reserve):
-        policy = get_policy("turboserve", rho_hat=0.5, delta=0.1, gpus=8, warmup_s=1.5,
+        policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=8, warmup_s=1.5,
                             idle_reserve=reserve)
         for i in range(48):  # 6 per GPU: inside the band
             policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
@@ -238,7 +245,7 @@ def test_idle_reserve_sizes_the_pool_for_returning_sessions():
     assert gpus_after(0.0) == -(-24 // (k * 0.5))  # ceil(24 / (K rho_hat))
     assert gpus_after(0.5) == -(-36 // (k * 0.5))  # 24 active + half of 24 idle
     with pytest.raises(ValueError, match="idle_reserve"):
-        get_policy("turboserve", idle_reserve=1.5)
+        get_policy("turboserve", PROFILE, idle_reserve=1.5)
 
 
 def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
@@ -246,7 +253,7 @@ def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
     step in flight ends soonest, unless a lighter GPU still delivers its first chunk earlier;
     without them it is the least loaded GPU. The least_loaded baseline ignores step reports."""
     profile = load_profile()
-    policy = get_policy("no_autoscale", gpus=2)  # turboserve's placement on a fixed pool
+    policy = get_policy("no_autoscale", PROFILE, gpus=2)  # turboserve's placement on a fixed pool
     env = Env(policy)
     for i in range(5):
         env.send(Event(0.0, EventKind.ARRIVE, f"s{i}"))
@@ -257,7 +264,7 @@ def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
     out = env.send(Event(10.0, EventKind.ARRIVE, "new"))
     # busy: 50 + chunk(4) = 683 ms; light: chunk(2) + chunk(3) = 1053 ms.
     assert Assign("new", busy) in out
-    baseline = get_policy("least_loaded", gpus=2)
+    baseline = get_policy("least_loaded", PROFILE, gpus=2)
     baseline.note_step("h20-0000", 5.0)  # the hook exists on every Controller ...
     first = baseline.step(Event(0.0, EventKind.ARRIVE, "a"))
     assert first == [Assign("a", "h20-0000")]  # ... but only turboserve's chooser reads it

@@ -4,13 +4,8 @@ import json
 
 import pytest
 
-from services.scheduler.core.profile import (
-    ProfileError,
-    available_profiles,
-    load_profile,
-    profile_from_dict,
-    save_profile,
-)
+from services.scheduler.core.profile import ProfileError, profile_from_dict
+from services.scheduler.shipped import available_profiles, load_profile, save_profile
 
 
 def _raw(**changes):

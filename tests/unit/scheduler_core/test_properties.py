@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -10,8 +12,8 @@ from services.scheduler.core.autoscale import gpus_for, scale
 from services.scheduler.core.cluster import Cluster
 from services.scheduler.core.placement import rebalance
 from services.scheduler.core.policies import get_policy
-from services.scheduler.core.profile import load_profile
 from services.scheduler.core.types import Drain, Event, EventKind, GpuState, Release, RequestGpus
+from services.scheduler.shipped import load_profile
 
 from .harness import Env
 
@@ -190,12 +192,12 @@ def test_load_inside_the_band_causes_no_scale_event(swings):
     # eta = 0: free moves, so the rebalance onto the new GPU below is complete.
     policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
     env = Env(policy)
-    policy.autoscale = False  # fill without the (correct) scale-in of an almost empty pool
+    policy.config = replace(policy.config, autoscale=False)  # fill without the (correct) scale-in of an almost empty pool
     live: list[str] = []
     for i in range(32):
         live.append(f"s{i}")
         env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
-    policy.autoscale = True
+    policy.config = replace(policy.config, autoscale=True)
     counter = 32
     for goal in swings:
         while len(live) != goal:
@@ -216,10 +218,10 @@ def test_load_leaving_the_band_does_scale():
     # eta = 0: free moves, so the rebalance onto the new GPU below is complete.
     policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
     env = Env(policy)
-    policy.autoscale = False
+    policy.config = replace(policy.config, autoscale=False)
     for i in range(32):
         env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
-    policy.autoscale = True
+    policy.config = replace(policy.config, autoscale=True)
     requested = []
     for i in range(32, 40):  # up to 10 per GPU: rho 0.83 > 0.8
         out = env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))

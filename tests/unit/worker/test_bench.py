@@ -52,7 +52,7 @@ def test_profile_loads_in_the_scheduler_when_present(tmp_path):
     assert profile["chunk_ms"] == [20.0, 30.0, 40.0, 50.0]
     assert profile["deadline_ms"] == 750.0
     try:
-        from services.scheduler.core.profile import load_profile
+        from services.scheduler.shipped import load_profile
     except ImportError:
         return
     path = tmp_path / "p.json"

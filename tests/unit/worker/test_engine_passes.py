@@ -223,3 +223,30 @@ def test_pass_mode_timing_and_telemetry():
     assert report["passes_per_chunk"] == 5
     assert set(report["pass_ms"]) == {2, 3} and report["pass_ms"][3] > 0
     assert report["chunk_ms"][2] == pytest.approx(sum(passes))  # a whole chunk at batch 2
+
+
+def test_a_session_sitting_out_passes_makes_the_frames_it_makes_alone():
+    """``pass_step(subset)``: sessions join passes at their own moments (pacing); slots are
+    swapped so that the pass reads slices; each session's frames are those it makes alone."""
+    engine = make_engine()
+    engine.add_session("a", "a red fox", 1)
+    engine.add_session("b", "rain on glass", 2)
+    engine.add_session("c", "a lighthouse", 3)
+    got: dict[str, list[torch.Tensor]] = {"a": [], "b": [], "c": []}
+    schedule = [["c"], ["c"], ["b", "c"], ["a", "b", "c"], ["b"], ["a", "b"], ["a", "c"]]
+    passes = 0
+    while min(len(v) for v in got.values()) < 3:
+        chosen = schedule[passes % len(schedule)]
+        # a session mid-chunk must keep taking passes: add those the schedule left out
+        chosen = sorted({*chosen, *(s for s in got if engine.passes_to_boundary(s))})
+        for r in engine.pass_step(chosen):
+            got[r.session_id].append(r.frames)
+        passes += 1
+        assert passes < 200
+    for sid, prompt, seed in (("a", "a red fox", 1), ("b", "rain on glass", 2),
+                              ("c", "a lighthouse", 3)):
+        for mine, alone in zip(got[sid][:3], solo((prompt, seed), 3), strict=True):
+            _close_frames(mine, alone)
+    with pytest.raises(EngineError):
+        engine.pass_step(["nobody"])
+    assert engine.pass_step([]) == []

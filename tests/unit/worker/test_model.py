@@ -7,6 +7,8 @@ from services.gpu_worker.model import CausalWanModel, build_model, get_preset
 from services.gpu_worker.model.dit import apply_rope, rope_angles, rope_split
 from services.gpu_worker.model.schedule import sigmas
 
+from .conftest import make_engine
+
 
 def test_wan_1_3b_geometry():
     config = get_preset("wan-1.3b")
@@ -91,3 +93,103 @@ def test_wan_state_per_session_matches_the_scheduler_estimate():
     cross = 30 * 2 * 1536 * 2 * 512
     assert kv + cross <= pool.bytes_per_slot < kv + cross + 5_000_000
     assert pool.scratch[1] == 12 * 1560
+
+
+def _clean_latents_per_pass(engine, chunks: int) -> list[tuple[float, torch.Tensor]]:
+    """(timestep, the sampler's clean latent x_t - sigma * flow) of every denoising pass of
+    the first session, over ``chunks`` chunks."""
+    seen = []
+    forward = engine.model.forward
+
+    def record(latents, timesteps, start_frames, caches):
+        flow = forward(latents, timesteps, start_frames, caches)
+        t = float(timesteps[0])
+        if t > 0:  # timesteps are sigma * 1000 (float32): the engine's sigma of the step
+            sigma = min(engine._sigmas, key=lambda s: abs(s * 1000.0 - t))
+            seen.append((t, (latents - sigma * flow.float())[0].clone()))
+        return flow
+
+    engine.model.forward = record
+    for _ in range(chunks):
+        engine.step()
+    return seen
+
+
+def test_visible_flow_lands_every_step_on_a_token_constant_target():
+    """The hand-set head returns (x_t - x0) / sigma exactly at each of the sampler's
+    timesteps: the clean latent it implies is one value per token (2x2 latent pixels) along
+    the visible directions, whatever the noise; the first chunk carries the mark 1, later
+    ones 0."""
+    from services.gpu_worker.model.visible import VISIBLE_DIMS, latent_basis
+
+    engine = make_engine()
+    engine.add_session("s", "a lighthouse", 3)
+    passes = _clean_latents_per_pass(engine, 2)
+    assert len(passes) == 2 * len(engine._sigmas)
+    basis = latent_basis(engine.model_config.out_dim)
+    for index, (_, x0) in enumerate(passes):
+        along = torch.einsum("cfhw,ci->ifhw", x0, basis)
+        tokens = along.unflatten(2, (-1, 2)).unflatten(4, (-1, 2))  # [dirs, F, gh, 2, gw, 2]
+        assert tokens[:VISIBLE_DIMS].std(dim=(3, 5)).max() < 1e-3
+        if (index + 1) % len(engine._sigmas) == 0:  # the last step: the chunk's x0
+            mark = tokens[VISIBLE_DIMS].mean(dim=(3, 5))
+            expected = 1.0 if index < len(engine._sigmas) else 0.0
+            torch.testing.assert_close(mark, torch.full_like(mark, expected), atol=1e-2, rtol=0)
+
+
+def test_decoder_maps_only_the_visible_subspace_to_colour():
+    from services.gpu_worker.model import build_decoder
+    from services.gpu_worker.model.visible import visible_basis
+
+    config = get_preset("tiny")
+    decoder = build_decoder(config, seed=3)
+    shape = (1, config.out_dim, config.chunk_frames, config.latent_height, config.latent_width)
+
+    def decode(latents):
+        return decoder(latents, torch.zeros(*shape[:2], 2, *shape[3:])).float()
+
+    grey = decode(torch.zeros(shape))
+    assert grey.min() == grey.max()  # the base colour, everywhere
+    gen = torch.Generator().manual_seed(0)
+    basis = visible_basis(config.out_dim)
+    noise = torch.randn(shape, generator=gen)
+    hidden = noise - torch.einsum("ci,di,bdfhw->bcfhw", basis, basis, noise)
+    # Directions the decoder does not show (grey is 127.5 before rounding: 127 or 128).
+    assert (decode(hidden) - grey).abs().max() <= 1
+    # Linear before the tanh: contributions add (up to the uint8 rounding).
+    a = 0.3 * torch.einsum("ci,bifhw->bcfhw", basis, torch.randn(1, 3, *shape[2:], generator=gen))
+    b = 0.3 * torch.einsum("ci,bifhw->bcfhw", basis, torch.randn(1, 3, *shape[2:], generator=gen))
+
+    def pre_tanh(frames):
+        return torch.atanh((frames / 127.5 - 1.0).clamp(-0.999, 0.999))
+
+    total = pre_tanh(decode(a + b))
+    parts = pre_tanh(decode(a)) + pre_tanh(decode(b))
+    assert (total - parts).abs().max() < 0.05 and total.abs().mean() > 0.1
+
+
+def test_streaming_decode_equals_whole_decode():
+    """The decoder is causal in time: decoding chunk by chunk with the 2-frame context the
+    session keeps gives the frames of decoding the whole stream at once."""
+    from services.gpu_worker.model import build_decoder
+
+    config = get_preset("tiny")
+    decoder = build_decoder(config, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    chunks = [torch.randn(1, config.out_dim, config.chunk_frames, config.latent_height,
+                          config.latent_width, generator=gen) for _ in range(3)]
+    context = torch.zeros(1, config.out_dim, 2, config.latent_height, config.latent_width)
+    streamed = torch.cat([decoder(chunk, context) for chunk in chunks], dim=1)
+    whole = decoder(torch.cat(chunks, dim=2), torch.zeros_like(context))
+    assert streamed.shape == whole.shape
+    assert (streamed.int() - whole.int()).abs().max() <= 1
+
+
+def test_a_config_too_small_for_the_visible_weights_keeps_random_ones():
+    from services.gpu_worker.model.visible import unfit_reason
+
+    config = get_preset("tiny", num_layers=1)
+    assert "2 blocks" in unfit_reason(config)
+    model = build_model(config, seed=0)  # builds, with Wan's random initialisation
+    assert model.blocks[0].self_attn.o.weight.abs().sum() > 0
+    assert unfit_reason(get_preset("tiny")) is None and unfit_reason(get_preset("wan-1.3b")) is None

@@ -1,0 +1,304 @@
+"""``turboserve ctl``: operator commands against a running mesh.
+
+- ``ctl status [--json]``: workers and their sessions (state, batch, chunk time);
+- ``ctl migrate SESSION --to WORKER``: move a session's state to another worker at its next
+  chunk boundary (the viewer's stream does not notice);
+- ``ctl drain WORKER``: stop placing sessions on a worker and move every session away (for
+  maintenance and rolling upgrades); ``ctl undrain WORKER`` takes it back into service.
+
+They talk to NATS and Redis through the usual ``TURBOSERVE_*`` settings. When those are not set
+and ``turboserve up`` runs on this machine, they use the NATS and Redis it started (its state
+file). A refused or failed command exits non-zero with one line saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class CtlError(Exception):
+    """A refused or failed operator command: its message is the one line to print."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("ctl", help="operator commands: status, migrate, drain, undrain")
+    sub = p.add_subparsers(dest="ctl_command", required=True, metavar="ACTION")
+    status = sub.add_parser("status", help="workers and their sessions")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=run)
+    migrate = sub.add_parser("migrate", help="move a session to another worker")
+    migrate.add_argument("session", help="session id")
+    migrate.add_argument("--to", required=True, dest="target", help="destination worker id")
+    migrate.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    migrate.set_defaults(func=run)
+    drain = sub.add_parser("drain", help="move every session off a worker; it takes no new ones")
+    drain.add_argument("worker", help="worker id")
+    drain.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                       help="seconds for the whole drain")
+    drain.set_defaults(func=run)
+    undrain = sub.add_parser("undrain", help="let a drained worker take sessions again")
+    undrain.add_argument("worker", help="worker id")
+    undrain.set_defaults(func=run)
+
+
+def settings_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings ``ctl`` uses: the environment, completed from a running ``turboserve up``
+    where the environment does not say where NATS and Redis are."""
+    from services.launcher import read_state
+
+    env = dict(os.environ if env is None else env)
+    state = read_state()
+    if state is not None:
+        for key, var in (("nats_url", "TURBOSERVE_NATS_URL"), ("redis_url", "TURBOSERVE_REDIS_URL"),
+                         ("subject_prefix", "TURBOSERVE_SUBJECT_PREFIX"),
+                         ("redis_namespace", "TURBOSERVE_REDIS_NAMESPACE")):
+            if not env.get(var) and state.get(key):
+                env[var] = str(state[key])
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.cli import fail
+    from shared.runner import ConnectError
+    from shared.settings import CommonSettings
+
+    settings = CommonSettings.from_env(settings_env(), connect_timeout_s=5.0)
+    try:
+        return asyncio.run(_run(args, settings))
+    except CtlError as exc:
+        return fail(f"ctl {args.ctl_command}", exc)
+    except ConnectError as exc:
+        return fail(f"ctl {args.ctl_command}", f"{exc} (is the mesh running? see TURBOSERVE_NATS_URL"
+                                               " and TURBOSERVE_REDIS_URL)")
+
+
+async def _run(args: argparse.Namespace, settings: Any) -> int:
+    from shared.runner import close_context, open_context
+
+    ctx = await open_context(settings, "turboserve-ctl")
+    try:
+        ctl = Ctl(ctx)
+        if args.ctl_command == "status":
+            status = await ctl.status()
+            if args.json:
+                print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
+            else:
+                print(format_status(status))
+        elif args.ctl_command == "migrate":
+            report = await ctl.migrate(args.session, args.target, args.timeout)
+            print(f"migrated {args.session}: {report['src']} -> {report['dst']} "
+                  f"({report['nbytes'] / 2**20:.2f} MiB, freeze {report['freeze_ms']:.1f} ms, "
+                  f"transfer {report['transfer_ms']:.1f} ms, commit {report['commit_ms']:.1f} ms)")
+        elif args.ctl_command == "drain":
+            moved = await ctl.drain(args.worker, args.timeout, progress=_progress)
+            print(f"worker {args.worker} drained: {moved} session(s) moved; it takes no new "
+                  "sessions (turboserve ctl undrain to undo)")
+        elif args.ctl_command == "undrain":
+            await ctl.command(args.worker, _worker_cmd("undrain", args.worker))
+            print(f"worker {args.worker} takes sessions again")
+        return 0
+    finally:
+        await close_context(ctx)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _worker_cmd(kind: str, worker_id: str, **fields: Any) -> Any:
+    from shared.wire import WorkerCmdKind, WorkerCommand
+
+    return WorkerCommand(kind=WorkerCmdKind(kind), worker_id=worker_id,
+                         command_id=f"ctl-{uuid.uuid4().hex[:12]}", **fields)
+
+
+class Ctl:
+    """The operator commands as a library (the CLI above and the tests use it)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    async def status(self) -> dict[str, Any]:
+        registry = self.ctx.registry
+        workers = await registry.workers()
+        placement = await registry.placement()
+        by_worker: dict[str, list[str]] = {}
+        for sid, owner in placement.items():
+            by_worker.setdefault(owner, []).append(sid)
+        out_workers = []
+        for w in workers:
+            sessions = []
+            # The registry's placement is the truth; a heartbeat may lag a migration by a beat.
+            for sid in sorted(by_worker.get(w.id, [])):
+                record = await registry.get_session(sid)
+                if record is None:
+                    continue
+                sessions.append({
+                    "id": sid, "state": str(record.state), "epoch": record.epoch,
+                    "last_seq": record.last_seq, "owner": record.owner,
+                })
+            status = str(w.status)
+            if status == "draining" and not sessions:
+                status = "drained"
+            out_workers.append({
+                "id": w.id, "status": status, "alive": w.alive, "kind": w.gpu_kind,
+                "emulated": w.emulated or None, "device": w.device, "capacity": w.capacity,
+                "active": w.active, "suspended": len(w.suspended), "waiting": w.waiting,
+                "keeping_pace": w.keeping_pace, "chunk_ms": w.chunk_ms, "pass_ms": w.pass_ms,
+                "sessions": sessions,
+            })
+        pending = await registry.pending_sessions()
+        return {"workers": out_workers, "pending": pending,
+                "scheduler": await registry.scheduler_status(),
+                "pool": _pool(await registry.pool_limits())}
+
+    async def command(self, worker_id: str, cmd: Any, wait_s: float = 10.0) -> Any:
+        """Send a command as a request; raises CtlError when it is refused or unanswered."""
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        from shared.wire import CommandReply, decode, encode
+
+        ctx = self.ctx
+        try:
+            msg = await ctx.nc.request(ctx.subjects.worker_cmd(worker_id), encode(cmd),
+                                       timeout=wait_s)
+        except NoRespondersError:
+            raise CtlError(f"worker {worker_id} is not running") from None
+        except NatsTimeout:
+            raise CtlError(f"worker {worker_id} did not answer within {wait_s:.0f}s") from None
+        reply = decode(msg.subject, msg.data, CommandReply)
+        if not reply.ok:
+            raise CtlError(f"{cmd.kind} refused by {worker_id}: {reply.code}: {reply.detail}")
+        return reply
+
+    async def migrate(self, session_id: str, target: str, wait_s: float) -> dict[str, Any]:
+        from shared.wire import MigrationReport, decode_or_drop
+
+        ctx = self.ctx
+        record = await ctx.registry.get_session(session_id)
+        if record is None:
+            raise CtlError(f"no session {session_id!r}")
+        if record.owner is None or str(record.state) not in ("executing", "suspended"):
+            raise CtlError(f"session {session_id} is {record.state}, not running on a worker")
+        if record.owner == target:
+            raise CtlError(f"session {session_id} already runs on {target}")
+        workers = {w.id: w for w in await ctx.registry.workers()}
+        if target not in workers or not workers[target].alive:
+            raise CtlError(f"no live worker {target!r}")
+        cmd = _worker_cmd("migrate", record.owner, session_id=session_id, epoch=record.epoch,
+                          target=target)
+        reports: asyncio.Queue[MigrationReport] = asyncio.Queue()
+
+        async def on_report(msg: Any) -> None:
+            report = decode_or_drop(msg.subject, msg.data, MigrationReport, _log())
+            if report is not None and report.command_id == cmd.command_id:
+                reports.put_nowait(report)
+
+        sub = await ctx.nc.subscribe(ctx.subjects.migrations, cb=on_report)
+        await ctx.nc.flush()
+        try:
+            await self.command(record.owner, cmd)
+            try:
+                report = await asyncio.wait_for(reports.get(), wait_s)
+            except TimeoutError:
+                raise CtlError(f"no outcome within {wait_s:.0f}s; see `turboserve ctl status`"
+                               ) from None
+        finally:
+            await sub.unsubscribe()
+        if not report.ok:
+            raise CtlError(f"migration of {session_id} to {target} failed: {report.code}: "
+                           f"{report.detail} (the session stays on {report.src})")
+        return {f: getattr(report, f) for f in report.__struct_fields__}
+
+    async def drain(self, worker_id: str, wait_s: float, progress: Any = None) -> int:
+        """DRAIN the worker, then migrate each of its sessions to the least loaded other worker
+        with room, until it holds none. Returns the number moved."""
+        ctx = self.ctx
+        deadline = time.monotonic() + wait_s
+        await self.command(worker_id, _worker_cmd("drain", worker_id))
+        moved = 0
+        while True:
+            held = [sid for sid, owner in (await ctx.registry.placement()).items()
+                    if owner == worker_id]
+            if not held:
+                return moved
+            if time.monotonic() > deadline:
+                raise CtlError(f"{len(held)} session(s) still on {worker_id} after "
+                               f"{wait_s:.0f}s")
+            for sid in held:
+                target = await self._target(worker_id)
+                remaining = max(1.0, deadline - time.monotonic())
+                try:
+                    await self.migrate(sid, target, remaining)
+                except CtlError as exc:
+                    record = await ctx.registry.get_session(sid)
+                    if record is None or record.owner != worker_id:
+                        continue  # it left on its own (closed, or moved by the scheduler)
+                    raise CtlError(f"drain of {worker_id} stopped: {exc}") from None
+                moved += 1
+                if progress is not None:
+                    progress(f"moved {sid} -> {target}")
+
+    async def _target(self, source: str) -> str:
+        """The ready worker with the most free slots, other than ``source``."""
+        from shared.wire import WorkerStatus
+
+        best: tuple[int, str] | None = None
+        for w in await self.ctx.registry.workers():
+            if w.id == source or not w.alive or w.status is not WorkerStatus.READY:
+                continue
+            free = w.capacity - w.active
+            if free > 0 and (best is None or (free, w.id) > best):
+                best = (free, w.id)
+        if best is None:
+            raise CtlError(f"no other ready worker with a free slot to move {source}'s sessions to")
+        return best[1]
+
+
+def _pool(limits: Any) -> dict[str, Any] | None:
+    if limits is None:
+        return None
+    return {"min_workers": limits.min_workers, "max_workers": limits.max_workers,
+            "backend": limits.backend}
+
+
+def _log() -> Any:
+    from shared.logging import get_logger
+
+    return get_logger("turboserve.ctl")
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The status as a table: one line per worker, then its sessions indented."""
+    lines = []
+    header = f"{'WORKER':<24} {'STATUS':<9} {'KIND':<14} {'SESSIONS':>8} {'WAIT':>4} {'CHUNK MS BY BATCH'}"
+    lines.append(header)
+    for w in status["workers"]:
+        kind = f"{w['kind']}{' (emu)' if w['emulated'] else ''}"
+        chunk = " ".join(f"{b}:{ms:.0f}" for b, ms in sorted(w["chunk_ms"].items())) or "-"
+        alive = "" if w["alive"] else " (silent)"
+        lines.append(f"{w['id']:<24} {w['status'] + alive:<9} {kind:<14} "
+                     f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {chunk}")
+        for s in w["sessions"]:
+            lines.append(f"  {s['id']:<34} {s['state']:<10} seq {s['last_seq']:<7} "
+                         f"epoch {s['epoch']}")
+    if not status["workers"]:
+        lines.append("(no workers)")
+    if status["pending"]:
+        lines.append(f"pending: {len(status['pending'])} session(s) waiting for a worker")
+    scheduler = status.get("scheduler")
+    if scheduler:
+        lines.append("scheduler: " + ", ".join(f"{k}={v}" for k, v in scheduler.items()))
+    return "\n".join(lines)

@@ -1,0 +1,394 @@
+"""``turboserve bench gateway``: SSE delivery latency with many concurrent clients.
+
+A gateway runs as its own process (as in production) on the NATS and Redis of this machine
+(or embedded ones). The benchmark creates sessions through the API, opens ``--clients`` SSE
+streams spread over them, and injects chunks on NATS at the real rate (one per session every
+``--period`` seconds, sessions staggered across the period, ``--frames`` JPEG frames of
+``--size`` each). Each chunk carries the wall time of its publish (``done_at``); a client's
+delivery latency is its receipt time minus that: NATS, JetStream, the gateway's fan-out and the
+SSE socket together. The clients and the injector share one process, the gateway has its own.
+
+    turboserve bench gateway --clients 1000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DONE_AT = re.compile(rb'"done_at":([0-9.eE+-]+)')
+OPENING_AT_ONCE = 32
+API_KEY = "bench-" + uuid.uuid4().hex
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "gateway", help="SSE delivery latency (NATS publish to client receipt) with N clients",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--clients", type=int, default=1000, help="concurrent SSE clients (default 1000)")
+    p.add_argument("--sessions", type=int, default=None,
+                   help="sessions the clients watch (default: one per client)")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured time (default 20)")
+    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured time first (default 3)")
+    p.add_argument("--period", type=float, default=0.75,
+                   help="seconds between a session's chunks (default 0.75: 12 frames at 16 fps)")
+    p.add_argument("--frames", type=int, default=12, help="frames per chunk (default 12)")
+    p.add_argument("--size", default="64x64", help="frame size WxH (default 64x64, the tiny preset)")
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT",
+                   help="write {clients, delivery_ms_p50, delivery_ms_p99, ...} here")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    clients: int
+    sessions: int
+    seconds: float
+    warmup: float
+    period: float
+    frames: int
+    width: int
+    height: int
+
+
+@dataclass
+class Tally:
+    clients: int
+    latencies_ms: list[float] = field(default_factory=list)
+    lags: int = 0
+    ends: int = 0
+    errors: list[str] = field(default_factory=list)
+    opened: int = 0
+    all_open: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def note_open(self) -> None:
+        self.opened += 1
+        if self.opened == self.clients:
+            self.all_open.set()
+
+
+class BenchError(Exception):
+    """Bad options or an environment that cannot run the benchmark: said in one line."""
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    sessions = args.clients if args.sessions is None else args.sessions
+    m = re.fullmatch(r"(\d+)x(\d+)", args.size)
+    faults = []
+    if not 1 <= args.clients <= 10_000:
+        faults.append("--clients must be 1-10000")
+    if not 1 <= sessions <= args.clients:
+        faults.append("--sessions must be 1..clients")
+    if not 0 < args.seconds <= 3600 or not 0 <= args.warmup <= 600:
+        faults.append("--seconds must be in (0, 3600] and --warmup in [0, 600]")
+    if not 0.01 <= args.period <= 60:
+        faults.append("--period must be 0.01-60 s")
+    if not 1 <= args.frames <= 64:
+        faults.append("--frames must be 1-64")
+    if m is None or not (8 <= int(m[1]) <= 1920 and 8 <= int(m[2]) <= 1080):
+        faults.append("--size must be WxH, 8-1920 by 8-1080")
+    if faults:
+        raise BenchError("; ".join(faults))
+    assert m is not None
+    return Plan(args.clients, sessions, args.seconds, args.warmup, args.period, args.frames,
+                int(m[1]), int(m[2]))
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.cli import fail
+
+    try:
+        plan = plan_of(args)
+    except BenchError as exc:
+        return fail("bench gateway", exc)
+    try:
+        result = asyncio.run(bench(plan))
+    except BenchError as exc:
+        return fail("bench gateway", exc)
+    print_table(result)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def print_table(r: dict[str, Any]) -> None:
+    print(f"gateway delivery, {r['clients']} SSE clients on {r['sessions']} sessions, a chunk per "
+          f"session every {r['period_s']} s ({r['chunks_per_s']:.0f} chunks/s in, "
+          f"{r['events_per_s']:.0f} events/s out, {r['event_kib']:.1f} KiB each)")
+    print()
+    print("| clients | sessions | events | p50 ms | p99 ms | max ms | lags | bar (p99) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| {r['clients']} | {r['sessions']} | {r['events']} | {r['delivery_ms_p50']:.1f} | "
+          f"{r['delivery_ms_p99']:.1f} | {r['delivery_ms_max']:.1f} | {r['lags']} | < 50 ms |")
+
+
+def _frame(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    # Noise compresses like real video content does not; a gradient is closer to a frame.
+    img = Image.linear_gradient("L").resize((width, height)).convert("RGB")
+    out = io.BytesIO()
+    img.save(out, format="JPEG", quality=80)
+    return out.getvalue()
+
+
+async def bench(plan: Plan) -> dict[str, Any]:
+    from services.launcher import LaunchError, Mesh, free_port
+
+    infra = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
+                 redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                 quiet=True)
+    try:
+        infra.start_infra()
+    except LaunchError as exc:
+        raise BenchError(str(exc)) from None
+    tag = "bench" + uuid.uuid4().hex[:8]
+    port = free_port()
+    gateway = _start_gateway(infra.nats_url, infra.redis_url, tag, port)
+    try:
+        return await _measure(plan, infra.nats_url, infra.redis_url, tag, port, gateway)
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+        await _clean(infra.nats_url, infra.redis_url, tag)
+        infra.stop()
+
+
+def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subprocess.Popen:
+    env = {
+        **os.environ, "TURBOSERVE_NATS_URL": nats_url, "TURBOSERVE_REDIS_URL": redis_url,
+        "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
+        "TURBOSERVE_PORT": str(port), "TURBOSERVE_API_KEYS": f"bench:{API_KEY}",
+        "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_RATE_PER_KEY_S": "100000",
+        "TURBOSERVE_RATE_BURST": "100000", "TURBOSERVE_MAX_SESSIONS_PER_KEY": "100000",
+        "TURBOSERVE_IDLE_AFTER_S": "3600",
+    }
+    prof = ["-m", "cProfile", "-o", "/tmp/gw.prof"] if os.environ.get("GWPROF") else []
+    return subprocess.Popen([sys.executable, *prof, "-m", "services.cli", "gateway"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open("/tmp/bench_gw.log", "wb"))
+
+
+async def _wait_ready(http, gateway: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if gateway.poll() is not None:
+            raise BenchError(f"the gateway exited with code {gateway.returncode}")
+        with contextlib.suppress(OSError):
+            async with http.get("/readyz") as resp:
+                if resp.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise BenchError("the gateway was not ready within 60 s")
+
+
+async def _measure(plan: Plan, nats_url: str, redis_url: str, tag: str, port: int,
+                   gateway: subprocess.Popen) -> dict[str, Any]:
+    import aiohttp
+    import nats
+
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+        await _wait_ready(http, gateway)
+        sessions = await _create_sessions(http, plan.sessions)
+    tally = Tally(plan.clients)
+    measuring = asyncio.Event()
+    stop = asyncio.Event()
+    opening = asyncio.Semaphore(OPENING_AT_ONCE)
+    clients = [asyncio.create_task(_client(port, sessions[i % len(sessions)], tally, measuring, stop,
+                                           opening))
+               for i in range(plan.clients)]
+    nc = await nats.connect(nats_url)
+    try:
+        await asyncio.wait_for(tally.all_open.wait(), timeout=120)  # attached, or failed
+        injected = asyncio.create_task(_inject(nc, tag, plan, [s for s, _ in sessions], stop))
+        await asyncio.sleep(plan.warmup)
+        measuring.set()
+        started = time.monotonic()
+        await asyncio.sleep(plan.seconds)
+        measuring.clear()
+        elapsed = time.monotonic() - started
+        stop.set()
+        chunks, event_bytes = await injected
+    finally:
+        stop.set()
+        for task in clients:
+            task.cancel()
+        await asyncio.gather(*clients, return_exceptions=True)
+        await nc.close()
+    if tally.errors:
+        raise BenchError(f"{len(tally.errors)} clients failed, e.g. {tally.errors[0]}")
+    if not tally.latencies_ms:
+        raise BenchError("no chunk reached a client")
+    lat = tally.latencies_ms
+    total_time = plan.warmup + plan.seconds
+    return {
+        "clients": plan.clients,
+        "delivery_ms_p50": round(statistics.median(lat), 2),
+        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
+        "delivery_ms_max": round(max(lat), 2),
+        "sessions": plan.sessions,
+        "period_s": plan.period,
+        "frames": plan.frames,
+        "size": f"{plan.width}x{plan.height}",
+        "events": len(lat),
+        "events_per_s": round(len(lat) / elapsed, 1),
+        "chunks_per_s": round(chunks / total_time, 1),
+        "event_kib": round(event_bytes / 1024, 1),
+        "lags": tally.lags,
+        "seconds": plan.seconds,
+    }
+
+
+async def _create_sessions(http, n: int) -> list[tuple[str, str]]:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    gate = asyncio.Semaphore(16)
+
+    async def one(i: int) -> tuple[str, str]:
+        async with gate, http.post("/v1/sessions", json={"prompt": f"bench {i}"}, headers=headers) as resp:
+            if resp.status != 201:
+                raise BenchError(f"creating a session: HTTP {resp.status} {await resp.text()}")
+            body = await resp.json()
+            return body["id"], body["token"]
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def _client(port: int, session: tuple[str, str], tally: Tally, measuring: asyncio.Event,
+                  stop: asyncio.Event, opening: asyncio.Semaphore) -> None:
+    """One SSE client on a raw socket: the cheapest reader, so that the latency measured is the
+    gateway's, not the client library's. Clients connect a few at a time, as users arrive."""
+    session_id, token = session
+    async with opening:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+        except OSError as exc:
+            tally.errors.append(f"connect: {exc}")
+            tally.note_open()
+            return
+        writer.write(f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: bench\r\n"
+                     f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n".encode())
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            chunked = b"transfer-encoding: chunked" in head.lower()
+            first = await _read_event(reader, chunked)  # "retry:": the viewer is attached
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            tally.errors.append(f"open: {exc!r}")
+            writer.close()
+            tally.note_open()
+            return
+        tally.note_open()
+    try:
+        if not head.startswith(b"HTTP/1.1 200") or not first.startswith(b"retry:"):
+            tally.errors.append(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+            return
+        while not stop.is_set():
+            data = await _read_event(reader, chunked)
+            received = time.time()
+            if data.startswith(b"event: chunk"):
+                m = DONE_AT.search(data)
+                if m and measuring.is_set():
+                    tally.latencies_ms.append((received - float(m[1])) * 1000.0)
+            elif data.startswith(b"event: lag"):
+                tally.lags += 1
+            elif data.startswith(b"event: end"):
+                tally.ends += 1
+                return
+    except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        if not stop.is_set():
+            tally.errors.append(f"stream: {exc!r}")
+    finally:
+        writer.close()
+
+
+async def _read_event(reader: asyncio.StreamReader, chunked: bool) -> bytes:
+    """The next SSE event (or comment) as bytes, from a plain or chunked body."""
+    if not chunked:
+        return await reader.readuntil(b"\n\n")
+    # aiohttp streams SSE with chunked encoding: one HTTP chunk per write, and each write of the
+    # gateway is one whole event (or the retry line, or a keepalive comment).
+    size_line = await reader.readuntil(b"\r\n")
+    size = int(size_line.strip(), 16)
+    body = await reader.readexactly(size + 2)
+    return body[:-2]
+
+
+async def _inject(nc, tag: str, plan: Plan, session_ids: list[str], stop: asyncio.Event) -> tuple[int, int]:
+    """Publish one chunk per session per period, the sessions spread evenly over the period.
+    Returns the chunks published and the size of one SSE chunk event."""
+    from services.gateway.sse import chunk_event
+    from shared.wire import Chunk, Subjects, encode
+
+    subjects = Subjects(tag)
+    frame = _frame(plan.width, plan.height)
+    frames = [frame] * plan.frames
+    n = len(session_ids)
+    seqs = [0] * n
+    published = 0
+    start = time.monotonic()
+    step = plan.period / n
+    slot = 0
+    event_bytes = 0
+    while not stop.is_set():
+        due = start + slot * step
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        i = slot % n
+        now = time.time()
+        chunk = Chunk(session_id=session_ids[i], seq=seqs[i], worker_id="bench", epoch=1,
+                      encoding="jpeg", frames=frames, width=plan.width, height=plan.height,
+                      fps=plan.frames / plan.period, gen_ms=0.0, batch=1, due_at=now, done_at=now)
+        await nc.publish(subjects.chunks(session_ids[i]), encode(chunk))
+        if not event_bytes:
+            event_bytes = len(chunk_event(chunk))
+        seqs[i] += 1
+        published += 1
+        slot += 1
+    await nc.flush()
+    return published, event_bytes
+
+
+async def _clean(nats_url: str, redis_url: str, tag: str) -> None:
+    import nats
+    import redis.asyncio as aioredis
+
+    from shared.wire import Subjects
+
+    with contextlib.suppress(Exception):
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        subjects = Subjects(tag)
+        for stream in (subjects.sessions_stream, subjects.chunks_stream):
+            with contextlib.suppress(Exception):
+                await js.delete_stream(stream)
+        await nc.close()
+    with contextlib.suppress(Exception):
+        client = aioredis.from_url(redis_url)
+        keys = [k async for k in client.scan_iter(match=f"{tag}:*", count=1000)]
+        for i in range(0, len(keys), 500):
+            await client.delete(*keys[i:i + 500])
+        await client.aclose()

@@ -1,0 +1,101 @@
+"""Session lifetimes across gateway replicas: viewers attach and detach, abandoned sessions go
+idle and then close by themselves.
+
+Each open stream or socket is an attachment in Redis with an expiry that its gateway refreshes
+(``attach_ttl_s / 3``), so every replica sees every viewer and a replica that dies takes its
+viewers with it within ``attach_ttl_s``. Each replica runs the reaper; it is idempotent:
+
+1. a session with no viewer for ``idle_after_s`` goes idle (one replica wins the flip and
+   sends ``idle``; the scheduler suspends it to host memory);
+2. a viewer attaching to an idle session brings it back (``active``); a paused one stays paused
+   until its client resumes it;
+3. a session with no viewer for ``idle_after_s + close_after_s`` is closed (one replica wins the
+   claim), whether it was idle or paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import defaultdict
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.gateway import control
+from services.gateway.state import Gateway
+from shared.logging import get_logger
+from shared.wire import SessionEventKind
+
+log = get_logger("turboserve.gateway")
+
+
+async def attach(gw: Gateway, session_id: str) -> str:
+    """Record a viewer of ``session_id`` on this replica; returns the attachment id."""
+    attachment_id = f"{gw.instance_id}:{uuid.uuid4().hex[:12]}"
+    gw.attachments[attachment_id] = session_id
+    if await gw.store.attach(session_id, attachment_id, gw.settings.attach_ttl_s):
+        log.info("session_active_again", session_id=session_id)
+        await control.publish_event(gw, session_id, SessionEventKind.ACTIVE, required=False)
+    return attachment_id
+
+
+async def detach(gw: Gateway, attachment_id: str) -> None:
+    session_id = gw.attachments.pop(attachment_id, None)
+    if session_id is not None:
+        await gw.store.detach(session_id, attachment_id)
+
+
+async def refresh(gw: Gateway) -> None:
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for attachment_id, session_id in gw.attachments.items():
+        grouped[session_id].append(attachment_id)
+    await gw.store.refresh(grouped, gw.settings.attach_ttl_s)
+
+
+async def reap_once(gw: Gateway, now: float | None = None) -> dict[str, list[str]]:
+    """One pass of the reaper; returns the sessions it made idle and those it closed."""
+    now = time.time() if now is None else now
+    s = gw.settings
+    close_before = now - s.idle_after_s - s.close_after_s
+    idled: list[str] = []
+    closed: list[str] = []
+    for session_id, last_watched in await gw.store.unattached_since(now - s.idle_after_s):
+        if last_watched <= close_before:
+            if await gw.store.claim_close(session_id, close_before, now):
+                record = await gw.registry.get_session(session_id)
+                if record is not None:
+                    await control.close(gw, record, reason="abandoned")
+                closed.append(session_id)
+        elif await gw.store.go_idle_if_unwatched(session_id, now):
+            log.info("session_idle", session_id=session_id, unwatched_s=round(now - last_watched, 1))
+            await control.publish_event(gw, session_id, SessionEventKind.IDLE, required=False)
+            idled.append(session_id)
+    return {"idle": idled, "closed": closed}
+
+
+async def _every(period_s: float, stopping: asyncio.Event) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), timeout=period_s)
+
+
+async def run(gw: Gateway, stopping: asyncio.Event) -> None:
+    """Refresh this replica's attachments, flush chunk latencies and reap, until ``stopping``."""
+    s = gw.settings
+    refresh_every = s.attach_ttl_s / 3
+    last_refresh = 0.0
+    while not stopping.is_set():
+        started = time.monotonic()
+        try:
+            if started - last_refresh >= refresh_every:
+                await refresh(gw)
+                last_refresh = started
+            await gw.store.record_latency(gw.take_latency())
+            await reap_once(gw)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # Redis away for a moment: the next pass catches up (attachments live attach_ttl_s,
+            # three refresh periods). Anything else is a bug and stops the service.
+            log.warning("lifetimes_pass_failed", error=str(exc))
+        await _every(min(s.reap_interval_s, refresh_every), stopping)

@@ -1,0 +1,55 @@
+"""Probes and metrics: ``/healthz`` (the process serves), ``/readyz`` (it can take work: NATS and
+Redis answer and it is not shutting down), ``/metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from aiohttp import web
+
+from services.gateway.state import GATEWAY, Gateway, json_response
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def _redis_ok(gw: Gateway) -> bool:
+    try:
+        return bool(await asyncio.wait_for(gw.redis.ping(), timeout=1.0))
+    except Exception:  # noqa: BLE001 - any failure means not ready
+        return False
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    nats_ok = gw.ctx.nc.is_connected
+    redis_ok = await _redis_ok(gw)
+    closing = gw.closing.is_set()
+    ok = nats_ok and redis_ok and not closing
+    body = {"status": "ok" if ok else "unavailable", "nats": nats_ok, "redis": redis_ok, "closing": closing}
+    return json_response(body, status=200 if ok else 503)
+
+
+async def session_counts(gw: Gateway) -> tuple[dict[str, int], dict[str, int]]:
+    """Open sessions the gateways track, by registry state and by activity."""
+    ids = await gw.store.tracked()
+    if not ids:
+        return {}, {}
+    registry = gw.registry
+    async with gw.redis.pipeline(transaction=False) as pipe:
+        for session_id in ids:
+            pipe.hget(registry.session_key(session_id), "state")
+        pipe.hgetall(gw.store.activity_key)
+        raw = await pipe.execute()
+    states = Counter(s.decode() for s in raw[:-1] if s is not None)
+    tracked = set(ids)
+    activity = Counter(v.decode() for k, v in raw[-1].items() if k.decode() in tracked)
+    return dict(states), dict(activity)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    gw.metrics.set_sessions(*await session_counts(gw))
+    return web.Response(body=gw.metrics.render(), headers={"Content-Type": gw.metrics.content_type})

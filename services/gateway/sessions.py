@@ -1,0 +1,91 @@
+"""The session routes: create, read, close, and steer (prompt, pause, resume)."""
+
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+
+from services.gateway import admission, bodies, control, errors
+from services.gateway.auth import new_session_token, require_api_key
+from services.gateway.state import GATEWAY, authorized_session, check_rate, json_response
+from shared.logging import get_logger
+from shared.wire import SessionEventKind
+
+log = get_logger("turboserve.gateway")
+
+CREATE_FIELDS = frozenset({"prompt", "seed"})
+PROMPT_FIELDS = frozenset({"prompt"})
+
+
+async def create_session(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    key_name = require_api_key(gw.keys, request)
+    if gw.closing.is_set():
+        raise errors.Unavailable("gateway is shutting down; retry on another replica")
+    await check_rate(gw, key_name)
+    body = await bodies.read_object(request, CREATE_FIELDS)
+    prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
+    seed = bodies.seed_of(body)
+    await admission.check_pool(gw)
+    session_id = uuid.uuid4().hex
+    await admission.reserve_session(gw, key_name, session_id)
+    token, token_hash = new_session_token()
+    try:
+        record = await gw.registry.create_session(
+            session_id, prompt, seed, token_hash=token_hash, owner_key=key_name
+        )
+        await gw.store.track(session_id)
+    except BaseException:
+        await gw.store.release_session(key_name, session_id)
+        raise
+    # The registry's pending set is the source of truth; the event only wakes the scheduler
+    # at once (it also scans pending sessions on every tick), so a failed publish loses nothing.
+    await control.publish_event(gw, session_id, SessionEventKind.CREATED, prompt=prompt, seed=seed,
+                                required=False)
+    log.info("session_created", session_id=session_id, key=key_name, prompt_chars=len(prompt))
+    return json_response(gw.session_body(record, token=token), status=201,
+                         headers={"Location": f"/v1/sessions/{session_id}"})
+
+
+async def get_session(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    record, _ = await authorized_session(gw, request)
+    activity = await gw.store.activity(record.id)
+    viewers = await gw.store.viewers(record.id)
+    return json_response(gw.session_body(
+        record, activity=activity.value if activity else None, viewers=viewers))
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    """Close a session. Idempotent: a second (or concurrent) DELETE answers 200 with the record."""
+    gw = request.app[GATEWAY]
+    record, _ = await authorized_session(gw, request)
+    record = await control.close(gw, record)
+    return json_response(gw.session_body(record))
+
+
+async def change_prompt(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    record, _ = await authorized_session(gw, request)
+    body = await bodies.read_object(request, PROMPT_FIELDS)
+    prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
+    outcome = await control.change_prompt(gw, record, prompt)
+    return json_response({"id": record.id, "prompt": prompt, **outcome.body("prompt change")},
+                         status=outcome.status)
+
+
+async def pause_session(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    record, _ = await authorized_session(gw, request)
+    outcome = await control.pause(gw, record)
+    return json_response({"id": record.id, "activity": "paused", **outcome.body("pause")},
+                         status=outcome.status)
+
+
+async def resume_session(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    record, _ = await authorized_session(gw, request)
+    outcome = await control.resume(gw, record)
+    return json_response({"id": record.id, "activity": "active", **outcome.body("resume")},
+                         status=outcome.status)

@@ -1,0 +1,150 @@
+"""``GET /v1/sessions/{id}/stream``: a session as Server-Sent Events.
+
+Events: ``chunk`` (``id:`` = the chunk's seq, so ``Last-Event-ID`` resumes), ``state`` (a
+lifecycle notice: placed, migrated, suspended, resumed, restarted, prompt), ``lag`` (this client
+fell behind and skipped to the live edge), ``end`` (the session is over, or this gateway is
+shutting down: reconnect elsewhere with ``Last-Event-ID``); ``: keepalive`` comments in between.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+from aiohttp import web
+
+from services.gateway import bodies, lifetimes
+from services.gateway.feeds import End, Entry, Lag, Viewer
+from services.gateway.state import GATEWAY, authorized_session
+from shared.logging import get_logger
+from shared.states import SessionState
+from shared.wire import Chunk, SessionNotice
+
+log = get_logger("turboserve.gateway")
+
+GONE_CHECK_S = 1.0
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "X-Accel-Buffering": "no",  # no proxy buffering in front of us
+}
+
+
+def timing(chunk: Chunk) -> dict[str, float | int]:
+    return {
+        "gen_ms": round(chunk.gen_ms, 3),
+        "batch": chunk.batch,
+        "due_at": chunk.due_at,
+        "done_at": chunk.done_at,
+        "latency_ms": round(max(0.0, chunk.done_at - chunk.due_at) * 1000, 3),
+    }
+
+
+def notice_data(notice: SessionNotice) -> dict[str, object]:
+    return {"session_id": notice.session_id, "kind": str(notice.kind), "worker_id": notice.worker_id,
+            "next_seq": notice.next_seq, "detail": notice.detail, "at": notice.at}
+
+
+def chunk_event(chunk: Chunk) -> bytes:
+    data = {
+        "session_id": chunk.session_id,
+        "seq": chunk.seq,
+        "encoding": f"{chunk.encoding}/base64",
+        "frames": [base64.b64encode(f).decode("ascii") for f in chunk.frames],
+        "width": chunk.width,
+        "height": chunk.height,
+        "fps": chunk.fps,
+        "timing": timing(chunk),
+        "worker_id": chunk.worker_id,
+    }
+    return b"event: chunk\nid: %d\ndata: %s\n\n" % (chunk.seq, orjson.dumps(data))
+
+
+def entry_event(entry: Entry) -> bytes:
+    if entry.sse is None:
+        item = entry.item
+        if isinstance(item, Chunk):
+            entry.sse = chunk_event(item)
+        else:
+            entry.sse = b"event: state\ndata: %s\n\n" % orjson.dumps(notice_data(item))
+    return entry.sse
+
+
+def lag_event(session_id: str, lag: Lag) -> bytes:
+    data = {"session_id": session_id, "skipped": lag.skipped, "first_skipped": lag.first_skipped,
+            "last_skipped": lag.last_skipped}
+    return b"event: lag\ndata: %s\n\n" % orjson.dumps(data)
+
+
+def end_event(session_id: str, last_seq: int, reason: str) -> bytes:
+    data = orjson.dumps({"session_id": session_id, "last_seq": last_seq, "reason": reason})
+    return b"event: end\ndata: %s\n\n" % data
+
+
+async def stream_session(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    record, _ = await authorized_session(gw, request)
+    last_seq = bodies.last_seq_of(request)
+    if record.state is SessionState.TERMINATED and record.last_seq <= last_seq:
+        return await _ended(request, end_event(record.id, record.last_seq, "closed"))
+    if gw.closing.is_set():
+        return await _ended(request, end_event(record.id, last_seq, "gateway_shutdown"))
+    viewer = await gw.hub.join(record.id, last_seq)
+    try:
+        attachment = await lifetimes.attach(gw, record.id)
+    except BaseException:
+        await gw.hub.leave(viewer)
+        raise
+    gw.metrics.clients.labels("sse").inc()
+    try:
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        await resp.write(b"retry: 2000\n\n")
+        await _pump(request, resp, record.id, viewer, last_seq)
+    except ConnectionResetError:
+        log.info("stream_client_gone", session_id=record.id)
+    finally:
+        gw.metrics.clients.labels("sse").dec()
+        await gw.hub.leave(viewer)
+        await lifetimes.detach(gw, attachment)
+    return resp
+
+
+async def _ended(request: web.Request, event: bytes) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    await resp.write(b"retry: 2000\n\n" + event)
+    return resp
+
+
+async def _pump(request: web.Request, resp: web.StreamResponse, session_id: str, viewer: Viewer,
+                sent: int) -> None:
+    gw = request.app[GATEWAY]
+    keepalive_s = gw.settings.sse_keepalive_s
+    quiet_s = 0.0
+    while True:
+        # Wake at least once a second: a client that went away is noticed (and detached)
+        # within that time even when the session sends nothing.
+        item = await viewer.next(min(keepalive_s, GONE_CHECK_S))
+        if item is None:
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError("client went away")
+            quiet_s += min(keepalive_s, GONE_CHECK_S)
+            if quiet_s >= keepalive_s:
+                await resp.write(b": keepalive\n\n")
+                quiet_s = 0.0
+            continue
+        quiet_s = 0.0
+        if isinstance(item, Entry):
+            await resp.write(entry_event(item))
+            if isinstance(item.item, Chunk):
+                sent = item.item.seq
+        elif isinstance(item, Lag):
+            gw.metrics.lag_skips.labels("sse").inc()
+            await resp.write(lag_event(session_id, item))
+        elif isinstance(item, End):
+            # On a shutdown, what this client has is what it should resume after.
+            last = sent if item.reason == "gateway_shutdown" else item.last_seq
+            await resp.write(end_event(session_id, last, item.reason))
+            return

@@ -1,0 +1,245 @@
+// TurboServe playground: start a session, watch it over the WebSocket, steer it.
+// Protocol (see docs/gateway.md): binary messages are chunks (4-byte big-endian header length,
+// JSON header, JPEG frames back to back); text messages are JSON (state, lag, end, ack, error).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const KEY_STORE = "turboserve.apiKey";
+const MAX_BUFFERED_S = 3; // drop frames beyond this much video to stay near the live edge
+
+const ui = {
+  start: $("start"), prompt: $("prompt"), seed: $("seed"), apiKey: $("api-key"),
+  startError: $("start-error"), controlError: $("control-error"), sessionId: $("session-id"),
+  screen: $("screen"), newPrompt: $("new-prompt"), sendPrompt: $("send-prompt"),
+  pause: $("pause"), resume: $("resume"), close: $("close"), state: $("state"), seq: $("seq"),
+  latency: $("latency"), delivery: $("delivery"), gen: $("gen"), framesDrawn: $("frames-drawn"),
+  chart: $("latency-chart"), log: $("log"),
+};
+
+let session = null;      // {id, token, ws_url}
+let socket = null;
+let lastSeq = -1;
+let ended = false;
+let controlId = 0;
+let framesDrawn = 0;
+let decoding = Promise.resolve();
+const frames = [];       // decoded frames waiting to be drawn: {bitmap, fps}
+const history = [];      // recent chunks: {latency, delivery}
+
+function keyFromHash() {
+  const m = /(?:^|[#&])key=([^&]+)/.exec(location.hash);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
+ui.apiKey.value = keyFromHash() || localStorage.getItem(KEY_STORE) || "";
+
+function log(kind, text) {
+  const li = document.createElement("li");
+  const k = document.createElement("span");
+  k.className = "kind";
+  k.textContent = kind;
+  li.append(k, document.createTextNode(" " + text));
+  ui.log.prepend(li);
+  while (ui.log.children.length > 200) ui.log.lastChild.remove();
+}
+
+function setControls(enabled) {
+  for (const el of [ui.newPrompt, ui.sendPrompt, ui.pause, ui.resume, ui.close]) el.disabled = !enabled;
+}
+
+function errorText(body, status) {
+  if (body && body.error) return `${body.error.code}: ${body.error.message}`;
+  return `HTTP ${status}`;
+}
+
+async function startSession() {
+  ui.startError.textContent = "";
+  const body = { prompt: ui.prompt.value };
+  if (ui.seed.value !== "") body.seed = Number(ui.seed.value);
+  const headers = { "Content-Type": "application/json" };
+  const key = ui.apiKey.value.trim();
+  if (key) {
+    headers.Authorization = "Bearer " + key;
+    localStorage.setItem(KEY_STORE, key);
+  }
+  ui.start.disabled = true;
+  try {
+    const resp = await fetch("/v1/sessions", { method: "POST", headers, body: JSON.stringify(body) });
+    const data = await resp.json().catch(() => null);
+    if (resp.status !== 201) {
+      ui.startError.textContent = errorText(data, resp.status);
+      ui.start.disabled = false;
+      return;
+    }
+    closeSocket();
+    session = data;
+    lastSeq = -1;
+    ended = false;
+    frames.length = 0;
+    ui.sessionId.textContent = session.id;
+    ui.state.textContent = session.state;
+    log("created", `${session.id.slice(0, 8)}: ${session.prompt}`);
+    connect();
+    ui.start.disabled = false;
+  } catch (err) {
+    ui.startError.textContent = String(err);
+    ui.start.disabled = false;
+  }
+}
+
+function socketUrl() {
+  const url = new URL(session.ws_url, location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  url.searchParams.set("token", session.token);
+  if (lastSeq >= 0) url.searchParams.set("last_event_id", String(lastSeq));
+  return url.toString();
+}
+
+function connect() {
+  const ws = new WebSocket(socketUrl());
+  ws.binaryType = "arraybuffer";
+  socket = ws;
+  ws.onopen = () => setControls(true);
+  ws.onmessage = (ev) => {
+    if (typeof ev.data === "string") onText(JSON.parse(ev.data));
+    // Chunks decode one after another so that their frames keep their order.
+    else decoding = decoding.then(() => onChunk(ev.data)).catch((err) => log("error", String(err)));
+  };
+  ws.onclose = () => {
+    if (socket !== ws) return;
+    setControls(false);
+    if (!ended) {
+      log("socket", "closed; reconnecting");
+      setTimeout(() => { if (!ended && socket === ws) connect(); }, 1000);
+    }
+  };
+}
+
+function closeSocket() {
+  if (socket) {
+    const ws = socket;
+    socket = null;
+    ws.close();
+  }
+}
+
+async function onChunk(buffer) {
+  const view = new DataView(buffer);
+  const headerLen = view.getUint32(0);
+  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, headerLen)));
+  let offset = 4 + headerLen;
+  const received = Date.now() / 1000;
+  lastSeq = Math.max(lastSeq, header.seq);
+  const t = header.timing;
+  const delivery = Math.max(0, (received - t.done_at) * 1000);
+  ui.seq.textContent = header.seq;
+  ui.latency.textContent = t.latency_ms.toFixed(0);
+  ui.delivery.textContent = delivery.toFixed(0);
+  ui.gen.textContent = `${t.gen_ms.toFixed(0)} (${t.batch})`;
+  history.push({ latency: t.latency_ms, delivery });
+  if (history.length > 120) history.shift();
+  drawChart();
+  if (ui.screen.width !== header.width || ui.screen.height !== header.height) {
+    ui.screen.width = header.width;
+    ui.screen.height = header.height;
+  }
+  const decoded = [];
+  for (const size of header.frame_sizes) {
+    const blob = new Blob([new Uint8Array(buffer, offset, size)], { type: "image/jpeg" });
+    offset += size;
+    decoded.push(createImageBitmap(blob));
+  }
+  for (const bitmap of await Promise.all(decoded)) frames.push({ bitmap, fps: header.fps });
+  const limit = Math.ceil(MAX_BUFFERED_S * header.fps);
+  while (frames.length > limit) frames.shift().bitmap.close();
+}
+
+function onText(msg) {
+  switch (msg.type) {
+    case "state":
+      ui.state.textContent = msg.kind;
+      log("state", `${msg.kind} on ${msg.worker_id} from seq ${msg.next_seq}${msg.detail ? " (" + msg.detail + ")" : ""}`);
+      break;
+    case "lag":
+      log("lag", `skipped ${msg.skipped} chunks (${msg.first_skipped}-${msg.last_skipped})`);
+      break;
+    case "end":
+      ended = msg.reason !== "gateway_shutdown";
+      ui.state.textContent = ended ? "closed" : ui.state.textContent;
+      log("end", `${msg.reason} after seq ${msg.last_seq}`);
+      if (ended) setControls(false);
+      break;
+    case "ack": {
+      const at = msg.next_seq === null ? "seq not confirmed yet" : `from seq ${msg.next_seq}`;
+      log(msg.control, `${msg.confirmed ? "done" : "accepted"}, ${at}`);
+      if (msg.control === "pause") ui.state.textContent = "paused";
+      if (msg.control === "resume") ui.state.textContent = "active";
+      break;
+    }
+    case "error":
+      ui.controlError.textContent = errorText(msg, 0);
+      log("error", `${msg.control || "message"}: ${msg.error.code}`);
+      break;
+    default:
+      log("?", JSON.stringify(msg));
+  }
+}
+
+function send(type, extra) {
+  if (!socket || socket.readyState !== WebSocket.OPEN) return;
+  ui.controlError.textContent = "";
+  controlId += 1;
+  socket.send(JSON.stringify({ type, id: controlId, ...extra }));
+}
+
+// Playback: one frame per 1/fps second from the buffer, on a timer (works in background tabs
+// and headless browsers, unlike requestAnimationFrame).
+function playLoop() {
+  const next = frames.shift();
+  let delay = 62;
+  if (next) {
+    const ctx = ui.screen.getContext("2d");
+    ctx.drawImage(next.bitmap, 0, 0, ui.screen.width, ui.screen.height);
+    next.bitmap.close();
+    framesDrawn += 1;
+    ui.framesDrawn.textContent = String(framesDrawn);
+    delay = 1000 / (next.fps || 16);
+  }
+  setTimeout(playLoop, delay);
+}
+
+function drawChart() {
+  const c = ui.chart;
+  const ctx = c.getContext("2d");
+  const w = c.width, h = c.height;
+  ctx.clearRect(0, 0, w, h);
+  if (history.length < 2) return;
+  const top = Math.max(50, ...history.map((p) => Math.max(p.latency, p.delivery))) * 1.1;
+  const series = [["latency", "#f5a524"], ["delivery", "#4fa3ff"]];
+  for (const [field, color] of series) {
+    ctx.strokeStyle = color;
+    ctx.lineWidth = 1.5;
+    ctx.beginPath();
+    history.forEach((p, i) => {
+      const x = (i / (history.length - 1)) * w;
+      const y = h - (p[field] / top) * (h - 14);
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  }
+  ctx.fillStyle = "#8a94a3";
+  ctx.font = "10px sans-serif";
+  ctx.fillText(`ms (max ${top.toFixed(0)}): chunk latency (orange), delivery (blue)`, 4, 10);
+}
+
+ui.start.addEventListener("click", startSession);
+ui.sendPrompt.addEventListener("click", () => {
+  const prompt = ui.newPrompt.value.trim();
+  if (prompt) send("prompt", { prompt });
+});
+ui.newPrompt.addEventListener("keydown", (ev) => { if (ev.key === "Enter") ui.sendPrompt.click(); });
+ui.pause.addEventListener("click", () => send("pause"));
+ui.resume.addEventListener("click", () => send("resume"));
+ui.close.addEventListener("click", () => send("close"));
+setControls(false);
+playLoop();

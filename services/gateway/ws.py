@@ -1,0 +1,208 @@
+"""``GET /v1/sessions/{id}/ws``: a session over a WebSocket, both ways.
+
+Server to client:
+
+- a **binary** message per chunk: a 4-byte big-endian length ``n``, then ``n`` bytes of JSON
+  header ``{"type": "chunk", "session_id", "seq", "encoding": "jpeg", "width", "height", "fps",
+  "frame_sizes": [...], "timing": {...}, "worker_id"}``, then the frames' JPEG bytes back to
+  back (``frame_sizes`` says where each ends);
+- **text** messages (JSON): ``{"type": "state", ...}`` (a lifecycle notice, as SSE's
+  ``event: state``), ``{"type": "lag", ...}``, ``{"type": "end", "last_seq", "reason"}``,
+  ``{"type": "ack", "control", "id", "confirmed", "next_seq"}`` and ``{"type": "error",
+  "control", "id", "error": {"code", "message", ...}}``.
+
+Client to server (text, JSON): ``{"type": "prompt", "prompt": "..."}``, ``{"type": "pause"}``,
+``{"type": "resume"}``, ``{"type": "close"}``, each with an optional ``"id"`` echoed in its
+answer. Controls are handled one at a time, in order, while chunks keep flowing; they mean
+exactly what ``POST .../prompt``, ``.../pause``, ``.../resume`` and ``DELETE`` mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from typing import Any
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from services.gateway import bodies, control, errors, lifetimes
+from services.gateway.auth import authorize_session
+from services.gateway.feeds import End, Entry, Lag, Viewer
+from services.gateway.sse import notice_data, timing
+from services.gateway.state import GATEWAY, Gateway, check_rate, load_session
+from shared.logging import get_logger
+from shared.registry import SessionRecord
+from shared.wire import Chunk
+
+log = get_logger("turboserve.gateway")
+
+CONTROLS = frozenset({"prompt", "pause", "resume", "close"})
+HEADER_LEN = struct.Struct(">I")
+CONTROLS_IN_FLIGHT = 8
+
+
+def chunk_message(chunk: Chunk) -> bytes:
+    header = orjson.dumps({
+        "type": "chunk", "session_id": chunk.session_id, "seq": chunk.seq,
+        "encoding": chunk.encoding, "width": chunk.width, "height": chunk.height, "fps": chunk.fps,
+        "frame_sizes": [len(f) for f in chunk.frames], "timing": timing(chunk),
+        "worker_id": chunk.worker_id,
+    })
+    return b"".join([HEADER_LEN.pack(len(header)), header, *chunk.frames])
+
+
+def entry_message(entry: Entry) -> bytes | str:
+    if entry.ws is None:
+        item = entry.item
+        if isinstance(item, Chunk):
+            entry.ws = chunk_message(item)
+        else:
+            entry.ws = orjson.dumps({"type": "state", **notice_data(item)}).decode()
+    return entry.ws
+
+
+def _text(body: dict[str, Any]) -> str:
+    return orjson.dumps(body).decode()
+
+
+async def session_socket(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    record = await load_session(gw, request.match_info["session_id"])
+    operator = authorize_session(gw.keys, request, record)
+    if not operator:
+        await check_rate(gw, record.owner_key)
+    last_seq = bodies.last_seq_of(request)
+    ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=gw.settings.max_body_bytes)
+    if not ws.can_prepare(request).ok:
+        raise errors.InvalidRequest("this route takes a WebSocket upgrade (GET with Upgrade: websocket)")
+    if gw.closing.is_set():
+        raise errors.Unavailable("gateway is shutting down; retry on another replica")
+    viewer = await gw.hub.join(record.id, last_seq)
+    try:
+        attachment = await lifetimes.attach(gw, record.id)
+    except BaseException:
+        await gw.hub.leave(viewer)
+        raise
+    gw.metrics.clients.labels("ws").inc()
+    try:
+        await ws.prepare(request)
+        controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(CONTROLS_IN_FLIGHT)
+        # Held while a control is applied and answered: the end of the stream waits for it, so
+        # a client that sent "close" gets its ack before the end.
+        steering_lock = asyncio.Lock()
+        async with asyncio.TaskGroup() as tg:
+            sender = tg.create_task(_send(gw, ws, record.id, viewer, last_seq, steering_lock))
+            steering = tg.create_task(_steer(gw, ws, record, operator, controls, steering_lock))
+            await _receive(ws, controls)
+            sender.cancel()
+            steering.cancel()
+    finally:
+        gw.metrics.clients.labels("ws").dec()
+        await gw.hub.leave(viewer)
+        await lifetimes.detach(gw, attachment)
+        if not ws.closed:
+            with contextlib.suppress(Exception):
+                await ws.close()
+    return ws
+
+
+async def _receive(ws: web.WebSocketResponse, controls: asyncio.Queue[dict[str, Any]]) -> None:
+    """Read the client's messages until it closes; each valid one is queued for _steer."""
+    async for msg in ws:
+        if msg.type is WSMsgType.TEXT:
+            try:
+                body = orjson.loads(msg.data)
+            except orjson.JSONDecodeError as exc:
+                await _send_error(ws, None, None, errors.InvalidJson(f"not JSON: {exc}"))
+                continue
+            if not isinstance(body, dict) or body.get("type") not in CONTROLS:
+                kind = body.get("type") if isinstance(body, dict) else None
+                await _send_error(ws, None, body.get("id") if isinstance(body, dict) else None,
+                                  errors.InvalidRequest(
+                                      "a control is a JSON object with 'type' one of "
+                                      f"{', '.join(sorted(CONTROLS))}", type=kind))
+                continue
+            await controls.put(body)
+        elif msg.type is WSMsgType.BINARY:
+            await _send_error(ws, None, None, errors.InvalidRequest("controls are text (JSON) messages"))
+        else:  # ERROR; CLOSE and CLOSING end the iteration themselves
+            break
+
+
+async def _send_error(ws: web.WebSocketResponse, kind: str | None, ident: Any,
+                      exc: errors.ApiError) -> None:
+    with contextlib.suppress(ConnectionResetError):
+        await ws.send_str(_text({"type": "error", "control": kind, "id": ident, "error": exc.body()}))
+
+
+async def _steer(gw: Gateway, ws: web.WebSocketResponse, record: SessionRecord, operator: bool,
+                 controls: asyncio.Queue[dict[str, Any]], lock: asyncio.Lock) -> None:
+    while True:
+        body = await controls.get()
+        async with lock:
+            await _steer_once(gw, ws, record, operator, body)
+
+
+async def _steer_once(gw: Gateway, ws: web.WebSocketResponse, record: SessionRecord, operator: bool,
+                      body: dict[str, Any]) -> None:
+    kind, ident = body["type"], body.get("id")
+    try:
+        if not operator:
+            await check_rate(gw, record.owner_key)
+        current = await load_session(gw, record.id)
+        answer = await _apply(gw, current, kind, body)
+    except errors.ApiError as exc:
+        gw.metrics.refusals.labels(exc.code).inc()
+        await _send_error(ws, kind, ident, exc)
+        return
+    with contextlib.suppress(ConnectionResetError):
+        await ws.send_str(_text({"type": "ack", "control": kind, "id": ident, **answer}))
+
+
+async def _apply(gw: Gateway, record: SessionRecord, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    if kind == "prompt":
+        unknown = sorted(set(body) - {"type", "id", "prompt"})
+        if unknown:
+            raise errors.InvalidRequest(f"unknown field(s): {', '.join(unknown)}", fields=unknown)
+        prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
+        return {"prompt": prompt, **(await control.change_prompt(gw, record, prompt)).body("prompt change")}
+    if kind == "pause":
+        return (await control.pause(gw, record)).body("pause")
+    if kind == "resume":
+        return (await control.resume(gw, record)).body("resume")
+    closed = await control.close(gw, record)
+    return {"confirmed": True, "next_seq": None, "state": str(closed.state)}
+
+
+async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer: Viewer,
+                sent: int, steering: asyncio.Lock) -> None:
+    keepalive_s = gw.settings.sse_keepalive_s
+    try:
+        while True:
+            item = await viewer.next(keepalive_s)
+            if item is None:
+                continue  # the WebSocket's own ping/pong keeps the connection alive
+            if isinstance(item, Entry):
+                message = entry_message(item)
+                if isinstance(message, bytes):
+                    await ws.send_bytes(message)
+                    sent = item.item.seq
+                else:
+                    await ws.send_str(message)
+            elif isinstance(item, Lag):
+                gw.metrics.lag_skips.labels("ws").inc()
+                await ws.send_str(_text({"type": "lag", "session_id": session_id, "skipped": item.skipped,
+                                         "first_skipped": item.first_skipped,
+                                         "last_skipped": item.last_skipped}))
+            elif isinstance(item, End):
+                last = sent if item.reason == "gateway_shutdown" else item.last_seq
+                async with steering:  # the answer to a control in flight goes first
+                    pass
+                await ws.send_str(_text({"type": "end", "session_id": session_id, "last_seq": last,
+                                         "reason": item.reason}))
+                await ws.close(code=1001 if item.reason == "gateway_shutdown" else 1000)
+                return
+    except ConnectionResetError:
+        log.info("socket_client_gone", session_id=session_id)

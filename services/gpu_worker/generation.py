@@ -1,0 +1,413 @@
+"""The generation loop: the worker's one thread that drives the engine.
+
+At every pass boundary it takes what the inbox holds (commands from the scheduler, controls from
+the event loop), applies it, decides which sessions take the next batched pass (pacing: a
+session ahead of playback sits out, see :mod:`pacing`), runs the pass, encodes the chunks the
+pass completed and hands them to the sink, which publishes them and says which sessions were
+fenced (taken away from this worker). When nobody is due it waits on the inbox with a timeout
+to the next due pass, so a new command is heard at once.
+
+Everything here runs on that thread; the event loop reads :meth:`GenerationLoop.status`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.gpu_worker.codec import encode_frames
+from services.gpu_worker.engine import (
+    ChunkResult,
+    Engine,
+    EngineError,
+    EngineFull,
+)
+from services.gpu_worker.inbox import CommandInbox, Control, InboxItem
+from services.gpu_worker.pacing import ChunkEstimate, PlaybackClock, plan_pass
+from shared.logging import get_logger
+from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
+
+log = get_logger("turboserve.worker")
+
+FPS = 16.0  # playback rate of the frames a chunk carries
+
+Outgoing = Chunk | SessionNotice
+
+
+class ChunkSink(Protocol):
+    """The event-loop side of the worker, as the generation thread sees it."""
+
+    def deliver(self, items: list[Outgoing]) -> set[str]:
+        """Publish in order (blocking until done: backpressure); returns the sessions whose
+        items were refused because this worker no longer owns them at that epoch."""
+        ...
+
+    def hand_back(self, session_id: str, epoch: int) -> None:
+        """Give a session this worker cannot take back to the scheduler (pending again)."""
+        ...
+
+
+@dataclass(slots=True)
+class OwnedSession:
+    """What the worker knows of a session it generates."""
+
+    epoch: int
+    seq_base: int  # wire seq = seq_base + engine seq
+    clock: PlaybackClock
+    frozen: bool = False  # handed off (migration in progress): sits out of every pass
+    suspend_pending: bool = False  # SUSPEND arrived mid-chunk: suspend at the boundary
+    chunk_ms: float = 0.0  # wall time of the current chunk's passes so far
+    chunk_batch: int = 0  # batch of those passes; -1 once it changed
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStatus:
+    """A consistent picture of the loop for heartbeats (copied, safe to read anywhere)."""
+
+    sessions: tuple[str, ...] = ()
+    active: tuple[str, ...] = ()
+    suspended: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
+    waiting: int = 0
+    lead_ms: dict[str, float] = field(default_factory=dict)
+    keeping_pace: bool = True
+
+
+class PassTimes:
+    """Measured wall time of one pass per batch size (moving average), for pacing and for
+    heartbeats. Under emulation this is the emulated time (the pass is paced to it)."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self._ms: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, batch: int, ms: float) -> None:
+        with self._lock:
+            old = self._ms.get(batch)
+            self._ms[batch] = ms if old is None else old + self.alpha * (ms - old)
+
+    def snapshot(self) -> dict[int, float]:
+        with self._lock:
+            return {b: round(v, 3) for b, v in sorted(self._ms.items())}
+
+
+class GenerationLoop:
+    def __init__(
+        self,
+        engine: Engine,
+        inbox: CommandInbox,
+        sink: ChunkSink,
+        *,
+        worker_id: str,
+        period_s: float,
+        lead_s: float,
+        jpeg_quality: int = 80,
+        pass_floor_ms: Callable[[int], float] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.inbox = inbox
+        self.sink = sink
+        self.worker_id = worker_id
+        self.period_s = period_s
+        self.lead_s = lead_s
+        self.jpeg_quality = jpeg_quality
+        # Emulation: the least wall time of a pass at a batch size (a GPU kind's profile).
+        self.pass_floor_ms = pass_floor_ms
+        self.now = clock
+        self.owned: dict[str, OwnedSession] = {}
+        self.pass_times = PassTimes()
+        self.chunk_times = PassTimes()  # whole chunks, by the batch of their last pass
+        self._boundary_controls: list[tuple[str, Control[Any]]] = []
+        self._status = LoopStatus()
+        self._status_lock = threading.Lock()
+        self._waiting = 0
+        self._slow_passes = 0  # consecutive emulated passes the real compute could not meet
+        self.keeping_pace = True
+
+    # -- the thread -----------------------------------------------------------------------------
+    def run(self) -> None:
+        wait: float | None = 0.0
+        while not self.inbox.closed:
+            for item in self.inbox.take(wait):
+                self._apply(item)
+            self._settle_boundaries()
+            now = self.now()
+            plan = plan_pass(now, self._candidates(), self.lead_s, self._estimate())
+            self._waiting = len(plan.waiting)
+            if plan.participants and not self.inbox.closed:
+                self._run_pass(plan.participants)
+                wait = 0.0
+            else:
+                wait = plan.wait_s(now)
+            self._publish_status()
+
+    def status(self) -> LoopStatus:
+        with self._status_lock:
+            return self._status
+
+    # -- commands and controls ------------------------------------------------------------------
+    def _apply(self, item: InboxItem) -> None:
+        if isinstance(item, Control):
+            if item.session_id is not None:
+                self._boundary_controls.append((item.session_id, item))
+            else:
+                _run_control(item)
+            return
+        try:
+            self._apply_command(item)
+        except EngineError as exc:  # refused by the engine: logged, never fatal
+            log.warning("command_refused", session_id=item.session_id, kind=str(item.kind),
+                        error=str(exc))
+
+    def _apply_command(self, cmd: WorkerCommand) -> None:
+        sid = cmd.session_id
+        if sid is None:
+            return
+        owned = self.owned.get(sid)
+        if cmd.kind is WorkerCmdKind.STOP:
+            self.drop(sid, reason="stopped")
+            return
+        if owned is not None and cmd.epoch < owned.epoch:
+            log.info("command_stale", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch,
+                     current=owned.epoch)
+            return
+        if cmd.kind is WorkerCmdKind.ASSIGN:
+            self._assign(cmd, owned)
+            return
+        if owned is None or not self.engine.has_session(sid):
+            log.warning("command_for_unknown_session", session_id=sid, kind=str(cmd.kind))
+            return
+        if owned.frozen:
+            log.warning("command_for_frozen_session", session_id=sid, kind=str(cmd.kind))
+            return
+        owned.epoch = cmd.epoch
+        if cmd.kind is WorkerCmdKind.SUSPEND:
+            self._suspend(sid, owned)
+        elif cmd.kind is WorkerCmdKind.RESUME:
+            self._resume(sid, owned)
+        elif cmd.kind is WorkerCmdKind.PROMPT:
+            self.engine.set_prompt(sid, cmd.prompt or "")
+            mid_chunk = self.engine.phases().get(sid, 0) > 0
+            next_seq = owned.seq_base + self.engine.next_seq(sid) + (1 if mid_chunk else 0)
+            self._notify(sid, owned, NoticeKind.PROMPT, next_seq)
+        log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch)
+
+    def _assign(self, cmd: WorkerCommand, owned: OwnedSession | None) -> None:
+        sid = cmd.session_id
+        assert sid is not None
+        engine = self.engine
+        if owned is not None and cmd.epoch == owned.epoch:
+            return  # the same assignment again: already applied
+        if (owned is not None and engine.has_session(sid) and not owned.frozen
+                and owned.seq_base + engine.next_seq(sid) == cmd.seq):
+            # Re-placed on the worker that still holds its state, at the seq it is at: keep
+            # the state (the video continues), take the new epoch.
+            owned.epoch = cmd.epoch
+            if sid in engine.suspended_sessions():
+                self._resume(sid, owned)
+            log.info("session_reassigned_in_place", session_id=sid, epoch=cmd.epoch, seq=cmd.seq)
+            return
+        if owned is not None:
+            self.drop(sid, reason="reassigned")
+        try:
+            engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
+        except EngineFull:
+            log.warning("engine_full", session_id=sid, capacity=engine.capacity)
+            self.sink.hand_back(sid, cmd.epoch)
+            return
+        owned = OwnedSession(epoch=cmd.epoch, seq_base=cmd.seq, clock=PlaybackClock(self.now()))
+        self.owned[sid] = owned
+        if cmd.seq == 0:
+            self._notify(sid, owned, NoticeKind.PLACED, cmd.seq)
+        else:
+            # This worker has no state for it (its previous worker is gone): the video starts
+            # over from the prompt, and the viewer is told so.
+            self._notify(sid, owned, NoticeKind.RESTARTED, cmd.seq,
+                         detail="session state lost; restarted from the prompt")
+        log.info("session_assigned", session_id=sid, epoch=cmd.epoch, seq=cmd.seq)
+
+    def _suspend(self, sid: str, owned: OwnedSession) -> None:
+        if sid in self.engine.suspended_sessions():
+            return
+        if self.engine.passes_to_boundary(sid):
+            owned.suspend_pending = True  # right after the chunk in progress
+            return
+        self.engine.suspend(sid)
+        self._notify(sid, owned, NoticeKind.SUSPENDED, owned.seq_base + self.engine.next_seq(sid))
+
+    def _resume(self, sid: str, owned: OwnedSession) -> None:
+        if owned.suspend_pending:
+            owned.suspend_pending = False  # never left the device
+            return
+        if sid not in self.engine.suspended_sessions():
+            return
+        self.engine.resume(sid)
+        owned.clock = PlaybackClock(self.now())  # a new start of playback
+        self._notify(sid, owned, NoticeKind.RESUMED, owned.seq_base + self.engine.next_seq(sid))
+
+    def drop(self, session_id: str, reason: str) -> None:
+        """Forget a session (stop, fenced, handed off); its pending controls fail."""
+        if self.engine.has_session(session_id):
+            self.engine.remove_session(session_id)
+        if self.owned.pop(session_id, None) is not None:
+            log.info("session_dropped", session_id=session_id, reason=reason)
+        self.inbox.forget(session_id)
+        keep = []
+        for sid, control in self._boundary_controls:
+            if sid == session_id:
+                control.reject(LookupError(f"session {session_id} left this worker ({reason})"))
+            else:
+                keep.append((sid, control))
+        self._boundary_controls = keep
+
+    def _settle_boundaries(self) -> None:
+        """What waits for a chunk boundary: deferred suspends, then boundary controls."""
+        resident = set(self._resident())
+        phases = self.engine.phases()
+        for sid, owned in list(self.owned.items()):
+            if owned.suspend_pending and sid in resident and phases.get(sid, 0) == 0:
+                owned.suspend_pending = False
+                self._suspend(sid, owned)
+        if not self._boundary_controls:
+            return
+        phases = self.engine.phases()
+        pending = []
+        for sid, control in self._boundary_controls:
+            if sid not in self.owned:
+                control.reject(LookupError(f"no session {sid} on this worker"))
+            elif phases.get(sid, 0) == 0:  # at a boundary, or suspended (not resident)
+                _run_control(control)
+            else:
+                pending.append((sid, control))
+        self._boundary_controls = pending
+
+    # -- passes ---------------------------------------------------------------------------------
+    def _resident(self) -> list[str]:
+        return self.engine.active_sessions()
+
+    def _candidates(self) -> list[tuple[str, bool, float]]:
+        phases = self.engine.phases()
+        out = []
+        for sid, phase in phases.items():
+            owned = self.owned.get(sid)
+            if owned is None or owned.frozen:
+                continue
+            out.append((sid, phase == 0, owned.clock.due))
+        return out
+
+    def _estimate(self) -> float:
+        """Expected chunk time if every resident session took each pass."""
+        batch = sum(1 for o in self.owned.values() if not o.frozen)
+        estimate = ChunkEstimate(self.engine.passes_per_chunk, self.pass_times.snapshot())
+        return estimate.chunk_s(batch)
+
+    def _run_pass(self, participants: list[str]) -> None:
+        phases = self.engine.phases()
+        started = time.perf_counter()
+        results = self.engine.pass_step(participants)
+        batch = len(participants)
+        pass_ms = (time.perf_counter() - started) * 1000.0
+        if self.pass_floor_ms is not None:
+            pass_ms = self._pace_to_floor(batch, pass_ms)
+        self.pass_times.add(batch, pass_ms)
+        for sid in participants:
+            owned = self.owned.get(sid)
+            if owned is None:
+                continue
+            if phases.get(sid, 0) == 0:  # this pass started its chunk
+                owned.chunk_ms, owned.chunk_batch = 0.0, batch
+            elif owned.chunk_batch != batch:
+                owned.chunk_batch = -1
+            owned.chunk_ms += pass_ms
+        if results:
+            self._deliver(results)
+
+    def _pace_to_floor(self, batch: int, real_ms: float) -> float:
+        """Emulation: stretch the pass to the emulated GPU's time for this batch."""
+        assert self.pass_floor_ms is not None
+        floor = self.pass_floor_ms(batch)
+        if real_ms < floor:
+            time.sleep((floor - real_ms) / 1000.0)
+            self._slow_passes = 0
+        else:
+            self._slow_passes += 1
+        keeping = self._slow_passes < 3  # a few slow passes in a row: say so
+        if keeping != self.keeping_pace:
+            self.keeping_pace = keeping
+            log.warning("emulation_pace", keeping_pace=keeping, batch=batch,
+                        real_pass_ms=round(real_ms, 2), emulated_pass_ms=round(floor, 2))
+        return max(real_ms, floor)
+
+    def _deliver(self, results: list[ChunkResult]) -> None:
+        done_at = self.now()
+        chunks: list[Outgoing] = []
+        for r in results:
+            owned = self.owned.get(r.session_id)
+            if owned is None:
+                continue
+            gen_ms = owned.chunk_ms or r.gen_ms
+            if owned.chunk_batch == r.batch:  # every pass of it at one batch size
+                self.chunk_times.add(r.batch, gen_ms)
+            due = owned.clock.chunk_done(done_at, self.period_s)
+            frames = r.frames
+            chunks.append(Chunk(
+                session_id=r.session_id,
+                seq=owned.seq_base + r.seq,
+                worker_id=self.worker_id,
+                epoch=owned.epoch,
+                encoding="jpeg",
+                frames=encode_frames(frames, fmt="jpeg", quality=self.jpeg_quality),
+                width=int(frames.shape[2]),
+                height=int(frames.shape[1]),
+                fps=FPS,
+                gen_ms=gen_ms,
+                batch=r.batch,
+                due_at=due,
+                done_at=done_at,
+            ))
+        if chunks:
+            for sid in self.sink.deliver(chunks):
+                self.drop(sid, reason="fenced")
+
+    def announce(self, sid: str, kind: NoticeKind, next_seq: int, detail: str = "") -> None:
+        """Tell the session's viewers of a lifecycle change (on the generation thread)."""
+        owned = self.owned.get(sid)
+        if owned is not None:
+            self._notify(sid, owned, kind, next_seq, detail)
+
+    def _notify(self, sid: str, owned: OwnedSession, kind: NoticeKind, next_seq: int,
+                detail: str = "") -> None:
+        notice = SessionNotice(session_id=sid, kind=kind, worker_id=self.worker_id,
+                               epoch=owned.epoch, next_seq=next_seq, detail=detail)
+        for fenced in self.sink.deliver([notice]):
+            self.drop(fenced, reason="fenced")
+
+    def _publish_status(self) -> None:
+        engine = self.engine
+        suspended = tuple(engine.suspended_sessions())
+        status = LoopStatus(
+            sessions=tuple(sorted(self.owned)),
+            active=tuple(engine.active_sessions()),
+            suspended=suspended,
+            frozen=tuple(sid for sid, o in self.owned.items() if o.frozen),
+            waiting=self._waiting,
+            lead_ms={sid: round(o.clock.last_lead_ms, 1) for sid, o in self.owned.items()
+                     if o.clock.last_lead_ms is not None},
+            keeping_pace=self.keeping_pace,
+        )
+        with self._status_lock:
+            self._status = status
+
+
+def _run_control(control: Control[Any]) -> None:
+    try:
+        result = control.run()
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
+        control.reject(exc)
+    else:
+        control.resolve(result)

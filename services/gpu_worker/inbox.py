@@ -1,0 +1,104 @@
+"""The generation thread's inbox: commands from the event loop, applied at pass boundaries.
+
+The generation thread waits on the inbox (never on a plain sleep), so a command that arrives
+while every session is ahead of playback is applied at once, and one that arrives during a pass
+is applied at the next pass boundary.
+
+Stale commands are dropped before they are applied: the inbox remembers the highest epoch it
+has seen per session, and a command whose epoch is lower than that was superseded while it
+waited (a backlog of re-assignments never replays as a storm).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from shared.wire import WorkerCmdKind, WorkerCommand
+
+T = TypeVar("T")
+
+
+class Control(Generic[T]):
+    """A request from the event loop that the generation thread must answer (freeze a session
+    for a migration, adopt one, ...). ``run`` is called on the generation thread at a pass
+    boundary, or, when ``session_id`` is given, at that session's next chunk boundary; its
+    result goes to ``resolve`` and an exception to ``reject`` (both thread-safe callbacks)."""
+
+    __slots__ = ("name", "run", "resolve", "reject", "session_id")
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[], T],
+        resolve: Callable[[T], None],
+        reject: Callable[[BaseException], None],
+        session_id: str | None = None,
+    ) -> None:
+        self.name = name
+        self.run = run
+        self.resolve = resolve
+        self.reject = reject
+        self.session_id = session_id
+
+
+InboxItem = WorkerCommand | Control[Any]
+
+
+class CommandInbox:
+    """Thread-safe queue of commands and controls with stale-epoch dropping."""
+
+    def __init__(self) -> None:
+        self._items: deque[InboxItem] = deque()
+        self._cond = threading.Condition()
+        self._latest_epoch: dict[str, int] = {}
+        self._closed = False
+        self.dropped_stale = 0
+
+    def put(self, item: InboxItem) -> None:
+        with self._cond:
+            if isinstance(item, WorkerCommand) and item.session_id is not None:
+                sid = item.session_id
+                self._latest_epoch[sid] = max(self._latest_epoch.get(sid, item.epoch), item.epoch)
+            self._items.append(item)
+            self._cond.notify()
+
+    def take(self, timeout: float | None) -> list[InboxItem]:
+        """Everything queued, oldest first, without superseded commands. Waits up to
+        ``timeout`` seconds (None: until something arrives or the inbox is closed) when empty."""
+        with self._cond:
+            if not self._items and not self._closed:
+                self._cond.wait(timeout)
+            items = list(self._items)
+            self._items.clear()
+            fresh = [item for item in items if not self._superseded(item)]
+            self.dropped_stale += len(items) - len(fresh)
+            return fresh
+
+    def latest_epoch(self, session_id: str) -> int | None:
+        with self._cond:
+            return self._latest_epoch.get(session_id)
+
+    def forget(self, session_id: str) -> None:
+        """The session left this worker: stop tracking its epoch."""
+        with self._cond:
+            self._latest_epoch.pop(session_id, None)
+
+    def close(self) -> None:
+        """Wakes the generation thread for good (shutdown)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _superseded(self, item: InboxItem) -> bool:
+        if not isinstance(item, WorkerCommand) or item.session_id is None:
+            return False
+        if item.kind is WorkerCmdKind.STOP:
+            return False  # the session is over whatever its epoch
+        return item.epoch < self._latest_epoch.get(item.session_id, item.epoch)

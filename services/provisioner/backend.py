@@ -1,0 +1,79 @@
+"""One interface for every way of getting a GPU worker; ``TURBOSERVE_BACKEND`` picks one.
+
+A backend only launches and terminates workers and says when one died; what to start, when,
+and whether a STOP is allowed is the service's (``service.py``) and the pool's (``pool.py``).
+
+- ``local``: ``turboserve worker`` processes on this host, one per GPU (``local.py``).
+- ``kubernetes``: one pod per worker, created and deleted by name (``k8s.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from shared.settings import ProvisionerSettings
+
+# (worker id, what happened: "exit code 1", "pod Failed: OOMKilled")
+OnExit = Callable[[str, str], None]
+Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
+
+BACKENDS = ("local", "kubernetes")
+
+
+class LaunchError(RuntimeError):
+    """A worker could not be launched (the API refused the pod, the process did not start)."""
+
+    retryable = True
+
+
+class Backend(Protocol):
+    name: str
+    # The most workers it can host at once (the GPUs of a host); None: no limit of its own.
+    capacity: int | None
+
+    async def open(self, spawn: Spawn, on_exit: OnExit) -> dict[str, float]:
+        """Get ready; ``spawn`` starts supervised tasks, ``on_exit`` is called when a worker
+        dies on its own. Returns the workers already running that it takes over (id -> when
+        each was created, wall clock): pods survive a provisioner restart, processes do not."""
+        ...
+
+    async def launch(self, worker_id: str) -> str:
+        """Start a worker with this id; returns where it runs ("pid 12 on GPU-...", "pod ...").
+        Idempotent for a worker it already runs. Raises :class:`LaunchError`."""
+        ...
+
+    async def terminate(self, worker_id: str, grace_s: float) -> str:
+        """Stop the worker (SIGTERM, or delete its pod, with ``grace_s`` to hand off) and wait
+        until it is gone; returns how it ended. A worker it does not run is already gone."""
+        ...
+
+    async def close(self, grace_s: float) -> list[str]:
+        """The provisioner stops: returns the workers that stop with it (local processes do;
+        pods keep running and are taken over by the next provisioner)."""
+        ...
+
+
+def make_backend(settings: ProvisionerSettings) -> Backend:
+    if settings.backend == "local":
+        from services.provisioner.local import LocalBackend
+
+        return LocalBackend(settings)
+    if settings.backend == "kubernetes":
+        from services.provisioner.k8s import KubernetesBackend
+
+        return KubernetesBackend(settings)
+    raise ValueError(f"unknown backend {settings.backend!r}: one of {', '.join(BACKENDS)}")
+
+
+def mesh_env(settings: ProvisionerSettings) -> dict[str, str]:
+    """The settings a worker must share with its provisioner to be part of the same mesh (the
+    subject prefix and Redis namespace; the GPU kind it emulates when one is set)."""
+    env = {
+        "TURBOSERVE_SUBJECT_PREFIX": settings.subject_prefix,
+        "TURBOSERVE_REDIS_NAMESPACE": settings.redis_namespace,
+    }
+    if settings.emulate:
+        env["TURBOSERVE_EMULATE"] = settings.emulate
+    return env

@@ -1,0 +1,451 @@
+"""``turboserve replay``: play a session trace against a running gateway, as its viewers would.
+
+Each ``arrive`` creates a session (``POST /v1/sessions``) and attaches a real SSE client to its
+stream; ``idle`` and ``active`` pause and resume it (the gateway's control routes); ``depart``
+closes it (``DELETE``). ``--speed X`` plays the trace X times faster. Every chunk is checked on
+the client side: its seq (gaps are lost chunks, repeats are repeats), how late it came against
+its due time, and, for every active stretch, how many chunk periods passed with no chunk (what
+the viewer sees as a frozen picture). With an operator key it also reads the mesh's own account
+from ``GET /v1/cluster``: the GPU-seconds spent, migrations, scale events and the peak pool.
+
+It talks only to the URL it is given, and every loop in it is bounded (the trace's length plus
+a drain period).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from services.scheduler.sim.viewer import ServiceLedger, summary
+
+DEFAULT_DEADLINE_MS = 1250.0
+
+
+@dataclass
+class SessionLog:
+    """What one viewer saw. Service is counted by the simulator's own ``ServiceLedger`` (one
+    definition of latency, on time and missed periods for both)."""
+
+    trace_id: str
+    ledger: ServiceLedger
+    id: str | None = None
+    token: str = ""
+    refused: str = ""  # error code when the gateway refused to create it
+    seqs: list[int] = field(default_factory=list)
+    delivery_ms: list[float] = field(default_factory=list)  # done at the worker -> received
+    restarts: int = 0
+    states: list[str] = field(default_factory=list)
+    spell_start: float | None = None  # when the current active spell began (wall clock)
+    first_of_spell: bool = True
+    next_due: float | None = None  # when the next chunk is due by the worker's clock
+    errors: list[str] = field(default_factory=list)
+
+    def activate(self, now: float) -> None:
+        if self.spell_start is None:
+            self.spell_start, self.first_of_spell, self.next_due = now, True, None
+
+    def deactivate(self, now: float) -> None:
+        """The spell ends: if its next chunk is overdue, the viewer was left waiting."""
+        if self.spell_start is None:
+            return
+        if self.first_of_spell:
+            self.ledger.spell_ended((now - self.spell_start) * 1000.0, first=True)
+        elif self.next_due is not None:
+            self.ledger.spell_ended((now - self.next_due) * 1000.0, first=False)
+        self.spell_start = None
+
+    def chunk(self, seq: int, due_at: float, done_at: float, now: float) -> None:
+        self.seqs.append(seq)
+        self.delivery_ms.append(max(0.0, now - done_at) * 1000.0)
+        latency_ms = (done_at - due_at) * 1000.0
+        if self.spell_start is not None and self.first_of_spell:
+            self.ledger.delivered(latency_ms, startup_ms=(done_at - self.spell_start) * 1000.0)
+            self.first_of_spell = False
+        else:
+            self.ledger.delivered(latency_ms)
+        self.next_due = max(due_at, done_at) + self.ledger.period_s
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    gateway: str
+    api_key: str | None
+    operator_key: str | None
+    speed: float
+    offset_s: float = 0.0
+    duration_s: float | None = None
+    drain_s: float = 10.0
+    deadline_ms: float | None = None
+    period_s: float | None = None
+    max_sessions: int | None = None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "replay", help="play a session trace against a running gateway (load generator)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", required=True, help="a trace CSV (t,session_id,event) or a built-in "
+                   "name (calm, diurnal, steps, bursty, flash_crowd, chaotic)")
+    p.add_argument("--gateway", default=None,
+                   help="gateway URL (default: the one `turboserve up` runs, else "
+                        "http://127.0.0.1:8080)")
+    p.add_argument("--api-key", default=None, help="API key to create sessions (default: "
+                   "TURBOSERVE_API_KEY, or the one `turboserve up` made)")
+    p.add_argument("--operator-key", default=None, help="to read the mesh's account (cost, "
+                   "migrations, scale events) from /v1/cluster")
+    p.add_argument("--speed", type=float, default=1.0, help="play the trace X times faster")
+    p.add_argument("--offset", type=float, default=0.0, help="start this far into the trace (s)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="play this much of the trace (s of trace time; default: all)")
+    p.add_argument("--max-sessions", type=int, default=None,
+                   help="play only the first N sessions that arrive")
+    p.add_argument("--deadline-ms", type=float, default=None,
+                   help="a chunk within this of its due time counts as on time (default: the "
+                        "scheduler's, else 1250)")
+    p.add_argument("--period-s", type=float, default=None,
+                   help="the sessions' chunk period (default: the deadline, as emulated workers "
+                        "pace)")
+    p.add_argument("--drain", type=float, default=10.0,
+                   help="seconds to wait for the last chunks after the trace ends")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from services.cli import fail
+    from services.launcher import read_state
+    from services.scheduler.sim.traceio import TraceError, load_trace
+
+    if not args.speed > 0 or (args.duration is not None and not args.duration > 0):
+        return fail("replay", "--speed and --duration must be > 0")
+    try:
+        trace = load_trace(args.trace)
+    except (TraceError, FileNotFoundError, OSError) as exc:
+        return fail("replay", exc)
+    state = read_state() or {}
+    config = ReplayConfig(
+        gateway=(args.gateway or state.get("gateway_url") or "http://127.0.0.1:8080").rstrip("/"),
+        api_key=args.api_key or os.environ.get("TURBOSERVE_API_KEY") or state.get("api_key") or None,
+        operator_key=(args.operator_key or os.environ.get("TURBOSERVE_OPERATOR_KEY")
+                      or state.get("operator_key") or None),
+        speed=args.speed, offset_s=args.offset, duration_s=args.duration, drain_s=args.drain,
+        deadline_ms=args.deadline_ms, period_s=args.period_s, max_sessions=args.max_sessions,
+    )
+    events = select_events(trace.events, config)
+    if not events:
+        return fail("replay", "no event of the trace falls in the window asked for")
+    try:
+        result = asyncio.run(replay(events, config, progress=_progress))
+    except ReplayError as exc:
+        return fail("replay", exc)
+    result["trace"] = trace.name
+    print(format_result(result))
+    if args.json_out:
+        with open(args.json_out, "wb") as f:
+            f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot run (gateway unreachable, no key): one line for the user."""
+
+
+def select_events(events: Any, config: ReplayConfig) -> list[tuple[float, str, str]]:
+    """The trace window asked for, re-timed from 0; sessions that arrived before the window
+    are left out (their events too); a session still there at its end departs then."""
+    start = config.offset_s
+    end = math.inf if config.duration_s is None else start + config.duration_s
+    chosen: dict[str, bool] = {}
+    out: list[tuple[float, str, str]] = []
+    last_t = 0.0
+    for e in events:
+        if e.t < start or e.t > end:
+            continue
+        if e.event == "arrive":
+            if config.max_sessions is not None and len(chosen) >= config.max_sessions:
+                continue
+            chosen[e.session_id] = True
+        elif e.session_id not in chosen:
+            continue
+        out.append((e.t - start, e.session_id, e.event))
+        last_t = e.t - start
+        if e.event == "depart":
+            chosen[e.session_id] = False
+    for sid, open_ in chosen.items():
+        if open_:
+            out.append((last_t, sid, "depart"))
+    return out
+
+
+async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
+                 progress: Any = None) -> dict[str, Any]:
+    import aiohttp
+
+    logs: dict[str, SessionLog] = {}
+    timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
+    async with aiohttp.ClientSession(config.gateway, timeout=timeout) as http:
+        before = await _cluster(http, config)
+        deadline_ms = config.deadline_ms or _deadline(before) or DEFAULT_DEADLINE_MS
+        period_s = config.period_s or deadline_ms / 1000.0
+        readers: set[asyncio.Task[None]] = set()
+        started = time.monotonic()
+        peak = [0]
+
+        async def sample_peak() -> None:
+            while True:
+                view = await _cluster(http, config)
+                if view and view.get("scheduler"):
+                    peak[0] = max(peak[0], int(view["scheduler"].get("gpus") or 0))
+                await asyncio.sleep(1.0)
+
+        sampler = asyncio.create_task(sample_peak()) if config.operator_key else None
+        last_report = 0.0
+        try:
+            for t, trace_id, kind in events:
+                wait = started + t / config.speed - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                log = logs.get(trace_id)
+                if log is None:
+                    log = logs[trace_id] = SessionLog(trace_id, ServiceLedger(period_s, deadline_ms))
+                await _act(http, config, log, kind, readers)
+                now = time.monotonic()
+                if progress is not None and now - last_report >= 2.0:
+                    last_report = now
+                    progress(_progress_line(logs, t, events[-1][0]))
+            drain_until = time.monotonic() + config.drain_s
+            while readers and time.monotonic() < drain_until:
+                await asyncio.wait(readers, timeout=min(1.0, drain_until - time.monotonic()))
+        finally:
+            now = time.time()
+            for log in logs.values():
+                log.deactivate(now)
+            for task in readers:
+                task.cancel()
+            if readers:
+                await asyncio.wait(readers, timeout=5.0)
+            if sampler is not None:
+                sampler.cancel()
+                await asyncio.gather(sampler, return_exceptions=True)
+        after = await _cluster(http, config)
+    wall_s = time.monotonic() - started
+    return summarize(list(logs.values()), deadline_ms, before, after, peak[0], wall_s)
+
+
+async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
+               readers: set[asyncio.Task[None]]) -> None:
+    now = time.time()
+    if kind == "arrive":
+        await _create(http, config, log)
+        if log.id is not None:
+            log.activate(now)
+            task = asyncio.create_task(_read_stream(http, log))
+            readers.add(task)
+            task.add_done_callback(readers.discard)
+        return
+    if log.id is None:
+        return  # refused at arrival
+    if kind == "idle":
+        log.deactivate(now)
+        await _control(http, log, "pause")
+    elif kind == "active":
+        log.activate(now)
+        await _control(http, log, "resume")
+    elif kind == "depart":
+        log.deactivate(now)
+        async with http.delete(f"/v1/sessions/{log.id}", headers=_bearer(log.token)) as resp:
+            if resp.status >= 400:
+                log.errors.append(f"DELETE {resp.status}")
+
+
+async def _create(http: Any, config: ReplayConfig, log: SessionLog) -> None:
+    import aiohttp
+
+    body = {"prompt": f"replayed session {log.trace_id}"}
+    try:
+        async with http.post("/v1/sessions", json=body, headers=_bearer(config.api_key)) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status != 201:
+                log.refused = (data or {}).get("error", {}).get("code", str(resp.status))
+                if resp.status in (401, 403):
+                    raise ReplayError(f"the gateway refused the API key ({resp.status}): give "
+                                      "--api-key")
+                return
+    except aiohttp.ClientConnectionError as exc:
+        raise ReplayError(f"cannot reach the gateway at {config.gateway}: {exc}") from None
+    log.id, log.token = data["id"], data.get("token", "")
+
+
+async def _control(http: Any, log: SessionLog, action: str) -> None:
+    async with http.post(f"/v1/sessions/{log.id}/{action}", headers=_bearer(log.token)) as resp:
+        if resp.status >= 400 and resp.status != 409:
+            log.errors.append(f"{action} {resp.status}")
+
+
+async def _read_stream(http: Any, log: SessionLog, max_reconnects: int = 20) -> None:
+    """Follow the session's SSE stream to its end, reconnecting with Last-Event-ID."""
+    import aiohttp
+
+    for _ in range(max_reconnects):
+        headers = _bearer(log.token)
+        if log.seqs:
+            headers["Last-Event-ID"] = str(log.seqs[-1])
+        try:
+            async with http.get(f"/v1/sessions/{log.id}/stream", headers=headers) as resp:
+                if resp.status != 200:
+                    log.errors.append(f"stream {resp.status}")
+                    return
+                if await _follow(resp, log):
+                    return
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.errors.append(f"stream: {type(exc).__name__}")
+        await asyncio.sleep(0.5)
+
+
+async def _follow(resp: Any, log: SessionLog) -> bool:
+    """Read SSE events; True when the stream ended for good (``event: end``)."""
+    event, data = "", b""
+    async for raw in resp.content:
+        line = raw.rstrip(b"\r\n")
+        if line.startswith(b"event:"):
+            event = line[6:].strip().decode()
+        elif line.startswith(b"data:"):
+            data = line[5:].strip()
+        elif not line:
+            if event == "chunk" and data:
+                body = orjson.loads(data)
+                timing = body.get("timing", {})
+                now = time.time()
+                log.chunk(int(body["seq"]), float(timing.get("due_at", now)),
+                          float(timing.get("done_at", now)), now)
+            elif event == "state" and data:
+                state = orjson.loads(data)
+                kind = str(state.get("kind") or state.get("state") or "")
+                log.states.append(kind)
+                log.restarts += kind == "restarted"
+            elif event == "end":
+                return True
+            event, data = "", b""
+    return False
+
+
+def _bearer(secret: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+async def _cluster(http: Any, config: ReplayConfig) -> dict[str, Any] | None:
+    if not config.operator_key:
+        return None
+    try:
+        async with http.get("/v1/cluster", headers=_bearer(config.operator_key)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.json()
+    except Exception:  # noqa: BLE001 - the account is optional; the run goes on without it
+        return None
+
+
+def _deadline(view: Mapping[str, Any] | None) -> float | None:
+    if not view or not view.get("scheduler"):
+        return None
+    value = view["scheduler"].get("deadline_ms")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, Any] | None,
+              after: Mapping[str, Any] | None, peak_gpus: int, wall_s: float) -> dict[str, Any]:
+    """The run's figures, under the same definitions as the simulator's (``ServiceLedger``)."""
+    period_s = logs[0].ledger.period_s if logs else deadline_ms / 1000.0
+    total = ServiceLedger(period_s, deadline_ms)
+    lost = repeats = 0
+    for log in logs:
+        total.latencies_ms += log.ledger.latencies_ms
+        total.chunks += log.ledger.chunks
+        total.on_time += log.ledger.on_time
+        total.missed_periods += log.ledger.missed_periods
+        seen: set[int] = set()
+        for seq in log.seqs:
+            repeats += seq in seen
+            seen.add(seq)
+        if seen:
+            lost += (max(seen) - min(seen) + 1) - len(seen) + min(seen)  # gaps, and a late start
+    service = total.summary()
+    result: dict[str, Any] = {
+        "sessions": sum(1 for log in logs if log.id is not None),
+        "refused": sum(1 for log in logs if log.refused),
+        "chunks": total.chunks,
+        "chunks_lost": lost,
+        "seq_repeats": repeats,
+        "restarts": sum(log.restarts for log in logs),
+        "latency_ms": service["latency_ms"],
+        "delivery_ms": summary([x for log in logs for x in log.delivery_ms]),
+        "deadline_ms": deadline_ms,
+        "period_s": period_s,
+        "deadline_attainment": service["deadline_attainment"],
+        "stall_adjusted_attainment": service["stall_adjusted_attainment"],
+        "missed_periods": total.missed_periods,
+        "errors": sum(len(log.errors) for log in logs),
+        "wall_s": round(wall_s, 1),
+    }
+    result.update(_account(before, after, peak_gpus))
+    return result
+
+
+def _account(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None,
+             peak: int) -> dict[str, Any]:
+    """The mesh's own figures over the run (None without an operator key)."""
+    keys = ("cost_gpu_seconds", "migrations", "scale_out_events", "scale_in_events", "peak_gpus")
+    if not before or not after:
+        return dict.fromkeys(keys)
+    b, a = before.get("counters") or {}, after.get("counters") or {}
+    cost_b = (before.get("cost") or {}).get("gpu_seconds")
+    cost_a = (after.get("cost") or {}).get("gpu_seconds")
+    return {
+        "cost_gpu_seconds": None if cost_a is None or cost_b is None else round(cost_a - cost_b, 1),
+        "migrations": int(a.get("migrations", 0)) - int(b.get("migrations", 0)),
+        "scale_out_events": int(a.get("scale_out_events", 0)) - int(b.get("scale_out_events", 0)),
+        "scale_in_events": int(a.get("scale_in_events", 0)) - int(b.get("scale_in_events", 0)),
+        "peak_gpus": peak or None,
+    }
+
+
+def _progress_line(logs: Mapping[str, SessionLog], t: float, end: float) -> str:
+    chunks = sum(len(log.seqs) for log in logs.values())
+    live = sum(1 for log in logs.values() if log.spell_start is not None)
+    return f"replay: trace t={t:7.1f}/{end:.0f}s  sessions={len(logs)}  active={live}  chunks={chunks}"
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def format_result(result: Mapping[str, Any]) -> str:
+    lat = result["latency_ms"]
+    rows = [
+        ("sessions (refused)", f"{result['sessions']} ({result['refused']})"),
+        ("chunks", result["chunks"]),
+        ("chunks lost / repeated", f"{result['chunks_lost']} / {result['seq_repeats']}"),
+        ("restarts (all announced)", result["restarts"]),
+        ("delivery p50 / p99 ms", f"{result['delivery_ms']['p50']} / {result['delivery_ms']['p99']}"),
+        ("latency p50 / p99 / max ms", f"{lat['p50']} / {lat['p99']} / {lat['max']}"),
+        ("deadline attainment", result["deadline_attainment"]),
+        ("stall-adjusted attainment", result["stall_adjusted_attainment"]),
+        ("GPU-seconds", result.get("cost_gpu_seconds")),
+        ("migrations", result.get("migrations")),
+        ("scale out / in events", f"{result.get('scale_out_events')} / {result.get('scale_in_events')}"),
+        ("peak GPUs", result.get("peak_gpus")),
+        ("wall time s", result["wall_s"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

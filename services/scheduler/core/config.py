@@ -1,0 +1,99 @@
+"""``ControllerConfig``: everything a :class:`~services.scheduler.core.loop.Controller` is set
+to, as one frozen value.
+
+The core reads no files: a caller that wants the adaptive rho_hat table loads it
+(``services.scheduler.shipped.load_rho_table``) and passes the :class:`RhoTable` here; the
+latency profiles go to the controller itself, because they may be replaced between steps
+(``Controller.set_profile``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from services.scheduler.core.autoscale import RhoTable
+
+DEFAULT_BOOT_DELAY_S = 30.0
+DEFAULT_ETA = 0.1
+DEFAULT_RETRY_BACKOFF_S = 5.0
+PLACEMENTS = ("soonest_first_chunk", "least_loaded", "round_robin", "memory_aware")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Settings of one controller. Defaults are TurboServe's; the built-in policies
+    (``policies.get_policy``) are this class with switches."""
+
+    name: str = "turboserve"
+    # Placement rule for new, re-activated and displaced sessions (``placement.CHOOSERS``).
+    placement: str = "soonest_first_chunk"
+    migrate: bool = True  # rebalance by migration, and evacuate drained GPUs
+    autoscale: bool = True
+    # Target utilisation and its band; None: the rho_table's value at the current volatility
+    # level (FALLBACK_RHO_HAT / FALLBACK_DELTA without a table).
+    rho_hat: float | None = None
+    delta: float | None = None
+    rho_table: RhoTable | None = None
+    # Share of idle sessions sized for as if active; None: the table's value (0 without).
+    idle_reserve: float | None = None
+    eta: float = DEFAULT_ETA  # weight of migration cost in the placement objective
+    boot_delay_s: float = DEFAULT_BOOT_DELAY_S  # what the environment's GPUs take to boot
+    initial_gpus: int = 1  # READY GPUs at construction (not used by Controller.restore)
+    # Kind of the GPUs it starts with and asks for; None: the first profile's kind.
+    gpu_kind: str | None = None
+    # Names of the GPUs it asks for are "<prefix>-NNNN"; None: the kind in lower case. A live
+    # scheduler that restarts gives each run its own (e.g. with its leader epoch), so that a
+    # name is never given to two GPUs.
+    gpu_id_prefix: str | None = None
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    scale_in_delay_s: float = 0.0  # the low load must last this long before a scale-in
+    warmup_s: float | None = None  # no scale-in this long after the first event (None: boot)
+    # After a failed migration or placement, the session is not moved again, nor placed on
+    # the GPU that failed, for this long.
+    retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
+    t0: float = 0.0  # time stamp of the initial GPUs
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.placement!r}; "
+                             f"known: {', '.join(PLACEMENTS)}")
+        if self.initial_gpus < 0 or self.min_gpus < 0:
+            raise ValueError(f"initial_gpus and min_gpus must be >= 0, got "
+                             f"{self.initial_gpus}, {self.min_gpus}")
+        if self.max_gpus is not None and self.max_gpus < max(1, self.min_gpus):
+            raise ValueError(f"max_gpus must be >= max(1, min_gpus), got {self.max_gpus} "
+                             f"(min_gpus {self.min_gpus})")
+        if self.rho_hat is not None and not 0 < self.rho_hat <= 1:
+            raise ValueError(f"rho_hat must be in (0, 1], got {self.rho_hat}")
+        if self.delta is not None and not (math.isfinite(self.delta) and self.delta >= 0):
+            raise ValueError(f"delta must be >= 0 and finite, got {self.delta}")
+        for key in ("eta", "boot_delay_s", "scale_in_delay_s", "retry_backoff_s"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key} must be >= 0 and finite, got {value}")
+        if self.warmup_s is not None and not (math.isfinite(self.warmup_s)
+                                              and self.warmup_s >= 0):
+            raise ValueError(f"warmup_s must be >= 0 and finite, got {self.warmup_s}")
+        if self.idle_reserve is not None and not 0 <= self.idle_reserve <= 1:
+            raise ValueError(f"idle_reserve must be in [0, 1], got {self.idle_reserve}")
+        if self.rho_table is not None and not isinstance(self.rho_table, RhoTable):
+            raise TypeError(f"rho_table must be a RhoTable (load files with "
+                            f"services.scheduler.shipped.load_rho_table), got "
+                            f"{type(self.rho_table).__name__}")
+        if self.gpu_kind is not None and not (isinstance(self.gpu_kind, str) and self.gpu_kind):
+            raise ValueError(f"gpu_kind must be a non-empty string, got {self.gpu_kind!r}")
+        if self.gpu_id_prefix is not None and not (
+                isinstance(self.gpu_id_prefix, str)
+                and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", self.gpu_id_prefix)):
+            raise ValueError(f"gpu_id_prefix must be letters, digits, '-' or '_' (a NATS "
+                             f"subject token), got {self.gpu_id_prefix!r}")
+
+    @property
+    def warmup(self) -> float:
+        """The warm-up in force: ``warmup_s``, or one boot delay when it is None."""
+        return self.boot_delay_s if self.warmup_s is None else self.warmup_s

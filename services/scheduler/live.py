@@ -1,0 +1,745 @@
+"""The live scheduler: the policy core fed from NATS and Redis, its decisions carried out.
+
+While this scheduler leads, :class:`LiveScheduler` is the thin adapter of the design:
+
+- what it hears becomes the core's events: session events from the durable JetStream consumer
+  (created -> ARRIVE, active, idle, closed -> DEPART), worker heartbeats (a worker it did not
+  know -> GPU_READY; one that falls silent -> GPU_GONE; an operator's drain -> GPU_DRAIN;
+  measured chunk times, slots, period and handoff costs -> the latency profile of its kind),
+  provisioner events (ready, gone) and a timer (TICK);
+- every decision becomes a command: Assign/Resume/Suspend to workers (ownership first moved
+  in the registry by a compare-and-set guarded by this scheduler's lease), Migrate through the
+  migration protocol, RequestGpus/Release to the provisioner, Drain to the worker. Commands
+  carry the lease's term and are retried until answered; a refused or failed one becomes the
+  event the core expects (PLACEMENT_FAILED, MIGRATION_FAILED, GPU_GONE);
+- one log line per decision (event, decision, rho_max, rho_hat, GPUs), metrics, and the
+  scheduler's view in Redis for operators.
+
+The core stays pure: it never waits; everything here that waits runs in tracked tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import FetchTimeoutError
+
+from services.scheduler.commands import CommandSender
+from services.scheduler.core.loop import Controller
+from services.scheduler.core.profile import LatencyProfile, ProfileError
+from services.scheduler.core.types import (
+    Assign,
+    Decision,
+    Drain,
+    Event,
+    EventKind,
+    GpuState,
+    Migrate,
+    Release,
+    RequestGpus,
+    RestoredGpu,
+    RestoredSession,
+    Resume,
+    Suspend,
+)
+from services.scheduler.measured import differs, live_profile
+from services.scheduler.metrics import SchedulerMetrics
+from shared.leader import Lease
+from shared.logging import get_logger
+from shared.registry import RegistryError, SessionRecord
+from shared.runner import ServiceContext
+from shared.settings import SchedulerSettings
+from shared.states import IllegalTransition, SessionState
+from shared.streams import SCHEDULER_DURABLE
+from shared.wire import (
+    Heartbeat,
+    MigrationReport,
+    ProvisionerCmdKind,
+    ProvisionerCommand,
+    ProvisionerEvent,
+    SessionEvent,
+    SessionEventKind,
+    WorkerCmdKind,
+    WorkerCommand,
+    WorkerStatus,
+    decode_or_drop,
+)
+
+log = get_logger("turboserve.scheduler")
+
+_SESSION_EVENTS = {
+    SessionEventKind.CREATED: EventKind.ARRIVE,
+    SessionEventKind.ACTIVE: EventKind.ACTIVE,
+    SessionEventKind.IDLE: EventKind.IDLE,
+    SessionEventKind.CLOSED: EventKind.DEPART,
+}
+_RECONCILE_EVERY = 4  # ticks
+_PROFILE_REFRESH_S = 5.0
+_RELEASE_ATTEMPTS = 10
+
+
+@dataclass
+class _Worker:
+    """A worker the core knows as a GPU."""
+
+    kind: str
+    beat: Heartbeat | None = None
+    seen_at: float = field(default_factory=time.time)
+
+
+class LiveScheduler:
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        settings: SchedulerSettings,
+        lease: Lease,
+        core: Controller,
+        fallback: dict[str, LatencyProfile],
+        default_kind: str,
+        metrics: SchedulerMetrics,
+        handoff_timeout_s: float = 30.0,
+    ) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.lease = lease
+        self.core = core
+        self.fallback = fallback
+        self.default_kind = default_kind
+        self.metrics = metrics
+        self.handoff_timeout_s = handoff_timeout_s
+        self.sender = CommandSender(ctx, term=lease.term, reply_timeout_s=settings.command_timeout_s)
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._subs: list[Any] = []
+        self._psub: Any = None
+        self._stopping = asyncio.Event()
+        self._followups: deque[Event] = deque()
+        self.workers: dict[str, _Worker] = {}  # GPUs the core knows (ready or draining)
+        self.beats: dict[str, Heartbeat] = {}  # latest heartbeat of every worker heard
+        self.booting: dict[str, float] = {}  # requested GPU id -> when
+        self.our_drains: set[str] = set()  # drains this scheduler decided (not an operator)
+        self._reports: dict[str, asyncio.Future[MigrationReport]] = {}  # by command id
+        self._migrations_from: dict[str, set[asyncio.Task[Any]]] = {}
+        self._session_locks: dict[str, asyncio.Lock] = {}
+        self._ticks = 0
+        self._profiles_at = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        ctx = self.ctx
+        self._subs.append(await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=self._on_beat))
+        self._subs.append(await ctx.nc.subscribe(ctx.subjects.provisioner_events,
+                                                 cb=self._on_pool_event))
+        self._subs.append(await ctx.nc.subscribe(ctx.subjects.migrations, cb=self._on_report))
+        await ctx.nc.flush()
+        await asyncio.sleep(min(1.5, self.settings.worker_timeout_s / 2))  # hear the heartbeats
+        await self.rebuild()
+        self._psub = await ctx.js.pull_subscribe(
+            ctx.subjects.session_events, durable=SCHEDULER_DURABLE,
+            stream=ctx.subjects.sessions_stream)
+        self._spawn(self._consume(), "scheduler-events")
+        self._spawn(self._tick_forever(), "scheduler-tick")
+        log.info("scheduler_leading", term=self.lease.term, gpus=len(self.workers))
+
+    async def stop(self) -> None:
+        """Stop deciding (leadership lost or shutdown); commands in flight end or are dropped."""
+        self._stopping.set()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        if self._psub is not None:
+            psub, self._psub = self._psub, None
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("scheduler_task_failed", task=task.get_name(), error=repr(task.exception()),
+                      exc_info=task.exception())
+
+    @property
+    def guard(self) -> tuple[str, str]:
+        return self.lease.guard
+
+    # -- the view a new leader starts from ------------------------------------------------------
+    async def rebuild(self) -> None:
+        """The core's view from Redis and the heartbeats heard: GPUs, where sessions run."""
+        registry = self.ctx.registry
+        now = time.time()
+        gpus = []
+        for w in await registry.workers():
+            if not w.alive or w.status not in (WorkerStatus.READY, WorkerStatus.DRAINING):
+                continue
+            state = GpuState.READY if w.status is WorkerStatus.READY else GpuState.DRAINING
+            gpus.append(RestoredGpu(w.id, w.gpu_kind, state))
+            self.workers[w.id] = _Worker(w.gpu_kind, self.beats.get(w.id))
+        live = {g.gpu_id for g in gpus}
+        sessions = []
+        for sid, owner in (await registry.placement()).items():
+            record = await registry.get_session(sid)
+            if record is None or record.state is SessionState.TERMINATED:
+                continue
+            if record.state is SessionState.SUSPENDED:
+                sessions.append(RestoredSession(sid, active=False))
+            else:
+                sessions.append(RestoredSession(sid, active=True,
+                                                gpu_id=owner if owner in live else None))
+        for sid in await registry.pending_sessions():
+            sessions.append(RestoredSession(sid, active=True))
+        self._refresh_profiles(force=True)
+        self.core.restore(gpus, sessions, now)
+        log.info("scheduler_view_rebuilt", gpus=len(gpus), sessions=len(sessions))
+        await self.step(Event(now, EventKind.TICK))
+
+    # -- one step of the core -------------------------------------------------------------------
+    async def step(self, event: Event) -> None:
+        async with self._lock:
+            self._followups.append(event)
+            while self._followups:
+                current = self._followups.popleft()
+                started = time.perf_counter()
+                decisions = self.core.step(current)
+                self.metrics.decision_seconds.observe(time.perf_counter() - started)
+                if decisions:
+                    rho_max = self.core.rho_max()
+                    rho_hat, _ = self.core.current_rho_hat(current.t)
+                    gpus = self.core.view.billed_gpus
+                    for decision in decisions:
+                        self.metrics.decisions.labels(type(decision).__name__).inc()
+                        log.info("decision", trigger=str(current.kind), session_id=current.session_id,
+                                 gpu_id=current.gpu_id, decision=_describe(decision),
+                                 rho_max=round(rho_max, 3), rho_hat=rho_hat, gpus=gpus)
+                        await self._execute(decision)
+
+    def _feed(self, event: Event) -> None:
+        """An event found while carrying out a decision: stepped right after (under the lock)."""
+        self._followups.append(event)
+
+    async def _feed_later(self, event: Event) -> None:
+        """An event from a background task: a step of its own."""
+        if not self._stopping.is_set():
+            await self.step(event)
+
+    async def _execute(self, decision: Decision) -> None:
+        try:
+            if isinstance(decision, Assign):
+                await self._assign(decision.session_id, decision.gpu_id)
+            elif isinstance(decision, Resume):
+                await self._resume(decision.session_id, decision.gpu_id)
+            elif isinstance(decision, Suspend):
+                await self._suspend(decision.session_id, decision.gpu_id)
+            elif isinstance(decision, Migrate):
+                task = self._spawn(self._migrate(decision.session_id, decision.src, decision.dst),
+                                   f"migrate-{decision.session_id}")
+                self._migrations_from.setdefault(decision.src, set()).add(task)
+                task.add_done_callback(self._migrations_from[decision.src].discard)
+            elif isinstance(decision, RequestGpus):
+                now = time.time()
+                for gpu_id in decision.gpu_ids:
+                    self.booting[gpu_id] = now
+                self._spawn(self._request(list(decision.gpu_ids), decision.kind), "request-gpus")
+                self.metrics.scale_events.labels("out").inc()
+                # Counted as decisions, as the simulator counts them; the provisioner records
+                # each worker it starts or stops as a cluster event.
+                await self.ctx.registry.bump_counters(scale_out_events=1)
+            elif isinstance(decision, Drain):
+                self.our_drains.add(decision.gpu_id)
+                self._spawn(self._drain(decision.gpu_id), f"drain-{decision.gpu_id}")
+            elif isinstance(decision, Release):
+                # It stays a known worker until the provisioner reports it gone.
+                self.booting.pop(decision.gpu_id, None)
+                self._spawn(self._release(decision.gpu_id), f"release-{decision.gpu_id}")
+                self.metrics.scale_events.labels("in").inc()
+                await self.ctx.registry.bump_counters(scale_in_events=1)
+        except RegistryError as exc:  # GuardFailed included: the lease is gone
+            log.warning("decision_not_carried_out", decision=_describe(decision), error=str(exc))
+
+    # -- sessions -------------------------------------------------------------------------------
+    def _alive(self, worker_id: str | None) -> bool:
+        return worker_id is not None and worker_id in self.workers
+
+    async def _assign(self, sid: str, gpu: str) -> None:
+        registry = self.ctx.registry
+        record = await registry.get_session(sid)
+        if record is None or record.state is SessionState.TERMINATED:
+            self._feed(Event(time.time(), EventKind.DEPART, session_id=sid))
+            return
+        if record.state is not SessionState.PENDING:
+            if record.owner == gpu and record.state is SessionState.EXECUTING:
+                return  # already there
+            if self._alive(record.owner):
+                # The core's view was behind: the session runs elsewhere. Repair the view.
+                self._feed(Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid,
+                                 gpu_id=record.owner))
+                return
+            record = await self._requeue(record)
+            if record is None:
+                return
+        try:
+            claimed = await registry.claim(sid, gpu, record.epoch, guard=self.guard)
+        except (IllegalTransition, RegistryError) as exc:
+            log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
+            return
+        cmd = WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id=gpu, epoch=claimed.epoch,
+                            session_id=sid, prompt=claimed.prompt, seed=claimed.seed,
+                            seq=claimed.last_seq + 1)
+        self._spawn(self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}")
+
+    async def _requeue(self, record: SessionRecord) -> SessionRecord | None:
+        """Back to pending (its worker is gone): the registry's half of a re-placement."""
+        try:
+            return await self.ctx.registry.transition(
+                record.id, SessionState.PENDING, expected_epoch=record.epoch, owner=None,
+                guard=self.guard)
+        except (IllegalTransition, RegistryError) as exc:
+            log.info("requeue_skipped", session_id=record.id, reason=str(exc))
+            return None
+
+    async def _suspend(self, sid: str, gpu: str) -> None:
+        record = await self.ctx.registry.get_session(sid)
+        if record is None or record.owner != gpu or record.state is not SessionState.EXECUTING:
+            return
+        # Idle/active flips keep the epoch: the worker keeps the session (no fencing needed),
+        # and the commands to it are sent in order.
+        record = await self.ctx.registry.transition(
+            sid, SessionState.SUSPENDED, expected_epoch=record.epoch, bump_epoch=False,
+            guard=self.guard)
+        cmd = WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id=gpu, epoch=record.epoch,
+                            session_id=sid)
+        self._spawn(self._deliver(sid, cmd), f"suspend-{sid}")
+
+    async def _resume(self, sid: str, gpu: str) -> None:
+        record = await self.ctx.registry.get_session(sid)
+        if record is None or record.state is SessionState.TERMINATED:
+            self._feed(Event(time.time(), EventKind.DEPART, session_id=sid))
+            return
+        if record.state is SessionState.EXECUTING and record.owner == gpu:
+            return
+        if record.state is SessionState.SUSPENDED and self._alive(record.owner):
+            if record.owner == gpu:
+                record = await self.ctx.registry.transition(
+                    sid, SessionState.EXECUTING, expected_epoch=record.epoch, bump_epoch=False,
+                    guard=self.guard)
+                cmd = WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id=gpu, epoch=record.epoch,
+                                    session_id=sid)
+                self._spawn(self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED),
+                            f"resume-{sid}")
+            else:  # its state is parked on another worker: move it there, then resume
+                self._spawn(self._move_then_resume(sid, record.owner, gpu), f"resume-{sid}")
+            return
+        if record.state is SessionState.MIGRATING:
+            self._feed(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=gpu))
+            return
+        await self._assign(sid, gpu)  # its state is gone: placed anew (its worker says so)
+
+    async def _move_then_resume(self, sid: str, src: str | None, dst: str) -> None:
+        assert src is not None
+        report = await self._run_migration(sid, src, dst)
+        if report is None or not report.ok:
+            await self._feed_later(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid,
+                                         gpu_id=dst))
+            return
+        async with self._lock:
+            record = await self.ctx.registry.get_session(sid)
+            if record is None or record.owner != dst or record.state is not SessionState.SUSPENDED:
+                return
+            record = await self.ctx.registry.transition(
+                sid, SessionState.EXECUTING, expected_epoch=record.epoch, bump_epoch=False,
+                guard=self.guard)
+        cmd = WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id=dst, epoch=record.epoch,
+                            session_id=sid)
+        await self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED)
+
+    async def _deliver(self, sid: str, cmd: WorkerCommand,
+                       on_failure: EventKind | None = None) -> None:
+        """Send one session's command, in order with its others; a refusal or silence that
+        leaves the session nowhere becomes ``on_failure`` (with the registry put right)."""
+        lock = self._session_locks.setdefault(sid, asyncio.Lock())
+        async with lock:
+            outcome = await self.sender.to_worker(cmd, superseded=self._superseded(sid, cmd.epoch))
+        if outcome.ok or outcome.code in ("superseded",) or outcome.why == "superseded":
+            return
+        log.warning("command_failed", kind=str(cmd.kind), worker_id=cmd.worker_id,
+                    session_id=sid, code=outcome.code, why=outcome.why)
+        if on_failure is None or outcome.code == "stale_epoch":
+            return
+        if cmd.kind is WorkerCmdKind.ASSIGN:
+            record = await self.ctx.registry.get_session(sid)
+            if record is not None and record.owner == cmd.worker_id and record.epoch == cmd.epoch:
+                await self._requeue(record)
+        await self._feed_later(Event(time.time(), on_failure, session_id=sid, gpu_id=cmd.worker_id))
+
+    def _superseded(self, sid: str, epoch: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            record = await self.ctx.registry.get_session(sid)
+            return record is None or record.epoch != epoch or record.state is SessionState.TERMINATED
+
+        return check
+
+    async def _stop_session(self, sid: str) -> None:
+        record = await self.ctx.registry.get_session(sid)
+        if record is None or record.owner is None:
+            return
+        cmd = WorkerCommand(kind=WorkerCmdKind.STOP, worker_id=record.owner, epoch=record.epoch,
+                            session_id=sid)
+        await self.sender.to_worker(cmd)
+        self._session_locks.pop(sid, None)
+
+    async def _forward_prompt(self, event: SessionEvent) -> None:
+        record = await self.ctx.registry.get_session(event.session_id)
+        if record is None or record.owner is None or record.state not in (
+                SessionState.EXECUTING, SessionState.SUSPENDED):
+            return  # a pending session starts with the registry's (new) prompt
+        cmd = WorkerCommand(kind=WorkerCmdKind.PROMPT, worker_id=record.owner, epoch=record.epoch,
+                            session_id=event.session_id, prompt=event.prompt or record.prompt)
+        await self._deliver(event.session_id, cmd)
+
+    # -- migrations -----------------------------------------------------------------------------
+    async def _migrate(self, sid: str, src: str, dst: str) -> None:
+        report = await self._run_migration(sid, src, dst)
+        if report is not None and report.ok:
+            return
+        record = await self.ctx.registry.get_session(sid)
+        where = record.owner if record is not None and record.owner else src
+        if record is not None and record.owner == dst:
+            return  # the report was lost, the migration was not
+        await self._feed_later(Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid,
+                                     gpu_id=where))
+
+    async def _run_migration(self, sid: str, src: str, dst: str) -> MigrationReport | None:
+        record = await self.ctx.registry.get_session(sid)
+        if record is None or record.owner != src or record.state not in (
+                SessionState.EXECUTING, SessionState.SUSPENDED):
+            return None
+        cmd = self.sender.stamp(WorkerCommand(kind=WorkerCmdKind.MIGRATE, worker_id=src,
+                                              session_id=sid, epoch=record.epoch, target=dst))
+        waiter: asyncio.Future[MigrationReport] = asyncio.get_running_loop().create_future()
+        self._reports[cmd.command_id] = waiter
+        try:
+            outcome = await self.sender.to_worker(cmd, superseded=self._superseded(sid, cmd.epoch))
+            if not outcome.ok:
+                self.metrics.migrations.labels("refused").inc()
+                return None
+            try:
+                report = await asyncio.wait_for(waiter, self.handoff_timeout_s + 10.0)
+            except TimeoutError:
+                self.metrics.migrations.labels("unreported").inc()
+                return None
+        finally:
+            self._reports.pop(cmd.command_id, None)
+        self.metrics.migrations.labels("ok" if report.ok else "failed").inc()
+        return report
+
+    async def _on_report(self, msg: Any) -> None:
+        report = decode_or_drop(msg.subject, msg.data, MigrationReport, log)
+        if report is None:
+            return
+        waiter = self._reports.get(report.command_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(report)
+
+    # -- the pool -------------------------------------------------------------------------------
+    async def _request(self, gpu_ids: list[str], kind: str) -> None:
+        reply = await self.sender.to_provisioner(ProvisionerCommand(
+            kind=ProvisionerCmdKind.START, count=len(gpu_ids), worker_ids=gpu_ids, gpu_kind=kind))
+        if reply is None:
+            log.warning("provisioner_unanswered", requested=gpu_ids)
+            return  # booting until they come, or time out
+        for refusal in reply.refused:
+            if refusal.worker_id and self.booting.pop(refusal.worker_id, None) is not None:
+                log.warning("gpu_refused", gpu_id=refusal.worker_id, code=refusal.code,
+                            detail=refusal.detail)
+                await self._feed_later(Event(time.time(), EventKind.GPU_GONE,
+                                             gpu_id=refusal.worker_id))
+
+    async def _drain(self, gpu: str) -> None:
+        await self.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
+
+    async def _release(self, gpu: str) -> None:
+        """Give a GPU back: after the migrations off it, and after moving the idle sessions
+        parked in its host memory to another worker; the provisioner stops it."""
+        moving = list(self._migrations_from.get(gpu, ()))
+        if moving:
+            await asyncio.wait(moving)
+        registry = self.ctx.registry
+        for sid, owner in (await registry.placement()).items():
+            if owner != gpu:
+                continue
+            record = await registry.get_session(sid)
+            if record is None or record.state is not SessionState.SUSPENDED:
+                continue
+            target = self._parking_for(gpu)
+            if target is None:
+                log.warning("release_blocked", gpu_id=gpu, reason="nowhere to move idle sessions")
+                return
+            report = await self._run_migration(sid, gpu, target)
+            if report is None or not report.ok:
+                log.warning("release_blocked", gpu_id=gpu, session_id=sid,
+                            reason="an idle session could not move")
+                return
+        left = [sid for sid, owner in (await registry.placement()).items() if owner == gpu]
+        if left:
+            log.warning("release_blocked", gpu_id=gpu, sessions=left)
+            return
+        for _ in range(_RELEASE_ATTEMPTS):
+            reply = await self.sender.to_provisioner(ProvisionerCommand(
+                kind=ProvisionerCmdKind.STOP, worker_ids=[gpu]))
+            codes = [] if reply is None else [r.code for r in reply.refused]
+            if reply is not None and reply.ok:
+                break
+            log.warning("release_refused", gpu_id=gpu, refused=codes)
+            if "not_drained" not in codes:  # its heartbeat may lag the last migration: retry
+                break
+            await asyncio.sleep(self.settings.tick_s * 2)
+        self.our_drains.discard(gpu)
+
+    def _parking_for(self, leaving: str) -> str | None:
+        """The ready GPU with the fewest sessions parked, for idle sessions of one leaving."""
+        view = self.core.view
+        best: tuple[int, str] | None = None
+        for gpu_id, state in view.gpus.items():
+            if gpu_id == leaving or state is not GpuState.READY or gpu_id not in self.workers:
+                continue
+            beat = self.beats.get(gpu_id)
+            parked = len(beat.suspended) if beat is not None else 0
+            if best is None or (parked, gpu_id) < best:
+                best = (parked, gpu_id)
+        return None if best is None else best[1]
+
+    # -- what it hears --------------------------------------------------------------------------
+    async def _consume(self) -> None:
+        while not self._stopping.is_set():
+            psub = self._psub
+            if psub is None:
+                return
+            try:
+                msgs = await psub.fetch(batch=32, timeout=1.0)
+            except (TimeoutError, FetchTimeoutError, NatsTimeout):
+                continue
+            for msg in msgs:
+                event = decode_or_drop(msg.subject, msg.data, SessionEvent, log)
+                if event is None:
+                    await msg.term()  # never redeliver garbage
+                    continue
+                await self.on_session_event(event)
+                await msg.ack()
+
+    async def on_session_event(self, event: SessionEvent) -> None:
+        if event.kind is SessionEventKind.PROMPT:
+            self._spawn(self._forward_prompt(event), f"prompt-{event.session_id}")
+            return
+        if event.kind is SessionEventKind.CLOSED:
+            self._spawn(self._stop_session(event.session_id), f"stop-{event.session_id}")
+        await self.step(Event(time.time(), _SESSION_EVENTS[event.kind], session_id=event.session_id))
+
+    async def _on_beat(self, msg: Any) -> None:
+        beat = decode_or_drop(msg.subject, msg.data, Heartbeat, log)
+        if beat is None:
+            return
+        self.beats[beat.worker_id] = beat
+        wid = beat.worker_id
+        known = self.workers.get(wid)
+        if known is not None:
+            known.beat, known.seen_at = beat, time.time()
+            if (beat.status is WorkerStatus.DRAINING and wid not in self.our_drains
+                    and self.core.view.state_of(wid) is GpuState.READY):
+                log.info("operator_drain", gpu_id=wid)
+                await self.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id=wid))
+            return
+        if beat.status is WorkerStatus.READY:
+            await self._ready(wid, beat.gpu_kind)
+
+    async def _on_pool_event(self, msg: Any) -> None:
+        event = decode_or_drop(msg.subject, msg.data, ProvisionerEvent, log)
+        if event is None:
+            return
+        if event.status is WorkerStatus.READY and event.worker_id not in self.workers:
+            await self._ready(event.worker_id, event.gpu_kind or self.default_kind)
+        elif event.status is WorkerStatus.GONE:
+            await self._gone(event.worker_id, reason=event.code or "gone")
+
+    async def _ready(self, wid: str, kind: str) -> None:
+        if wid in self.workers:
+            return
+        self.booting.pop(wid, None)
+        self.workers[wid] = _Worker(kind, self.beats.get(wid))
+        self._refresh_profiles(force=True)
+        await self.step(Event(time.time(), EventKind.GPU_READY, gpu_id=wid, gpu_kind=kind))
+
+    async def _gone(self, wid: str, reason: str) -> None:
+        was_known = self.workers.pop(wid, None) is not None
+        was_booting = self.booting.pop(wid, None) is not None
+        self.beats.pop(wid, None)
+        self.our_drains.discard(wid)
+        if not (was_known or was_booting):
+            return
+        log.warning("gpu_gone", gpu_id=wid, reason=reason)
+        registry = self.ctx.registry
+        for sid, owner in (await registry.placement()).items():
+            if owner == wid:
+                record = await registry.get_session(sid)
+                if record is not None and record.owner == wid:
+                    await self._requeue(record)
+        await self.step(Event(time.time(), EventKind.GPU_GONE, gpu_id=wid))
+
+    # -- the timer ------------------------------------------------------------------------------
+    async def _tick_forever(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.tick_s)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.tick()
+            except RegistryError as exc:
+                log.warning("tick_failed", error=str(exc))
+
+    async def tick(self) -> None:
+        now = time.time()
+        self._ticks += 1
+        await self._scan_registry()
+        for wid, worker in list(self.workers.items()):
+            beat = self.beats.get(wid)
+            last = beat.at if beat is not None else worker.seen_at
+            if now - max(last, worker.seen_at) > self.settings.worker_timeout_s:
+                await self._gone(wid, reason="silent")
+                await self.ctx.registry.remove_worker(wid)
+        for gpu_id, since in list(self.booting.items()):
+            if now - since > self.settings.boot_timeout_s:
+                await self._gone(gpu_id, reason="boot_timeout")
+        if now - self._profiles_at > _PROFILE_REFRESH_S:
+            self._refresh_profiles()
+        if self._ticks % _RECONCILE_EVERY == 0:
+            await self.reconcile()
+        await self.step(Event(now, EventKind.TICK))
+        await self._publish_status(now)
+
+    async def _scan_registry(self) -> None:
+        """Workers as the registry sees them (a heartbeat missed on NATS is still in Redis): a
+        ready one the core does not know joins, a known one whose record expired is gone."""
+        records = {w.id: w for w in await self.ctx.registry.workers()}
+        for wid in list(self.workers):
+            record = records.get(wid)
+            if record is None or not record.alive:
+                await self._gone(wid, reason="expired")
+        for wid, record in records.items():
+            if wid in self.workers or not record.alive or record.status is not WorkerStatus.READY:
+                continue
+            if wid not in self.beats:
+                self.beats[wid] = Heartbeat(
+                    worker_id=wid, status=record.status, capacity=record.capacity,
+                    active=record.active, sessions=list(record.sessions), device=record.device,
+                    chunk_ms=dict(record.chunk_ms), gpu_kind=record.gpu_kind,
+                    at=record.updated_at)
+            await self._ready(wid, record.gpu_kind)
+
+    async def reconcile(self) -> None:
+        """Repair the core's view where the registry says otherwise: sessions it never heard
+        of (a lost event), and sessions placed elsewhere than it thinks."""
+        registry = self.ctx.registry
+        view = self.core.view
+        known = set(view.placement) | set(view.pending) | set(view.idle_sessions)
+        for sid in await registry.pending_sessions():
+            if sid not in known:
+                await self.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
+        placement = await registry.placement()
+        for sid, gpu in view.placement.items():
+            owner = placement.get(sid)
+            if owner is not None and owner != gpu and self._alive(owner):
+                record = await registry.get_session(sid)
+                if record is not None and record.state is SessionState.EXECUTING:
+                    await self.step(Event(time.time(), EventKind.MIGRATION_FAILED,
+                                          session_id=sid, gpu_id=owner))
+        # A worker that keeps saying it does not have a session it owns (an assignment it
+        # lost): the session goes back to pending and is placed again.
+        grace = self.settings.worker_timeout_s
+        for sid, owner in placement.items():
+            beat = self.beats.get(owner)
+            if beat is None or not self._alive(owner) or sid in beat.sessions:
+                continue
+            record = await registry.get_session(sid)
+            if (record is None or record.owner != owner or record.state is not SessionState.EXECUTING
+                    or beat.at - record.updated_at < grace):
+                continue
+            log.warning("session_lost_by_worker", session_id=sid, gpu_id=owner)
+            if await self._requeue(record) is not None:
+                await self.step(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid,
+                                      gpu_id=owner))
+
+    def _refresh_profiles(self, force: bool = False) -> None:
+        """The latency model per kind from what the workers of that kind measure."""
+        self._profiles_at = time.time()
+        by_kind: dict[str, list[Heartbeat]] = {}
+        for wid, worker in self.workers.items():
+            beat = self.beats.get(wid)
+            if beat is not None:
+                by_kind.setdefault(worker.kind, []).append(beat)
+        current = self.core.view.profiles
+        for kind, beats in by_kind.items():
+            fallback = self.fallback.get(kind) or self.fallback[self.default_kind]
+            try:
+                profile = live_profile(kind, beats, fallback)
+            except ProfileError as exc:
+                log.warning("profile_unusable", gpu_kind=kind, error=str(exc))
+                continue
+            old = current.get(kind)
+            if force or old is None or differs(old, profile):
+                self.core.set_profile(kind, profile)
+                log.info("profile_set", gpu_kind=kind, name=profile.name, k=profile.capacity,
+                         chunk_ms_1=round(profile.chunk_ms(1), 1),
+                         deadline_ms=profile.deadline_ms,
+                         migration_ms=round(profile.migration_per_session_ms, 2))
+
+    async def _publish_status(self, now: float) -> None:
+        view = self.core.view
+        states = list(view.gpus.values())
+        rho_hat, delta = self.core.current_rho_hat(now)
+        status = {
+            "leader": self.settings.scheduler_id, "term": self.lease.term,
+            "policy": self.settings.policy,
+            "rho_max": round(self.core.rho_max(), 4), "rho_hat": rho_hat, "delta": delta,
+            "gpus": view.billed_gpus,
+            "ready": sum(1 for s in states if s is GpuState.READY),
+            "booting": sum(1 for s in states if s is GpuState.BOOTING),
+            "draining": sum(1 for s in states if s is GpuState.DRAINING),
+            "active_sessions": view.active_sessions, "pending": len(view.pending),
+            "idle_sessions": len(view.idle_sessions), "updated_at": now,
+        }
+        status["rho"] = {gpu: round(view.load(gpu) / max(1, view.capacity_of(gpu)), 4)
+                         for gpu in view.gpus}
+        status["deadline_ms"] = self.core.view.profile.deadline_ms
+        self.metrics.observe_view(status)
+        await self.ctx.registry.raise_counter("peak_gpus", view.billed_gpus)
+        await self.ctx.registry.set_scheduler_status(status, ttl_s=max(3.0, 4 * self.settings.tick_s))
+
+
+def _describe(decision: Decision) -> str:
+    if isinstance(decision, Assign | Resume | Suspend):
+        return f"{type(decision).__name__.lower()} {decision.session_id} -> {decision.gpu_id}"
+    if isinstance(decision, Migrate):
+        return f"migrate {decision.session_id} {decision.src} -> {decision.dst}"
+    if isinstance(decision, RequestGpus):
+        return f"request {len(decision.gpu_ids)} {decision.kind} ({', '.join(decision.gpu_ids)})"
+    return f"{type(decision).__name__.lower()} {decision.gpu_id}"

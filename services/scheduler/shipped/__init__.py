@@ -1,0 +1,99 @@
+"""The files the scheduler ships, and reading and writing them.
+
+The policy core (``services.scheduler.core``) reads no files: its callers (the live service,
+the CLIs, the simulator, the evaluation) load a latency profile and the adaptive rho_hat table
+here and hand the core the values.
+
+* ``profiles/<name>.json``: latency profiles (``LatencyProfile``), the format
+  ``turboserve bench worker --profile-out`` writes; ``DEFAULT_PROFILE`` is the paper's H20.
+* ``rho_table.json``: the adaptive rho_hat table (``RhoTable``), written by
+  ``turboserve sim profile``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from services.scheduler.core.autoscale import RhoTable, RhoTableError
+from services.scheduler.core.profile import LatencyProfile, ProfileError, profile_from_dict
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "h20-longlive-1.3b-nvlink"
+DEFAULT_TABLE_PATH = Path(__file__).with_name("rho_table.json")
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "DEFAULT_TABLE_PATH",
+    "PROFILE_DIR",
+    "available_profiles",
+    "load_profile",
+    "load_rho_table",
+    "save_profile",
+    "save_rho_table",
+]
+
+
+def available_profiles() -> list[str]:
+    """Names of the shipped profiles."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> LatencyProfile:
+    """A shipped profile by name (``profiles/<name>.json``) or any profile JSON file by path.
+
+    Raises :class:`ProfileError` naming the file and the field for anything malformed."""
+    path = _resolve(name_or_path)
+    source = str(path)
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(source, f"not valid JSON ({exc})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(source, f"cannot be read ({exc})") from exc
+    return profile_from_dict(raw, source=source)
+
+
+def save_profile(profile: LatencyProfile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".json" or candidate.exists():
+        if not candidate.is_file():
+            raise ProfileError(str(candidate), "no such file")
+        return candidate
+    shipped = PROFILE_DIR / f"{name_or_path}.json"
+    if not shipped.is_file():
+        known = ", ".join(available_profiles()) or "none"
+        raise ProfileError(str(name_or_path), f"no such profile (shipped: {known})")
+    return shipped
+
+
+def load_rho_table(path: str | Path | None = None) -> RhoTable | None:
+    """The table at ``path`` (default: the shipped ``rho_table.json``); None if the default
+    file is absent (the core then uses its fixed rho_hat). A named file that is missing, or
+    any malformed file, raises (:class:`FileNotFoundError`, :class:`RhoTableError`)."""
+    target = Path(path) if path is not None else DEFAULT_TABLE_PATH
+    if not target.is_file():
+        if path is None:
+            return None
+        raise FileNotFoundError(f"rho table {target}: no such file")
+    try:
+        raw = json.loads(target.read_text())
+    except json.JSONDecodeError as exc:
+        raise RhoTableError(f"rho table {target}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise RhoTableError(f"rho table {target}: top level must be a JSON object")
+    try:
+        return RhoTable.from_dict(raw)
+    except ValueError as exc:  # a field out of range, or a value that is not a number
+        raise RhoTableError(f"{target}: {exc}") from exc
+
+
+def save_rho_table(table: RhoTable, path: str | Path | None = None) -> Path:
+    target = Path(path) if path is not None else DEFAULT_TABLE_PATH
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(table.to_dict(), indent=2) + "\n")
+    return target

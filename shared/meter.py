@@ -1,0 +1,127 @@
+"""GPU-seconds, metered in Redis: what the pool cost, per worker and in total.
+
+The provisioner opens a worker's meter when it accepts the request for it (booting costs: the
+GPU is held from then on) and closes it when the worker is gone. Anyone can read the figure:
+the replay load generator (the cost of a run is the difference of two readings), the gateway's
+``/v1/cluster``, ``turboserve ctl``.
+
+Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
+
+- ``{ns}:meter:open``    hash: worker id -> when its meter opened (wall clock, seconds)
+- ``{ns}:meter:closed``  hash: worker id -> GPU-seconds of its finished runs
+- ``{ns}:meter:total``   GPU-seconds of every finished run
+
+Opening and closing are single Lua scripts, so a reader never sees a run counted twice or not
+at all, and both are idempotent (the provisioner may repeat them after a restart).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+# Returns the start that is in force (the existing one when already open).
+_OPEN_LUA = """
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+
+# Returns the seconds this run cost, or false when the worker's meter was not open.
+_CLOSE_LUA = """
+local started = redis.call('HGET', KEYS[1], ARGV[1])
+if not started then return false end
+local seconds = tonumber(ARGV[2]) - tonumber(started)
+if seconds < 0 then seconds = 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HINCRBYFLOAT', KEYS[2], ARGV[1], seconds)
+redis.call('INCRBYFLOAT', KEYS[3], seconds)
+return tostring(seconds)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class MeterReading:
+    """GPU-seconds up to ``at``: ``total_s`` over every worker ever metered, ``per_worker``,
+    and the workers still running (``open``: id -> when their meter opened)."""
+
+    at: float
+    total_s: float
+    per_worker: dict[str, float]
+    open: dict[str, float]
+
+    @property
+    def running(self) -> int:
+        return len(self.open)
+
+
+class Meter:
+    """Read and write the GPU-second meter of one Redis namespace."""
+
+    def __init__(self, client: aioredis.Redis, namespace: str = "ts") -> None:
+        self.r = client
+        self.ns = namespace
+        self._open = client.register_script(_OPEN_LUA)
+        self._close = client.register_script(_CLOSE_LUA)
+
+    @property
+    def open_key(self) -> str:
+        return f"{self.ns}:meter:open"
+
+    @property
+    def closed_key(self) -> str:
+        return f"{self.ns}:meter:closed"
+
+    @property
+    def total_key(self) -> str:
+        return f"{self.ns}:meter:total"
+
+    async def open(self, worker_id: str, at: float | None = None) -> float:
+        """Start metering ``worker_id`` at ``at`` (now); returns the start in force, which is
+        the earlier one when its meter was already open (idempotent)."""
+        started = await self._open(keys=[self.open_key], args=[worker_id, repr(_now(at))])
+        return float(started)
+
+    async def close(self, worker_id: str, at: float | None = None) -> float | None:
+        """Stop metering ``worker_id``; returns the GPU-seconds of the run that ended, or None
+        when its meter was not open (closed already, or never opened)."""
+        seconds = await self._close(
+            keys=[self.open_key, self.closed_key, self.total_key],
+            args=[worker_id, repr(_now(at))],
+        )
+        return None if seconds is None else float(seconds)
+
+    async def read(self, at: float | None = None) -> MeterReading:
+        """The figure now (or at ``at``): finished runs plus the running ones so far."""
+        now = _now(at)
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.open_key)
+            pipe.hgetall(self.closed_key)
+            pipe.get(self.total_key)
+            raw_open, raw_closed, raw_total = await pipe.execute()
+        opened = {_text(k): float(v) for k, v in raw_open.items()}
+        per_worker = {_text(k): float(v) for k, v in raw_closed.items()}
+        total = float(raw_total or 0.0)
+        for worker_id, started in opened.items():
+            running = max(0.0, now - started)
+            per_worker[worker_id] = per_worker.get(worker_id, 0.0) + running
+            total += running
+        return MeterReading(at=now, total_s=total, per_worker=per_worker, open=opened)
+
+    async def total(self, at: float | None = None) -> float:
+        """Only the total (does not load every worker's figure)."""
+        now = _now(at)
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hvals(self.open_key)
+            pipe.get(self.total_key)
+            starts, raw_total = await pipe.execute()
+        return float(raw_total or 0.0) + sum(max(0.0, now - float(s)) for s in starts)
+
+
+def _now(at: float | None) -> float:
+    return time.time() if at is None else at
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

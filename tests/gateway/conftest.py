@@ -1,0 +1,162 @@
+"""Fixtures for the gateway: the gateway in-process on the real NATS and Redis, a stand-in
+worker that publishes chunks and notices on the wire, and an SSE reader."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from PIL import Image
+
+from services.gateway.service import GatewayService
+from services.launcher import free_port
+from shared.gateway_store import GatewayStore
+from shared.runner import ServiceContext, running
+from shared.settings import GatewaySettings
+from shared.wire import Chunk, NoticeKind, SessionNotice, StreamEnd, Subjects, encode
+
+API_KEY = "k-test-0123456789abcdef"
+OTHER_KEY = "k-other-0123456789abcdef"
+OPERATOR_KEY = "op-test-0123456789abcdef"
+
+
+@pytest.fixture
+def gw_env(infra, isolation) -> dict[str, str]:
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning", **isolation,
+        "TURBOSERVE_API_KEYS": f"alice:{API_KEY},bob:{OTHER_KEY}",
+        "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
+        "TURBOSERVE_CONTROL_WAIT_S": "3",
+    }
+
+
+class Gw:
+    """A running gateway: its URL, its service object and its context."""
+
+    def __init__(self, url: str, service: GatewayService, ctx: ServiceContext) -> None:
+        self.url = url
+        self.service = service
+        self.ctx = ctx
+
+    @property
+    def gateway(self):
+        assert self.service.gateway is not None
+        return self.service.gateway
+
+    @property
+    def store(self) -> GatewayStore:
+        return self.gateway.store
+
+
+@contextlib.asynccontextmanager
+async def run_gateway(env: dict[str, str], **overrides: Any) -> AsyncIterator[Gw]:
+    port = free_port()
+    settings = GatewaySettings.from_env(env, port=port, **overrides)
+    service = GatewayService(settings)
+    async with running(service, settings) as ctx:
+        yield Gw(f"http://127.0.0.1:{port}", service, ctx)
+
+
+@pytest.fixture
+async def gw(gw_env, nats_client, redis_client) -> AsyncIterator[Gw]:
+    # nats_client and redis_client clean this test's streams and keys afterwards.
+    async with run_gateway(gw_env) as g:
+        yield g
+
+
+@pytest.fixture
+async def http(gw) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(gw.url) as client:
+        yield client
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+async def create(http: aiohttp.ClientSession, key: str = API_KEY, **body: Any) -> dict[str, Any]:
+    resp = await http.post("/v1/sessions", json={"prompt": "a fox", **body}, headers=bearer(key))
+    assert resp.status == 201, await resp.text()
+    return await resp.json()
+
+
+def jpeg(width: int = 16, height: int = 16, shade: int = 128) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (shade, 64, 200)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+class FakeWorker:
+    """Publishes on a session's chunk subject exactly what a worker would."""
+
+    def __init__(self, nc, subjects: Subjects, worker_id: str = "wfake") -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.worker_id = worker_id
+
+    async def chunk(self, session_id: str, seq: int, *, late_s: float = 0.0, frames: int = 2,
+                    epoch: int = 1, frame: bytes | None = None) -> None:
+        now = time.time()
+        frame = jpeg(shade=seq % 255) if frame is None else frame
+        msg = Chunk(session_id=session_id, seq=seq, worker_id=self.worker_id, epoch=epoch,
+                    encoding="jpeg", frames=[frame] * frames, width=16, height=16,
+                    fps=16.0, gen_ms=12.5, batch=1, due_at=now - late_s, done_at=now)
+        await self.nc.publish(self.subjects.chunks(session_id), encode(msg))
+
+    async def notice(self, session_id: str, kind: NoticeKind, next_seq: int, detail: str = "") -> None:
+        msg = SessionNotice(session_id=session_id, kind=kind, worker_id=self.worker_id, epoch=1,
+                            next_seq=next_seq, detail=detail)
+        await self.nc.publish(self.subjects.chunks(session_id), encode(msg))
+
+    async def end(self, session_id: str, last_seq: int) -> None:
+        await self.nc.publish(self.subjects.chunks(session_id),
+                              encode(StreamEnd(session_id=session_id, last_seq=last_seq)))
+
+
+@pytest.fixture
+def worker(nats_client, isolation) -> FakeWorker:
+    return FakeWorker(nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]))
+
+
+async def read_sse(resp: aiohttp.ClientResponse, want: int, timeout: float = 20.0,
+                   until: str | None = "end", until_id: str | None = None) -> list[dict[str, str]]:
+    """Parse SSE events (event/id/data) until ``want`` events, an ``until`` event or the event
+    with id ``until_id``."""
+    events: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    async with asyncio.timeout(timeout):
+        async for raw in resp.content:
+            line = raw.decode().rstrip("\n")
+            if not line:
+                if "event" in current or "data" in current:
+                    events.append(current)
+                    if (len(events) >= want or current.get("event") == until
+                            or (until_id is not None and current.get("id") == until_id)):
+                        return events
+                current = {}
+                continue
+            if line.startswith(":"):
+                continue
+            field, _, value = line.partition(":")
+            current[field] = value.lstrip(" ")
+    return events
+
+
+async def eventually(check, timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(interval)

@@ -1,0 +1,180 @@
+"""The playground and the dashboard in headless Chromium (Debian's chromium and chromedriver,
+through selenium; nothing is downloaded), against the real mesh.
+
+Skipped with the reason when chromium is missing, unless TURBOSERVE_REQUIRE_BROWSER=1 (then
+missing chromium fails). With TURBOSERVE_SCREENSHOT_DIR set, the pages are saved there as
+playground.png and dashboard.png (the README's pictures come from this test).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.launcher import Mesh, free_port
+from tests.gateway.conftest import API_KEY, OPERATOR_KEY
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1400,1000")
+
+
+def _browser_or_skip():
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (pip install '.[test]')")
+    if missing:
+        reason = f"no browser to drive: {', '.join(missing)} missing (apt install chromium chromium-driver)"
+        if os.environ.get("TURBOSERVE_REQUIRE_BROWSER") == "1":
+            pytest.fail(reason + "; TURBOSERVE_REQUIRE_BROWSER=1 asks for it")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[object]:
+    _browser_or_skip()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="turboserve-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    d = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    d.set_page_load_timeout(60)
+    yield d
+    d.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def mesh(infra, driver) -> Iterator[Mesh]:  # driver first: no mesh is started to be skipped
+    tag = "t" + uuid.uuid4().hex[:10]
+    m = Mesh(
+        nats_url=infra.nats_url, redis_url=infra.redis_url, port=free_port(), workers=1,
+        embedded="never", quiet=True,
+        env={"TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
+             "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_CHUNK_PERIOD_S": "0.75",
+             "TURBOSERVE_API_KEYS": f"web:{API_KEY}", "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
+             "TURBOSERVE_MAX_WORKERS": "1", "TURBOSERVE_CONTROL_WAIT_S": "20"},
+    )
+    m.start(ready_timeout=180)
+    yield m
+    m.stop()
+    import asyncio
+
+    from tests.gateway.test_mesh_e2e import _clean
+
+    asyncio.run(_clean(infra, tag))
+
+
+def wait_for(check, within_s: float = 90, what: str = "condition"):
+    deadline = time.monotonic() + within_s
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"{what} not met within {within_s} s"
+        time.sleep(0.2)
+
+
+def log_lines(d) -> list[str]:
+    return [li.text for li in d.find_elements("css selector", "#log li")]
+
+
+def canvas_has_a_picture(d) -> bool:
+    """The canvas holds an image: its pixels differ (an empty canvas is uniform)."""
+    return d.execute_script("""
+        const c = document.getElementById('screen');
+        const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let lo = 255, hi = 0;
+        for (let i = 0; i < px.length; i += 4) { lo = Math.min(lo, px[i + 1]); hi = Math.max(hi, px[i + 1]); }
+        return px[3] > 0 && hi - lo > 8;
+    """)
+
+
+def screenshot(d, name: str) -> None:
+    folder = os.environ.get("TURBOSERVE_SCREENSHOT_DIR")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        d.save_screenshot(str(Path(folder) / name))
+
+
+def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver, mesh):
+    d = driver
+    d.get(f"{mesh.gateway_url}/#key={API_KEY}")
+    prompt = d.find_element("id", "prompt")
+    prompt.clear()
+    prompt.send_keys("a red fox running through fresh snow")
+    d.find_element("id", "start").click()
+    session_id = wait_for(lambda: d.find_element("id", "session-id").text, what="a session id")
+    assert not d.find_element("id", "start-error").text
+
+    # frames drawn on the canvas, at the stream's frame rate
+    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 12, what="frames drawn")
+    assert canvas_has_a_picture(d)
+    assert float(d.find_element("id", "latency").text) >= 0  # per-chunk latency shown
+    assert any("placed" in line for line in log_lines(d))
+
+    # change the prompt while it plays
+    box = d.find_element("id", "new-prompt")
+    box.send_keys("a wolf howling at the moon")
+    d.find_element("id", "send-prompt").click()
+    ack = wait_for(lambda: [x for x in log_lines(d) if x.startswith("prompt")], what="prompt ack")
+    assert "from seq" in ack[0], ack
+    before = int(d.find_element("id", "frames-drawn").text)
+    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) > before + 12, what="more frames")
+    screenshot(d, "playground.png")
+
+    # the dashboard, in a second tab, lists the session on its worker
+    playground = d.current_window_handle
+    d.switch_to.new_window("tab")
+    d.get(f"{mesh.gateway_url}/dashboard#key={OPERATOR_KEY}")
+    wait_for(lambda: d.find_elements("css selector", f'[data-session="{session_id}"]'),
+             what="the session on the dashboard")
+    card = d.find_element("css selector", ".card[data-worker]")
+    assert "ready" in card.text and "load" in card.text
+    assert d.find_element("id", "n-sessions").text == "1"
+    assert not d.find_element("id", "error").text
+    wait_for(lambda: d.execute_script(
+        "return document.getElementById('latency-chart').getContext('2d')"
+        ".getImageData(0, 0, 1200, 160).data.some((v, i) => i % 4 === 3 && v > 0)"),
+        what="the latency chart drawn")
+    screenshot(d, "dashboard.png")
+
+    # back to the playground: pause, resume, close
+    d.switch_to.window(playground)
+    d.find_element("id", "pause").click()
+    wait_for(lambda: [x for x in log_lines(d) if x.startswith("pause")], what="pause ack")
+    d.find_element("id", "resume").click()
+    wait_for(lambda: [x for x in log_lines(d) if x.startswith("resume")], what="resume ack")
+    d.find_element("id", "close").click()
+    wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
+
+    # the dashboard drops it
+    d.switch_to.window(d.window_handles[-1])
+    wait_for(lambda: not d.find_elements("css selector", f'[data-session="{session_id}"]'),
+             what="the session gone from the dashboard")
+
+
+def test_dashboard_without_the_operator_key_says_so(driver, mesh):
+    d = driver
+    d.get(f"{mesh.gateway_url}/dashboard")
+    d.execute_script("localStorage.clear()")
+    d.get(f"{mesh.gateway_url}/dashboard#key=wrong")
+    error = wait_for(lambda: d.find_element("id", "error").text, what="an error shown")
+    assert "unauthorized" in error

@@ -1,0 +1,111 @@
+"""The generation loop on the real tiny engine, with a sink that records what it would publish."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from services.gpu_worker.generation import GenerationLoop, Outgoing
+from services.gpu_worker.inbox import CommandInbox
+from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
+
+from .conftest import make_engine
+
+
+class RecordingSink:
+    def __init__(self, fenced: set[str] | None = None) -> None:
+        self.items: list[Outgoing] = []
+        self.handed_back: list[tuple[str, int]] = []
+        self.fenced = fenced or set()
+        self.lock = threading.Lock()
+
+    def deliver(self, items: list[Outgoing]) -> set[str]:
+        with self.lock:
+            self.items.extend(i for i in items if i.session_id not in self.fenced)
+        return {i.session_id for i in items} & self.fenced
+
+    def hand_back(self, session_id: str, epoch: int) -> None:
+        self.handed_back.append((session_id, epoch))
+
+    def chunks(self, sid: str) -> list[Chunk]:
+        with self.lock:
+            return [i for i in self.items if isinstance(i, Chunk) and i.session_id == sid]
+
+    def notices(self, sid: str) -> list[SessionNotice]:
+        with self.lock:
+            return [i for i in self.items if isinstance(i, SessionNotice) and i.session_id == sid]
+
+
+def _assign(sid: str, epoch: int, seq: int = 0, seed: int = 1) -> WorkerCommand:
+    return WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="w", epoch=epoch, session_id=sid,
+                         prompt="a fox", seed=seed, seq=seq)
+
+
+def _run(loop: GenerationLoop, until, timeout: float = 30.0) -> None:
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not until():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.01)
+    finally:
+        loop.inbox.close()
+        thread.join(10)
+
+
+def _loop(sink: RecordingSink, **kw) -> GenerationLoop:
+    kw.setdefault("period_s", 0.0)
+    kw.setdefault("lead_s", 0.0)
+    return GenerationLoop(make_engine(), CommandInbox(), sink, worker_id="w", **kw)
+
+
+def test_a_backlog_of_assigns_makes_one_generation_under_the_latest_epoch():
+    sink = RecordingSink()
+    loop = _loop(sink)
+    for epoch in range(1, 39):
+        loop.inbox.put(_assign("s", epoch))
+    _run(loop, lambda: len(sink.chunks("s")) >= 3)
+    chunks = sink.chunks("s")
+    assert {c.epoch for c in chunks} == {38}
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert [(n.kind, n.epoch) for n in sink.notices("s")] == [(NoticeKind.PLACED, 38)]
+    assert loop.inbox.dropped_stale == 37
+
+
+def test_a_continued_session_without_state_is_announced_as_restarted():
+    sink = RecordingSink()
+    loop = _loop(sink)
+    loop.inbox.put(_assign("s", 4, seq=17))
+    _run(loop, lambda: len(sink.chunks("s")) >= 1)
+    (notice,) = sink.notices("s")
+    assert notice.kind is NoticeKind.RESTARTED and notice.next_seq == 17
+    assert sink.chunks("s")[0].seq == 17
+
+
+def test_a_reassignment_at_its_own_seq_keeps_the_state():
+    sink = RecordingSink()
+    loop = _loop(sink)
+    loop.inbox.put(_assign("s", 1))
+    _run(loop, lambda: len(sink.chunks("s")) >= 2)
+    loop.inbox = CommandInbox()
+    next_seq = sink.chunks("s")[-1].seq + 1
+    loop.inbox.put(_assign("s", 2, seq=next_seq))
+    _run(loop, lambda: len(sink.chunks("s")) >= next_seq + 2)
+    seqs = [c.seq for c in sink.chunks("s")]
+    assert seqs == list(range(len(seqs)))
+    assert [n.kind for n in sink.notices("s")] == [NoticeKind.PLACED]  # no restart
+    assert sink.chunks("s")[-1].epoch == 2
+
+
+def test_fenced_sessions_are_dropped_and_a_full_engine_hands_back():
+    sink = RecordingSink(fenced={"gone"})
+    loop = GenerationLoop(make_engine(max_sessions=1), CommandInbox(), sink, worker_id="w",
+                          period_s=0.0, lead_s=0.0)
+    loop.inbox.put(_assign("gone", 1))
+    _run(loop, lambda: "gone" not in loop.owned and loop.status().sessions == ())
+    loop.inbox = CommandInbox()
+    loop.inbox.put(_assign("kept", 1))
+    loop.inbox.put(_assign("extra", 1))
+    _run(loop, lambda: sink.handed_back)
+    assert sink.handed_back == [("extra", 1)]

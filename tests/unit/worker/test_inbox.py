@@ -1,0 +1,54 @@
+"""The generation thread's inbox: waits that a command cuts short, stale commands dropped."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from services.gpu_worker.inbox import CommandInbox, Control
+from shared.wire import WorkerCmdKind, WorkerCommand
+
+
+def _cmd(kind: WorkerCmdKind, epoch: int, sid: str = "s") -> WorkerCommand:
+    return WorkerCommand(kind=kind, worker_id="w", epoch=epoch, session_id=sid)
+
+
+def test_superseded_commands_are_dropped_in_order_the_rest_kept():
+    inbox = CommandInbox()
+    for epoch in range(1, 39):
+        inbox.put(_cmd(WorkerCmdKind.ASSIGN, epoch))
+    inbox.put(_cmd(WorkerCmdKind.PROMPT, 38))
+    inbox.put(_cmd(WorkerCmdKind.ASSIGN, 5, sid="other"))
+    inbox.put(_cmd(WorkerCmdKind.STOP, 1))  # a STOP is never stale
+    taken = inbox.take(timeout=0)
+    assert [(c.kind, c.epoch, c.session_id) for c in taken] == [
+        (WorkerCmdKind.ASSIGN, 38, "s"), (WorkerCmdKind.PROMPT, 38, "s"),
+        (WorkerCmdKind.ASSIGN, 5, "other"), (WorkerCmdKind.STOP, 1, "s"),
+    ]
+    assert inbox.dropped_stale == 37
+    # A command for an older epoch arriving later is dropped too.
+    inbox.put(_cmd(WorkerCmdKind.SUSPEND, 37))
+    assert inbox.take(timeout=0) == []
+    inbox.forget("s")
+    inbox.put(_cmd(WorkerCmdKind.ASSIGN, 1))
+    assert len(inbox.take(timeout=0)) == 1
+
+
+def test_a_command_cuts_a_wait_short():
+    inbox = CommandInbox()
+    threading.Timer(0.1, inbox.put, args=(_cmd(WorkerCmdKind.ASSIGN, 1),)).start()
+    started = time.monotonic()
+    taken = inbox.take(timeout=30.0)
+    assert len(taken) == 1 and time.monotonic() - started < 5.0
+
+
+def test_close_wakes_a_waiter_and_controls_pass_through():
+    inbox = CommandInbox()
+    results = []
+    inbox.put(Control("noop", lambda: 42, results.append, results.append))
+    (control,) = inbox.take(timeout=0)
+    assert isinstance(control, Control) and control.run() == 42
+    threading.Timer(0.1, inbox.close).start()
+    started = time.monotonic()
+    assert inbox.take(timeout=None) == [] and inbox.closed
+    assert time.monotonic() - started < 5.0
