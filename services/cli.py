@@ -25,10 +25,12 @@ _TOP_LEVEL = (
     "services.scheduler.sim.cli",   # sim traces|run|profile|evaluate
 )
 _BENCH = (
+    "services.bench_control",       # bench control
     "services.scheduler.bench",     # bench scheduler
     "services.gpu_worker.bench",    # bench worker
     "services.gpu_worker.handoff.bench",  # bench migration
     "services.gateway.bench",       # bench gateway
+    "services.provisioner.bench",   # bench provisioner
 )
 
 

@@ -29,6 +29,17 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from services.proc import die_with_parent
+from shared.security import (
+    OPERATOR,
+    PROVISIONER,
+    WORKER,
+    Credentials,
+    nats_server_config,
+    redis_users,
+    with_user,
+)
+from shared.settings import mask_url
+from shared.wire import DEFAULT_PREFIX, Subjects
 
 SERVICES = ("scheduler", "provisioner", "gateway")  # started in this order, stopped in reverse
 
@@ -140,6 +151,28 @@ class Mesh:
     # Where each service's output goes (``<log_dir>/<service>.log``); None: inherited stdout
     # (or nowhere when ``quiet``).
     log_dir: Path | None = None
+    # The NATS and Redis it starts itself require a user per service (``turboserve up`` asks
+    # for it); then ``nats_url``/``redis_url`` carry the operator's credentials and each
+    # service gets its own. Servers it reuses are used as they are: it cannot secure those.
+    secure: bool = False
+    credentials: Credentials | None = None
+    secured: dict[str, str] = field(default_factory=dict)  # "nats"/"redis" -> URL, no user
+
+    def service_env(self, name: str) -> dict[str, str]:
+        """The URLs one service connects with: its own user on a server this mesh secured."""
+        env = {"TURBOSERVE_NATS_URL": self._url_of("nats", name, self.nats_url),
+               "TURBOSERVE_REDIS_URL": self._url_of("redis", name, self.redis_url)}
+        if name == PROVISIONER:  # the workers it starts get theirs
+            env["TURBOSERVE_WORKER_NATS_URL"] = self._url_of("nats", WORKER, self.nats_url)
+            env["TURBOSERVE_WORKER_REDIS_URL"] = self._url_of("redis", WORKER, self.redis_url)
+        return env
+
+    def _url_of(self, server: str, role: str, shared: str) -> str:
+        base = self.secured.get(server)
+        if base is None or self.credentials is None:
+            return shared
+        passwords = self.credentials.nats if server == "nats" else self.credentials.redis
+        return with_user(base, role, passwords[role])
 
     @property
     def gateway_url(self) -> str:
@@ -151,16 +184,14 @@ class Mesh:
             child_env = {
                 **os.environ,
                 **self.env,
-                "TURBOSERVE_NATS_URL": self.nats_url,
-                "TURBOSERVE_REDIS_URL": self.redis_url,
                 "TURBOSERVE_HOST": self.host,
                 "TURBOSERVE_PORT": str(self.port),
                 "TURBOSERVE_MIN_WORKERS": str(self.workers),
             }
             for name in SERVICES:
                 log_to = self.log_dir / f"{name}.log" if self.log_dir else None
-                self._spawn(name, [sys.executable, "-m", "services.cli", name], child_env,
-                            log_to=log_to)
+                self._spawn(name, [sys.executable, "-m", "services.cli", name],
+                            {**child_env, **self.service_env(name)}, log_to=log_to)
             _wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1], self.abort)
         except BaseException:
             self.stop()
@@ -175,21 +206,60 @@ class Mesh:
             raise LaunchError(f"{' and '.join(missing)} not reachable and --embedded=never")
         if not (need_nats or need_redis):
             return
-        self.tmpdir = Path(tempfile.mkdtemp(prefix="turboserve-"))
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="turboserve-"))  # mode 0700
+        if self.secure and self.credentials is None:
+            self.credentials = Credentials.generate()
+        settings = {**os.environ, **self.env}
         if need_nats:
             port = free_port()
-            self.nats_url = f"nats://127.0.0.1:{port}"
+            url = f"nats://127.0.0.1:{port}"
             store = self.tmpdir / "jetstream"
-            proc = self._spawn("nats", [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
-                                        "-sd", str(store)], os.environ, log_to=self.tmpdir / "nats.log")
-            _wait_until(lambda: probe_nats(self.nats_url), 20, "embedded nats-server", proc, self.abort)
+            if self.credentials is None:
+                argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
+                        "-sd", str(store)]
+            else:
+                subjects = Subjects(settings.get("TURBOSERVE_SUBJECT_PREFIX") or DEFAULT_PREFIX)
+                conf = _write_private(self.tmpdir / "nats.conf", nats_server_config(
+                    subjects, self.credentials.nats, host="127.0.0.1", port=port,
+                    store_dir=str(store)))
+                argv = [nats_server_binary(), "-c", str(conf)]
+            proc = self._spawn("nats", argv, os.environ, log_to=self.tmpdir / "nats.log")
+            _wait_until(lambda: probe_nats(url), 20, "embedded nats-server", proc, self.abort)
+            self.nats_url = url
+            if self.credentials is not None:
+                self.secured["nats"] = url
+                self.nats_url = self._url_of("nats", OPERATOR, url)
         if need_redis:
             port = free_port()
-            self.redis_url = f"redis://127.0.0.1:{port}/0"
-            proc = self._spawn("redis", [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                                         "--save", "", "--appendonly", "no", "--dir", str(self.tmpdir)],
-                               os.environ, log_to=self.tmpdir / "redis.log")
-            _wait_until(lambda: probe_redis(self.redis_url), 20, "embedded redis-server", proc, self.abort)
+            url = f"redis://127.0.0.1:{port}/0"
+            argv = [redis_server_binary()]
+            if self.credentials is not None:
+                namespace = settings.get("TURBOSERVE_REDIS_NAMESPACE") or "ts"
+                users = redis_users(namespace, self.credentials.redis)
+                argv.append(str(_write_private(self.tmpdir / "redis.conf", "\n".join(users) + "\n")))
+            argv += ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                     "--dir", str(self.tmpdir)]
+            proc = self._spawn("redis", argv, os.environ, log_to=self.tmpdir / "redis.log")
+            _wait_until(lambda: probe_redis(url), 20, "embedded redis-server", proc, self.abort)
+            self.redis_url = url
+            if self.credentials is not None:
+                self.secured["redis"] = url
+                self.redis_url = self._url_of("redis", OPERATOR, url)
+
+    def security_lines(self) -> list[str]:
+        """What the banner says of NATS and Redis: secured here, or reused as they are."""
+        lines = []
+        started = {name for name, _ in self.procs}
+        for server, url in (("NATS", self.nats_url), ("Redis", self.redis_url)):
+            if server.lower() in self.secured:
+                lines.append(f"{server} {mask_url(url)}: started here, a user per service with "
+                             "its own permissions")
+            elif server.lower() in started:
+                lines.append(f"{server} {mask_url(url)}: started here, open to any local client")
+            else:
+                lines.append(f"{server} {mask_url(url)}: reused as it is (turboserve up cannot "
+                             "secure a server it did not start; see docs/security.md)")
+        return lines
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str],
                log_to: Path | None = None) -> subprocess.Popen:
@@ -235,6 +305,14 @@ class Mesh:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
         return codes
+
+
+def _write_private(path: Path, text: str) -> Path:
+    """Write a file only its owner may read (it holds passwords)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
 
 
 def state_dir() -> Path:
@@ -351,7 +429,7 @@ def run(args: argparse.Namespace) -> int:
         nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
         redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
         port=args.port, host=args.host, workers=args.workers, embedded=args.embedded,
-        abort=lambda: stop, env=keys, log_dir=log_dir,
+        abort=lambda: stop, env=keys, log_dir=log_dir, secure=True,
     )
     stop = False
 
@@ -423,7 +501,8 @@ def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
     if operator_key:
         lines.append(f"Operator key: {operator_key}")
     lines += [
-        f"NATS {mesh.nats_url}, Redis {mesh.redis_url}" + (f"; pool {pool}" if pool else ""),
+        *mesh.security_lines(),
+        *([f"Pool: {pool}"] if pool else []),
         "Try it:",
         f"  curl -s -X POST {url}/v1/sessions{auth} -H 'Content-Type: application/json' "
         "-d '{\"prompt\": \"a red fox running through snow\"}'",

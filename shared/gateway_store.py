@@ -3,17 +3,21 @@
 Every gateway reads and writes these keys, so any replica can serve any session and the
 lifetimes hold however many replicas run. Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 
-- ``{ns}:gw:sessions``           sorted set: live session id -> when a viewer was last attached
-                                 (its creation until the first viewer)
-- ``{ns}:gw:viewers:{id}``       sorted set: attachment id -> when it expires unless refreshed
+- ``{ns}:gw:sessions``           sorted set: open session id -> when it was last seen watched
+                                 (its creation until then)
+- ``{ns}:gw:replicas``           sorted set: gateway replica id -> until when it is alive (each
+                                 replica pushes this forward while it runs)
+- ``{ns}:gw:viewers:{id}``       hash: attachment id -> the replica that holds it
 - ``{ns}:gw:activity``           hash: session id -> ``active``, ``idle`` (no viewer) or
                                  ``paused`` (asked by its client)
 - ``{ns}:gw:key_sessions:{key}`` set: the open sessions of one API key
 - ``{ns}:gw:rate:{key}``         the key's rate limiter (GCRA: the theoretical arrival time)
 - ``{ns}:gw:latency:{worker}``   sorted set: unix second -> the worst chunk latency (ms) seen
 
-Each change that two replicas could race on is one Lua script: a session goes idle only while
-no viewer is attached, comes back when one attaches, and is closed by exactly one replica.
+A viewer counts while its replica is alive: a replica refreshes one entry, however many streams
+it holds, and when it dies its viewers go with it. Each change that two replicas could race on
+is one Lua script: a session goes idle only while no viewer is attached, comes back when one
+attaches, and is closed by exactly one replica.
 """
 
 from __future__ import annotations
@@ -21,35 +25,75 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 
-# The idle flip and the attach flip look at the viewers and the activity together.
-_IDLE_IF_UNWATCHED_LUA = """
-if redis.call('ZCOUNT', KEYS[1], ARGV[2], '+inf') > 0 then return 0 end
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= 'active' then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], 'idle')
+# Shared by the scripts below: count the live viewers of a session (KEYS[1] its viewers,
+# KEYS[2] the replicas, ARGV[1] now), dropping those whose replica died. When the last ones
+# died (no detach ever came), the session counts as seen now: its unwatched time starts here.
+# When some are live it counts as seen now too, so the reaper leaves it alone for a while.
+_LIVE_VIEWERS = """
+local function live_viewers(viewers, replicas, sessions, session_id, now)
+  local all = redis.call('HGETALL', viewers)
+  local live, dead = 0, 0
+  for i = 1, #all, 2 do
+    local until_ = redis.call('ZSCORE', replicas, all[i + 1])
+    if until_ and tonumber(until_) > tonumber(now) then
+      live = live + 1
+    else
+      redis.call('HDEL', viewers, all[i])
+      dead = dead + 1
+    end
+  end
+  if live > 0 or dead > 0 then
+    redis.call('ZADD', sessions, 'XX', now, session_id)
+  end
+  return live
+end
+"""
+
+# KEYS: viewers, replicas, sessions, activity. ARGV: session id, now.
+_IDLE_IF_UNWATCHED_LUA = _LIVE_VIEWERS + """
+local seen = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if live_viewers(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]) > 0 then return 0 end
+if redis.call('ZSCORE', KEYS[3], ARGV[1]) ~= seen then return 0 end  -- its clock restarted
+if redis.call('HGET', KEYS[4], ARGV[1]) ~= 'active' then return 0 end
+redis.call('HSET', KEYS[4], ARGV[1], 'idle')
 return 1
 """
 
+# KEYS: viewers, replicas, sessions, activity. ARGV: session id, now, attachment id, replica.
 _ATTACH_LUA = """
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('ZADD', KEYS[3], 'XX', ARGV[4], ARGV[1])
-if redis.call('HGET', KEYS[2], ARGV[1]) == 'idle' then
-  redis.call('HSET', KEYS[2], ARGV[1], 'active')
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+redis.call('ZADD', KEYS[3], 'XX', ARGV[2], ARGV[1])
+if redis.call('HGET', KEYS[4], ARGV[1]) == 'idle' then
+  redis.call('HSET', KEYS[4], ARGV[1], 'active')
   return 1
 end
 return 0
 """
 
 # Claim the close of an abandoned session: exactly one replica gets 1.
-_CLAIM_CLOSE_LUA = """
-if redis.call('ZCOUNT', KEYS[1], ARGV[2], '+inf') > 0 then return 0 end
-local seen = redis.call('ZSCORE', KEYS[2], ARGV[1])
+# KEYS: viewers, replicas, sessions. ARGV: session id, now, unwatched before.
+_CLAIM_CLOSE_LUA = _LIVE_VIEWERS + """
+if live_viewers(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]) > 0 then return 0 end
+local seen = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if not seen or tonumber(seen) > tonumber(ARGV[3]) then return 0 end
-redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[1])
 return 1
+"""
+
+# KEYS: viewers, replicas. ARGV: now.
+_COUNT_LUA = """
+local all = redis.call('HGETALL', KEYS[1])
+local live = 0
+for i = 1, #all, 2 do
+  local until_ = redis.call('ZSCORE', KEYS[2], all[i + 1])
+  if until_ and tonumber(until_) > tonumber(ARGV[1]) then live = live + 1 end
+end
+return live
 """
 
 # Compare-and-set of a session's activity: ARGV[2] is a comma-separated list of the states it
@@ -86,6 +130,12 @@ return {1, 0}
 """
 
 _LATENCY_KEEP_S = 600
+# A replica silent this long leaves the replicas set (its viewers stopped counting long before).
+REPLICAS_KEPT_S = 3600
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class Activity(enum.StrEnum):
@@ -110,6 +160,7 @@ class GatewayStore:
         self._attach = client.register_script(_ATTACH_LUA)
         self._claim_close = client.register_script(_CLAIM_CLOSE_LUA)
         self._flip = client.register_script(_FLIP_LUA)
+        self._count = client.register_script(_COUNT_LUA)
         self._reserve = client.register_script(_RESERVE_LUA)
         self._rate = client.register_script(_RATE_LUA)
 
@@ -117,6 +168,10 @@ class GatewayStore:
     @property
     def sessions_key(self) -> str:
         return f"{self.ns}:gw:sessions"
+
+    @property
+    def replicas_key(self) -> str:
+        return f"{self.ns}:gw:replicas"
 
     def viewers_key(self, session_id: str) -> str:
         return f"{self.ns}:gw:viewers:{session_id}"
@@ -134,9 +189,25 @@ class GatewayStore:
     def latency_key(self, worker_id: str) -> str:
         return f"{self.ns}:gw:latency:{worker_id}"
 
-    # -- sessions and their lifetimes -----------------------------------------------------------
+    def _lifetime_keys(self, session_id: str) -> list[str]:
+        return [self.viewers_key(session_id), self.replicas_key, self.sessions_key, self.activity_key]
+
+    # -- replicas, sessions and their lifetimes ---------------------------------------------------
+    async def replica_alive(self, replica_id: str, ttl_s: float, now: float | None = None) -> None:
+        """This replica (and every viewer it holds) is alive for ``ttl_s`` more; replicas dead
+        for a long while are forgotten."""
+        now = time.time() if now is None else now
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.replicas_key, {replica_id: now + ttl_s})
+            pipe.zremrangebyscore(self.replicas_key, "-inf", now - REPLICAS_KEPT_S)
+            await pipe.execute()
+
+    async def replica_gone(self, replica_id: str) -> None:
+        """This replica stops: its viewers count no more."""
+        await self.r.zrem(self.replicas_key, replica_id)
+
     async def track(self, session_id: str, now: float | None = None) -> None:
-        """A new session: active, and its unattached clock starts now."""
+        """A new session: active, and its unwatched clock starts now."""
         now = time.time() if now is None else now
         async with self.r.pipeline(transaction=True) as pipe:
             pipe.zadd(self.sessions_key, {session_id: now})
@@ -164,70 +235,54 @@ class GatewayStore:
         value = raw.decode() if isinstance(raw, bytes) else raw
         return Activity(value) if value else None
 
-    async def attach(self, session_id: str, attachment_id: str, ttl_s: float,
+    async def attach(self, session_id: str, attachment_id: str, replica_id: str,
                      now: float | None = None) -> bool:
-        """Record (or refresh) a viewer; True when this brought an idle session back to active
-        (a paused one stays paused)."""
+        """Record a viewer held by ``replica_id``; True when this brought an idle session back
+        to active (a paused one stays paused)."""
         now = time.time() if now is None else now
-        flipped = await self._attach(
-            keys=[self.viewers_key(session_id), self.activity_key, self.sessions_key],
-            args=[session_id, attachment_id, repr(now + ttl_s), repr(now), int(ttl_s * 2000)],
-        )
+        flipped = await self._attach(keys=self._lifetime_keys(session_id),
+                                     args=[session_id, repr(now), attachment_id, replica_id])
         return bool(flipped)
-
-    async def refresh(self, attachments: dict[str, list[str]], ttl_s: float,
-                      now: float | None = None) -> None:
-        """Refresh many viewers at once (``session id -> attachment ids``) and mark their
-        sessions as watched now."""
-        if not attachments:
-            return
-        now = time.time() if now is None else now
-        async with self.r.pipeline(transaction=False) as pipe:
-            for session_id, ids in attachments.items():
-                pipe.zadd(self.viewers_key(session_id), dict.fromkeys(ids, now + ttl_s))
-                pipe.pexpire(self.viewers_key(session_id), int(ttl_s * 2000))
-                pipe.zadd(self.sessions_key, {session_id: now}, xx=True)
-            await pipe.execute()
 
     async def detach(self, session_id: str, attachment_id: str, now: float | None = None) -> None:
         now = time.time() if now is None else now
         async with self.r.pipeline(transaction=True) as pipe:
-            pipe.zrem(self.viewers_key(session_id), attachment_id)
+            pipe.hdel(self.viewers_key(session_id), attachment_id)
             pipe.zadd(self.sessions_key, {session_id: now}, xx=True)
             await pipe.execute()
 
     async def viewers(self, session_id: str, now: float | None = None) -> int:
+        """Viewers attached now, on every replica."""
         now = time.time() if now is None else now
-        return int(await self.r.zcount(self.viewers_key(session_id), now, "+inf"))
+        return int(await self._count(keys=[self.viewers_key(session_id), self.replicas_key],
+                                     args=[repr(now)]))
 
-    async def unattached_since(self, cutoff: float, limit: int = 1000) -> list[tuple[str, float]]:
-        """Sessions last watched before ``cutoff`` (oldest first), with that time."""
-        raw = await self.r.zrangebyscore(self.sessions_key, "-inf", cutoff, start=0, num=limit,
-                                         withscores=True)
-        return [(m.decode() if isinstance(m, bytes) else m, float(s)) for m, s in raw]
+    async def unwatched_since(self, cutoff: float, limit: int = 1000) -> list[tuple[str, float]]:
+        """Sessions not seen watched since ``cutoff`` (oldest first), with that time."""
+        raw = cast(list[tuple[bytes, float]], await self.r.zrangebyscore(
+            self.sessions_key, "-inf", cutoff, start=0, num=limit, withscores=True))
+        return [(_text(member), float(score)) for member, score in raw]
 
     async def go_idle_if_unwatched(self, session_id: str, now: float | None = None) -> bool:
-        """Flip an active session to idle if no viewer is attached; True if it flipped."""
+        """Flip an active session to idle if no viewer is attached; True if it flipped. A
+        session found watched (or whose viewers just died) is marked seen now instead."""
         now = time.time() if now is None else now
-        flipped = await self._idle_if_unwatched(
-            keys=[self.viewers_key(session_id), self.activity_key], args=[session_id, repr(now)]
-        )
+        flipped = await self._idle_if_unwatched(keys=self._lifetime_keys(session_id),
+                                                args=[session_id, repr(now)])
         return bool(flipped)
 
-    async def claim_close(self, session_id: str, unattached_before: float,
+    async def claim_close(self, session_id: str, unwatched_before: float,
                           now: float | None = None) -> bool:
         """True for exactly one caller when the session has had no viewer since
-        ``unattached_before`` (it leaves the lifetime index)."""
+        ``unwatched_before`` (it leaves the lifetime index)."""
         now = time.time() if now is None else now
-        claimed = await self._claim_close(
-            keys=[self.viewers_key(session_id), self.sessions_key],
-            args=[session_id, repr(now), repr(unattached_before)],
-        )
+        claimed = await self._claim_close(keys=self._lifetime_keys(session_id)[:3],
+                                          args=[session_id, repr(now), repr(unwatched_before)])
         return bool(claimed)
 
     async def tracked(self) -> list[str]:
-        return [m.decode() if isinstance(m, bytes) else m
-                for m in await self.r.zrange(self.sessions_key, 0, -1)]
+        members = cast(list[bytes], await self.r.zrange(self.sessions_key, 0, -1))
+        return [_text(m) for m in members]
 
     # -- per-key limits ---------------------------------------------------------------------------
     async def reserve_session(self, key_name: str, session_id: str, limit: int) -> bool:

@@ -3,7 +3,8 @@
 Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 
 - ``{ns}:scheduler:leader``  ``"<term>:<scheduler id>"`` with a TTL, renewed by the leader;
-- ``{ns}:scheduler:term``    a counter: every new leadership gets the next term.
+- ``{ns}:scheduler:term``    a counter: every new leadership gets a larger term (from the clock
+  when the counter is behind it, so terms outgrow a Redis restarted empty).
 
 Fencing: the leader's registry writes carry the lease as a guard (``Registry.transition(...,
 guard=lease.guard)``), so a deposed leader changes no ownership; and its worker commands carry
@@ -12,13 +13,21 @@ its term, which a worker checks against this key, so it issues no command a work
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+# Terms only grow, even across a Redis that restarted empty (the counter then starts again
+# from the clock, in ms), so a term is never handed out twice.
 _ACQUIRE_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return '' end
 local term = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if term < floor then
+  redis.call('SET', KEYS[2], ARGV[3])
+  term = floor
+end
 local value = tostring(term) .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 return value
@@ -73,7 +82,8 @@ class LeaderElection:
 
     async def try_acquire(self) -> Lease | None:
         """The lease, if nobody holds it now."""
-        value = await self._acquire(keys=[self.key, self.term_key], args=[self.candidate, self.ttl_ms])
+        value = await self._acquire(keys=[self.key, self.term_key],
+                                    args=[self.candidate, self.ttl_ms, int(time.time() * 1000)])
         text = value.decode() if isinstance(value, bytes) else value
         return Lease(self.key, text) if text else None
 

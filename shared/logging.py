@@ -16,7 +16,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", service: str | Non
     ``fmt``: "json", "console", or "auto" (console on a TTY, JSON otherwise).
     """
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
-    shared = [
+    shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -40,4 +40,6 @@ def configure_logging(level: str = "info", fmt: str = "auto", service: str | Non
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name) if name else structlog.get_logger()
+    logger: structlog.stdlib.BoundLogger = (
+        structlog.get_logger(name) if name else structlog.get_logger())
+    return logger

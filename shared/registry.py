@@ -3,6 +3,8 @@
 Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 
 - ``{ns}:session:{id}``   hash: state, owner, epoch, prompt, seed, last_seq, created_at, updated_at
+- ``{ns}:session:{id}:recovery``  hash: what rebuilds the session after its last chunk (written
+                          with ``last_seq`` by its owner; deleted when the session ends)
 - ``{ns}:placement``      hash: session id -> worker id, for every session that has an owner
 - ``{ns}:pending``        sorted set: sessions waiting for a worker, by time
 - ``{ns}:worker:{id}``    hash: status, capacity, device, gpu_kind, chunk_ms, memory, updated_at
@@ -23,8 +25,9 @@ own a session.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final, cast
 
 import orjson
 import redis.asyncio as aioredis
@@ -36,6 +39,8 @@ KEEP: Final = object()  # sentinel: leave the owner as it is
 
 # Terminated sessions stay readable this long, then Redis forgets them.
 TERMINATED_TTL_S = 3600
+# A session's recovery log outlives a silent worker this long (renewed by every chunk).
+RECOVERY_TTL_S = 3600
 # Cluster events kept for operators (``/v1/cluster``, ``turboserve ctl status``).
 CLUSTER_EVENTS_KEPT = 200
 
@@ -64,7 +69,10 @@ if ARGV[4] == 'pending' then
 else
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
-if ARGV[4] == 'terminated' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
+if ARGV[4] == 'terminated' then
+  redis.call('EXPIRE', KEYS[1], ARGV[8])
+  redis.call('DEL', KEYS[5])
+end
 return {'ok', tostring(epoch), ARGV[4]}
 """
 
@@ -79,12 +87,28 @@ return 1
 # A worker records its progress only while it still owns the session at its epoch.
 _PROGRESS_LUA = """
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'owner', 'last_seq')
-if not cur[1] or cur[3] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[1] == 'terminated' then
+if not cur[1] then return -1 end
+if cur[3] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[1] == 'terminated' then
   return 0
 end
 if tonumber(ARGV[3]) > tonumber(cur[4]) then
   redis.call('HSET', KEYS[1], 'last_seq', ARGV[3], 'updated_at', ARGV[4])
+  if #ARGV > 5 then
+    redis.call('DEL', KEYS[2])
+    redis.call('HSET', KEYS[2], unpack(ARGV, 6))
+    redis.call('EXPIRE', KEYS[2], ARGV[5])
+  end
 end
+return 1
+"""
+
+
+# Put back a session record that Redis lost (restarted empty), as its owner knows it; nothing
+# is written when the record exists (the registry's own state always wins).
+_REANNOUNCE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
 
@@ -179,9 +203,8 @@ class PoolLimits:
     backend: str = "local"
 
 
-def _s(value: bytes | str | None) -> str | None:
-    if value is None:
-        return None
+def _str(value: bytes | str) -> str:
+    """A Redis value or key that is there: as text."""
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -194,10 +217,14 @@ class Registry:
         self._create = client.register_script(_CREATE_LUA)
         self._transition = client.register_script(_TRANSITION_LUA)
         self._progress = client.register_script(_PROGRESS_LUA)
+        self._reannounce = client.register_script(_REANNOUNCE_LUA)
 
     # -- keys ---------------------------------------------------------------------------------
     def session_key(self, session_id: str) -> str:
         return f"{self.ns}:session:{session_id}"
+
+    def recovery_key(self, session_id: str) -> str:
+        return f"{self.ns}:session:{session_id}:recovery"
 
     @property
     def placement_key(self) -> str:
@@ -244,7 +271,7 @@ class Registry:
         raw = await self.r.hgetall(self.session_key(session_id))
         if not raw or b"state" not in raw:
             return None
-        return _session_from({_s(k): _s(v) for k, v in raw.items()})
+        return _session_from({_str(k): _str(v) for k, v in raw.items()})
 
     async def transition(
         self,
@@ -264,10 +291,11 @@ class Registry:
         :class:`IllegalTransition`.
         """
         allowed = ",".join(sorted(s.value for s in sources_of(target)))
-        owner_arg = "\0keep" if owner is KEEP else (owner or "")
+        owner_arg = "\0keep" if owner is KEEP else str(owner or "")
         guard_key, guard_value = guard if guard is not None else (self.pending_key, "")
         status, epoch, state = await self._transition(
-            keys=[self.session_key(session_id), self.placement_key, self.pending_key, guard_key],
+            keys=[self.session_key(session_id), self.placement_key, self.pending_key, guard_key,
+                  self.recovery_key(session_id)],
             args=[
                 session_id,
                 "" if expected_epoch is None else str(expected_epoch),
@@ -280,15 +308,15 @@ class Registry:
                 guard_value,
             ],
         )
-        status = _s(status)
+        status = _str(status)
         if status == "guard":
             raise GuardFailed(guard_key)
         if status == "missing":
             raise SessionNotFound(session_id)
         if status == "epoch":
-            raise StaleEpoch(session_id, expected_epoch or 0, int(_s(epoch)))
+            raise StaleEpoch(session_id, expected_epoch or 0, int(_str(epoch)))
         if status == "state":
-            raise IllegalTransition(SessionState(_s(state)), target)
+            raise IllegalTransition(SessionState(_str(state)), target)
         record = await self.get_session(session_id)
         if record is None:  # expired between the two calls: only possible for terminated
             raise SessionNotFound(session_id)
@@ -302,29 +330,77 @@ class Registry:
             guard=guard,
         )
 
-    async def record_progress(self, session_id: str, worker_id: str, epoch: int, seq: int) -> bool:
-        """Record ``seq`` as generated; False when the worker no longer owns the session."""
+    async def record_progress(
+        self, session_id: str, worker_id: str, epoch: int, seq: int,
+        recovery: Mapping[str, bytes | str] | None = None,
+    ) -> bool:
+        """Record ``seq`` as generated; False when the worker no longer owns the session.
+
+        ``recovery``: what rebuilds the session after that chunk (the worker's recovery log),
+        written in the same step, so the log and ``last_seq`` always agree."""
+        args: list[bytes | str] = [worker_id, str(epoch), str(seq), repr(time.time())]
+        if recovery:
+            args.append(str(RECOVERY_TTL_S))
+            for key, value in recovery.items():
+                args += [key, value]
         ok = await self._progress(
-            keys=[self.session_key(session_id)],
-            args=[worker_id, str(epoch), str(seq), repr(time.time())],
+            keys=[self.session_key(session_id), self.recovery_key(session_id)], args=args,
         )
+        if ok == -1:
+            # No record at all: Redis lost it (restarted empty), not another owner. The owner
+            # keeps the session and puts its record back (``reannounce_session``).
+            return True
         return bool(ok)
+
+    async def missing_sessions(self, session_ids: list[str]) -> list[str]:
+        """Those of ``session_ids`` the registry has no record of (e.g. Redis restarted)."""
+        if not session_ids:
+            return []
+        async with self.r.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                pipe.exists(self.session_key(sid))
+            found = await pipe.execute()
+        return [sid for sid, there in zip(session_ids, found, strict=True) if not there]
+
+    async def reannounce_session(
+        self, session_id: str, *, owner: str, epoch: int, state: SessionState, prompt: str,
+        seed: int, last_seq: int,
+    ) -> bool:
+        """Write back a session its owner holds but the registry lost (True when written)."""
+        now = time.time()
+        record = {
+            "id": session_id, "state": state.value, "owner": owner, "epoch": epoch,
+            "prompt": prompt, "seed": seed, "last_seq": last_seq, "created_at": now,
+            "updated_at": now, "token_hash": "", "owner_key": "",
+        }
+        flat = [str(x) for kv in record.items() for x in kv]
+        written = await self._reannounce(
+            keys=[self.session_key(session_id), self.placement_key],
+            args=[session_id, owner, *flat],
+        )
+        return bool(written)
+
+    async def recovery_log(self, session_id: str) -> dict[str, bytes] | None:
+        """The session's recovery log as its worker last wrote it (None: none)."""
+        raw = cast(dict[bytes, bytes], await self.r.hgetall(self.recovery_key(session_id)))
+        return {_str(k): v for k, v in raw.items()} if raw else None
 
     async def set_prompt(self, session_id: str, prompt: str) -> None:
         await self.r.hset(self.session_key(session_id), mapping={"prompt": prompt, "updated_at": time.time()})
 
     async def placement(self) -> dict[str, str]:
         raw = await self.r.hgetall(self.placement_key)
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return {_str(k): _str(v) for k, v in raw.items()}
 
     async def pending_sessions(self) -> list[str]:
-        return [_s(m) for m in await self.r.zrange(self.pending_key, 0, -1)]
+        members = cast(list[bytes], await self.r.zrange(self.pending_key, 0, -1))
+        return [_str(m) for m in members]
 
     # -- workers ------------------------------------------------------------------------------
     async def register_worker(self, worker: WorkerRecord, ttl_s: float) -> None:
         async with self.r.pipeline(transaction=True) as pipe:
             pipe.sadd(self.workers_key, worker.id)
-            pipe.hset(self.worker_key(worker.id), mapping=_worker_fields(worker))
+            pipe.hset(self.worker_key(worker.id), mapping=cast(Any, _worker_fields(worker)))
             pipe.set(self.alive_key(worker.id), "1", px=int(ttl_s * 1000))
             await pipe.execute()
 
@@ -333,7 +409,8 @@ class Registry:
         await self.register_worker(worker, ttl_s)
 
     async def set_worker_status(self, worker_id: str, status: WorkerStatus) -> None:
-        await self.r.hset(self.worker_key(worker_id), mapping={"status": status.value, "updated_at": time.time()})
+        await self.r.hset(self.worker_key(worker_id),
+                          mapping={"status": status.value, "updated_at": time.time()})
 
     async def remove_worker(self, worker_id: str) -> None:
         async with self.r.pipeline(transaction=True) as pipe:
@@ -360,7 +437,7 @@ class Registry:
         raw = await self.r.hgetall(self.pool_key)
         if not raw:
             return None
-        d = {_s(k): _s(v) for k, v in raw.items()}
+        d = {_str(k): _str(v) for k, v in raw.items()}
         return PoolLimits(int(d["min_workers"]), int(d["max_workers"]), d.get("backend", "local"))
 
     @property
@@ -396,7 +473,7 @@ class Registry:
 
     async def counters(self) -> dict[str, int]:
         raw = await self.r.hgetall(self.counters_key)
-        return {_s(k): int(v) for k, v in raw.items()}
+        return {_str(k): int(v) for k, v in raw.items()}
 
     async def record_cluster_event(self, kind: str, **fields_: object) -> None:
         """Append an operator-visible event (``migration``, ``scale_out``, ``scale_in``, ...)."""
@@ -412,7 +489,7 @@ class Registry:
         return [orjson.loads(item) for item in raw]
 
     async def workers(self) -> list[WorkerRecord]:
-        ids = sorted(_s(m) for m in await self.r.smembers(self.workers_key))
+        ids = sorted(_str(m) for m in await self.r.smembers(self.workers_key))
         if not ids:
             return []
         async with self.r.pipeline(transaction=False) as pipe:
@@ -423,11 +500,11 @@ class Registry:
         out = []
         for wid, fields_, alive in zip(ids, raw[0::2], raw[1::2], strict=True):
             if fields_:
-                out.append(_worker_from(wid, {_s(k): _s(v) for k, v in fields_.items()}, bool(alive)))
+                out.append(_worker_from(wid, {_str(k): _str(v) for k, v in fields_.items()}, bool(alive)))
         return out
 
 
-def _session_from(d: dict) -> SessionRecord:
+def _session_from(d: dict[str, Any]) -> SessionRecord:
     return SessionRecord(
         id=str(d["id"]),
         state=SessionState(d["state"]),
@@ -443,7 +520,7 @@ def _session_from(d: dict) -> SessionRecord:
     )
 
 
-def _worker_fields(w: WorkerRecord) -> dict[str, object]:
+def _worker_fields(w: WorkerRecord) -> dict[str, str | bytes | int | float]:
     return {
         "status": w.status.value,
         "capacity": w.capacity,
@@ -463,7 +540,7 @@ def _worker_fields(w: WorkerRecord) -> dict[str, object]:
     }
 
 
-def _worker_from(worker_id: str, d: dict, alive: bool) -> WorkerRecord:
+def _worker_from(worker_id: str, d: dict[str, Any], alive: bool) -> WorkerRecord:
     mem = int(d.get("mem_free_bytes", -1))
     return WorkerRecord(
         id=worker_id,

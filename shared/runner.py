@@ -21,10 +21,13 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
+from redis.exceptions import NoPermissionError
 
 from shared.logging import configure_logging, get_logger
 from shared.registry import Registry
-from shared.settings import CommonSettings
+from shared.security import inbox_prefix, url_user
+from shared.settings import CommonSettings, mask_url
 from shared.wire import Subjects
 
 log = get_logger("turboserve.runner")
@@ -40,6 +43,14 @@ class Service(Protocol):
 
 class ConnectError(RuntimeError):
     retryable = True
+
+
+class CredentialsRefused(ConnectError):
+    """NATS or Redis answered and refused the credentials (or the user may not even PING):
+    waiting does not help, so the service stops at once (exit code 2). The message names the
+    user and the masked URL, never the secret."""
+
+    retryable = False
 
 
 @dataclass
@@ -87,6 +98,8 @@ async def retry(
     while True:
         try:
             return await attempt()
+        except CredentialsRefused:
+            raise
         except Exception as exc:  # noqa: BLE001 - any connect failure is retried until the deadline
             if time.monotonic() + delay > deadline:
                 raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {exc}") from exc
@@ -96,7 +109,14 @@ async def retry(
 
 
 async def connect_nats(settings: CommonSettings, name: str) -> NATS:
+    # A user/password URL connects as that user, whose replies arrive under its own inbox
+    # prefix (the only inboxes its NATS permissions let it read: shared/security.py).
+    user = url_user(settings.nats_url)
+    refused: list[Exception] = []
+
     async def _error_cb(exc: Exception) -> None:
+        if "authorization violation" in str(exc).lower():
+            refused.append(exc)
         log.warning("nats_error", error=str(exc))
 
     async def _attempt() -> NATS:
@@ -113,27 +133,61 @@ async def connect_nats(settings: CommonSettings, name: str) -> NATS:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=1,
                     error_cb=_error_cb,
+                    inbox_prefix=inbox_prefix(user) if user else "_INBOX",
                 ),
                 timeout=3.0,
             )
         except BaseException:
             with contextlib.suppress(Exception):
                 await nc.close()
+            if refused:
+                raise _refused("nats", settings.nats_url, "authorization violation") from None
             raise
         return nc
 
-    return await retry("nats", _attempt, settings.connect_timeout_s)
+    nc: NATS = await retry("nats", _attempt, settings.connect_timeout_s)
+    return nc
+
+
+def _refused(server: str, url: str, detail: str) -> CredentialsRefused:
+    user = url_user(url)
+    if user:
+        who = f"the credentials of user {user!r}"
+    elif "@" in url.partition("://")[2].partition("/")[0]:
+        who = "the credentials in the URL"
+    else:
+        who = "a client without credentials"
+    return CredentialsRefused(f"{server} at {mask_url(url)} refused {who} ({detail}): check "
+                              f"TURBOSERVE_{server.upper()}_URL")
+
+
+async def subscriptions_live(nc: NATS, timeout_s: float = 10.0) -> None:
+    """Return once the server holds every subscription ``nc`` made before this call, so that a
+    message published from any connection afterwards reaches them.
+
+    ``nc.flush()`` does not promise that with nats-py: it writes its PING to the socket at once
+    while a SUB may still wait in the client's buffer for the flusher task, so the PONG can come
+    back before the server has the SUB (about 1 run in 200 lost its first message on a loaded
+    host). A message the connection sends to itself travels behind its SUBs: its echo does."""
+    inbox = nc.new_inbox()
+    echo = await nc.subscribe(inbox, max_msgs=1)
+    await nc.publish(inbox, b"")
+    await echo.next_msg(timeout=timeout_s)
 
 
 async def connect_redis(settings: CommonSettings) -> aioredis.Redis:
     client = aioredis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=10)
 
     async def _attempt() -> aioredis.Redis:
-        await client.ping()
+        try:
+            await client.ping()
+        except (RedisAuthenticationError, NoPermissionError) as exc:
+            raise _refused("redis", settings.redis_url, str(exc)) from None
         return client
 
     try:
-        return await retry("redis", _attempt, settings.connect_timeout_s)
+        connected: aioredis.Redis = await retry("redis", _attempt, settings.connect_timeout_s)
+        return connected
     except ConnectError:
         await client.aclose()
         raise
@@ -214,8 +268,9 @@ async def serve(service: Service, settings: CommonSettings) -> int:
             started = True
             log.info("service_started", settings=settings.public_dict())
             assert ctx._failure is not None
-            stop_wait = asyncio.ensure_future(stop_requested.wait())
-            done, _ = await asyncio.wait({stop_wait, ctx._failure}, return_when=asyncio.FIRST_COMPLETED)
+            stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop_requested.wait())
+            failure: asyncio.Future[Any] = ctx._failure
+            done, _ = await asyncio.wait({stop_wait, failure}, return_when=asyncio.FIRST_COMPLETED)
             stop_wait.cancel()
             code = 1 if ctx._failure in done else 0
             log.info("service_stopping", reason="task_failed" if code else "signal")

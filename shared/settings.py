@@ -382,6 +382,10 @@ class WorkerSettings(CommonSettings):
     pace_lead_s: float | None = None
     jpeg_quality: int = 80
     gpu_kind: str = "cpu"
+    # After every chunk, log what rebuilds the session (its latents in the attention window,
+    # prompt, seed, seq) in Redis, so that it continues exactly on another worker if this one
+    # is lost; off: such a session restarts from its prompt (and its viewers are told).
+    recovery_log: bool = True
     # Emulate a GPU kind of a latency profile: run the real model, but pace every pass to the
     # profile's time for its batch (CPU hosts that stand in for GPUs in experiments).
     emulate: str = ""
@@ -428,6 +432,9 @@ class ProvisionerSettings(CommonSettings):
     """The pool manager. Workers take their own settings (preset, device, emulate...) from the
     environment: a local worker inherits the provisioner's, a pod gets its template's."""
 
+    URL_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"nats_url", "redis_url", "worker_nats_url", "worker_redis_url"})
+
     backend: str = "local"  # local | kubernetes
     # The pool never shrinks below min_workers (kept running from the start, replaced when
     # they die) nor grows past max_workers (booting ones count).
@@ -449,9 +456,21 @@ class ProvisionerSettings(CommonSettings):
     k8s_namespace: str = ""
     k8s_pod_template: str = "turboserve-worker"
     k8s_poll_s: float = 2.0
+    # local: the NATS and Redis URLs of the workers it starts, with the workers' own
+    # credentials (docs/security.md); empty: the provisioner's own URLs.
+    worker_nats_url: str = ""
+    worker_redis_url: str = ""
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
+        if self.worker_nats_url and not self.worker_nats_url.startswith(
+                ("nats://", "tls://", "ws://", "wss://")):
+            faults.append(f"TURBOSERVE_WORKER_NATS_URL={mask_url(self.worker_nats_url)!r}: "
+                          "must be a nats:// URL")
+        if self.worker_redis_url and not self.worker_redis_url.startswith(
+                ("redis://", "rediss://", "unix://")):
+            faults.append(f"TURBOSERVE_WORKER_REDIS_URL={mask_url(self.worker_redis_url)!r}: "
+                          "must be a redis:// URL")
         if self.backend not in ("local", "kubernetes"):
             faults.append(f"TURBOSERVE_BACKEND={self.backend!r}: one of local, kubernetes")
         if self.min_workers < 0:
@@ -463,6 +482,9 @@ class ProvisionerSettings(CommonSettings):
         for name in ("boot_timeout_s", "k8s_poll_s"):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
+        if self.boot_timeout_s <= self.boot_delay_s:
+            faults.append("TURBOSERVE_BOOT_TIMEOUT_S: must be longer than TURBOSERVE_BOOT_DELAY_S "
+                          "(both count from the request)")
         if not re.fullmatch(r"auto|none|[A-Za-z0-9_:-]+(,[A-Za-z0-9_:-]+)*", self.gpus):
             faults.append(f"TURBOSERVE_GPUS={self.gpus!r}: auto, none, or a comma-separated "
                           "list of GPU UUIDs or indices")

@@ -14,7 +14,7 @@ import enum
 import re
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -256,6 +256,7 @@ class NoticeKind(enum.StrEnum):
     SUSPENDED = "suspended"  # idle: state parked in host memory, no chunks
     RESUMED = "resumed"  # active again
     RESTARTED = "restarted"  # the state was lost: the video starts over from the prompt
+    RECOVERED = "recovered"  # its worker was lost; rebuilt on another from its log, from next_seq
     PROMPT = "prompt"  # a new prompt conditions the chunks from ``next_seq`` on
 
 
@@ -433,7 +434,7 @@ Message = (
 M = TypeVar("M")
 
 _encoder = msgspec.json.Encoder()
-_decoders: dict[Any, msgspec.json.Decoder] = {}
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
 
 
 def encode(msg: msgspec.Struct) -> bytes:
@@ -455,7 +456,7 @@ def decode(subject: str, data: bytes, type_: type[M]) -> M:
         raise WireError(subject, str(exc)) from None
     if msg.v != PROTOCOL_VERSION:
         raise WireError(subject, f"protocol version {msg.v} unsupported (speaks {PROTOCOL_VERSION})")
-    return msg
+    return cast(M, msg)
 
 
 class _Log(Protocol):

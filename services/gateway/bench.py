@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 DONE_AT = re.compile(rb'"done_at":([0-9.eE+-]+)')
 OPENING_AT_ONCE = 32
 API_KEY = "bench-" + uuid.uuid4().hex
@@ -187,10 +189,9 @@ def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subpro
         "TURBOSERVE_RATE_BURST": "100000", "TURBOSERVE_MAX_SESSIONS_PER_KEY": "100000",
         "TURBOSERVE_IDLE_AFTER_S": "3600",
     }
-    prof = ["-m", "cProfile", "-o", "/tmp/gw.prof"] if os.environ.get("GWPROF") else []
-    return subprocess.Popen([sys.executable, *prof, "-m", "services.cli", "gateway"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "services.cli", "gateway"], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open("/tmp/bench_gw.log", "wb"))
+                            stderr=subprocess.DEVNULL)
 
 
 async def _wait_ready(http, gateway: subprocess.Popen) -> None:
@@ -277,74 +278,118 @@ async def _create_sessions(http, n: int) -> list[tuple[str, str]]:
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
+class _SseClient(asyncio.Protocol):
+    """One SSE client as a bare protocol (no stream reader, no HTTP library): the cheapest
+    reader, so that the latency measured is the gateway's, not the client's. Each event is
+    timed when the bytes that complete it arrive."""
+
+    def __init__(self, request: bytes, tally: Tally, measuring: asyncio.Event,
+                 stop: asyncio.Event, opened: asyncio.Future[None]) -> None:
+        self.request = request
+        self.tally = tally
+        self.measuring = measuring
+        self.stop = stop
+        self.opened = opened
+        self.buf = bytearray()
+        self.body = bytearray()
+        self.head: bytes | None = None
+        self.chunked = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        received = time.time()
+        self.buf += data
+        if self.head is None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.head = bytes(self.buf[:end])
+            del self.buf[:end + 4]
+            if not self.head.startswith(b"HTTP/1.1 200"):
+                self._fail(self.head.split(b"\r\n", 1)[0].decode(errors="replace"))
+                return
+            self.chunked = b"transfer-encoding: chunked" in self.head.lower()
+        if self.chunked:  # undo the HTTP/1.1 chunked framing
+            while (eol := self.buf.find(b"\r\n")) >= 0:
+                size = int(self.buf[:eol], 16)
+                if len(self.buf) < eol + size + 4:
+                    break
+                self.body += self.buf[eol + 2:eol + 2 + size]
+                del self.buf[:eol + size + 4]
+        else:
+            self.body += self.buf
+            self.buf.clear()
+        while (end := self.body.find(b"\n\n")) >= 0:
+            event = bytes(self.body[:end])
+            del self.body[:end + 2]
+            self._on_event(event, received)
+
+    def _on_event(self, event: bytes, received: float) -> None:
+        if event.startswith(b"retry:"):  # the first thing sent: the viewer is attached
+            if not self.opened.done():
+                self.opened.set_result(None)
+        elif event.startswith(b"event: chunk"):
+            m = DONE_AT.search(event)
+            if m and self.measuring.is_set():
+                self.tally.latencies_ms.append((received - float(m[1])) * 1000.0)
+        elif event.startswith(b"event: lag"):
+            self.tally.lags += 1
+        elif event.startswith(b"event: end"):
+            self.tally.ends += 1
+
+    def _fail(self, why: str) -> None:
+        self.tally.errors.append(why)
+        if not self.opened.done():
+            self.opened.set_result(None)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.stop.is_set():
+            self._fail(f"connection lost: {exc!r}")
+
+
 async def _client(port: int, session: tuple[str, str], tally: Tally, measuring: asyncio.Event,
                   stop: asyncio.Event, opening: asyncio.Semaphore) -> None:
-    """One SSE client on a raw socket: the cheapest reader, so that the latency measured is the
-    gateway's, not the client library's. Clients connect a few at a time, as users arrive."""
+    """Connect one client (a few at a time, as users arrive) and hold it until ``stop``."""
     session_id, token = session
-    async with opening:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
-        except OSError as exc:
-            tally.errors.append(f"connect: {exc}")
-            tally.note_open()
-            return
-        writer.write(f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: bench\r\n"
-                     f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n".encode())
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            chunked = b"transfer-encoding: chunked" in head.lower()
-            first = await _read_event(reader, chunked)  # "retry:": the viewer is attached
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            tally.errors.append(f"open: {exc!r}")
-            writer.close()
-            tally.note_open()
-            return
-        tally.note_open()
+    request = (f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: bench\r\n"
+               f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
+    loop = asyncio.get_running_loop()
+    opened: asyncio.Future[None] = loop.create_future()
+    transport = None
     try:
-        if not head.startswith(b"HTTP/1.1 200") or not first.startswith(b"retry:"):
-            tally.errors.append(head.split(b"\r\n", 1)[0].decode(errors="replace"))
-            return
-        while not stop.is_set():
-            data = await _read_event(reader, chunked)
-            received = time.time()
-            if data.startswith(b"event: chunk"):
-                m = DONE_AT.search(data)
-                if m and measuring.is_set():
-                    tally.latencies_ms.append((received - float(m[1])) * 1000.0)
-            elif data.startswith(b"event: lag"):
-                tally.lags += 1
-            elif data.startswith(b"event: end"):
-                tally.ends += 1
-                return
-    except (asyncio.IncompleteReadError, ConnectionError) as exc:
-        if not stop.is_set():
-            tally.errors.append(f"stream: {exc!r}")
+        async with opening:
+            try:
+                transport, _ = await loop.create_connection(
+                    lambda: _SseClient(request, tally, measuring, stop, opened), "127.0.0.1", port)
+                await asyncio.wait_for(opened, timeout=60)
+            except (OSError, TimeoutError) as exc:
+                tally.errors.append(f"open: {exc!r}")
+            finally:
+                tally.note_open()
+        await stop.wait()
     finally:
-        writer.close()
-
-
-async def _read_event(reader: asyncio.StreamReader, chunked: bool) -> bytes:
-    """The next SSE event (or comment) as bytes, from a plain or chunked body."""
-    if not chunked:
-        return await reader.readuntil(b"\n\n")
-    # aiohttp streams SSE with chunked encoding: one HTTP chunk per write, and each write of the
-    # gateway is one whole event (or the retry line, or a keepalive comment).
-    size_line = await reader.readuntil(b"\r\n")
-    size = int(size_line.strip(), 16)
-    body = await reader.readexactly(size + 2)
-    return body[:-2]
+        if transport is not None:
+            transport.close()
 
 
 async def _inject(nc, tag: str, plan: Plan, session_ids: list[str], stop: asyncio.Event) -> tuple[int, int]:
     """Publish one chunk per session per period, the sessions spread evenly over the period.
     Returns the chunks published and the size of one SSE chunk event."""
+    from services.gateway.chunkview import ChunkView
     from services.gateway.sse import chunk_event
-    from shared.wire import Chunk, Subjects, encode
+    from shared.wire import Subjects, decode, encode
 
     subjects = Subjects(tag)
-    frame = _frame(plan.width, plan.height)
-    frames = [frame] * plan.frames
+    # The frames' JSON is made once: a worker encodes each chunk's frames once too, and the
+    # injector should spend its time publishing, not encoding the same bytes again.
+    frames = msgspec.Raw(msgspec.json.encode([_frame(plan.width, plan.height)] * plan.frames))
     n = len(session_ids)
     seqs = [0] * n
     published = 0
@@ -359,12 +404,14 @@ async def _inject(nc, tag: str, plan: Plan, session_ids: list[str], stop: asynci
             await asyncio.sleep(delay)
         i = slot % n
         now = time.time()
-        chunk = Chunk(session_id=session_ids[i], seq=seqs[i], worker_id="bench", epoch=1,
-                      encoding="jpeg", frames=frames, width=plan.width, height=plan.height,
-                      fps=plan.frames / plan.period, gen_ms=0.0, batch=1, due_at=now, done_at=now)
-        await nc.publish(subjects.chunks(session_ids[i]), encode(chunk))
+        chunk = ChunkView(session_id=session_ids[i], seq=seqs[i], worker_id="bench", epoch=1,
+                          encoding="jpeg", frames=frames, width=plan.width, height=plan.height,
+                          fps=plan.frames / plan.period, gen_ms=0.0, batch=1, due_at=now,
+                          done_at=now)
+        data = encode(chunk)  # the wire's Chunk, byte for byte
+        await nc.publish(subjects.chunks(session_ids[i]), data)
         if not event_bytes:
-            event_bytes = len(chunk_event(chunk))
+            event_bytes = len(chunk_event(decode("bench", data, ChunkView)))
         seqs[i] += 1
         published += 1
         slot += 1

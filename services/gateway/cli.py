@@ -1,4 +1,4 @@
-"""``turboserve gateway``: run the HTTP/SSE gateway on its own."""
+"""``turboserve gateway``: run the gateway (HTTP, SSE, WebSocket, the pages) on its own."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("gateway", help="run the HTTP/SSE gateway (TURBOSERVE_* settings)")
+    p = subparsers.add_parser(
+        "gateway", help="run the gateway: HTTP API, SSE, WebSocket, playground, dashboard "
+                        "(TURBOSERVE_* settings)")
     p.add_argument("--host", help="bind address (TURBOSERVE_HOST)")
     p.add_argument("--port", type=int, help="port (TURBOSERVE_PORT)")
     p.set_defaults(func=run)

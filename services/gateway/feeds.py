@@ -25,11 +25,12 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from services.gateway import errors
+from services.gateway.chunkview import ChunkView, FeedMsg
 from shared.logging import get_logger
 from shared.registry import Registry
 from shared.states import SessionState
 from shared.streams import CHUNKS_PER_SESSION
-from shared.wire import Chunk, ChunkStreamMsg, SessionNotice, StreamEnd, Subjects, decode_or_drop
+from shared.wire import SessionNotice, StreamEnd, Subjects, decode_or_drop
 
 log = get_logger("turboserve.gateway")
 
@@ -48,7 +49,7 @@ class Entry:
 
     __slots__ = ("item", "sse", "ws")
 
-    def __init__(self, item: Chunk | SessionNotice) -> None:
+    def __init__(self, item: ChunkView | SessionNotice) -> None:
         self.item = item
         self.sse: bytes | None = None
         self.ws: Any = None
@@ -88,7 +89,7 @@ class Viewer:
         if self.ended:
             return
         item = entry.item
-        if isinstance(item, Chunk):
+        if isinstance(item, ChunkView):
             if item.seq <= self.cursor:
                 return
             if self.queued_chunks >= self.cap:
@@ -101,9 +102,9 @@ class Viewer:
         self._wake.set()
 
     def _skip(self) -> None:
-        dropped = [e.item.seq for e in self.items if isinstance(e, Entry) and isinstance(e.item, Chunk)]
+        dropped = [e.item.seq for e in self.items if isinstance(e, Entry) and isinstance(e.item, ChunkView)]
         kept: deque[Entry | Lag | End] = deque(
-            e for e in self.items if not (isinstance(e, Entry) and isinstance(e.item, Chunk))
+            e for e in self.items if not (isinstance(e, Entry) and isinstance(e.item, ChunkView))
         )
         kept.append(Lag(len(dropped), dropped[0], dropped[-1]))
         self.items = kept
@@ -133,7 +134,7 @@ class Viewer:
             except TimeoutError:
                 return None
         item = self.items.popleft()
-        if isinstance(item, Entry) and isinstance(item.item, Chunk):
+        if isinstance(item, Entry) and isinstance(item.item, ChunkView):
             self.queued_chunks -= 1
             if self.queued_chunks <= self.base_cap:
                 self.cap = self.base_cap
@@ -178,7 +179,7 @@ class Feed:
         self.ready.set_result(None)
 
     async def _on_msg(self, msg: Any) -> None:
-        item = decode_or_drop(msg.subject, msg.data, ChunkStreamMsg, log)
+        item = decode_or_drop(msg.subject, msg.data, FeedMsg, log)
         self.next_quiet_check = time.monotonic() + QUIET_CHECK_S
         self.quiet_checks = 0
         if item is None or self.end is not None:
@@ -190,7 +191,7 @@ class Feed:
             return
         entry = Entry(item)
         self.ring.append(entry)
-        if isinstance(item, Chunk) and item.seq > self.top_seq:
+        if isinstance(item, ChunkView) and item.seq > self.top_seq:
             self.top_seq = item.seq
             if item.done_at >= self.started_at - 1.0:  # live, not history being replayed
                 self.hub.on_chunk(item)
@@ -216,7 +217,7 @@ class FeedHub:
     """This gateway's feeds, one per watched session."""
 
     def __init__(self, js: JetStreamContext, subjects: Subjects, registry: Registry,
-                 queue_chunks: int, on_chunk: Callable[[Chunk], None]) -> None:
+                 queue_chunks: int, on_chunk: Callable[[ChunkView], None]) -> None:
         self.js = js
         self.subjects = subjects
         self.registry = registry

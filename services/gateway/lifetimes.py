@@ -1,9 +1,10 @@
 """Session lifetimes across gateway replicas: viewers attach and detach, abandoned sessions go
 idle and then close by themselves.
 
-Each open stream or socket is an attachment in Redis with an expiry that its gateway refreshes
-(``attach_ttl_s / 3``), so every replica sees every viewer and a replica that dies takes its
-viewers with it within ``attach_ttl_s``. Each replica runs the reaper; it is idempotent:
+Each open stream or socket is an attachment in Redis, held by its replica; a replica says it is
+alive every ``attach_ttl_s / 3`` (one write, however many viewers it holds), so every replica
+sees every viewer, and the viewers of a replica that dies stop counting within ``attach_ttl_s``.
+Each replica runs the reaper; it is idempotent:
 
 1. a session with no viewer for ``idle_after_s`` goes idle (one replica wins the flip and
    sends ``idle``; the scheduler suspends it to host memory);
@@ -11,6 +12,9 @@ viewers with it within ``attach_ttl_s``. Each replica runs the reaper; it is ide
    until its client resumes it;
 3. a session with no viewer for ``idle_after_s + close_after_s`` is closed (one replica wins the
    claim), whether it was idle or paused.
+
+The unwatched time starts when the last viewer detaches, or, when its replica died instead,
+when the reaper finds it gone (up to ``idle_after_s`` later).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections import defaultdict
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -34,9 +37,9 @@ log = get_logger("turboserve.gateway")
 
 async def attach(gw: Gateway, session_id: str) -> str:
     """Record a viewer of ``session_id`` on this replica; returns the attachment id."""
-    attachment_id = f"{gw.instance_id}:{uuid.uuid4().hex[:12]}"
+    attachment_id = uuid.uuid4().hex[:16]
     gw.attachments[attachment_id] = session_id
-    if await gw.store.attach(session_id, attachment_id, gw.settings.attach_ttl_s):
+    if await gw.store.attach(session_id, attachment_id, gw.instance_id):
         log.info("session_active_again", session_id=session_id)
         await control.publish_event(gw, session_id, SessionEventKind.ACTIVE, required=False)
     return attachment_id
@@ -48,11 +51,8 @@ async def detach(gw: Gateway, attachment_id: str) -> None:
         await gw.store.detach(session_id, attachment_id)
 
 
-async def refresh(gw: Gateway) -> None:
-    grouped: dict[str, list[str]] = defaultdict(list)
-    for attachment_id, session_id in gw.attachments.items():
-        grouped[session_id].append(attachment_id)
-    await gw.store.refresh(grouped, gw.settings.attach_ttl_s)
+async def alive(gw: Gateway) -> None:
+    await gw.store.replica_alive(gw.instance_id, gw.settings.attach_ttl_s)
 
 
 async def reap_once(gw: Gateway, now: float | None = None) -> dict[str, list[str]]:
@@ -62,7 +62,7 @@ async def reap_once(gw: Gateway, now: float | None = None) -> dict[str, list[str
     close_before = now - s.idle_after_s - s.close_after_s
     idled: list[str] = []
     closed: list[str] = []
-    for session_id, last_watched in await gw.store.unattached_since(now - s.idle_after_s):
+    for session_id, last_watched in await gw.store.unwatched_since(now - s.idle_after_s):
         if last_watched <= close_before:
             if await gw.store.claim_close(session_id, close_before, now):
                 record = await gw.registry.get_session(session_id)
@@ -82,7 +82,8 @@ async def _every(period_s: float, stopping: asyncio.Event) -> None:
 
 
 async def run(gw: Gateway, stopping: asyncio.Event) -> None:
-    """Refresh this replica's attachments, flush chunk latencies and reap, until ``stopping``."""
+    """Keep this replica (and its viewers) alive, flush chunk latencies and reap, until
+    ``stopping``."""
     s = gw.settings
     refresh_every = s.attach_ttl_s / 3
     last_refresh = 0.0
@@ -90,7 +91,7 @@ async def run(gw: Gateway, stopping: asyncio.Event) -> None:
         started = time.monotonic()
         try:
             if started - last_refresh >= refresh_every:
-                await refresh(gw)
+                await alive(gw)
                 last_refresh = started
             await gw.store.record_latency(gw.take_latency())
             await reap_once(gw)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from services.gateway.chunkview import ChunkView
 from shared.gateway_store import Activity
 from shared.states import SessionState
-from shared.wire import Chunk
 
 # Seconds a chunk was done after it was due (0 when on time).
 LATENCY_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -49,7 +49,7 @@ class GatewayMetrics:
         for activity in Activity:
             self.activity.labels(activity.value)
 
-    def observe_chunk(self, chunk: Chunk) -> float:
+    def observe_chunk(self, chunk: ChunkView) -> float:
         """Count a live chunk; returns its latency in ms."""
         late_s = max(0.0, chunk.done_at - chunk.due_at)
         self.chunks.inc()

@@ -8,17 +8,16 @@ shutting down: reconnect elsewhere with ``Last-Event-ID``); ``: keepalive`` comm
 
 from __future__ import annotations
 
-import base64
-
 import orjson
 from aiohttp import web
 
 from services.gateway import bodies, lifetimes
+from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
 from services.gateway.state import GATEWAY, authorized_session
 from shared.logging import get_logger
 from shared.states import SessionState
-from shared.wire import Chunk, SessionNotice
+from shared.wire import SessionNotice
 
 log = get_logger("turboserve.gateway")
 
@@ -31,7 +30,7 @@ SSE_HEADERS = {
 }
 
 
-def timing(chunk: Chunk) -> dict[str, float | int]:
+def timing(chunk: ChunkView) -> dict[str, float | int]:
     return {
         "gen_ms": round(chunk.gen_ms, 3),
         "batch": chunk.batch,
@@ -46,25 +45,25 @@ def notice_data(notice: SessionNotice) -> dict[str, object]:
             "next_seq": notice.next_seq, "detail": notice.detail, "at": notice.at}
 
 
-def chunk_event(chunk: Chunk) -> bytes:
-    data = {
+def chunk_event(chunk: ChunkView) -> bytes:
+    # The frames go out as the base64 text they came in: spliced in, never decoded.
+    head = orjson.dumps({
         "session_id": chunk.session_id,
         "seq": chunk.seq,
         "encoding": f"{chunk.encoding}/base64",
-        "frames": [base64.b64encode(f).decode("ascii") for f in chunk.frames],
         "width": chunk.width,
         "height": chunk.height,
         "fps": chunk.fps,
         "timing": timing(chunk),
         "worker_id": chunk.worker_id,
-    }
-    return b"event: chunk\nid: %d\ndata: %s\n\n" % (chunk.seq, orjson.dumps(data))
+    })
+    return b"event: chunk\nid: %d\ndata: %s,\"frames\":%s}\n\n" % (chunk.seq, head[:-1], bytes(chunk.frames))
 
 
 def entry_event(entry: Entry) -> bytes:
     if entry.sse is None:
         item = entry.item
-        if isinstance(item, Chunk):
+        if isinstance(item, ChunkView):
             entry.sse = chunk_event(item)
         else:
             entry.sse = b"event: state\ndata: %s\n\n" % orjson.dumps(notice_data(item))
@@ -138,7 +137,7 @@ async def _pump(request: web.Request, resp: web.StreamResponse, session_id: str,
         quiet_s = 0.0
         if isinstance(item, Entry):
             await resp.write(entry_event(item))
-            if isinstance(item.item, Chunk):
+            if isinstance(item.item, ChunkView):
                 sent = item.item.seq
         elif isinstance(item, Lag):
             gw.metrics.lag_skips.labels("sse").inc()

@@ -40,9 +40,9 @@ class Gateway:
     hub: FeedHub
     metrics: GatewayMetrics
     closing: asyncio.Event = field(default_factory=asyncio.Event)
-    # Names this replica's attachments, so that another replica can tell them apart.
+    # This replica, as its viewers' holder in Redis.
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    # This replica's viewers: attachment id -> session id (refreshed in Redis while open).
+    # This replica's viewers: attachment id -> session id.
     attachments: dict[str, str] = field(default_factory=dict)
     # Worst chunk latency (ms) per (worker, unix second) since the last flush to Redis.
     latency: dict[tuple[str, int], float] = field(default_factory=dict)

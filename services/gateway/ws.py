@@ -29,12 +29,12 @@ from aiohttp import WSMsgType, web
 
 from services.gateway import bodies, control, errors, lifetimes
 from services.gateway.auth import authorize_session
+from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
 from services.gateway.sse import notice_data, timing
 from services.gateway.state import GATEWAY, Gateway, check_rate, load_session
 from shared.logging import get_logger
 from shared.registry import SessionRecord
-from shared.wire import Chunk
 
 log = get_logger("turboserve.gateway")
 
@@ -43,20 +43,21 @@ HEADER_LEN = struct.Struct(">I")
 CONTROLS_IN_FLIGHT = 8
 
 
-def chunk_message(chunk: Chunk) -> bytes:
+def chunk_message(chunk: ChunkView) -> bytes:
+    frames = chunk.frame_bytes()
     header = orjson.dumps({
         "type": "chunk", "session_id": chunk.session_id, "seq": chunk.seq,
         "encoding": chunk.encoding, "width": chunk.width, "height": chunk.height, "fps": chunk.fps,
-        "frame_sizes": [len(f) for f in chunk.frames], "timing": timing(chunk),
+        "frame_sizes": [len(f) for f in frames], "timing": timing(chunk),
         "worker_id": chunk.worker_id,
     })
-    return b"".join([HEADER_LEN.pack(len(header)), header, *chunk.frames])
+    return b"".join([HEADER_LEN.pack(len(header)), header, *frames])
 
 
 def entry_message(entry: Entry) -> bytes | str:
     if entry.ws is None:
         item = entry.item
-        if isinstance(item, Chunk):
+        if isinstance(item, ChunkView):
             entry.ws = chunk_message(item)
         else:
             entry.ws = orjson.dumps({"type": "state", **notice_data(item)}).decode()
@@ -188,9 +189,10 @@ async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer:
                 message = entry_message(item)
                 if isinstance(message, bytes):
                     await ws.send_bytes(message)
-                    sent = item.item.seq
                 else:
                     await ws.send_str(message)
+                if isinstance(item.item, ChunkView):
+                    sent = item.item.seq
             elif isinstance(item, Lag):
                 gw.metrics.lag_skips.labels("ws").inc()
                 await ws.send_str(_text({"type": "lag", "session_id": session_id, "skipped": item.skipped,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from services.gpu_worker.engine import (
     Engine,
     EngineError,
     EngineFull,
+    RecoveryPoint,
 )
 from services.gpu_worker.inbox import CommandInbox, Control, InboxItem
 from services.gpu_worker.pacing import ChunkEstimate, PlaybackClock, plan_pass
@@ -40,9 +41,11 @@ Outgoing = Chunk | SessionNotice
 class ChunkSink(Protocol):
     """The event-loop side of the worker, as the generation thread sees it."""
 
-    def deliver(self, items: list[Outgoing]) -> set[str]:
+    def deliver(self, items: list[Outgoing],
+                recovery: Mapping[str, RecoveryPoint] | None = None) -> set[str]:
         """Publish in order (blocking until done: backpressure); returns the sessions whose
-        items were refused because this worker no longer owns them at that epoch."""
+        items were refused because this worker no longer owns them at that epoch.
+        ``recovery``: per session, the point to log with its chunk's progress."""
         ...
 
     def hand_back(self, session_id: str, epoch: int) -> None:
@@ -64,6 +67,17 @@ class OwnedSession:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionFacts:
+    """What the worker knows of a session it owns: enough to write its record back."""
+
+    epoch: int
+    last_seq: int  # wire seq of its last chunk (-1: none yet)
+    prompt: str
+    seed: int
+    suspended: bool
+
+
+@dataclass(frozen=True, slots=True)
 class LoopStatus:
     """A consistent picture of the loop for heartbeats (copied, safe to read anywhere)."""
 
@@ -74,6 +88,7 @@ class LoopStatus:
     waiting: int = 0
     lead_ms: dict[str, float] = field(default_factory=dict)
     keeping_pace: bool = True
+    facts: dict[str, SessionFacts] = field(default_factory=dict)
 
 
 class PassTimes:
@@ -108,6 +123,8 @@ class GenerationLoop:
         jpeg_quality: int = 80,
         pass_floor_ms: Callable[[int], float] | None = None,
         clock: Callable[[], float] = time.time,
+        on_chunk: Callable[[float], None] | None = None,
+        recovery_log: bool = False,
     ) -> None:
         self.engine = engine
         self.inbox = inbox
@@ -119,6 +136,10 @@ class GenerationLoop:
         # Emulation: the least wall time of a pass at a batch size (a GPU kind's profile).
         self.pass_floor_ms = pass_floor_ms
         self.now = clock
+        self.on_chunk = on_chunk  # called with each chunk's lateness (s), for metrics
+        self.recovery_log = recovery_log  # log a recovery point with every chunk
+        self._offered: dict[tuple[str, int], RecoveryPoint] = {}  # from the event loop
+        self._offered_lock = threading.Lock()
         self.owned: dict[str, OwnedSession] = {}
         self.pass_times = PassTimes()
         self.chunk_times = PassTimes()  # whole chunks, by the batch of their last pass
@@ -145,6 +166,19 @@ class GenerationLoop:
             else:
                 wait = plan.wait_s(now)
             self._publish_status()
+
+    def offer_recovery(self, session_id: str, epoch: int, point: RecoveryPoint) -> None:
+        """The event loop found a recovery log for an assignment at ``epoch`` (thread-safe):
+        the session is rebuilt from it instead of starting over."""
+        with self._offered_lock:
+            self._offered[(session_id, epoch)] = point
+
+    def _take_offer(self, session_id: str, epoch: int) -> RecoveryPoint | None:
+        with self._offered_lock:
+            point = self._offered.pop((session_id, epoch), None)
+            for key in [k for k in self._offered if k[0] == session_id and k[1] < epoch]:
+                del self._offered[key]
+            return point
 
     def status(self) -> LoopStatus:
         with self._status_lock:
@@ -214,22 +248,35 @@ class GenerationLoop:
             return
         if owned is not None:
             self.drop(sid, reason="reassigned")
+        point = self._take_offer(sid, cmd.epoch) if cmd.seq > 0 else None
         try:
-            engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
+            if point is not None:
+                engine.restore(point)
+            else:
+                engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
         except EngineFull:
             log.warning("engine_full", session_id=sid, capacity=engine.capacity)
             self.sink.hand_back(sid, cmd.epoch)
             return
-        owned = OwnedSession(epoch=cmd.epoch, seq_base=cmd.seq, clock=PlaybackClock(self.now()))
+        except EngineError as exc:  # a log it cannot use: start over (and say so)
+            log.warning("recovery_failed", session_id=sid, error=str(exc))
+            point = None
+            engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
+        base = cmd.seq - point.seq if point is not None else cmd.seq
+        owned = OwnedSession(epoch=cmd.epoch, seq_base=base, clock=PlaybackClock(self.now()))
         self.owned[sid] = owned
         if cmd.seq == 0:
             self._notify(sid, owned, NoticeKind.PLACED, cmd.seq)
+        elif point is not None:
+            self._notify(sid, owned, NoticeKind.RECOVERED, cmd.seq,
+                         detail=f"its worker was lost; rebuilt on {self.worker_id}")
         else:
-            # This worker has no state for it (its previous worker is gone): the video starts
-            # over from the prompt, and the viewer is told so.
+            # This worker has no state for it (its previous worker is gone, and no log): the
+            # video starts over from the prompt, and the viewer is told so.
             self._notify(sid, owned, NoticeKind.RESTARTED, cmd.seq,
                          detail="session state lost; restarted from the prompt")
-        log.info("session_assigned", session_id=sid, epoch=cmd.epoch, seq=cmd.seq)
+        log.info("session_assigned", session_id=sid, epoch=cmd.epoch, seq=cmd.seq,
+                 recovered=point is not None)
 
     def _suspend(self, sid: str, owned: OwnedSession) -> None:
         if sid in self.engine.suspended_sessions():
@@ -346,6 +393,7 @@ class GenerationLoop:
     def _deliver(self, results: list[ChunkResult]) -> None:
         done_at = self.now()
         chunks: list[Outgoing] = []
+        points: dict[str, RecoveryPoint] = {}
         for r in results:
             owned = self.owned.get(r.session_id)
             if owned is None:
@@ -354,6 +402,8 @@ class GenerationLoop:
             if owned.chunk_batch == r.batch:  # every pass of it at one batch size
                 self.chunk_times.add(r.batch, gen_ms)
             due = owned.clock.chunk_done(done_at, self.period_s)
+            if self.on_chunk is not None:
+                self.on_chunk(max(0.0, done_at - due))
             frames = r.frames
             chunks.append(Chunk(
                 session_id=r.session_id,
@@ -370,8 +420,10 @@ class GenerationLoop:
                 due_at=due,
                 done_at=done_at,
             ))
+            if self.recovery_log and not owned.suspend_pending:
+                points[r.session_id] = self.engine.recovery_point(r.session_id)
         if chunks:
-            for sid in self.sink.deliver(chunks):
+            for sid in self.sink.deliver(chunks, points or None):
                 self.drop(sid, reason="fenced")
 
     def announce(self, sid: str, kind: NoticeKind, next_seq: int, detail: str = "") -> None:
@@ -399,6 +451,11 @@ class GenerationLoop:
             lead_ms={sid: round(o.clock.last_lead_ms, 1) for sid, o in self.owned.items()
                      if o.clock.last_lead_ms is not None},
             keeping_pace=self.keeping_pace,
+            facts={sid: SessionFacts(
+                epoch=o.epoch, last_seq=o.seq_base + engine.next_seq(sid) - 1,
+                prompt=engine.prompt_of(sid), seed=engine.seed_of(sid),
+                suspended=sid in suspended)
+                for sid, o in self.owned.items() if engine.has_session(sid)},
         )
         with self._status_lock:
             self._status = status

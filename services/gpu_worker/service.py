@@ -16,19 +16,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.gpu_worker.engine import Engine, EngineConfig
+from redis.exceptions import RedisError
+
+from services.gpu_worker.engine import Engine, EngineConfig, RecoveryPoint
 from services.gpu_worker.engine_host import EngineHost
-from services.gpu_worker.generation import GenerationLoop, Outgoing
+from services.gpu_worker.generation import GenerationLoop, Outgoing, SessionFacts
 from services.gpu_worker.handoff.endpoint import HandoffEndpoint
 from services.gpu_worker.inbox import CommandInbox
+from services.gpu_worker.metrics import WorkerMetrics
+from services.gpu_worker.recovery import from_fields, to_fields
 from services.scheduler.core.profile import LatencyProfile
 from shared.leader import leader_key, parse_term
 from shared.logging import get_logger
+from shared.ops import OpsServer, close_ops, start_ops
 from shared.registry import RegistryError, WorkerRecord
-from shared.runner import ServiceContext
+from shared.runner import ServiceContext, subscriptions_live
 from shared.settings import DEFAULT_CHUNK_PERIOD_S, SettingsError, WorkerSettings
 from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
@@ -105,8 +111,9 @@ class MeshSink:
         self.worker_id = worker_id
         self.loop = loop
 
-    def deliver(self, items: list[Outgoing]) -> set[str]:
-        return self._wait(self._deliver(items))
+    def deliver(self, items: list[Outgoing],
+                recovery: Mapping[str, RecoveryPoint] | None = None) -> set[str]:
+        return self._wait(self._deliver(items, recovery or {}))
 
     def hand_back(self, session_id: str, epoch: int) -> None:
         self._wait(self.release(session_id, epoch))
@@ -114,25 +121,45 @@ class MeshSink:
     def _wait(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
 
-    async def _deliver(self, items: list[Outgoing]) -> set[str]:
+    async def _deliver(self, items: list[Outgoing],
+                       recovery: Mapping[str, RecoveryPoint]) -> set[str]:
+        """A chunk is published, then its progress (and recovery point) recorded: a worker
+        lost in between leaves the chunk published and the log one chunk behind, so the
+        session's next owner makes that chunk again (same seq, which viewers already have)
+        rather than skipping it. The record is fenced by (owner, epoch): a worker whose session
+        moved on learns it here and drops it. Notices are published only while it owns it."""
         ctx, fenced = self.ctx, set()
         for item in items:
-            if item.session_id in fenced:
+            sid = item.session_id
+            if sid in fenced:
                 continue
             if isinstance(item, Chunk):
-                owner = await ctx.registry.record_progress(
-                    item.session_id, self.worker_id, item.epoch, item.seq
-                )
-            else:
-                owner = await self._owns(item)
-            if not owner:
-                fenced.add(item.session_id)
+                await ctx.nc.publish(ctx.subjects.chunks(sid), encode(item))
+                point = recovery.get(sid)
+                fields = to_fields(point, item.seq + 1) if point is not None else None
+                try:
+                    owner = await ctx.registry.record_progress(sid, self.worker_id, item.epoch,
+                                                               item.seq, fields)
+                except RedisError as exc:
+                    # Redis away (restarting): keep generating; the next chunk's record
+                    # catches up, and the heartbeat puts back what a restart lost.
+                    log.warning("progress_not_recorded", session_id=sid, seq=item.seq,
+                                error=str(exc))
+                    continue
+                if not owner:
+                    fenced.add(sid)
                 continue
-            await ctx.nc.publish(ctx.subjects.chunks(item.session_id), encode(item))
+            if not await self._owns(item):
+                fenced.add(sid)
+                continue
+            await ctx.nc.publish(ctx.subjects.chunks(sid), encode(item))
         return fenced
 
     async def _owns(self, notice: SessionNotice) -> bool:
-        record = await self.ctx.registry.get_session(notice.session_id)
+        try:
+            record = await self.ctx.registry.get_session(notice.session_id)
+        except RedisError:
+            return True  # cannot check now: a notice is informative, never a fencing decision
         return (record is not None and record.owner == self.worker_id
                 and record.epoch == notice.epoch and record.state is not SessionState.TERMINATED)
 
@@ -164,12 +191,16 @@ class WorkerService:
         self._thread_done: asyncio.Future[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self.handoff: HandoffEndpoint | None = None
+        self.metrics = WorkerMetrics()
+        self.ops: OpsServer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext) -> None:
         loop = asyncio.get_running_loop()
         self.ctx = ctx
         await ensure_streams(ctx.js, ctx.subjects)
+        self.ops = await start_ops(ctx, self.metrics.registry, service="worker",
+                                   details=lambda: {"status": str(self.status)})
         await self._heartbeat_once()  # visible as booting while the model loads
         config = EngineConfig(
             preset=self.settings.preset,
@@ -189,6 +220,8 @@ class WorkerService:
             lead_s=self.pace.lead_s,
             jpeg_quality=self.settings.jpeg_quality,
             pass_floor_ms=self.pace.pass_floor_ms if self.pace.emulated else None,
+            on_chunk=self.metrics.lateness.observe,
+            recovery_log=self.settings.recovery_log,
         )
         if self.pace.emulated is not None:
             log.info("emulating", gpu_kind=self.pace.kind, profile=self.pace.emulated.name,
@@ -199,7 +232,7 @@ class WorkerService:
         await self.handoff.start()
         await ctx.nc.subscribe(ctx.subjects.worker_cmd(self.worker_id), cb=self._on_command)
         await ctx.nc.subscribe(ctx.subjects.provisioner_events, cb=self._on_pool_event)
-        await ctx.nc.flush()  # the subscriptions are live on the server before we say READY
+        await subscriptions_live(ctx.nc)  # live on the server before we say READY
         self._thread_done = loop.create_future()
         self._thread = threading.Thread(target=self._generate, name="generation", daemon=True)
         self._thread.start()
@@ -226,6 +259,7 @@ class WorkerService:
             await asyncio.wait({self._heartbeat_task}, timeout=5.0)
         with contextlib.suppress(Exception):
             await self.ctx.registry.remove_worker(self.worker_id)
+        await close_ops(self.ops)
 
     def _generate(self) -> None:
         assert self.generation is not None
@@ -291,6 +325,9 @@ class WorkerService:
             fault = await self._epoch_fault(cmd)
             if fault:
                 return refuse("stale_epoch", fault)
+        if (cmd.kind is WorkerCmdKind.ASSIGN and cmd.seq > 0 and self.settings.recovery_log
+                and self.generation is not None):
+            await self._find_recovery(cmd)
         if cmd.kind is WorkerCmdKind.MIGRATE:
             if self.handoff is None or not cmd.target or cmd.target == self.worker_id:
                 return refuse("invalid", "MIGRATE needs another worker as its target")
@@ -307,8 +344,25 @@ class WorkerService:
         except Exception as exc:  # noqa: BLE001 - one failed handoff never takes the worker down
             log.error("migration_failed", session_id=cmd.session_id, error=repr(exc))
             return
+        self.metrics.handoffs.labels("ok" if report.ok else report.code or "failed").inc()
         log.info("migration_done", session_id=cmd.session_id, dst=cmd.target, ok=report.ok,
                  code=report.code, transfer_ms=round(report.transfer_ms, 2))
+
+    async def _find_recovery(self, cmd: WorkerCommand) -> None:
+        """A session given to us at ``seq`` > 0 whose previous owner was lost: its log, if it
+        was written for exactly that seq, lets the generation loop rebuild it."""
+        assert self.ctx is not None and self.generation is not None and cmd.session_id
+        fields = await self.ctx.registry.recovery_log(cmd.session_id)
+        found = from_fields(cmd.session_id, fields) if fields else None
+        if found is None:
+            log.info("no_recovery_log", session_id=cmd.session_id, seq=cmd.seq)
+            return
+        point, next_seq = found
+        if next_seq != cmd.seq:
+            log.warning("recovery_log_out_of_step", session_id=cmd.session_id, seq=cmd.seq,
+                        log_seq=next_seq)
+            return
+        self.generation.offer_recovery(cmd.session_id, cmd.epoch, point)
 
     async def _on_pool_event(self, msg: Any) -> None:
         """A worker the provisioner reports gone: tear down our links with it."""
@@ -349,7 +403,10 @@ class WorkerService:
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
-            await self._heartbeat_once()
+            try:
+                await self._heartbeat_once()
+            except RedisError as exc:  # Redis away: keep beating; it comes back
+                log.warning("heartbeat_not_recorded", error=str(exc))
 
     async def _heartbeat_once(self) -> None:
         ctx = self.ctx
@@ -383,7 +440,7 @@ class WorkerService:
             emulated=self.pace.kind if self.pace.emulated else "",
             handoff_addr=handoff_addr,
         )
-        await ctx.registry.heartbeat(record, ttl_s=3 * self.settings.heartbeat_s)
+        self._observe(record)
         beat = Heartbeat(
             worker_id=self.worker_id,
             status=self.status,
@@ -407,7 +464,36 @@ class WorkerService:
             handoff_fixed_ms=cost.fixed_ms if cost else None,
             handoff_ms_per_mib=cost.ms_per_mib if cost else None,
         )
+        # NATS first: the scheduler hears a worker whose Redis writes fail (Redis restarting).
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+        await ctx.registry.heartbeat(record, ttl_s=3 * self.settings.heartbeat_s)
+        if loop_status is not None and loop_status.facts:
+            await self._reannounce(loop_status.facts)
+
+    async def _reannounce(self, facts: Mapping[str, SessionFacts]) -> None:
+        """Sessions this worker generates that the registry lost (Redis restarted empty):
+        their records go back as this worker knows them, and they keep streaming."""
+        assert self.ctx is not None
+        registry = self.ctx.registry
+        for sid in await registry.missing_sessions(sorted(facts)):
+            f = facts[sid]
+            state = SessionState.SUSPENDED if f.suspended else SessionState.EXECUTING
+            if await registry.reannounce_session(sid, owner=self.worker_id, epoch=f.epoch,
+                                                 state=state, prompt=f.prompt, seed=f.seed,
+                                                 last_seq=f.last_seq):
+                log.warning("session_reannounced", session_id=sid, epoch=f.epoch,
+                            last_seq=f.last_seq)
+
+    def _observe(self, record: WorkerRecord) -> None:
+        m = self.metrics
+        for batch, ms in record.chunk_ms.items():
+            m.chunk_ms.labels(str(batch)).set(ms)
+        for batch, ms in record.pass_ms.items():
+            m.pass_ms.labels(str(batch)).set(ms)
+        m.sessions.labels("executing").set(record.active)
+        m.sessions.labels("suspended").set(len(record.suspended))
+        m.sessions.labels("waiting").set(record.waiting)
+        m.keeping_pace.set(1 if record.keeping_pace else 0)
 
     def _telemetry(self) -> dict[str, Any]:
         if self.engine is None:

@@ -22,10 +22,20 @@ Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 BACKENDS = ("local", "kubernetes")
 
 
-class LaunchError(RuntimeError):
-    """A worker could not be launched (the API refused the pod, the process did not start)."""
+class BackendUnavailable(RuntimeError):
+    """The backend cannot work here (a package missing, no cluster configuration)."""
+
+    retryable = False
+
+
+class BackendError(RuntimeError):
+    """The backend could not do what was asked this time (the API server away, say)."""
 
     retryable = True
+
+
+class LaunchError(BackendError):
+    """A worker could not be launched (the API refused the pod, the process did not start)."""
 
 
 class Backend(Protocol):
@@ -46,7 +56,8 @@ class Backend(Protocol):
 
     async def terminate(self, worker_id: str, grace_s: float) -> str:
         """Stop the worker (SIGTERM, or delete its pod, with ``grace_s`` to hand off) and wait
-        until it is gone; returns how it ended. A worker it does not run is already gone."""
+        until it is gone; returns how it ended. A worker it does not run is already gone.
+        Raises :class:`BackendError` when it could not (the caller tries again)."""
         ...
 
     async def close(self, grace_s: float) -> list[str]:

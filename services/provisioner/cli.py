@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import argparse
 
+from services.provisioner.backend import BACKENDS, BackendUnavailable, make_backend
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("provisioner", help="run the provisioner (TURBOSERVE_* settings)")
     p.add_argument("--min-workers", type=int, help="workers to keep running (TURBOSERVE_MIN_WORKERS)")
+    p.add_argument("--max-workers", type=int, help="most workers at once (TURBOSERVE_MAX_WORKERS)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="where workers run: local processes or Kubernetes pods (TURBOSERVE_BACKEND)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.cli import fail
     from services.provisioner.service import ProvisionerService
     from shared.runner import run_service
     from shared.settings import ProvisionerSettings
 
-    overrides = {"min_workers": args.min_workers} if args.min_workers is not None else {}
-    settings = ProvisionerSettings.from_env(**overrides)
-    return run_service(lambda: ProvisionerService(settings), settings, "provisioner")
+    flags = {"min_workers": args.min_workers, "max_workers": args.max_workers,
+             "backend": args.backend}
+    settings = ProvisionerSettings.from_env(**{k: v for k, v in flags.items() if v is not None})
+    try:
+        backend = make_backend(settings)
+    except BackendUnavailable as exc:
+        return fail("provisioner", exc)
+    return run_service(lambda: ProvisionerService(settings, backend), settings, "provisioner")

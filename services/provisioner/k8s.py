@@ -35,7 +35,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from services.provisioner.backend import LaunchError, OnExit, Spawn, mesh_env
+from services.provisioner.backend import (
+    BackendError,
+    BackendUnavailable,
+    LaunchError,
+    OnExit,
+    Spawn,
+    mesh_env,
+)
 from shared.logging import get_logger
 from shared.settings import ProvisionerSettings
 
@@ -49,6 +56,8 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 REQUEST_TIMEOUT = (5, 30)  # connect, read (seconds)
 TERMINAL_PHASES = ("Succeeded", "Failed")
 GONE_MARGIN_S = 30.0  # how long past the grace period a deleted pod may take to go
+# Every API call the backend makes, as RBAC sees it: the provisioner's Role grants exactly this.
+API_USE = {"pods": ("get", "list", "create", "delete"), "podtemplates": ("get",)}
 
 
 def pod_name(prefix: str, worker_id: str) -> str:
@@ -73,21 +82,28 @@ class KubernetesBackend:
 
     def __init__(self, settings: ProvisionerSettings) -> None:
         try:
-            from kubernetes import client
+            from kubernetes import client, config
         except ImportError:
-            raise LaunchError("the kubernetes backend needs the kubernetes package: "
-                              "pip install 'turboserve[k8s]'") from None
+            raise BackendUnavailable("the kubernetes backend needs the kubernetes package: "
+                                     "pip install 'turboserve[k8s]'") from None
         self.settings = settings
         self._client = client
-        configuration, namespace = _load_configuration()
+        try:
+            configuration, namespace = _load_configuration()
+        except (config.ConfigException, OSError) as exc:
+            raise BackendUnavailable(f"no Kubernetes configuration: {exc} (in a pod: a service "
+                                     "account; elsewhere: KUBECONFIG or ~/.kube/config)") from None
         self.api_client = client.ApiClient(configuration)
         self.api = client.CoreV1Api(self.api_client)
         self.namespace = settings.k8s_namespace or namespace
         self.selector = ",".join(f"{k}={v}" for k, v in self.labels.items())
         self.pods: dict[str, str] = {}  # worker id -> pod name, for the pods it runs
         self._on_exit: OnExit | None = None
-        log.info("kubernetes_backend", host=self.api_client.configuration.host,
-                 namespace=self.namespace, pod_template=settings.k8s_pod_template)
+
+    @property
+    def _api_errors(self) -> tuple[type[Exception], ...]:
+        """What a call to the API raises when it fails: an answer, or no answer."""
+        return (self._client.ApiException, OSError, _urllib3_error())
 
     @property
     def labels(self) -> dict[str, str]:
@@ -95,6 +111,8 @@ class KubernetesBackend:
 
     # -- the Backend interface --------------------------------------------------------------------
     async def open(self, spawn: Spawn, on_exit: OnExit) -> dict[str, float]:
+        log.info("kubernetes_backend", host=self.api_client.configuration.host,
+                 namespace=self.namespace, pod_template=self.settings.k8s_pod_template)
         self._on_exit = on_exit
         adopted: dict[str, float] = {}
         for pod in await self._list_pods():
@@ -115,22 +133,28 @@ class KubernetesBackend:
         name = pod_name(self.settings.subject_prefix, worker_id)
         try:
             await self._create(worker_id, name)
-        except self._client.ApiException as exc:
+        except self._api_errors as exc:
             raise LaunchError(f"pod {name}: {_api_message(exc)}") from None
-        except (OSError, _urllib3_error()) as exc:
-            raise LaunchError(f"pod {name}: the API server did not answer: {exc}") from None
         self.pods[worker_id] = name
         log.info("worker_pod_created", worker_id=worker_id, pod=name, namespace=self.namespace)
         return f"pod {name}"
 
     async def terminate(self, worker_id: str, grace_s: float) -> str:
-        name = self.pods.pop(worker_id, None) or pod_name(self.settings.subject_prefix, worker_id)
-        if not await self._delete(name, grace_s):
+        name = self.pods.get(worker_id) or pod_name(self.settings.subject_prefix, worker_id)
+        try:
+            deleted = await self._delete(name, grace_s)
+        except self._api_errors as exc:
+            raise BackendError(f"deleting pod {name}: {_api_message(exc)}") from None
+        self.pods.pop(worker_id, None)  # deleted (or gone already): no longer ours to watch
+        if not deleted:
             return f"pod {name} was already gone"
         deadline = time.monotonic() + grace_s + GONE_MARGIN_S
         while time.monotonic() < deadline:
-            pod = await self._read_pod(name)
-            if pod is None or _phase(pod) in TERMINAL_PHASES:
+            try:
+                pod = await self._read_pod(name)
+            except self._api_errors:
+                pod = {}  # the API is away: the pod is deleted all the same, keep waiting
+            if pod is None or (pod and _phase(pod) in TERMINAL_PHASES):
                 return f"pod {name} deleted"
             await asyncio.sleep(min(1.0, self.settings.k8s_poll_s))
         return f"pod {name} deleted, still terminating after {grace_s + GONE_MARGIN_S:.0f}s"
@@ -179,7 +203,7 @@ class KubernetesBackend:
             await asyncio.sleep(self.settings.k8s_poll_s)
             try:
                 pods = await self._list_pods()
-            except (self._client.ApiException, OSError, _urllib3_error()) as exc:
+            except self._api_errors as exc:
                 failures += 1  # the API server may be briefly away: say so, keep polling
                 log.warning("pod_list_failed", error=str(exc)[:300], consecutive=failures)
                 continue
@@ -197,7 +221,10 @@ class KubernetesBackend:
             del self.pods[worker_id]
             detail = f"pod {name} deleted" if pod is None else _exit_detail(pod)
             if pod is not None:
-                await self._delete(name, grace_s=0)  # free its node's resources
+                try:
+                    await self._delete(name, grace_s=0)  # free its node's resources
+                except self._api_errors as exc:  # the next provisioner start clears it
+                    log.warning("failed_pod_not_deleted", pod=name, error=_api_message(exc))
             assert self._on_exit is not None
             self._on_exit(worker_id, detail)
 
@@ -283,6 +310,9 @@ def _exit_detail(pod: dict[str, Any]) -> str:
 
 
 def _api_message(exc: Any) -> str:
+    """``403 Forbidden: <the API's message>``, or what the connection said."""
+    if not hasattr(exc, "status"):
+        return f"the API server did not answer: {exc}"
     try:
         message = json.loads(exc.body).get("message")
     except (TypeError, ValueError, AttributeError):

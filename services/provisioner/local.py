@@ -5,7 +5,8 @@ GPU in ``CUDA_VISIBLE_DEVICES`` (by UUID, so that the numbering of the devices d
 and the rest of the environment inherited: ``TURBOSERVE_PRESET``, ``TURBOSERVE_DEVICE``,
 ``TURBOSERVE_EMULATE`` ... mean for the worker what they mean everywhere. The mesh settings
 (NATS and Redis URLs, subject prefix, Redis namespace) are the provisioner's own, so a worker
-always joins the mesh that started it.
+always joins the mesh that started it; only its credentials differ where
+``TURBOSERVE_WORKER_NATS_URL`` / ``TURBOSERVE_WORKER_REDIS_URL`` give them.
 
 With GPUs, there is one worker per GPU at most; without, CPU workers up to ``max_workers``. On
 Linux a worker also gets SIGTERM if the provisioner dies (``PR_SET_PDEATHSIG``), so even a
@@ -48,16 +49,20 @@ class LocalBackend:
         self.workers: dict[str, LocalWorker] = {}
         self._spawn: Spawn | None = None
         self._on_exit: OnExit | None = None
-        log.info("local_backend", gpus=[str(g) for g in self.gpus] or "none: CPU workers")
 
     async def open(self, spawn: Spawn, on_exit: OnExit) -> dict[str, float]:
+        log.info("local_backend", gpus=[str(g) for g in self.gpus] or "none: CPU workers")
         self._spawn, self._on_exit = spawn, on_exit
         return {}  # children die with their provisioner: there is never anything to take over
 
     def worker_env(self, worker_id: str, gpu: Gpu | None) -> dict[str, str]:
         s = self.settings
-        env = {**os.environ, **mesh_env(s), "TURBOSERVE_NATS_URL": s.nats_url,
-               "TURBOSERVE_REDIS_URL": s.redis_url, "TURBOSERVE_WORKER_ID": worker_id}
+        env = {**os.environ, **mesh_env(s), "TURBOSERVE_NATS_URL": s.worker_nats_url or s.nats_url,
+               "TURBOSERVE_REDIS_URL": s.worker_redis_url or s.redis_url,
+               "TURBOSERVE_WORKER_ID": worker_id}
+        # The worker needs its own credentials, never the provisioner's.
+        env.pop("TURBOSERVE_WORKER_NATS_URL", None)
+        env.pop("TURBOSERVE_WORKER_REDIS_URL", None)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
         # Workers share this host: one fixed ops port would be taken by the first of them.

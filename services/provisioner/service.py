@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from services.provisioner.backend import Backend, LaunchError, make_backend
+from services.provisioner.backend import Backend, BackendError, LaunchError, make_backend
 from services.provisioner.metrics import ProvisionerMetrics
 from services.provisioner.pool import (
     ID_IN_USE,
@@ -33,7 +33,7 @@ from shared.logging import get_logger
 from shared.meter import Meter
 from shared.ops import OpsServer, close_ops, start_ops
 from shared.registry import PoolLimits
-from shared.runner import ServiceContext
+from shared.runner import ServiceContext, subscriptions_live
 from shared.settings import ProvisionerSettings
 from shared.wire import (
     Heartbeat,
@@ -69,6 +69,7 @@ class ProvisionerService:
         self.meter: Meter | None = None
         self.ops: OpsServer | None = None
         self._stopping = False
+        self._stop_requested = asyncio.Event()  # wakes whatever waits to try again
         self._lock = asyncio.Lock()  # one command (or refill) decides at a time
         self._boots: dict[str, asyncio.Task[None]] = {}
         self._restart_backoff_s = 1.0
@@ -83,9 +84,9 @@ class ProvisionerService:
             PoolLimits(self.pool.min_workers, self.pool.max_size, self.backend.name))
         await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=self._on_heartbeat)
         await ctx.nc.subscribe(ctx.subjects.provisioner_cmd, cb=self._on_command)
-        # A SUB sits in the client's write buffer until its flusher runs; a command published
-        # from another connection before the server has it would be dropped. Started = live.
-        await ctx.nc.flush()
+        # A command published (from another connection) before the server holds our SUB would
+        # be dropped: started means listening.
+        await subscriptions_live(ctx.nc)
         self.ops = await start_ops(ctx, self.metrics.registry, service=self.name,
                                    details=self._health_details)
         log.info("provisioner_ready", backend=self.backend.name, min_workers=self.pool.min_workers,
@@ -98,6 +99,7 @@ class ProvisionerService:
         if self._stopping:
             return
         self._stopping = True
+        self._stop_requested.set()
         async with self._lock:
             for slot in list(self.pool.slots.values()):
                 async with slot.lock:  # a launch in progress ends first
@@ -107,10 +109,10 @@ class ProvisionerService:
                     await self._gone(slot, "provisioner_stopped", "the provisioner stopped")
             stopped = await self.backend.close(self._worker_grace_s)
             for wid in stopped:
-                slot = self.pool.get(wid)
-                if slot is not None:
+                gone = self.pool.get(wid)
+                if gone is not None:
                     await self._cancel_boot(wid)
-                    await self._gone(slot, "provisioner_stopped", "the provisioner stopped")
+                    await self._gone(gone, "provisioner_stopped", "the provisioner stopped")
         await close_ops(self.ops)
 
     @property
@@ -186,9 +188,9 @@ class ProvisionerService:
                 self.ctx.spawn(self._release(slot, "stopped"), name=f"release-{wid}")
             for refusal in plan.refused:
                 self.metrics.refusal("stop", refusal.code)
-                slot = self.pool.get(refusal.worker_id)
-                if slot is not None:
-                    await self._event(refusal.worker_id, STATUS_OF[slot.state], code=refusal.code,
+                kept = self.pool.get(refusal.worker_id)
+                if kept is not None:
+                    await self._event(refusal.worker_id, STATUS_OF[kept.state], code=refusal.code,
                                       detail=refusal.detail, command_id=command_id)
         return _reply(ProvisionerCmdKind.STOP, plan, command_id, started=False)
 
@@ -262,9 +264,26 @@ class ProvisionerService:
         (the slot's lock), then the boot task is cancelled, so no process or pod is left."""
         async with slot.lock:
             await self._cancel_boot(slot.worker_id)
-            how = (await self.backend.terminate(slot.worker_id, self._worker_grace_s)
-                   if slot.launched else "never launched")
-        await self._gone(slot, code, how)
+            how = await self._terminate(slot) if slot.launched else "never launched"
+        if how is not None:
+            await self._gone(slot, code, how)
+
+    async def _terminate(self, slot: Slot) -> str | None:
+        """The backend's terminate, tried again (with a backoff) until it works: a worker we
+        let go of must go. None when the provisioner stops first (the worker stays STOPPING;
+        a pod is taken over by the next provisioner)."""
+        delay = 1.0
+        while True:
+            try:
+                return await self.backend.terminate(slot.worker_id, self._worker_grace_s)
+            except BackendError as exc:
+                log.warning("worker_terminate_failed", worker_id=slot.worker_id, error=str(exc),
+                            retry_in_s=delay)
+            try:
+                await asyncio.wait_for(self._stop_requested.wait(), timeout=delay)
+                return None
+            except TimeoutError:
+                delay = min(2 * delay, MAX_RESTART_BACKOFF_S)
 
     async def _cancel_boot(self, worker_id: str) -> None:
         task = self._boots.pop(worker_id, None)
@@ -282,10 +301,6 @@ class ProvisionerService:
     async def _exited(self, slot: Slot, detail: str) -> None:
         await self._cancel_boot(slot.worker_id)
         await self._gone(slot, "exited", detail)
-        if not self._stopping and self.pool.deficit:
-            await asyncio.sleep(self._restart_backoff_s)  # workers that keep dying: back off
-            self._restart_backoff_s = min(2 * self._restart_backoff_s, MAX_RESTART_BACKOFF_S)
-            await self._fill()
 
     async def _gone(self, slot: Slot, code: str, detail: str) -> None:
         """The worker no longer holds a GPU: close its meter, say GONE (once)."""
@@ -303,6 +318,14 @@ class ProvisionerService:
         await self.ctx.registry.record_cluster_event(
             kind, worker_id=slot.worker_id, code=code, detail=detail,
             gpu_seconds=round(seconds, 3), backend=self.backend.name)
+        if kind == "worker_lost" and code != "provisioner_stopped" and self.pool.deficit:
+            self.ctx.spawn(self._replace_lost(), name=f"replace-{slot.worker_id}")
+
+    async def _replace_lost(self) -> None:
+        """Back to ``min_workers`` after a loss, backing off while workers keep failing."""
+        await asyncio.sleep(self._restart_backoff_s)
+        self._restart_backoff_s = min(2 * self._restart_backoff_s, MAX_RESTART_BACKOFF_S)
+        await self._fill()
 
     async def _fill(self) -> None:
         """Start workers until the pool is back at ``min_workers``."""

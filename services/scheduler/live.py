@@ -54,7 +54,7 @@ from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import Lease
 from shared.logging import get_logger
 from shared.registry import RegistryError, SessionRecord
-from shared.runner import ServiceContext
+from shared.runner import ServiceContext, subscriptions_live
 from shared.settings import SchedulerSettings
 from shared.states import IllegalTransition, SessionState
 from shared.streams import SCHEDULER_DURABLE
@@ -130,6 +130,8 @@ class LiveScheduler:
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._ticks = 0
         self._profiles_at = 0.0
+        self._rebuilt = False  # until then, heartbeats are only recorded (restore comes first)
+        self._loops: list[asyncio.Task[Any]] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -138,14 +140,16 @@ class LiveScheduler:
         self._subs.append(await ctx.nc.subscribe(ctx.subjects.provisioner_events,
                                                  cb=self._on_pool_event))
         self._subs.append(await ctx.nc.subscribe(ctx.subjects.migrations, cb=self._on_report))
-        await ctx.nc.flush()
+        await subscriptions_live(ctx.nc)
         await asyncio.sleep(min(1.5, self.settings.worker_timeout_s / 2))  # hear the heartbeats
         await self.rebuild()
         self._psub = await ctx.js.pull_subscribe(
             ctx.subjects.session_events, durable=SCHEDULER_DURABLE,
             stream=ctx.subjects.sessions_stream)
-        self._spawn(self._consume(), "scheduler-events")
-        self._spawn(self._tick_forever(), "scheduler-tick")
+        # The two loops are supervised by the service: one that fails takes the scheduler down
+        # (a standby takes over) rather than leaving a leader that no longer decides.
+        self._loops = [self.ctx.spawn(self._consume(), name="scheduler-events"),
+                       self.ctx.spawn(self._tick_forever(), name="scheduler-tick")]
         log.info("scheduler_leading", term=self.lease.term, gpus=len(self.workers))
 
     async def stop(self) -> None:
@@ -155,6 +159,10 @@ class LiveScheduler:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
+        for loop in self._loops:
+            loop.cancel()
+        if self._loops:
+            await asyncio.wait(self._loops, timeout=5.0)
         tasks = list(self._tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
@@ -210,6 +218,7 @@ class LiveScheduler:
             sessions.append(RestoredSession(sid, active=True))
         self._refresh_profiles(force=True)
         self.core.restore(gpus, sessions, now)
+        self._rebuilt = True
         log.info("scheduler_view_rebuilt", gpus=len(gpus), sessions=len(sessions))
         await self.step(Event(now, EventKind.TICK))
 
@@ -559,6 +568,8 @@ class LiveScheduler:
         if beat is None:
             return
         self.beats[beat.worker_id] = beat
+        if not self._rebuilt:
+            return
         wid = beat.worker_id
         known = self.workers.get(wid)
         if known is not None:
@@ -573,8 +584,8 @@ class LiveScheduler:
 
     async def _on_pool_event(self, msg: Any) -> None:
         event = decode_or_drop(msg.subject, msg.data, ProvisionerEvent, log)
-        if event is None:
-            return
+        if event is None or not self._rebuilt:
+            return  # a worker that came meanwhile is in the registry, which rebuild reads
         if event.status is WorkerStatus.READY and event.worker_id not in self.workers:
             await self._ready(event.worker_id, event.gpu_kind or self.default_kind)
         elif event.status is WorkerStatus.GONE:

@@ -27,20 +27,25 @@ MIB = 1024 * 1024
 def live_profile(kind: str, beats: Iterable[Heartbeat], fallback: LatencyProfile) -> LatencyProfile:
     """The profile of ``kind`` from its workers' latest heartbeats (at least one).
 
+    ``fallback`` is the kind's shipped profile, or (for a kind nothing ships for) the default
+    kind's: then its shape is kept but scaled so that the workers' slots meet their deadline,
+    an assumption the measurements replace as they come in.
     Raises ProfileError when the measurements make no usable profile (e.g. not even one
     session meets the deadline): the caller keeps what it had."""
     beats = list(beats)
     if not beats:
         raise ValueError("live_profile needs at least one heartbeat")
+    slots = min(b.capacity for b in beats)
+    if slots < 1:
+        raise ProfileError(kind, "a worker of this kind reports no session slots")
     base = fallback
     periods = [b.chunk_period_s for b in beats if b.chunk_period_s > 0]
     if periods:
         base = dataclasses.replace(base, deadline_ms=1000.0 * min(periods))
+    if fallback.gpu_kind != kind:
+        base = _scaled_to(base, slots)
     measured = _median_by_batch(beats)
     profile = profile_from_measurements(measured, base) if measured else base
-    slots = min(b.capacity for b in beats)
-    if slots < 1:
-        raise ProfileError(kind, "a worker of this kind reports no session slots")
     table = profile.chunk_ms_table[:slots]
     state = [b.state_bytes for b in beats if b.state_bytes > 0]
     state_bytes = int(statistics.median(state)) if state else profile.state_bytes_per_session
@@ -65,6 +70,14 @@ def live_profile(kind: str, beats: Iterable[Heartbeat], fallback: LatencyProfile
     if out.capacity < 1:
         raise ProfileError(kind, f"no batch meets the {out.deadline_ms:.0f} ms deadline")
     return out
+
+
+def _scaled_to(profile: LatencyProfile, slots: int) -> LatencyProfile:
+    """``profile``'s shape, every chunk time scaled so that ``slots`` sessions just meet the
+    deadline (an unmeasured kind is assumed to keep the pace it was given slots for)."""
+    factor = 0.99 * profile.deadline_ms / profile.chunk_ms(slots)
+    table = tuple(profile.chunk_ms(b) * factor for b in range(1, max(slots, 2) + 1))
+    return dataclasses.replace(profile, chunk_ms_table=table)
 
 
 def _median_by_batch(beats: list[Heartbeat]) -> dict[int, float]:

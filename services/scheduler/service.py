@@ -45,6 +45,7 @@ class SchedulerService:
         self.live: LiveScheduler | None = None
         self.lease: Lease | None = None
         self._election: LeaderElection | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         try:
             self.profiles, self.default_kind, self.rho_table = load_inputs(settings)
@@ -74,13 +75,16 @@ class SchedulerService:
 
     # -- leadership -----------------------------------------------------------------------------
     async def _lead(self) -> None:
-        assert self._election is not None
+        """Take the lease when it is free, renew it while leading (in this task only, never
+        held up by the loop's own work), step down the moment a renewal fails."""
+        assert self._election is not None and self.ctx is not None
         renew_every = self.settings.leader_ttl_s / 3
         while not self._stopping.is_set():
             if self.lease is None:
                 lease = await self._election.try_acquire()
                 if lease is not None:
-                    await self._take_over(lease)
+                    self.lease = lease
+                    self._starting = self.ctx.spawn(self._take_over(lease), name="scheduler-takeover")
             elif not await self._election.renew(self.lease):
                 log.warning("scheduler_deposed", term=self.lease.term)
                 await self._step_down(resign=False)
@@ -89,19 +93,19 @@ class SchedulerService:
 
     async def _take_over(self, lease: Lease) -> None:
         assert self.ctx is not None
-        self.lease = lease
         self.metrics.leader.set(1)
         log.info("scheduler_elected", term=lease.term, scheduler_id=self.settings.scheduler_id)
-        self.live = LiveScheduler(
+        live = LiveScheduler(
             self.ctx, self.settings, lease, await self._controller(), self.profiles,
             self.default_kind, self.metrics, handoff_timeout_s=self.settings.handoff_timeout_s)
-        try:
-            await self.live.start()
-        except Exception:
-            await self._step_down()
-            raise
+        self.live = live
+        await live.start()
 
     async def _step_down(self, resign: bool = True) -> None:
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.wait({starting}, timeout=5.0)
         live, self.live = self.live, None
         if live is not None:
             await live.stop()

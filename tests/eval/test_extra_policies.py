@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.core.policies import available_policies, get_policy
-from services.scheduler.core.types import Drain, Event, EventKind, Release, RequestGpus
+from services.scheduler.core.types import Drain, Event, EventKind, Migrate, Release, RequestGpus
 from services.scheduler.shipped import load_profile
 
 PROFILE = load_profile()
@@ -34,9 +34,12 @@ def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
     assert oracle.current_idle_reserve(0.0) == 0.0
     assert get_policy("clairvoyant", PROFILE, future=[], rho_table=table,
                       idle_reserve=0.25).current_idle_reserve(0.0) == 0.25
-    for name in ("turboserve", "least_loaded_autoscale", "turboserve_predictive"):
+    for name in ("turboserve", "no_migration", "turboserve_predictive"):
         assert get_policy(name, PROFILE, rho_table=table).current_idle_reserve(0.0) == 0.5, name
-    assert get_policy("hpa", PROFILE).current_idle_reserve(0.0) == 0.0  # its own rule, no table
+    # The rivals keep their own rules: no table, no reserve.
+    for name in ("hpa", "least_loaded_autoscale"):
+        rival = get_policy(name, PROFILE, rho_table=table)
+        assert rival.current_idle_reserve(0.0) == 0.0 and rival.rho_table is None, name
 
 
 def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
@@ -111,6 +114,31 @@ def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
 def test_least_loaded_autoscale_never_migrates():
     policy = get_policy("least_loaded_autoscale", PROFILE, rho_hat=0.5, boot_delay_s=0.0)
     assert policy.name == "least_loaded_autoscale" and policy.config.migrate is False
+    assert (policy.high, policy.low) == (0.5, pytest.approx(0.2))
+
+
+def test_least_loaded_autoscale_steps_out_at_once_and_in_one_gpu_after_a_cooldown():
+    """A threshold rule, not TurboServe's: above 80% it adds what brings utilisation back to
+    80% (then waits 30 s), below 50% for 120 s it removes one GPU (then waits 120 s)."""
+    policy = get_policy("least_loaded_autoscale", PROFILE, gpus=2, boot_delay_s=5.0,
+                        warmup_s=0.0)
+    out = []
+    for k in range(22):  # 22 sessions on 2 x 12 slots: u = 0.92 > 0.8 at the 20th
+        out += policy.step(Event(float(k), EventKind.ARRIVE, session_id=f"s{k}"))
+    asks = [d for d in out if isinstance(d, RequestGpus)]
+    assert [len(d.gpu_ids) for d in asks] == [1]  # ceil(20 / 9.6) = 3 GPUs: one more
+    for gpu_id in asks[0].gpu_ids:
+        policy.step(Event(25.0, EventKind.GPU_READY, gpu_id=gpu_id))
+    assert not [d for d in policy.step(Event(26.0, EventKind.TICK)) if isinstance(d, Migrate)]
+    for k in range(18):  # 4 sessions left: u = 4 / 36 < 0.5
+        policy.step(Event(30.0 + k / 10, EventKind.DEPART, session_id=f"s{k}"))
+    released = []
+    for t in range(32, 500):
+        released += [(t, d) for d in policy.step(Event(float(t), EventKind.TICK))
+                     if isinstance(d, Drain | Release)]
+    drains = [t for t, d in released if isinstance(d, Drain)]
+    # One GPU at a time, each after 120 s of low utilisation or since the last scale event.
+    assert len(drains) == 2 and drains[0] >= 30 + 120 and drains[1] - drains[0] >= 120
 
 
 def test_session_forecast_lies_between_the_active_and_the_live_sessions():

@@ -41,14 +41,16 @@ def test_plots_write_pngs(tmp_path):
     assert all(_is_png(p) for p in (p1, p2, p3))
 
 
-def test_stall_adjusted_attainment_counts_each_waiting_deadline_as_a_miss():
-    from services.scheduler.eval.runs import RunSpec, RunSummary
+def test_a_run_carries_the_simulators_stall_adjusted_attainment():
+    """The evaluation takes the measure of service from the simulator's ledger, where a
+    session that waits 10 s for a GPU misses every period past the startup allowance."""
+    from services.scheduler.eval.runs import RunSpec, execute, prime_trace_cache
+    from services.scheduler.sim.traceio import make_trace
 
-    run = RunSummary(
-        spec=RunSpec("t", "p", "p"), cost_gpu_h=1.0, cost_usd=2.0, p50_ms=1, p99_ms=1,
-        max_ms=1, attainment=0.9, migrations=0, scale_events=0, peak_gpus=1,
-        decision_p99_ms=0.0, served_floor_gpu_h=0.5, unserved_session_s=125.0, wall_s=0.0,
-        chunks=900, deadline_ms=1250.0,
-    )
-    # 810 chunks on time out of 900 delivered + 100 deadline periods spent waiting.
-    assert run.stall_adjusted_attainment == 810 / 1000
+    trace = make_trace("wait10", [(0.0, "a", "arrive"), (10.0, "a", "depart")])
+    prime_trace_cache({"wait10": trace})
+    run = execute(RunSpec("wait10", "least_loaded", "least_loaded", (("gpus", 0),)))
+    # No GPU: no chunk, ceil((10,000 - 1,250) / 1,250) = 7 missed periods.
+    assert run.chunks == 0 and run.missed_periods == 7
+    assert run.stall_adjusted_attainment == 0.0
+    assert run.to_json()["stall_adjusted_attainment"] == 0.0

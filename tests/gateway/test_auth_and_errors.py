@@ -196,3 +196,34 @@ async def test_probes(http, gw):
     assert resp.status == 503 and (await resp.json())["closing"] is True
     resp = await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(API_KEY))
     assert resp.status == 503 and (await resp.json())["error"]["code"] == "unavailable"
+
+
+async def test_the_operator_may_close_any_session(http, gw):
+    s = await create(http)
+    resp = await http.delete(f"/v1/sessions/{s['id']}", headers=bearer(OPERATOR_KEY))
+    assert resp.status == 200 and (await resp.json())["state"] == "terminated"
+
+
+async def test_secrets_are_never_logged(gw_env, nats_client, redis_client, capsys):
+    import aiohttp
+
+    from shared.logging import configure_logging
+
+    configure_logging("debug", "json", service="gateway")
+    try:
+        async with run_gateway({**gw_env, "TURBOSERVE_LOG_LEVEL": "debug"}) as g, \
+                aiohttp.ClientSession(g.url) as http:
+            s = await create(http)
+            await http.get(f"/v1/sessions/{s['id']}", headers=bearer(s["token"]))
+            await http.get(f"/v1/sessions/{s['id']}", params={"token": OTHER_KEY})  # a wrong one
+            await http.get("/v1/cluster", headers=bearer(API_KEY))
+            await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(OPERATOR_KEY))
+            await http.delete(f"/v1/sessions/{s['id']}", headers=bearer(s["token"]))
+            print(g.gateway.settings)  # settings are printed at start: masked
+    finally:
+        configure_logging("warning", "console")
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "session_created" in text and "session_closed" in text  # the logs were captured
+    for secret in (API_KEY, OTHER_KEY, OPERATOR_KEY, s["token"]):
+        assert secret not in text

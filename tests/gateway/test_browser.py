@@ -107,9 +107,11 @@ def canvas_has_a_picture(d) -> bool:
     """)
 
 
-def screenshot(d, name: str) -> None:
+def screenshot(d, name: str, settle_s: float = 0.0) -> None:
     folder = os.environ.get("TURBOSERVE_SCREENSHOT_DIR")
     if folder:
+        time.sleep(settle_s)  # let the charts gather some history for the picture
+        d.execute_script("window.scrollTo(0, 0)")
         Path(folder).mkdir(parents=True, exist_ok=True)
         d.save_screenshot(str(Path(folder) / name))
 
@@ -121,7 +123,9 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
     prompt.clear()
     prompt.send_keys("a red fox running through fresh snow")
     d.find_element("id", "start").click()
-    session_id = wait_for(lambda: d.find_element("id", "session-id").text, what="a session id")
+    # textContent, not .text: the heading is shown in upper case
+    session_id = wait_for(lambda: d.find_element("id", "session-id").get_attribute("textContent"),
+                          what="a session id")
     assert not d.find_element("id", "start-error").text
 
     # frames drawn on the canvas, at the stream's frame rate
@@ -138,14 +142,15 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
     assert "from seq" in ack[0], ack
     before = int(d.find_element("id", "frames-drawn").text)
     wait_for(lambda: int(d.find_element("id", "frames-drawn").text) > before + 12, what="more frames")
-    screenshot(d, "playground.png")
+    screenshot(d, "playground.png", settle_s=5)
 
     # the dashboard, in a second tab, lists the session on its worker
     playground = d.current_window_handle
     d.switch_to.new_window("tab")
     d.get(f"{mesh.gateway_url}/dashboard#key={OPERATOR_KEY}")
     wait_for(lambda: d.find_elements("css selector", f'[data-session="{session_id}"]'),
-             what="the session on the dashboard")
+             what=f"the session on the dashboard (error shown: {d.find_element('id', 'error').text!r}; "
+                  f"workers: {d.find_element('id', 'workers').text!r})")
     card = d.find_element("css selector", ".card[data-worker]")
     assert "ready" in card.text and "load" in card.text
     assert d.find_element("id", "n-sessions").text == "1"
@@ -154,7 +159,7 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
         "return document.getElementById('latency-chart').getContext('2d')"
         ".getImageData(0, 0, 1200, 160).data.some((v, i) => i % 4 === 3 && v > 0)"),
         what="the latency chart drawn")
-    screenshot(d, "dashboard.png")
+    screenshot(d, "dashboard.png", settle_s=20)
 
     # back to the playground: pause, resume, close
     d.switch_to.window(playground)
@@ -175,6 +180,7 @@ def test_dashboard_without_the_operator_key_says_so(driver, mesh):
     d = driver
     d.get(f"{mesh.gateway_url}/dashboard")
     d.execute_script("localStorage.clear()")
+    d.get("about:blank")  # a new document: the page reads its key again
     d.get(f"{mesh.gateway_url}/dashboard#key=wrong")
     error = wait_for(lambda: d.find_element("id", "error").text, what="an error shown")
     assert "unauthorized" in error

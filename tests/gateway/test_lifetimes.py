@@ -116,11 +116,29 @@ async def _terminated(g, sid) -> bool:
 
 
 async def test_a_dead_replicas_viewers_expire(gw, http):
-    """An attachment whose gateway stopped refreshing it no longer counts once its TTL passed."""
+    """A viewer counts while its replica says it is alive; once that lapses, the session's
+    unwatched time starts when the reaper finds out, and it goes idle a full idle_after_s later."""
     g = gw.gateway
     s = await create(http)
+    sid = s["id"]
     now = time.time()
-    await g.store.attach(s["id"], "dead-replica:1", ttl_s=2.0, now=now)
-    assert await g.store.viewers(s["id"], now=now + 1) == 1
-    assert await g.store.viewers(s["id"], now=now + 3) == 0
-    assert await g.store.go_idle_if_unwatched(s["id"], now=now + 3)
+    await g.store.replica_alive("dead-replica", ttl_s=2.0, now=now)
+    await g.store.attach(sid, "a1", "dead-replica", now=now)
+    assert await g.store.viewers(sid, now=now + 1) == 1
+    assert not await g.store.go_idle_if_unwatched(sid, now=now + 1)
+    assert await g.store.viewers(sid, now=now + 3) == 0
+    later = now + 3 + g.settings.idle_after_s
+    assert not await g.store.go_idle_if_unwatched(sid, now=later)  # found dead: the clock starts
+    assert await g.store.unwatched_since(later - 1) == []
+    assert await g.store.go_idle_if_unwatched(sid, now=later + g.settings.idle_after_s)
+
+
+async def test_a_stopping_replica_takes_its_viewers_with_it(gw_env, nats_client, redis_client, gw):
+    async with run_gateway(gw_env) as other, aiohttp.ClientSession() as client:
+        resp = await client.post(f"{gw.url}/v1/sessions", json={"prompt": "p"},
+                                 headers=bearer("k-test-0123456789abcdef"))
+        s = await resp.json()
+        async with client.get(f"{other.url}/v1/sessions/{s['id']}/stream", headers=bearer(s["token"])):
+            await eventually(lambda: gw.store.viewers(s["id"]))
+            await other.service.stop()
+            assert await gw.store.viewers(s["id"]) == 0

@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import struct
 
+import msgspec
 import orjson
 import pytest
+import structlog
 
 from services.gateway import errors
 from services.gateway.admission import judge_pool
 from services.gateway.auth import KeyRing, digest, new_session_token
+from services.gateway.chunkview import ChunkView, FeedMsg
 from services.gateway.cluster import merge_latency, worker_load
 from services.gateway.feeds import End, Entry, Lag, Viewer
+from services.gateway.sse import chunk_event
 from services.gateway.ws import chunk_message
 from shared.registry import PoolLimits, WorkerRecord
 from shared.settings import GatewaySettings, SettingsError
-from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerStatus
+from shared.wire import (
+    Chunk,
+    NoticeKind,
+    SessionNotice,
+    WorkerStatus,
+    decode,
+    decode_or_drop,
+    encode,
+)
 
 
 def test_api_keys_from_the_list_the_file_and_the_legacy_token(tmp_path):
@@ -92,10 +105,34 @@ def test_429_carries_retry_after_in_whole_seconds():
     assert errors.RateLimited("x", retry_after_s=0.01).response().headers["Retry-After"] == "1"
 
 
-def chunk(seq: int, frames: list[bytes] | None = None) -> Chunk:
+def wire_chunk(seq: int, frames: list[bytes] | None = None) -> Chunk:
     return Chunk(session_id="s", seq=seq, worker_id="w", epoch=1, encoding="jpeg",
                  frames=frames or [b"\xff\xd8a", b"\xff\xd8bc"], width=4, height=2, fps=16.0,
                  gen_ms=1.0, batch=1, due_at=10.0, done_at=10.5)
+
+
+def chunk(seq: int, frames: list[bytes] | None = None) -> ChunkView:
+    """A chunk as the gateway reads it off the wire."""
+    return decode("s.chunks", encode(wire_chunk(seq, frames)), ChunkView)
+
+
+def test_chunk_view_is_the_wires_chunk_with_frames_kept_as_text():
+    wire = {f.name: f.type for f in msgspec.structs.fields(Chunk)}
+    view = {f.name: f.type for f in msgspec.structs.fields(ChunkView)}
+    assert view.pop("frames") is msgspec.Raw and wire.pop("frames") == list[bytes]
+    assert view == wire
+    assert ChunkView.__struct_config__.tag == Chunk.__struct_config__.tag
+    original = wire_chunk(3, [b"\xff\xd8one", b"two"])
+    view_of = chunk(3, [b"\xff\xd8one", b"two"])
+    for f in msgspec.structs.fields(Chunk):
+        if f.name != "frames":
+            assert getattr(view_of, f.name) == getattr(original, f.name), f.name
+    assert view_of.frame_bytes() == original.frames
+    data = orjson.loads(chunk_event(view_of).split(b"data: ", 1)[1])
+    assert [base64.b64decode(x) for x in data["frames"]] == original.frames
+    assert data["timing"]["latency_ms"] == 500.0 and data["seq"] == 3
+    # a malformed message on the subject is dropped, never raised
+    assert decode_or_drop("s.chunks", b'{"type":"chunk","seq":"x"}', FeedMsg, structlog.get_logger()) is None
 
 
 def notice(next_seq: int) -> SessionNotice:
@@ -131,8 +168,8 @@ def test_viewer_never_repeats_a_chunk_nor_replays_old_notices():
     v.offer(Entry(chunk(7)))  # nothing after the end
     items = drain(v)
     assert [type(i.item).__name__ if isinstance(i, Entry) else i for i in items] == [
-        "Chunk", "SessionNotice", "Chunk", End(6, "closed")]
-    assert [i.item.seq for i in items if isinstance(i, Entry) and isinstance(i.item, Chunk)] == [5, 6]
+        "ChunkView", "SessionNotice", "ChunkView", End(6, "closed")]
+    assert [i.item.seq for i in items if isinstance(i, Entry) and isinstance(i.item, ChunkView)] == [5, 6]
 
 
 def test_a_long_backlog_is_delivered_whole_before_the_bound_applies():

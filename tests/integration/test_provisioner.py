@@ -10,7 +10,7 @@ import time
 import pytest
 
 from services.provisioner.service import ProvisionerService
-from shared.runner import running
+from shared.runner import running, subscriptions_live
 from shared.settings import ProvisionerSettings
 from shared.wire import (
     ProvisionerCmdKind,
@@ -31,7 +31,7 @@ async def test_refuses_duplicate_ids_and_replaces_a_dead_worker(infra, isolation
     service = ProvisionerService(settings)
     async with running(service, settings) as ctx:
         events = await nats_client.subscribe(ctx.subjects.provisioner_events)
-        await nats_client.flush()
+        await subscriptions_live(nats_client)
         cmd = ProvisionerCommand(kind=ProvisionerCmdKind.START, worker_ids=["dup", "dup"])
         await nats_client.publish(ctx.subjects.provisioner_cmd, encode(cmd))
         first = decode("e", (await events.next_msg(timeout=10)).data, ProvisionerEvent)

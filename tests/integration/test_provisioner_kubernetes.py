@@ -12,6 +12,7 @@ import pytest
 
 from services.provisioner.backend import LaunchError
 from services.provisioner.k8s import (
+    API_USE,
     POOL_LABEL,
     WORKER_ID_ANNOTATION,
     KubernetesBackend,
@@ -241,6 +242,19 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
         lost = await events.wait("g2", WorkerStatus.GONE)
         assert lost.code == "exited" and "OOMKilled (exit code 137)" in lost.detail
 
+        # a delete the API refuses is tried again until it works: the worker is gone only then
+        kube.refuse_delete = (503, "ServiceUnavailable")
+        await request(nats_client, ctx.subjects, ProvisionerCmdKind.START, ["g3"])
+        await _until(lambda: (NS, pod_name(prefix, "g3")) in kube.pods)
+        stopping = await request(nats_client, ctx.subjects, ProvisionerCmdKind.STOP, ["g3"])
+        assert stopping.stopping == ["g3"]
+        await asyncio.sleep(1.5)  # a first try and a retry, both refused
+        assert (NS, pod_name(prefix, "g3")) in kube.pods
+        assert WorkerStatus.GONE not in events.statuses("g3")
+        kube.refuse_delete = None
+        assert (await events.wait("g3", WorkerStatus.GONE)).code == "stopped"
+        assert (NS, pod_name(prefix, "g3")) not in kube.pods
+
         # a refused pod: accepted, then gone with the API's answer
         kube.refuse_create = (403, "Forbidden")
         await request(nats_client, ctx.subjects, ProvisionerCmdKind.START, ["bad"])
@@ -252,7 +266,7 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
     meter = Meter(redis_client, settings.redis_namespace)
     assert set((await meter.read()).open) == {first_id}
     kinds = [e["kind"] for e in await ctx.registry.cluster_events()]
-    assert kinds.count("scale_out") == 4 and kinds.count("scale_in") == 1
+    assert kinds.count("scale_out") == 5 and kinds.count("scale_in") == 2
     assert kinds.count("worker_lost") == 2
 
     # the next provisioner takes the running pod over: no new pod for min_workers
@@ -268,6 +282,8 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
         assert gone.code == "exited"
         await _until(lambda: len(kube.pods_in(NS)) == 1, timeout=15)
     assert first_id not in (await meter.read()).open
+    # every call the backend made is one the provisioner's Role grants (and it made them all)
+    assert kube.verbs_used() == {(r, v) for r, verbs in API_USE.items() for v in verbs}
 
 
 async def _until(check, timeout: float = 10.0) -> None:

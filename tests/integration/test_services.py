@@ -17,7 +17,7 @@ from services.gateway.service import GatewayService
 from services.launcher import free_port
 from services.scheduler.service import SchedulerService
 from shared.registry import WorkerRecord
-from shared.runner import running
+from shared.runner import running, subscriptions_live
 from shared.settings import GatewaySettings, SchedulerSettings
 from shared.wire import (
     SessionEvent,
@@ -70,7 +70,7 @@ class _Answering:
 
 async def _worker_sub(nats_client, subject: str) -> _Answering:
     sub = await nats_client.subscribe(subject)
-    await nats_client.flush()
+    await subscriptions_live(nats_client)
     return _Answering(sub)
 
 

@@ -36,7 +36,7 @@ async def test_sessions_started_at_different_moments_each_play_at_the_playback_r
         steady = chunks[2:]
         assert len(steady) >= 6, (sid, len(chunks))
         on_time = sum(1 for c in steady if c.done_at <= c.due_at + 0.05)
-        assert on_time >= 0.9 * len(steady), (sid, on_time, len(steady))
+        assert on_time >= 0.75 * len(steady), (sid, on_time, len(steady))
         span = steady[-1].done_at - steady[0].done_at
         rate = (len(steady) - 1) / span
         assert rate == pytest.approx(1 / period, rel=0.10), (sid, rate)

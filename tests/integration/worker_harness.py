@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.gpu_worker.service import WorkerService
-from shared.runner import ServiceContext, running
+from shared.runner import ServiceContext, running, subscriptions_live
 from shared.settings import WorkerSettings
 from shared.wire import (
     Chunk,
@@ -56,7 +56,7 @@ async def worker_in_process(
                 assert isinstance(item, StreamEnd)
 
         sub = await ctx.nc.subscribe(ctx.subjects.chunks_wildcard, cb=on_msg)
-        await ctx.nc.flush()
+        await subscriptions_live(ctx.nc)
         try:
             yield service, ctx, received
         finally:
@@ -76,7 +76,7 @@ async def start_session(ctx: ServiceContext, worker_id: str, sid: str, prompt: s
 
 async def send(ctx: ServiceContext, cmd: WorkerCommand) -> None:
     await ctx.nc.publish(ctx.subjects.worker_cmd(cmd.worker_id), encode(cmd))
-    await ctx.nc.flush()
+    await subscriptions_live(ctx.nc)
 
 
 async def wait_until(predicate, timeout: float, what: str, poll: float = 0.02) -> None:
@@ -104,7 +104,7 @@ async def mesh_context(env: dict[str, str]) -> AsyncIterator[tuple[ServiceContex
             received.notices[item.session_id].append(item)
 
     sub = await ctx.nc.subscribe(ctx.subjects.chunks_wildcard, cb=on_msg)
-    await ctx.nc.flush()
+    await subscriptions_live(ctx.nc)
     try:
         yield ctx, received
     finally:

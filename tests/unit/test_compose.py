@@ -1,4 +1,7 @@
-"""Docker cannot run here: check compose.yaml and the Dockerfile by reading them."""
+"""Docker cannot run here: check compose.yaml and the Dockerfile by reading them.
+
+``interpolate`` does what compose does to the file's values (``${VAR:?}``, ``${VAR:-default}``,
+``$$``), so the values can be checked as the containers will see them."""
 
 from __future__ import annotations
 
@@ -9,11 +12,35 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared.security import ROLES, nats_authorization, redis_users
 from shared.settings import GatewaySettings, ProvisionerSettings, SchedulerSettings, WorkerSettings
+from shared.wire import Subjects
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"gateway": GatewaySettings, "scheduler": SchedulerSettings, "worker": WorkerSettings,
             "provisioner": ProvisionerSettings}
+
+
+# What an operator sets before `docker compose up` (docs/security.md).
+PASSWORDS = {f"{server}_{role.upper()}_PASSWORD": f"{server.lower()}-{role}-pw"
+             for server in ("NATS", "REDIS") for role in ROLES}
+_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's interpolation of one value; a missing required variable raises KeyError."""
+    def value(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        if env.get(name):
+            return env[name]
+        if op in (":-", "-"):
+            return arg
+        if op in (":?", "?"):
+            raise KeyError(f"required variable {name} is missing a value")
+        return ""
+    return _VARIABLE.sub(value, text)
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +77,57 @@ def test_environment_names_real_settings(compose, name):
     for var in env:
         assert var.startswith("TURBOSERVE_"), var
         assert var.removeprefix("TURBOSERVE_").lower() in fields, f"{name}: {var} is no setting"
-    assert env["TURBOSERVE_NATS_URL"] == "nats://nats:4222"
-    assert env["TURBOSERVE_REDIS_URL"].startswith("redis://redis:6379")
-    # the values must pass the service's own validation
-    SETTINGS[name].from_env({k: str(v) for k, v in env.items()})
+    # each service connects as its own user, with a password the operator must set
+    upper = name.upper()
+    assert env["TURBOSERVE_NATS_URL"] == f"nats://{name}:${{NATS_{upper}_PASSWORD:?}}@nats:4222"
+    assert env["TURBOSERVE_REDIS_URL"] == (
+        f"redis://{name}:${{REDIS_{upper}_PASSWORD:?}}@redis:6379/0")
+    with pytest.raises(KeyError, match=f"NATS_{upper}_PASSWORD"):
+        interpolate(env["TURBOSERVE_NATS_URL"], {})
+    # the values as the container sees them must pass the service's own validation
+    settings = SETTINGS[name].from_env({k: interpolate(str(v), PASSWORDS) for k, v in env.items()})
+    assert settings.nats_url == f"nats://{name}:nats-{name}-pw@nats:4222"
+    assert f"nats-{name}-pw" not in str(settings)  # and are masked when printed
+
+
+def test_provisioner_starts_workers_with_the_workers_credentials(compose):
+    env = compose["services"]["provisioner"]["environment"]
+    assert env["TURBOSERVE_WORKER_NATS_URL"] == "nats://worker:${NATS_WORKER_PASSWORD:?}@nats:4222"
+    assert env["TURBOSERVE_WORKER_REDIS_URL"] == (
+        "redis://worker:${REDIS_WORKER_PASSWORD:?}@redis:6379/0")
+
+
+def compose_auth(compose: dict) -> tuple[str, str]:
+    """The NATS authorization and the Redis users compose.yaml holds, uninterpolated."""
+    configs = compose["configs"]
+    return configs["nats_auth"]["content"], configs["redis_users"]["content"]
+
+
+def test_auth_configs_are_the_generated_ones(compose):
+    """compose.yaml carries shared/security.py's output for its prefix and namespace, with
+    each password a required variable and every other "$" escaped."""
+    common = compose["x-turboserve-env"]
+    marks = {role: f"@{role}@" for role in ROLES}
+    nats = nats_authorization(Subjects(common["TURBOSERVE_SUBJECT_PREFIX"]), marks)
+    redis = "\n".join(redis_users(common["TURBOSERVE_REDIS_NAMESPACE"], marks)) + "\n"
+    nats = nats.replace("$", "$$")
+    for role in ROLES:
+        nats = nats.replace(f"@{role}@", f"${{NATS_{role.upper()}_PASSWORD:?}}")
+        redis = redis.replace(f"@{role}@", f"${{REDIS_{role.upper()}_PASSWORD:?}}")
+    assert compose_auth(compose) == (nats, redis)
+    as_deployed = interpolate(compose_auth(compose)[0], PASSWORDS)
+    assert '"$JS.API.STREAM.CREATE.ts_SESSIONS"' in as_deployed
+    assert 'password: "nats-gateway-pw"' in as_deployed
+
+
+def test_servers_load_the_auth_configs(compose):
+    nats, redis = compose["services"]["nats"], compose["services"]["redis"]
+    [nats_config] = nats["configs"]
+    assert nats_config["source"] == "nats_auth"
+    assert nats["command"][nats["command"].index("--config") + 1] == nats_config["target"]
+    [redis_config] = redis["configs"]
+    assert redis_config["source"] == "redis_users"
+    assert redis["command"][:2] == ["redis-server", redis_config["target"]]
 
 
 def test_worker_reserves_a_gpu(compose):

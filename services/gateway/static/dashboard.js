@@ -118,7 +118,8 @@ function render(c) {
   $("pool").textContent = c.pool ? `${c.pool.min_workers} / ${c.pool.max_workers}` : "-";
   $("target").textContent = fmt(target);
   const sched = c.scheduler || {};
-  $("gpus").textContent = sched.target_gpus ?? "-";
+  $("gpus").textContent = sched.gpus ?? "-";
+  $("rho-max").textContent = fmt(sched.rho_max);
   $("updated").textContent = new Date(c.at * 1000).toLocaleTimeString();
   $("workers").replaceChildren(...c.workers.map((w) => workerCard(w, target)));
   if (!c.workers.length) $("workers").append(el("p", { class: "muted" }, "no worker yet"));

@@ -6,6 +6,11 @@
 const $ = (id) => document.getElementById(id);
 const KEY_STORE = "turboserve.apiKey";
 const MAX_BUFFERED_S = 3; // drop frames beyond this much video to stay near the live edge
+// What the state line says after each lifecycle notice (a prompt notice changes no state).
+const STATE_SHOWN = {
+  placed: "playing", resumed: "playing", migrated: "playing (migrated)",
+  restarted: "playing (restarted)", suspended: "suspended",
+};
 
 const ui = {
   start: $("start"), prompt: $("prompt"), seed: $("seed"), apiKey: $("api-key"),
@@ -142,6 +147,7 @@ async function onChunk(buffer) {
   if (ui.screen.width !== header.width || ui.screen.height !== header.height) {
     ui.screen.width = header.width;
     ui.screen.height = header.height;
+    ui.screen.style.aspectRatio = `${header.width} / ${header.height}`;
   }
   const decoded = [];
   for (const size of header.frame_sizes) {
@@ -157,7 +163,7 @@ async function onChunk(buffer) {
 function onText(msg) {
   switch (msg.type) {
     case "state":
-      ui.state.textContent = msg.kind;
+      if (msg.kind in STATE_SHOWN) ui.state.textContent = STATE_SHOWN[msg.kind];
       log("state", `${msg.kind} on ${msg.worker_id} from seq ${msg.next_seq}${msg.detail ? " (" + msg.detail + ")" : ""}`);
       break;
     case "lag":
@@ -173,7 +179,7 @@ function onText(msg) {
       const at = msg.next_seq === null ? "seq not confirmed yet" : `from seq ${msg.next_seq}`;
       log(msg.control, `${msg.confirmed ? "done" : "accepted"}, ${at}`);
       if (msg.control === "pause") ui.state.textContent = "paused";
-      if (msg.control === "resume") ui.state.textContent = "active";
+      if (msg.control === "resume") ui.state.textContent = "playing";
       break;
     }
     case "error":

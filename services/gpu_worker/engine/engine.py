@@ -39,6 +39,7 @@ from .types import (
     EngineFull,
     IncompatibleState,
     MidChunk,
+    RecoveryPoint,
     SessionAlreadyResident,
     SessionSnapshot,
     UnknownSession,
@@ -177,6 +178,16 @@ class Engine:
         with self._lock:
             return {sid: self._sessions[sid].phase for sid in self._resident}
 
+    def prompt_of(self, session_id: str) -> str:
+        """The prompt the session's chunks follow now (a pending one once it applies)."""
+        with self._lock:
+            session = self._get(session_id)
+            return session.pending_prompt or session.prompt
+
+    def seed_of(self, session_id: str) -> int:
+        with self._lock:
+            return self._get(session_id).seed
+
     def next_seq(self, session_id: str) -> int:
         """The engine seq of the session's next chunk to complete (0 for a new session)."""
         with self._lock:
@@ -296,6 +307,60 @@ class Engine:
                 state.pending_prompt,
             )
             self._resident.append(state.session_id)
+
+    # -- recovery -------------------------------------------------------------------------
+    def recovery_point(self, session_id: str) -> RecoveryPoint:
+        """What :meth:`restore` needs to rebuild the session elsewhere; at a chunk boundary
+        (right after the pass that completed a chunk)."""
+        with self._lock:
+            session = self._get(session_id)
+            if session.phase:
+                raise MidChunk(session_id, self.passes_per_chunk - session.phase, "log")
+            if session.host is not None:
+                misc = session.host.misc
+            else:
+                slot = self._resident.index(session_id)
+                misc = self.pool.misc[slot]
+            raw = misc.detach().to("cpu", copy=True).contiguous()
+            return RecoveryPoint(
+                session_id=session_id, seq=session.seq, position=session.position,
+                prompt=session.prompt, pending_prompt=session.pending_prompt, seed=session.seed,
+                preset=self.model_config.name, dtype=str(self.dtype).removeprefix("torch."),
+                misc=_tensor_bytes(raw), meta=self._meta(),
+            )
+
+    @torch.inference_mode()
+    def restore(self, point: RecoveryPoint) -> None:
+        """Rebuilds a session from its last recovery point: the clean latents and decoder
+        context go back into a slot, the prompt's cross-attention is encoded again and the
+        self-attention cache is recomputed from the latents with the model's cache-writing pass
+        (oldest chunk first, as on a prompt switch). The session's next chunk is ``point.seq``.
+
+        Not bitwise: each cached chunk's keys are recomputed seeing only the frames still in the
+        window, where the originals saw the frames before them too (see docs/worker.md for the
+        measured difference)."""
+        with self._lock, _flush_denormals(self._device.type == "cpu"):
+            ours = self._meta()
+            if point.preset != self.model_config.name:
+                raise IncompatibleState("preset", point.preset, self.model_config.name)
+            if point.meta.get("weights_seed") != ours["weights_seed"] or point.meta.get(
+                    "checkpoint_digest") != ours["checkpoint_digest"]:
+                raise IncompatibleState("weights", point.meta, ours)
+            misc = _bytes_tensor(point.misc, point.dtype)
+            if misc.numel() != self.pool.misc_numel:
+                raise IncompatibleState("misc numel", misc.numel(), self.pool.misc_numel)
+            if point.session_id in self._sessions:
+                raise SessionAlreadyResident(point.session_id)
+            slot = self._claim_slot()
+            self.pool.clear(slot)
+            self.pool.misc[slot].copy_(misc.to(self._device, self.dtype))
+            self._write_prompt(slot, point.prompt)
+            session = _Session(point.session_id, point.seed, point.prompt, point.seq,
+                               point.position, point.pending_prompt)
+            self._sessions[point.session_id] = session
+            self._resident.append(point.session_id)
+            if session.position > 0:
+                self._recache(slot, session)
 
     # -- the step -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -657,6 +722,17 @@ class Engine:
             passes_per_chunk=self.passes_per_chunk,
         )
         return report
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A CPU tensor's raw bytes (any dtype, bfloat16 included)."""
+    flat = tensor.reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _bytes_tensor(data: bytes, dtype: str) -> torch.Tensor:
+    """The inverse of :func:`_tensor_bytes`."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(_DTYPES[dtype])
 
 
 def _rows(rows: list[int]) -> slice | list[int]:

@@ -64,6 +64,25 @@ class SessionSnapshot:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryPoint:
+    """What rebuilds a session after its worker is lost, small enough to log after every chunk:
+    the slot's ``misc`` region (the clean latents of the frames in the attention window and
+    the sink, and the decoder's context), the prompt, the seed and the position. The KV cache
+    is recomputed from the latents (``Engine.restore``), not stored."""
+
+    session_id: str
+    seq: int  # engine seq of the next chunk
+    position: int
+    prompt: str
+    pending_prompt: str | None
+    seed: int
+    preset: str
+    dtype: str
+    misc: bytes  # the misc region, raw, in ``dtype``
+    meta: dict[str, str] = field(default_factory=dict)
+
+
 class EngineError(Exception):
     retryable = False
 

@@ -6,11 +6,13 @@ first latent frame sees the two latent frames before it, which the session keeps
 (``context_frames``), so decoding chunk by chunk equals decoding the whole stream.
 
 Its initialisation is a fixed colour mapping, not random weights (``init_weights``): the
-latent's visible subspace (``visible.visible_basis``, 3 directions) is interpolated in time
-between latent frames, smoothed and upsampled (nearest 2x then a [1, 2, 1] blur per stage: a
-bilinear upsampling), mixed into RGB by a seeded palette and squashed by tanh. Every stage is
-linear: the SiLU before a convolution passes a signal carried in a (+s, -s) channel pair,
-since ``silu(s) - silu(-s) == s``.
+latent's visible subspace (``visible.visible_basis``, 3 directions; the others are not shown)
+is interpolated in time between latent frames, smoothed and upsampled (nearest 2x then a
+[1, 2, 1] blur per stage: a bilinear upsampling), mixed into RGB by a seeded palette around
+mid-grey and squashed by tanh. Every stage is linear: the SiLU before a convolution passes a
+signal carried in a (+s, -s) channel pair, since ``silu(s) - silu(-s) == s``. The convolutions
+pad with zeros, so the picture fades to mid-grey over its outer ~10 pixels (a third of the
+signal is left at the edge pixel, 90% nine pixels in).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LatentDecoder(nn.Module):
             kernel_size=(self.context_frames + 1, 3, 3), padding=(0, 1, 1),
         )
         channels = [width, max(width // 2, 8), max(width // 4, 8), max(width // 4, 8)]
+        self.narrowest = min(channels)
         self.ups = nn.ModuleList(
             nn.Conv2d(channels[i], channels[i + 1], kernel_size=3, padding=1)
             for i in range(3)  # 2x per stage: 8x in all
@@ -47,22 +50,24 @@ class LatentDecoder(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
-        """The fixed colour mapping (module docstring); the palette is drawn from
-        ``generator``."""
-        cpu = torch.Generator().manual_seed(
-            int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-        )
-        r = VISIBLE_DIMS
-        if min(self.width, *(conv.out_channels for conv in self.ups)) < 2 * r:
-            raise ValueError(f"decoder width {self.width} cannot carry {r} signed signals")
-        for conv in [self.conv_in, *self.ups, self.conv_out]:
-            nn.init.zeros_(conv.weight)
+        """The fixed colour mapping (module docstring), with a palette drawn from
+        ``generator``; seeded random weights where the widths cannot carry 3 signed signals."""
+        convs = [m for m in self.modules() if isinstance(m, nn.Conv2d | nn.Conv3d)]
+        for conv in convs:
+            assert conv.bias is not None
             nn.init.zeros_(conv.bias)
+            if self.narrowest < 2 * VISIBLE_DIMS:
+                nn.init.kaiming_uniform_(conv.weight, a=1.0, generator=generator)
+            else:
+                nn.init.zeros_(conv.weight)
+        if self.narrowest < 2 * VISIBLE_DIMS:
+            return
+        r = VISIBLE_DIMS
         blur = torch.tensor(_BLUR, dtype=torch.float64)
         blur2d = blur[:, None] * blur[None, :]
         basis = visible_basis(self.conv_in.in_channels).double()  # [C, r]
         # conv_in: sub-frame tau of latent frame t interpolates frames t - 1 and t (the
-        # kernel's taps 1 and 2), so motion between latent frames is smooth.
+        # kernel's taps 1 and 2), so the picture changes smoothly between latent frames.
         weight = torch.zeros(self.conv_in.weight.shape, dtype=torch.float64)
         for tau in range(self.time_stride):
             late = (tau + 1) / self.time_stride
@@ -72,22 +77,21 @@ class LatentDecoder(nn.Module):
                 weight[tau * self.width + 2 * i] = kernel
                 weight[tau * self.width + 2 * i + 1] = -kernel
         self.conv_in.weight.copy_(weight)
-        for conv in self.ups:  # (+s, -s) pairs in, blurred (+s, -s) pairs out
+        for conv in convs[1:-1]:  # the ups: (+s, -s) pairs in, blurred (+s, -s) pairs out
             weight = torch.zeros(conv.weight.shape, dtype=torch.float64)
             for i in range(r):
                 weight[2 * i, 2 * i], weight[2 * i, 2 * i + 1] = blur2d, -blur2d
                 weight[2 * i + 1, 2 * i], weight[2 * i + 1, 2 * i + 1] = -blur2d, blur2d
             conv.weight.copy_(weight)
-        # The palette: a seeded rotation of the visible directions into RGB, and a seeded
-        # base colour near mid-grey.
-        palette, _ = torch.linalg.qr(torch.randn(3, r, generator=cpu, dtype=torch.float64))
-        base = 0.0 * torch.randn(3, generator=cpu, dtype=torch.float64)
+        # The palette: a seeded rotation of the visible directions into RGB around mid-grey.
+        seed = torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)
+        cpu = torch.Generator().manual_seed(int(seed))
+        palette = torch.linalg.qr(torch.randn(3, r, generator=cpu, dtype=torch.float64)).Q
         weight = torch.zeros(self.conv_out.weight.shape, dtype=torch.float64)
         for i in range(r):
             weight[:, 2 * i, 1, 1] = CONTRAST * palette[:, i]
             weight[:, 2 * i + 1, 1, 1] = -CONTRAST * palette[:, i]
         self.conv_out.weight.copy_(weight)
-        self.conv_out.bias.copy_(base)
 
     def forward(self, latents: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """Frames ``[B, 4F, H, W, 3]`` uint8 from latents ``[B, C, F, h, w]``.

@@ -7,12 +7,15 @@ and the head by hand, so that the model is a small deterministic dynamical syste
 decoder maps to colour (``decoder.py``). Per token, the clean latent a chunk ends with is
 
     x0 = mu + detail
-    mu = HISTORY * (read(cached frames) - read(their prompt colours)) + prompt colour
+    mu = HISTORY * read(frames) - GLOBAL_PULL * mean(frames)
+         - (HISTORY - GLOBAL_PULL) * read(prompt colours) + prompt colour
 
 - ``read``: self-attention head 0 of blocks 0 and 1 averages the cached clean frames at the
   same place (moved by a small seeded drift), mostly the most recent ones, so chunk k + 1
   continues chunk k. Block 0 reads the frames, block 1 the prompt colour each frame was cached
-  under, so a KV re-cache under a new prompt changes what the history means.
+  under, so a KV re-cache under a new prompt changes what the history means. ``mean``, head 1
+  of block 0, averages the same frames over the whole picture: the frame-wide colour returns
+  to the prompt's within a few chunks while the shapes persist.
 - ``prompt colour``: cross-attention head 0 of block 0 averages a seeded linear map of the
   prompt's word embeddings (padding rows get no weight), so prompts differ in colour.
 - ``detail``: at the last denoising step, self-attention head 1 of block 1 smooths the
@@ -25,12 +28,14 @@ decoder maps to colour (``decoder.py``). Per token, the clean latent a chunk end
 The flow head returns ``(x_t - x0) / sigma``, so the sampler's ``x_t - sigma * flow`` lands on
 ``x0`` at every step. What keeps the sub-layers linear where they must be:
 
-- the residual stream holds constant channels (+c, -c, ...), so each LayerNorm divides by an
-  almost constant standard deviation, and a reader recovers the subtracted mean from them;
+- the residual stream holds large constant channels (+c, -c, ...), so each LayerNorm divides
+  by an almost constant standard deviation; a reader subtracts a channel that is 0 in the
+  stream (and modulated like the channels read), which undoes the LayerNorm's mean exactly
+  and, being small after the LayerNorm, loses nothing to bf16 rounding;
 - GELU and SiLU pass a signal linearly in (+a, -a) pairs: ``f(a) - f(-a) == a`` for both;
 - the timestep embedding is solved, at the sampler's timesteps, into one-hot *time lanes*,
-  from which the modulation builds each per-step factor (1 / sigma, whether keys are noisy,
-  the detail's gain);
+  from which the modulation builds each per-step factor as a gate or a scale (1 / sigma,
+  whether keys are noisy, the detail's gain), never as a shift of a small signal;
 - the query's and key's RoPE pairs are set so that each logit is a sum of
   ``a * cos(theta * distance + phase)`` terms: a kernel over frames, rows and columns.
 
@@ -69,8 +74,8 @@ DETAIL_FRAME_NEIGHBOUR = 0.5  # detail weight of the next frame, relative to the
 DETAIL_WIDTH = 0.2  # the detail's spatial width, as a fraction of the token grid's smaller side
 FLAG_SCORE = 15.0  # logit by which a head prefers clean (cached) keys, or noisy ones
 PROMPT_SCORE = 20.0  # logit by which the prompt head prefers words over padding
-STREAM_CONSTANT = 60.0  # size of the constant channels that steady the LayerNorms
-MARK = 4.0  # the stream's copy of the first-chunk mark (small: it adds to the LayerNorm's std)
+STREAM_CONSTANT = 100.0  # size of the constant channels that steady the LayerNorms
+MARK = 2.0  # the stream's copy of the first-chunk mark (small: it adds to the LayerNorm's std)
 _SILU_ONE = 1.2784645427610738  # silu(_SILU_ONE) == 1
 
 
@@ -79,7 +84,8 @@ def latent_basis(channels: int) -> torch.Tensor:
     that marks the first chunk (the decoder does not show it)."""
     generator = torch.Generator().manual_seed(_BASIS_SEED)
     draw = torch.randn(channels, VISIBLE_DIMS + 1, generator=generator, dtype=torch.float64)
-    return torch.linalg.qr(draw)[0].float()
+    basis: torch.Tensor = torch.linalg.qr(draw).Q
+    return basis.float()
 
 
 def visible_basis(channels: int) -> torch.Tensor:
@@ -92,7 +98,9 @@ def unfit_reason(config: ModelConfig) -> str | None:
     layout = _Layout(config.dim, math.prod(config.patch))
     if config.num_layers < 2 or config.num_heads < 2:
         return "it needs 2 blocks with 2 heads each"
-    if min(len(group) for group in layout.groups) < len(config.denoising_steps) + 1:
+    if config.patch[0] != 1:
+        return f"patches {config.patch} span frames"
+    if len(layout.constants) < max(8, len(config.denoising_steps) + 1):
         return f"dim {config.dim} leaves too few constant channels"
     if config.ffn_dim < 2 * VISIBLE_DIMS or rope_split(config.head_dim)[2] < 2:
         return "the FFN or the head's width RoPE pairs are too narrow"
@@ -116,7 +124,8 @@ def init_visible_dit(model: CausalWanModel, generator: torch.Generator) -> None:
         if n.startswith(("patch_embedding.", "text_embedding.", "time_embedding.",
                          "time_projection.", "blocks.0.", "blocks.1.", "head."))
     }
-    params = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in designed.items()}
+    # Values are worked out in float64 and land in float32 (the model's dtype at init).
+    params = {n: torch.zeros(p.shape, dtype=torch.float32) for n, p in designed.items()}
     _patch_embedding(params, config, layout)
     _time_embedding(params, config, layout, schedule)
     _history(params, config, layout, draw)
@@ -125,10 +134,11 @@ def init_visible_dit(model: CausalWanModel, generator: torch.Generator) -> None:
     _head(params, config, layout)
     for name, param in designed.items():
         param.copy_(params[name].to(device=param.device, dtype=param.dtype))
-    for block in list(model.blocks)[2:]:
-        for linear in (block.self_attn.o, block.cross_attn.o, block.ffn[2]):
-            linear.weight.zero_()
-            linear.bias.zero_()
+    outputs = (".self_attn.o.", ".cross_attn.o.", ".ffn.2.")
+    for name, param in model.named_parameters():
+        block = name.split(".")[1] if name.startswith("blocks.") else ""
+        if block.isdigit() and int(block) >= 2 and any(o in name for o in outputs):
+            param.zero_()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +150,8 @@ class _Layout:
 
     @property
     def signal(self) -> list[list[int]]:
-        """``signal[q][i]``: visible direction i at the token's latent pixel q: x_t, and
-        x_t - x0 once the blocks have run (the head divides it by sigma)."""
+        """``signal[q][i]``: visible direction i at the token's latent pixel q: x_t, then
+        x_t / sigma after block 0's FFN, then (x_t - x0) / sigma, the flow, after block 1."""
         r = VISIBLE_DIMS
         return [[q * r + i for i in range(r)] for q in range(self.pixels)]
 
@@ -163,41 +173,41 @@ class _Layout:
 
     @property
     def mark(self) -> int:
-        """MARK times the token's mean along the mark direction (minus the target, later)."""
+        """MARK times the token's mean along the mark direction; like the signal, it becomes
+        the flow (minus the target, divided by sigma)."""
         return (self.pixels + 2) * VISIBLE_DIMS
 
     @property
-    def zero(self) -> int:
-        """Always 0 in the stream: the head's reference, and a block's key-flag lane."""
+    def flag(self) -> int:
+        """0 in the stream; in blocks 0-1 its modulated value is the key flag (its shift)."""
         return self.mark + 1
 
     @property
-    def groups(self) -> tuple[list[int], list[int], list[int]]:
-        """Three groups of constant channels, each +c, -c, ... (an even count, summing to 0)
-        and each modulated like the channels it helps to read: (the signal's, never, the
-        mark's)."""
-        start = self.zero + 1
-        size = (self.dim - start) // 3 // 2 * 2
-        return tuple(list(range(start + k * size, start + (k + 1) * size)) for k in range(3))
+    def references(self) -> tuple[int, int, int]:
+        """Channels that are 0 in the stream, modulated like the signal, like nothing, and
+        like the mark: a reader subtracts the one modulated like the channels it reads."""
+        return self.flag + 1, self.flag + 2, self.flag + 3
 
     @property
     def constants(self) -> list[int]:
-        return [c for group in self.groups for c in group]
+        """Channels holding +c, -c, +c, ... (an even number of them)."""
+        start = self.flag + 4
+        return list(range(start, start + (self.dim - start) // 2 * 2))
 
     @property
     def norm_scale(self) -> float:
         """The standard deviation a LayerNorm sees: the constants' (the signal is small)."""
         return STREAM_CONSTANT * math.sqrt(len(self.constants) / self.dim)
 
-    def reader(self, weights: dict[int, float], group: list[int]) -> torch.Tensor:
+    def reader(self, weights: dict[int, float], reference: int) -> torch.Tensor:
         """A row over a LayerNorm's (modulated) output that gives ``sum(w * x[channel])``:
-        it undoes the division by ``norm_scale`` and, through ``group`` (modulated like the
-        channels read), the subtracted mean."""
+        ``norm(x)[c] - norm(x)[reference] == x[c] / std`` for a reference that is 0 in the
+        stream, and ``norm_scale`` undoes the division."""
         row = torch.zeros(self.dim, dtype=torch.float64)
         scale = self.norm_scale
         for channel, weight in weights.items():
             row[channel] += weight * scale
-        row[group] -= sum(weights.values()) * scale / len(group)
+        row[reference] -= sum(weights.values()) * scale
         return row
 
 
@@ -235,7 +245,7 @@ class _Schedule:
     inv_sigma: list[float]
     key_flag: list[float]  # -1 for keys of noisy latents, +1 for the clean ones cached
     cache_write: list[float]  # 1 at the cache-write pass, else 0
-    detail_gate: list[float]  # gate of the detail head's output: minus its gain, last step
+    detail_gate: list[float]  # the detail head's output gate: minus its gain / sigma, last step
 
     @classmethod
     def make(cls, levels: list[float], detail_gain: float) -> _Schedule:
@@ -245,7 +255,8 @@ class _Schedule:
             inv_sigma=[1.0 / s for s in levels] + [1.0],
             key_flag=[-1.0] * steps + [1.0],
             cache_write=[0.0] * steps + [1.0],
-            detail_gate=[0.0] * (steps - 1) + [-detail_gain, 0.0],
+            # The signal channels hold (x_t - x0) / sigma from block 0's FFN on.
+            detail_gate=[0.0] * (steps - 1) + [-detail_gain / levels[-1], 0.0],
         )
 
 
@@ -255,15 +266,14 @@ def _value_gain(last_sigma: float) -> float:
 
 
 def _detail_gain(config: ModelConfig) -> float:
-    """Head 1's gain for a detail of standard deviation DETAIL.
+    """The detail head's gain for a detail of standard deviation DETAIL.
 
-    At the last step head 1 reads ``gain * x_t``, whose noise part is ``gain * s`` times the
+    At the last step the detail head (block 1, head 1) reads ``gain * x_t``, whose noise part is ``gain * s`` times the
     token mean of 4 unit latent pixels (variance 1/4), through its weights ``w``: a standard
     deviation of ``gain * s * 0.5 * sqrt(sum w^2)``, taken as its root mean square over
     positions.
     """
-    weights = _detail_weights(config)  # [queries, keys]
-    spread = 0.5 * float(weights.pow(2).sum(dim=1).mean().sqrt())
+    spread = 0.5 * math.sqrt(_detail_concentration(config))
     last = sigmas(config)[-1]
     return DETAIL / (_value_gain(last) * last * spread)
 
@@ -273,9 +283,8 @@ def _time_embedding(
 ) -> None:
     """time_embedding -> e0 and time_projection -> e, exact at the sampler's timesteps.
 
-    e0 carries 1/sigma on the channels the head reads and one-hot time lanes: silu(lane_j)
-    is 1 at timestep j, else 0. time_projection builds e, the blocks' per-step modulation,
-    from the lanes.
+    e0 is 0 but for one-hot time lanes: silu(lane_j) is 1 at timestep j, else 0.
+    time_projection builds e, the blocks' per-step modulation, from the lanes.
     """
     # The engine passes timesteps as float32: solve at exactly those values.
     times = torch.tensor(schedule.timesteps, dtype=torch.float32)
@@ -288,11 +297,9 @@ def _time_embedding(
         w1[2 * j, j], w1[2 * j + 1, j] = 1.0, -1.0
     design = torch.cat([features, torch.ones(len(times), 1, dtype=torch.float64)], dim=1)
     solve = torch.linalg.pinv(design)  # [count + 1, T]
-    lanes = layout.groups[1][: len(times)]
+    lanes = layout.constants[: len(times)]  # e0 reaches only the head, which ignores them
     targets = {lane: [_SILU_ONE if j == i else 0.0 for i in range(len(times))]
                for j, lane in enumerate(lanes)}
-    for channel in [*layout.signal_flat, layout.mark, layout.zero]:
-        targets[channel] = schedule.inv_sigma
     w2, b2 = params["time_embedding.2.weight"], params["time_embedding.2.bias"]
     for channel, values in targets.items():
         coef = solve @ torch.tensor(values, dtype=torch.float64)
@@ -310,12 +317,14 @@ def _time_embedding(
 
     # Block 0 reads the signal and the mark only from clean (cached) tokens: their scale is
     # -1 while denoising (block 1 adds the value gain back to the signal's).
-    signal_group, _, mark_group = layout.groups
-    role(0, [layout.zero], schedule.key_flag)
+    signal_ref, _, mark_ref = layout.references
+    role(0, [layout.flag], schedule.key_flag)
     cleared = [w - 1.0 for w in schedule.cache_write]
-    role(1, [*layout.signal_flat, *signal_group, layout.mark, *mark_group], cleared)
+    role(1, [*layout.signal_flat, signal_ref, layout.mark, mark_ref], cleared)
     role(2, layout.signal_flat, schedule.detail_gate)
     role(2, [layout.mark], [1.0 - w for w in schedule.cache_write])
+    # Block 0's FFN divides the signal and the mark by sigma (block 1's adds 1 to the gate).
+    role(5, [*layout.signal_flat, layout.mark], [g - 1.0 for g in schedule.inv_sigma])
 
 
 # -- attention kernels ------------------------------------------------------------------------
@@ -391,24 +400,26 @@ def _pair_vectors(
     return q, k
 
 
-def _detail_weights(config: ModelConfig) -> torch.Tensor:
-    """Head 1's attention weights over one chunk's tokens, ``[queries, keys]``."""
+def _detail_concentration(config: ModelConfig) -> float:
+    """The mean over the chunk's tokens of ``sum(w^2)`` for the detail head's weights ``w``.
+
+    Its logit is a sum of one term per axis over a full grid of keys, so its weights are a
+    product of one softmax per axis, and so is this mean.
+    """
     frame, rows, columns = _rope_pairs(config)
-    gh, gw = config.grid
-    f, h, w = torch.meshgrid(
-        torch.arange(config.chunk_frames), torch.arange(gh), torch.arange(gw), indexing="ij"
-    )
-    axes = [(frame, f), (rows, h), (columns, w)]
-    logits = torch.zeros(f.numel(), f.numel(), dtype=torch.float64)
+    sizes = {0: config.chunk_frames, 1: config.grid[0], 2: config.grid[1]}
+    logits = {axis: torch.zeros(n, n, dtype=torch.float64) for axis, n in sizes.items()}
     for pair, amplitude, phase in _kernel_terms(config, "detail", (0.0, 0.0)):
-        pairs, positions = next((p, x) for p, x in axes if pair in p)
+        axis, pairs = next((a, p) for a, p in enumerate((frame, rows, columns)) if pair in p)
         theta = _axis_freqs(len(pairs))[pairs.index(pair)]
-        pos = positions.flatten().double()
-        logits += amplitude * torch.cos(theta * (pos[:, None] - pos[None, :]) + phase)
-    return torch.softmax(logits, dim=1)
+        pos = torch.arange(sizes[axis], dtype=torch.float64)
+        logits[axis] += amplitude * torch.cos(theta * (pos[:, None] - pos[None, :]) + phase)
+    return math.prod(
+        float(torch.softmax(x, dim=1).pow(2).sum(dim=1).mean()) for x in logits.values()
+    )
 
 
-def _history_keys(
+def _queries_and_keys(
     params: dict[str, torch.Tensor], block: int, config: ModelConfig, layout: _Layout,
     draw: _Draws, kinds: tuple[str, ...],
 ) -> None:
@@ -428,7 +439,7 @@ def _history_keys(
     k_bias = torch.zeros(config.dim, dtype=torch.float64)
     k_flag = torch.zeros(config.dim, dtype=torch.float64)
     keys = params[prefix + "k.weight"]
-    mark = layout.reader({layout.mark: flag / MARK}, layout.groups[2])
+    mark = layout.reader({layout.mark: flag / MARK}, layout.references[2])
     for head, kind in enumerate(kinds):
         q, k = _pair_vectors(config, _kernel_terms(config, kind, draw.drift))
         q[flag_dim] = -flag if kind == "detail" else flag
@@ -438,12 +449,12 @@ def _history_keys(
         if kind != "detail":
             keys[head * hd + flag_dim] -= mark
             keys[head * hd + flag_dim + 1] += mark
-    params[prefix + "q.weight"][:, layout.zero] = -q_target
+    params[prefix + "q.weight"][:, layout.flag] = -q_target
     params[prefix + "norm_q.weight"][:] = q_target.pow(2).mean().sqrt()
-    keys[:, layout.zero] = k_flag
+    keys[:, layout.flag] = k_flag
     params[prefix + "k.bias"][:] = k_bias
     params[prefix + "norm_k.weight"][:] = (k_bias.pow(2).mean() + k_flag.pow(2).mean()).sqrt()
-    params[f"blocks.{block}.modulation"][0, 1, layout.zero] = -1.0  # the lane is its shift
+    params[f"blocks.{block}.modulation"][0, 1, layout.flag] = -1.0  # the lane is its shift
 
 
 def _history(
@@ -452,13 +463,13 @@ def _history(
     """Block 0's self-attention. Head 0 adds HISTORY * read(frames) to mu, and sets the mark's
     target: 1 when the head found no cached frame, else 0. Head 1 takes GLOBAL_PULL *
     (frame-wide mean of the frames) off it."""
-    _history_keys(params, 0, config, layout, draw, ("history", "global"))
+    _queries_and_keys(params, 0, config, layout, draw, ("history", "global"))
     hd = config.head_dim
     value = params["blocks.0.self_attn.v.weight"]
     for i in range(VISIBLE_DIMS):
         pixels = {row[i]: 1.0 / layout.pixels for row in layout.signal}
-        value[i] = value[hd + i] = layout.reader(pixels, layout.groups[0])
-    value[VISIBLE_DIMS, layout.zero] = 1.0  # the key flag: +1 if cached, -1 if noisy
+        value[i] = value[hd + i] = layout.reader(pixels, layout.references[0])
+    value[VISIBLE_DIMS, layout.flag] = 1.0  # the key flag: +1 if cached, -1 if noisy
     out, bias = params["blocks.0.self_attn.o.weight"], params["blocks.0.self_attn.o.bias"]
     for i, channel in enumerate(layout.mean):
         out[channel, i] = HISTORY
@@ -466,6 +477,12 @@ def _history(
     out[layout.mark, VISIBLE_DIMS] = MARK / 2
     bias[layout.mark] = -MARK / 2
     params["blocks.0.modulation"][0, 2, layout.mean] = 1.0
+    # The FFN passes the signal and the mark through (gate: 1 / sigma - 1): divides by sigma.
+    w0, w2 = params["blocks.0.ffn.0.weight"], params["blocks.0.ffn.2.weight"]
+    for unit, channel in enumerate([*layout.signal_flat, layout.mark]):
+        read = layout.reader({channel: 1.0}, layout.references[1])
+        w0[2 * unit], w0[2 * unit + 1] = read, -read
+        w2[channel, 2 * unit], w2[channel, 2 * unit + 1] = 1.0, -1.0
 
 
 def _prompt_colour(
@@ -503,34 +520,36 @@ def _prompt_colour(
 def _prompt_history_detail_and_mean(
     params: dict[str, torch.Tensor], config: ModelConfig, layout: _Layout, draw: _Draws
 ) -> None:
-    """Block 1. Head 0 subtracts HISTORY * read(prompt colours of the cached frames) from mu.
-    Head 1 smooths ``gain * x_t - (mu without that term)`` over the chunk's noisy tokens: at
-    the last step ``gain * x_t = mu + gain * s * noise``, so it reads ``-HISTORY * read(..) +
-    noise``, and head 0's read, added back, leaves the noise: the detail. The FFN then
-    subtracts mu from every pixel's signal."""
-    _history_keys(params, 1, config, layout, draw, ("history", "detail"))
+    """Block 1. Head 0 subtracts ``kept * read(prompt colours of the cached frames)`` from
+    mu (``kept = HISTORY - GLOBAL_PULL``). Head 1 smooths ``gain * x_t - (mu without that
+    term)`` over the chunk's noisy tokens: at the last step ``gain * x_t = mu + gain * s *
+    noise``, so it reads ``-kept * read(..) + noise``, and head 0's read, added back, leaves
+    the noise: the detail. The FFN then subtracts mu from every pixel's signal."""
+    _queries_and_keys(params, 1, config, layout, draw, ("history", "detail"))
     hd = config.head_dim
-    signal_group, steady, _ = layout.groups
+    signal_ref, steady, _ = layout.references
     modulation = params["blocks.1.modulation"]
-    gain = _value_gain(sigmas(config)[-1])
+    last = sigmas(config)[-1]
+    # The signal is x_t / sigma here: the value gain times sigma reads x0 back.
+    gain = _value_gain(last) * last
     kept = HISTORY - GLOBAL_PULL  # the prompt colours' share: they are the same everywhere
-    modulation[0, 1, [*layout.signal_flat, *signal_group]] = gain  # on top of e's -1
+    modulation[0, 1, [*layout.signal_flat, signal_ref]] = gain  # on top of e's -1
     modulation[0, 2, layout.mean] = 1.0
-    modulation[0, 5, layout.signal_flat] = 1.0
+    modulation[0, 5, layout.signal_flat] = 1.0  # gate 1 / sigma: subtracts mu / sigma
     value, out = params["blocks.1.self_attn.v.weight"], params["blocks.1.self_attn.o.weight"]
     for i in range(VISIBLE_DIMS):
         value[i] = layout.reader({layout.prompt[i]: 1.0}, steady)
         pixels = {row[i]: 1.0 / layout.pixels for row in layout.signal}
-        value[hd + i] = (layout.reader(pixels, signal_group)
+        value[hd + i] = (layout.reader(pixels, signal_ref)
                          - layout.reader({layout.mean[i]: 1.0}, steady))
         out[layout.mean[i], i] = -kept  # gate 1
-        for row in layout.signal:  # gate: minus the detail's gain
+        for row in layout.signal:  # gate: minus the detail's gain / sigma
             out[row[i], hd + i] = 1.0
             out[row[i], i] = kept
     w0, w2 = params["blocks.1.ffn.0.weight"], params["blocks.1.ffn.2.weight"]
     for i, channel in enumerate(layout.mean):
-        row = layout.reader({channel: 1.0}, steady)
-        w0[2 * i], w0[2 * i + 1] = row, -row
+        read = layout.reader({channel: 1.0}, steady)
+        w0[2 * i], w0[2 * i + 1] = read, -read
         for pixel in layout.signal:
             w2[pixel[i], 2 * i], w2[pixel[i], 2 * i + 1] = -1.0, 1.0
 
@@ -547,27 +566,19 @@ def _patch_embedding(params: dict[str, torch.Tensor], config: ModelConfig, layou
         for i, channel in enumerate(channels):
             weight[channel, :, 0, dy, dx] = basis[:, i]
         weight[layout.mark, :, 0, dy, dx] = basis[:, VISIBLE_DIMS] * MARK / layout.pixels
-    signs = torch.tensor([(-1.0) ** k for k in range(len(layout.constants))], dtype=torch.float64)
+    signs = torch.tensor([(-1.0) ** k for k in range(len(layout.constants))])
     params["patch_embedding.bias"][layout.constants] = STREAM_CONSTANT * signs
 
 
 def _head(params: dict[str, torch.Tensor], config: ModelConfig, layout: _Layout) -> None:
-    """flow = (x_t - x0) / sigma along the visible and mark directions, 0 across them.
-
-    The head adds e0 (1/sigma on these channels) to both its shift and its scale; a scale
-    modulation of -1 leaves ``norm(x) * e0 + e0``, and subtracting the zero channel's
-    ``norm(0) * e0 + e0`` cancels the shift and the LayerNorm's mean exactly. The mark is one
-    value per token: the latent pixels' own spread along it survives, and averages out.
-    """
+    """flow = (x_t - x0) / sigma along the visible and mark directions, 0 across them: the
+    signal and mark channels already hold it (block 0's FFN divided by sigma). The mark is one
+    value per token: the latent pixels' own spread along it survives, and averages out."""
     basis = latent_basis(config.out_dim).double()
-    read = [*layout.signal_flat, layout.mark, layout.zero]
-    params["head.modulation"][0, 1, read] = -1.0
+    steady = layout.references[1]
     weight = params["head.head.weight"]  # [pixels * out_dim, dim]
-    scale = layout.norm_scale
     for q, channels in enumerate(layout.signal):
         for c in range(config.out_dim):
-            row = weight[q * config.out_dim + c]
-            for i, channel in enumerate(channels):
-                row[channel] = basis[c, i] * scale
-            row[layout.mark] = basis[c, VISIBLE_DIMS] * scale / MARK
-            row[layout.zero] = -(basis[c, :VISIBLE_DIMS].sum() + basis[c, VISIBLE_DIMS] / MARK) * scale
+            reads = {channel: float(basis[c, i]) for i, channel in enumerate(channels)}
+            reads[layout.mark] = float(basis[c, VISIBLE_DIMS]) / MARK
+            weight[q * config.out_dim + c] = layout.reader(reads, steady)

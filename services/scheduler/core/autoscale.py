@@ -180,6 +180,9 @@ class RhoTable:
     # Per level, the share of idle sessions the pool is sized for as if active (the
     # controller's ``idle_reserve``); empty means 0 at every level (tables without the key).
     idle_reserve: tuple[float, ...] = ()
+    # Per level, how long the load must stay below the band before a scale-in (the
+    # controller's ``scale_in_delay_s``); empty means 0 at every level.
+    scale_in_delay_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.signal not in SIGNALS:
@@ -204,6 +207,14 @@ class RhoTable:
                 if not 0 <= x <= 1:
                     raise ValueError(f"rho table: level {i} needs 0 <= idle_reserve <= 1, "
                                      f"got {x}")
+        if self.scale_in_delay_s:
+            if len(self.scale_in_delay_s) != LEVELS:
+                raise ValueError(f"rho table: need {LEVELS} scale_in_delay_s values, got "
+                                 f"{len(self.scale_in_delay_s)}")
+            for i, x in enumerate(self.scale_in_delay_s):
+                if not (math.isfinite(x) and x >= 0):
+                    raise ValueError(f"rho table: level {i} needs scale_in_delay_s >= 0, "
+                                     f"got {x}")
 
     def level(self, value: float) -> int:
         return bisect.bisect_right(self.level_edges, value)
@@ -215,6 +226,10 @@ class RhoTable:
     def reserve(self, level: int) -> float:
         """The idle reserve at ``level`` (0 for a table without one)."""
         return self.idle_reserve[level] if self.idle_reserve else 0.0
+
+    def scale_in_delay(self, level: int) -> float:
+        """The scale-in delay at ``level`` (0 for a table without one)."""
+        return self.scale_in_delay_s[level] if self.scale_in_delay_s else 0.0
 
     def tracker(self) -> VolatilityTracker:
         """A fresh tracker measuring this table's signal over its window and bins."""
@@ -228,7 +243,9 @@ class RhoTable:
             "signal": self.signal,
             "level_edges": list(self.level_edges),
             "levels": [{"rho_hat": r, "delta": d,
-                        **({"idle_reserve": self.idle_reserve[i]} if self.idle_reserve else {})}
+                        **({"idle_reserve": self.idle_reserve[i]} if self.idle_reserve else {}),
+                        **({"scale_in_delay_s": self.scale_in_delay_s[i]}
+                           if self.scale_in_delay_s else {})}
                        for i, (r, d) in enumerate(zip(self.rho_hat, self.delta, strict=True))],
             "source": self.source,
         }
@@ -247,6 +264,8 @@ class RhoTable:
                 signal=str(raw.get("signal", "std")),
                 idle_reserve=(tuple(float(x.get("idle_reserve", 0.0)) for x in levels)
                               if any("idle_reserve" in x for x in levels) else ()),
+                scale_in_delay_s=(tuple(float(x.get("scale_in_delay_s", 0.0)) for x in levels)
+                                  if any("scale_in_delay_s" in x for x in levels) else ()),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rho table: malformed ({exc!r})") from exc

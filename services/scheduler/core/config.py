@@ -49,7 +49,9 @@ class ControllerConfig:
     gpu_id_prefix: str | None = None
     min_gpus: int = 1
     max_gpus: int | None = None
-    scale_in_delay_s: float = 0.0  # the low load must last this long before a scale-in
+    # The low load must last this long before a scale-in; None: the table's value at the
+    # current level (0 without a table).
+    scale_in_delay_s: float | None = None
     warmup_s: float | None = None  # no scale-in this long after the first event (None: boot)
     # After a failed migration or placement, the session is not moved again, nor placed on
     # the GPU that failed, for this long.
@@ -74,6 +76,8 @@ class ControllerConfig:
             raise ValueError(f"delta must be >= 0 and finite, got {self.delta}")
         for key in ("eta", "boot_delay_s", "scale_in_delay_s", "retry_backoff_s"):
             value = getattr(self, key)
+            if value is None and key == "scale_in_delay_s":
+                continue
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be >= 0 and finite, got {value}")
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s)

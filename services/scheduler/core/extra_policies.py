@@ -13,8 +13,17 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     least-loaded without migration, as pods are never moved.  Parameter ``target`` (default
     0.7) is its utilisation target; ``rho_hat`` is accepted as another name for it.
 ``least_loaded_autoscale``
-    Least-loaded placement with the TurboServe autoscaler but no migration: the core's
-    ``no_migration`` under the name the evaluation uses for it as a rival.
+    What operators run today: least-loaded placement, no migration, and a conventional
+    utilisation-threshold autoscaler (step scaling with cooldowns, as cloud autoscaling groups
+    offer). Every ``period_s`` (10 s) it reads the utilisation ``u`` = active sessions over K x
+    (ready + booting GPUs), waiting sessions included. Above ``high`` (default 0.8; ``rho_hat``
+    is accepted as another name for it) it adds the GPUs that bring ``u`` back to ``high`` (at
+    least one), then waits ``cooldown_out_s`` (30 s) before the next scale-out; below ``low``
+    (default ``high - 0.3``) for ``cooldown_in_s`` (120 s) on end it removes one GPU (the
+    least loaded, drained and released once its sessions leave: no migration), then waits
+    ``cooldown_in_s`` again. No rho_hat table, no idle reserve, no volatility signal. Distinct
+    from ``no_migration`` (the TurboServe autoscaler without migration, an ablation) and from
+    ``hpa`` (proportional, 300 s down-scale stabilisation).
 ``clairvoyant``
     Our loop, with the same rho_hat (fixed, or the adaptive table fed by the same volatility
     tracker) and the same placement, but told the future: at time t it holds
@@ -53,15 +62,14 @@ from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
 from services.scheduler.core.policies import (
     Profiles,
-    available_policies,
     check_params,
-    get_policy,
     gpus_alias,
     register_policy,
 )
 from services.scheduler.core.types import Decision, Event, EventKind
 
-__all__ = ["ClairvoyantController", "HpaController", "PredictiveController"]
+__all__ = ["ClairvoyantController", "HpaController", "PredictiveController",
+           "ThresholdController"]
 
 _CONTROLLER_PARAMS = frozenset({
     "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
@@ -308,15 +316,76 @@ def _predictive(profiles: Profiles, **params: Any) -> PredictiveController:
     return PredictiveController(profiles, config, **own)
 
 
-def _least_loaded_autoscale(profiles: Profiles, **params: Any) -> Controller:
-    policy = get_policy("no_migration", profiles, **params)
-    assert isinstance(policy, Controller)
-    policy.name = "least_loaded_autoscale"
-    return policy
+# ---- conventional threshold autoscaler --------------------------------------------------------
+
+class ThresholdController(Controller):
+    def __init__(self, profiles: Profiles, config: ControllerConfig, *, high: float = 0.8,
+                 low: float | None = None, period_s: float = 10.0,
+                 cooldown_out_s: float = 30.0, cooldown_in_s: float = 120.0) -> None:
+        low = high - 0.3 if low is None else low
+        if not 0 < high <= 1 or not 0 <= low < high:
+            raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")
+        for key, value in (("period_s", period_s), ("cooldown_out_s", cooldown_out_s),
+                           ("cooldown_in_s", cooldown_in_s)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key} must be >= 0 and finite, got {value}")
+        super().__init__(profiles, config)
+        self.high, self.low = high, low
+        self.period_s = period_s
+        self.cooldown_out_s, self.cooldown_in_s = cooldown_out_s, cooldown_in_s
+        self._next_eval = float("-inf")
+        self._last_out = float("-inf")
+        self._last_in = float("-inf")
+        self._below_since: float | None = None
+        self._last: tuple[float, float] | None = None
+
+    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
+                    rho_hat: float, delta: float) -> float:
+        if self._last is not None and self._last[0] == t:
+            return self._last[1]  # asked twice in one step: the same answer
+        if t < self._next_eval:
+            return budget
+        self._next_eval = t + self.period_s
+        target = self._decide(t, n_required, budget)
+        self._last = (t, target)
+        return target
+
+    def _decide(self, t: float, n_required: int, budget: float) -> float:
+        capacity = self._cluster.capacity
+        u = n_required / (capacity * budget) if budget > 0 else (math.inf if n_required else 0.0)
+        min_gpus, max_gpus = self.config.min_gpus, self.config.max_gpus
+        if u > self.high:
+            self._below_since = None
+            if t - self._last_out < self.cooldown_out_s:
+                return budget
+            self._last_out = t
+            target = max(budget + 1, math.ceil(n_required / (capacity * self.high) - 1e-9))
+            return target if max_gpus is None else min(target, max_gpus)
+        if u < self.low and budget > max(1, min_gpus):
+            if self._below_since is None:
+                self._below_since = t
+            if (t - self._below_since >= self.cooldown_in_s
+                    and t - max(self._last_in, self._last_out) >= self.cooldown_in_s):
+                self._last_in = t
+                return budget - 1
+            return budget
+        self._below_since = None
+        return budget
+
+
+def _least_loaded_autoscale(profiles: Profiles, **params: Any) -> ThresholdController:
+    if "rho_hat" in params and "high" not in params:
+        params = dict(params)
+        params["high"] = params.pop("rho_hat")
+    config, own = _split("least_loaded_autoscale", params,
+                         {"high", "low", "period_s", "cooldown_out_s", "cooldown_in_s"},
+                         migrate=False, placement="least_loaded")
+    # rho_hat stays fixed (and unused by the hook): no table, no idle reserve.
+    config = replace(config, rho_hat=own.get("high", 0.8), rho_table=None, idle_reserve=0.0)
+    return ThresholdController(profiles, config, **own)
 
 
 register_policy("hpa", _hpa)
 register_policy("clairvoyant", _clairvoyant)
 register_policy("turboserve_predictive", _predictive)
-if "least_loaded_autoscale" not in available_policies():
-    register_policy("least_loaded_autoscale", _least_loaded_autoscale)
+register_policy("least_loaded_autoscale", _least_loaded_autoscale)

@@ -242,6 +242,15 @@ class Controller:
             return 0.0
         return self.rho_table.reserve(self._volatility_level(t))
 
+    def current_scale_in_delay(self, t: float) -> float:
+        """How long the load must stay below the band before a scale-in at ``t``: fixed, or
+        the table's at the current level (0 without a table or with a fixed rho_hat)."""
+        if self.config.scale_in_delay_s is not None:
+            return self.config.scale_in_delay_s
+        if self.rho_table is None:
+            return 0.0
+        return self.rho_table.scale_in_delay(self._volatility_level(t))
+
     def _volatility_level(self, t: float) -> int:
         """The table's volatility level at ``t`` (its middle level until the window fills)."""
         assert self.rho_table is not None
@@ -385,12 +394,15 @@ class Controller:
             # one boot delay), instead of being released on the first event, before the
             # sessions that are already there have reported in. Scale-out is not delayed.
             return []
-        if target < budget and config.scale_in_delay_s > 0:
-            # Optional stabilisation (not in the paper; 0 by default): scale in only once the
-            # load has stayed below the band for scale_in_delay_s.
+        delay = self.current_scale_in_delay(t) if target < budget else 0.0
+        if delay > 0:
+            # Stabilisation (not in the paper; the table's, 0 without one): scale in only once
+            # the load has stayed below the band for that long. Where sessions flip between
+            # active and idle every few seconds, the fullest GPU's load dips below the band
+            # and comes straight back; without it the loop drains and re-boots GPUs for it.
             if self._low_since is None:
                 self._low_since = t
-            if t - self._low_since < config.scale_in_delay_s:
+            if t - self._low_since < delay:
                 return []
         elif target >= budget and scale_out:
             self._low_since = None
@@ -401,6 +413,7 @@ class Controller:
             out = self._scale_in(budget - target, t)
             if out:
                 self.scale_events += 1
+                self._low_since = None  # the next scale-in waits its own delay
             return out
         return []
 

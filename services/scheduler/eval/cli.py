@@ -18,7 +18,7 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
         help="oracles, matched comparisons, ablations, sensitivity; tables, plots and JSON",
     )
     parser.add_argument("--traces", type=Path, default=None,
-                        help="a folder of trace CSVs (.csv / .csv.gz); default: the six "
+                        help="a folder of trace CSVs (.csv / .csv.gz); default: the seven "
                              "built-in traces")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
@@ -30,14 +30,24 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
                         help="random instances for the placement oracle (default 1000)")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="also write the markdown tables to this file")
+    parser.add_argument("--profiles", default=None, metavar="LIST",
+                        help="comma-separated latency profiles (shipped names or JSON paths); "
+                             "default: the paper's H20 and our measured H200 "
+                             "(h20-longlive-1.3b-nvlink,h200-wan-1.3b-measured); the first "
+                             "one's figures head the report")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from services.cli import fail
     from services.scheduler.core.profile import ProfileError
-    from services.scheduler.eval.evaluate import evaluate, trace_keys_from_dir
+    from services.scheduler.eval.evaluate import (
+        DEFAULT_PROFILES,
+        evaluate_profiles,
+        trace_keys_from_dir,
+    )
     from services.scheduler.eval.report import markdown_report, write_plots
+    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.simulator import PolicyError, SimulationError
     from services.scheduler.sim.traceio import TraceError
 
@@ -50,8 +60,14 @@ def run(args: argparse.Namespace) -> int:
             from services.scheduler.sim.synth import BUILTIN_NAMES
 
             keys = list(BUILTIN_NAMES)
-        result = evaluate(keys, quick=args.quick, jobs=args.jobs,
-                          placement_instances=args.placement_instances)
+        profiles = (DEFAULT_PROFILES if args.profiles is None else
+                    tuple(p.strip() for p in args.profiles.split(",") if p.strip()))
+        if not profiles:
+            return fail("sim evaluate", "--profiles needs at least one profile")
+        for name in profiles:
+            load_profile(name)  # a bad profile is a one-line error before any work
+        result = evaluate_profiles(keys, profiles, quick=args.quick, jobs=args.jobs,
+                                   placement_instances=args.placement_instances)
     except (TraceError, ProfileError, SimulationError, PolicyError, FileNotFoundError) as exc:
         # A bad trace file (named, with its line where known), not a traceback.
         return fail("sim evaluate", exc)

@@ -2,7 +2,9 @@
 
 ``evaluate(trace_keys, quick=...)`` returns the JSON document of ``turboserve sim evaluate``
 (``summary`` with the keys of issue 4, ``traces`` with per-trace figures) and keeps the
-detail needed for plots in memory only.
+detail needed for plots in memory only. ``evaluate_profiles`` runs it on several latency
+profiles (the paper's H20 and our measured H200 by default): the first profile's figures stay
+at the top of the document, every profile's are under ``by_profile``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ from services.scheduler.eval.analysis import TraceFloors, analyse_trace, summari
 from services.scheduler.eval.plan import PlanConfig, TraceFacts, plan_trace
 from services.scheduler.eval.runs import RunSummary, prime_trace_cache, run_all
 
-__all__ = ["Evaluation", "evaluate", "trace_keys_from_dir"]
+__all__ = ["DEFAULT_PROFILES", "Evaluation", "evaluate", "evaluate_profiles",
+           "trace_keys_from_dir"]
+
+# The paper's H20 (derived, batches well: K = 12) and our wan-1.3b on one H200 (measured,
+# batches hardly at all: K = 2).
+DEFAULT_PROFILES = ("h20-longlive-1.3b-nvlink", "h200-wan-1.3b-measured")
 
 PLOT_TRACE = "bursty"  # the trace whose GPUs-over-time and latency CDF are drawn
 
@@ -72,10 +79,14 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     by_trace: dict[str, list[RunSummary]] = {n: [] for n in names.values()}
     for summary in run_all(specs, jobs=jobs, progress=progress):
         by_trace[names[summary.spec.trace]].append(summary)
-    placement = placement_gap(profile, instances=placement_instances).to_json()
-    # The same with K = 4, so that capacity binds on instances of at most 12 sessions.
-    placement["tight_capacity_4"] = placement_gap(
-        profile, instances=placement_instances, capacity=4).to_json()
+    if placement_instances > 0:
+        placement = placement_gap(profile, instances=placement_instances).to_json()
+        # The same with K = 4, so that capacity binds on instances of at most 12 sessions.
+        placement["tight_capacity_4"] = placement_gap(
+            profile, instances=placement_instances, capacity=4).to_json()
+        placement["mixed_kinds"] = _mixed_placement(placement_instances)
+    else:  # measured once, with the first profile (evaluate_profiles)
+        placement = {"instances": 0, "avg": None, "max": None}
 
     per_trace = {
         name: analyse_trace(name, runs, floors[name], cfg.boot_delay_s)
@@ -110,3 +121,51 @@ def _table_digest() -> str | None:
     if not DEFAULT_TABLE_PATH.is_file():
         return None
     return hashlib.sha256(DEFAULT_TABLE_PATH.read_bytes()).hexdigest()[:12]
+
+
+def _mixed_placement(instances: int) -> dict[str, Any]:
+    """The placement gap on GPUs of two kinds: the shipped H20 and H200 profiles (K = 12 and
+    2), and two made-up kinds whose chunk-time lines cross (800 + 25 b ms, K = 15; 150 +
+    150 b ms, K = 7), at the controller's eta and at eta 1."""
+    from dataclasses import replace
+
+    from services.scheduler.eval.placement_gap import placement_gap_mixed
+    from services.scheduler.shipped import load_profile
+
+    h20, h200 = load_profile(DEFAULT_PROFILES[0]), load_profile(DEFAULT_PROFILES[1])
+    flat = replace(h20, name="flat", gpu_memory_bytes=None,
+                   chunk_ms_table=tuple(800.0 + 25.0 * b for b in range(1, 16)))
+    steep = replace(h20, name="steep", gpu_memory_bytes=None,
+                    chunk_ms_table=tuple(150.0 + 150.0 * b for b in range(1, 8)))
+    return {
+        "h20_h200": placement_gap_mixed([h20, h200], instances=instances).to_json(),
+        "crossing": placement_gap_mixed([flat, steep], instances=instances).to_json(),
+        "crossing_eta_1": placement_gap_mixed([flat, steep], instances=instances,
+                                              eta=1.0).to_json(),
+    }
+
+
+def evaluate_profiles(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT_PROFILES, *,
+                      quick: bool = False, jobs: int | None = None,
+                      placement_instances: int = 1000, progress: bool = True) -> Evaluation:
+    """:func:`evaluate` on each profile. The first profile's evaluation is the document's
+    top level (plots, tables); ``by_profile`` holds every profile's ``summary``, ``traces``
+    and ``config``. Profiles after the first run no sensitivity sweeps."""
+    if not profiles:
+        raise ValueError("evaluate_profiles needs at least one profile")
+    base = PlanConfig.quick() if quick else PlanConfig.full()
+    first: Evaluation | None = None
+    by_profile: dict[str, Any] = {}
+    for i, name in enumerate(profiles):
+        cfg = base.for_profile(name, main=(i == 0))
+        result = evaluate(trace_keys, quick=quick, jobs=jobs,
+                          placement_instances=placement_instances if i == 0 else 0,
+                          progress=progress, cfg=cfg)
+        doc = result.document
+        by_profile[name] = {"summary": doc["summary"], "traces": doc["traces"],
+                            "config": doc["config"]}
+        if first is None:
+            first = result
+    assert first is not None
+    first.document["by_profile"] = by_profile
+    return first

@@ -7,6 +7,10 @@ sessions, at most 12 in all, built on the profile's chunk-time table.  The core 
 as its gain ``Gamma`` charges them.  The oracle is ``placement_oracle.optimum`` on the same
 objective.  Gap = ``J_core / J_opt - 1``, in percent; we also report the gap of the worst
 latency alone.
+
+On GPUs of one kind the core's min-max search is exact for this objective (a 0.0% gap is
+expected). :func:`placement_gap_mixed` draws instances on GPUs of two kinds (e.g. the H20 and
+the H200 profiles: K = 12 and K = 2, different chunk times), where it need not be.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from services.scheduler.eval.placement_oracle import PlacementInstance, optimum, random_instance
+from services.scheduler.eval.placement_oracle import (
+    PlacementInstance,
+    optimum,
+    random_instance,
+    random_mixed_instance,
+)
 
-__all__ = ["PlacementGap", "core_objective", "placement_gap"]
+__all__ = ["PlacementGap", "core_objective", "placement_gap", "placement_gap_mixed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +50,23 @@ class PlacementGap:
         }
 
 
-def core_objective(inst: PlacementInstance, profile) -> tuple[float, float]:
-    """(J, worst latency) of the core's ``place`` on this instance."""
+def core_objective(inst: PlacementInstance, profile, kind_of: tuple[int, ...] | None = None,
+                   ) -> tuple[float, float]:
+    """(J, worst latency) of the core's ``place`` on this instance. ``profile`` is one
+    profile, or with ``kind_of`` (each GPU's kind) a list of profiles, one per kind."""
     from services.scheduler.core.cluster import Cluster
     from services.scheduler.core.placement import place
     from services.scheduler.core.types import GpuState, Migrate
 
-    cluster = Cluster(profile)
     gpu_ids = [f"g{g}" for g in range(inst.gpus)]
-    for gpu_id in gpu_ids:
-        cluster.add_gpu(gpu_id, profile.gpu_kind, GpuState.READY, 0.0)
+    if kind_of is None:
+        cluster = Cluster(profile)
+        kinds = [profile.gpu_kind] * inst.gpus
+    else:
+        cluster = Cluster({f"kind{k}": p for k, p in enumerate(profile)})
+        kinds = [f"kind{k}" for k in kind_of]
+    for gpu_id, kind in zip(gpu_ids, kinds, strict=True):
+        cluster.add_gpu(gpu_id, kind, GpuState.READY, 0.0)
     kappa_of = {}
     for i, g in enumerate(inst.current):
         sid = f"s{i:02d}"
@@ -90,6 +106,32 @@ def placement_gap(profile, instances: int = 1000, seed: int = 0, eta: float = 0.
         worst_opt = max(
             inst.latency[g][assignment.count(g)] for g in range(inst.gpus)
         )
+        gaps.append(100.0 * (j_core / j_opt - 1.0))
+        lat_gaps.append(100.0 * (worst_core / worst_opt - 1.0))
+    return PlacementGap(
+        instances=instances,
+        avg_pct=statistics.fmean(gaps),
+        max_pct=max(gaps),
+        worst_latency_avg_pct=statistics.fmean(lat_gaps),
+        worst_latency_max_pct=max(lat_gaps),
+        optimal_share=sum(1 for g in gaps if g <= 1e-9) / len(gaps),
+    )
+
+
+def placement_gap_mixed(profiles, instances: int = 1000, seed: int = 0, eta: float = 0.1,
+                        max_gpus: int = 4, max_sessions: int = 12) -> PlacementGap:
+    """The same as :func:`placement_gap` on GPUs of several kinds, one profile per kind (each
+    instance has at least two kinds). The kappa range is the first profile's."""
+    rng = random.Random(seed)
+    kinds = [tuple(p.chunk_ms(b) for b in range(1, p.capacity + 1)) for p in profiles]
+    base_kappa = profiles[0].migration_ms()
+    gaps, lat_gaps = [], []
+    for _ in range(instances):
+        inst, kind_of = random_mixed_instance(rng, kinds, (0.5 * base_kappa, 1.5 * base_kappa),
+                                              eta, max_gpus=max_gpus, max_sessions=max_sessions)
+        j_opt, assignment = optimum(inst)
+        j_core, worst_core = core_objective(inst, profiles, kind_of)
+        worst_opt = max(inst.latency[g][assignment.count(g)] for g in range(inst.gpus))
         gaps.append(100.0 * (j_core / j_opt - 1.0))
         lat_gaps.append(100.0 * (worst_core / worst_opt - 1.0))
     return PlacementGap(

@@ -5,10 +5,11 @@ the GPUs plus ``eta`` times the migration cost of every session that moved,
 
     J(phi) = max_g latency_g(n_g(phi)) + eta * sum_{i moved} kappa_i,
 
-where ``n_g`` counts the active sessions placed on GPU g, ``latency_g(n)`` is the profile's
-chunk time at batch n (0 for an empty GPU), and a session "moved" when it had a GPU and
-``phi`` puts it on another one (a new or re-activated session has no GPU and moves for free).
-Every GPU holds at most K sessions.
+where ``n_g`` counts the active sessions placed on GPU g, ``latency_g(n)`` is GPU g's chunk
+time at batch n on its own kind's profile (0 for an empty GPU), and a session "moved" when it
+had a GPU and ``phi`` puts it on another one (a new or re-activated session has no GPU and
+moves for free). GPU g holds at most its own K_g sessions. With one kind every row of
+``latency`` is the same; with two (:func:`random_mixed_instance`) they differ.
 
 ``optimum`` searches every placement, grouped by their count vector (n_1..n_G).  The
 grouping is exact, not a heuristic: the latency term depends on the counts alone, and for
@@ -31,13 +32,15 @@ __all__ = [
     "objective",
     "optimum",
     "random_instance",
+    "random_mixed_instance",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class PlacementInstance:
-    """``latency[g][n]`` is GPU g's chunk time (ms) with n sessions, n = 0..K (latency[g][0]
-    is 0); ``current[i]`` is session i's GPU or None; ``kappa[i]`` its migration cost (ms)."""
+    """``latency[g][n]`` is GPU g's chunk time (ms) with n sessions, n = 0..K_g
+    (latency[g][0] is 0); ``current[i]`` is session i's GPU or None; ``kappa[i]`` its
+    migration cost (ms)."""
 
     latency: tuple[tuple[float, ...], ...]
     current: tuple[int | None, ...]
@@ -50,7 +53,13 @@ class PlacementInstance:
 
     @property
     def capacity(self) -> int:
-        return min(len(row) for row in self.latency) - 1
+        """The smallest K of the instance's GPUs."""
+        return min(self.capacities)
+
+    @property
+    def capacities(self) -> tuple[int, ...]:
+        """K_g of every GPU."""
+        return tuple(len(row) - 1 for row in self.latency)
 
 
 def objective(inst: PlacementInstance, assignment: Sequence[int]) -> float:
@@ -61,7 +70,7 @@ def objective(inst: PlacementInstance, assignment: Sequence[int]) -> float:
         counts[g] += 1
         if inst.current[i] is not None and inst.current[i] != g:
             moved += inst.kappa[i]
-    if max(counts) > inst.capacity:
+    if any(n > cap for n, cap in zip(counts, inst.capacities, strict=True)):
         return float("inf")
     worst = max(inst.latency[g][n] for g, n in enumerate(counts))
     return worst + inst.eta * moved
@@ -77,13 +86,13 @@ def brute_force(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
     return best
 
 
-def _count_vectors(total: int, parts: int, cap: int):
-    if parts == 1:
-        if total <= cap:
+def _count_vectors(total: int, caps: Sequence[int]):
+    if len(caps) == 1:
+        if total <= caps[0]:
             yield (total,)
         return
-    for first in range(min(total, cap) + 1):
-        for rest in _count_vectors(total - first, parts - 1, cap):
+    for first in range(min(total, caps[0]) + 1):
+        for rest in _count_vectors(total - first, caps[1:]):
             yield (first, *rest)
 
 
@@ -105,7 +114,7 @@ def optimum(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
         prefix.append(sums)
 
     best_j, best_counts = float("inf"), None
-    for counts in _count_vectors(sessions, inst.gpus, inst.capacity):
+    for counts in _count_vectors(sessions, inst.capacities):
         worst = max(inst.latency[g][n] for g, n in enumerate(counts))
         if worst >= best_j:
             continue
@@ -166,3 +175,34 @@ def random_instance(
     latency = tuple((0.0, *chunk_ms) for _ in range(gpus))
     kappa = tuple(rng.uniform(*kappa_ms) for _ in range(sessions))
     return PlacementInstance(latency, tuple(current), kappa, eta)
+
+
+def random_mixed_instance(
+    rng: random.Random,
+    kinds: Sequence[Sequence[float]],
+    kappa_ms: tuple[float, float],
+    eta: float,
+    *,
+    max_gpus: int = 4,
+    max_sessions: int = 12,
+) -> tuple[PlacementInstance, tuple[int, ...]]:
+    """Like :func:`random_instance` on GPUs of several kinds (``kinds[k]`` is kind k's chunk
+    time at batch 1..K_k), at least two kinds present; also returns each GPU's kind."""
+    gpus = rng.randint(2, max_gpus)
+    kind_of = [k % len(kinds) for k in range(min(gpus, len(kinds)))]
+    kind_of += [rng.randrange(len(kinds)) for _ in range(gpus - len(kind_of))]
+    rng.shuffle(kind_of)
+    caps = [len(kinds[k]) for k in kind_of]
+    sessions = rng.randint(2, min(max_sessions, sum(caps)))
+    new = rng.randint(0, min(3, sessions))
+    counts = [0] * gpus
+    current: list[int | None] = []
+    for _ in range(sessions - new):
+        free = [g for g in range(gpus) if counts[g] < caps[g]]
+        g = rng.choice(free + [max(free, key=lambda g: counts[g])] * 2)
+        counts[g] += 1
+        current.append(g)
+    current.extend([None] * new)
+    latency = tuple((0.0, *kinds[k]) for k in kind_of)
+    kappa = tuple(rng.uniform(*kappa_ms) for _ in range(sessions))
+    return PlacementInstance(latency, tuple(current), kappa, eta), tuple(kind_of)

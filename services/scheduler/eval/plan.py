@@ -1,14 +1,15 @@
 """Which runs the evaluation makes on one trace: the sweeps behind every curve and figure.
 
-Curves (cost against p99 per-chunk latency):
+Curves (cost against p99 per-chunk latency, and cost against the stall-adjusted attainment):
 
 * the paper's static baselines ``round_robin``, ``least_loaded``, ``memory_aware`` over GPU
   counts spanning 0.4x to 1.5x the count the trace's peak needs at capacity K;
 * ``turboserve`` over fixed rho_hat values, plus one run with the adaptive table (ours);
-* rivals: ``least_loaded_autoscale`` (our autoscaler, no migration) over the same rho_hat
-  values and adaptive, ``hpa`` over utilisation targets;
-* ablations: ``no_migration`` is the adaptive point of ``least_loaded_autoscale``;
-  ``no_autoscale`` (migration, static pool) over GPU counts;
+* rivals: ``least_loaded_autoscale`` (least-loaded placement with a conventional threshold
+  autoscaler) over its scale-out threshold, set to the same values as rho_hat, plus its
+  default; ``hpa`` over utilisation targets;
+* ablations: ``no_migration`` (our autoscaler and placement, no migration) over the same
+  rho_hat values and adaptive; ``no_autoscale`` (migration, static pool) over GPU counts;
 * oracle: ``clairvoyant`` over the same rho_hat values and adaptive;
 * ``turboserve_predictive`` over the same rho_hat values and adaptive;
 * sensitivity: boot delay 0 / 30 / 120 s (turboserve and clairvoyant, adaptive), and the PCIe
@@ -45,6 +46,18 @@ class PlanConfig:
     boot_delay_s: float = 30.0
     profile: str = DEFAULT_PROFILE
     pcie_profile: str = PCIE_PROFILE
+    sensitivity: bool = True  # the boot-delay and interconnect sweeps
+    every_static_count: bool = True  # every GPU count between the static factors' ends
+
+    def for_profile(self, profile: str, *, main: bool) -> PlanConfig:
+        """The plan for ``profile``; a second profile runs no sensitivity sweeps, and its
+        static sweeps only the factors' counts when a GPU holds few sessions (many GPUs)."""
+        from dataclasses import replace
+
+        if main:
+            return replace(self, profile=profile)
+        return replace(self, profile=profile, sensitivity=False, boot_sweep=False,
+                       boot_delays=(self.boot_delay_s,), every_static_count=False)
 
     @classmethod
     def full(cls) -> PlanConfig:
@@ -102,9 +115,13 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     def every_count(factors: tuple[float, ...]) -> list[int]:
         # A static curve is read by linear interpolation between its points, and p99 against
         # GPUs is convex and steep near the knee: a missing count in between would overstate
-        # the rival's latency at matched cost. Static runs are cheap, so run every count.
+        # the rival's latency at matched cost. Static runs are cheap, so run every count
+        # (with a small K the counts are many: then every count near the knee only).
         grid = counts(factors)
-        return list(range(grid[0], grid[-1] + 1))
+        if cfg.every_static_count:
+            return list(range(grid[0], grid[-1] + 1))
+        knee = counts(tuple(f for f in factors if 0.6 <= f <= 1.1))
+        return sorted(set(grid) | set(range(knee[0], knee[-1] + 1, max(1, peak_need // 20))))
 
     for policy in STATIC_BASELINES:
         for n in every_count(cfg.static_factors):
@@ -112,7 +129,8 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     for n in counts(cfg.no_autoscale_factors or cfg.static_factors):
         add("no_autoscale", "no_autoscale", (("gpus", n),))
 
-    autoscalers = ("turboserve", "least_loaded_autoscale", "clairvoyant", "turboserve_predictive")
+    autoscalers = ("turboserve", "no_migration", "least_loaded_autoscale", "clairvoyant",
+                   "turboserve_predictive")
     for policy in autoscalers:
         extra = (("future", True),) if policy == "clairvoyant" else ()
         add(policy, policy, (init, *extra), keep=True)  # adaptive table
@@ -123,6 +141,8 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     for target in cfg.hpa_targets:
         add("hpa", "hpa", (init, ("target", target)), keep=(target == 0.7))
 
+    if not cfg.sensitivity:
+        return specs
     for boot in cfg.boot_delays:
         if boot == cfg.boot_delay_s:
             continue  # the main runs above
@@ -132,6 +152,6 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
             add("clairvoyant", f"sens_boot_{boot:g}_clairvoyant",
                 (init, *fixed, ("future", True)), boot=boot)
     # Without migration the PCIe profile changes nothing (same chunk table), so the
-    # no-migration side of this comparison reuses the main least_loaded_autoscale run.
+    # no-migration side of this comparison reuses the main no_migration run.
     add("turboserve", "sens_pcie", (init,), profile=cfg.pcie_profile)
     return specs

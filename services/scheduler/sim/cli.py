@@ -68,11 +68,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prof.add_argument("--jobs", type=int, default=1, help="worker processes")
     prof.add_argument("--json", type=Path, default=None, help="also write every grid point here")
     prof.add_argument("--target", type=float, default=0.99,
-                      help="share of chunks that must be on time at each level (default 0.99)")
-    prof.add_argument("--rule", choices=("deadline", "startup"), default="deadline",
-                      help="on time = every chunk within the deadline (default: the p99 of "
-                           "per-chunk latency meets it), or first chunks within the startup "
-                           "bound (deadline + one step at capacity)")
+                      help="share of chunk periods that must be served on time at each level "
+                           "(default 0.99)")
+    prof.add_argument("--rule", choices=("stall", "deadline"), default="stall",
+                      help="what the target counts: chunk periods served on time, a frozen "
+                           "stream missing one period per period (default), or chunks "
+                           "delivered on time")
     prof.add_argument("--pool", type=int, default=1,
                       help="also count the N neighbouring levels on each side (default 1)")
     prof.add_argument("--no-monotone", action="store_true",
@@ -83,7 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prof.add_argument("--idle-reserve", default=None, metavar="LIST",
                       help="comma-separated idle reserves (share of idle sessions sized for as "
                            "if active) searched per level with rho_hat and delta (default "
-                           "0,0.25,0.5,0.75,1; --quick: 0,0.5; 0 searches none)")
+                           "0,0.25,0.5; --quick: 0,0.5; 0 searches none)")
+    prof.add_argument("--scale-in-delay", default=None, metavar="LIST",
+                      help="comma-separated scale-in delays in seconds searched per level "
+                           "(default 0,30,60,120; --quick: 0,60; 0 searches none)")
     prof.add_argument("--check", choices=("eval", "train", "both"), default=None,
                       help="do not profile: print turboserve's matched-cost p99 margins over "
                            "the static baselines with the table (--out, else the shipped one) "
@@ -289,8 +293,20 @@ def _run_profile(args: argparse.Namespace) -> int:
                 profile_name=args.profile, jobs=args.jobs, json_out=args.json, target=args.target,
                 rule=args.rule, pool=args.pool, monotone=not args.no_monotone, signal=args.signal,
                 idle_reserves=None if args.idle_reserve is None else _reserves(args.idle_reserve),
+                scale_in_delays=None if args.scale_in_delay is None else _delays(
+                    args.scale_in_delay),
                 log=lambda line: print(line, file=sys.stdout, flush=True))
     return 0
+
+
+def _delays(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--scale-in-delay takes seconds separated by commas, got {text!r}") from None
+    if not values or any(not (math.isfinite(x) and x >= 0) for x in values):
+        raise UsageError(f"--scale-in-delay values must be >= 0, got {text!r}")
+    return values
 
 
 def _reserves(text: str) -> tuple[float, ...]:

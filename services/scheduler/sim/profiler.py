@@ -11,16 +11,17 @@ deadline. How we do it:
    each training trace; the 9 level edges are the deciles of the pooled per-bin values, so each
    level holds a tenth of the training time.
 3. **Grid.** ``turboserve`` runs every training trace with each fixed (rho_hat, delta, idle
-   reserve); the reserve is the share of idle sessions sized for as if active (``Controller
-   .idle_reserve``; ``FULL_RESERVES``, ``--idle-reserve 0`` for none). Each
-   bin's GPU-seconds and the chunks delivered in it are attributed to the bin's volatility
-   level (attribution is approximate: a choice's effect lags by about a boot delay).
-4. **Choice per level**: the cheapest (rho_hat, delta, reserve) whose chunks at that level,
-   pooled over the training traces, are on time at least ``target`` (default 99%, i.e. "p99
-   meets the deadline") of the time. On time is read as streaming playback needs it: a continuation
-   chunk within the deadline; a first chunk after (re)activation within the *startup bound*,
-   the deadline plus one step at capacity (it waits for the step in flight, then runs; even an
-   empty cluster cannot do better). Where no grid point reaches the target at a level, the most
+   reserve, scale-in delay); the reserve is the share of idle sessions sized for as if active
+   (``ControllerConfig.idle_reserve``; ``FULL_RESERVES``, ``--idle-reserve 0`` for none), the
+   delay how long the load must stay below the band before a scale-in (``FULL_DELAYS``). Each
+   bin's GPU-seconds, its on-time chunks and its missed chunk periods (``sim/viewer.py``) are
+   attributed to the bin's volatility level (attribution is approximate: a choice's effect
+   lags by about a boot delay).
+4. **Choice per level**: the cheapest (rho_hat, delta, reserve, delay) whose chunk periods at
+   that level, pooled over the training traces, are served on time at least ``target``
+   (default 99%) of the time: the stall-adjusted attainment, where a viewer frozen for 60 s
+   misses 48 periods, not one chunk (rule ``stall``; rule ``deadline`` counts chunks
+   delivered instead). Where no grid point reaches the target at a level, the most
    punctual one is taken and the table's ``source`` says so.
 5. The table is written where the callers load it from (``shipped/rho_table.json``).
 """
@@ -46,13 +47,16 @@ from services.scheduler.core.autoscale import (
 from services.scheduler.shipped import save_rho_table
 from services.scheduler.sim.traceio import Trace
 
-FULL_GRID = {"rho_hat": tuple(round(0.25 + 0.05 * i, 2) for i in range(14)),  # 0.25 .. 0.9
-             "delta": (0.05, 0.1, 0.15)}
-QUICK_GRID = {"rho_hat": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8), "delta": (0.1,)}
-# Share of idle sessions sized for as if active (``Controller.idle_reserve``), searched with
-# (rho_hat, delta) at every level; ``--idle-reserve 0`` searches none.
-FULL_RESERVES = (0.0, 0.25, 0.5, 0.75, 1.0)
+FULL_GRID = {"rho_hat": tuple(round(0.5 + 0.05 * i, 2) for i in range(10)),  # 0.5 .. 0.95
+             "delta": (0.1,)}
+QUICK_GRID = {"rho_hat": (0.6, 0.75, 0.9), "delta": (0.1,)}
+# Share of idle sessions sized for as if active (``ControllerConfig.idle_reserve``), searched
+# with (rho_hat, delta) at every level; ``--idle-reserve 0`` searches none.
+FULL_RESERVES = (0.0, 0.25, 0.5)
 QUICK_RESERVES = (0.0, 0.5)
+# Seconds the load must stay below the band before a scale-in (``scale_in_delay_s``).
+FULL_DELAYS = (0.0, 30.0, 60.0, 120.0)
+QUICK_DELAYS = (0.0, 60.0)
 DEFAULT_TARGET = 0.99
 
 
@@ -61,11 +65,11 @@ class LevelStats:
     """One grid point's outcome restricted to the bins of one volatility level."""
 
     gpu_seconds: float
-    on_time: int  # chunks within the deadline (continuation) or the startup bound (first)
+    on_time: int  # chunks on time (``sim/viewer.py``: first chunks by their startup)
     chunks: int
+    missed: int  # chunk periods missed: by late chunks, and by spells that ended overdue
     stream_p99_ms: float
     first_p99_ms: float
-    within_deadline: int = 0  # chunks, first ones included, within the deadline itself
 
 
 def volatility_levels(trace: Trace, window_s: float = DEFAULT_WINDOW_S,
@@ -113,9 +117,10 @@ def _p99(values: list[float]) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float, deadline_ms: float,
-                    startup_ms: float) -> dict[int, LevelStats]:
-    """Attribute a run's GPU-seconds and chunks to the volatility level of their bin."""
+def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float
+                    ) -> dict[int, LevelStats]:
+    """Attribute a run's GPU-seconds, chunks and missed periods to the volatility level of
+    their bin (the run needs ``keep_chunk_times``)."""
     n_bins = len(bin_levels)
     gpu_s = [0.0] * n_bins
     timeline = result.timeline + [(result.duration_s, 0, 0)]
@@ -127,86 +132,100 @@ def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float, dea
             stop = min(t1, (b + 1) * bin_s)
             gpu_s[b] += held * (stop - t)
             t = stop if stop > t else t1
+
+    def level_at(t: float) -> int | None:
+        return bin_levels[min(int(t // bin_s), n_bins - 1)]
+
     stream: dict[int, list[float]] = {}
     first: dict[int, list[float]] = {}
-    for t, lat, is_first in zip(result.chunk_times_s, result.latencies_ms, result.first_flags,
-                                strict=True):
-        level = bin_levels[min(int(t // bin_s), n_bins - 1)]
+    on_time: dict[int, int] = {}
+    missed: dict[int, int] = {}
+    for t, lat, is_first, miss in zip(result.chunk_times_s, result.latencies_ms,
+                                      result.first_flags, result.chunk_missed, strict=True):
+        level = level_at(t)
+        if level is None:
+            continue
+        (first if is_first else stream).setdefault(level, []).append(lat)
+        if miss:
+            missed[level] = missed.get(level, 0) + miss
+        else:
+            on_time[level] = on_time.get(level, 0) + 1
+    for t, miss in result.missed_at:
+        level = level_at(t)
         if level is not None:
-            (first if is_first else stream).setdefault(level, []).append(lat)
+            missed[level] = missed.get(level, 0) + miss
     out: dict[int, LevelStats] = {}
     for level in range(LEVELS):
         cost = sum(g for g, lv in zip(gpu_s, bin_levels, strict=True) if lv == level)
         s, f = stream.get(level, []), first.get(level, [])
-        in_s = sum(1 for x in s if x <= deadline_ms)
-        on_time = in_s + sum(1 for x in f if x <= startup_ms)
-        within = in_s + sum(1 for x in f if x <= deadline_ms)
-        out[level] = LevelStats(cost, on_time, len(s) + len(f), _p99(s), _p99(f), within)
+        out[level] = LevelStats(cost, on_time.get(level, 0), len(s) + len(f),
+                                missed.get(level, 0), _p99(s), _p99(f))
     return out
 
 
-def _run_point(args: tuple[Trace, float, float, float, list[int | None], float, float, Any]
-               ) -> dict:
+def _run_point(args: tuple[Trace, float, float, float, float, list[int | None], float, float,
+                            Any]) -> dict:
     from services.scheduler.sim.simulator import simulate
 
-    trace, rho, delta, reserve, bin_levels, bin_s, boot_delay_s, profile = args
+    trace, rho, delta, reserve, delay, bin_levels, bin_s, boot_delay_s, profile = args
     result = simulate(trace, "turboserve", profile, boot_delay_s=boot_delay_s, rho_hat=rho,
-                      delta=delta, idle_reserve=reserve, keep_chunk_times=True)
-    startup = startup_bound_ms(profile)
-    return {"rho_hat": rho, "delta": delta, "idle_reserve": reserve, "trace": trace.name,
-            "levels": per_level_stats(result, bin_levels, bin_s, profile.deadline_ms, startup),
+                      delta=delta, idle_reserve=reserve, scale_in_delay_s=delay,
+                      keep_chunk_times=True)
+    return {"rho_hat": rho, "delta": delta, "idle_reserve": reserve, "scale_in_delay_s": delay,
+            "trace": trace.name, "levels": per_level_stats(result, bin_levels, bin_s),
             "cost_gpu_seconds": result.cost_gpu_seconds,
+            "stall_adjusted_attainment": result.stall_adjusted_attainment,
             "p99_ms": result.latency()["p99"]}
 
 
-def startup_bound_ms(profile: Any) -> float:
-    # A first chunk may wait for the pass in flight: one pass (a whole step at one pass/chunk).
-    return profile.deadline_ms + profile.pass_ms(profile.capacity)
-
-
-RULES = ("deadline", "startup")
-DEFAULT_RULE = "deadline"
+RULES = ("stall", "deadline")
+DEFAULT_RULE = "stall"
 DEFAULT_POOL = 1
 
 
-def choose(points: list[dict], level: int, target: float, rule: str = "startup",
+def choose(points: list[dict], level: int, target: float, rule: str = DEFAULT_RULE,
            pool: int = 0, max_rho: float | None = None
            ) -> tuple[float, float, bool, dict[str, float]]:
-    """The cheapest (rho_hat, delta, idle reserve) at ``level`` whose pooled on-time share
-    reaches ``target``; else the most punctual one. Ties go to the higher rho_hat, then the
-    smaller reserve. The chosen reserve is ``stats["idle_reserve"]`` (0 for points without one).
+    """The cheapest (rho_hat, delta, idle reserve, scale-in delay) at ``level`` whose pooled
+    service share reaches ``target``; else the most punctual one. Ties go to the higher
+    rho_hat, then the smaller reserve, then the shorter delay. The chosen reserve and delay
+    are ``stats["idle_reserve"]`` and ``stats["scale_in_delay_s"]`` (0 for points without).
 
-    ``rule`` says what on time means: ``"deadline"``, every chunk (first chunks included)
-    within the deadline, i.e. the p99 of per-chunk latency meets it; ``"startup"``, first
-    chunks within the startup bound instead. ``pool`` also counts the chunks and cost of the
-    ``pool`` neighbouring levels on each side (smoothing the per-bin attribution noise);
-    ``max_rho`` leaves out points above it (the monotone pass of :func:`choose_table`)."""
+    ``rule`` says what is counted: ``"stall"``, chunk periods served on time (on-time chunks
+    over on-time chunks plus missed periods: the stall-adjusted attainment); ``"deadline"``,
+    chunks delivered on time. ``pool`` also counts the chunks and cost of the ``pool``
+    neighbouring levels on each side (smoothing the per-bin attribution noise); ``max_rho``
+    leaves out points above it (the monotone pass of :func:`choose_table`)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} (known: {', '.join(RULES)})")
     window = [lv for lv in range(level - pool, level + pool + 1) if 0 <= lv < LEVELS]
-    by_config: dict[tuple[float, float, float], list[LevelStats]] = {}
+    by_config: dict[tuple[float, float, float, float], list[LevelStats]] = {}
     for p in points:
         if max_rho is not None and p["rho_hat"] > max_rho + 1e-9:
             continue
-        by_config.setdefault((p["rho_hat"], p["delta"], p.get("idle_reserve", 0.0)), []).extend(
-            p["levels"][lv] for lv in window if lv in p["levels"])
+        key = (p["rho_hat"], p["delta"], p.get("idle_reserve", 0.0),
+               p.get("scale_in_delay_s", 0.0))
+        by_config.setdefault(key, []).extend(p["levels"][lv] for lv in window
+                                             if lv in p["levels"])
     if not by_config:
         raise ValueError(f"no grid point at or below rho_hat {max_rho}")
     scored = []
-    for (rho, delta, reserve), stats in sorted(by_config.items()):
-        chunks = sum(s.chunks for s in stats)
-        good = sum((s.within_deadline if rule == "deadline" else s.on_time) for s in stats)
-        share = good / chunks if chunks else 1.0
+    for (rho, delta, reserve, delay), stats in sorted(by_config.items()):
+        good = sum(s.on_time for s in stats)
+        total = good + sum(s.missed for s in stats) if rule == "stall" else sum(
+            s.chunks for s in stats)
+        share = good / total if total else 1.0
         cost = sum(s.gpu_seconds for s in stats)
-        scored.append((share, cost, rho, delta, reserve, chunks))
+        scored.append((share, cost, rho, delta, reserve, delay, total))
     feasible = [s for s in scored if s[0] >= target]
     if feasible:
-        best = min(feasible, key=lambda s: (s[1], -s[2], s[4]))
+        best = min(feasible, key=lambda s: (s[1], -s[2], s[4], s[5]))
     else:
         best = max(scored, key=lambda s: (s[0], -s[1]))
-    share, cost, rho, delta, reserve, chunks = best
+    share, cost, rho, delta, reserve, delay, total = best
     return rho, delta, bool(feasible), {"on_time": round(share, 5), "gpu_seconds": round(cost, 1),
-                                        "chunks": chunks, "idle_reserve": reserve}
+                                        "periods": total, "idle_reserve": reserve,
+                                        "scale_in_delay_s": delay}
 
 
 def choose_table(points: list[dict], target: float, rule: str = DEFAULT_RULE,
@@ -231,6 +250,7 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
                 target: float = DEFAULT_TARGET, rule: str = DEFAULT_RULE,
                 pool: int = DEFAULT_POOL, monotone: bool = True, signal: str = DEFAULT_SIGNAL,
                 idle_reserves: tuple[float, ...] | None = None,
+                scale_in_delays: tuple[float, ...] | None = None,
                 log: Callable[[str], None] = print) -> RhoTable:
     from services.scheduler.shipped import load_profile
     from services.scheduler.sim import synth
@@ -251,40 +271,45 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     reserves = tuple(sorted(set(idle_reserves))) or (0.0,)
     if any(not 0 <= x <= 1 for x in reserves):
         raise ValueError(f"idle reserves must be in [0, 1], got {list(reserves)}")
+    if scale_in_delays is None:
+        scale_in_delays = QUICK_DELAYS if quick else FULL_DELAYS
+    delays = tuple(sorted(set(scale_in_delays))) or (0.0,)
+    if any(not (math.isfinite(x) and x >= 0) for x in delays):
+        raise ValueError(f"scale-in delays must be >= 0, got {list(delays)}")
     log(f"profiler: {len(traces)} training traces, grid {len(grid['rho_hat'])} rho_hat x "
-        f"{len(grid['delta'])} delta x {len(reserves)} idle reserve, {signal} level edges "
-        f"{list(edges)}")
-    tasks = [(tr, rho, delta, reserve, bin_levels[tr.name], bin_s, boot_delay_s, profile)
+        f"{len(grid['delta'])} delta x {len(reserves)} idle reserve x {len(delays)} scale-in "
+        f"delay, {signal} level edges {list(edges)}")
+    tasks = [(tr, rho, delta, reserve, delay, bin_levels[tr.name], bin_s, boot_delay_s, profile)
              for rho in grid["rho_hat"] for delta in grid["delta"] if delta < rho
-             for reserve in reserves for tr in traces]
+             for reserve in reserves for delay in delays for tr in traces]
     points = _map(tasks, jobs, log)
-    deadline = profile.deadline_ms
-    startup = startup_bound_ms(profile)
-    rhos, deltas, picked_reserves, notes, chosen = [], [], [], [], []
+    rhos, deltas, picked_reserves, picked_delays, notes, chosen = [], [], [], [], [], []
     picks = choose_table(points, target, rule, pool, monotone)
     for level, (rho, delta, ok, stats) in enumerate(picks):
         rhos.append(rho)
         deltas.append(delta)
         picked_reserves.append(stats["idle_reserve"])
+        picked_delays.append(stats["scale_in_delay_s"])
         chosen.append({"level": level, "rho_hat": rho, "delta": delta, "feasible": ok, **stats})
         if not ok:
             notes.append(str(level))
         log(f"  level {level}: rho_hat {rho:.2f} delta {delta:.2f} "
             f"idle reserve {stats['idle_reserve']:.2f} "
+            f"scale-in delay {stats['scale_in_delay_s']:g} s "
             f"{'meets' if ok else 'MOST PUNCTUAL (none meets the target)'} {stats}")
-    if rule == "deadline":
-        bound = f"every chunk <= {deadline:g} ms"
-    else:
-        bound = f"continuation <= {deadline:g} ms, first <= {startup:g} ms"
+    what = ("chunk periods served on time (stall-adjusted)" if rule == "stall"
+            else "chunks on time")
     source = (f"turboserve sim profile{' --quick' if quick else ''}: {len(traces)} training "
               f"traces (seeds 1000+), boot delay {boot_delay_s:g} s, profile {profile.name}, "
-              f"signal {signal}, constraint: >= {target:.1%} of chunks on time ({bound}), "
+              f"paced chunks, signal {signal}, constraint: >= {target:.1%} of {what}, "
               f"levels pooled +-{pool}{', rho_hat non-increasing' if monotone else ''}"
-              + (f", idle reserve grid {list(reserves)}" if reserves != (0.0,) else ""))
+              + (f", idle reserve grid {list(reserves)}" if reserves != (0.0,) else "")
+              + (f", scale-in delay grid {list(delays)}" if delays != (0.0,) else ""))
     if notes:
         source += f"; no grid point met it at levels {', '.join(notes)} (most punctual taken)"
     table = RhoTable(edges, tuple(rhos), tuple(deltas), window_s, bin_s, source, signal,
-                     tuple(picked_reserves) if reserves != (0.0,) else ())
+                     tuple(picked_reserves) if reserves != (0.0,) else (),
+                     tuple(picked_delays) if delays != (0.0,) else ())
     path = save_rho_table(table, out)
     log(f"wrote {path} in {time.perf_counter() - started:.0f} s")
     if json_out is not None:

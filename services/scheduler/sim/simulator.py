@@ -156,11 +156,11 @@ class SimResult:
     wall_s: float = 0.0
     chunks_after_migration: int = 0
     late_chunks_after_migration: int = 0
-    # Delivery time and on-time flag of each chunk, parallel to latencies_ms, and the times
-    # and counts of missed periods of spells that ended overdue (only with keep_chunk_times).
+    # Delivery time and missed periods (0: on time) of each chunk, parallel to latencies_ms,
+    # and the times and missed periods of spells that ended overdue (keep_chunk_times only).
     chunk_times_s: list[float] = field(default_factory=list)
     first_flags: list[bool] = field(default_factory=list)
-    on_time_flags: list[bool] = field(default_factory=list)
+    chunk_missed: list[int] = field(default_factory=list)
     missed_at: list[tuple[float, int]] = field(default_factory=list)
     # Spells that ended (idle, departure, end of trace) with their next chunk overdue.
     unserved_chunks: int = 0
@@ -239,7 +239,7 @@ class Simulator:
         self.keep_chunk_times = keep_chunk_times
         self.chunk_times: list[float] = []
         self.first_flags: list[bool] = []
-        self.on_time_flags: list[bool] = []
+        self.chunk_missed: list[int] = []
         self.missed_at: list[tuple[float, int]] = []
         self.policy = policy
         self.profile = profile
@@ -611,12 +611,12 @@ class Simulator:
         now = self.now
         latency = (now - s.due) * 1000.0
         startup = (now - s.spell_start) * 1000.0 if s.first else None
-        on_time = self.ledger.delivered(latency, startup)
+        missed = self.ledger.delivered(latency, startup)
         latency = max(0.0, latency)
         if self.keep_chunk_times:
             self.chunk_times.append(now)
             self.first_flags.append(s.first)
-            self.on_time_flags.append(on_time)
+            self.chunk_missed.append(missed)
         if s.first:
             self.first_latencies.append(latency)
             s.first = False
@@ -625,7 +625,7 @@ class Simulator:
         if s.migrated_to == gpu_id:
             s.migrated_to = None
             self.after_migration += 1
-            self.late_after_migration += not on_time
+            self.late_after_migration += missed > 0
         s.due = max(s.due, now) + self.period_s if self.period_s > 0 else now
 
     # ---- accounting -----------------------------------------------------------------------
@@ -689,7 +689,7 @@ class Simulator:
             chunks_after_migration=self.after_migration,
             late_chunks_after_migration=self.late_after_migration,
             first_flags=self.first_flags,
-            on_time_flags=self.on_time_flags,
+            chunk_missed=self.chunk_missed,
             missed_at=self.missed_at,
             unserved_chunks=ledger.overdue_spells,
             on_time_chunks=ledger.on_time,

@@ -1,4 +1,5 @@
-"""Six seeded synthetic session traces modelled on the paper's description of its workload.
+"""Seven seeded synthetic session traces: six modelled on the paper's description of its
+workload, and a steady, churny one that the paper's traces do not have.
 
 What the paper says (``shared/design/paper.md``): sessions live from under 5 s to over two
 minutes and flip between active and idle; within 30 minutes the number of active sessions
@@ -9,14 +10,19 @@ How we model it (one generator, six rate shapes):
    shape is written as a *target active-session curve* A(t) and converted by Little's law,
    rate = A(t) / (mean lifetime * active share), so the shapes read in sessions, not rates.
 2. Lifetimes are log-normal (median 40 s, sigma 1.0), clipped to [2 s, 15 min]: about 2% of
-   sessions live under 5 s and about 14% over 2 minutes.
+   sessions live under 5 s and about 14% over 2 minutes. (``churny``: median 12 s, sigma 0.6.)
 3. Inside a session, active and idle spells alternate (exponential, means per trace; the
    session starts active). A session still alive at the end departs at the trace's end.
 4. Bursty traces add *activation storms*: at random instants a share of the idle sessions
    re-activate within a couple of seconds (an event everyone reacts to), which is what makes
    the volatility of activations high.
 
-Each trace is fully determined by its name and seed; :func:`builtin_traces` gives the six
+``churny`` is the kind of workload public traces show and the paper's shapes do not: a
+near-constant active count (about 60) made of many short sessions that flip between active
+and idle every few seconds (active 6 s, idle 4 s on average). Nothing surges, yet activations
+are frequent, and idle sessions are many but come back no faster than others leave.
+
+Each trace is fully determined by its name and seed; :func:`builtin_traces` gives the seven
 evaluation traces and :func:`training_traces` gives variants on other seeds and time scales
 for the offline profiler, so the rho_hat table is never fitted on the evaluation traces.
 """
@@ -49,6 +55,8 @@ class TraceSpec:
     idle_mean_s: float = 10.0
     storms_per_hour: float = 0.0  # activation storms (see module docstring, step 4)
     storm_share: float = 0.0  # share of idle sessions woken by a storm
+    lifetime_median_s: float = LIFETIME_MEDIAN_S
+    lifetime_sigma: float = LIFETIME_SIGMA
     duration_s: float = DEFAULT_DURATION_S
     description: str = ""
 
@@ -112,6 +120,11 @@ def _chaotic(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+def _churny(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    # Steady: about 60 active, a slow +-6 wobble; the churn is in the sessions, not the load.
+    return 60 + 6 * np.sin(2 * np.pi * t / 420 + rng.uniform(0, 2 * np.pi))
+
+
 _SHAPES: dict[str, tuple[Callable, dict, str]] = {
     "calm": (_calm, {"active_mean_s": 40.0, "idle_mean_s": 8.0},
              "one slow swell 12 -> ~100 -> 12; long active spells"),
@@ -125,6 +138,9 @@ _SHAPES: dict[str, tuple[Callable, dict, str]] = {
                     "quiet, then flash crowds to ~125 at 9 and 22 minutes"),
     "chaotic": (_chaotic, {"active_mean_s": 15.0, "idle_mean_s": 8.0, "storms_per_hour": 20,
                            "storm_share": 0.6}, "regime switches every 20-90 s, 12..130"),
+    "churny": (_churny, {"active_mean_s": 6.0, "idle_mean_s": 4.0, "lifetime_median_s": 12.0,
+                         "lifetime_sigma": 0.6},
+               "steady ~60 active, many short sessions flipping every few seconds"),
 }
 BUILTIN_NAMES: tuple[str, ...] = tuple(_SHAPES)
 _BUILTIN_SEEDS = {name: 101 + i for i, name in enumerate(BUILTIN_NAMES)}
@@ -148,7 +164,7 @@ def generate(s: TraceSpec, name: str | None = None) -> Trace:
     t = np.arange(n_bins, dtype=float)
     target = np.clip(s.shape(t, rng), 0, None)
     active_share = s.active_mean_s / (s.active_mean_s + s.idle_mean_s)
-    mean_life = _mean_lifetime()
+    mean_life = _mean_lifetime(s.lifetime_median_s, s.lifetime_sigma)
     rate = target / (mean_life * active_share)
     # Little's law needs a warm system at t=0: seed the initial population as arrivals
     # spread over the first few seconds instead of starting from an empty cluster.
@@ -161,7 +177,7 @@ def generate(s: TraceSpec, name: str | None = None) -> Trace:
     order = 0
     for i, t0 in enumerate(arrivals):
         sid = f"s{i:05d}"
-        life = float(np.clip(rng.lognormal(math.log(LIFETIME_MEDIAN_S), LIFETIME_SIGMA),
+        life = float(np.clip(rng.lognormal(math.log(s.lifetime_median_s), s.lifetime_sigma),
                              LIFETIME_MIN_S, LIFETIME_MAX_S))
         for when, kind in _session_events(float(t0), min(float(t0) + life, s.duration_s),
                                           s, storms, rng):
@@ -172,11 +188,11 @@ def generate(s: TraceSpec, name: str | None = None) -> Trace:
                  s.duration_s)
 
 
-def _mean_lifetime() -> float:
+def _mean_lifetime(median_s: float = LIFETIME_MEDIAN_S, sigma: float = LIFETIME_SIGMA) -> float:
     # Mean of the clipped log-normal, by quadrature on a fixed grid (deterministic).
     z = np.linspace(-6, 6, 4001)
     w = np.exp(-0.5 * z**2)
-    life = np.clip(LIFETIME_MEDIAN_S * np.exp(LIFETIME_SIGMA * z), LIFETIME_MIN_S, LIFETIME_MAX_S)
+    life = np.clip(median_s * np.exp(sigma * z), LIFETIME_MIN_S, LIFETIME_MAX_S)
     return float((life * w).sum() / w.sum())
 
 
@@ -210,7 +226,7 @@ def _session_events(t0: float, end: float, s: TraceSpec, storms: np.ndarray,
 
 
 def builtin_traces() -> list[Trace]:
-    """The six evaluation traces, 30 minutes each."""
+    """The seven evaluation traces, 30 minutes each."""
     return [generate(spec(name)) for name in BUILTIN_NAMES]
 
 

@@ -70,10 +70,10 @@ class ServiceLedger:
         """How late a chunk after the first may be and still be on time."""
         return self.slack_ms if self.period_s > 0 else self.deadline_ms
 
-    def delivered(self, latency_ms: float, startup_ms: float | None = None) -> bool:
+    def delivered(self, latency_ms: float, startup_ms: float | None = None) -> int:
         """A chunk was delivered ``latency_ms`` after its due time (negative or 0: on time by
         the worker's clock); ``startup_ms`` for the first chunk of an active spell. Returns
-        whether it was on time."""
+        the periods it missed: 0 when it was on time."""
         latency = max(0.0, latency_ms)
         self.latencies_ms.append(latency)
         self.chunks += 1
@@ -81,9 +81,10 @@ class ServiceLedger:
                    else latency - self.allowance_ms)
         if late_by <= _TOLERANCE_MS:
             self.on_time += 1
-            return True
-        self.missed_periods += math.ceil(late_by / self.period_ms - 1e-9)
-        return False
+            return 0
+        missed = math.ceil(late_by / self.period_ms - 1e-9)
+        self.missed_periods += missed
+        return missed
 
     def spell_ended(self, overdue_ms: float, first: bool) -> int:
         """An active spell ended (idle, departure, end of the trace) while its next chunk was

@@ -39,6 +39,7 @@ class FakeKube:
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) in order
         self.refuse_create: tuple[int, str] | None = None  # (status, reason) for the next creates
+        self.refuse_delete: tuple[int, str] | None = None  # (status, reason) for the next deletes
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -94,6 +95,16 @@ class FakeKube:
     def vanish(self, namespace: str, name: str) -> None:
         del self.pods[(namespace, name)]
 
+    def verbs_used(self) -> set[tuple[str, str]]:
+        """The (resource, RBAC verb) of every request served."""
+        used = set()
+        for method, path in self.requests:
+            parts = path.split("/")  # "", api, v1, namespaces, NS, RESOURCE[, NAME]
+            resource, named = parts[5], len(parts) > 6
+            verb = {"POST": "create", "DELETE": "delete"}.get(method, "get" if named else "list")
+            used.add((resource, verb))
+        return used
+
     def pods_in(self, namespace: str) -> dict[str, dict[str, Any]]:
         return {name: pod for (ns, name), pod in self.pods.items() if ns == namespace}
 
@@ -142,6 +153,9 @@ class FakeKube:
 
     async def _delete_pod(self, request: web.Request) -> web.Response:
         key = (request.match_info["ns"], request.match_info["name"])
+        if self.refuse_delete is not None:
+            code, reason = self.refuse_delete
+            return _status(code, reason, f"pods is {reason.lower()} (fake)")
         pod = self.pods.pop(key, None)
         if pod is None:
             return _status(404, "NotFound", f'pods "{key[1]}" not found')

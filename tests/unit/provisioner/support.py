@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from shared.runner import subscriptions_live
 from shared.wire import (
     ProvisionerCmdKind,
     ProvisionerCommand,
@@ -34,7 +35,7 @@ class EventLog:
             log._changed.set()
 
         log._sub = await nc.subscribe(subjects.provisioner_events, cb=on_event)
-        await nc.flush()  # live on the server before anything is asked of the provisioner
+        await subscriptions_live(nc)  # before anything is asked of the provisioner
         return log
 
     def of(self, worker_id: str) -> list[ProvisionerEvent]:

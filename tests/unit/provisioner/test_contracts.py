@@ -44,6 +44,7 @@ def test_provisioner_settings_from_the_environment():
     ("TURBOSERVE_K8S_NAMESPACE", "x" * 64),
     ("TURBOSERVE_METRICS_PORT", "-2"),
     ("TURBOSERVE_METRICS_PORT", "65536"),
+    ("TURBOSERVE_BOOT_DELAY_S", "300"),  # as long as the boot timeout: no worker could boot
 ])
 def test_bad_provisioner_settings_are_named(var, value):
     with pytest.raises(SettingsError, match=var):

@@ -17,10 +17,12 @@ class RecordingSink:
         self.items: list[Outgoing] = []
         self.handed_back: list[tuple[str, int]] = []
         self.fenced = fenced or set()
+        self.points: dict = {}
         self.lock = threading.Lock()
 
-    def deliver(self, items: list[Outgoing]) -> set[str]:
+    def deliver(self, items: list[Outgoing], recovery=None) -> set[str]:
         with self.lock:
+            self.points.update(recovery or {})
             self.items.extend(i for i in items if i.session_id not in self.fenced)
         return {i.session_id for i in items} & self.fenced
 

@@ -163,8 +163,8 @@ def main() -> None:
     rows = [clip(prompt, seed, args.chunks, args.preset)
             for prompt, seed in ((FOX, 1), (FOX, 2), (WHALE, 1))]
     path = save_strip(rows, args.out, args.every)
-    print(f"{path}: rows {FOX!r} seed 1, seed 2, {WHALE!r} seed 1; "
-          f"every {args.every}th frame of {args.chunks} chunks ({FRAMES} frames each)")
+    print(f"{path}: rows {FOX!r} seed 1, seed 2, {WHALE!r} seed 1; one frame in "
+          f"{args.every} of {args.chunks} chunks ({FRAMES} frames each), left to right")
     print("spatial std", [round(float(spatial_std(r).median()), 1) for r in rows],
           "steps (within, boundary)", [tuple(round(x, 2) for x in frame_steps(r)) for r in rows],
           "neighbour corr", [round(neighbour_correlation(r), 3) for r in rows],

@@ -1,0 +1,262 @@
+"""``turboserve bench control``: the control plane's own overhead, on loopback.
+
+Two figures, each over many samples, with the real services in this process on the real NATS
+and Redis (those at TURBOSERVE_NATS_URL / TURBOSERVE_REDIS_URL when they answer, else embedded
+ones):
+
+- **event to command**: a session event published on JetStream (created, idle, active) to the
+  moment a worker receives the command the scheduler decided from it (ASSIGN, SUSPEND, RESUME);
+  the worker here is a probe that answers at once, so nothing but the control plane is timed;
+- **create to first step**: ``POST /v1/sessions`` on the gateway to the start of the session's
+  first model pass on a real worker (the tiny model on the CPU), that is the first chunk's
+  completion minus its model time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("control", help="the control plane's overhead (event to command)",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--events", type=int, default=300, help="session events to time")
+    p.add_argument("--sessions", type=int, default=20, help="sessions to create end to end")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.cli import fail
+
+    if args.events < 10 or args.sessions < 1:
+        return fail("bench control", "--events must be >= 10 and --sessions >= 1")
+    from services.launcher import LaunchError, Mesh
+    from shared.logging import configure_logging
+
+    configure_logging("error", "console", service="bench")
+
+    mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
+                redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                quiet=True)
+    try:
+        mesh.start_infra()
+        result = asyncio.run(measure(mesh.nats_url, mesh.redis_url, args.events, args.sessions))
+    except LaunchError as exc:
+        return fail("bench control", exc)
+    finally:
+        mesh.stop()
+    print(format_table(result))
+    if args.json_out:
+        with open(args.json_out, "wb") as f:
+            f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+def _env(nats_url: str, redis_url: str) -> dict[str, str]:
+    tag = "bench" + uuid.uuid4().hex[:8]
+    return {"TURBOSERVE_NATS_URL": nats_url, "TURBOSERVE_REDIS_URL": redis_url,
+            "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
+            "TURBOSERVE_LOG_LEVEL": "error", "TURBOSERVE_METRICS_PORT": "-1"}
+
+
+async def measure(nats_url: str, redis_url: str, events: int, sessions: int) -> dict[str, Any]:
+    env = _env(nats_url, redis_url)
+    try:
+        event_ms = await _event_to_command(env, events)
+        create_ms = await _create_to_first_step(env, sessions)
+    finally:
+        await _cleanup(env)
+    return {
+        "event_to_command_ms_p50": round(statistics.median(event_ms), 3),
+        "event_to_command_ms_p99": round(_p99(event_ms), 3),
+        "event_to_command_ms_max": round(max(event_ms), 3),
+        "event_samples": len(event_ms),
+        "create_to_first_step_ms_p50": round(statistics.median(create_ms), 3),
+        "create_to_first_step_ms_p99": round(_p99(create_ms), 3),
+        "create_samples": len(create_ms),
+    }
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * (len(ordered) - 1) + 0.5))]
+
+
+@contextlib.asynccontextmanager
+async def _scheduler(env: dict[str, str]) -> AsyncIterator[Any]:
+    from services.scheduler.service import SchedulerService
+    from shared.runner import running
+    from shared.settings import SchedulerSettings
+
+    settings = SchedulerSettings.from_env(env, tick_s=0.5, min_workers=1, max_workers=1)
+    service = SchedulerService(settings)
+    async with running(service, settings) as ctx:
+        deadline = time.monotonic() + 30
+        while service.live is None or not service.live._rebuilt:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the scheduler did not take the lead")
+            await asyncio.sleep(0.05)
+        yield ctx
+
+
+async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
+    """A probe worker answers every command at once; time event publish -> command received."""
+    from shared.registry import WorkerRecord
+    from shared.wire import (
+        CommandReply,
+        Heartbeat,
+        SessionEvent,
+        SessionEventKind,
+        WorkerCommand,
+        WorkerStatus,
+        decode,
+        encode,
+    )
+
+    received: dict[tuple[str, str], float] = {}
+    arrived = asyncio.Event()
+    async with _scheduler(env) as ctx:
+        record = WorkerRecord(id="probe", status=WorkerStatus.READY, capacity=count + 10,
+                              gpu_kind="H20")
+        await ctx.registry.register_worker(record, ttl_s=120)
+
+        async def on_cmd(msg: Any) -> None:
+            cmd = decode(msg.subject, msg.data, WorkerCommand)
+            received[(str(cmd.kind), cmd.session_id or "")] = time.perf_counter()
+            arrived.set()
+            if msg.reply:
+                await msg.respond(encode(CommandReply(worker_id="probe", ok=True,
+                                                      command_id=cmd.command_id)))
+
+        await ctx.nc.subscribe(ctx.subjects.worker_cmd("probe"), cb=on_cmd)
+        beat = Heartbeat(worker_id="probe", status=WorkerStatus.READY, capacity=count + 10,
+                         active=0, gpu_kind="H20", chunk_period_s=1.25)
+        await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+        await ctx.nc.flush()
+        await asyncio.sleep(1.5)  # the scheduler knows the probe
+        samples: list[float] = []
+        plan = [(SessionEventKind.CREATED, "assign"), (SessionEventKind.IDLE, "suspend"),
+                (SessionEventKind.ACTIVE, "resume")]
+        i = 0
+        while len(samples) < count:
+            sid = f"b{i}"
+            i += 1
+            await ctx.registry.create_session(sid, "p", 0)
+            for kind, command in plan:
+                arrived.clear()
+                started = time.perf_counter()
+                await ctx.js.publish(ctx.subjects.session_events,
+                                     encode(SessionEvent(session_id=sid, kind=kind)))
+                deadline = time.monotonic() + 5
+                while (command, sid) not in received:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"no {command} for {sid} within 5 s")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(arrived.wait(), 1.0)
+                    arrived.clear()
+                samples.append((received[(command, sid)] - started) * 1000.0)
+            await ctx.registry.transition(sid, _terminated())
+            await ctx.js.publish(ctx.subjects.session_events,
+                                 encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)))
+        return samples[:count]
+
+
+def _terminated() -> Any:
+    from shared.states import SessionState
+
+    return SessionState.TERMINATED
+
+
+async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
+    """POST on a real gateway to the first pass of a real (tiny) worker."""
+    import aiohttp
+
+    from services.gateway.service import GatewayService
+    from services.gpu_worker.service import WorkerService
+    from services.launcher import free_port
+    from shared.runner import running
+    from shared.settings import GatewaySettings, WorkerSettings
+    from shared.wire import Chunk, ChunkStreamMsg, decode
+
+    env = _env(env["TURBOSERVE_NATS_URL"], env["TURBOSERVE_REDIS_URL"])
+    port = free_port()
+    wsettings = WorkerSettings.from_env(env, worker_id="bench-worker", max_sessions=count + 1,
+                                        chunk_period_s=0.5)
+    gsettings = GatewaySettings.from_env({**env, "TURBOSERVE_API_KEYS": "bench:bench-key-12345"},
+                                         port=port)
+    firsts: dict[str, float] = {}
+    async with _scheduler(env) as ctx, running(WorkerService(wsettings), wsettings), \
+            running(GatewayService(gsettings), gsettings):
+        async def on_chunk(msg: Any) -> None:
+            item = decode(msg.subject, msg.data, ChunkStreamMsg)
+            if isinstance(item, Chunk) and item.seq == 0:
+                firsts[item.session_id] = item.done_at - item.gen_ms / 1000.0
+
+        await ctx.nc.subscribe(ctx.subjects.chunks_wildcard, cb=on_chunk)
+        await ctx.nc.flush()
+        samples: list[float] = []
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            for _ in range(count):
+                posted = time.time()
+                async with http.post("/v1/sessions", json={"prompt": "bench"},
+                                     headers={"Authorization": "Bearer bench-key-12345"}) as resp:
+                    body = await resp.json()
+                    if resp.status != 201:
+                        raise RuntimeError(f"POST /v1/sessions: {resp.status} {body}")
+                sid = body["id"]
+                deadline = time.monotonic() + 30
+                while sid not in firsts:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"no first chunk for {sid} within 30 s")
+                    await asyncio.sleep(0.005)
+                samples.append((firsts[sid] - posted) * 1000.0)
+                async with http.delete(f"/v1/sessions/{sid}",
+                                       headers={"Authorization": f"Bearer {body['token']}"}):
+                    pass
+    return samples
+
+
+async def _cleanup(env: dict[str, str]) -> None:
+    """Remove what the runs left: their Redis keys and JetStream streams (prefix ``bench``)."""
+    import nats
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(env["TURBOSERVE_REDIS_URL"])
+    try:
+        keys = [k async for k in client.scan_iter(match="bench*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+    nc = await nats.connect(env["TURBOSERVE_NATS_URL"])
+    try:
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            if info.config.name and info.config.name.startswith("bench"):
+                with contextlib.suppress(Exception):
+                    await js.delete_stream(info.config.name)
+    finally:
+        await nc.close()
+
+
+def format_table(result: dict[str, Any]) -> str:
+    return "\n".join([
+        "| figure | p50 ms | p99 ms | samples | bar |",
+        "| --- | ---: | ---: | ---: | --- |",
+        f"| event to command | {result['event_to_command_ms_p50']} | "
+        f"{result['event_to_command_ms_p99']} | {result['event_samples']} | p99 < 10 ms |",
+        f"| create to first step | {result['create_to_first_step_ms_p50']} | "
+        f"{result['create_to_first_step_ms_p99']} | {result['create_samples']} | - |",
+    ])

@@ -1,0 +1,79 @@
+"""Redis restarted empty under a running worker: it re-announces the sessions it generates, the
+registry has them again, and they never stop streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+
+from services.launcher import free_port, probe_redis, redis_server_binary
+from shared.states import SessionState
+from tests.integration.worker_harness import start_session, wait_until, worker_in_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def start_redis(port: int, tmp_path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc
+
+
+async def wait_redis(url: str) -> None:
+    for _ in range(100):
+        if probe_redis(url):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("redis did not start")
+
+
+async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_client, tmp_path):
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    redis = start_redis(port, tmp_path)
+    try:
+        await wait_redis(url)
+        env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": url,
+               "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
+        async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (svc, ctx, rx):
+            for sid in ("a", "b"):
+                await start_session(ctx, "w1", sid)
+            await wait_until(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
+                             "chunks")
+            before = {sid: await ctx.registry.get_session(sid) for sid in ("a", "b")}
+            redis.terminate()
+            await asyncio.to_thread(redis.wait)
+            redis = start_redis(port, tmp_path)  # empty: no persistence
+            await wait_redis(url)
+            await wait_until(lambda: True, 0.1, "")
+            for _ in range(100):  # the worker re-announces within a heartbeat or two
+                records = {sid: await _get(ctx, sid) for sid in ("a", "b")}
+                if all(records.values()):
+                    break
+                await asyncio.sleep(0.2)
+            for sid, record in records.items():
+                assert record is not None, f"{sid} was not re-announced"
+                assert record.owner == "w1" and record.state is SessionState.EXECUTING
+                assert record.epoch == before[sid].epoch and record.prompt == before[sid].prompt
+            assert (await ctx.registry.placement()) == {"a": "w1", "b": "w1"}
+            counts = {sid: len(rx.chunks[sid]) for sid in ("a", "b")}
+            await wait_until(lambda: all(len(rx.chunks[s]) >= counts[s] + 4 for s in counts), 30,
+                             "chunks after the restart")
+            for sid in ("a", "b"):
+                seqs = rx.seqs(sid)
+                assert sorted(set(seqs)) == list(range(max(seqs) + 1)), seqs
+                assert (await ctx.registry.get_session(sid)).last_seq >= counts[sid] - 1
+            assert any(w.id == "w1" for w in await ctx.registry.workers())
+    finally:
+        redis.terminate()
+        redis.wait()
+
+
+async def _get(ctx, sid):
+    try:
+        return await ctx.registry.get_session(sid)
+    except Exception:  # noqa: BLE001 - Redis still coming back
+        return None

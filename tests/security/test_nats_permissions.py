@@ -1,0 +1,240 @@
+"""Per-service NATS permissions against a real nats-server started with the generated config.
+
+Who may publish and read what is written here from the protocol (docs/security.md), not taken
+from shared/security.py, so that a wrong permission in the generated config fails a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import api
+
+from services.launcher import Mesh
+from shared.runner import CredentialsRefused, connect_nats
+from shared.security import OPERATOR, SERVICE_ROLES, inbox_prefix, with_user
+from shared.settings import CommonSettings
+from shared.streams import ensure_streams
+from shared.wire import (
+    SessionEvent,
+    SessionEventKind,
+    Subjects,
+    WorkerCmdKind,
+    WorkerCommand,
+    encode,
+)
+from tests.security.conftest import PREFIX, server_log
+
+pytestmark = pytest.mark.integration
+
+SUBJECTS = Subjects(PREFIX)
+PROTOCOL = {
+    "session_events": SUBJECTS.session_events,
+    "chunks": SUBJECTS.chunks("s1"),
+    "worker_cmd": SUBJECTS.worker_cmd("w1"),
+    "heartbeat": SUBJECTS.worker_heartbeat,
+    "handoff": SUBJECTS.worker_handoff("w1"),
+    "migrations": SUBJECTS.migrations,
+    "provisioner_cmd": SUBJECTS.provisioner_cmd,
+    "provisioner_events": SUBJECTS.provisioner_events,
+}
+PUBLISHES = {
+    "gateway": {"session_events", "chunks"},
+    "scheduler": {"worker_cmd", "provisioner_cmd"},
+    "worker": {"chunks", "heartbeat", "migrations", "handoff"},
+    "provisioner": {"provisioner_events"},
+}
+SUBSCRIBES = {
+    "gateway": {"chunks"},
+    "scheduler": {"heartbeat", "provisioner_events", "migrations"},
+    "worker": {"worker_cmd", "handoff", "provisioner_events"},
+    "provisioner": {"heartbeat", "provisioner_cmd"},
+}
+
+
+def url_of(mesh: Mesh, role: str) -> str:
+    return mesh.nats_url if role == OPERATOR else mesh.service_env(role)["TURBOSERVE_NATS_URL"]
+
+
+@contextlib.asynccontextmanager
+async def connected(mesh: Mesh, role: str) -> AsyncIterator[tuple[NATS, list[str]]]:
+    """A connection as ``role`` (with its inbox prefix) and the errors the server sent it."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(url_of(mesh, role), inbox_prefix=inbox_prefix(role),
+                            error_cb=on_error, allow_reconnect=False)
+    try:
+        yield nc, errors
+    finally:
+        await nc.close()
+
+
+async def until(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("role", SERVICE_ROLES)
+async def test_each_service_publishes_only_its_own_subjects(secure_infra, role):
+    async with connected(secure_infra, OPERATOR) as (op, _), \
+            connected(secure_infra, role) as (nc, errors):
+        heard: list[str] = []
+
+        async def on_msg(msg: Any) -> None:
+            heard.append(msg.subject)
+
+        for subject in PROTOCOL.values():
+            await op.subscribe(subject, cb=on_msg)
+        await op.flush()
+        allowed = PUBLISHES[role]
+        # The refused first, then the allowed: one connection's messages arrive in order, so
+        # once the allowed ones are in, a refused one that got through would be in too.
+        for name in sorted(PROTOCOL, key=lambda n: n in allowed):
+            await nc.publish(PROTOCOL[name], b"probe")
+        await nc.flush()
+        await until(lambda: len(heard) >= len(allowed))
+        await op.flush()
+        assert {n for n, s in PROTOCOL.items() if s in heard} == allowed
+        refused = set(PROTOCOL) - allowed
+        await until(lambda: sum("permissions violation" in e for e in errors) >= len(refused))
+
+
+@pytest.mark.parametrize("role", SERVICE_ROLES)
+async def test_each_service_reads_only_its_own_subjects_and_inboxes(secure_infra, role):
+    async with connected(secure_infra, OPERATOR) as (op, _), \
+            connected(secure_infra, role) as (nc, errors):
+        heard: list[str] = []
+
+        async def on_msg(msg: Any) -> None:
+            heard.append(msg.subject)
+
+        others = [r for r in SERVICE_ROLES if r != role]
+        stolen = ["_INBOX.>", *(f"{inbox_prefix(r)}.x" for r in others)]
+        for subject in [*PROTOCOL.values(), *stolen]:
+            await nc.subscribe(subject, cb=on_msg)
+        own_inbox = nc.new_inbox()
+        await nc.subscribe(own_inbox, cb=on_msg)
+        await nc.flush()
+        for subject in [*PROTOCOL.values(), *(f"{inbox_prefix(r)}.x" for r in others)]:
+            await op.publish(subject, b"probe")
+        await op.publish(own_inbox, b"barrier")  # last: everything before it has arrived
+        await op.flush()
+        await until(lambda: own_inbox in heard)
+        got = {n for n, s in PROTOCOL.items() if s in heard}
+        assert got == SUBSCRIBES[role]
+        assert not [s for s in heard if s.startswith("_INBOX.") and s != own_inbox]
+        assert sum("permissions violation" in e for e in errors) == len(PROTOCOL) - len(got) + len(stolen)
+
+
+async def test_gateway_credentials_cannot_command_a_worker(secure_infra):
+    async with connected(secure_infra, "worker") as (worker, _), \
+            connected(secure_infra, "gateway") as (gateway, errors), \
+            connected(secure_infra, "scheduler") as (scheduler, _):
+        commands: list[bytes] = []
+
+        async def on_cmd(msg: Any) -> None:
+            commands.append(msg.data)
+            await msg.respond(b"accepted")  # a worker answers every command it gets
+
+        await worker.subscribe(SUBJECTS.worker_cmd("w1"), cb=on_cmd)
+        await worker.flush()
+        cmd = encode(WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="w1", session_id="s1", epoch=9))
+        with pytest.raises(nats.errors.TimeoutError):
+            await gateway.request(SUBJECTS.worker_cmd("w1"), cmd, timeout=1.0)
+        assert commands == []
+        assert any("permissions violation for publish" in e and ".worker.w1.cmd" in e for e in errors)
+        # the scheduler's credentials can, and the worker may answer it
+        reply = await scheduler.request(SUBJECTS.worker_cmd("w1"), cmd, timeout=5.0)
+        assert reply.data == b"accepted" and commands == [cmd]
+    log = server_log(secure_infra, "nats")
+    assert '"$G/user:gateway" - Publish Violation - Subject "sec.worker.w1.cmd"' in log
+
+
+async def test_worker_credentials_cannot_publish_a_session_event(secure_infra):
+    async with connected(secure_infra, OPERATOR) as (op, _), \
+            connected(secure_infra, "worker") as (worker, errors), \
+            connected(secure_infra, "gateway") as (gateway, _):
+        js = op.jetstream()
+        await ensure_streams(js, SUBJECTS)
+        before = (await js.stream_info(SUBJECTS.sessions_stream)).state.messages
+        event = encode(SessionEvent(session_id="s1", kind=SessionEventKind.CLOSED))
+        with pytest.raises(nats.errors.TimeoutError):
+            await worker.jetstream().publish(SUBJECTS.session_events, event, timeout=1.0)
+        assert any("permissions violation for publish" in e for e in errors)
+        assert (await js.stream_info(SUBJECTS.sessions_stream)).state.messages == before
+        # the gateway's can: JetStream acknowledges it into the stream
+        ack = await gateway.jetstream().publish(SUBJECTS.session_events, event, timeout=5.0)
+        assert ack.stream == SUBJECTS.sessions_stream
+        assert (await js.stream_info(SUBJECTS.sessions_stream)).state.messages == before + 1
+        await js.purge_stream(SUBJECTS.sessions_stream)
+
+
+async def test_only_the_scheduler_consumes_session_events_and_no_service_deletes_streams(secure_infra):
+    async with connected(secure_infra, OPERATOR) as (op, _):
+        await ensure_streams(op.jetstream(), SUBJECTS)
+    for role in ("gateway", "worker", "provisioner"):
+        async with connected(secure_infra, role) as (nc, errors):
+            js = nc.jetstream(timeout=1.0)
+            with pytest.raises(nats.errors.TimeoutError):
+                await js.pull_subscribe(SUBJECTS.session_events, durable="scheduler",
+                                        stream=SUBJECTS.sessions_stream)
+            with pytest.raises(nats.errors.TimeoutError):
+                await js.delete_stream(SUBJECTS.chunks_stream)
+            assert errors, role
+    async with connected(secure_infra, "scheduler") as (nc, _):
+        psub = await nc.jetstream().pull_subscribe(
+            SUBJECTS.session_events, durable="scheduler", stream=SUBJECTS.sessions_stream)
+        with pytest.raises(nats.errors.TimeoutError):
+            await psub.fetch(1, timeout=0.5)  # allowed: the stream is just empty
+    async with connected(secure_infra, "gateway") as (nc, _):
+        # a gateway reads the chunk stream through an ephemeral consumer of its own
+        sub = await nc.jetstream().subscribe(
+            SUBJECTS.chunks("s1"), stream=SUBJECTS.chunks_stream,
+            config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE))
+        await sub.unsubscribe()
+
+
+async def test_runner_connects_with_the_users_inbox_prefix(secure_infra):
+    """The services' own connect: as gateway it can do a JetStream publish, whose ack comes
+    back to ``_INBOX.gateway.*``, the only inboxes it may read."""
+    settings = CommonSettings(nats_url=url_of(secure_infra, "gateway"), connect_timeout_s=5.0)
+    nc = await connect_nats(settings, "test-gateway")
+    try:
+        assert nc.new_inbox().startswith("_INBOX.gateway.")
+        await ensure_streams(nc.jetstream(), SUBJECTS)
+        event = encode(SessionEvent(session_id="s2", kind=SessionEventKind.CLOSED))
+        ack = await nc.jetstream().publish(SUBJECTS.session_events, event, timeout=5.0)
+        assert ack.seq >= 1
+    finally:
+        await nc.close()
+    async with connected(secure_infra, OPERATOR) as (op, _):
+        await op.jetstream().purge_stream(SUBJECTS.sessions_stream)
+
+
+@pytest.mark.parametrize("case", ["wrong password", "unknown user", "no credentials"])
+async def test_wrong_credentials_are_refused_at_once_without_the_secret(secure_infra, case):
+    base = secure_infra.secured["nats"]
+    url = {"wrong password": with_user(base, "gateway", "not-the-password-0123"),
+           "unknown user": with_user(base, "mallory", "not-the-password-0123"),
+           "no credentials": base}[case]
+    settings = CommonSettings(nats_url=url, connect_timeout_s=30.0)
+    started = time.monotonic()
+    with pytest.raises(CredentialsRefused) as refused:
+        await connect_nats(settings, "test-wrong")
+    assert time.monotonic() - started < 15  # not retried until the connect timeout
+    message = str(refused.value)
+    assert "refused" in message and "TURBOSERVE_NATS_URL" in message
+    assert "not-the-password" not in message
+    assert refused.value.retryable is False

@@ -1,0 +1,63 @@
+"""The live latency model: what the workers of a kind measure, over the shipped profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.core.profile import ProfileError
+from services.scheduler.measured import differs, live_profile
+from services.scheduler.shipped import load_profile
+from shared.wire import Heartbeat, WorkerStatus
+
+H20 = load_profile()
+
+
+def beat(wid: str = "w", kind: str = "H20", **kw) -> Heartbeat:
+    fields = {"capacity": 12, "active": 0, "chunk_period_s": 1.25, "gpu_kind": kind, **kw}
+    return Heartbeat(worker_id=wid, status=WorkerStatus.READY, **fields)
+
+
+def test_an_unmeasured_emulated_kind_is_its_shipped_profile():
+    profile = live_profile("H20", [beat()], H20)
+    assert profile.capacity == H20.capacity == 12
+    assert profile.chunk_ms(5) == H20.chunk_ms(5) and profile.deadline_ms == 1250.0
+
+
+def test_measurements_replace_the_shipped_times_and_slots_bound_k():
+    measured = beat(chunk_ms={1: 500.0, 4: 900.0}, capacity=6)
+    other = beat("w2", chunk_ms={1: 520.0}, capacity=8)
+    profile = live_profile("H20", [measured, other], H20)
+    assert profile.chunk_ms(1) == pytest.approx(510.0)  # the median of the two workers
+    assert profile.chunk_ms(4) == pytest.approx(900.0)
+    assert profile.capacity <= 6  # the smallest worker's slots
+    assert profile.name == "H20-measured"
+
+
+def test_the_period_is_the_deadline_and_handoffs_give_the_migration_cost():
+    b = beat(chunk_period_s=0.75, capacity=4, chunk_ms={1: 30.0}, state_bytes=2 * 1024 * 1024,
+             handoff_fixed_ms=3.0, handoff_ms_per_mib=0.5, gpu_kind="cpu")
+    profile = live_profile("cpu", [b], H20)
+    assert profile.deadline_ms == 750.0
+    assert profile.gpu_kind == "cpu" and profile.capacity == 4
+    assert profile.migration_fixed_ms == 3.0
+    assert profile.migration_per_session_ms == pytest.approx(3.0 + 0.5 * 2)
+    assert profile.state_bytes_per_session == 2 * 1024 * 1024
+
+
+def test_an_unknown_kind_without_measurements_keeps_pace_at_its_slots():
+    profile = live_profile("cpu", [beat(kind="cpu", chunk_period_s=0.25, capacity=8)], H20)
+    assert profile.capacity == 8 and profile.chunk_ms(8) <= 250.0
+
+
+def test_an_unusable_measurement_is_an_error_the_caller_survives():
+    with pytest.raises(ProfileError):
+        live_profile("H20", [beat(chunk_ms={1: 5000.0})], H20)
+    with pytest.raises(ProfileError):
+        live_profile("H20", [beat(capacity=0)], H20)
+
+
+def test_differs_ignores_noise_and_sees_change():
+    a = live_profile("H20", [beat(chunk_ms={1: 500.0})], H20)
+    b = live_profile("H20", [beat(chunk_ms={1: 510.0})], H20)
+    c = live_profile("H20", [beat(chunk_ms={1: 800.0})], H20)
+    assert not differs(a, b) and differs(a, c)

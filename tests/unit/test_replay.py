@@ -1,0 +1,53 @@
+"""The replay's own logic: the trace window, and counting what viewers saw."""
+
+from __future__ import annotations
+
+from services.replay import ReplayConfig, SessionLog, select_events, summarize
+from services.scheduler.sim.traceio import TraceEvent
+from services.scheduler.sim.viewer import ServiceLedger
+
+EVENTS = [TraceEvent(0.0, "a", "arrive"), TraceEvent(5.0, "b", "arrive"),
+          TraceEvent(8.0, "a", "idle"), TraceEvent(12.0, "a", "active"),
+          TraceEvent(20.0, "b", "depart"), TraceEvent(30.0, "a", "depart")]
+
+
+def config(**kw) -> ReplayConfig:
+    return ReplayConfig(gateway="http://x", api_key=None, operator_key=None, speed=1.0, **kw)
+
+
+def test_the_window_is_retimed_and_sessions_still_there_depart_at_its_end():
+    assert select_events(EVENTS, config()) == [(e.t, e.session_id, e.event) for e in EVENTS]
+    window = select_events(EVENTS, config(offset_s=4.0, duration_s=10.0))
+    # "a" arrived before the window: left out; "b" still there at its end: departs then.
+    assert window == [(1.0, "b", "arrive"), (1.0, "b", "depart")]
+    assert [e for e in select_events(EVENTS, config(max_sessions=1)) if e[1] == "b"] == []
+
+
+def test_a_viewer_counts_lateness_startup_and_a_spell_that_ended_waiting():
+    log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.activate(100.0)
+    log.chunk(0, due_at=100.0, done_at=100.4, now=100.41)  # first of the spell: 400 ms startup
+    log.chunk(1, due_at=101.0, done_at=100.9, now=100.91)  # on time
+    log.chunk(2, due_at=102.0, done_at=104.5, now=104.5)  # 2.5 s late: 3 periods missed
+    log.deactivate(104.6)  # the next chunk was not yet due: nothing owed
+    assert log.ledger.on_time == 2 and log.ledger.missed_periods == 3
+    log.activate(110.0)
+    log.deactivate(113.5)  # nothing came in 3.5 s: 2.5 s past the deadline -> 3 periods
+    result = summarize([log], 1000.0, None, None, 0, 14.0)
+    assert result["chunks"] == 3 and result["chunks_lost"] == 0 and result["seq_repeats"] == 0
+    assert result["missed_periods"] == 6
+    assert result["stall_adjusted_attainment"] == round(2 / (2 + 6), 6)
+    assert result["cost_gpu_seconds"] is None  # no operator key, no account
+
+
+def test_gaps_and_repeats_are_counted():
+    log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.id = "x"
+    for seq in (0, 1, 3, 3, 4):
+        log.chunk(seq, due_at=0.0, done_at=0.0, now=0.0)
+    result = summarize([log], 1000.0, {"counters": {"migrations": 2}, "cost": {"gpu_seconds": 5}},
+                       {"counters": {"migrations": 5, "scale_out_events": 1},
+                        "cost": {"gpu_seconds": 65.5}}, 3, 10.0)
+    assert result["chunks_lost"] == 1 and result["seq_repeats"] == 1
+    assert result["migrations"] == 3 and result["scale_out_events"] == 1
+    assert result["cost_gpu_seconds"] == 60.5 and result["peak_gpus"] == 3
