@@ -114,6 +114,7 @@ async def _scheduler(env: dict[str, str]) -> AsyncIterator[Any]:
 async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
     """A probe worker answers every command at once; time event publish -> command received."""
     from shared.registry import WorkerRecord
+    from shared.runner import subscriptions_live
     from shared.wire import (
         CommandReply,
         Heartbeat,
@@ -144,7 +145,7 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
         beat = Heartbeat(worker_id="probe", status=WorkerStatus.READY, capacity=count + 10,
                          active=0, gpu_kind="H20", chunk_period_s=1.25)
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
-        await ctx.nc.flush()
+        await subscriptions_live(ctx.nc)
         await asyncio.sleep(1.5)  # the scheduler knows the probe
         samples: list[float] = []
         plan = [(SessionEventKind.CREATED, "assign"), (SessionEventKind.IDLE, "suspend"),
@@ -186,7 +187,7 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
     from services.gateway.service import GatewayService
     from services.gpu_worker.service import WorkerService
     from services.launcher import free_port
-    from shared.runner import running
+    from shared.runner import running, subscriptions_live
     from shared.settings import GatewaySettings, WorkerSettings
     from shared.wire import Chunk, ChunkStreamMsg, decode
 
@@ -205,7 +206,7 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
                 firsts[item.session_id] = item.done_at - item.gen_ms / 1000.0
 
         await ctx.nc.subscribe(ctx.subjects.chunks_wildcard, cb=on_chunk)
-        await ctx.nc.flush()
+        await subscriptions_live(ctx.nc)
         samples: list[float] = []
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
             for _ in range(count):

@@ -22,6 +22,7 @@ _TOP_LEVEL = (
     "services.provisioner.cli",     # provisioner
     "services.ctl",                 # ctl status|migrate|drain|undrain
     "services.replay",              # replay (load generator)
+    "services.chaos",               # chaos (a replay while components die)
     "services.scheduler.sim.cli",   # sim traces|run|profile|evaluate
 )
 _BENCH = (

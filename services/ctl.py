@@ -184,6 +184,7 @@ class Ctl:
         return reply
 
     async def migrate(self, session_id: str, target: str, wait_s: float) -> dict[str, Any]:
+        from shared.runner import subscriptions_live
         from shared.wire import MigrationReport, decode_or_drop
 
         ctx = self.ctx
@@ -207,7 +208,7 @@ class Ctl:
                 reports.put_nowait(report)
 
         sub = await ctx.nc.subscribe(ctx.subjects.migrations, cb=on_report)
-        await ctx.nc.flush()
+        await subscriptions_live(ctx.nc)
         try:
             await self.command(record.owner, cmd)
             try:

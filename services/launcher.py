@@ -163,8 +163,10 @@ class Mesh:
         env = {"TURBOSERVE_NATS_URL": self._url_of("nats", name, self.nats_url),
                "TURBOSERVE_REDIS_URL": self._url_of("redis", name, self.redis_url)}
         if name == PROVISIONER:  # the workers it starts get theirs
-            env["TURBOSERVE_WORKER_NATS_URL"] = self._url_of("nats", WORKER, self.nats_url)
-            env["TURBOSERVE_WORKER_REDIS_URL"] = self._url_of("redis", WORKER, self.redis_url)
+            if "nats" in self.secured:
+                env["TURBOSERVE_WORKER_NATS_URL"] = self._url_of("nats", WORKER, self.nats_url)
+            if "redis" in self.secured:
+                env["TURBOSERVE_WORKER_REDIS_URL"] = self._url_of("redis", WORKER, self.redis_url)
         return env
 
     def _url_of(self, server: str, role: str, shared: str) -> str:
@@ -492,7 +494,8 @@ def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
         "",
         "=" * 72,
         f"TurboServe is up at {url}",
-        f"  playground: {url}/    dashboard: {url}/dashboard",
+        f"  playground: {url}/" + (f"#key={api_key}" if api_key else ""),
+        f"  dashboard:  {url}/dashboard" + (f"#key={operator_key}" if operator_key else ""),
     ]
     if api_key:
         lines.append(f"API key: {api_key}")

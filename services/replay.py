@@ -47,6 +47,12 @@ class SessionLog:
     spell_start: float | None = None  # when the current active spell began (wall clock)
     first_of_spell: bool = True
     next_due: float | None = None  # when the next chunk is due by the worker's clock
+    last_epoch: int | None = None  # the owner epoch of the last chunk
+    announced: bool = False  # a state event came since the last chunk
+    silent_restarts: int = 0  # the owner changed with no state event: never expected
+    received: list[float] = field(default_factory=list)  # when each chunk arrived
+    stall_s: float = 0.0  # the longest wait for a chunk beyond one period, while active
+    ended: bool = False  # its stream ended with `event: end`
     errors: list[str] = field(default_factory=list)
 
     def activate(self, now: float) -> None:
@@ -57,13 +63,28 @@ class SessionLog:
         """The spell ends: if its next chunk is overdue, the viewer was left waiting."""
         if self.spell_start is None:
             return
+        last = self.received[-1] if self.received and not self.first_of_spell else None
+        if last is not None:  # a stream that froze until the spell ended
+            self.stall_s = max(self.stall_s, now - last - self.ledger.period_s)
         if self.first_of_spell:
             self.ledger.spell_ended((now - self.spell_start) * 1000.0, first=True)
         elif self.next_due is not None:
             self.ledger.spell_ended((now - self.next_due) * 1000.0, first=False)
         self.spell_start = None
 
+    def owner(self, epoch: int | None) -> None:
+        """A chunk from the owner at ``epoch``: a new owner is always announced first (placed,
+        migrated, recovered, restarted); one that is not would be a silent restart."""
+        if epoch is None:
+            return
+        if self.last_epoch is not None and epoch != self.last_epoch and not self.announced:
+            self.silent_restarts += 1
+        self.last_epoch, self.announced = epoch, False
+
     def chunk(self, seq: int, due_at: float, done_at: float, now: float) -> None:
+        if self.received and self.spell_start is not None and not self.first_of_spell:
+            self.stall_s = max(self.stall_s, now - self.received[-1] - self.ledger.period_s)
+        self.received.append(now)
         self.seqs.append(seq)
         self.delivery_ms.append(max(0.0, now - done_at) * 1000.0)
         latency_ms = (done_at - due_at) * 1000.0
@@ -87,6 +108,7 @@ class ReplayConfig:
     deadline_ms: float | None = None
     period_s: float | None = None
     max_sessions: int | None = None
+    more_gateways: tuple[str, ...] = ()  # others to fail over to (any gateway serves any session)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -96,8 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", required=True, help="a trace CSV (t,session_id,event) or a built-in "
                    "name (calm, diurnal, steps, bursty, flash_crowd, chaotic)")
     p.add_argument("--gateway", default=None,
-                   help="gateway URL (default: the one `turboserve up` runs, else "
-                        "http://127.0.0.1:8080)")
+                   help="gateway URL, or several comma-separated (a viewer fails over to the "
+                        "next; default: the one `turboserve up` runs, else http://127.0.0.1:8080)")
     p.add_argument("--api-key", default=None, help="API key to create sessions (default: "
                    "TURBOSERVE_API_KEY, or the one `turboserve up` made)")
     p.add_argument("--operator-key", default=None, help="to read the mesh's account (cost, "
@@ -134,8 +156,10 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, FileNotFoundError, OSError) as exc:
         return fail("replay", exc)
     state = read_state() or {}
+    urls = [u.strip().rstrip("/") for u in (args.gateway or state.get("gateway_url")
+                                            or "http://127.0.0.1:8080").split(",") if u.strip()]
     config = ReplayConfig(
-        gateway=(args.gateway or state.get("gateway_url") or "http://127.0.0.1:8080").rstrip("/"),
+        gateway=urls[0], more_gateways=tuple(urls[1:]),
         api_key=args.api_key or os.environ.get("TURBOSERVE_API_KEY") or state.get("api_key") or None,
         operator_key=(args.operator_key or os.environ.get("TURBOSERVE_OPERATOR_KEY")
                       or state.get("operator_key") or None),
@@ -188,13 +212,53 @@ def select_events(events: Any, config: ReplayConfig) -> list[tuple[float, str, s
     return out
 
 
+class Gateways:
+    """The gateway URLs a viewer may use (any gateway serves any session): a request that
+    cannot reach one is sent to the next, the way a client behind a load balancer retries."""
+
+    def __init__(self, session: Any, urls: list[str]) -> None:
+        self.session = session
+        self.urls = urls
+        self.current = 0
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        return _Failover(self, method, path, kw)
+
+
+class _Failover:
+    """``async with gateways.request(...) as resp``: tries each gateway once, current first."""
+
+    def __init__(self, pool: Gateways, method: str, path: str, kw: dict[str, Any]) -> None:
+        self.pool, self.method, self.path, self.kw = pool, method, path, kw
+        self._ctx: Any = None
+
+    async def __aenter__(self) -> Any:
+        import aiohttp
+
+        error: Exception | None = None
+        for _ in range(len(self.pool.urls)):
+            url = self.pool.urls[self.pool.current] + self.path
+            self._ctx = self.pool.session.request(self.method, url, **self.kw)
+            try:
+                return await self._ctx.__aenter__()
+            except aiohttp.ClientConnectionError as exc:
+                error = exc
+                self.pool.current = (self.pool.current + 1) % len(self.pool.urls)
+        assert error is not None
+        raise error
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._ctx.__aexit__(*exc)
+
+
 async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
                  progress: Any = None) -> dict[str, Any]:
     import aiohttp
 
     logs: dict[str, SessionLog] = {}
     timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
-    async with aiohttp.ClientSession(config.gateway, timeout=timeout) as http:
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        http = Gateways(session, [config.gateway, *config.more_gateways])
         before = await _cluster(http, config)
         deadline_ms = config.deadline_ms or _deadline(before) or DEFAULT_DEADLINE_MS
         period_s = config.period_s or deadline_ms / 1000.0
@@ -251,6 +315,7 @@ async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
         if log.id is not None:
             log.activate(now)
             task = asyncio.create_task(_read_stream(http, log))
+            task.add_done_callback(lambda t, log=log: _record_failure(t, log))
             readers.add(task)
             task.add_done_callback(readers.discard)
         return
@@ -264,53 +329,93 @@ async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
         await _control(http, log, "resume")
     elif kind == "depart":
         log.deactivate(now)
-        async with http.delete(f"/v1/sessions/{log.id}", headers=_bearer(log.token)) as resp:
-            if resp.status >= 400:
-                log.errors.append(f"DELETE {resp.status}")
+        status, _ = await _call(http, "DELETE", f"/v1/sessions/{log.id}", _bearer(log.token))
+        if status >= 400:
+            log.errors.append(f"DELETE {status}")
+
+
+def _record_failure(task: asyncio.Task[None], log: SessionLog) -> None:
+    """A viewer that stopped on an error nobody expected: counted, never silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log.errors.append(f"viewer stopped: {task.exception()!r}")
+
+
+RETRY_S = 15.0  # how long a request is retried while the mesh answers 5xx, 429 or nothing
+
+
+async def _call(http: Any, method: str, path: str, headers: dict[str, str],
+                body: Any = None) -> tuple[int, Any]:
+    """A request retried (with a growing pause, for up to ``RETRY_S``) while the gateways
+    answer a retryable error or do not answer, as a real client would; (status, JSON body)
+    of the last answer, status 0 when none came."""
+    import aiohttp
+
+    deadline = time.monotonic() + RETRY_S
+    delay = 0.25
+    status, data = 0, None
+    while True:
+        try:
+            async with http.request(method, path, headers=headers, json=body) as resp:
+                status = resp.status
+                data = await resp.json(content_type=None) if resp.content_length != 0 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            status, data = 0, None
+        if status and status < 500 and status != 429:
+            return status, data
+        if time.monotonic() + delay > deadline:
+            return status, data
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 2.0)
 
 
 async def _create(http: Any, config: ReplayConfig, log: SessionLog) -> None:
-    import aiohttp
-
     body = {"prompt": f"replayed session {log.trace_id}"}
-    try:
-        async with http.post("/v1/sessions", json=body, headers=_bearer(config.api_key)) as resp:
-            data = await resp.json(content_type=None)
-            if resp.status != 201:
-                log.refused = (data or {}).get("error", {}).get("code", str(resp.status))
-                if resp.status in (401, 403):
-                    raise ReplayError(f"the gateway refused the API key ({resp.status}): give "
-                                      "--api-key")
-                return
-    except aiohttp.ClientConnectionError as exc:
-        raise ReplayError(f"cannot reach the gateway at {config.gateway}: {exc}") from None
+    status, data = await _call(http, "POST", "/v1/sessions", _bearer(config.api_key), body)
+    if status == 0:
+        raise ReplayError(f"cannot reach the gateway at {config.gateway}")
+    if status != 201:
+        log.refused = (data or {}).get("error", {}).get("code", str(status))
+        if status in (401, 403):
+            raise ReplayError(f"the gateway refused the API key ({status}): give --api-key")
+        return
     log.id, log.token = data["id"], data.get("token", "")
 
 
 async def _control(http: Any, log: SessionLog, action: str) -> None:
-    async with http.post(f"/v1/sessions/{log.id}/{action}", headers=_bearer(log.token)) as resp:
-        if resp.status >= 400 and resp.status != 409:
-            log.errors.append(f"{action} {resp.status}")
+    status, _ = await _call(http, "POST", f"/v1/sessions/{log.id}/{action}", _bearer(log.token))
+    if status >= 400 and status != 409 or status == 0:
+        log.errors.append(f"{action} {status}")
 
 
-async def _read_stream(http: Any, log: SessionLog, max_reconnects: int = 20) -> None:
-    """Follow the session's SSE stream to its end, reconnecting with Last-Event-ID."""
+async def _read_stream(http: Any, log: SessionLog, max_reconnects: int = 60) -> None:
+    """Follow the session's SSE stream to its end, reconnecting with Last-Event-ID (as a
+    browser's EventSource does): after a dropped connection or a retryable answer (5xx, 429),
+    with a growing pause; a refusal that cannot change (401, 403, 404) ends it."""
     import aiohttp
 
+    delay = 0.25
     for _ in range(max_reconnects):
         headers = _bearer(log.token)
         if log.seqs:
             headers["Last-Event-ID"] = str(log.seqs[-1])
         try:
-            async with http.get(f"/v1/sessions/{log.id}/stream", headers=headers) as resp:
-                if resp.status != 200:
+            async with http.request("GET", f"/v1/sessions/{log.id}/stream",
+                                    headers=headers) as resp:
+                if resp.status in (401, 403, 404):
                     log.errors.append(f"stream {resp.status}")
                     return
-                if await _follow(resp, log):
-                    return
+                if resp.status == 200:
+                    delay = 0.25
+                    if await _follow(resp, log):
+                        return
+                else:
+                    log.errors.append(f"stream {resp.status}")
         except (TimeoutError, aiohttp.ClientError) as exc:
             log.errors.append(f"stream: {type(exc).__name__}")
-        await asyncio.sleep(0.5)
+        except ValueError as exc:  # a malformed event: say so, and read on from the next
+            log.errors.append(f"stream: bad event ({exc})")
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 2.0)
 
 
 async def _follow(resp: Any, log: SessionLog) -> bool:
@@ -327,6 +432,7 @@ async def _follow(resp: Any, log: SessionLog) -> bool:
                 body = orjson.loads(data)
                 timing = body.get("timing", {})
                 now = time.time()
+                log.owner(body.get("epoch"))
                 log.chunk(int(body["seq"]), float(timing.get("due_at", now)),
                           float(timing.get("done_at", now)), now)
             elif event == "state" and data:
@@ -334,7 +440,9 @@ async def _follow(resp: Any, log: SessionLog) -> bool:
                 kind = str(state.get("kind") or state.get("state") or "")
                 log.states.append(kind)
                 log.restarts += kind == "restarted"
+                log.announced = True
             elif event == "end":
+                log.ended = True
                 return True
             event, data = "", b""
     return False
@@ -348,7 +456,8 @@ async def _cluster(http: Any, config: ReplayConfig) -> dict[str, Any] | None:
     if not config.operator_key:
         return None
     try:
-        async with http.get("/v1/cluster", headers=_bearer(config.operator_key)) as resp:
+        async with http.request("GET", "/v1/cluster",
+                                headers=_bearer(config.operator_key)) as resp:
             if resp.status != 200:
                 return None
             return await resp.json()
@@ -368,7 +477,7 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
     """The run's figures, under the same definitions as the simulator's (``ServiceLedger``)."""
     period_s = logs[0].ledger.period_s if logs else deadline_ms / 1000.0
     total = ServiceLedger(period_s, deadline_ms)
-    lost = repeats = 0
+    lost = repeats = gaps = 0
     for log in logs:
         total.latencies_ms += log.ledger.latencies_ms
         total.chunks += log.ledger.chunks
@@ -380,6 +489,9 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
             seen.add(seq)
         if seen:
             lost += (max(seen) - min(seen) + 1) - len(seen) + min(seen)  # gaps, and a late start
+            ordered = sorted(seen)
+            gaps += sum(1 for a, b in zip(ordered, ordered[1:], strict=False) if b > a + 1)
+            gaps += ordered[0] > 0
     service = total.summary()
     result: dict[str, Any] = {
         "sessions": sum(1 for log in logs if log.id is not None),
@@ -387,7 +499,11 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
         "chunks": total.chunks,
         "chunks_lost": lost,
         "seq_repeats": repeats,
+        "seq_gaps": gaps,
+        "sessions_completed": sum(1 for log in logs if log.ended),
+        "stall_s": summary([max(0.0, log.stall_s) for log in logs if log.id is not None]),
         "restarts": sum(log.restarts for log in logs),
+        "silent_restarts": sum(log.silent_restarts for log in logs),
         "latency_ms": service["latency_ms"],
         "delivery_ms": summary([x for log in logs for x in log.delivery_ms]),
         "deadline_ms": deadline_ms,
@@ -396,6 +512,12 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
         "stall_adjusted_attainment": service["stall_adjusted_attainment"],
         "missed_periods": total.missed_periods,
         "errors": sum(len(log.errors) for log in logs),
+        # The sessions that waited longest for a chunk, with what their viewer went through.
+        "worst_stalls": [
+            {"trace_id": log.trace_id, "id": log.id, "stall_s": round(log.stall_s, 3),
+             "chunks": len(log.seqs), "states": log.states[-8:], "errors": log.errors[-5:]}
+            for log in sorted(logs, key=lambda x: -x.stall_s)[:3]
+        ],
         "wall_s": round(wall_s, 1),
     }
     result.update(_account(before, after, peak_gpus))

@@ -193,14 +193,16 @@ class GatewayStore:
         return [self.viewers_key(session_id), self.replicas_key, self.sessions_key, self.activity_key]
 
     # -- replicas, sessions and their lifetimes ---------------------------------------------------
-    async def replica_alive(self, replica_id: str, ttl_s: float, now: float | None = None) -> None:
+    async def replica_alive(self, replica_id: str, ttl_s: float, now: float | None = None) -> bool:
         """This replica (and every viewer it holds) is alive for ``ttl_s`` more; replicas dead
-        for a long while are forgotten."""
+        for a long while are forgotten. True when Redis did not know the replica (its first
+        beat, or Redis restarted empty: its viewers must be recorded again)."""
         now = time.time() if now is None else now
         async with self.r.pipeline(transaction=False) as pipe:
             pipe.zadd(self.replicas_key, {replica_id: now + ttl_s})
             pipe.zremrangebyscore(self.replicas_key, "-inf", now - REPLICAS_KEPT_S)
-            await pipe.execute()
+            added, _ = await pipe.execute()
+        return bool(added)
 
     async def replica_gone(self, replica_id: str) -> None:
         """This replica stops: its viewers count no more."""
@@ -226,6 +228,12 @@ class GatewayStore:
     async def activity(self, session_id: str) -> Activity | None:
         raw = await self.r.hget(self.activity_key, session_id)
         return None if raw is None else Activity(raw.decode() if isinstance(raw, bytes) else raw)
+
+    async def activities(self, session_ids: list[str]) -> list[Activity | None]:
+        if not session_ids:
+            return []
+        raw = cast(list[bytes | None], await self.r.hmget(self.activity_key, session_ids))
+        return [None if v is None else Activity(_text(v)) for v in raw]
 
     async def flip(self, session_id: str, sources: tuple[Activity, ...], target: Activity) -> Activity | None:
         """Set the activity to ``target`` if it is one of ``sources``; returns what it was

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 
@@ -22,7 +23,11 @@ def configure_logging(level: str = "info", fmt: str = "auto", service: str | Non
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if use_console:
-        renderer: structlog.types.Processor = structlog.dev.ConsoleRenderer()
+        # Tracebacks without the frames' local variables: a local may hold a key or a token.
+        formatter = (structlog.dev.RichTracebackFormatter(show_locals=False)
+                     if importlib.util.find_spec("rich") else structlog.dev.plain_traceback)
+        renderer: structlog.types.Processor = structlog.dev.ConsoleRenderer(
+            exception_formatter=formatter)
     else:
         shared.append(structlog.processors.format_exc_info)
         renderer = structlog.processors.JSONRenderer()

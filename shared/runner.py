@@ -28,6 +28,7 @@ from shared.logging import configure_logging, get_logger
 from shared.registry import Registry
 from shared.security import inbox_prefix, url_user
 from shared.settings import CommonSettings, mask_url
+from shared.streams import ensure_streams
 from shared.wire import Subjects
 
 log = get_logger("turboserve.runner")
@@ -62,6 +63,9 @@ class ServiceContext:
     registry: Registry
     subjects: Subjects
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # Run after every reconnection to NATS (a NATS that restarted lost its memory streams and
+    # the consumers on them): the streams are declared again first, then these, in order.
+    reconnect_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _failure: asyncio.Future[BaseException] | None = None
 
@@ -108,7 +112,10 @@ async def retry(
             delay = min(delay * 2, 5.0)
 
 
-async def connect_nats(settings: CommonSettings, name: str) -> NATS:
+async def connect_nats(
+    settings: CommonSettings, name: str,
+    reconnect_hooks: list[Callable[[], Awaitable[None]]] | None = None,
+) -> NATS:
     # A user/password URL connects as that user, whose replies arrive under its own inbox
     # prefix (the only inboxes its NATS permissions let it read: shared/security.py).
     user = url_user(settings.nats_url)
@@ -118,6 +125,15 @@ async def connect_nats(settings: CommonSettings, name: str) -> NATS:
         if "authorization violation" in str(exc).lower():
             refused.append(exc)
         log.warning("nats_error", error=str(exc))
+
+    async def _reconnected_cb() -> None:
+        log.info("nats_reconnected")
+        for hook in list(reconnect_hooks or ()):
+            try:
+                await hook()
+            except Exception as exc:  # noqa: BLE001 - one hook's failure must not stop the others
+                log.warning("reconnect_hook_failed", hook=getattr(hook, "__name__", "?"),
+                            error=repr(exc))
 
     async def _attempt() -> NATS:
         # With reconnects allowed, nats-py retries a *first* connect forever; bound each attempt
@@ -133,6 +149,7 @@ async def connect_nats(settings: CommonSettings, name: str) -> NATS:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=1,
                     error_cb=_error_cb,
+                    reconnected_cb=_reconnected_cb,
                     inbox_prefix=inbox_prefix(user) if user else "_INBOX",
                 ),
                 timeout=3.0,
@@ -175,8 +192,16 @@ async def subscriptions_live(nc: NATS, timeout_s: float = 10.0) -> None:
     await echo.next_msg(timeout=timeout_s)
 
 
+# Connections one service opens to Redis at most; more callers wait for one (a burst of a
+# thousand streams must queue, not fail).
+REDIS_MAX_CONNECTIONS = 64
+
+
 async def connect_redis(settings: CommonSettings) -> aioredis.Redis:
-    client = aioredis.from_url(settings.redis_url, socket_connect_timeout=2, health_check_interval=10)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=REDIS_MAX_CONNECTIONS, timeout=10,
+        socket_connect_timeout=2, health_check_interval=10)
+    client = aioredis.Redis.from_pool(pool)  # it owns the pool: aclose() closes it
 
     async def _attempt() -> aioredis.Redis:
         try:
@@ -194,20 +219,28 @@ async def connect_redis(settings: CommonSettings) -> aioredis.Redis:
 
 
 async def open_context(settings: CommonSettings, name: str) -> ServiceContext:
-    nc = await connect_nats(settings, name)
+    hooks: list[Callable[[], Awaitable[None]]] = []
+    nc = await connect_nats(settings, name, hooks)
     try:
         client = await connect_redis(settings)
     except BaseException:
         await nc.close()
         raise
-    return ServiceContext(
+    ctx = ServiceContext(
         settings=settings,
         nc=nc,
         js=nc.jetstream(),
         redis=client,
         registry=Registry(client, settings.redis_namespace),
         subjects=settings.subjects,
+        reconnect_hooks=hooks,
     )
+
+    async def declare_streams() -> None:
+        await ensure_streams(ctx.js, ctx.subjects)
+
+    hooks.append(declare_streams)
+    return ctx
 
 
 async def close_context(ctx: ServiceContext) -> None:

@@ -66,7 +66,8 @@ def inbox_prefix(user: str) -> str:
 
 
 def _stream_admin(subjects: Subjects) -> tuple[str, ...]:
-    """Create or bring up to date the two streams (every service that calls ``ensure_streams``)."""
+    """Create or bring up to date the two streams: every service declares them when it connects
+    and again after each reconnection (a NATS that restarted lost its memory streams)."""
     return tuple(f"$JS.API.STREAM.{op}.{stream}"
                  for stream in (subjects.sessions_stream, subjects.chunks_stream)
                  for op in ("CREATE", "UPDATE"))
@@ -83,9 +84,8 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
                 subjects.session_events,  # through JetStream: its ack comes to the inbox
                 subjects.chunks_wildcard,  # the StreamEnd of a session it closes
                 *_stream_admin(subjects),
-                # an ephemeral push consumer per watched session (the server drops it once
-                # nobody reads it)
-                f"$JS.API.CONSUMER.CREATE.{chunks}",
+                # an ephemeral push consumer per watched session, deleted when nobody watches
+                f"$JS.API.CONSUMER.CREATE.{chunks}", f"$JS.API.CONSUMER.DELETE.{chunks}.*",
                 inbox,
             ),
             subscribe=(subjects.chunks_wildcard, inbox),
@@ -122,7 +122,7 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
         )
     if role == PROVISIONER:
         return NatsPermissions(
-            publish=(subjects.provisioner_events, inbox),
+            publish=(subjects.provisioner_events, *_stream_admin(subjects), inbox),
             subscribe=(subjects.worker_heartbeat, subjects.provisioner_cmd, inbox),
             allow_responses=True,
         )

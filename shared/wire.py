@@ -181,6 +181,10 @@ class WorkerCommand(_Msg, tag="worker_cmd"):
     # The scheduler leadership term that sent it (0: an operator); a worker refuses a term
     # that no longer leads, so a deposed scheduler commands nobody.
     term: int = 0
+    # ASSIGN: the digest of the session's client token and the name of the API key that made
+    # it, so that the owner can write the session's record back if Redis loses it.
+    token_hash: str = ""
+    owner_key: str = ""
 
 
 class CommandReply(_Msg, tag="command_reply"):

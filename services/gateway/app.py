@@ -76,6 +76,7 @@ def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
         gw.note_chunk_latency(chunk.worker_id, chunk.done_at, metrics.observe_chunk(chunk))
 
     hub = FeedHub(ctx.js, ctx.subjects, registry, settings.client_queue_chunks, on_chunk)
+    ctx.reconnect_hooks.append(hub.resubscribe_all)  # after the streams are declared again
     gw = Gateway(
         ctx=ctx,
         settings=settings,

@@ -1,13 +1,18 @@
 """Chunks of a session, fanned out from one JetStream subscription to every client watching it
 on this gateway, each through its own bounded queue.
 
-A :class:`Feed` reads the session's chunk subject once (an ordered consumer from the start of
-what the stream retains) and keeps the recent entries in a ring, so that a client joining with
-``Last-Event-ID`` gets what it missed and then the live chunks. A :class:`Viewer` is one client:
-when it falls ``queue_chunks`` chunks behind, its queued chunks are dropped and it gets a
-:class:`Lag` marker instead, so it skips to the live edge and never holds up anyone else.
-A feed ends on the session's ``StreamEnd``, or when the registry says the session is over and
-the stream has nothing more for it.
+A :class:`Feed` reads the session's chunk subject once, from the start of what the stream
+retains (64 chunks, five minutes), then live. It keeps the last few chunks in a ring, so that a
+client joining with a recent ``Last-Event-ID`` shares the feed and gets what it missed from the
+ring; one asking for more than the ring holds gets a feed of its own, which replays the stream.
+A :class:`Viewer` is one client: when it falls ``queue_chunks`` chunks behind the live edge, its
+queued chunks are dropped and it gets a :class:`Lag` marker instead, so it skips ahead and never
+holds up anyone else (what it asked to catch up on is delivered whole first).
+
+What a feed relays is fenced: a chunk or notice from an owner the session has left (an epoch
+below the highest seen) is dropped, as is a chunk whose frames are not in the wire's compact
+form (they go out verbatim). A feed ends on the session's ``StreamEnd``, or when the registry
+says the session is over and the stream has nothing more for it.
 """
 
 from __future__ import annotations
@@ -23,36 +28,40 @@ from typing import Any
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from redis.exceptions import RedisError
 
 from services.gateway import errors
-from services.gateway.chunkview import ChunkView, FeedMsg
+from services.gateway.chunkview import ChunkView, FeedMsg, frames_fault
 from shared.logging import get_logger
 from shared.registry import Registry
 from shared.states import SessionState
-from shared.streams import CHUNKS_PER_SESSION
 from shared.wire import SessionNotice, StreamEnd, Subjects, decode_or_drop
 
 log = get_logger("turboserve.gateway")
 
-# Entries a feed keeps for clients that join late: the chunks the stream retains, plus notices.
-RING_ENTRIES = 2 * CHUNKS_PER_SESSION
+# Chunks a shared feed keeps for clients that join late (memory: a thousand watched sessions
+# hold a few thousand chunks); a client that wants older ones gets its own feed.
+RING_CHUNKS = 8
 # A feed with no message for this long asks the registry whether its session is over; it asks
 # again after twice as long each time (up to QUIET_CHECK_MAX_S) while nothing comes.
 QUIET_CHECK_S = 1.0
 QUIET_CHECK_MAX_S = 8.0
+# A session missing from the registry this long is over (a closed one stays there for an hour);
+# less may be a Redis that restarted empty, whose owner writes the session back within seconds.
+MISSING_FOR_S = 60.0
 # The server drops a consumer whose gateway stopped reading it for this long.
 CONSUMER_INACTIVE_S = 60.0
 
 
 class Entry:
-    """One chunk or notice, with its encodings cached: every client of a feed shares them."""
+    """One chunk or notice. ``ws`` caches its WebSocket message: every socket of a feed shares
+    it (SSE events are cheap to make: the frames are spliced in as they came)."""
 
-    __slots__ = ("item", "sse", "ws")
+    __slots__ = ("item", "ws")
 
     def __init__(self, item: ChunkView | SessionNotice) -> None:
         self.item = item
-        self.sse: bytes | None = None
-        self.ws: Any = None
+        self.ws: bytes | str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,7 @@ class End:
 
 class Viewer:
     """One client's queue. ``cursor`` is the highest chunk seq queued for it (chunks at or below
-    it are never queued again: replays and a fenced worker's leftovers are skipped)."""
+    it are never queued again, nor notices from before it)."""
 
     def __init__(self, feed: Feed, last_seq: int, queue_chunks: int) -> None:
         self.feed = feed
@@ -85,19 +94,23 @@ class Viewer:
         self.lags = 0
         self._wake = asyncio.Event()
 
-    def offer(self, entry: Entry) -> None:
+    def offer(self, entry: Entry, catching_up: bool = False) -> None:
+        """Queue ``entry``. ``catching_up``: it is history the client asked for; the queue
+        grows to hold all of it before the bound bites again."""
         if self.ended:
             return
         item = entry.item
         if isinstance(item, ChunkView):
             if item.seq <= self.cursor:
                 return
-            if self.queued_chunks >= self.cap:
+            if catching_up:
+                self.cap = max(self.cap, self.queued_chunks + 1 + self.base_cap)
+            elif self.queued_chunks >= self.cap:
                 self._skip()
             self.cursor = item.seq
             self.queued_chunks += 1
         elif item.next_seq <= self.cursor:
-            return  # it happened before what the client has (history being replayed)
+            return  # it happened before what the client has
         self.items.append(entry)
         self._wake.set()
 
@@ -118,12 +131,6 @@ class Viewer:
             self.items.append(end)
             self._wake.set()
 
-    def backlog(self, entries: list[Entry]) -> None:
-        """Queue what the client missed; the queue grows to hold it all before the bound bites."""
-        for entry in entries:
-            self.cap = max(self.base_cap, self.queued_chunks + 1 + self.base_cap)
-            self.offer(entry)
-
     async def next(self, within_s: float) -> Entry | Lag | End | None:
         """The next item, or None after ``within_s`` seconds with nothing."""
         while not self.items:
@@ -142,15 +149,24 @@ class Viewer:
 
 
 class Feed:
-    def __init__(self, hub: FeedHub, session_id: str) -> None:
+    """One subscription to a session's chunks. ``shared``: the hub hands it to every client of
+    the session on this gateway; a private one serves one client that asked for history."""
+
+    def __init__(self, hub: FeedHub, session_id: str, shared: bool = True) -> None:
         self.hub = hub
         self.session_id = session_id
-        self.ring: deque[Entry] = deque(maxlen=RING_ENTRIES)
+        self.shared = shared
+        self.ring: deque[Entry] = deque()
+        self.ring_chunks = 0
         self.viewers: set[Viewer] = set()
         self.top_seq = -1
+        self.top_epoch = -1  # the newest owner's epoch: an older one is fenced off
         self.end: End | None = None
+        # Replaying what the stream retained: clients take it whole (no lag skips).
+        self.replaying = True
         self.next_quiet_check = time.monotonic() + QUIET_CHECK_S
         self.quiet_checks = 0
+        self.missing_since: float | None = None  # when the registry was first seen without it
         self.started_at = time.time()
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sub: Any = None
@@ -161,7 +177,7 @@ class Feed:
             # A plain push consumer, no acks, no flow control, no heartbeats: the server pushes
             # what the stream retains, then each new message. (nats-py's ordered consumer runs
             # two polling tasks per subscription: a thousand watched sessions would keep the
-            # loop busy with nothing to do.) The consumer goes when this gateway does.
+            # loop busy with nothing to do.)
             self._sub = await hub.js.subscribe(
                 hub.subjects.chunks(self.session_id),
                 stream=hub.subjects.chunks_stream,
@@ -178,7 +194,17 @@ class Feed:
             raise
         self.ready.set_result(None)
 
+    def covers(self, last_seq: int) -> bool:
+        """Whether this feed can give a client everything after ``last_seq``."""
+        if last_seq >= self.top_seq or self.replaying and self.ring_chunks == 0:
+            return True
+        oldest = next(e.item.seq for e in self.ring if isinstance(e.item, ChunkView))
+        return oldest <= last_seq + 1
+
     async def _on_msg(self, msg: Any) -> None:
+        catching_up = self.replaying
+        if self.replaying and _pending(msg.reply) == 0:
+            self.replaying = False  # the rest is live
         item = decode_or_drop(msg.subject, msg.data, FeedMsg, log)
         self.next_quiet_check = time.monotonic() + QUIET_CHECK_S
         self.quiet_checks = 0
@@ -187,34 +213,82 @@ class Feed:
         if isinstance(item, StreamEnd):
             self.hub.finish(self, End(max(item.last_seq, self.top_seq), item.reason))
             return
-        if item.session_id != self.session_id:
+        if item.session_id != self.session_id or not self._admit(msg.subject, item):
             return
         entry = Entry(item)
-        self.ring.append(entry)
+        self._keep(entry)
         if isinstance(item, ChunkView) and item.seq > self.top_seq:
             self.top_seq = item.seq
             if item.done_at >= self.started_at - 1.0:  # live, not history being replayed
                 self.hub.on_chunk(item)
         for viewer in self.viewers:
-            viewer.offer(entry)
+            viewer.offer(entry, catching_up)
+
+    def _admit(self, subject: str, item: ChunkView | SessionNotice) -> bool:
+        if item.epoch < self.top_epoch:
+            log.warning("stale_owner_dropped", subject=subject, epoch=item.epoch,
+                        current_epoch=self.top_epoch, worker_id=item.worker_id)
+            return False
+        if isinstance(item, ChunkView):
+            fault = frames_fault(item.frames)
+            if fault is not None:
+                log.warning("bad_message_dropped", subject=subject, fault=fault)
+                return False
+            self.top_epoch = item.epoch
+        return True
+
+    def _keep(self, entry: Entry) -> None:
+        self.ring.append(entry)
+        if isinstance(entry.item, ChunkView):
+            self.ring_chunks += 1
+        while self.ring_chunks > RING_CHUNKS:  # drop the oldest chunk and the notices before it
+            if isinstance(self.ring.popleft().item, ChunkView):
+                self.ring_chunks -= 1
 
     def add(self, last_seq: int) -> Viewer:
         viewer = Viewer(self, last_seq, self.hub.queue_chunks)
-        viewer.backlog(list(self.ring))
+        for entry in self.ring:
+            viewer.offer(entry, catching_up=True)
         if self.end is not None:
             viewer.finish(self.end)
         self.viewers.add(viewer)
         return viewer
+
+    async def resubscribe(self) -> None:
+        """After NATS came back (a restarted server lost its memory streams, and this feed's
+        consumer with them): a new consumer from what the stream holds now. What a viewer has
+        already is skipped (by seq); what was published meanwhile is delivered."""
+        old, self._sub = self._sub, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        self.replaying = True
+        self.ready = asyncio.get_running_loop().create_future()
+        await self.start()
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            # Delete the consumer now rather than let it linger for CONSUMER_INACTIVE_S.
+            with contextlib.suppress(Exception):
+                await self.hub.js.delete_consumer(self.hub.subjects.chunks_stream, sub._consumer)
+
+
+def _pending(reply: str | None) -> int:
+    """Messages still pending for the consumer, from a JetStream delivery's reply subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``)."""
+    if not reply:
+        return 0
+    try:
+        return int(reply.rsplit(".", 1)[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 class FeedHub:
-    """This gateway's feeds, one per watched session."""
+    """This gateway's feeds: one shared feed per watched session, and the private ones."""
 
     def __init__(self, js: JetStreamContext, subjects: Subjects, registry: Registry,
                  queue_chunks: int, on_chunk: Callable[[ChunkView], None]) -> None:
@@ -223,29 +297,37 @@ class FeedHub:
         self.registry = registry
         self.queue_chunks = queue_chunks
         self.on_chunk = on_chunk
-        self.feeds: dict[str, Feed] = {}
+        self.feeds: dict[str, Feed] = {}  # the shared ones, by session
+        self.open: set[Feed] = set()  # every feed with a subscription
         self.closed = False
 
     async def join(self, session_id: str, last_seq: int) -> Viewer:
         """A viewer of ``session_id`` that gets the chunks after ``last_seq``, then live ones."""
         if self.closed:
-            raise RuntimeError("the feed hub is closed")
-        feed = self.feeds.get(session_id)
+            raise errors.Unavailable("gateway is shutting down; retry on another replica")
         try:
-            if feed is None:
+            feed = self.feeds.get(session_id)
+            if feed is not None:
+                await asyncio.shield(feed.ready)
+                if not feed.covers(last_seq):
+                    feed = await self._start(Feed(self, session_id, shared=False))
+            else:
                 feed = self.feeds[session_id] = Feed(self, session_id)
                 try:
-                    await feed.start()
-                except Exception:
+                    await self._start(feed)
+                except BaseException:
                     if self.feeds.get(session_id) is feed:
                         del self.feeds[session_id]
                     raise
-            else:
-                await asyncio.shield(feed.ready)
         except (NatsError, TimeoutError) as exc:
             log.warning("feed_subscribe_failed", session_id=session_id, error=repr(exc))
             raise errors.Unavailable("the chunk stream is not answering; retry") from None
         return feed.add(last_seq)
+
+    async def _start(self, feed: Feed) -> Feed:
+        await feed.start()
+        self.open.add(feed)
+        return feed
 
     async def leave(self, viewer: Viewer) -> None:
         feed = viewer.feed
@@ -253,6 +335,7 @@ class FeedHub:
         if not feed.viewers:
             if self.feeds.get(feed.session_id) is feed:
                 del self.feeds[feed.session_id]
+            self.open.discard(feed)
             await feed.close()
 
     def finish(self, feed: Feed, end: End) -> None:
@@ -263,13 +346,23 @@ class FeedHub:
         if self.feeds.get(feed.session_id) is feed:
             del self.feeds[feed.session_id]
 
+    async def resubscribe_all(self) -> None:
+        """Every open feed takes a new consumer (after a NATS reconnection)."""
+        for feed in list(self.open):
+            if feed.end is not None:
+                continue
+            try:
+                await feed.resubscribe()
+            except Exception as exc:  # noqa: BLE001 - one feed failing must not stop the others
+                log.warning("feed_resubscribe_failed", session_id=feed.session_id, error=repr(exc))
+        log.info("feeds_resubscribed", feeds=len(self.open))
+
     async def check_quiet(self) -> None:
         """End the feeds of sessions that are over without a ``StreamEnd`` (it aged out of the
         stream, or was never sent): terminated (or gone) and either every chunk delivered or the
         feed quiet for two checks (a terminated session produces no new chunks)."""
         now = time.monotonic()
-        quiet = [f for f in self.feeds.values() if now >= f.next_quiet_check and f.ready.done()
-                 and f.end is None]
+        quiet = [f for f in self.open if now >= f.next_quiet_check and f.end is None]
         if not quiet:
             return
         async with self.registry.r.pipeline(transaction=False) as pipe:
@@ -279,23 +372,32 @@ class FeedHub:
         for feed, (state, last_seq) in zip(quiet, found, strict=True):
             feed.quiet_checks += 1
             feed.next_quiet_check = now + min(QUIET_CHECK_MAX_S, QUIET_CHECK_S * 2 ** feed.quiet_checks)
-            if state is None:  # gone from the registry
-                self.finish(feed, End(feed.top_seq, "closed"))
-            elif state.decode() == SessionState.TERMINATED.value and (
+            if state is None:  # gone from the registry: over, or Redis restarted empty
+                if feed.missing_since is None:
+                    feed.missing_since = now
+                elif now - feed.missing_since >= MISSING_FOR_S:
+                    self.finish(feed, End(feed.top_seq, "closed"))
+                continue
+            feed.missing_since = None
+            if state.decode() == SessionState.TERMINATED.value and (
                 int(last_seq or -1) <= feed.top_seq or feed.quiet_checks >= 2
             ):
                 self.finish(feed, End(max(feed.top_seq, int(last_seq or -1)), "closed"))
 
     async def run_quiet_checks(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            await self.check_quiet()
+            try:
+                await self.check_quiet()
+            except RedisError as exc:  # Redis away for a moment: the next check catches up
+                log.warning("feed_end_check_failed", error=str(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), timeout=QUIET_CHECK_S / 2)
 
     async def close(self, reason: str = "gateway_shutdown") -> None:
         """End every viewer (with ``reason``) and close every subscription; idempotent."""
         self.closed = True
-        feeds = list(self.feeds.values())
+        feeds = list(self.open)
+        self.open.clear()
         self.feeds.clear()
         for feed in feeds:
             end = End(feed.top_seq, reason)
@@ -303,3 +405,4 @@ class FeedHub:
             for viewer in feed.viewers:
                 viewer.finish(end)
             await feed.close()
+

@@ -29,7 +29,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.gateway import control
 from services.gateway.state import Gateway
+from shared.gateway_store import Activity
 from shared.logging import get_logger
+from shared.registry import RegistryError
 from shared.wire import SessionEventKind
 
 log = get_logger("turboserve.gateway")
@@ -52,7 +54,13 @@ async def detach(gw: Gateway, attachment_id: str) -> None:
 
 
 async def alive(gw: Gateway) -> None:
-    await gw.store.replica_alive(gw.instance_id, gw.settings.attach_ttl_s)
+    if await gw.store.replica_alive(gw.instance_id, gw.settings.attach_ttl_s) and gw.attachments:
+        # Redis did not know this replica while it holds viewers: it restarted empty. Record
+        # them again, so that their sessions are neither idled nor closed as abandoned.
+        for attachment_id, session_id in list(gw.attachments.items()):
+            await gw.store.track(session_id)
+            await gw.store.attach(session_id, attachment_id, gw.instance_id)
+        log.warning("viewers_reannounced", viewers=len(gw.attachments))
 
 
 async def reap_once(gw: Gateway, now: float | None = None) -> dict[str, list[str]]:
@@ -62,17 +70,23 @@ async def reap_once(gw: Gateway, now: float | None = None) -> dict[str, list[str
     close_before = now - s.idle_after_s - s.close_after_s
     idled: list[str] = []
     closed: list[str] = []
-    for session_id, last_watched in await gw.store.unwatched_since(now - s.idle_after_s):
-        if last_watched <= close_before:
-            if await gw.store.claim_close(session_id, close_before, now):
-                record = await gw.registry.get_session(session_id)
-                if record is not None:
-                    await control.close(gw, record, reason="abandoned")
-                closed.append(session_id)
-        elif await gw.store.go_idle_if_unwatched(session_id, now):
-            log.info("session_idle", session_id=session_id, unwatched_s=round(now - last_watched, 1))
-            await control.publish_event(gw, session_id, SessionEventKind.IDLE, required=False)
-            idled.append(session_id)
+    candidates = await gw.store.unwatched_since(now - s.idle_after_s)
+    activities = await gw.store.activities([sid for sid, _ in candidates])
+    for (session_id, last_watched), activity in zip(candidates, activities, strict=True):
+        try:
+            if last_watched <= close_before:
+                if await gw.store.claim_close(session_id, close_before, now):
+                    record = await gw.registry.get_session(session_id)
+                    if record is not None:
+                        await control.close(gw, record, reason="abandoned")
+                    closed.append(session_id)
+            elif activity is Activity.ACTIVE and await gw.store.go_idle_if_unwatched(session_id, now):
+                log.info("session_idle", session_id=session_id,
+                         unwatched_s=round(now - last_watched, 1))
+                await control.publish_event(gw, session_id, SessionEventKind.IDLE, required=False)
+                idled.append(session_id)
+        except RegistryError as exc:  # this session only (it vanished meanwhile, say)
+            log.warning("reap_failed", session_id=session_id, error=str(exc))
     return {"idle": idled, "closed": closed}
 
 
@@ -85,18 +99,18 @@ async def run(gw: Gateway, stopping: asyncio.Event) -> None:
     """Keep this replica (and its viewers) alive, flush chunk latencies and reap, until
     ``stopping``."""
     s = gw.settings
-    refresh_every = s.attach_ttl_s / 3
-    last_refresh = 0.0
+    alive_every = s.attach_ttl_s / 3
+    last_alive = 0.0
     while not stopping.is_set():
         started = time.monotonic()
         try:
-            if started - last_refresh >= refresh_every:
+            if started - last_alive >= alive_every:
                 await alive(gw)
-                last_refresh = started
+                last_alive = started
             await gw.store.record_latency(gw.take_latency())
             await reap_once(gw)
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            # Redis away for a moment: the next pass catches up (attachments live attach_ttl_s,
-            # three refresh periods). Anything else is a bug and stops the service.
+            # Redis away for a moment: the next pass catches up (a replica stays alive for
+            # attach_ttl_s, three of its beats). Anything else is a bug and stops the service.
             log.warning("lifetimes_pass_failed", error=str(exc))
-        await _every(min(s.reap_interval_s, refresh_every), stopping)
+        await _every(min(s.reap_interval_s, alive_every), stopping)

@@ -42,7 +42,8 @@ def timing(chunk: ChunkView) -> dict[str, float | int]:
 
 def notice_data(notice: SessionNotice) -> dict[str, object]:
     return {"session_id": notice.session_id, "kind": str(notice.kind), "worker_id": notice.worker_id,
-            "next_seq": notice.next_seq, "detail": notice.detail, "at": notice.at}
+            "epoch": notice.epoch, "next_seq": notice.next_seq, "detail": notice.detail,
+            "at": notice.at}
 
 
 def chunk_event(chunk: ChunkView) -> bytes:
@@ -56,18 +57,18 @@ def chunk_event(chunk: ChunkView) -> bytes:
         "fps": chunk.fps,
         "timing": timing(chunk),
         "worker_id": chunk.worker_id,
+        # The owner's epoch: a new one is always announced first by an `event: state`
+        # (placed, migrated, recovered, restarted).
+        "epoch": chunk.epoch,
     })
     return b"event: chunk\nid: %d\ndata: %s,\"frames\":%s}\n\n" % (chunk.seq, head[:-1], bytes(chunk.frames))
 
 
 def entry_event(entry: Entry) -> bytes:
-    if entry.sse is None:
-        item = entry.item
-        if isinstance(item, ChunkView):
-            entry.sse = chunk_event(item)
-        else:
-            entry.sse = b"event: state\ndata: %s\n\n" % orjson.dumps(notice_data(item))
-    return entry.sse
+    item = entry.item
+    if isinstance(item, ChunkView):
+        return chunk_event(item)
+    return b"event: state\ndata: %s\n\n" % orjson.dumps(notice_data(item))
 
 
 def lag_event(session_id: str, lag: Lag) -> bytes:

@@ -4,7 +4,7 @@ Server to client:
 
 - a **binary** message per chunk: a 4-byte big-endian length ``n``, then ``n`` bytes of JSON
   header ``{"type": "chunk", "session_id", "seq", "encoding": "jpeg", "width", "height", "fps",
-  "frame_sizes": [...], "timing": {...}, "worker_id"}``, then the frames' JPEG bytes back to
+  "frame_sizes": [...], "timing": {...}, "worker_id", "epoch"}``, then the frames' JPEG bytes back to
   back (``frame_sizes`` says where each ends);
 - **text** messages (JSON): ``{"type": "state", ...}`` (a lifecycle notice, as SSE's
   ``event: state``), ``{"type": "lag", ...}``, ``{"type": "end", "last_seq", "reason"}``,
@@ -49,7 +49,7 @@ def chunk_message(chunk: ChunkView) -> bytes:
         "type": "chunk", "session_id": chunk.session_id, "seq": chunk.seq,
         "encoding": chunk.encoding, "width": chunk.width, "height": chunk.height, "fps": chunk.fps,
         "frame_sizes": [len(f) for f in frames], "timing": timing(chunk),
-        "worker_id": chunk.worker_id,
+        "worker_id": chunk.worker_id, "epoch": chunk.epoch,
     })
     return b"".join([HEADER_LEN.pack(len(header)), header, *frames])
 

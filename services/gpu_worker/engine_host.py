@@ -21,6 +21,7 @@ from services.gpu_worker.handoff.host import FrozenSession, HostRefused, Refusal
 from services.gpu_worker.inbox import CommandInbox, Control
 from services.gpu_worker.pacing import PlaybackClock
 from shared.logging import get_logger
+from shared.registry import Registry
 from shared.wire import NoticeKind
 
 log = get_logger("turboserve.worker")
@@ -36,6 +37,7 @@ class EngineHost:
         generation: GenerationLoop,
         inbox: CommandInbox,
         is_draining: Callable[[], bool],
+        registry: Registry | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.device = engine.device
@@ -43,6 +45,7 @@ class EngineHost:
         self.generation = generation
         self.inbox = inbox
         self.is_draining = is_draining
+        self.registry = registry
         self._reserved: dict[str, bool] = {}  # session id -> arrives suspended
 
     # -- source ---------------------------------------------------------------------------------
@@ -122,17 +125,24 @@ class EngineHost:
         self._reserved.pop(session_id, None)
 
     async def adopt(self, frozen: FrozenSession, epoch: int) -> None:
+        record = None
+        if self.registry is not None:  # the session's client credentials, for its record
+            record = await self.registry.get_session(frozen.snapshot.session_id)
+        token_hash = record.token_hash if record is not None else ""
+        owner_key = record.owner_key if record is not None else ""
         try:
-            await self._call("adopt", lambda: self._adopt(frozen, epoch))
+            await self._call("adopt", lambda: self._adopt(frozen, epoch, token_hash, owner_key))
         finally:
             self.unreserve(frozen.snapshot.session_id)
 
-    def _adopt(self, frozen: FrozenSession, epoch: int) -> None:
+    def _adopt(self, frozen: FrozenSession, epoch: int, token_hash: str = "",
+               owner_key: str = "") -> None:
         snapshot = frozen.snapshot
         sid = snapshot.session_id
         self.engine.import_state(snapshot, suspended=frozen.suspended)
         owned = OwnedSession(epoch=epoch, seq_base=frozen.next_seq - snapshot.seq,
-                             clock=PlaybackClock(frozen.due_at))
+                             clock=PlaybackClock(frozen.due_at), token_hash=token_hash,
+                             owner_key=owner_key)
         self.generation.owned[sid] = owned
         self.generation.announce(sid, NoticeKind.MIGRATED, frozen.next_seq,
                                  detail=f"now on {self.worker_id}")

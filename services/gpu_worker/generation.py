@@ -52,6 +52,10 @@ class ChunkSink(Protocol):
         """Give a session this worker cannot take back to the scheduler (pending again)."""
         ...
 
+    def forget(self, session_id: str) -> None:
+        """The session left this worker: drop what the sink keeps of it (thread-safe)."""
+        ...
+
 
 @dataclass(slots=True)
 class OwnedSession:
@@ -64,6 +68,8 @@ class OwnedSession:
     suspend_pending: bool = False  # SUSPEND arrived mid-chunk: suspend at the boundary
     chunk_ms: float = 0.0  # wall time of the current chunk's passes so far
     chunk_batch: int = 0  # batch of those passes; -1 once it changed
+    token_hash: str = ""  # for writing its record back if Redis loses it
+    owner_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +81,8 @@ class SessionFacts:
     prompt: str
     seed: int
     suspended: bool
+    token_hash: str = ""
+    owner_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +250,8 @@ class GenerationLoop:
             # Re-placed on the worker that still holds its state, at the seq it is at: keep
             # the state (the video continues), take the new epoch.
             owned.epoch = cmd.epoch
+            owned.token_hash = cmd.token_hash or owned.token_hash
+            owned.owner_key = cmd.owner_key or owned.owner_key
             if sid in engine.suspended_sessions():
                 self._resume(sid, owned)
             log.info("session_reassigned_in_place", session_id=sid, epoch=cmd.epoch, seq=cmd.seq)
@@ -263,7 +273,8 @@ class GenerationLoop:
             point = None
             engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
         base = cmd.seq - point.seq if point is not None else cmd.seq
-        owned = OwnedSession(epoch=cmd.epoch, seq_base=base, clock=PlaybackClock(self.now()))
+        owned = OwnedSession(epoch=cmd.epoch, seq_base=base, clock=PlaybackClock(self.now()),
+                             token_hash=cmd.token_hash, owner_key=cmd.owner_key)
         self.owned[sid] = owned
         if cmd.seq == 0:
             self._notify(sid, owned, NoticeKind.PLACED, cmd.seq)
@@ -304,6 +315,7 @@ class GenerationLoop:
         if self.owned.pop(session_id, None) is not None:
             log.info("session_dropped", session_id=session_id, reason=reason)
         self.inbox.forget(session_id)
+        self.sink.forget(session_id)
         keep = []
         for sid, control in self._boundary_controls:
             if sid == session_id:
@@ -454,7 +466,7 @@ class GenerationLoop:
             facts={sid: SessionFacts(
                 epoch=o.epoch, last_seq=o.seq_base + engine.next_seq(sid) - 1,
                 prompt=engine.prompt_of(sid), seed=engine.seed_of(sid),
-                suspended=sid in suspended)
+                suspended=sid in suspended, token_hash=o.token_hash, owner_key=o.owner_key)
                 for sid, o in self.owned.items() if engine.has_session(sid)},
         )
         with self._status_lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,11 @@ def emulated_profile(settings: WorkerSettings) -> LatencyProfile | None:
     return profile
 
 
+# Chunks kept per session to publish again after NATS comes back (a restarted NATS lost the
+# in-memory chunk stream, and what was published while it was down).
+RECENT_CHUNKS = 16
+
+
 class MeshSink:
     """The generation loop's way out: publishes chunks and notices on the event loop."""
 
@@ -110,6 +116,22 @@ class MeshSink:
         self.ctx = ctx
         self.worker_id = worker_id
         self.loop = loop
+        self._recent: dict[str, deque[bytes]] = {}  # session -> its last chunks, encoded
+        self._publishing = asyncio.Lock()  # a republish goes out before any newer chunk
+
+    async def republish(self) -> None:
+        """After a NATS reconnection: publish each session's recent chunks again, before any
+        newer one, so that viewers (who skip what they have by seq) miss none."""
+        async with self._publishing:
+            count = 0
+            for sid, chunks in list(self._recent.items()):
+                for data in list(chunks):
+                    await self.ctx.nc.publish(self.ctx.subjects.chunks(sid), data)
+                    count += 1
+        log.info("chunks_republished", chunks=count, sessions=len(self._recent))
+
+    def forget(self, session_id: str) -> None:
+        self.loop.call_soon_threadsafe(self._recent.pop, session_id, None)
 
     def deliver(self, items: list[Outgoing],
                 recovery: Mapping[str, RecoveryPoint] | None = None) -> set[str]:
@@ -123,6 +145,11 @@ class MeshSink:
 
     async def _deliver(self, items: list[Outgoing],
                        recovery: Mapping[str, RecoveryPoint]) -> set[str]:
+        async with self._publishing:
+            return await self._deliver_in_order(items, recovery)
+
+    async def _deliver_in_order(self, items: list[Outgoing],
+                                recovery: Mapping[str, RecoveryPoint]) -> set[str]:
         """A chunk is published, then its progress (and recovery point) recorded: a worker
         lost in between leaves the chunk published and the log one chunk behind, so the
         session's next owner makes that chunk again (same seq, which viewers already have)
@@ -134,7 +161,9 @@ class MeshSink:
             if sid in fenced:
                 continue
             if isinstance(item, Chunk):
-                await ctx.nc.publish(ctx.subjects.chunks(sid), encode(item))
+                data = encode(item)
+                await ctx.nc.publish(ctx.subjects.chunks(sid), data)
+                self._recent.setdefault(sid, deque(maxlen=RECENT_CHUNKS)).append(data)
                 point = recovery.get(sid)
                 fields = to_fields(point, item.seq + 1) if point is not None else None
                 try:
@@ -213,6 +242,7 @@ class WorkerService:
         log.info("engine_ready", device=engine.device, capacity=engine.capacity,
                  preset=self.settings.preset)
         self.sink = MeshSink(ctx, self.worker_id, loop)
+        ctx.reconnect_hooks.append(self.sink.republish)  # after the streams are declared again
         self.generation = GenerationLoop(
             engine, self.inbox, self.sink,
             worker_id=self.worker_id,
@@ -227,7 +257,8 @@ class WorkerService:
             log.info("emulating", gpu_kind=self.pace.kind, profile=self.pace.emulated.name,
                      slots=self.pace.slots, chunk_period_s=self.pace.period_s)
         host = EngineHost(self.worker_id, engine, self.generation, self.inbox,
-                          is_draining=lambda: self.status is not WorkerStatus.READY)
+                          is_draining=lambda: self.status is not WorkerStatus.READY,
+                          registry=ctx.registry)
         self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)
         await self.handoff.start()
         await ctx.nc.subscribe(ctx.subjects.worker_cmd(self.worker_id), cb=self._on_command)
@@ -325,6 +356,13 @@ class WorkerService:
             fault = await self._epoch_fault(cmd)
             if fault:
                 return refuse("stale_epoch", fault)
+        else:
+            # A STOP comes after the registry moved on (closing bumps the epoch), so it is not
+            # checked against the registry; one older than what this worker holds is stale.
+            held = self.generation.owned.get(cmd.session_id) if self.generation else None
+            if held is not None and cmd.epoch < held.epoch:
+                return refuse("stale_epoch", f"held at epoch {held.epoch}, command epoch "
+                                             f"{cmd.epoch}")
         if (cmd.kind is WorkerCmdKind.ASSIGN and cmd.seq > 0 and self.settings.recovery_log
                 and self.generation is not None):
             await self._find_recovery(cmd)
@@ -480,7 +518,8 @@ class WorkerService:
             state = SessionState.SUSPENDED if f.suspended else SessionState.EXECUTING
             if await registry.reannounce_session(sid, owner=self.worker_id, epoch=f.epoch,
                                                  state=state, prompt=f.prompt, seed=f.seed,
-                                                 last_seq=f.last_seq):
+                                                 last_seq=f.last_seq, token_hash=f.token_hash,
+                                                 owner_key=f.owner_key):
                 log.warning("session_reannounced", session_id=sid, epoch=f.epoch,
                             last_seq=f.last_seq)
 

@@ -13,9 +13,12 @@ and every scale event is recorded in the registry for operators.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from services.provisioner.backend import Backend, BackendError, LaunchError, make_backend
 from services.provisioner.metrics import ProvisionerMetrics
@@ -308,16 +311,21 @@ class ProvisionerService:
             return
         self.pool.remove(slot.worker_id)
         assert self.ctx is not None and self.meter is not None
-        seconds = await self.meter.close(slot.worker_id)
+        kind = "scale_in" if code == "stopped" else "worker_lost"
+        try:
+            seconds = await self.meter.close(slot.worker_id)
+        except RedisError as exc:  # Redis away: the GONE event and the replacement go on
+            log.warning("meter_not_closed", worker_id=slot.worker_id, error=str(exc))
+            seconds = None
         if seconds is None:
             seconds = max(0.0, time.time() - slot.requested_at)
         self.metrics.departed(code, seconds)
         await self._event(slot.worker_id, WorkerStatus.GONE, code=code, detail=detail,
                           command_id=slot.command_id, gpu_seconds=round(seconds, 3))
-        kind = "scale_in" if code == "stopped" else "worker_lost"
-        await self.ctx.registry.record_cluster_event(
-            kind, worker_id=slot.worker_id, code=code, detail=detail,
-            gpu_seconds=round(seconds, 3), backend=self.backend.name)
+        with contextlib.suppress(RedisError):
+            await self.ctx.registry.record_cluster_event(
+                kind, worker_id=slot.worker_id, code=code, detail=detail,
+                gpu_seconds=round(seconds, 3), backend=self.backend.name)
         if kind == "worker_lost" and code != "provisioner_stopped" and self.pool.deficit:
             self.ctx.spawn(self._replace_lost(), name=f"replace-{slot.worker_id}")
 

@@ -28,8 +28,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import FetchTimeoutError
+from redis.exceptions import RedisError
 
 from services.scheduler.commands import CommandSender
 from services.scheduler.core.loop import Controller
@@ -132,6 +134,7 @@ class LiveScheduler:
         self._profiles_at = 0.0
         self._rebuilt = False  # until then, heartbeats are only recorded (restore comes first)
         self._loops: list[asyncio.Task[Any]] = []
+        self._heard: dict[str, float] = {}  # when each worker's last NATS heartbeat came
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -210,7 +213,7 @@ class LiveScheduler:
             if record is None or record.state is SessionState.TERMINATED:
                 continue
             if record.state is SessionState.SUSPENDED:
-                sessions.append(RestoredSession(sid, active=False))
+                sessions.append(RestoredSession(sid, active=False, in_host_ram=owner in live))
             else:
                 sessions.append(RestoredSession(sid, active=True,
                                                 gpu_id=owner if owner in live else None))
@@ -279,7 +282,8 @@ class LiveScheduler:
             elif isinstance(decision, Release):
                 # It stays a known worker until the provisioner reports it gone.
                 self.booting.pop(decision.gpu_id, None)
-                self._spawn(self._release(decision.gpu_id), f"release-{decision.gpu_id}")
+                self._spawn(self._patiently(self._release, decision.gpu_id),
+                            f"release-{decision.gpu_id}")
                 self.metrics.scale_events.labels("in").inc()
                 await self.ctx.registry.bump_counters(scale_in_events=1)
         except RegistryError as exc:  # GuardFailed included: the lease is gone
@@ -294,6 +298,9 @@ class LiveScheduler:
         record = await registry.get_session(sid)
         if record is None or record.state is SessionState.TERMINATED:
             self._feed(Event(time.time(), EventKind.DEPART, session_id=sid))
+            return
+        if record.state is SessionState.SUSPENDED and self._alive(record.owner):
+            await self._resume(sid, gpu)  # its state is parked on a worker: resume it there
             return
         if record.state is not SessionState.PENDING:
             if record.owner == gpu and record.state is SessionState.EXECUTING:
@@ -313,7 +320,8 @@ class LiveScheduler:
             return
         cmd = WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id=gpu, epoch=claimed.epoch,
                             session_id=sid, prompt=claimed.prompt, seed=claimed.seed,
-                            seq=claimed.last_seq + 1)
+                            seq=claimed.last_seq + 1, token_hash=claimed.token_hash,
+                            owner_key=claimed.owner_key)
         self._spawn(self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}")
 
     async def _requeue(self, record: SessionRecord) -> SessionRecord | None:
@@ -486,6 +494,20 @@ class LiveScheduler:
     async def _drain(self, gpu: str) -> None:
         await self.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
 
+    async def _patiently(self, action: Callable[[str], Awaitable[None]], arg: str,
+                         attempts: int = 10) -> None:
+        """Carry out ``action(arg)`` through Redis or NATS being away for a while (a release
+        must not be lost: the worker would run on, known to nobody)."""
+        for attempt in range(attempts):
+            try:
+                await action(arg)
+                return
+            except (RedisError, NatsError) as exc:
+                log.warning("action_retry", action=action.__name__, arg=arg, attempt=attempt + 1,
+                            error=str(exc))
+                await asyncio.sleep(min(5.0, 0.5 * 2 ** attempt))
+        log.error("action_abandoned", action=action.__name__, arg=arg)
+
     async def _release(self, gpu: str) -> None:
         """Give a GPU back: after the migrations off it, and after moving the idle sessions
         parked in its host memory to another worker; the provisioner stops it."""
@@ -547,13 +569,23 @@ class LiveScheduler:
                 msgs = await psub.fetch(batch=32, timeout=1.0)
             except (TimeoutError, FetchTimeoutError, NatsTimeout):
                 continue
+            except NatsError as exc:  # NATS reconnecting: the durable consumer waits for us
+                log.warning("events_fetch_failed", error=repr(exc))
+                await asyncio.sleep(0.5)
+                continue
             for msg in msgs:
                 event = decode_or_drop(msg.subject, msg.data, SessionEvent, log)
-                if event is None:
-                    await msg.term()  # never redeliver garbage
-                    continue
-                await self.on_session_event(event)
-                await msg.ack()
+                try:
+                    if event is None:
+                        await msg.term()  # never redeliver garbage
+                        continue
+                    await self.on_session_event(event)
+                    await msg.ack()
+                except (RedisError, NatsError) as exc:
+                    # Not acked: JetStream delivers the event again (the core tolerates a
+                    # repeated event), and the registry's pending set backs it up.
+                    log.warning("event_not_handled", session_id=event and event.session_id,
+                                error=repr(exc))
 
     async def on_session_event(self, event: SessionEvent) -> None:
         if event.kind is SessionEventKind.PROMPT:
@@ -568,6 +600,7 @@ class LiveScheduler:
         if beat is None:
             return
         self.beats[beat.worker_id] = beat
+        self._heard[beat.worker_id] = time.time()
         if not self._rebuilt:
             return
         wid = beat.worker_id
@@ -624,7 +657,9 @@ class LiveScheduler:
                 return
             try:
                 await self.tick()
-            except RegistryError as exc:
+            except (RegistryError, RedisError, NatsError) as exc:
+                # Redis or NATS away for a moment: the next tick tries again (a scheduler
+                # that cannot renew its lease meanwhile steps down on its own).
                 log.warning("tick_failed", error=str(exc))
 
     async def tick(self) -> None:
@@ -651,9 +686,13 @@ class LiveScheduler:
         """Workers as the registry sees them (a heartbeat missed on NATS is still in Redis): a
         ready one the core does not know joins, a known one whose record expired is gone."""
         records = {w.id: w for w in await self.ctx.registry.workers()}
+        now = time.time()
         for wid in list(self.workers):
             record = records.get(wid)
-            if record is None or not record.alive:
+            heard = now - self._heard.get(wid, 0.0) < self.settings.worker_timeout_s
+            if (record is None or not record.alive) and not heard:
+                # Gone from the registry and silent on NATS too (a worker heard on NATS whose
+                # record is missing is one Redis lost: it writes it back at its next beat).
                 await self._gone(wid, reason="expired")
         for wid, record in records.items():
             if wid in self.workers or not record.alive or record.status is not WorkerStatus.READY:
@@ -676,6 +715,18 @@ class LiveScheduler:
             if sid not in known:
                 await self.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
         placement = await registry.placement()
+        for sid, owner in placement.items():
+            if sid in known or not self._alive(owner):
+                continue
+            # A session the core never heard of runs on a worker (written back after Redis
+            # restarted empty, say): the core learns it; placing it finds where it is.
+            record = await registry.get_session(sid)
+            if record is None or record.state not in (SessionState.EXECUTING,
+                                                      SessionState.SUSPENDED):
+                continue
+            await self.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
+            if record.state is SessionState.SUSPENDED:
+                await self.step(Event(time.time(), EventKind.IDLE, session_id=sid))
         for sid, gpu in view.placement.items():
             owner = placement.get(sid)
             if owner is not None and owner != gpu and self._alive(owner):

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from services.scheduler.core.autoscale import RhoTableError
 from services.scheduler.core.loop import Controller
 from services.scheduler.core.policies import available_policies, get_policy
@@ -80,14 +82,22 @@ class SchedulerService:
         assert self._election is not None and self.ctx is not None
         renew_every = self.settings.leader_ttl_s / 3
         while not self._stopping.is_set():
-            if self.lease is None:
-                lease = await self._election.try_acquire()
-                if lease is not None:
-                    self.lease = lease
-                    self._starting = self.ctx.spawn(self._take_over(lease), name="scheduler-takeover")
-            elif not await self._election.renew(self.lease):
-                log.warning("scheduler_deposed", term=self.lease.term)
-                await self._step_down(resign=False)
+            try:
+                if self.lease is None:
+                    lease = await self._election.try_acquire()
+                    if lease is not None:
+                        self.lease = lease
+                        self._starting = self.ctx.spawn(self._take_over(lease),
+                                                        name="scheduler-takeover")
+                elif not await self._election.renew(self.lease):
+                    log.warning("scheduler_deposed", term=self.lease.term)
+                    await self._step_down(resign=False)
+            except RedisError as exc:
+                # Redis away: a leader that cannot renew cannot prove it leads; it stops
+                # deciding, and every scheduler tries again when Redis answers.
+                log.warning("lease_unavailable", error=str(exc), leading=self.lease is not None)
+                if self.lease is not None:
+                    await self._step_down(resign=False)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=renew_every)
 

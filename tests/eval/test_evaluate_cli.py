@@ -17,7 +17,11 @@ SUMMARY_KEYS = {
     "autoscaler_gap_to_oracle_pct": {"avg", "max"},
     "autoscaler_gap_to_floor_pct": {"avg", "max"},
     "placement_gap_to_oracle_pct": {"avg", "max"},
+    "gap_to_boot_aware_floor_pct": {"avg"},
+    "cost_reduction_at_matched_slo_pct": {"avg_vs_best_baseline", "slo_attainment"},
+    "robustness": {"max_cost_above_best_of_least_loaded_and_hpa_pct", "bar_pct"},
 }
+PROFILES = ("h20-longlive-1.3b-nvlink", "h200-wan-1.3b-measured")
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +50,38 @@ def test_the_json_has_the_keys_of_the_issue(result):
     assert summary["oracle_is_lower_bound"] is True
     assert set(doc["traces"]) == {"short_bursty", "short_calm"}
     assert doc["placement"]["instances"] == 40
+    for key in ("cost_reduction_at_matched_slo_pct", "gap_to_boot_aware_floor_pct"):
+        assert set(summary[key]["per_trace"]) == {"short_bursty", "short_calm"}, key
+    assert set(summary["placement_mixed_kinds"]) == {"h20_h200", "crossing", "crossing_eta_1"}
+
+
+def test_both_profiles_are_evaluated(result):
+    _, doc, _ = result
+    assert tuple(doc["by_profile"]) == PROFILES
+    assert doc["config"]["profile"] == PROFILES[0]
+    h200 = doc["by_profile"][PROFILES[1]]
+    assert h200["config"]["capacity"] == 2 and doc["config"]["capacity"] == 12
+    assert set(h200["traces"]) == {"short_bursty", "short_calm"}
+    for key in SUMMARY_KEYS:
+        if key != "placement_gap_to_oracle_pct":  # measured once, on the first profile
+            assert key in h200["summary"], key
+
+
+def test_service_level_is_what_an_operator_pays_for_99_percent(result):
+    _, doc, _ = result
+    for t in doc["traces"].values():
+        v = t["service_level"]
+        assert v["slo_attainment"] == 0.99
+        for name, static in v["static"].items():
+            if static["reached"]:  # the smallest pool of its sweep that serves 99%
+                runs = [r for r in t["curves"][name]
+                        if r["stall_adjusted_attainment"] >= 0.99]
+                assert static["cost_gpu_hours"] == pytest.approx(
+                    min(r["cost_gpu_hours"] for r in runs), abs=1e-4)
+        best = v["static"][v["best_baseline"]]["cost_gpu_hours"]
+        ours = v["turboserve"]["cost_gpu_hours"]
+        assert v["cost_reduction_vs_best_baseline_pct"] == pytest.approx(
+            100 * (best - ours) / best, abs=0.01)
 
 
 def test_per_trace_figures_are_consistent(result):
@@ -72,3 +108,24 @@ def test_plots_are_written(result):
 def test_an_empty_folder_is_an_error(tmp_path, capsys):
     assert main(["sim", "evaluate", "--traces", str(tmp_path)]) == 2
     assert "no .csv" in capsys.readouterr().err
+
+
+def test_tables_command_prints_the_readme_tables(result, tmp_path, capsys):
+    _, doc, _ = result
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["sim", "tables", "--eval", str(path), "--no-bench"]) == 0
+    out = capsys.readouterr().out
+    assert "### `turboserve sim run --trace bursty --policy all`" in out
+    assert "interpolated between" in out  # static pools at turboserve's cost
+    assert "### Against the paper" in out and "h200-wan-1.3b-measured (K = 2)" in out
+    assert "short_bursty" in out  # the per-trace cost to serve 99%
+    assert "bench scheduler" not in out
+
+
+def test_tables_command_refuses_what_is_not_an_evaluation(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert main(["sim", "tables", "--eval", str(bad)]) == 2
+    assert "not a sim evaluate document" in capsys.readouterr().err

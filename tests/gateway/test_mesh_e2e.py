@@ -190,10 +190,14 @@ async def test_an_abandoned_session_goes_idle_then_closes(mesh, registry):
 
 async def test_admission_refuses_when_the_pool_is_full(mesh, registry):
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
+        # the worker is up and holds nothing (the sessions of the tests before are gone)
         deadline = time.monotonic() + 60
-        while not any(w["alive"] and w["status"] == "ready" for w in (await (await http.get(
-                "/v1/cluster", headers=bearer(OPERATOR_KEY))).json())["workers"]):
-            assert time.monotonic() < deadline, "the worker never came up"
+        while True:
+            cluster = await (await http.get("/v1/cluster", headers=bearer(OPERATOR_KEY))).json()
+            ready = [w for w in cluster["workers"] if w["alive"] and w["status"] == "ready"]
+            if ready and not ready[0]["sessions"] and not cluster["pending"]:
+                break
+            assert time.monotonic() < deadline, f"the worker is not up and empty: {cluster['workers']}"
             await asyncio.sleep(0.2)
         created = []
         for _ in range(2):  # the only worker has two slots and the pool cannot grow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 
 import aiohttp
 import orjson
@@ -258,3 +259,79 @@ async def test_notice_waiter_ignores_other_kinds(gw, worker, http):
         await worker.notice(s["id"], NoticeKind.RESUMED, 4)
         notice = await waiter.wait(5)
     assert notice is not None and notice.kind is NoticeKind.RESUMED and notice.next_seq == 4
+
+
+async def test_a_feed_leaves_no_consumer_behind(http, gw, nats_client):
+    s = await create(http)
+    js = nats_client.jetstream()
+    stream = gw.ctx.subjects.chunks_stream
+    async with http.get(s["stream_url"], headers=bearer(s["token"])), \
+            http.get(s["stream_url"], headers=bearer(s["token"])):
+        await eventually(lambda: _count(gw, s["id"], 2))
+        assert (await js.stream_info(stream)).state.consumer_count == 1  # shared by both
+    await eventually(lambda: not gw.gateway.hub.feeds)
+
+    async def no_consumer() -> bool:
+        return (await js.stream_info(stream)).state.consumer_count == 0
+
+    await eventually(no_consumer)
+
+
+async def test_a_fenced_owner_and_malformed_frames_never_reach_a_client(http, gw, worker):
+    s = await create(http)
+    sid = s["id"]
+    subject = gw.ctx.subjects.chunks(sid)
+    async with http.get(s["stream_url"], headers=bearer(s["token"])) as stream:
+        await eventually(lambda: _count(gw, sid, 1))
+        await worker.chunk(sid, 0, epoch=2)
+        await worker.chunk(sid, 50, epoch=1)  # the owner before: fenced off
+        body = orjson.loads(await _encoded_chunk(worker, sid, 1))
+        await worker.nc.publish(subject, orjson.dumps({**body, "frames": "QUJD"}))  # not a list
+        await worker.nc.publish(subject, orjson.dumps({**body, "frames": ["not base64!"]}))
+        raw = orjson.dumps(body).replace(b'"frames":[', b'"frames":[\n')  # would end the event
+        await worker.nc.publish(subject, raw)
+        await worker.chunk(sid, 1, epoch=2)
+        events = await read_sse(stream, want=2)
+    assert [int(e["id"]) for e in events] == [0, 1]
+    assert all(isinstance(orjson.loads(e["data"])["frames"], list) for e in events)
+
+
+async def _encoded_chunk(worker, sid: str, seq: int) -> bytes:
+    from shared.wire import Chunk, encode
+
+    now = time.time()
+    return encode(Chunk(session_id=sid, seq=seq, worker_id=worker.worker_id, epoch=2,
+                        encoding="jpeg", frames=[b"\xff\xd8x"], width=16, height=16, fps=16.0,
+                        gen_ms=1.0, batch=1, due_at=now, done_at=now))
+
+
+async def test_a_deep_resume_gets_a_feed_of_its_own_and_every_chunk(gw_env, nats_client,
+                                                                    redis_client, worker):
+    from services.gateway.feeds import RING_CHUNKS
+
+    # a queue as long as the burst: the live client must not skip (that is another test)
+    async with run_gateway(gw_env, client_queue_chunks=64) as gw, \
+            aiohttp.ClientSession(gw.url) as http:
+        await _deep_resume(gw, http, worker, RING_CHUNKS)
+
+
+async def _deep_resume(gw, http, worker, ring_chunks: int) -> None:
+    s = await create(http)
+    sid = s["id"]
+    async with http.get(s["stream_url"], headers=bearer(s["token"])) as live:
+        await eventually(lambda: _count(gw, sid, 1))
+        for seq in range(30):
+            await worker.chunk(sid, seq)
+        assert [int(e["id"]) for e in await read_sse(live, want=30)] == list(range(30))
+        shared = gw.gateway.hub.feeds[sid]
+        assert shared.ring_chunks == ring_chunks  # memory stays bounded
+        headers = {**bearer(s["token"]), "Last-Event-ID": "2"}
+        async with http.get(s["stream_url"], headers=headers) as late:
+            got = await read_sse(late, want=27)
+            assert [int(e["id"]) for e in got] == list(range(3, 30))
+            assert len(gw.gateway.hub.open) == 2  # the shared feed and the late client's own
+            headers = {**bearer(s["token"]), "Last-Event-ID": "27"}
+            async with http.get(s["stream_url"], headers=headers) as recent:
+                assert [int(e["id"]) for e in await read_sse(recent, want=2)] == [28, 29]
+                assert len(gw.gateway.hub.open) == 2  # the ring covered it: shared
+    await eventually(lambda: not gw.gateway.hub.open)

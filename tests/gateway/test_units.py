@@ -14,7 +14,7 @@ import structlog
 from services.gateway import errors
 from services.gateway.admission import judge_pool
 from services.gateway.auth import KeyRing, digest, new_session_token
-from services.gateway.chunkview import ChunkView, FeedMsg
+from services.gateway.chunkview import ChunkView, FeedMsg, frames_fault
 from services.gateway.cluster import merge_latency, worker_load
 from services.gateway.feeds import End, Entry, Lag, Viewer
 from services.gateway.sse import chunk_event
@@ -162,7 +162,8 @@ def test_viewer_skips_to_the_live_edge_when_it_falls_behind():
 
 def test_viewer_never_repeats_a_chunk_nor_replays_old_notices():
     v = Viewer(feed=None, last_seq=4, queue_chunks=8)  # type: ignore[arg-type]
-    v.backlog([Entry(notice(2)), Entry(chunk(3)), Entry(chunk(5)), Entry(notice(6)), Entry(chunk(6))])
+    for entry in (Entry(notice(2)), Entry(chunk(3)), Entry(chunk(5)), Entry(notice(6)), Entry(chunk(6))):
+        v.offer(entry, catching_up=True)
     v.offer(Entry(chunk(6)))  # a fenced worker's leftover
     v.finish(End(6, "closed"))
     v.offer(Entry(chunk(7)))  # nothing after the end
@@ -172,9 +173,10 @@ def test_viewer_never_repeats_a_chunk_nor_replays_old_notices():
     assert [i.item.seq for i in items if isinstance(i, Entry) and isinstance(i.item, ChunkView)] == [5, 6]
 
 
-def test_a_long_backlog_is_delivered_whole_before_the_bound_applies():
+def test_history_asked_for_is_delivered_whole_before_the_bound_applies():
     v = Viewer(feed=None, last_seq=-1, queue_chunks=2)  # type: ignore[arg-type]
-    v.backlog([Entry(chunk(i)) for i in range(10)])
+    for i in range(10):
+        v.offer(Entry(chunk(i)), catching_up=True)
     v.offer(Entry(chunk(10)))
     items = drain(v)
     assert [i.item.seq for i in items] == list(range(11))
@@ -197,3 +199,11 @@ def test_worker_load_and_latency_merge():
     assert worker_load(w, {"rho": {"w1": 0.9}}) == 0.9
     assert worker_load(w, {"rho": {"w1": "high"}}) == 0.5
     assert merge_latency({"a": [(1, 5.0), (2, 1.0)], "b": [(2, 7.0)]}) == [[1, 5.0], [2, 7.0]]
+
+
+def test_frames_are_relayed_only_in_the_wires_compact_form():
+    good = msgspec.json.encode([b"\xff\xd8a", b"b"])
+    assert frames_fault(msgspec.Raw(good)) is None
+    assert "line break" in frames_fault(msgspec.Raw(good.replace(b"[", b"[\n")))
+    assert frames_fault(msgspec.Raw(b'"QUJD"')) is not None  # not a list
+    assert frames_fault(msgspec.Raw(b'["not base64!"]')) is not None

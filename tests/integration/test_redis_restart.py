@@ -40,7 +40,7 @@ async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_cl
                "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
         async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (svc, ctx, rx):
             for sid in ("a", "b"):
-                await start_session(ctx, "w1", sid)
+                await start_session(ctx, "w1", sid, token_hash=f"digest-of-{sid}")
             await wait_until(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
                              "chunks")
             before = {sid: await ctx.registry.get_session(sid) for sid in ("a", "b")}
@@ -58,6 +58,7 @@ async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_cl
                 assert record is not None, f"{sid} was not re-announced"
                 assert record.owner == "w1" and record.state is SessionState.EXECUTING
                 assert record.epoch == before[sid].epoch and record.prompt == before[sid].prompt
+                assert record.token_hash == f"digest-of-{sid}"  # its viewer's token still opens it
             assert (await ctx.registry.placement()) == {"a": "w1", "b": "w1"}
             counts = {sid: len(rx.chunks[sid]) for sid in ("a", "b")}
             await wait_until(lambda: all(len(rx.chunks[s]) >= counts[s] + 4 for s in counts), 30,

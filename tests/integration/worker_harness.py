@@ -64,13 +64,13 @@ async def worker_in_process(
 
 
 async def start_session(ctx: ServiceContext, worker_id: str, sid: str, prompt: str = "p",
-                        seed: int = 1) -> int:
+                        seed: int = 1, token_hash: str = "") -> int:
     """Create ``sid`` in the registry, claim it for the worker, send ASSIGN; its epoch."""
-    record = await ctx.registry.create_session(sid, prompt, seed)
+    record = await ctx.registry.create_session(sid, prompt, seed, token_hash=token_hash)
     record = await ctx.registry.claim(sid, worker_id, record.epoch)
     await send(ctx, WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id=worker_id,
                                   epoch=record.epoch, session_id=sid, prompt=prompt, seed=seed,
-                                  seq=record.last_seq + 1))
+                                  seq=record.last_seq + 1, token_hash=token_hash))
     return record.epoch
 
 

@@ -58,6 +58,7 @@ from shared.wire import (
     SessionEvent,
     SessionEventKind,
     Subjects,
+    TensorSpec,
     WorkerCmdKind,
     WorkerCommand,
     WorkerStatus,
@@ -77,6 +78,8 @@ WORKER_FIELDS = (b"status", b"capacity", b"device", b"gpu_kind", b"sessions", b"
                  b"handoff_addr")
 # A live session's progress, written with every chunk.
 PROGRESS_FIELDS = (b"last_seq", b"updated_at")
+# Gauges the scheduler's tick raises on its own.
+VOLATILE_COUNTERS = (b"peak_gpus",)
 
 
 # -- the mesh ----------------------------------------------------------------------------------
@@ -161,6 +164,11 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
         m = BadInputMesh(Subjects(tag), tag, nc, redis, Registry(redis, tag), http, worker,
                          live["id"], stream)
         await until(lambda: len(stream.chunk_seqs()) >= 2, "the live session streams")
+        deadline = time.monotonic() + 30  # and the worker's record says it holds it
+        while live["id"] not in (await redis.hget(f"{tag}:worker:{WORKER}", "sessions")
+                                 or b"").decode():
+            assert time.monotonic() < deadline, "the worker's record never listed the session"
+            await asyncio.sleep(0.1)
         try:
             yield m
         finally:
@@ -168,7 +176,7 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
             stream.task.cancel()
             await asyncio.wait({stream.task}, timeout=5)
     js = nc.jetstream()
-    for name in (m.subjects.sessions_stream, m.subjects.chunks_stream):
+    for name in (Subjects(tag).sessions_stream, Subjects(tag).chunks_stream):
         with contextlib.suppress(Exception):
             await js.delete_stream(name)
     await nc.close()
@@ -206,6 +214,10 @@ async def registry_state(m: BadInputMesh) -> dict[str, Any]:
                 value = {f: v for f, v in value.items() if f in WORKER_FIELDS}
             elif name == f"session:{m.live_id}":
                 value = {f: v for f, v in value.items() if f not in PROGRESS_FIELDS}
+            elif name == "counters":
+                value = {f: v for f, v in value.items() if f not in VOLATILE_COUNTERS}
+                if not value:
+                    continue
         elif kind == "string":
             value = await m.redis.get(key)
         elif kind == "set":
@@ -220,18 +232,32 @@ async def registry_state(m: BadInputMesh) -> dict[str, Any]:
     return out
 
 
+def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What differs between two registry states: key -> (before, after)."""
+    return {k: (before.get(k), after.get(k)) for k in sorted(before.keys() | after.keys())
+            if before.get(k) != after.get(k)}
+
+
+def assert_unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:
+    diff = changes(before, after)
+    assert not diff, "\n".join(f"{k}:\n  before {b}\n  after  {a}" for k, (b, a) in diff.items())
+
+
 def bad_variants(valid: msgspec.Struct, id_field: str) -> dict[str, bytes]:
     """Ways to get a message of ``valid``'s kind wrong; ``id_field`` is one of its id fields
     (ids are at most 128 characters: a huge one makes a near-limit payload invalid)."""
     raw = encode(valid)
     body = orjson.loads(raw)
+    foreign = (SessionEvent(session_id="s1", kind=SessionEventKind.IDLE)
+               if not isinstance(valid, SessionEvent)
+               else Heartbeat(worker_id="w1", status=WorkerStatus.READY, capacity=1, active=0))
     return {
         "garbage": b"\x00\xff\xfe not json at all \x01",
         "empty": b"",
         "not an object": b"[1, 2, 3]",
         "truncated": raw[: len(raw) // 2],
         "unknown type": orjson.dumps({**body, "type": "no_such_message"}),
-        "no type": orjson.dumps({k: v for k, v in body.items() if k != "type"}),
+        "another message": encode(foreign),  # valid, but not one this subject carries
         "wrong version": orjson.dumps({**body, "v": PROTOCOL_VERSION + 1}),
         "version as text": orjson.dumps({**body, "v": "1"}),
         "missing field": orjson.dumps({k: v for k, v in body.items() if k != id_field}),
@@ -285,6 +311,24 @@ async def assert_still_serving(m: BadInputMesh, since: int) -> None:
                                headers={"Authorization": f"Bearer {fresh['token']}"})
     assert resp.status == 200
     assert (await m.http.get("/healthz")).status == 200
+    await settle_closed(m, fresh["id"])
+
+
+async def settle_closed(m: BadInputMesh, sid: str) -> None:
+    """Wait until a closed session is gone from the worker and from its registry record (a
+    heartbeat after the worker let it go rewrote the record), so that a registry comparison
+    that starts now sees no change of its own making."""
+    assert m.worker.generation is not None
+    generation = m.worker.generation
+    await until(lambda: sid not in generation.status().sessions, "the worker lets it go")
+    dropped_at = time.time()
+    deadline = time.monotonic() + 30
+    while True:
+        record = await m.redis.hmget(f"{m.ns}:worker:{WORKER}", ["updated_at", "sessions"])
+        if float(record[0] or 0) > dropped_at and sid not in (record[1] or b"").decode():
+            return
+        assert time.monotonic() < deadline, "the worker's record still lists the closed session"
+        await asyncio.sleep(0.1)
 
 
 async def request(m: BadInputMesh, subject: str, msg: msgspec.Struct, reply_type: Any,
@@ -325,7 +369,7 @@ async def test_worker_command_subject(mesh):
             for cmd in commands:
                 reply = await request(m, subject, cmd, CommandReply)
                 assert (reply.ok, reply.code) == (False, code), (cmd.kind, reply)
-    assert await registry_state(m) == before
+    assert_unchanged(before, await registry_state(m))
     assert (await live_session(m)).prompt == "a lighthouse"
     # a normal command is still answered
     reply = await request(m, subject, WorkerCommand(kind=WorkerCmdKind.UNDRAIN, worker_id=WORKER),
@@ -342,7 +386,8 @@ async def test_worker_handoff_subject(mesh):
     before = await registry_state(m)
     offer = HandoffOffer(
         transfer_id="t1", session_id=m.live_id, epoch=record.epoch - 1, src="wother", dst=WORKER,
-        transport="auto", nbytes=0, next_seq=0, prompt="p", seed=1,
+        transport="auto", tensors=[TensorSpec(shape=[4], dtype="float32")], nbytes=16,
+        next_seq=0, prompt="p", seed=1,
         rendezvous={"store": "127.0.0.1:1", "new_link": "ab12", "tag": "0", "device": "cpu"})
     with capture_logs() as logs:
         variants = bad_variants(offer, "session_id")
@@ -352,16 +397,17 @@ async def test_worker_handoff_subject(mesh):
             reply = await m.nc.request(subject, payload, timeout=10)
             answer = decode(reply.subject, reply.data, HandoffAnswer)
             assert (answer.accepted, answer.code) == (False, "invalid_offer")
-        # a well-formed offer for a session that is not migrating from its sender: refused
+        # a well-formed offer at an old epoch, of a session this worker holds and that is not
+        # migrating from its sender: refused
         answer = await request(m, subject, offer, HandoffAnswer)
-        assert not answer.accepted and answer.code in ("stale_epoch", "invalid_offer"), answer
+        assert not answer.accepted and answer.code in ("exists", "stale_epoch"), answer
         # an outcome for a transfer nobody started: dropped
         await m.nc.publish(subject, encode(HandoffOutcome(
             transfer_id="never-started", session_id=m.live_id, committed=True,
             epoch=record.epoch + 5)))
         await until(lambda: any(e.get("event") == "late_outcome_dropped" for e in logs),
                     "the stale outcome is dropped")
-    assert await registry_state(m) == before
+    assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
 
@@ -375,13 +421,16 @@ async def test_heartbeat_subject(mesh):
         # the scheduler and the provisioner both listen
         await send_bad(m, logs, subject, bad_variants(beat, "worker_id"), listeners=2)
         # stale: the last beat of a worker that is gone (long ago), and one of the live worker
-        # from long ago that says it holds nothing
+        # from long ago that says it holds nothing (its session must not be taken from it)
+        long_ago = time.time() - 3600
         for late in (Heartbeat(worker_id="wghost", status=WorkerStatus.GONE, capacity=4, active=0,
-                               at=time.time() - 3600),):
+                               at=long_ago),
+                     Heartbeat(worker_id=WORKER, status=WorkerStatus.READY, capacity=8, active=0,
+                               sessions=[], at=long_ago)):
             await m.nc.publish(subject, encode(late))
         await m.nc.flush()
         await asyncio.sleep(1.0)
-    assert await registry_state(m) == before
+    assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
 
@@ -406,7 +455,7 @@ async def test_provisioner_command_subject(mesh):
             kind=ProvisionerCmdKind.STOP, worker_ids=["wlong-gone"], command_id="old"),
             ProvisionerReply)
         assert reply.started == [] and reply.stopping == []
-    assert await registry_state(m) == before
+    assert_unchanged(before, await registry_state(m))
     # a normal request is still answered: start nothing new
     reply = await request(m, subject, ProvisionerCommand(kind=ProvisionerCmdKind.START, count=0),
                           ProvisionerReply)
@@ -429,7 +478,7 @@ async def test_provisioner_event_subject(mesh):
             await m.nc.publish(subject, encode(late))
         await m.nc.flush()
         await asyncio.sleep(1.0)
-    assert await registry_state(m) == before
+    assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
 
@@ -447,7 +496,7 @@ async def test_migration_report_subject(mesh):
         await m.nc.publish(subject, encode(report))
         await m.nc.flush()
         await asyncio.sleep(1.0)
-    assert await registry_state(m) == before
+    assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
 
@@ -462,7 +511,7 @@ async def test_session_event_stream(mesh):
     resp = await m.http.delete(f"/v1/sessions/{gone['id']}",
                                headers={"Authorization": f"Bearer {gone['token']}"})
     assert resp.status == 200
-    await asyncio.sleep(1.0)  # the close reaches the scheduler and the worker
+    await settle_closed(m, gone["id"])
     before = await registry_state(m)
     event = SessionEvent(session_id="sghost", kind=SessionEventKind.CREATED, prompt="p", seed=1)
     with capture_logs() as logs:
@@ -482,7 +531,7 @@ async def test_session_event_stream(mesh):
         assert dropped(logs, subject) == len(variants)
     info = await js.consumer_info(m.subjects.sessions_stream, "scheduler")
     assert info.num_pending == 0 and info.num_ack_pending == 0  # consumed, nothing stuck
-    assert await registry_state(m) == before
+    assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
 
@@ -500,15 +549,85 @@ async def test_chunk_subject_the_gateway_reads(mesh):
                   fps=16.0, gen_ms=1.0, batch=1, due_at=now, done_at=now)
     body = orjson.loads(encode(chunk))
     variants = bad_variants(chunk, "session_id")
+    variants["frames missing"] = orjson.dumps({k: v for k, v in body.items() if k != "frames"})
     variants["frames not a list"] = orjson.dumps({**body, "frames": "QUJD"})
+    variants["frames not base64"] = orjson.dumps({**body, "frames": ["not base64 !"]})
     with capture_logs() as logs:
         await send_bad(m, logs, subject, variants, listeners=1)
-        # stale: a chunk the viewer already has, from the owner before this one
+        # stale: a chunk from the owner before this one
         await m.nc.publish(subject, encode(msgspec.structs.replace(chunk, epoch=record.epoch - 1)))
         await m.nc.flush()
-        await asyncio.sleep(1.0)
-    assert await registry_state(m) == before
+        await until(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
+                    "the stale chunk is dropped")
+    assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
     for event, _, data in m.live.events:
         if event == "chunk":
             assert orjson.loads(data)["worker_id"] == WORKER  # each a well-formed chunk
+
+
+@contextlib.asynccontextmanager
+async def watched_session(m: BadInputMesh) -> AsyncIterator[tuple[dict[str, Any], Stream]]:
+    resp = await m.http.post("/v1/sessions", json={"prompt": "watched"},
+                             headers={"Authorization": f"Bearer {API_KEY}"})
+    session = await resp.json()
+    stream = await _open_stream(m.http, session["id"], session["token"])
+    try:
+        await until(lambda: len(stream.chunk_seqs()) >= 2, "the watched session streams")
+        yield session, stream
+    finally:
+        assert stream.task is not None
+        stream.task.cancel()
+        await asyncio.wait({stream.task}, timeout=5)
+        await m.http.delete(f"/v1/sessions/{session['id']}",
+                            headers={"Authorization": f"Bearer {session['token']}"})
+
+
+async def test_gateway_relays_no_chunk_whose_frames_break_the_contract(mesh):
+    """The gateway relays frames verbatim (SSE) or decodes them late (WebSocket): frames that
+    are not a compact list of base64 strings are dropped before any client sees them."""
+    m = mesh
+    async with watched_session(m) as (session, stream):
+        record = await m.registry.get_session(session["id"])
+        top = stream.chunk_seqs()[-1]
+        now = time.time()
+        good = Chunk(session_id=session["id"], seq=top + 1000, worker_id=WORKER,
+                     epoch=record.epoch, encoding="jpeg", frames=[b"\xff\xd8x"], width=16,
+                     height=16, fps=16.0, gen_ms=1.0, batch=1, due_at=now, done_at=now)
+        body = orjson.loads(encode(good))
+        subject = m.subjects.chunks(session["id"])
+        with capture_logs() as logs:
+            await m.nc.publish(subject, orjson.dumps({**body, "frames": "QUJD"}))
+            # valid JSON, but a raw line break inside an SSE data line ends the event there
+            await m.nc.publish(subject, encode(good).replace(b'"frames":[', b'"frames":[\n'))
+            await m.nc.flush()
+            await until(lambda: dropped(logs, subject) >= 2, "both dropped")
+        await until(lambda: len(stream.chunk_seqs()) >= 4, "the stream goes on")
+        assert top + 1000 not in stream.chunk_seqs()
+        for event, _, data in stream.events:
+            if event == "chunk":
+                assert isinstance(orjson.loads(data)["frames"], list)
+
+
+async def test_gateway_relays_no_chunk_from_a_stale_owner(mesh):
+    """A worker that lost the session (its epoch is older than the chunks already seen) is
+    fenced off: what it still publishes never reaches the viewer (a far seq would otherwise
+    freeze the viewer until the real stream passed it)."""
+    m = mesh
+    async with watched_session(m) as (session, stream):
+        record = await m.registry.get_session(session["id"])
+        top = stream.chunk_seqs()[-1]
+        now = time.time()
+        stale = Chunk(session_id=session["id"], seq=top + 50, worker_id="wstale",
+                      epoch=record.epoch - 1, encoding="jpeg", frames=[b"\xff\xd8x"], width=16,
+                      height=16, fps=16.0, gen_ms=1.0, batch=1, due_at=now, done_at=now)
+        with capture_logs() as logs:
+            await m.nc.publish(m.subjects.chunks(session["id"]), encode(stale))
+            await m.nc.flush()
+            await until(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
+                        "the stale chunk is dropped")
+        since = len(stream.chunk_seqs())
+        await until(lambda: len(stream.chunk_seqs()) >= since + 3, "the stream goes on")
+        seqs = stream.chunk_seqs()
+        assert top + 50 not in seqs
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))

@@ -130,3 +130,23 @@ def test_the_banner_says_when_it_reuses_a_server_it_cannot_secure(infra):
             assert "started here, open to any local client" in line  # the tests' own servers
         else:
             assert "reused as it is (turboserve up cannot secure a server it did not start" in line
+
+
+def test_a_traceback_on_the_console_shows_no_local_variable():
+    """A logged exception's frames may hold a key or a token: the console shows none."""
+    script = (
+        "from shared.logging import configure_logging, get_logger\n"
+        "configure_logging('info', 'console')\n"
+        "def handler():\n"
+        f"    token = '{WRONG}'\n"
+        "    raise ValueError('boom')\n"
+        "try:\n"
+        "    handler()\n"
+        "except ValueError:\n"
+        "    get_logger().error('request_failed', exc_info=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+    output = (proc.stdout + proc.stderr).decode()
+    assert "request_failed" in output and "ValueError" in output and "handler" in output
+    assert WRONG not in output

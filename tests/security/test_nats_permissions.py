@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 
 from services.launcher import Mesh
-from shared.runner import CredentialsRefused, connect_nats
+from shared.runner import CredentialsRefused, connect_nats, subscriptions_live
 from shared.security import OPERATOR, SERVICE_ROLES, inbox_prefix, with_user
 from shared.settings import CommonSettings
 from shared.streams import ensure_streams
@@ -97,7 +97,7 @@ async def test_each_service_publishes_only_its_own_subjects(secure_infra, role):
 
         for subject in PROTOCOL.values():
             await op.subscribe(subject, cb=on_msg)
-        await op.flush()
+        await subscriptions_live(op)
         allowed = PUBLISHES[role]
         # The refused first, then the allowed: one connection's messages arrive in order, so
         # once the allowed ones are in, a refused one that got through would be in too.
@@ -126,7 +126,7 @@ async def test_each_service_reads_only_its_own_subjects_and_inboxes(secure_infra
             await nc.subscribe(subject, cb=on_msg)
         own_inbox = nc.new_inbox()
         await nc.subscribe(own_inbox, cb=on_msg)
-        await nc.flush()
+        await subscriptions_live(nc)
         for subject in [*PROTOCOL.values(), *(f"{inbox_prefix(r)}.x" for r in others)]:
             await op.publish(subject, b"probe")
         await op.publish(own_inbox, b"barrier")  # last: everything before it has arrived
@@ -149,7 +149,7 @@ async def test_gateway_credentials_cannot_command_a_worker(secure_infra):
             await msg.respond(b"accepted")  # a worker answers every command it gets
 
         await worker.subscribe(SUBJECTS.worker_cmd("w1"), cb=on_cmd)
-        await worker.flush()
+        await subscriptions_live(worker)
         cmd = encode(WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="w1", session_id="s1", epoch=9))
         with pytest.raises(nats.errors.TimeoutError):
             await gateway.request(SUBJECTS.worker_cmd("w1"), cmd, timeout=1.0)

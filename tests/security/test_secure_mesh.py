@@ -19,6 +19,7 @@ from services.ctl import Ctl
 from services.launcher import Mesh, free_port
 from shared.runner import close_context, open_context
 from shared.settings import CommonSettings
+from shared.wire import WorkerStatus
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, bearer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -84,7 +85,8 @@ async def test_a_session_lives_its_whole_life_on_the_secured_stack(mesh):
             try:
                 ctl = Ctl(ctx)
                 deadline = time.monotonic() + 120  # the second worker may still be booting
-                while len([w for w in await ctx.registry.workers() if w.alive]) < 2:
+                while len([w for w in await ctx.registry.workers()
+                           if w.alive and w.status is WorkerStatus.READY]) < 2:
                     assert time.monotonic() < deadline, "the second worker never came"
                     await asyncio.sleep(0.2)
                 record = await ctx.registry.get_session(sid)

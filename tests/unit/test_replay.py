@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.replay import ReplayConfig, SessionLog, select_events, summarize
 from services.scheduler.sim.traceio import TraceEvent
 from services.scheduler.sim.viewer import ServiceLedger
@@ -25,6 +27,7 @@ def test_the_window_is_retimed_and_sessions_still_there_depart_at_its_end():
 
 def test_a_viewer_counts_lateness_startup_and_a_spell_that_ended_waiting():
     log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.id = "x"
     log.activate(100.0)
     log.chunk(0, due_at=100.0, done_at=100.4, now=100.41)  # first of the spell: 400 ms startup
     log.chunk(1, due_at=101.0, done_at=100.9, now=100.91)  # on time
@@ -34,6 +37,7 @@ def test_a_viewer_counts_lateness_startup_and_a_spell_that_ended_waiting():
     log.activate(110.0)
     log.deactivate(113.5)  # nothing came in 3.5 s: 2.5 s past the deadline -> 3 periods
     result = summarize([log], 1000.0, None, None, 0, 14.0)
+    assert result["stall_s"]["max"] == pytest.approx(2.59)  # 100.91 -> 104.5, less a period
     assert result["chunks"] == 3 and result["chunks_lost"] == 0 and result["seq_repeats"] == 0
     assert result["missed_periods"] == 6
     assert result["stall_adjusted_attainment"] == round(2 / (2 + 6), 6)
@@ -48,6 +52,19 @@ def test_gaps_and_repeats_are_counted():
     result = summarize([log], 1000.0, {"counters": {"migrations": 2}, "cost": {"gpu_seconds": 5}},
                        {"counters": {"migrations": 5, "scale_out_events": 1},
                         "cost": {"gpu_seconds": 65.5}}, 3, 10.0)
-    assert result["chunks_lost"] == 1 and result["seq_repeats"] == 1
+    assert result["chunks_lost"] == 1 and result["seq_repeats"] == 1 and result["seq_gaps"] == 1
     assert result["migrations"] == 3 and result["scale_out_events"] == 1
     assert result["cost_gpu_seconds"] == 60.5 and result["peak_gpus"] == 3
+
+
+def test_an_owner_change_without_a_state_event_is_a_silent_restart():
+    log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.owner(1)
+    log.owner(1)
+    log.announced = True  # "migrated" came
+    log.owner(3)
+    assert log.silent_restarts == 0
+    log.owner(5)  # a new owner nobody announced
+    assert log.silent_restarts == 1
+    log.owner(None)  # a gateway that does not say: nothing to check
+    assert log.silent_restarts == 1

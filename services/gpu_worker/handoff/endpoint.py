@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 
 from shared.logging import get_logger
 from shared.registry import Registry
+from shared.runner import subscriptions_live
 from shared.settings import WorkerSettings
 from shared.wire import (
     HandoffAnswer,
@@ -97,6 +98,7 @@ class HandoffEndpoint:
         self._sub = await self.nc.subscribe(
             self.subjects.worker_handoff(self.worker_id), cb=self._on_message
         )
+        await subscriptions_live(self.nc)  # offers sent from now on reach us
         self.log.info("handoff_ready", address=self.address, device=self.place.device,
                       transport=s.handoff_transport)
 

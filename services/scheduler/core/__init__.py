@@ -1,7 +1,8 @@
-"""The scheduler's policy core: pure, synchronous, deterministic; no I/O beyond its own JSON.
+"""The scheduler's policy core: pure, synchronous, deterministic; no I/O (it reads no files).
 
-``types`` (events and decisions), ``profile`` (latency model), ``cluster`` (the controller's
-view), ``placement`` (min-max local search), ``autoscale`` (rho_hat, hysteresis, volatility),
-``loop`` (the closed-loop ``Controller``) and ``policies`` (the registry of policies by name).
-See docs/scheduler.md.
+``types`` (events and decisions), ``config`` (``ControllerConfig``), ``profile`` (latency
+model), ``cluster`` (the controller's view, GPUs of one or more kinds), ``placement`` (min-max
+local search), ``autoscale`` (rho_hat, hysteresis, volatility), ``loop`` (the closed-loop
+``Controller``) and ``policies`` (the registry of policies by name). The files it is configured
+from are read by its callers (``services.scheduler.shipped``). See docs/scheduler.md.
 """

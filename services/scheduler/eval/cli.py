@@ -36,6 +36,9 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
                              "(h20-longlive-1.3b-nvlink,h200-wan-1.3b-measured); the first "
                              "one's figures head the report")
     parser.set_defaults(func=run)
+    from services.scheduler.eval import readme
+
+    readme.register(sim_subparsers)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -104,7 +104,8 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
             "rho_hats": list(cfg.rho_hats),
             "hpa_targets": list(cfg.hpa_targets),
             "static_factors": list(cfg.static_factors),
-            "rho_table_sha256": _table_digest(),
+            "rho_table": _table_path(cfg.profile).name,
+            "rho_table_sha256": _table_digest(cfg.profile),
             "runs": len(specs),
             "wall_s": round(time.perf_counter() - started, 1),
         },
@@ -112,15 +113,20 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     return Evaluation(document, by_trace, floors, names[plot_key])
 
 
-def _table_digest() -> str | None:
+def _table_path(profile: str) -> Path:
+    from services.scheduler.shipped import table_path_for
+
+    return table_path_for(profile)
+
+
+def _table_digest(profile: str) -> str | None:
     """Which adaptive rho_hat table the runs used (its content changes every result)."""
     import hashlib
 
-    from services.scheduler.shipped import DEFAULT_TABLE_PATH
-
-    if not DEFAULT_TABLE_PATH.is_file():
+    path = _table_path(profile)
+    if not path.is_file():
         return None
-    return hashlib.sha256(DEFAULT_TABLE_PATH.read_bytes()).hexdigest()[:12]
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
 def _mixed_placement(instances: int) -> dict[str, Any]:

@@ -7,7 +7,8 @@ here and hand the core the values.
 * ``profiles/<name>.json``: latency profiles (``LatencyProfile``), the format
   ``turboserve bench worker --profile-out`` writes; ``DEFAULT_PROFILE`` is the paper's H20.
 * ``rho_table.json``: the adaptive rho_hat table (``RhoTable``), written by
-  ``turboserve sim profile``.
+  ``turboserve sim profile``, fitted with the default profile; ``rho_table_<profile>.json``:
+  one fitted with another profile (``table_path_for``), used with that profile.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "load_rho_table",
     "save_profile",
     "save_rho_table",
+    "table_path_for",
 ]
 
 
@@ -69,6 +71,16 @@ def _resolve(name_or_path: str | Path) -> Path:
         known = ", ".join(available_profiles()) or "none"
         raise ProfileError(str(name_or_path), f"no such profile (shipped: {known})")
     return shipped
+
+
+def table_path_for(profile_name: str | None) -> Path:
+    """The shipped table for a profile: ``rho_table_<name>.json`` when one was fitted with it,
+    else the default ``rho_table.json``."""
+    if profile_name and profile_name != DEFAULT_PROFILE:
+        own = DEFAULT_TABLE_PATH.with_name(f"rho_table_{profile_name}.json")
+        if own.is_file():
+            return own
+    return DEFAULT_TABLE_PATH
 
 
 def load_rho_table(path: str | Path | None = None) -> RhoTable | None:

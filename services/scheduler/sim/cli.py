@@ -36,9 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--policy", default="turboserve",
                      help="a registered policy name, or 'all' (default: turboserve)")
     run.add_argument("--gpus", type=int, default=None,
-                     help="GPU count for static policies (with --policy all: default is "
-                          "turboserve's mean GPU count, i.e. matched cost); for autoscalers, "
-                          "the pool they start with")
+                     help="GPU count for static policies (with --policy all the default is "
+                          "turboserve's cost: each figure interpolated between the GPU counts "
+                          "around its mean GPU count); for autoscalers, the pool they start "
+                          "with")
     run.add_argument("--cold-start", action="store_true",
                      help="start autoscalers from one GPU instead of a pool sized for the "
                           "trace's first boot delay (the warm start, the default)")
@@ -85,6 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="comma-separated idle reserves (share of idle sessions sized for as "
                            "if active) searched per level with rho_hat and delta (default "
                            "0,0.25,0.5; --quick: 0,0.5; 0 searches none)")
+    prof.add_argument("--rho-hat", default=None, metavar="LIST",
+                      help="comma-separated rho_hat values searched (default 0.5-0.95 in steps "
+                           "of 0.05; --quick: 0.6,0.75,0.9)")
     prof.add_argument("--scale-in-delay", default=None, metavar="LIST",
                       help="comma-separated scale-in delays in seconds searched per level "
                            "(default 0,30,60,120; --quick: 0,60; 0 searches none)")
@@ -218,9 +222,10 @@ def _run_sim(args: argparse.Namespace) -> int:
         return result.to_json(timeline=args.timeline)
 
     rows: list[dict[str, Any]] = []
+    note = ""
     if args.policy == "all":
         rows.append(one("turboserve", None, {}))
-        matched = args.gpus or max(1, round(rows[0]["cost_gpu_seconds"] / trace.duration))
+        mean_gpus = rows[0]["cost_gpu_seconds"] / trace.duration
         if params:
             # With --policy all the autoscaling knobs are meant for the autoscalers: say so
             # instead of silently ignoring them for the static pools.
@@ -230,21 +235,61 @@ def _run_sim(args: argparse.Namespace) -> int:
             if name == "turboserve":
                 continue
             try:
-                rows.append(one(name, matched if name in STATIC_POLICIES else None, {}))
+                if name in STATIC_POLICIES and args.gpus is None:
+                    rows.append(_at_equal_cost(name, mean_gpus, one))
+                else:
+                    rows.append(one(name, args.gpus if name in STATIC_POLICIES else None, {}))
             except TypeError as exc:  # e.g. a policy that needs a parameter we cannot guess
                 print(f"skipped {name}: {exc}", file=sys.stderr)
+        if args.gpus is None:
+            note = (f"static pools ({', '.join(STATIC_POLICIES)}) at turboserve's cost: each "
+                    f"figure interpolated between {math.floor(mean_gpus)} and "
+                    f"{math.ceil(mean_gpus)} GPUs (its mean, {mean_gpus:.2f}), as sim evaluate "
+                    f"matches them; no_autoscale is sized for the trace's peak")
+        else:
+            note = f"static pools at {args.gpus} GPUs (--gpus): not matched to any cost"
     else:
         rows.append(one(args.policy, args.gpus, params))
     print(f"trace {trace.name}: {trace.duration / 60:.0f} min, {trace.sessions} sessions, "
           f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
           f"deadline {profile.deadline_ms:g} ms); boot delay {args.boot_delay:g} s")
     print(markdown_table(rows, extra=["gpus"] if args.policy == "all" else ()))
+    if note:
+        print(note)
     print(f"simulated {len(rows)} run(s) in {sum(r['wall_s'] for r in rows):.2f} s wall")
     if args.json is not None:
         doc: Any = rows[0] if len(rows) == 1 else {"trace": trace.name, "runs": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
+
+
+def _at_equal_cost(name: str, mean_gpus: float, one: Any) -> dict[str, Any]:
+    """A static pool at a fractional GPU count: every figure linearly interpolated between the
+    runs at the counts around it (the rule of the evaluation's matched comparisons), so the
+    row costs what turboserve cost instead of a rounded count."""
+    lo, hi = max(1, math.floor(mean_gpus)), max(1, math.ceil(mean_gpus))
+    low = one(name, lo, {})
+    if hi == lo:
+        return {**low, "interpolated_between_gpus": [lo, hi]}
+    high = one(name, hi, {})
+    f = mean_gpus - lo
+
+    def mix(a: Any, b: Any) -> Any:
+        if isinstance(a, dict):
+            return {k: mix(a[k], b[k]) for k in a if k in b}
+        if isinstance(a, bool) or not isinstance(a, int | float):
+            return a
+        return a + (b - a) * f
+
+    row = mix(low, high)
+    row["policy"] = name
+    for key in ("migrations", "scale_events", "chunks", "peak_gpus", "sessions"):
+        if key in row:
+            row[key] = round(row[key])
+    row["params"] = {**low.get("params", {}), "gpus": f"{mean_gpus:.2f} ({lo}-{hi})"}
+    row["interpolated_between_gpus"] = [lo, hi]
+    return row
 
 
 def _all_policies() -> list[str]:
@@ -295,8 +340,19 @@ def _run_profile(args: argparse.Namespace) -> int:
                 idle_reserves=None if args.idle_reserve is None else _reserves(args.idle_reserve),
                 scale_in_delays=None if args.scale_in_delay is None else _delays(
                     args.scale_in_delay),
+                rho_hats=None if args.rho_hat is None else _fractions("--rho-hat", args.rho_hat),
                 log=lambda line: print(line, file=sys.stdout, flush=True))
     return 0
+
+
+def _fractions(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag} takes numbers separated by commas, got {text!r}") from None
+    if not values or any(not (math.isfinite(x) and 0 < x <= 1) for x in values):
+        raise UsageError(f"{flag} values must be in (0, 1], got {text!r}")
+    return values
 
 
 def _delays(text: str) -> tuple[float, ...]:

@@ -251,13 +251,18 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
                 pool: int = DEFAULT_POOL, monotone: bool = True, signal: str = DEFAULT_SIGNAL,
                 idle_reserves: tuple[float, ...] | None = None,
                 scale_in_delays: tuple[float, ...] | None = None,
+                rho_hats: tuple[float, ...] | None = None,
                 log: Callable[[str], None] = print) -> RhoTable:
     from services.scheduler.shipped import load_profile
     from services.scheduler.sim import synth
 
     started = time.perf_counter()
     profile = load_profile() if profile_name is None else load_profile(profile_name)
-    grid = QUICK_GRID if quick else FULL_GRID
+    grid = dict(QUICK_GRID if quick else FULL_GRID)
+    if rho_hats is not None:
+        if not rho_hats or any(not 0 < x <= 1 for x in rho_hats):
+            raise ValueError(f"rho_hat values must be in (0, 1], got {list(rho_hats)}")
+        grid["rho_hat"] = tuple(sorted(set(rho_hats)))
     traces = synth.training_traces(duration_s=900.0 if quick else 1200.0,
                                    variants=1 if quick else 2)
     window_s, bin_s = DEFAULT_WINDOW_S, DEFAULT_BIN_S

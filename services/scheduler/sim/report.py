@@ -35,6 +35,7 @@ COLUMNS = (
     ("p99 ms", ("latency_ms", "p99")),
     ("max ms", ("latency_ms", "max")),
     ("deadline %", "deadline_attainment"),
+    ("stall-adj. %", "stall_adjusted_attainment"),
     ("migr.", "migrations"),
     ("scale ev.", "scale_events"),
     ("peak GPUs", "peak_gpus"),
@@ -45,7 +46,7 @@ COLUMNS = (
 
 def _cell(row: dict[str, Any], key: str | tuple[str, str]) -> str:
     value = row[key[0]][key[1]] if isinstance(key, tuple) else row[key]
-    if key == "deadline_attainment":
+    if key in ("deadline_attainment", "stall_adjusted_attainment"):
         return f"{100 * value:.2f}"
     if key == "cost_usd":
         return f"{value:.2f}"

@@ -480,13 +480,18 @@ class Simulator:
         start time and nothing runs, the GPU wakes up then."""
         now = self.now
         sessions = self.sessions
-        members = [sid for sid in g.members
-                   if (s := sessions[sid]).active and s.in_flight is None and s.ready_at <= now]
+        members: list[str] = []
+        batch = 0  # active sessions on the GPU: the worker's estimate of its batch
+        for sid in g.members:
+            s = sessions[sid]
+            if s.active:
+                batch += 1
+                if s.in_flight is None and s.ready_at <= now:
+                    members.append(sid)
         if not members:
             return
         joiners = members
         if self.period_s > 0:
-            batch = sum(1 for sid in g.members if sessions[sid].active)
             head = max(self.lead_s, self._passes * self._pass_time(batch))
             joiners = []
             wake = math.inf
@@ -765,7 +770,7 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
         if warm_start and "gpus" not in params and "initial_gpus" not in params:
             extra["initial_gpus"] = warm_start_gpus(trace, profile.capacity, boot_delay_s)
         policy_obj, taken = _build_policy(policy, profile, {"boot_delay_s": boot_delay_s,
-                                                            **_shipped_table(params),
+                                                            **_shipped_table(params, profile),
                                                             **extra, **params},
                                           optional=("boot_delay_s", "rho_table", *extra))
         extra = {k: v for k, v in extra.items() if k in taken}
@@ -789,8 +794,10 @@ def make_policy(name: str, profile: Any, *, boot_delay_s: float,
     shipped rho_hat table unless ``params`` name one. Keys in ``optional`` were added by the
     environment, not the caller: a policy that does not take one (a ``TypeError`` naming it)
     is built without it."""
-    return _build_policy(name, resolve_profile(profile),
-                         {"boot_delay_s": boot_delay_s, **_shipped_table(params), **params},
+    profile = resolve_profile(profile)
+    return _build_policy(name, profile,
+                         {"boot_delay_s": boot_delay_s, **_shipped_table(params, profile),
+                          **params},
                          (*optional, "rho_table"))[0]
 
 
@@ -804,13 +811,15 @@ def resolve_profile(profile: Any) -> Any:
     return load_profile() if profile is None else load_profile(profile)
 
 
-def _shipped_table(params: dict[str, Any]) -> dict[str, Any]:
-    """``{"rho_table": the shipped table}`` unless ``params`` name a table (or there is none)."""
-    from services.scheduler.shipped import load_rho_table
+def _shipped_table(params: dict[str, Any], profile: Any) -> dict[str, Any]:
+    """``{"rho_table": the shipped table for this profile}`` unless ``params`` name a table (or
+    there is none)."""
+    from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_rho_table, table_path_for
 
     if "rho_table" in params:
         return {}
-    table = load_rho_table()
+    path = table_path_for(getattr(profile, "name", None))
+    table = load_rho_table(None if path == DEFAULT_TABLE_PATH else path)
     return {} if table is None else {"rho_table": table}
 
 

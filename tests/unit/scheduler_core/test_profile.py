@@ -111,3 +111,13 @@ def test_passes_per_chunk_defaults_to_one_and_is_validated():
     for bad in (0, -1, 2.5, True, "5"):
         with pytest.raises(ProfileError, match="passes_per_chunk"):
             profile_from_dict(_raw(passes_per_chunk=bad))
+
+
+def test_a_table_fitted_with_another_profile_is_found_by_its_name():
+    from services.scheduler.shipped import DEFAULT_TABLE_PATH, table_path_for
+
+    assert table_path_for(None) == DEFAULT_TABLE_PATH
+    assert table_path_for("h20-longlive-1.3b-nvlink") == DEFAULT_TABLE_PATH
+    assert table_path_for("h200-wan-1.3b-measured").name == (
+        "rho_table_h200-wan-1.3b-measured.json")
+    assert table_path_for("no-such-profile") == DEFAULT_TABLE_PATH

@@ -18,6 +18,7 @@ class RecordingSink:
         self.handed_back: list[tuple[str, int]] = []
         self.fenced = fenced or set()
         self.points: dict = {}
+        self.forgotten: list[str] = []
         self.lock = threading.Lock()
 
     def deliver(self, items: list[Outgoing], recovery=None) -> set[str]:
@@ -28,6 +29,9 @@ class RecordingSink:
 
     def hand_back(self, session_id: str, epoch: int) -> None:
         self.handed_back.append((session_id, epoch))
+
+    def forget(self, session_id: str) -> None:
+        self.forgotten.append(session_id)
 
     def chunks(self, sid: str) -> list[Chunk]:
         with self.lock:

@@ -1,0 +1,52 @@
+"""Cost at the service level: what each policy pays to serve 99% of chunk periods on time."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.eval.analysis import _service_level
+from services.scheduler.eval.runs import RunSpec, RunSummary
+
+
+def _run(curve: str, cost: float, stall: float, **params) -> RunSummary:
+    return RunSummary(
+        spec=RunSpec("t", curve, curve, tuple(params.items())), cost_gpu_h=cost, cost_usd=0.0,
+        p50_ms=0.0, p99_ms=1000.0, max_ms=1000.0, attainment=stall, migrations=0,
+        scale_events=0, peak_gpus=1, decision_p99_ms=0.0, served_floor_gpu_h=0.0,
+        unserved_session_s=0.0, wall_s=0.0, stall_adjusted_attainment=stall)
+
+
+def _curves():
+    static = {
+        "least_loaded": [_run("least_loaded", g / 2, a, gpus=g)
+                         for g, a in ((6, 0.95), (7, 0.985), (8, 0.992), (9, 0.999))],
+        "round_robin": [_run("round_robin", g / 2, a, gpus=g)
+                        for g, a in ((6, 0.94), (8, 0.989), (10, 0.995))],
+        "memory_aware": [_run("memory_aware", g / 2, 0.9, gpus=g) for g in (6, 8, 10)],
+    }
+    ours = [_run("turboserve", 3.0, 0.97, rho_hat=0.9), _run("turboserve", 3.2, 0.985),
+            _run("turboserve", 3.6, 0.995, rho_hat=0.7)]
+    hpa = [_run("hpa", 3.5, 0.98, target=0.9), _run("hpa", 4.5, 1.0, target=0.5)]
+    return {**static, "turboserve": ours, "hpa": hpa}
+
+
+def test_each_policy_pays_for_99_percent():
+    curves = _curves()
+    v = _service_level(curves, curves["turboserve"][1])
+    # A static pool: the smallest count of the sweep that serves 99% (an operator buys GPUs).
+    assert v["static"]["least_loaded"] == {"cost_gpu_hours": 4.0, "gpus": 8,
+                                           "attainment": 0.992, "reached": True}
+    assert v["static"]["round_robin"]["gpus"] == 10
+    assert v["static"]["memory_aware"]["reached"] is False  # never: its dearest, flagged
+    assert v["best_baseline"] == "least_loaded"
+    # Ours and HPA: their curve read at 1% of periods missed. Ours between 3.2 GPU-h (1.5%
+    # missed) and 3.6 (0.5%): 3.4. HPA between 3.5 (2%) and 4.5 (0%): 4.0.
+    assert v["turboserve"]["cost_gpu_hours"] == pytest.approx(3.4)
+    assert v["rivals"]["hpa"]["cost_gpu_hours"] == pytest.approx(4.0)
+    assert v["cost_reduction_vs_best_baseline_pct"] == pytest.approx(15.0)
+    # Robustness: against the cheaper of least_loaded (4.0) and HPA (4.0): -15%.
+    assert v["cost_vs_best_of_least_loaded_and_hpa_pct"] == pytest.approx(-15.0)
+    assert v["turboserve"]["adaptive_meets"] is False
+    # Service at our cost (3.2 GPU-h = 6.4 GPUs): least_loaded between 6 and 7 GPUs.
+    assert v["attainment_at_our_cost"]["least_loaded"]["attainment"] == pytest.approx(
+        0.95 + 0.035 * 0.4)
