@@ -138,6 +138,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "pace)")
     p.add_argument("--drain", type=float, default=10.0,
                    help="seconds to wait for the last chunks after the trace ends")
+    p.add_argument("--compare-sim", action="store_true",
+                   help="also run the simulator on the same trace (same compression, boot delay, "
+                        "pool limits and the latency profile the live workers measured; needs "
+                        "the operator key) and print both, with the relative error")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.set_defaults(func=run)
 
@@ -174,10 +178,19 @@ def run(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         return fail("replay", exc)
     result["trace"] = trace.name
+    if args.compare_sim:
+        try:
+            compare_with_sim(result, events, config)
+        except ReplayError as exc:
+            return fail("replay", exc)
     print(format_result(result))
+    if "sim" in result:
+        print()
+        print(format_comparison(result))
     if args.json_out:
+        public = {k: v for k, v in result.items() if not k.startswith("_")}
         with open(args.json_out, "wb") as f:
-            f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+            f.write(orjson.dumps(public, option=orjson.OPT_INDENT_2))
     return 0
 
 
@@ -304,7 +317,9 @@ async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
                 await asyncio.gather(sampler, return_exceptions=True)
         after = await _cluster(http, config)
     wall_s = time.monotonic() - started
-    return summarize(list(logs.values()), deadline_ms, before, after, peak[0], wall_s)
+    result = summarize(list(logs.values()), deadline_ms, before, after, peak[0], wall_s)
+    result["_before"], result["_after"] = before, after  # for --compare-sim; not written out
+    return result
 
 
 async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
@@ -332,6 +347,56 @@ async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
         status, _ = await _call(http, "DELETE", f"/v1/sessions/{log.id}", _bearer(log.token))
         if status >= 400:
             log.errors.append(f"DELETE {status}")
+
+
+def compare_with_sim(result: dict[str, Any], events: list[tuple[float, str, str]],
+                     config: ReplayConfig) -> None:
+    """Add ``sim`` (the simulator's figures for what was played, under the same keys) and
+    ``error_pct`` to ``result``; the pool's facts come from the mesh's own account."""
+    from services.scheduler.core.profile import profile_from_dict
+    from services.scheduler.shipped import load_rho_table
+    from services.scheduler.sim.compare import error_pct, simulate_replay
+    from services.scheduler.sim.traceio import make_trace
+
+    before = result.get("_before")
+    status = (before or {}).get("scheduler")
+    if not status or not status.get("profiles"):
+        raise ReplayError("--compare-sim needs the scheduler's account (give --operator-key to "
+                          "a mesh whose scheduler runs)")
+    kind = status.get("gpu_kind") or next(iter(status["profiles"]))
+    after_status = (result.get("_after") or {}).get("scheduler") or status
+    profile = profile_from_dict((after_status.get("profiles") or status["profiles"])[kind],
+                                source="the live scheduler")
+    pool = before.get("pool") or {}
+    ready = sum(1 for w in before.get("workers", []) if w.get("alive")
+                and w.get("status") == "ready")
+    trace = make_trace("replayed", [(t * config.speed, sid, kind_) for t, sid, kind_ in events])
+    policy = str(status.get("policy", "turboserve"))
+    sim = simulate_replay(
+        trace, profile, speed=config.speed, boot_delay_s=float(status.get("boot_delay_s", 5.0)),
+        min_gpus=int(pool.get("min_workers", 1)), max_gpus=pool.get("max_workers"),
+        initial_gpus=max(1, ready), policy=policy,
+        rho_table=load_rho_table() if policy.startswith("turboserve") else None,
+        tick_s=float(status.get("tick_s", 0.5)), duration_s=result["wall_s"])
+    result["sim"] = sim
+    result["error_pct"] = error_pct(result, sim)
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    from services.scheduler.sim.compare import COMPARED
+
+    def get(doc: dict[str, Any], key: str) -> Any:
+        for part in key.split("."):
+            doc = doc.get(part) if isinstance(doc, dict) else None
+        return doc
+
+    rows = [("figure", "live", "sim", "error %")]
+    for key in COMPARED:
+        err = result["error_pct"].get(key)
+        rows.append((key, str(get(result, key)), str(get(result["sim"], key)),
+                     "-" if err is None else f"{err:+.1f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
 def _record_failure(task: asyncio.Task[None], log: SessionLog) -> None:

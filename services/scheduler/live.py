@@ -116,6 +116,7 @@ class LiveScheduler:
         self.default_kind = default_kind
         self.metrics = metrics
         self.handoff_timeout_s = handoff_timeout_s
+        self.core_boot_delay_s = getattr(getattr(core, "config", None), "boot_delay_s", 0.0)
         self.sender = CommandSender(ctx, term=lease.term, reply_timeout_s=settings.command_timeout_s)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -792,6 +793,12 @@ class LiveScheduler:
         status["rho"] = {gpu: round(view.load(gpu) / max(1, view.capacity_of(gpu)), 4)
                          for gpu in view.gpus}
         status["deadline_ms"] = self.core.view.profile.deadline_ms
+        # What `turboserve replay --compare-sim` needs to simulate the same pool: the latency
+        # model per kind (as measured), the default kind, the boot delay, the limits, the tick.
+        status["profiles"] = {kind: p.to_dict() for kind, p in view.profiles.items()}
+        status["gpu_kind"] = self.default_kind
+        status["boot_delay_s"] = self.core_boot_delay_s
+        status["tick_s"] = self.settings.tick_s
         self.metrics.observe_view(status)
         await self.ctx.registry.raise_counter("peak_gpus", view.billed_gpus)
         await self.ctx.registry.set_scheduler_status(status, ttl_s=max(3.0, 4 * self.settings.tick_s))

@@ -88,8 +88,21 @@ def test_bad_header(tmp_path):
     assert info.value.line == 1
 
 
+def _lifetimes(trace):
+    starts: dict[str, float] = {}
+    lives = []
+    for e in trace.events:
+        if e.event == "arrive":
+            starts[e.session_id] = e.t
+        elif e.event == "depart":
+            lives.append(e.t - starts[e.session_id])
+    return lives
+
+
 def test_builtin_traces_match_the_papers_description():
     for trace in synth.builtin_traces():
+        if trace.name == "churny":
+            continue  # not the paper's workload: see the next test
         counts = [n for t, n in trace.active_counts() if t > 60]
         assert trace.duration >= 1800
         assert min(counts) <= 25, trace.name  # about a dozen at the quiet times
@@ -103,6 +116,16 @@ def test_builtin_traces_match_the_papers_description():
                 lives.append(e.t - starts[e.session_id])
         assert min(lives) < 5 and max(lives) > 120, trace.name
         assert any(e.event == "idle" for e in trace.events)
+
+
+def test_churny_is_steady_load_made_of_short_flipping_sessions():
+    trace = synth.builtin_trace("churny")
+    counts = [n for t, n in trace.active_counts() if 60 < t < trace.duration - 1]
+    assert 30 <= min(counts) and max(counts) <= 100  # near-constant: about 60, never a surge
+    lives = sorted(_lifetimes(trace))
+    assert lives[len(lives) // 2] < 20  # many short sessions (median 12 s)
+    flips = sum(1 for e in trace.events if e.event in ("idle", "active"))
+    assert trace.sessions > 10_000 and flips > 2 * trace.sessions  # frequent flips
 
 
 def test_generation_is_deterministic_and_seeded():

@@ -45,7 +45,9 @@ COLUMNS = (
 
 
 def _cell(row: dict[str, Any], key: str | tuple[str, str]) -> str:
-    value = row[key[0]][key[1]] if isinstance(key, tuple) else row[key]
+    value = row.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else row.get(key)
+    if value is None:
+        return "-"  # a document from before the column existed
     if key in ("deadline_attainment", "stall_adjusted_attainment"):
         return f"{100 * value:.2f}"
     if key == "cost_usd":
