@@ -390,13 +390,20 @@ class WorkerSettings(CommonSettings):
     # profile's time for its batch (CPU hosts that stand in for GPUs in experiments).
     emulate: str = ""
     emulate_profile: str | None = None  # a profile JSON; none = the scheduler's default profile
-    # Session-state handoff (migration): the address peers reach this worker at, its port
+    # Session-state handoff (migration): the address peers reach this worker at ("auto": the
+    # address this host's name resolves to, as in a container), its port
     # (0 = any free one), the transport (auto: NCCL between CUDA devices, CUDA IPC on one
     # device, gloo on the CPU) and how long one handoff may take before it is aborted.
     handoff_host: str = "127.0.0.1"
     handoff_port: int = 0
     handoff_transport: str = "auto"
     handoff_timeout_s: float = 30.0
+
+    def handoff_address(self) -> str:
+        """Where peers reach this worker's handoff rendezvous (``auto`` resolved here)."""
+        if self.handoff_host != "auto":
+            return self.handoff_host
+        return socket.gethostbyname(socket.gethostname())
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)

@@ -255,7 +255,9 @@ class StreamEnd(_Msg, tag="stream_end"):
 
 
 class NoticeKind(enum.StrEnum):
-    PLACED = "placed"  # a worker took the session and generates it
+    # a worker took the session and generates it (or kept it under a new epoch: a migration
+    # that did not complete)
+    PLACED = "placed"
     MIGRATED = "migrated"  # the session now runs on another worker, from ``next_seq``
     SUSPENDED = "suspended"  # idle: state parked in host memory, no chunks
     RESUMED = "resumed"  # active again

@@ -21,6 +21,7 @@ from services.gateway.state import Gateway
 from shared.gateway_store import Activity
 from shared.logging import get_logger
 from shared.registry import SessionRecord, StaleEpoch
+from shared.runner import subscriptions_live
 from shared.states import IllegalTransition, SessionState
 from shared.wire import (
     ChunkStreamMsg,
@@ -102,6 +103,10 @@ async def notice_waiter(gw: Gateway, session_id: str, *kinds: NoticeKind) -> Asy
     waiter = NoticeWaiter(frozenset(kinds))
     sub = await gw.ctx.nc.subscribe(gw.ctx.subjects.chunks(session_id), cb=waiter.on_msg)
     try:
+        # The server must hold the interest before the caller sets off the notice: a worker
+        # answers on its own connection, and could otherwise beat this SUB to the server.
+        with contextlib.suppress(Exception):
+            await subscriptions_live(gw.ctx.nc, timeout_s=2)
         yield waiter
     finally:
         with contextlib.suppress(Exception):

@@ -81,11 +81,15 @@ class End:
 
 class Viewer:
     """One client's queue. ``cursor`` is the highest chunk seq queued for it (chunks at or below
-    it are never queued again, nor notices from before it)."""
+    it are never queued again, nor notices from before it). ``epoch`` is the owner epoch of the
+    last chunk it was offered: a live notice of a newer owner always goes through, even when its
+    ``next_seq`` is one the client has (a worker lost after publishing a chunk but before
+    recording it: its successor makes that seq again, and the client must still hear of it)."""
 
     def __init__(self, feed: Feed, last_seq: int, queue_chunks: int) -> None:
         self.feed = feed
         self.cursor = last_seq
+        self.epoch: int | None = None
         self.base_cap = queue_chunks
         self.cap = queue_chunks
         self.items: deque[Entry | Lag | End] = deque()
@@ -101,6 +105,7 @@ class Viewer:
             return
         item = entry.item
         if isinstance(item, ChunkView):
+            self.epoch = item.epoch
             if item.seq <= self.cursor:
                 return
             if catching_up:
@@ -109,7 +114,8 @@ class Viewer:
                 self._skip()
             self.cursor = item.seq
             self.queued_chunks += 1
-        elif item.next_seq <= self.cursor:
+        elif item.next_seq <= self.cursor and (
+                catching_up or self.epoch is None or item.epoch <= self.epoch):
             return  # it happened before what the client has
         self.items.append(entry)
         self._wake.set()

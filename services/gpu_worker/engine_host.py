@@ -88,8 +88,15 @@ class EngineHost:
         owned = self.generation.owned.get(session_id)
         if owned is not None:
             owned.frozen = False
-            owned.epoch = epoch
+            moved_on, owned.epoch = epoch != owned.epoch, epoch
             log.info("session_unfrozen", session_id=session_id, epoch=epoch)
+            if moved_on and self.engine.has_session(session_id):
+                # The handoff failed after the registry moved the epoch: the session stays here
+                # under a new epoch, and its viewers hear so before its next chunk.
+                self.generation.announce(
+                    session_id, NoticeKind.PLACED,
+                    owned.seq_base + self.engine.next_seq(session_id),
+                    detail=f"a migration did not complete; continues on {self.worker_id}")
 
     async def release(self, session_id: str) -> None:
         await self._call("release", lambda: self.generation.drop(session_id, reason="migrated"))

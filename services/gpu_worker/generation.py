@@ -253,7 +253,10 @@ class GenerationLoop:
             owned.token_hash = cmd.token_hash or owned.token_hash
             owned.owner_key = cmd.owner_key or owned.owner_key
             if sid in engine.suspended_sessions():
-                self._resume(sid, owned)
+                self._resume(sid, owned)  # announced (resumed, at the new epoch)
+            else:  # viewers hear of the new epoch before its next chunk
+                self._notify(sid, owned, NoticeKind.PLACED, cmd.seq,
+                             detail=f"placed again on {self.worker_id}, which holds its state")
             log.info("session_reassigned_in_place", session_id=sid, epoch=cmd.epoch, seq=cmd.seq)
             return
         if owned is not None:

@@ -105,15 +105,15 @@ def test_429_carries_retry_after_in_whole_seconds():
     assert errors.RateLimited("x", retry_after_s=0.01).response().headers["Retry-After"] == "1"
 
 
-def wire_chunk(seq: int, frames: list[bytes] | None = None) -> Chunk:
-    return Chunk(session_id="s", seq=seq, worker_id="w", epoch=1, encoding="jpeg",
+def wire_chunk(seq: int, frames: list[bytes] | None = None, epoch: int = 1) -> Chunk:
+    return Chunk(session_id="s", seq=seq, worker_id="w", epoch=epoch, encoding="jpeg",
                  frames=frames or [b"\xff\xd8a", b"\xff\xd8bc"], width=4, height=2, fps=16.0,
                  gen_ms=1.0, batch=1, due_at=10.0, done_at=10.5)
 
 
-def chunk(seq: int, frames: list[bytes] | None = None) -> ChunkView:
+def chunk(seq: int, frames: list[bytes] | None = None, epoch: int = 1) -> ChunkView:
     """A chunk as the gateway reads it off the wire."""
-    return decode("s.chunks", encode(wire_chunk(seq, frames)), ChunkView)
+    return decode("s.chunks", encode(wire_chunk(seq, frames, epoch)), ChunkView)
 
 
 def test_chunk_view_is_the_wires_chunk_with_frames_kept_as_text():
@@ -135,8 +135,8 @@ def test_chunk_view_is_the_wires_chunk_with_frames_kept_as_text():
     assert decode_or_drop("s.chunks", b'{"type":"chunk","seq":"x"}', FeedMsg, structlog.get_logger()) is None
 
 
-def notice(next_seq: int) -> SessionNotice:
-    return SessionNotice(session_id="s", kind=NoticeKind.PROMPT, worker_id="w", epoch=1, next_seq=next_seq)
+def notice(next_seq: int, kind: NoticeKind = NoticeKind.PROMPT, epoch: int = 1) -> SessionNotice:
+    return SessionNotice(session_id="s", kind=kind, worker_id="w", epoch=epoch, next_seq=next_seq)
 
 
 def drain(viewer: Viewer) -> list:
@@ -171,6 +171,23 @@ def test_viewer_never_repeats_a_chunk_nor_replays_old_notices():
     assert [type(i.item).__name__ if isinstance(i, Entry) else i for i in items] == [
         "ChunkView", "SessionNotice", "ChunkView", End(6, "closed")]
     assert [i.item.seq for i in items if isinstance(i, Entry) and isinstance(i.item, ChunkView)] == [5, 6]
+
+
+def test_a_new_owner_is_announced_even_from_a_seq_the_client_has():
+    # The old worker published seq 5 and died before recording it: its successor (epoch 3)
+    # makes seq 5 again. The viewer must hear of the new owner before its next chunk.
+    v = Viewer(feed=None, last_seq=-1, queue_chunks=8)  # type: ignore[arg-type]
+    for seq in range(6):
+        v.offer(Entry(chunk(seq)))
+    v.offer(Entry(notice(4, NoticeKind.PROMPT, epoch=1)))  # old news of the same owner: dropped
+    v.offer(Entry(notice(5, NoticeKind.RECOVERED, epoch=3)))
+    v.offer(Entry(chunk(5, epoch=3)))  # a repeat: never queued
+    v.offer(Entry(chunk(6, epoch=3)))
+    items = [i.item for i in drain(v)]
+    kinds = [(type(i).__name__, getattr(i, "seq", None), i.epoch) for i in items]
+    assert kinds[-2:] == [("SessionNotice", None, 3), ("ChunkView", 6, 3)]
+    assert [i.seq for i in items if isinstance(i, ChunkView)] == list(range(7))
+    assert sum(isinstance(i, SessionNotice) for i in items) == 1
 
 
 def test_history_asked_for_is_delivered_whole_before_the_bound_applies():

@@ -271,13 +271,14 @@ async def test_many_handoffs_back_and_forth_under_load_leave_every_session_intac
     async def play(worker):
         while playing:
             for sid in list(worker.host.sessions):
-                held = worker.host.sessions.get(sid)
-                seq = worker.host.advance(sid)
-                if seq is None:
-                    continue
-                produced[sid].append(seq)
-                if not await registry.record_progress(sid, worker.id, held.epoch, seq):
-                    fenced.append((worker.id, sid, seq))
+                async with worker.host.chunk_boundary:  # as the worker's generation thread
+                    held = worker.host.sessions.get(sid)
+                    seq = worker.host.advance(sid)
+                    if seq is None:
+                        continue
+                    produced[sid].append(seq)
+                    if not await registry.record_progress(sid, worker.id, held.epoch, seq):
+                        fenced.append((worker.id, sid, seq))
             await asyncio.sleep(0.003)
 
     async def shuttle(sid, rounds, rng):

@@ -10,9 +10,10 @@ import os
 import random
 import signal
 
+import orjson
 import pytest
 
-from services.ctl import Ctl, CtlError
+from services.ctl import Ctl, CtlError, format_status, status_json
 from shared.states import SessionState
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
 from tests.integration.worker_harness import (
@@ -122,6 +123,12 @@ async def test_a_dead_destination_aborts_and_the_session_stays(env):
         record = await ctx.registry.get_session("s")
         assert record.owner == "wa" and record.state is SessionState.EXECUTING
     assert_consecutive(rx, "s")
+    # It stays on wa under a new epoch, and the viewers were told before its next chunk.
+    epochs = [c.epoch for _, c in rx.chunks["s"]]
+    assert epochs[-1] == record.epoch > epochs[0]
+    told = [n for n in rx.notices["s"] if n.epoch == record.epoch]
+    assert [n.kind for n in told] == [NoticeKind.PLACED] and told[0].worker_id == "wa"
+    assert told[0].next_seq == next(c.seq for _, c in rx.chunks["s"] if c.epoch == record.epoch)
 
 
 async def test_many_migrations_back_and_forth_under_load_keep_every_session_intact(env):
@@ -148,6 +155,10 @@ async def test_many_migrations_back_and_forth_under_load_keep_every_session_inta
         placement = await ctx.registry.placement()
         status = await ctl.status()
     held = {w["id"]: {s["id"] for s in w["sessions"]} for w in status["workers"]}
+    # what `ctl status --json` prints, and the table, from the same status
+    printed = orjson.loads(status_json(status))
+    assert {w["id"] for w in printed["workers"]} == set(held)
+    assert all(w in format_status(status) for w in held)
     for sid in sids:
         assert_consecutive(rx, sid)
         owners = [wid for wid, ss in held.items() if sid in ss]

@@ -148,3 +148,9 @@ def test_dockerfile_installs_project_and_runs_turboserve():
     assert 'ENTRYPOINT ["turboserve"]' in text
     assert re.search(r'pip install (\.|"\.\[[a-z0-9,]+\]")', text)
     assert "cpu" not in re.findall(r'ARG TORCH_SPEC="([^"]*)"', text)[0]  # users have GPUs
+
+
+def test_workers_are_reachable_for_migration_and_infra_ports_stay_local(compose):
+    assert compose["services"]["worker"]["environment"]["TURBOSERVE_HANDOFF_HOST"] == "auto"
+    for name in ("nats", "redis"):
+        assert all(p.startswith("127.0.0.1:") for p in compose["services"][name]["ports"])

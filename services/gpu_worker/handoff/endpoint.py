@@ -93,7 +93,8 @@ class HandoffEndpoint:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self._server = await self.run(StoreServer, s.handoff_host, s.handoff_port, self.timeout_s)
+        self._server = await self.run(StoreServer, s.handoff_address(), s.handoff_port,
+                                     self.timeout_s)
         self._links = Links(self.run, self._server, self._clients)
         self._sub = await self.nc.subscribe(
             self.subjects.worker_handoff(self.worker_id), cb=self._on_message
@@ -167,7 +168,7 @@ class HandoffEndpoint:
         if name not in TRANSPORTS:
             raise ValueError(f"unknown transport {name!r}")
         if name not in self._transports:
-            self._transports[name] = make_transport(name, self.settings.handoff_host)
+            self._transports[name] = make_transport(name, self.settings.handoff_address())
         return self._transports[name]
 
     def link_device(self, transport: str) -> torch.device:

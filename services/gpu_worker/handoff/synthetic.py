@@ -112,6 +112,10 @@ class SyntheticHost:
         self.device = device
         self.capacity = capacity
         self.freeze_delay_s = freeze_delay_s  # stands in for waiting for a chunk boundary
+        # Held by whoever plays a chunk until its progress is recorded, as the worker's
+        # generation thread is until its chunks are delivered: a freeze waits for it, so a
+        # session is never handed off between a chunk and its record.
+        self.chunk_boundary = asyncio.Lock()
         self.draining = False
         self.sessions: dict[str, _Held] = {}
         self.reserved: set[str] = set()
@@ -156,7 +160,10 @@ class SyntheticHost:
             raise HostRefused(HandoffCode.BUSY, "already being handed off")
         if self.freeze_delay_s:
             await asyncio.sleep(self.freeze_delay_s)
-        held.frozen = True
+        async with self.chunk_boundary:
+            if held.frozen:
+                raise HostRefused(HandoffCode.BUSY, "already being handed off")
+            held.frozen = True
         tensors = [*held.layers, held.misc]
         if not on_device:
             tensors = [t.cpu() for t in tensors]

@@ -88,3 +88,13 @@ def test_settings_are_frozen():
     s = CommonSettings.from_env({})
     with pytest.raises(AttributeError):
         s.nats_url = "x"  # type: ignore[misc]
+
+
+def test_handoff_host_auto_is_this_hosts_address():
+    import socket
+
+    assert WorkerSettings.from_env({}).handoff_address() == "127.0.0.1"
+    given = WorkerSettings.from_env({"TURBOSERVE_HANDOFF_HOST": "10.0.0.7"})
+    assert given.handoff_address() == "10.0.0.7"
+    auto = WorkerSettings.from_env({"TURBOSERVE_HANDOFF_HOST": "auto"})
+    assert auto.handoff_address() == socket.gethostbyname(socket.gethostname())

@@ -100,7 +100,10 @@ def test_a_reassignment_at_its_own_seq_keeps_the_state():
     _run(loop, lambda: len(sink.chunks("s")) >= next_seq + 2)
     seqs = [c.seq for c in sink.chunks("s")]
     assert seqs == list(range(len(seqs)))
-    assert [n.kind for n in sink.notices("s")] == [NoticeKind.PLACED]  # no restart
+    # no restart; the new epoch is announced before its first chunk, from that chunk's seq
+    assert [(n.kind, n.epoch) for n in sink.notices("s")] == [(NoticeKind.PLACED, 1),
+                                                              (NoticeKind.PLACED, 2)]
+    assert sink.notices("s")[-1].next_seq == next_seq
     assert sink.chunks("s")[-1].epoch == 2
 
 
