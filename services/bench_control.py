@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -42,24 +42,34 @@ def run(args: argparse.Namespace) -> int:
 
     if args.events < 10 or args.sessions < 1:
         return fail("bench control", "--events must be >= 10 and --sessions >= 1")
+    return run_on_infra("bench control",
+                        lambda nats_url, redis_url: measure(nats_url, redis_url, args.events,
+                                                            args.sessions),
+                        format_table, args.json_out)
+
+
+def run_on_infra(label: str, measure: Callable[[str, str], Awaitable[dict[str, Any]]],
+                 format_table: Callable[[dict[str, Any]], str], json_out: str | None) -> int:
+    """Run ``measure(nats_url, redis_url)`` on the NATS and Redis at TURBOSERVE_NATS_URL /
+    TURBOSERVE_REDIS_URL (embedded ones where none answers), print its table, write its JSON."""
+    from services.cli import fail
     from services.launcher import LaunchError, Mesh
     from shared.logging import configure_logging
 
     configure_logging("error", "console", service="bench")
-
     mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
                 redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
                 quiet=True)
     try:
         mesh.start_infra()
-        result = asyncio.run(measure(mesh.nats_url, mesh.redis_url, args.events, args.sessions))
-    except LaunchError as exc:
-        return fail("bench control", exc)
+        result = asyncio.run(measure(mesh.nats_url, mesh.redis_url))
+    except (LaunchError, RuntimeError, TimeoutError, OSError) as exc:
+        return fail(label, str(exc) or "timed out")
     finally:
         mesh.stop()
     print(format_table(result))
-    if args.json_out:
-        with open(args.json_out, "wb") as f:
+    if json_out:
+        with open(json_out, "wb") as f:
             f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return 0
 

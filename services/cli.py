@@ -27,6 +27,7 @@ _TOP_LEVEL = (
 )
 _BENCH = (
     "services.bench_control",       # bench control
+    "services.bench_pacing",        # bench pacing
     "services.scheduler.bench",     # bench scheduler
     "services.gpu_worker.bench",    # bench worker
     "services.gpu_worker.handoff.bench",  # bench migration

@@ -92,7 +92,7 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
         if args.ctl_command == "status":
             status = await ctl.status()
             if args.json:
-                print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
+                print(status_json(status))
             else:
                 print(format_status(status))
         elif args.ctl_command == "migrate":
@@ -281,6 +281,11 @@ def _log() -> Any:
     return get_logger("turboserve.ctl")
 
 
+def status_json(status: dict[str, Any]) -> str:
+    """``ctl status --json``: chunk times are keyed by batch size (numbers, written as strings)."""
+    return orjson.dumps(status, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The status as a table: one line per worker, then its sessions indented."""
     lines = []
@@ -301,5 +306,18 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"pending: {len(status['pending'])} session(s) waiting for a worker")
     scheduler = status.get("scheduler")
     if scheduler:
-        lines.append("scheduler: " + ", ".join(f"{k}={v}" for k, v in scheduler.items()))
+        lines.append("scheduler: " + ", ".join(_brief(k, v) for k, v in scheduler.items()))
     return "\n".join(lines)
+
+
+def _brief(key: str, value: Any) -> str:
+    """One ``key=value`` of the scheduler's status line; nested documents (the latency profiles
+    it measured) are named, not printed (``--json`` has them whole)."""
+    if key == "updated_at" and isinstance(value, int | float):
+        return f"{key}={time.strftime('%H:%M:%S', time.localtime(value))}"
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        names = ", ".join(f"{k}: {v.get('name', '?')}" for k, v in value.items())
+        return f"{key}=({names})"
+    if isinstance(value, float):
+        return f"{key}={value:.4g}"
+    return f"{key}={value}"

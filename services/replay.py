@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from services.scheduler.sim.synth import BUILTIN_NAMES
 from services.scheduler.sim.viewer import ServiceLedger, summary
 
 DEFAULT_DEADLINE_MS = 1250.0
@@ -116,7 +118,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "replay", help="play a session trace against a running gateway (load generator)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", required=True, help="a trace CSV (t,session_id,event) or a built-in "
-                   "name (calm, diurnal, steps, bursty, flash_crowd, chaotic)")
+                   f"name ({', '.join(BUILTIN_NAMES)})")
     p.add_argument("--gateway", default=None,
                    help="gateway URL, or several comma-separated (a viewer fails over to the "
                         "next; default: the one `turboserve up` runs, else http://127.0.0.1:8080)")
@@ -270,12 +272,26 @@ async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
 
     logs: dict[str, SessionLog] = {}
     timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # Every viewer holds a connection for its stream and may hold one more for a control that
+    # waits for its worker: no pool limit, or a crowd would queue behind it.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         http = Gateways(session, [config.gateway, *config.more_gateways])
         before = await _cluster(http, config)
         deadline_ms = config.deadline_ms or _deadline(before) or DEFAULT_DEADLINE_MS
         period_s = config.period_s or deadline_ms / 1000.0
         readers: set[asyncio.Task[None]] = set()
+        latest: dict[str, asyncio.Task[None]] = {}  # each viewer's latest action
+        actions: set[asyncio.Task[None]] = set()  # every action not yet done
+        failed: list[asyncio.Task[None]] = []  # actions that raised (a ReplayError)
+        stop = asyncio.Event()  # set when one did: the replay stops at once
+
+        def settled(task: asyncio.Task[None]) -> None:
+            actions.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                failed.append(task)
+                stop.set()
+
         started = time.monotonic()
         peak = [0]
 
@@ -292,19 +308,35 @@ async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
             for t, trace_id, kind in events:
                 wait = started + t / config.speed - time.monotonic()
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait)
+                _raise_failure(failed)
                 log = logs.get(trace_id)
                 if log is None:
                     log = logs[trace_id] = SessionLog(trace_id, ServiceLedger(period_s, deadline_ms))
-                await _act(http, config, log, kind, readers)
+                # Viewers act on their own: a slow request (a pause waits for the worker's
+                # confirmation) never holds up the others, and one viewer's actions keep their
+                # order.
+                task = asyncio.create_task(_act_after(
+                    latest.get(trace_id), http, config, log, kind, readers, time.time()))
+                task.add_done_callback(settled)
+                latest[trace_id] = task
+                actions.add(task)
                 now = time.monotonic()
                 if progress is not None and now - last_report >= 2.0:
                     last_report = now
                     progress(_progress_line(logs, t, events[-1][0]))
+            while actions and not stop.is_set():
+                await asyncio.wait(actions, return_when=asyncio.FIRST_EXCEPTION)
+            _raise_failure(failed)
             drain_until = time.monotonic() + config.drain_s
             while readers and time.monotonic() < drain_until:
                 await asyncio.wait(readers, timeout=min(1.0, drain_until - time.monotonic()))
         finally:
+            pending = list(actions)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             now = time.time()
             for log in logs.values():
                 log.deactivate(now)
@@ -322,9 +354,30 @@ async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
     return result
 
 
+def _raise_failure(failed: list[asyncio.Task[None]]) -> None:
+    """Raise what stopped a viewer's action, if one did (a ReplayError: it stops the replay)."""
+    if failed:
+        exc = failed[0].exception()
+        assert exc is not None
+        raise exc
+
+
+async def _act_after(previous: asyncio.Task[None] | None, http: Any, config: ReplayConfig,
+                     log: SessionLog, kind: str, readers: set[asyncio.Task[None]],
+                     at: float) -> None:
+    """``kind`` for this viewer once its previous action is done; ``at``: when it was due."""
+    if previous is not None:
+        await asyncio.wait([previous])  # its outcome is its own (a failure stops the replay)
+    try:
+        await _act(http, config, log, kind, readers, at)
+    except (asyncio.CancelledError, ReplayError):
+        raise  # a ReplayError (the gateway unreachable, the key refused) stops the replay
+    except Exception as exc:  # noqa: BLE001 - counted against the viewer, never fatal
+        log.errors.append(f"{kind}: {exc!r}")
+
+
 async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
-               readers: set[asyncio.Task[None]]) -> None:
-    now = time.time()
+               readers: set[asyncio.Task[None]], now: float) -> None:
     if kind == "arrive":
         await _create(http, config, log)
         if log.id is not None:
@@ -370,7 +423,9 @@ def compare_with_sim(result: dict[str, Any], events: list[tuple[float, str, str]
     pool = before.get("pool") or {}
     ready = sum(1 for w in before.get("workers", []) if w.get("alive")
                 and w.get("status") == "ready")
-    trace = make_trace("replayed", [(t * config.speed, sid, kind_) for t, sid, kind_ in events])
+    # ``events`` are in trace seconds (the window, re-timed from 0): the simulator compresses
+    # them by the same speed and stops where the replay stopped.
+    trace = make_trace("replayed", events)
     policy = str(status.get("policy", "turboserve"))
     sim = simulate_replay(
         trace, profile, speed=config.speed, boot_delay_s=float(status.get("boot_delay_s", 5.0)),

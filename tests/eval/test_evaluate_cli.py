@@ -40,7 +40,7 @@ def result(tmp_path_factory):
     return code, json.loads(out.read_text()), plots
 
 
-def test_the_json_has_the_keys_of_the_issue(result):
+def test_the_json_has_its_documented_summary_keys(result):
     code, doc, _ = result
     assert code == 0
     summary = doc["summary"]

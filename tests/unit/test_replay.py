@@ -13,8 +13,8 @@ EVENTS = [TraceEvent(0.0, "a", "arrive"), TraceEvent(5.0, "b", "arrive"),
           TraceEvent(20.0, "b", "depart"), TraceEvent(30.0, "a", "depart")]
 
 
-def config(**kw) -> ReplayConfig:
-    return ReplayConfig(gateway="http://x", api_key=None, operator_key=None, speed=1.0, **kw)
+def config(speed: float = 1.0, **kw) -> ReplayConfig:
+    return ReplayConfig(gateway="http://x", api_key=None, operator_key=None, speed=speed, **kw)
 
 
 def test_the_window_is_retimed_and_sessions_still_there_depart_at_its_end():
@@ -68,3 +68,24 @@ def test_an_owner_change_without_a_state_event_is_a_silent_restart():
     assert log.silent_restarts == 1
     log.owner(None)  # a gateway that does not say: nothing to check
     assert log.silent_restarts == 1
+
+
+def test_the_simulator_plays_the_same_window_at_the_same_speed():
+    from services.replay import compare_with_sim
+    from services.scheduler.shipped import load_profile
+
+    # 20 sessions over 200 trace seconds, played 10x faster: 20 s of wall time.
+    events = [(10.0 * i, f"s{i}", "arrive") for i in range(20)]
+    events += [(10.0 * i + 30.0, f"s{i}", "depart") for i in range(20)]
+    events.sort()
+    status = {"profiles": {"H20": load_profile().to_dict()}, "gpu_kind": "H20",
+              "policy": "least_loaded", "boot_delay_s": 5.0, "tick_s": 0.5}
+    before = {"scheduler": status, "pool": {"min_workers": 1, "max_workers": 4},
+              "workers": [{"alive": True, "status": "ready"}]}
+    result = {"_before": before, "wall_s": 23.0, "sessions": 20, "chunks": 100,
+              "cost_gpu_seconds": 23.0, "latency_ms": {"p50": 0.0, "p99": 0.0, "max": 0.0}}
+    compare_with_sim(result, events, config(speed=10.0))
+    sim = result["sim"]
+    assert sim["sessions"] == 20  # every session of the window, compressed into the run
+    # each plays 3 s of wall time at the 1.25 s period: two or three chunks, not thirty
+    assert 20 * 2 <= sim["chunks"] <= 20 * 3

@@ -384,7 +384,7 @@ def _avg_max(values: list[float]) -> dict[str, float]:
 
 
 def summarise(traces: dict[str, dict[str, Any]], placement: dict[str, Any]) -> dict[str, Any]:
-    """The summary block of the evaluation JSON (keys as issue 4 gives them)."""
+    """The summary block of the evaluation JSON (its keys are part of the JSON's interface)."""
     t = list(traces.values())
     lat = [x["best_baseline"]["latency_reduction_at_matched_cost_pct"] for x in t]
     cost = [x["best_baseline"]["cost_reduction_at_matched_latency_pct"] for x in t]

@@ -1,7 +1,7 @@
 """The whole evaluation: plan the runs per trace, run them, analyse, plot, report.
 
 ``evaluate(trace_keys, quick=...)`` returns the JSON document of ``turboserve sim evaluate``
-(``summary`` with the keys of issue 4, ``traces`` with per-trace figures) and keeps the
+(``summary`` with the headline figures, ``traces`` with per-trace figures) and keeps the
 detail needed for plots in memory only. ``evaluate_profiles`` runs it on several latency
 profiles (the paper's H20 and our measured H200 by default): the first profile's figures stay
 at the top of the document, every profile's are under ``by_profile``.

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("sim", help="traces, the discrete-event simulator, the profiler")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SIM_COMMAND")
 
-    traces = sim_sub.add_parser("traces", help="write the six seeded synthetic traces")
+    traces = sim_sub.add_parser("traces", help="write the built-in seeded synthetic traces")
     traces.add_argument("--out", required=True, type=Path, help="folder to write *.csv.gz into")
     traces.add_argument("--duration", type=float, default=None,
                         help="seconds per trace (default: 1800)")

@@ -33,6 +33,10 @@ COMPARED = (
 )
 
 
+# What a policy without autoscaling refuses (it keeps the pool it is given instead).
+_POOL_PARAMS = frozenset({"initial_gpus", "min_gpus", "max_gpus", "rho_table"})
+
+
 def compress(trace: Trace, speed: float) -> Trace:
     """``trace`` with every time divided by ``speed`` (what ``replay --speed`` plays)."""
     if not (math.isfinite(speed) and speed > 0):
@@ -60,7 +64,7 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
     (None: the fixed rho_hat, or ``rho_hat=`` in ``params``). ``chunk_period_s`` / ``lead_s``:
     the workers' pacing (default: the profile's deadline, one period). ``duration_s``: how long
     the replay ran, in compressed seconds (default: the compressed trace's length)."""
-    from services.scheduler.sim.simulator import simulate
+    from services.scheduler.sim.simulator import PolicyError, simulate
 
     played = compress(trace, speed)
     if duration_s is not None:
@@ -74,9 +78,21 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
         policy_params["rho_table"] = rho_table
     elif "rho_hat" not in params:
         policy_params["rho_table"] = None  # say so: no shipped table unless asked
-    result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
-                      chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
-                      **policy_params)
+    try:
+        result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
+                          chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
+                          **policy_params)
+    except PolicyError as exc:
+        message = str(exc)
+        refused = {name.strip() for name in
+                   message.split("does not take", 1)[-1].split(";", 1)[0].split(",")}
+        if "does not take" not in message or not refused <= _POOL_PARAMS:
+            raise
+        # A policy without autoscaling (static, no_autoscale): it keeps the pool it started with,
+        # as the live scheduler running it does.
+        result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
+                          chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
+                          gpus=initial_gpus, **params)
     lat = result.latency()
     return {
         "sessions": result.sessions,

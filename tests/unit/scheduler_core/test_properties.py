@@ -1,4 +1,4 @@
-"""Property tests over random clusters and event sequences (see issue 3, "Tests")."""
+"""Property tests over random clusters and event sequences."""
 
 from __future__ import annotations
 
