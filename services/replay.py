@@ -56,6 +56,10 @@ class SessionLog:
     stall_s: float = 0.0  # the longest wait for a chunk beyond one period, while active
     ended: bool = False  # its stream ended with `event: end`
     errors: list[str] = field(default_factory=list)
+    # How long after its due time each action was sent (behind this viewer's previous one,
+    # e.g. a pause that waits for the worker's confirmation): counted in the startup it leads
+    # to, as a viewer would count it.
+    action_lag_ms: list[float] = field(default_factory=list)
 
     def activate(self, now: float) -> None:
         if self.spell_start is None:
@@ -368,6 +372,7 @@ async def _act_after(previous: asyncio.Task[None] | None, http: Any, config: Rep
     """``kind`` for this viewer once its previous action is done; ``at``: when it was due."""
     if previous is not None:
         await asyncio.wait([previous])  # its outcome is its own (a failure stops the replay)
+    log.action_lag_ms.append(max(0.0, time.time() - at) * 1000.0)
     try:
         await _act(http, config, log, kind, readers, at)
     except (asyncio.CancelledError, ReplayError):
@@ -603,6 +608,8 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
         total.chunks += log.ledger.chunks
         total.on_time += log.ledger.on_time
         total.missed_periods += log.ledger.missed_periods
+        total.missed_at_start += log.ledger.missed_at_start
+        total.startups_ms += log.ledger.startups_ms
         seen: set[int] = set()
         for seq in log.seqs:
             repeats += seq in seen
@@ -631,6 +638,9 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
         "deadline_attainment": service["deadline_attainment"],
         "stall_adjusted_attainment": service["stall_adjusted_attainment"],
         "missed_periods": total.missed_periods,
+        "missed_periods_at_start": total.missed_at_start,
+        "startup_ms": service["startup_ms"],
+        "action_lag_ms": summary([x for log in logs for x in log.action_lag_ms]),
         "errors": sum(len(log.errors) for log in logs),
         # The sessions that waited longest for a chunk, with what their viewer went through.
         "worst_stalls": [
@@ -683,6 +693,11 @@ def format_result(result: Mapping[str, Any]) -> str:
         ("latency p50 / p99 / max ms", f"{lat['p50']} / {lat['p99']} / {lat['max']}"),
         ("deadline attainment", result["deadline_attainment"]),
         ("stall-adjusted attainment", result["stall_adjusted_attainment"]),
+        ("missed periods (before a first chunk)",
+         f"{result['missed_periods']} ({result['missed_periods_at_start']})"),
+        ("startup p50 / p99 ms", f"{result['startup_ms']['p50']} / {result['startup_ms']['p99']}"),
+        ("action lag p50 / p99 ms",
+         f"{result['action_lag_ms']['p50']} / {result['action_lag_ms']['p99']}"),
         ("GPU-seconds", result.get("cost_gpu_seconds")),
         ("migrations", result.get("migrations")),
         ("scale out / in events", f"{result.get('scale_out_events')} / {result.get('scale_in_events')}"),

@@ -152,7 +152,10 @@ async def pause(gw: Gateway, record: SessionRecord) -> Outcome:
         except errors.Unavailable:
             await gw.store.flip(record.id, (Activity.PAUSED,), Activity.ACTIVE)
             raise
-        notice = await waiter.wait(gw.settings.control_wait_s)
+        # A session on no worker (waiting for a GPU) has nothing to suspend: no notice comes,
+        # and the scheduler simply does not place it while it is paused.
+        notice = (await waiter.wait(gw.settings.control_wait_s)
+                  if record.state is not SessionState.PENDING else None)
     log.info("session_paused", session_id=record.id, confirmed=notice is not None)
     return Outcome(notice is not None, notice.next_seq if notice else None)
 
@@ -162,7 +165,8 @@ async def resume(gw: Gateway, record: SessionRecord) -> Outcome:
     before = await _activity_flip(gw, record, (Activity.PAUSED, Activity.IDLE), Activity.ACTIVE)
     if before is Activity.ACTIVE:
         return Outcome(record.state is not SessionState.SUSPENDED, None, changed=False)
-    async with notice_waiter(gw, record.id, NoticeKind.RESUMED) as waiter:
+    # A suspended session resumes where it is (RESUMED); one on no worker is placed (PLACED).
+    async with notice_waiter(gw, record.id, NoticeKind.RESUMED, NoticeKind.PLACED) as waiter:
         try:
             await publish_event(gw, record.id, SessionEventKind.ACTIVE)
         except errors.Unavailable:

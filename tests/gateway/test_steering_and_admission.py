@@ -67,6 +67,7 @@ async def test_prompt_change_without_confirmation_is_accepted_with_202(gw_env, n
 
 async def test_pause_and_resume_flip_activity_and_tell_the_scheduler(http, gw, worker, nats_client):
     s = await create(http)
+    await gw.ctx.registry.claim(s["id"], "w1", 0)  # on a worker: its notices confirm
     answers = {"idle": (NoticeKind.SUSPENDED, 4), "active": (NoticeKind.RESUMED, 4)}
     path = f"/v1/sessions/{s['id']}"
     async with answering_worker(nats_client, gw, worker, answers) as seen:
@@ -83,6 +84,24 @@ async def test_pause_and_resume_flip_activity_and_tell_the_scheduler(http, gw, w
         body = await (await http.get(path, headers=bearer(s["token"]))).json()
         assert body["activity"] == "active"
     assert [e["kind"] for e in seen] == ["idle", "active"]
+
+
+async def test_a_session_waiting_for_a_gpu_pauses_at_once_and_its_placement_confirms_a_resume(
+        gw_env, nats_client, redis_client, worker):
+    """Pending (on no worker): nothing to suspend, so a pause answers without waiting for a
+    notice; a resume is confirmed by the notice of the placement it leads to."""
+    async with run_gateway(gw_env, control_wait_s=5.0) as g, aiohttp.ClientSession(g.url) as http:
+        s = await create(http)
+        path = f"/v1/sessions/{s['id']}"
+        started = time.monotonic()
+        resp = await http.post(f"{path}/pause", headers=bearer(s["token"]))
+        assert resp.status == 202 and (await resp.json())["activity"] == "paused"
+        assert time.monotonic() - started < 2.0  # not the 5 s wait for a notice
+        answers = {"active": (NoticeKind.PLACED, 0)}
+        async with answering_worker(nats_client, g, worker, answers) as seen:
+            resp = await http.post(f"{path}/resume", headers=bearer(s["token"]))
+            assert resp.status == 200 and (await resp.json())["next_seq"] == 0
+        assert [e["kind"] for e in seen] == ["active"]
 
 
 async def test_admission_refuses_when_the_pool_is_full(http, gw):

@@ -87,6 +87,7 @@ async def test_websocket_binary_chunks_state_and_controls(http, gw, worker, nats
     s = await create(http)
     sid = s["id"]
     assert (await anext_event(events))["kind"] == "created"
+    await gw.ctx.registry.claim(sid, worker.worker_id, 0)  # on a worker: its notices confirm
 
     async def worker_answers() -> None:
         async for msg in events.messages:

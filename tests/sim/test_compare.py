@@ -11,7 +11,8 @@ from services.scheduler.sim.traceio import make_trace
 
 PROFILE = load_profile()
 KEYS = {"sessions", "chunks", "chunks_lost", "seq_repeats", "latency_ms",
-        "deadline_attainment", "stall_adjusted_attainment", "cost_gpu_seconds", "migrations",
+        "deadline_attainment", "stall_adjusted_attainment", "missed_periods",
+        "missed_periods_at_start", "startup_ms", "cost_gpu_seconds", "migrations",
         "scale_out_events", "scale_in_events", "peak_gpus"}
 
 
@@ -30,6 +31,7 @@ def test_simulate_replay_returns_the_replays_keys_and_respects_the_pool_limits()
                           max_gpus=3, initial_gpus=1, rho_table=load_rho_table())
     assert set(doc) == KEYS and set(doc["latency_ms"]) == {"p50", "p99", "max"}
     assert doc["chunks_lost"] == 0 and doc["seq_repeats"] == 0
+    assert 0 <= doc["missed_periods_at_start"] <= doc["missed_periods"]
     assert 1 <= doc["peak_gpus"] <= 3
     assert doc["cost_gpu_seconds"] <= 3 * 600.0 / 4.0 + 1e-6  # at most 3 GPUs for 150 s
     assert 0.0 <= doc["stall_adjusted_attainment"] <= doc["deadline_attainment"] <= 1.0

@@ -20,6 +20,7 @@ def test_on_time_chunks_and_stalls():
     assert (ledger.chunks, ledger.on_time, ledger.missed_periods) == (6, 3, 51)
     assert ledger.deadline_attainment == pytest.approx(3 / 6)
     assert ledger.stall_adjusted_attainment == pytest.approx(3 / 54)
+    assert ledger.missed_at_start == 2 and ledger.startups_ms == [900.0, 3000.0]
     # Latencies are the worker's lateness, never negative.
     assert ledger.latencies_ms == [900.0, 0.0, 0.0, 13.0, 60_000.0, 700.0]
 
@@ -31,6 +32,7 @@ def test_spells_that_end_overdue():
     assert ledger.spell_ended(-200.0, first=False) == 0  # its next chunk was not due yet
     assert ledger.spell_ended(1.0, first=False) == 1  # overdue by 1 ms: a period missed
     assert (ledger.missed_periods, ledger.overdue_spells, ledger.chunks) == (8, 2, 0)
+    assert ledger.missed_at_start == 7  # the first-spell wait; the other was mid-stream
     assert ledger.stall_adjusted_attainment == 0.0
     assert ServiceLedger(P_S, D_MS).stall_adjusted_attainment == 1.0  # nothing owed
 
@@ -65,7 +67,8 @@ def test_summary_and_its_keys():
         ledger.delivered(x)
     doc = ledger.summary()
     assert set(doc) == {"latency_ms", "chunks", "chunks_on_time", "missed_periods",
-                        "deadline_attainment", "stall_adjusted_attainment"}
+                        "missed_periods_at_start", "startup_ms", "deadline_attainment",
+                        "stall_adjusted_attainment"}
     assert doc["latency_ms"] == summary([0.0, 0.0, 100.0, 1000.0])
     assert summary([]) == {"p50": 0.0, "p99": 0.0, "max": 0.0}
     assert summary([1.0, 2.0, 3.0])["p50"] == 2.0

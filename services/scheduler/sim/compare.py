@@ -7,7 +7,9 @@ profile (the one the live workers measured) and the rho_hat table.
 
 Keys (those of the replay's JSON): ``sessions``, ``chunks``, ``chunks_lost``, ``seq_repeats``,
 ``latency_ms`` (``p50``, ``p99``, ``max``), ``deadline_attainment``,
-``stall_adjusted_attainment``, ``cost_gpu_seconds``, ``migrations``, ``scale_out_events``,
+``stall_adjusted_attainment``, ``missed_periods`` (and ``missed_periods_at_start``, those
+before a spell's first chunk), ``startup_ms`` (each first chunk: done minus the moment its
+session became active; ``p50``, ``p99``, ``max``), ``cost_gpu_seconds``, ``migrations``, ``scale_out_events``,
 ``scale_in_events``, ``peak_gpus``. The simulator never loses or repeats a chunk (its
 ``chunks_lost`` and ``seq_repeats`` are 0 by construction); the definitions of latency and
 attainment are those of :class:`~services.scheduler.sim.viewer.ServiceLedger`, which the replay
@@ -22,13 +24,15 @@ from typing import Any
 from services.scheduler.core.autoscale import RhoTable
 from services.scheduler.core.profile import LatencyProfile
 from services.scheduler.sim.traceio import Trace, TraceEvent
+from services.scheduler.sim.viewer import summary
 
 __all__ = ["COMPARED", "compress", "error_pct", "simulate_replay"]
 
 # The figures whose relative error the comparison reports (nested keys joined with a dot).
 COMPARED = (
     "cost_gpu_seconds", "latency_ms.p50", "latency_ms.p99", "latency_ms.max",
-    "deadline_attainment", "stall_adjusted_attainment", "migrations", "peak_gpus",
+    "deadline_attainment", "stall_adjusted_attainment", "missed_periods",
+    "missed_periods_at_start", "startup_ms.p50", "startup_ms.p99", "migrations", "peak_gpus",
     "scale_out_events", "scale_in_events", "chunks", "sessions",
 )
 
@@ -102,6 +106,9 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
         "latency_ms": {"p50": lat["p50"], "p99": lat["p99"], "max": lat["max"]},
         "deadline_attainment": round(result.deadline_attainment, 6),
         "stall_adjusted_attainment": round(result.stall_adjusted_attainment, 6),
+        "missed_periods": result.missed_periods,
+        "missed_periods_at_start": result.missed_periods_at_start,
+        "startup_ms": summary(result.startups_ms),
         "cost_gpu_seconds": round(result.cost_gpu_seconds, 3),
         "migrations": result.migrations,
         "scale_out_events": result.scale_out_events,

@@ -166,6 +166,8 @@ class SimResult:
     unserved_chunks: int = 0
     on_time_chunks: int = 0
     missed_periods: int = 0  # chunk periods without an on-time chunk (see viewer.py)
+    missed_periods_at_start: int = 0  # of those, before a spell's first chunk
+    startups_ms: list[float] = field(default_factory=list)  # each first chunk's startup
     scale_out_events: int = 0
     scale_in_events: int = 0
     sessions: int = 0
@@ -208,6 +210,8 @@ class SimResult:
             "deadline_attainment": round(self.deadline_attainment, 6),
             "stall_adjusted_attainment": round(self.stall_adjusted_attainment, 6),
             "missed_periods": self.missed_periods,
+            "missed_periods_at_start": self.missed_periods_at_start,
+            "startup_ms": summary(self.startups_ms),
             "migrations": self.migrations,
             "chunks_after_migration": {"total": self.chunks_after_migration,
                                        "late": self.late_chunks_after_migration},
@@ -699,6 +703,8 @@ class Simulator:
             unserved_chunks=ledger.overdue_spells,
             on_time_chunks=ledger.on_time,
             missed_periods=ledger.missed_periods,
+            missed_periods_at_start=ledger.missed_at_start,
+            startups_ms=ledger.startups_ms,
             scale_out_events=self.scale_out,
             scale_in_events=self.scale_in,
             sessions=self.trace.sessions,

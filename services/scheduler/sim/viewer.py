@@ -51,6 +51,10 @@ class ServiceLedger:
     on_time: int = 0
     missed_periods: int = 0
     overdue_spells: int = 0  # spells that ended with their next chunk overdue
+    # Where the misses are: the periods missed before a spell's first chunk, and each first
+    # chunk's startup (done minus the moment its session became active).
+    missed_at_start: int = 0
+    startups_ms: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.period_s) and self.period_s >= 0):
@@ -77,6 +81,8 @@ class ServiceLedger:
         latency = max(0.0, latency_ms)
         self.latencies_ms.append(latency)
         self.chunks += 1
+        if startup_ms is not None:
+            self.startups_ms.append(startup_ms)
         late_by = (startup_ms - self.deadline_ms if startup_ms is not None
                    else latency - self.allowance_ms)
         if late_by <= _TOLERANCE_MS:
@@ -84,6 +90,8 @@ class ServiceLedger:
             return 0
         missed = math.ceil(late_by / self.period_ms - 1e-9)
         self.missed_periods += missed
+        if startup_ms is not None:
+            self.missed_at_start += missed
         return missed
 
     def spell_ended(self, overdue_ms: float, first: bool) -> int:
@@ -96,6 +104,8 @@ class ServiceLedger:
         missed = math.ceil(late_by / self.period_ms - 1e-9)
         self.missed_periods += missed
         self.overdue_spells += 1
+        if first:
+            self.missed_at_start += missed
         return missed
 
     @property
@@ -113,6 +123,8 @@ class ServiceLedger:
             "chunks": self.chunks,
             "chunks_on_time": self.on_time,
             "missed_periods": self.missed_periods,
+            "missed_periods_at_start": self.missed_at_start,
+            "startup_ms": summary(self.startups_ms),
             "deadline_attainment": round(self.deadline_attainment, 6),
             "stall_adjusted_attainment": round(self.stall_adjusted_attainment, 6),
         }
