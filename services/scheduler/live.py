@@ -130,6 +130,9 @@ class LiveScheduler:
         self.our_drains: set[str] = set()  # drains this scheduler decided (not an operator)
         self._reports: dict[str, asyncio.Future[MigrationReport]] = {}  # by command id
         self._migrations_from: dict[str, set[asyncio.Task[Any]]] = {}
+        # Sessions with a Migrate in flight -> how many: the core already has them on the
+        # destination while the registry names the source until the commit.
+        self._moving: dict[str, int] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._ticks = 0
         self._profiles_at = 0.0
@@ -264,10 +267,13 @@ class LiveScheduler:
             elif isinstance(decision, Suspend):
                 await self._suspend(decision.session_id, decision.gpu_id)
             elif isinstance(decision, Migrate):
-                task = self._spawn(self._migrate(decision.session_id, decision.src, decision.dst),
-                                   f"migrate-{decision.session_id}")
+                sid = decision.session_id
+                self._moving[sid] = self._moving.get(sid, 0) + 1
+                task = self._spawn(self._migrate(sid, decision.src, decision.dst),
+                                   f"migrate-{sid}")
                 self._migrations_from.setdefault(decision.src, set()).add(task)
                 task.add_done_callback(self._migrations_from[decision.src].discard)
+                task.add_done_callback(lambda _t, sid=sid: self._moved(sid))
             elif isinstance(decision, RequestGpus):
                 now = time.time()
                 for gpu_id in decision.gpu_ids:
@@ -435,6 +441,13 @@ class LiveScheduler:
         await self._deliver(event.session_id, cmd)
 
     # -- migrations -----------------------------------------------------------------------------
+    def _moved(self, sid: str) -> None:
+        left = self._moving.get(sid, 0) - 1
+        if left > 0:
+            self._moving[sid] = left
+        else:
+            self._moving.pop(sid, None)
+
     async def _migrate(self, sid: str, src: str, dst: str) -> None:
         report = await self._run_migration(sid, src, dst)
         if report is not None and report.ok:
@@ -730,6 +743,11 @@ class LiveScheduler:
                 await self.step(Event(time.time(), EventKind.IDLE, session_id=sid))
         for sid, gpu in view.placement.items():
             owner = placement.get(sid)
+            if sid in self._moving:
+                # Not a failure: the core moved it when it decided, the registry follows at the
+                # commit; the migration's own outcome corrects the core if it fails. Taking it
+                # back now would have the core move it (or others) again, then back.
+                continue
             if owner is not None and owner != gpu and self._alive(owner):
                 record = await registry.get_session(sid)
                 if record is not None and record.state is SessionState.EXECUTING:

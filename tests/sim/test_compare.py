@@ -56,3 +56,15 @@ def test_error_pct_per_key():
     assert err["migrations"] is None  # live 0, sim 5: no relative error
     assert err["peak_gpus"] == 0.0
     assert err["deadline_attainment"] is None  # missing on one side
+
+
+def test_a_resume_away_from_the_parked_state_is_a_migration_when_state_stays_on_its_worker():
+    """The live mesh parks an idle session's state on the worker it was suspended on: a resume
+    elsewhere moves it first. The simulator counts those moves only when told so."""
+    trace = generate(spec("bursty", seed=7, duration_s=600.0), name="b")
+    kw = dict(speed=4.0, boot_delay_s=10.0, min_gpus=1, max_gpus=3, initial_gpus=1,
+              rho_table=load_rho_table())
+    shared = simulate_replay(trace, PROFILE, parked_on_gpu=False, **kw)
+    parked = simulate_replay(trace, PROFILE, **kw)  # the default: as the live mesh
+    assert parked["migrations"] > shared["migrations"]
+    assert parked["sessions"] == shared["sessions"]

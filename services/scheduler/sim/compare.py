@@ -56,7 +56,7 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
                     initial_gpus: int = 1, policy: str = "turboserve",
                     rho_table: RhoTable | None = None, tick_s: float = 0.5,
                     chunk_period_s: float | None = None, lead_s: float | None = None,
-                    duration_s: float | None = None,
+                    duration_s: float | None = None, parked_on_gpu: bool = True,
                     **params: Any) -> dict[str, Any]:
     """Run the simulator as the replay ran the live system, and return its figures.
 
@@ -67,7 +67,9 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
     ``max_gpus``: the provisioner's limits. ``rho_table``: the table the live scheduler runs
     (None: the fixed rho_hat, or ``rho_hat=`` in ``params``). ``chunk_period_s`` / ``lead_s``:
     the workers' pacing (default: the profile's deadline, one period). ``duration_s``: how long
-    the replay ran, in compressed seconds (default: the compressed trace's length)."""
+    the replay ran, in compressed seconds (default: the compressed trace's length).
+    ``parked_on_gpu``: an idle session's state stays with the worker it was suspended on, and a
+    resume elsewhere is a migration (as in the live mesh; the simulator's default is not)."""
     from services.scheduler.sim.simulator import PolicyError, simulate
 
     played = compress(trace, speed)
@@ -85,7 +87,7 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
     try:
         result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
                           chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
-                          **policy_params)
+                          parked_on_gpu=parked_on_gpu, **policy_params)
     except PolicyError as exc:
         message = str(exc)
         refused = {name.strip() for name in
@@ -96,7 +98,7 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
         # as the live scheduler running it does.
         result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
                           chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
-                          gpus=initial_gpus, **params)
+                          parked_on_gpu=parked_on_gpu, gpus=initial_gpus, **params)
     lat = result.latency()
     return {
         "sessions": result.sessions,

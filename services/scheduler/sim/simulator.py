@@ -26,6 +26,11 @@ a live replay of the same trace can be compared figure by figure:
   engines, one-sided reads), so they delay only the moved session, never a pass. Resuming
   from host RAM is a copy of ``resume_ms`` (default 0, as in the paper, which does not price
   it); the clock starts when it is done. Suspending is free: it overlaps the user's idle time.
+  With ``parked_on_gpu`` (as the live mesh works: an idle session's state stays in the host
+  memory of the worker it was suspended on), a resume on another GPU first moves the state
+  there: a migration, counted and priced as one (also when that worker was released meanwhile:
+  the live scheduler moves parked state off a worker before releasing it). Without it (the
+  default, the paper's assumption), parked state is reachable from every GPU at no cost.
 * **GPUs.** A requested GPU costs from the request on, is BOOTING for ``boot_delay_s`` and
   serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
   of any pass still in flight on it. Cost is integrated to the end of the trace.
@@ -132,6 +137,7 @@ class _Session:
     first: bool = True  # next chunk is the first of this active spell
     epoch: int = 0  # bumped when the session goes idle: a chunk in flight then is void
     migrated_to: str | None = None  # set until its first chunk on the migration's target
+    parked_on: str | None = None  # the GPU whose host holds its idle state (parked_on_gpu)
 
 
 @dataclass
@@ -237,9 +243,11 @@ class Simulator:
                  tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
                  progress: Callable[[float], None] | None = None,
                  keep_chunk_times: bool = False, resume_ms: float = 0.0,
-                 chunk_period_s: float | None = None, lead_s: float | None = None) -> None:
+                 chunk_period_s: float | None = None, lead_s: float | None = None,
+                 parked_on_gpu: bool = False) -> None:
         self.trace = trace
         self.resume_ms = float(resume_ms)
+        self.parked_on_gpu = parked_on_gpu
         self.keep_chunk_times = keep_chunk_times
         self.chunk_times: list[float] = []
         self.first_flags: list[bool] = []
@@ -388,10 +396,17 @@ class Simulator:
                 # its state is back from host RAM).
                 s.clocked = True
                 s.due = self.now
-                if isinstance(d, Resume) and self.resume_ms > 0:
-                    s.pending_copy_ms += self.resume_ms  # state comes back from host RAM
-                    s.due = self.now + self.resume_ms / 1000.0
+                copy_ms = 0.0
+                if isinstance(d, Resume):
+                    copy_ms = self.resume_ms  # state comes back from host RAM
+                    if s.parked_on is not None and s.parked_on != d.gpu_id:
+                        copy_ms += self._migration_ms  # from another worker's host first
+                        self.migrations += 1
+                if copy_ms > 0:
+                    s.pending_copy_ms += copy_ms
+                    s.due = self.now + copy_ms / 1000.0
                     self._start_copy(d.session_id, s)
+                s.parked_on = None
                 touched.add(d.gpu_id)
             elif isinstance(d, Migrate):
                 s = self._session(d, d.session_id)
@@ -407,6 +422,8 @@ class Simulator:
                 s = self._session(d, d.session_id)
                 if s.gpu is not None:
                     self.gpus[s.gpu].members.discard(d.session_id)
+                    if self.parked_on_gpu:
+                        s.parked_on = s.gpu
                 s.gpu = None
             elif isinstance(d, RequestGpus):
                 for gpu_id in d.gpu_ids:
@@ -755,7 +772,7 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
              progress: Callable[[float], None] | None = None, keep_chunk_times: bool = False,
              resume_ms: float = 0.0, warm_start: bool = True,
              chunk_period_s: float | None = None, lead_s: float | None = None,
-             **params: Any) -> SimResult:
+             parked_on_gpu: bool = False, **params: Any) -> SimResult:
     """Run ``policy`` (a registered name, or an object with ``step``) over ``trace`` (a Trace,
     a built-in trace name or a path). ``params`` go to ``get_policy``; autoscaling policies
     also get ``boot_delay_s`` so that they know what the environment does, and, unless the
@@ -785,10 +802,11 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
     sim = Simulator(trace, policy_obj, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
                     price_usd_per_gpu_hour=price_usd_per_gpu_hour, progress=progress,
                     keep_chunk_times=keep_chunk_times, resume_ms=resume_ms,
-                    chunk_period_s=chunk_period_s, lead_s=lead_s)
+                    chunk_period_s=chunk_period_s, lead_s=lead_s, parked_on_gpu=parked_on_gpu)
     result = sim.run()
     result.params = {"boot_delay_s": boot_delay_s, "tick_s": tick_s, "profile": profile.name,
-                     "resume_ms": resume_ms, "chunk_period_s": sim.period_s,
+                     "resume_ms": resume_ms, **({"parked_on_gpu": True} if parked_on_gpu else {}),
+                     "chunk_period_s": sim.period_s,
                      "lead_s": sim.lead_s,
                      **{k: v for k, v in {**extra, **params}.items() if _jsonable(v)}}
     return result

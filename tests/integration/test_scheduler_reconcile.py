@@ -1,0 +1,53 @@
+"""The live scheduler's repair pass against a real Redis: a session the registry places elsewhere
+than the core thinks is taken back, unless a migration of it is in flight (the core moves a
+session when it decides, the registry when the handoff commits)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.scheduler.core.policies import get_policy
+from services.scheduler.core.types import GpuState, RestoredGpu, RestoredSession
+from services.scheduler.live import LiveScheduler, _Worker
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
+from shared.leader import LeaderElection
+from shared.settings import SchedulerSettings
+from tests.integration.worker_harness import mesh_context
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(infra, isolation):
+    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
+            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+
+
+async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
+    async with mesh_context(env) as (ctx, _):
+        settings = SchedulerSettings.from_env(env)
+        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 5.0).try_acquire()
+        assert lease is not None
+        profile = load_profile(DEFAULT_PROFILE)
+        kind = profile.gpu_kind
+        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=2,
+                          gpu_kind=kind, boot_delay_s=5.0)
+        now = time.time()
+        core.restore([RestoredGpu("a", kind, GpuState.READY), RestoredGpu("b", kind, GpuState.READY)],
+                     [RestoredSession("s", active=True, gpu_id="b")], now)
+        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
+        live.workers = {"a": _Worker(kind), "b": _Worker(kind)}
+        record = await ctx.registry.create_session("s", "p", 0)
+        await ctx.registry.claim("s", "a", record.epoch)  # the handoff a -> b has not committed
+
+        live._moving["s"] = 1  # noqa: SLF001 - a Migrate a -> b in flight
+        await live.reconcile()
+        assert core.view.placement["s"] == "b"
+
+        live._moved("s")  # noqa: SLF001 - it ended, and the registry still says a: it failed
+        assert not live._moving  # noqa: SLF001
+        await live.reconcile()
+        assert core.view.placement["s"] == "a"
