@@ -40,6 +40,9 @@ def test_a_viewer_counts_lateness_startup_and_a_spell_that_ended_waiting():
     assert result["stall_s"]["max"] == pytest.approx(2.59)  # 100.91 -> 104.5, less a period
     assert result["chunks"] == 3 and result["chunks_lost"] == 0 and result["seq_repeats"] == 0
     assert result["missed_periods"] == 6
+    assert result["missed_periods_at_start"] == 3  # the second spell's
+    assert result["missed_periods_after_migration"] == 0
+    assert result["startup_ms"]["max"] == pytest.approx(400.0)
     assert result["stall_adjusted_attainment"] == round(2 / (2 + 6), 6)
     assert result["cost_gpu_seconds"] is None  # no operator key, no account
 
@@ -89,3 +92,15 @@ def test_the_simulator_plays_the_same_window_at_the_same_speed():
     assert sim["sessions"] == 20  # every session of the window, compressed into the run
     # each plays 3 s of wall time at the 1.25 s period: two or three chunks, not thirty
     assert 20 * 2 <= sim["chunks"] <= 20 * 3
+
+
+def test_misses_right_after_a_migration_are_told_apart():
+    log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.id = "x"
+    log.activate(100.0)
+    log.chunk(0, due_at=100.0, done_at=100.4, now=100.4)
+    log.moved = True  # a `migrated` notice
+    log.chunk(1, due_at=101.0, done_at=101.5, now=101.5)  # 500 ms late: 1 period, after it
+    log.chunk(2, due_at=102.5, done_at=103.0, now=103.0)  # late too, but not right after it
+    result = summarize([log], 1000.0, None, None, 0, 4.0)
+    assert result["missed_periods"] == 2 and result["missed_periods_after_migration"] == 1
