@@ -198,7 +198,7 @@ class GenerationLoop:
             if item.session_id is not None:
                 self._boundary_controls.append((item.session_id, item))
             else:
-                _run_control(item)
+                _run_control(item, self._publish_status)
             return
         try:
             self._apply_command(item)
@@ -343,7 +343,7 @@ class GenerationLoop:
             if sid not in self.owned:
                 control.reject(LookupError(f"no session {sid} on this worker"))
             elif phases.get(sid, 0) == 0:  # at a boundary, or suspended (not resident)
-                _run_control(control)
+                _run_control(control, self._publish_status)
             else:
                 pending.append((sid, control))
         self._boundary_controls = pending
@@ -476,10 +476,14 @@ class GenerationLoop:
             self._status = status
 
 
-def _run_control(control: Control[Any]) -> None:
+def _run_control(control: Control[Any], publish_status: Callable[[], None]) -> None:
+    """Run a control; the status the event loop reads (admission, heartbeats) shows its effect
+    before its caller hears it is done (a handed-off session is gone from it by the time the
+    migration is reported, so a move straight back is not refused as a duplicate)."""
     try:
         result = control.run()
     except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
         control.reject(exc)
     else:
+        publish_status()
         control.resolve(result)

@@ -118,3 +118,32 @@ def test_fenced_sessions_are_dropped_and_a_full_engine_hands_back():
     loop.inbox.put(_assign("extra", 1))
     _run(loop, lambda: sink.handed_back)
     assert sink.handed_back == [("extra", 1)]
+
+
+def test_a_control_is_answered_only_once_the_status_shows_its_effect():
+    """A handed-off session is dropped by a control; admission reads the status, so the status
+    must no longer list it when the control's caller hears it is done (or a move straight back
+    would be refused as a duplicate)."""
+    from services.gpu_worker.inbox import Control
+
+    sink = RecordingSink()
+    loop = _loop(sink, period_s=0.5, lead_s=0.0)  # paced: passes wait, the status is not redone
+    loop.inbox.put(_assign("s", 1))
+    seen: list[tuple[str, ...]] = []
+    done = threading.Event()
+
+    def answered(_value: object) -> None:
+        seen.append(loop.status().sessions)
+        done.set()
+
+    def drop_once_playing() -> bool:
+        if not sink.chunks("s"):
+            return False
+        if not loop.inbox.closed and not done.is_set() and not seen:
+            seen.append(("asked",))
+            loop.inbox.put(Control("release", lambda: loop.drop("s", reason="migrated"),
+                                   answered, lambda exc: done.set()))
+        return done.is_set()
+
+    _run(loop, drop_once_playing)
+    assert seen[-1] == ()  # "s" was already gone from the status when the answer came
