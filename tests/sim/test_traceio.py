@@ -107,13 +107,7 @@ def test_builtin_traces_match_the_papers_description():
         assert trace.duration >= 1800
         assert min(counts) <= 25, trace.name  # about a dozen at the quiet times
         assert max(counts) >= 100, trace.name  # over a hundred at the peak
-        starts: dict[str, float] = {}
-        lives = []
-        for e in trace.events:
-            if e.event == "arrive":
-                starts[e.session_id] = e.t
-            elif e.event == "depart":
-                lives.append(e.t - starts[e.session_id])
+        lives = _lifetimes(trace)
         assert min(lives) < 5 and max(lives) > 120, trace.name
         assert any(e.event == "idle" for e in trace.events)
 

@@ -74,6 +74,7 @@ class HandoffEndpoint:
         # tests and audits; it costs a pass over the bytes on both sides.
         self.checksum = checksum
         self.timeout_s = settings.handoff_timeout_s
+        self.bind_host = settings.handoff_address()  # resolved once (``auto``: a DNS lookup)
         self.log = get_logger("turboserve.handoff").bind(worker_id=self.worker_id)
         self.place = device_place(host.device)
         self._executor = ThreadPoolExecutor(_THREADS, thread_name_prefix="handoff")
@@ -93,7 +94,7 @@ class HandoffEndpoint:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self._server = await self.run(StoreServer, s.handoff_address(), s.handoff_port,
+        self._server = await self.run(StoreServer, self.bind_host, s.handoff_port,
                                      self.timeout_s)
         self._links = Links(self.run, self._server, self._clients)
         self._sub = await self.nc.subscribe(
@@ -168,7 +169,7 @@ class HandoffEndpoint:
         if name not in TRANSPORTS:
             raise ValueError(f"unknown transport {name!r}")
         if name not in self._transports:
-            self._transports[name] = make_transport(name, self.settings.handoff_address())
+            self._transports[name] = make_transport(name, self.bind_host)
         return self._transports[name]
 
     def link_device(self, transport: str) -> torch.device:
