@@ -116,6 +116,7 @@ def test_build_table_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(profiler, "QUICK_GRID", {"rho_hat": (0.4, 0.8), "delta": (0.1,)})
     monkeypatch.setattr(profiler, "QUICK_RESERVES", (0.0, 0.5))
     monkeypatch.setattr(profiler, "QUICK_DELAYS", (0.0, 60.0))
+    monkeypatch.setattr(profiler, "QUICK_PEAK_RHOS", (0.0,))
     out = tmp_path / "rho.json"
     table = profiler.build_table(quick=True, out=out, json_out=tmp_path / "points.json",
                                  log=lambda line: None)
@@ -142,6 +143,18 @@ def test_shipped_table_is_loadable_and_was_made_by_the_profiler():
     assert table.signal == "dispersion"
     # Burstier levels never get a higher target utilisation than calmer ones.
     assert all(a >= b for a, b in zip(table.rho_hat, table.rho_hat[1:], strict=False))
+
+
+def test_choose_searches_the_peak_cap_too():
+    """A cap is one more knob: the cheapest on-time point wins, and on a tie of cost the point
+    without a cap does (it is the paper's rule)."""
+    uncapped = _point(0.6, 100, 60.0)
+    capped = {**_point(0.6, 99, 45.0), "peak_rho": 0.85}
+    too_tight = {**_point(0.6, 90, 35.0), "peak_rho": 1.0}
+    rho, _, ok, stats = choose([uncapped, capped, too_tight], 0, target=0.99)
+    assert (rho, ok, stats["peak_rho"]) == (0.6, True, 0.85)
+    tie = {**_point(0.6, 100, 60.0), "peak_rho": 1.0}
+    assert choose([tie, uncapped], 0, target=0.99)[3]["peak_rho"] == 0.0
 
 
 def test_choose_searches_the_idle_reserve_too():

@@ -22,7 +22,9 @@ std grows as the square root of its rate, so that signal also rises with plain l
 the bin counts: 1 for Poisson arrivals at any rate, above 1 when arrivals cluster). The table
 names its signal (``"signal": "dispersion"`` or ``"std"``; a table without the key is a std
 table, as the old ones were). Each level may also carry an ``idle_reserve``: the share of idle
-sessions the controller sizes the pool for as if active (absent means 0). The shipped table
+sessions the controller sizes the pool for as if active (absent means 0), a
+``scale_in_delay_s`` (the scale-in stabilisation window) and a ``peak_rho`` (the peak cap; see
+``loop.Controller``). The shipped table
 (``services/scheduler/shipped/rho_table.json``) is written by ``turboserve sim profile`` and
 loaded by the core's callers, who pass it in ``ControllerConfig.rho_table``; without a table
 the core uses the fixed ``FALLBACK_RHO_HAT`` = 0.7 and ``FALLBACK_DELTA`` = 0.1, the paper's
@@ -180,9 +182,14 @@ class RhoTable:
     # Per level, the share of idle sessions the pool is sized for as if active (the
     # controller's ``idle_reserve``); empty means 0 at every level (tables without the key).
     idle_reserve: tuple[float, ...] = ()
-    # Per level, how long the load must stay below the band before a scale-in (the
-    # controller's ``scale_in_delay_s``); empty means 0 at every level.
+    # Per level, the scale-in stabilisation window in seconds (the controller's
+    # ``scale_in_delay_s``: the pool never shrinks below the highest target of the window);
+    # empty means 0 at every level.
     scale_in_delay_s: tuple[float, ...] = ()
+    # Per level, the peak cap's utilisation (the controller's ``peak_rho``: the pool never
+    # holds more than the window's peak active count needs at that utilisation; 0: no cap);
+    # empty means no cap at any level.
+    peak_rho: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.signal not in SIGNALS:
@@ -215,6 +222,14 @@ class RhoTable:
                 if not (math.isfinite(x) and x >= 0):
                     raise ValueError(f"rho table: level {i} needs scale_in_delay_s >= 0, "
                                      f"got {x}")
+        if self.peak_rho:
+            if len(self.peak_rho) != LEVELS:
+                raise ValueError(f"rho table: need {LEVELS} peak_rho values, got "
+                                 f"{len(self.peak_rho)}")
+            for i, x in enumerate(self.peak_rho):
+                if not 0 <= x <= 1:
+                    raise ValueError(f"rho table: level {i} needs 0 <= peak_rho <= 1 (0: no "
+                                     f"cap), got {x}")
 
     def level(self, value: float) -> int:
         return bisect.bisect_right(self.level_edges, value)
@@ -231,6 +246,10 @@ class RhoTable:
         """The scale-in delay at ``level`` (0 for a table without one)."""
         return self.scale_in_delay_s[level] if self.scale_in_delay_s else 0.0
 
+    def peak_cap(self, level: int) -> float:
+        """The peak cap's utilisation at ``level`` (0, no cap, for a table without one)."""
+        return self.peak_rho[level] if self.peak_rho else 0.0
+
     def tracker(self) -> VolatilityTracker:
         """A fresh tracker measuring this table's signal over its window and bins."""
         return VolatilityTracker(self.window_s, self.bin_s, self.signal)
@@ -245,7 +264,8 @@ class RhoTable:
             "levels": [{"rho_hat": r, "delta": d,
                         **({"idle_reserve": self.idle_reserve[i]} if self.idle_reserve else {}),
                         **({"scale_in_delay_s": self.scale_in_delay_s[i]}
-                           if self.scale_in_delay_s else {})}
+                           if self.scale_in_delay_s else {}),
+                        **({"peak_rho": self.peak_rho[i]} if self.peak_rho else {})}
                        for i, (r, d) in enumerate(zip(self.rho_hat, self.delta, strict=True))],
             "source": self.source,
         }
@@ -266,6 +286,8 @@ class RhoTable:
                               if any("idle_reserve" in x for x in levels) else ()),
                 scale_in_delay_s=(tuple(float(x.get("scale_in_delay_s", 0.0)) for x in levels)
                                   if any("scale_in_delay_s" in x for x in levels) else ()),
+                peak_rho=(tuple(float(x.get("peak_rho", 0.0)) for x in levels)
+                          if any("peak_rho" in x for x in levels) else ()),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rho table: malformed ({exc!r})") from exc

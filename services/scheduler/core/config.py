@@ -18,6 +18,7 @@ from services.scheduler.core.autoscale import RhoTable
 DEFAULT_BOOT_DELAY_S = 30.0
 DEFAULT_ETA = 0.1
 DEFAULT_RETRY_BACKOFF_S = 5.0
+DEFAULT_PEAK_WINDOW_S = 300.0
 PLACEMENTS = ("soonest_first_chunk", "least_loaded", "round_robin", "memory_aware")
 
 
@@ -49,9 +50,15 @@ class ControllerConfig:
     gpu_id_prefix: str | None = None
     min_gpus: int = 1
     max_gpus: int | None = None
-    # The low load must last this long before a scale-in; None: the table's value at the
+    # Scale-in stabilisation window: the pool never shrinks below the highest target of the
+    # last this many seconds (HPA's down-scale stabilisation); None: the table's value at the
     # current level (0 without a table).
     scale_in_delay_s: float | None = None
+    # Peak cap: the pool never holds more GPUs than the highest active count of the last
+    # ``peak_window_s`` needs at utilisation ``peak_rho`` (0: no cap); None: the table's value
+    # at the current level (no cap without a table).
+    peak_rho: float | None = None
+    peak_window_s: float = DEFAULT_PEAK_WINDOW_S
     warmup_s: float | None = None  # no scale-in this long after the first event (None: boot)
     # After a failed migration or placement, the session is not moved again, nor placed on
     # the GPU that failed, for this long.
@@ -74,6 +81,10 @@ class ControllerConfig:
             raise ValueError(f"rho_hat must be in (0, 1], got {self.rho_hat}")
         if self.delta is not None and not (math.isfinite(self.delta) and self.delta >= 0):
             raise ValueError(f"delta must be >= 0 and finite, got {self.delta}")
+        if self.peak_rho is not None and not 0 <= self.peak_rho <= 1:
+            raise ValueError(f"peak_rho must be in [0, 1] (0: no cap), got {self.peak_rho}")
+        if not (math.isfinite(self.peak_window_s) and self.peak_window_s > 0):
+            raise ValueError(f"peak_window_s must be > 0 and finite, got {self.peak_window_s}")
         for key in ("eta", "boot_delay_s", "scale_in_delay_s", "retry_backoff_s"):
             value = getattr(self, key)
             if value is None and key == "scale_in_delay_s":

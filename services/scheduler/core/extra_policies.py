@@ -31,7 +31,8 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     GPU exactly one boot delay (plus one tick) before it is needed and lets it go as soon as
     it is not needed within that horizon.  Needs ``future=`` (a trace: an object with
     ``events`` of ``(t, session_id, event)``, or a list of such rows).  It takes no idle
-    reserve from the table (``idle_reserve=0`` unless given): it knows who comes back.
+    reserve and no peak cap from the table (``idle_reserve=0``, ``peak_rho=0`` unless given):
+    it knows who comes back and how high the load goes.
 ``turboserve_predictive``
     Our loop, with the GPU count sized for a short-horizon forecast of active sessions one
     boot delay ahead.  Default ``mode="sessions"``: Holt's linear trend (double exponential
@@ -74,7 +75,7 @@ __all__ = ["ClairvoyantController", "HpaController", "PredictiveController",
 _CONTROLLER_PARAMS = frozenset({
     "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
     "min_gpus", "max_gpus", "rho_table", "t0", "warmup_s", "idle_reserve", "retry_backoff_s",
-    "gpu_id_prefix",
+    "gpu_id_prefix", "peak_rho", "peak_window_s",
 })
 
 
@@ -216,9 +217,10 @@ class ClairvoyantController(Controller):
 def _clairvoyant(profiles: Profiles, **params: Any) -> ClairvoyantController:
     if "future" not in params:
         raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
-    # The idle reserve stands in for the sessions that will come back; the clairvoyant knows
-    # them, so by default it sizes for the true demand alone.
-    params = {"idle_reserve": 0.0, **params}
+    # The idle reserve stands in for the sessions that will come back, and the peak cap
+    # guesses from the past that load will not outgrow its recent peak; the clairvoyant knows
+    # both, so by default it sizes for the true demand alone.
+    params = {"idle_reserve": 0.0, "peak_rho": 0.0, **params}
     config, own = _split("clairvoyant", params, {"future", "lookahead_slack_s"},
                          placement="least_loaded")
     return ClairvoyantController(profiles, config, **own)
@@ -381,7 +383,8 @@ def _least_loaded_autoscale(profiles: Profiles, **params: Any) -> ThresholdContr
                          {"high", "low", "period_s", "cooldown_out_s", "cooldown_in_s"},
                          migrate=False, placement="least_loaded")
     # rho_hat stays fixed (and unused by the hook): no table, no idle reserve.
-    config = replace(config, rho_hat=own.get("high", 0.8), rho_table=None, idle_reserve=0.0)
+    config = replace(config, rho_hat=own.get("high", 0.8), rho_table=None, idle_reserve=0.0,
+                     peak_rho=0.0)
     return ThresholdController(profiles, config, **own)
 
 

@@ -26,6 +26,10 @@ released on the first arrival of a warm system.
 Idle reserve (not in the paper): the autoscaler sizes the pool for the active sessions plus
 ``idle_reserve`` times the idle ones (the table's value at the current volatility level unless
 given), because idle users come back faster than a GPU boots.
+Peak cap (not in the paper): the pool never holds more than the highest active count of the
+last ``peak_window_s`` needs at utilisation ``peak_rho`` (the table's, none without one).
+Scale-in stabilisation (not in the paper): the pool never shrinks below the highest target of
+the last ``scale_in_delay_s`` (the table's, 0 without one), as Kubernetes' HPA stabilises.
 
 Several kinds: the autoscaler counts GPUs in units of the default kind (``config.gpu_kind``,
 the kind it asks for): a GPU of twice its K counts as two. With one kind every count is the
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from collections.abc import Iterable, Mapping
 
 from services.scheduler.core import autoscale as autoscale_mod
@@ -106,7 +111,11 @@ class Controller:
         self.rho_table = config.rho_table if config.rho_hat is None else None
         self.volatility = self.rho_table.tracker() if self.rho_table else VolatilityTracker()
         self._started: float | None = None  # time of the first event (warm-up clock)
-        self._low_since: float | None = None  # when a scale-in first wanted to fire
+        # Targets of the scale-in window: (time, target), targets strictly decreasing, so
+        # the first entry is the highest of the window (a monotone queue).
+        self._recent_targets: deque[tuple[float, float]] = deque()
+        # Active counts of the peak window: (time, count), counts strictly decreasing.
+        self._recent_active: deque[tuple[float, int]] = deque()
         self._released: dict[str, str] = {}  # GPUs this controller gave back -> kind
         self._gone: set[str] = set()  # GPUs the environment reported gone
         self._next_gpu = 0
@@ -243,13 +252,21 @@ class Controller:
         return self.rho_table.reserve(self._volatility_level(t))
 
     def current_scale_in_delay(self, t: float) -> float:
-        """How long the load must stay below the band before a scale-in at ``t``: fixed, or
+        """The scale-in stabilisation window at ``t`` (see ``_stabilised``): fixed, or
         the table's at the current level (0 without a table or with a fixed rho_hat)."""
         if self.config.scale_in_delay_s is not None:
             return self.config.scale_in_delay_s
         if self.rho_table is None:
             return 0.0
         return self.rho_table.scale_in_delay(self._volatility_level(t))
+
+    def current_peak_rho(self, t: float) -> float:
+        """The peak cap's utilisation at ``t`` (0: no cap): fixed, or the table's."""
+        if self.config.peak_rho is not None:
+            return self.config.peak_rho
+        if self.rho_table is None:
+            return 0.0
+        return self.rho_table.peak_cap(self._volatility_level(t))
 
     def _volatility_level(self, t: float) -> int:
         """The table's volatility level at ``t`` (its middle level until the window fills)."""
@@ -394,18 +411,8 @@ class Controller:
             # one boot delay), instead of being released on the first event, before the
             # sessions that are already there have reported in. Scale-out is not delayed.
             return []
-        delay = self.current_scale_in_delay(t) if target < budget else 0.0
-        if delay > 0:
-            # Stabilisation (not in the paper; the table's, 0 without one): scale in only once
-            # the load has stayed below the band for that long. Where sessions flip between
-            # active and idle every few seconds, the fullest GPU's load dips below the band
-            # and comes straight back; without it the loop drains and re-boots GPUs for it.
-            if self._low_since is None:
-                self._low_since = t
-            if t - self._low_since < delay:
-                return []
-        elif target >= budget and scale_out:
-            self._low_since = None
+        target = self._capped(t, target, budget)
+        target = self._stabilised(t, target, budget)
         if target > budget and scale_out:
             self.scale_events += 1
             return [self._request(math.ceil(target - budget - _EPS), t)]
@@ -413,9 +420,49 @@ class Controller:
             out = self._scale_in(budget - target, t)
             if out:
                 self.scale_events += 1
-                self._low_since = None  # the next scale-in waits its own delay
             return out
         return []
+
+    def _capped(self, t: float, target: float, budget: float) -> float:
+        """Peak cap (not in the paper; the table's ``peak_rho``, none without one): the pool
+        never grows beyond, and shrinks down to, what the highest active count of the last
+        ``peak_window_s`` needs at utilisation ``peak_rho``. Headroom (a low rho_hat, the idle
+        reserve) is for load that may come; at the top of what the recent past has seen it buys
+        GPUs that a swing down leaves empty. With ``peak_rho`` <= 1 the cap always holds the
+        active sessions of now, so it never keeps a session waiting for a slot."""
+        recent = self._recent_active
+        n = self._cluster.n_active
+        while recent and recent[-1][1] <= n:
+            recent.pop()
+        recent.append((t, n))
+        while recent[0][0] <= t - self.config.peak_window_s:  # never the entry just added
+            recent.popleft()
+        peak_rho = self.current_peak_rho(t)
+        if peak_rho <= 0:
+            return target
+        cap = math.ceil(recent[0][1] / (self._cluster.capacity * peak_rho) - _EPS)
+        if target > budget:
+            return max(budget, min(target, cap))
+        return min(target, cap)
+
+    def _stabilised(self, t: float, target: float, budget: float) -> float:
+        """Scale-in stabilisation (not in the paper; the table's window, 0 without one): the
+        pool never shrinks below the highest target of the last ``scale_in_delay_s`` seconds,
+        as Kubernetes' HPA stabilises its down-scaling. Where sessions flip between active and
+        idle every few seconds, the fullest GPU's load dips below the band and comes straight
+        back; a scale-in to the dip would drain a GPU that the next swing boots again. A
+        scale-out is never delayed."""
+        window = self.current_scale_in_delay(t)
+        recent = self._recent_targets
+        if window <= 0:
+            recent.clear()
+            return target
+        while recent and recent[-1][1] <= target:
+            recent.pop()
+        recent.append((t, target))
+        while recent[0][0] <= t - window:  # the entry just added is never this old
+            recent.popleft()
+        return target if target >= budget else min(budget, recent[0][1])
 
     def _request(self, count: int, t: float) -> RequestGpus:
         ids = tuple(self._new_gpu_id() for _ in range(count))

@@ -87,11 +87,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "if active) searched per level with rho_hat and delta (default "
                            "0,0.25,0.5; --quick: 0,0.5; 0 searches none)")
     prof.add_argument("--rho-hat", default=None, metavar="LIST",
-                      help="comma-separated rho_hat values searched (default 0.5-0.95 in steps "
-                           "of 0.05; --quick: 0.6,0.75,0.9)")
+                      help="comma-separated rho_hat values searched (default "
+                           "0.6,0.7,0.8,0.9,0.95; --quick: 0.6,0.75,0.9)")
     prof.add_argument("--scale-in-delay", default=None, metavar="LIST",
-                      help="comma-separated scale-in delays in seconds searched per level "
-                           "(default 0,30,60,120; --quick: 0,60; 0 searches none)")
+                      help="comma-separated scale-in stabilisation windows in seconds searched "
+                           "per level (the pool never shrinks below the highest target of the "
+                           "window; default 0,60,300; --quick: 0,60; 0 searches none)")
+    prof.add_argument("--peak-rho", default=None, metavar="LIST",
+                      help="comma-separated peak caps searched per level: the pool never holds "
+                           "more than the last 300 s's peak active count needs at that "
+                           "utilisation (default 0,0.85,1; --quick: 0,1; 0 is no cap)")
     prof.add_argument("--check", choices=("eval", "train", "both"), default=None,
                       help="do not profile: print turboserve's matched-cost p99 margins over "
                            "the static baselines with the table (--out, else the shipped one) "
@@ -337,9 +342,10 @@ def _run_profile(args: argparse.Namespace) -> int:
     build_table(quick=args.quick, out=args.out, boot_delay_s=args.boot_delay,
                 profile_name=args.profile, jobs=args.jobs, json_out=args.json, target=args.target,
                 rule=args.rule, pool=args.pool, monotone=not args.no_monotone, signal=args.signal,
-                idle_reserves=None if args.idle_reserve is None else _reserves(args.idle_reserve),
+                idle_reserves=None if args.idle_reserve is None else _shares("--idle-reserve", args.idle_reserve),
                 scale_in_delays=None if args.scale_in_delay is None else _delays(
                     args.scale_in_delay),
+                peak_rhos=None if args.peak_rho is None else _shares("--peak-rho", args.peak_rho),
                 rho_hats=None if args.rho_hat is None else _fractions("--rho-hat", args.rho_hat),
                 log=lambda line: print(line, file=sys.stdout, flush=True))
     return 0
@@ -365,11 +371,11 @@ def _delays(text: str) -> tuple[float, ...]:
     return values
 
 
-def _reserves(text: str) -> tuple[float, ...]:
+def _shares(flag: str, text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise UsageError(f"--idle-reserve takes numbers separated by commas, got {text!r}") from None
+        raise UsageError(f"{flag} takes numbers separated by commas, got {text!r}") from None
     if not values or any(not (math.isfinite(x) and 0 <= x <= 1) for x in values):
-        raise UsageError(f"--idle-reserve values must be in [0, 1], got {text!r}")
+        raise UsageError(f"{flag} values must be in [0, 1], got {text!r}")
     return values

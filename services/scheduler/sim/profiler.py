@@ -13,7 +13,8 @@ deadline. How we do it:
 3. **Grid.** ``turboserve`` runs every training trace with each fixed (rho_hat, delta, idle
    reserve, scale-in delay); the reserve is the share of idle sessions sized for as if active
    (``ControllerConfig.idle_reserve``; ``FULL_RESERVES``, ``--idle-reserve 0`` for none), the
-   delay how long the load must stay below the band before a scale-in (``FULL_DELAYS``). Each
+   delay the scale-in stabilisation window (``FULL_DELAYS``: the pool never shrinks below the
+   highest target of that many seconds past). Each
    bin's GPU-seconds, its on-time chunks and its missed chunk periods (``sim/viewer.py``) are
    attributed to the bin's volatility level (attribution is approximate: a choice's effect
    lags by about a boot delay).
@@ -47,16 +48,20 @@ from services.scheduler.core.autoscale import (
 from services.scheduler.shipped import save_rho_table
 from services.scheduler.sim.traceio import Trace
 
-FULL_GRID = {"rho_hat": tuple(round(0.5 + 0.05 * i, 2) for i in range(10)),  # 0.5 .. 0.95
-             "delta": (0.1,)}
+FULL_GRID = {"rho_hat": (0.6, 0.7, 0.8, 0.9, 0.95), "delta": (0.1,)}
 QUICK_GRID = {"rho_hat": (0.6, 0.75, 0.9), "delta": (0.1,)}
 # Share of idle sessions sized for as if active (``ControllerConfig.idle_reserve``), searched
 # with (rho_hat, delta) at every level; ``--idle-reserve 0`` searches none.
 FULL_RESERVES = (0.0, 0.25, 0.5)
 QUICK_RESERVES = (0.0, 0.5)
-# Seconds the load must stay below the band before a scale-in (``scale_in_delay_s``).
-FULL_DELAYS = (0.0, 30.0, 60.0, 120.0)
+# Scale-in stabilisation windows in seconds (``scale_in_delay_s``: the pool never shrinks below
+# the highest target of the window).
+FULL_DELAYS = (0.0, 60.0, 300.0)
 QUICK_DELAYS = (0.0, 60.0)
+# Peak caps (``peak_rho``: the pool never holds more than the last 300 s's peak active count
+# needs at that utilisation; 0: no cap).
+FULL_PEAK_RHOS = (0.0, 0.85, 1.0)
+QUICK_PEAK_RHOS = (0.0, 1.0)
 DEFAULT_TARGET = 0.99
 
 
@@ -163,16 +168,16 @@ def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float
     return out
 
 
-def _run_point(args: tuple[Trace, float, float, float, float, list[int | None], float, float,
-                            Any]) -> dict:
+def _run_point(args: tuple[Trace, float, float, float, float, float, list[int | None], float,
+                            float, Any]) -> dict:
     from services.scheduler.sim.simulator import simulate
 
-    trace, rho, delta, reserve, delay, bin_levels, bin_s, boot_delay_s, profile = args
+    trace, rho, delta, reserve, delay, peak, bin_levels, bin_s, boot_delay_s, profile = args
     result = simulate(trace, "turboserve", profile, boot_delay_s=boot_delay_s, rho_hat=rho,
-                      delta=delta, idle_reserve=reserve, scale_in_delay_s=delay,
+                      delta=delta, idle_reserve=reserve, scale_in_delay_s=delay, peak_rho=peak,
                       keep_chunk_times=True)
     return {"rho_hat": rho, "delta": delta, "idle_reserve": reserve, "scale_in_delay_s": delay,
-            "trace": trace.name, "levels": per_level_stats(result, bin_levels, bin_s),
+            "peak_rho": peak, "trace": trace.name, "levels": per_level_stats(result, bin_levels, bin_s),
             "cost_gpu_seconds": result.cost_gpu_seconds,
             "stall_adjusted_attainment": result.stall_adjusted_attainment,
             "p99_ms": result.latency()["p99"]}
@@ -186,10 +191,11 @@ DEFAULT_POOL = 1
 def choose(points: list[dict], level: int, target: float, rule: str = DEFAULT_RULE,
            pool: int = 0, max_rho: float | None = None
            ) -> tuple[float, float, bool, dict[str, float]]:
-    """The cheapest (rho_hat, delta, idle reserve, scale-in delay) at ``level`` whose pooled
-    service share reaches ``target``; else the most punctual one. Ties go to the higher
-    rho_hat, then the smaller reserve, then the shorter delay. The chosen reserve and delay
-    are ``stats["idle_reserve"]`` and ``stats["scale_in_delay_s"]`` (0 for points without).
+    """The cheapest (rho_hat, delta, idle reserve, scale-in delay, peak cap) at ``level``
+    whose pooled service share reaches ``target``; else the most punctual one. Ties go to the
+    higher rho_hat, then the smaller reserve, then the shorter delay, then no cap. The chosen
+    reserve, delay and cap are ``stats["idle_reserve"]``, ``stats["scale_in_delay_s"]`` and
+    ``stats["peak_rho"]`` (0 for points without).
 
     ``rule`` says what is counted: ``"stall"``, chunk periods served on time (on-time chunks
     over on-time chunks plus missed periods: the stall-adjusted attainment); ``"deadline"``,
@@ -199,33 +205,34 @@ def choose(points: list[dict], level: int, target: float, rule: str = DEFAULT_RU
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} (known: {', '.join(RULES)})")
     window = [lv for lv in range(level - pool, level + pool + 1) if 0 <= lv < LEVELS]
-    by_config: dict[tuple[float, float, float, float], list[LevelStats]] = {}
+    by_config: dict[tuple[float, float, float, float, float], list[LevelStats]] = {}
     for p in points:
         if max_rho is not None and p["rho_hat"] > max_rho + 1e-9:
             continue
         key = (p["rho_hat"], p["delta"], p.get("idle_reserve", 0.0),
-               p.get("scale_in_delay_s", 0.0))
+               p.get("scale_in_delay_s", 0.0), p.get("peak_rho", 0.0))
         by_config.setdefault(key, []).extend(p["levels"][lv] for lv in window
                                              if lv in p["levels"])
     if not by_config:
         raise ValueError(f"no grid point at or below rho_hat {max_rho}")
     scored = []
-    for (rho, delta, reserve, delay), stats in sorted(by_config.items()):
+    for (rho, delta, reserve, delay, peak), stats in sorted(by_config.items()):
         good = sum(s.on_time for s in stats)
         total = good + sum(s.missed for s in stats) if rule == "stall" else sum(
             s.chunks for s in stats)
         share = good / total if total else 1.0
         cost = sum(s.gpu_seconds for s in stats)
-        scored.append((share, cost, rho, delta, reserve, delay, total))
+        scored.append((share, cost, rho, delta, reserve, delay, total, peak))
     feasible = [s for s in scored if s[0] >= target]
     if feasible:
-        best = min(feasible, key=lambda s: (s[1], -s[2], s[4], s[5]))
+        # On a tie, no cap (0) before any cap.
+        best = min(feasible, key=lambda s: (s[1], -s[2], s[4], s[5], s[7] > 0))
     else:
         best = max(scored, key=lambda s: (s[0], -s[1]))
-    share, cost, rho, delta, reserve, delay, total = best
+    share, cost, rho, delta, reserve, delay, total, peak = best
     return rho, delta, bool(feasible), {"on_time": round(share, 5), "gpu_seconds": round(cost, 1),
                                         "periods": total, "idle_reserve": reserve,
-                                        "scale_in_delay_s": delay}
+                                        "scale_in_delay_s": delay, "peak_rho": peak}
 
 
 def choose_table(points: list[dict], target: float, rule: str = DEFAULT_RULE,
@@ -251,6 +258,7 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
                 pool: int = DEFAULT_POOL, monotone: bool = True, signal: str = DEFAULT_SIGNAL,
                 idle_reserves: tuple[float, ...] | None = None,
                 scale_in_delays: tuple[float, ...] | None = None,
+                peak_rhos: tuple[float, ...] | None = None,
                 rho_hats: tuple[float, ...] | None = None,
                 log: Callable[[str], None] = print) -> RhoTable:
     from services.scheduler.shipped import load_profile
@@ -281,26 +289,35 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     delays = tuple(sorted(set(scale_in_delays))) or (0.0,)
     if any(not (math.isfinite(x) and x >= 0) for x in delays):
         raise ValueError(f"scale-in delays must be >= 0, got {list(delays)}")
+    if peak_rhos is None:
+        peak_rhos = QUICK_PEAK_RHOS if quick else FULL_PEAK_RHOS
+    peaks = tuple(sorted(set(peak_rhos))) or (0.0,)
+    if any(not 0 <= x <= 1 for x in peaks):
+        raise ValueError(f"peak caps must be in [0, 1] (0: no cap), got {list(peaks)}")
     log(f"profiler: {len(traces)} training traces, grid {len(grid['rho_hat'])} rho_hat x "
         f"{len(grid['delta'])} delta x {len(reserves)} idle reserve x {len(delays)} scale-in "
-        f"delay, {signal} level edges {list(edges)}")
-    tasks = [(tr, rho, delta, reserve, delay, bin_levels[tr.name], bin_s, boot_delay_s, profile)
+        f"delay x {len(peaks)} peak cap, {signal} level edges {list(edges)}")
+    tasks = [(tr, rho, delta, reserve, delay, peak, bin_levels[tr.name], bin_s, boot_delay_s,
+              profile)
              for rho in grid["rho_hat"] for delta in grid["delta"] if delta < rho
-             for reserve in reserves for delay in delays for tr in traces]
+             for reserve in reserves for delay in delays for peak in peaks for tr in traces]
     points = _map(tasks, jobs, log)
-    rhos, deltas, picked_reserves, picked_delays, notes, chosen = [], [], [], [], [], []
+    rhos, deltas, picked_reserves, picked_delays, picked_peaks, notes, chosen = (
+        [], [], [], [], [], [], [])
     picks = choose_table(points, target, rule, pool, monotone)
     for level, (rho, delta, ok, stats) in enumerate(picks):
         rhos.append(rho)
         deltas.append(delta)
         picked_reserves.append(stats["idle_reserve"])
         picked_delays.append(stats["scale_in_delay_s"])
+        picked_peaks.append(stats["peak_rho"])
         chosen.append({"level": level, "rho_hat": rho, "delta": delta, "feasible": ok, **stats})
         if not ok:
             notes.append(str(level))
         log(f"  level {level}: rho_hat {rho:.2f} delta {delta:.2f} "
             f"idle reserve {stats['idle_reserve']:.2f} "
             f"scale-in delay {stats['scale_in_delay_s']:g} s "
+            f"peak cap {stats['peak_rho'] or 'none'} "
             f"{'meets' if ok else 'MOST PUNCTUAL (none meets the target)'} {stats}")
     what = ("chunk periods served on time (stall-adjusted)" if rule == "stall"
             else "chunks on time")
@@ -309,12 +326,14 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
               f"paced chunks, signal {signal}, constraint: >= {target:.1%} of {what}, "
               f"levels pooled +-{pool}{', rho_hat non-increasing' if monotone else ''}"
               + (f", idle reserve grid {list(reserves)}" if reserves != (0.0,) else "")
-              + (f", scale-in delay grid {list(delays)}" if delays != (0.0,) else ""))
+              + (f", scale-in delay grid {list(delays)}" if delays != (0.0,) else "")
+              + (f", peak cap grid {list(peaks)}" if peaks != (0.0,) else ""))
     if notes:
         source += f"; no grid point met it at levels {', '.join(notes)} (most punctual taken)"
     table = RhoTable(edges, tuple(rhos), tuple(deltas), window_s, bin_s, source, signal,
                      tuple(picked_reserves) if reserves != (0.0,) else (),
-                     tuple(picked_delays) if delays != (0.0,) else ())
+                     tuple(picked_delays) if delays != (0.0,) else (),
+                     tuple(picked_peaks) if peaks != (0.0,) else ())
     path = save_rho_table(table, out)
     log(f"wrote {path} in {time.perf_counter() - started:.0f} s")
     if json_out is not None:

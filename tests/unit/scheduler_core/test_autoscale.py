@@ -222,3 +222,77 @@ def test_controller_takes_the_idle_reserve_of_the_current_level():
     assert policy.current_idle_reserve(t) == 0.7
     assert get_policy("turboserve", PROFILE, rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
     assert get_policy("turboserve", PROFILE, rho_hat=0.7).current_idle_reserve(t) == 0.0
+
+
+def test_rho_table_peak_rho_round_trip_lookup_and_validation(tmp_path):
+    peaks = (1.0,) * 5 + (0.85,) * 3 + (0.0,) * 2
+    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
+                     peak_rho=peaks)
+    path = save_rho_table(table, tmp_path / "r.json")
+    assert [lv["peak_rho"] for lv in json.loads(path.read_text())["levels"]] == list(peaks)
+    assert load_rho_table(path) == table
+    assert table.peak_cap(0) == 1.0 and table.peak_cap(9) == 0.0
+    # Tables without the key cap nothing at any level.
+    assert "peak_rho" not in TABLE.to_dict()["levels"][0] and TABLE.peak_cap(3) == 0.0
+    assert RhoTable.from_dict(TABLE.to_dict()).peak_rho == ()
+    with pytest.raises(ValueError, match="need 10 peak_rho"):
+        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, peak_rho=(1.0,) * 9)
+    with pytest.raises(ValueError, match="0 <= peak_rho <= 1"):
+        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, peak_rho=(1.5,) * 10)
+
+
+def _requested(decisions):
+    return sum(len(d.gpu_ids) for d in decisions if type(d).__name__ == "RequestGpus")
+
+
+def test_peak_cap_limits_headroom_to_the_recent_peak():
+    """rho_hat 0.5 asks for ceil(24 / 6) = 4 GPUs for 24 sessions; with peak_rho 1 the pool
+    holds only what the peak of the last 300 s needs at K = 12 per GPU: ceil(24 / 12) = 2."""
+    K = PROFILE.capacity
+
+    def pool(**kw):
+        policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
+                            **kw)
+        asked = sum(_requested(policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}")))
+                    for i in range(2 * K))
+        return 1 + asked
+
+    assert pool() == 4
+    assert pool(peak_rho=1.0) == 2
+    assert pool(peak_rho=0.0) == 4  # 0: no cap
+
+
+def test_peak_cap_never_keeps_a_session_waiting_and_remembers_the_window():
+    """The cap holds every active session of now at K per GPU, and it keeps the window's peak:
+    after the load halves, the pool stays at what the peak needed until the peak is 300 s old."""
+    K = PROFILE.capacity
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
+                        peak_rho=1.0, peak_window_s=300.0)
+    for i in range(4 * K):
+        policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
+    assert len(policy.view.gpus) == 4  # ceil(48 / 12): nobody waits for a slot
+    for i in range(2 * K):  # half of them leave at t = 10: rho_hat 0.5 asks for 4, the cap 4
+        policy.step(Event(10.0, EventKind.DEPART, f"s{i}"))
+    released_at = []
+    for t in range(11, 330):
+        if any(type(d).__name__ == "Release" for d in policy.step(Event(float(t), EventKind.TICK))):
+            released_at.append(t)
+    # The peak of 48 was last seen at t = 10 (the departures' step): it leaves the window at
+    # 310, and the cap becomes ceil(24 / 12) = 2.
+    assert released_at == [310]
+    assert len(policy.view.gpus) == 2
+
+
+def test_controller_takes_the_peak_cap_of_the_current_level():
+    peaks = (0.0,) * 5 + (0.85,) * 4 + (1.0,)
+    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
+                     peak_rho=peaks)
+    policy = get_policy("turboserve", PROFILE, rho_table=table)
+    assert policy.current_peak_rho(0.0) == 0.85  # window not filled: the middle level
+    t, n = _storms(policy, 0.0, 0)
+    assert policy.current_peak_rho(t) == 1.0
+    assert get_policy("turboserve", PROFILE, rho_table=table, peak_rho=0.0).current_peak_rho(t) == 0.0
+    assert get_policy("turboserve", PROFILE, rho_hat=0.7).current_peak_rho(t) == 0.0
+    # The clairvoyant knows how high the load goes: no cap from the table.
+    future = [(0.0, "s0", "arrive")]
+    assert get_policy("clairvoyant", PROFILE, rho_table=table, future=future).current_peak_rho(t) == 0.0

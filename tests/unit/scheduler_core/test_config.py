@@ -33,6 +33,8 @@ def test_defaults_are_turboserve_and_frozen():
     ("retry_backoff_s", math.inf, "retry_backoff_s must be >= 0"),
     ("warmup_s", -1.0, "warmup_s must be >= 0"),
     ("idle_reserve", 2.0, "idle_reserve must be in"),
+    ("peak_rho", 1.5, "peak_rho must be in"),
+    ("peak_window_s", 0.0, "peak_window_s must be > 0"),
     ("initial_gpus", -1, "initial_gpus and min_gpus"),
     ("max_gpus", 0, "max_gpus must be >="),
     ("placement", "random", "unknown placement 'random'"),

@@ -203,6 +203,50 @@ def test_scale_in_delay_waits_for_the_load_to_stay_low():
     assert releases_after(60.0)[0] == 70.0
 
 
+def test_scale_in_goes_to_the_highest_target_of_the_window_not_to_the_dip():
+    """The stabilisation window: when the scale-in comes due during a short dip, the pool
+    shrinks to what the window's load needed, not to the dip, so the load's return boots
+    nothing."""
+    def run(delay):
+        policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6,
+                            scale_in_delay_s=delay, warmup_s=0.0)
+        policy.config = replace(policy.config, autoscale=False)
+        for i in range(48):
+            policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
+        policy.config = replace(policy.config, autoscale=True)
+        log = []
+
+        def step(event):
+            for d in policy.step(event):
+                if isinstance(d, RequestGpus | Release):
+                    log.append((event.t, type(d).__name__))
+
+        for t in range(1, 120):
+            if t == 10:  # 24 sessions stay: below the band of 6 GPUs, and of 4
+                for i in range(24):
+                    step(Event(10.0, EventKind.DEPART, f"s{i}"))
+            elif t == 65:  # a dip to 4 ...
+                for i in range(24, 44):
+                    step(Event(65.0, EventKind.DEPART, f"s{i}"))
+            elif t == 75:  # ... and back to 24
+                for i in range(20):
+                    step(Event(75.0, EventKind.ARRIVE, f"r{i}"))
+            else:
+                step(Event(float(t), EventKind.TICK))
+        return log, len(policy.view.gpus)
+
+    # Without a window the scale-in comes due at t = 70 in the dip: the pool drains to what 4
+    # sessions need, and the return at t = 75 asks for GPUs again.
+    log, _ = run(0.0)
+    assert any(kind == "RequestGpus" for _, kind in log)
+    # With a 60 s window it shrinks at t = 70 to the window's highest target, what 24 sessions
+    # need at rho_hat 0.7 (ceil(24 / 8.4) = 3), and boots nothing afterwards.
+    log, gpus = run(60.0)
+    assert log and all(kind == "Release" for _, kind in log)
+    assert min(t for t, _ in log) == 70.0
+    assert gpus == 3
+
+
 def test_warmup_keeps_the_starting_pool_then_scales_in():
     """A warm start: the pool the loop starts with survives the first arrivals of a warm
     system for warmup_s (default: the boot delay); scale-out is never delayed."""
