@@ -11,14 +11,15 @@ deadline. How we do it:
    each training trace; the 9 level edges are the deciles of the pooled per-bin values, so each
    level holds a tenth of the training time.
 3. **Grid.** ``turboserve`` runs every training trace with each fixed (rho_hat, delta, idle
-   reserve, scale-in delay); the reserve is the share of idle sessions sized for as if active
-   (``ControllerConfig.idle_reserve``; ``FULL_RESERVES``, ``--idle-reserve 0`` for none), the
-   delay the scale-in stabilisation window (``FULL_DELAYS``: the pool never shrinks below the
-   highest target of that many seconds past). Each
-   bin's GPU-seconds, its on-time chunks and its missed chunk periods (``sim/viewer.py``) are
-   attributed to the bin's volatility level (attribution is approximate: a choice's effect
-   lags by about a boot delay).
-4. **Choice per level**: the cheapest (rho_hat, delta, reserve, delay) whose chunk periods at
+   reserve, scale-in delay, peak cap); the reserve is the share of idle sessions sized for as
+   if active (``ControllerConfig.idle_reserve``; ``FULL_RESERVES``, ``--idle-reserve 0`` for
+   none), the delay the scale-in stabilisation window (``FULL_DELAYS``: the pool never shrinks
+   below the highest target of that many seconds past), the cap the utilisation at which the
+   last 300 s's peak bounds the pool (``FULL_PEAK_RHOS``, 0: none). Each bin's GPU-seconds,
+   its on-time chunks and its missed chunk periods (``sim/viewer.py``) are attributed to the
+   bin's volatility level (attribution is approximate: a choice's effect lags by about a boot
+   delay).
+4. **Choice per level**: the cheapest (rho_hat, delta, reserve, delay, cap) whose chunk periods at
    that level, pooled over the training traces, are served on time at least ``target``
    (default 99%) of the time: the stall-adjusted attainment, where a viewer frozen for 60 s
    misses 48 periods, not one chunk (rule ``stall``; rule ``deadline`` counts chunks
