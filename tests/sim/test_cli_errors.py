@@ -137,16 +137,18 @@ def test_bench_scheduler_bad_profile(bad_profile, capsys):
            "--gpus must be")
 
 
+@pytest.mark.parametrize("flag", ["--idle-reserve", "--peak-rho"])
 @pytest.mark.parametrize("value, needle", [("x", "numbers separated by commas"),
                                            ("0,1.5", "must be in [0, 1]"), (",", "must be in")])
-def test_sim_profile_bad_idle_reserve(capsys, value, needle):
-    _fails(capsys, ["sim", "profile", "--quick", "--idle-reserve", value],
-           "turboserve sim profile: ", "--idle-reserve", needle)
+def test_sim_profile_bad_share_list(capsys, flag, value, needle):
+    _fails(capsys, ["sim", "profile", "--quick", flag, value],
+           "turboserve sim profile: ", flag, needle)
 
 
 @pytest.mark.parametrize("fault, needle", [
     ("idle_reserve=-1", "0 <= idle_reserve <= 1"),
     ("idle_reserve=x", "could not convert"),
+    ("peak_rho=2", "0 <= peak_rho <= 1"),
     ("json", "not valid JSON"),
 ])
 def test_sim_profile_check_with_a_bad_table_is_one_line(tmp_path, capsys, fault, needle):
@@ -157,7 +159,8 @@ def test_sim_profile_check_with_a_bad_table_is_one_line(tmp_path, capsys, fault,
     if fault == "json":
         path.write_text("{")
     else:
-        doc["levels"][3]["idle_reserve"] = -1.0 if fault.endswith("-1") else "x"
+        key, value = fault.split("=")
+        doc["levels"][3][key] = value if value == "x" else float(value)
         path.write_text(json.dumps(doc))
     _fails(capsys, ["sim", "profile", "--check", "eval", "--out", str(path)],
            "turboserve sim profile: ", "t.json", needle)

@@ -342,7 +342,8 @@ def _run_profile(args: argparse.Namespace) -> int:
     build_table(quick=args.quick, out=args.out, boot_delay_s=args.boot_delay,
                 profile_name=args.profile, jobs=args.jobs, json_out=args.json, target=args.target,
                 rule=args.rule, pool=args.pool, monotone=not args.no_monotone, signal=args.signal,
-                idle_reserves=None if args.idle_reserve is None else _shares("--idle-reserve", args.idle_reserve),
+                idle_reserves=None if args.idle_reserve is None else _shares(
+                    "--idle-reserve", args.idle_reserve),
                 scale_in_delays=None if args.scale_in_delay is None else _delays(
                     args.scale_in_delay),
                 peak_rhos=None if args.peak_rho is None else _shares("--peak-rho", args.peak_rho),
