@@ -270,7 +270,7 @@ def test_peak_cap_never_keeps_a_session_waiting_and_remembers_the_window():
                         peak_rho=1.0, peak_window_s=300.0)
     for i in range(4 * K):
         policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
-    assert len(policy.view.gpus) == 4  # ceil(48 / 12): nobody waits for a slot
+    assert len(policy.view.gpus) == 4  # ceil(48 / 12): a slot for every session once booted
     for i in range(2 * K):  # half of them leave at t = 10: rho_hat 0.5 asks for 4, the cap 4
         policy.step(Event(10.0, EventKind.DEPART, f"s{i}"))
     released_at = []
