@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,30 +207,12 @@ class RhoTable:
             if not (0 < r <= 1) or not (0 <= d < r):
                 raise ValueError(f"rho table: level {i} needs 0 < rho_hat <= 1 and "
                                  f"0 <= delta < rho_hat, got rho_hat={r}, delta={d}")
-        if self.idle_reserve:
-            if len(self.idle_reserve) != LEVELS:
-                raise ValueError(f"rho table: need {LEVELS} idle_reserve values, got "
-                                 f"{len(self.idle_reserve)}")
-            for i, x in enumerate(self.idle_reserve):
-                if not 0 <= x <= 1:
-                    raise ValueError(f"rho table: level {i} needs 0 <= idle_reserve <= 1, "
-                                     f"got {x}")
-        if self.scale_in_delay_s:
-            if len(self.scale_in_delay_s) != LEVELS:
-                raise ValueError(f"rho table: need {LEVELS} scale_in_delay_s values, got "
-                                 f"{len(self.scale_in_delay_s)}")
-            for i, x in enumerate(self.scale_in_delay_s):
-                if not (math.isfinite(x) and x >= 0):
-                    raise ValueError(f"rho table: level {i} needs scale_in_delay_s >= 0, "
-                                     f"got {x}")
-        if self.peak_rho:
-            if len(self.peak_rho) != LEVELS:
-                raise ValueError(f"rho table: need {LEVELS} peak_rho values, got "
-                                 f"{len(self.peak_rho)}")
-            for i, x in enumerate(self.peak_rho):
-                if not 0 <= x <= 1:
-                    raise ValueError(f"rho table: level {i} needs 0 <= peak_rho <= 1 (0: no "
-                                     f"cap), got {x}")
+        _check_per_level("idle_reserve", self.idle_reserve, lambda x: 0 <= x <= 1,
+                         "0 <= idle_reserve <= 1")
+        _check_per_level("scale_in_delay_s", self.scale_in_delay_s,
+                         lambda x: math.isfinite(x) and x >= 0, "scale_in_delay_s >= 0")
+        _check_per_level("peak_rho", self.peak_rho, lambda x: 0 <= x <= 1,
+                         "0 <= peak_rho <= 1 (0: no cap)")
 
     def level(self, value: float) -> int:
         return bisect.bisect_right(self.level_edges, value)
@@ -295,6 +278,18 @@ class RhoTable:
             if str(exc).startswith("rho table"):
                 raise
             raise ValueError(f"rho table: malformed ({exc})") from exc
+
+
+def _check_per_level(name: str, values: tuple[float, ...], ok: Callable[[float], bool],
+                     rule: str) -> None:
+    """An optional per-level column: empty, or one value per level, each meeting ``rule``."""
+    if not values:
+        return
+    if len(values) != LEVELS:
+        raise ValueError(f"rho table: need {LEVELS} {name} values, got {len(values)}")
+    for i, x in enumerate(values):
+        if not ok(x):
+            raise ValueError(f"rho table: level {i} needs {rule}, got {x}")
 
 
 class RhoTableError(ValueError):

@@ -56,12 +56,13 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from services.scheduler.core import autoscale as autoscale_mod
 from services.scheduler.core.autoscale import (
     FALLBACK_DELTA,
     FALLBACK_RHO_HAT,
+    RhoTable,
     VolatilityTracker,
 )
 from services.scheduler.core.cluster import Cluster, ClusterView
@@ -245,28 +246,26 @@ class Controller:
 
     def current_idle_reserve(self, t: float) -> float:
         """Share of idle sessions sized for as if active at ``t``: fixed, or the table's."""
-        if self.config.idle_reserve is not None:
-            return self.config.idle_reserve
-        if self.rho_table is None:
-            return 0.0
-        return self.rho_table.reserve(self._volatility_level(t))
+        return self._per_level(self.config.idle_reserve, RhoTable.reserve, t)
 
     def current_scale_in_delay(self, t: float) -> float:
         """The scale-in stabilisation window at ``t`` (see ``_stabilised``): fixed, or
         the table's at the current level (0 without a table or with a fixed rho_hat)."""
-        if self.config.scale_in_delay_s is not None:
-            return self.config.scale_in_delay_s
-        if self.rho_table is None:
-            return 0.0
-        return self.rho_table.scale_in_delay(self._volatility_level(t))
+        return self._per_level(self.config.scale_in_delay_s, RhoTable.scale_in_delay, t)
 
     def current_peak_rho(self, t: float) -> float:
         """The peak cap's utilisation at ``t`` (0: no cap): fixed, or the table's."""
-        if self.config.peak_rho is not None:
-            return self.config.peak_rho
+        return self._per_level(self.config.peak_rho, RhoTable.peak_cap, t)
+
+    def _per_level(self, fixed: float | None, column: Callable[[RhoTable, int], float],
+                   t: float) -> float:
+        """A setting given in the config, else the table's ``column`` at the current level
+        (0 without a table)."""
+        if fixed is not None:
+            return fixed
         if self.rho_table is None:
             return 0.0
-        return self.rho_table.peak_cap(self._volatility_level(t))
+        return column(self.rho_table, self._volatility_level(t))
 
     def _volatility_level(self, t: float) -> int:
         """The table's volatility level at ``t`` (its middle level until the window fills)."""
