@@ -19,6 +19,7 @@ DEFAULT_BOOT_DELAY_S = 30.0
 DEFAULT_ETA = 0.1
 DEFAULT_RETRY_BACKOFF_S = 5.0
 DEFAULT_PEAK_WINDOW_S = 300.0
+DEFAULT_PEAK_SURGE_S = 60.0
 PLACEMENTS = ("soonest_first_chunk", "least_loaded", "round_robin", "memory_aware")
 
 
@@ -59,6 +60,10 @@ class ControllerConfig:
     # at the current level (no cap without a table).
     peak_rho: float | None = None
     peak_window_s: float = DEFAULT_PEAK_WINDOW_S
+    # The cap lifts while the active count is above every count of the peak window that is
+    # older than this: load beyond what the recent past has seen is a surge, and the pool
+    # grows for it with its full headroom.
+    peak_surge_s: float = DEFAULT_PEAK_SURGE_S
     warmup_s: float | None = None  # no scale-in this long after the first event (None: boot)
     # After a failed migration or placement, the session is not moved again, nor placed on
     # the GPU that failed, for this long.
@@ -85,6 +90,9 @@ class ControllerConfig:
             raise ValueError(f"peak_rho must be in [0, 1] (0: no cap), got {self.peak_rho}")
         if not (math.isfinite(self.peak_window_s) and self.peak_window_s > 0):
             raise ValueError(f"peak_window_s must be > 0 and finite, got {self.peak_window_s}")
+        if not (math.isfinite(self.peak_surge_s) and 0 <= self.peak_surge_s < self.peak_window_s):
+            raise ValueError(f"peak_surge_s must be >= 0 and below peak_window_s "
+                             f"({self.peak_window_s}), got {self.peak_surge_s}")
         for key in ("eta", "boot_delay_s", "scale_in_delay_s", "retry_backoff_s"):
             value = getattr(self, key)
             if value is None and key == "scale_in_delay_s":

@@ -75,7 +75,7 @@ __all__ = ["ClairvoyantController", "HpaController", "PredictiveController",
 _CONTROLLER_PARAMS = frozenset({
     "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
     "min_gpus", "max_gpus", "rho_table", "t0", "warmup_s", "idle_reserve", "retry_backoff_s",
-    "gpu_id_prefix", "peak_rho", "peak_window_s",
+    "gpu_id_prefix", "peak_rho", "peak_window_s", "peak_surge_s",
 })
 
 

@@ -27,7 +27,9 @@ Idle reserve (not in the paper): the autoscaler sizes the pool for the active se
 ``idle_reserve`` times the idle ones (the table's value at the current volatility level unless
 given), because idle users come back faster than a GPU boots.
 Peak cap (not in the paper): the pool never holds more than the highest active count of the
-last ``peak_window_s`` needs at utilisation ``peak_rho`` (the table's, none without one).
+last ``peak_window_s`` needs at utilisation ``peak_rho`` (the table's, none without one),
+except in a surge: while the active count is above every count of the window older than
+``peak_surge_s``.
 Scale-in stabilisation (not in the paper): the pool never shrinks below the highest target of
 the last ``scale_in_delay_s`` (the table's, 0 without one), as Kubernetes' HPA stabilises.
 
@@ -117,6 +119,10 @@ class Controller:
         self._recent_targets: deque[tuple[float, float]] = deque()
         # Active counts of the peak window: (time, count), counts strictly decreasing.
         self._recent_active: deque[tuple[float, int]] = deque()
+        # The same counts split at ``peak_surge_s`` ago: the newer ones in arrival order, the
+        # older ones (still in the window) as a monotone queue like the one above.
+        self._fresh_active: deque[tuple[float, int]] = deque()
+        self._older_active: deque[tuple[float, int]] = deque()
         self._released: dict[str, str] = {}  # GPUs this controller gave back -> kind
         self._gone: set[str] = set()  # GPUs the environment reported gone
         self._next_gpu = 0
@@ -428,21 +434,45 @@ class Controller:
         ``peak_window_s`` needs at utilisation ``peak_rho``. Headroom (a low rho_hat, the idle
         reserve) is for load that may come; at the top of what the recent past has seen it buys
         GPUs that a swing down leaves empty. With ``peak_rho`` <= 1 the cap always holds the
-        active sessions of now, so it never keeps a session waiting for a slot."""
-        recent = self._recent_active
+        active sessions of now, so it never keeps a session waiting for a slot.
+
+        A surge lifts it: while the active count is above every count of the window older than
+        ``peak_surge_s``, the load is beyond what the recent past has seen, and the pool grows
+        for it with its full headroom (a cap at the new count would leave none for the
+        sessions still arriving while a GPU boots)."""
         n = self._cluster.n_active
-        while recent and recent[-1][1] <= n:
-            recent.pop()
-        recent.append((t, n))
-        while recent[0][0] <= t - self.config.peak_window_s:  # never the entry just added
-            recent.popleft()
+        self._note_active(t, n)
         peak_rho = self.current_peak_rho(t)
         if peak_rho <= 0:
             return target
-        cap = math.ceil(recent[0][1] / (self._cluster.capacity * peak_rho) - _EPS)
+        older = self._older_active
+        if not older or n > older[0][1]:
+            return target
+        cap = math.ceil(self._recent_active[0][1] / (self._cluster.capacity * peak_rho) - _EPS)
         if target > budget:
             return max(budget, min(target, cap))
         return min(target, cap)
+
+    def _note_active(self, t: float, n: int) -> None:
+        """Record the active count ``n`` at ``t`` in the peak window's queues (O(1)
+        amortised): the window's peak, and the peak of its part older than ``peak_surge_s``."""
+        window, surge = self.config.peak_window_s, self.config.peak_surge_s
+        recent = self._recent_active
+        while recent and recent[-1][1] <= n:
+            recent.pop()
+        recent.append((t, n))
+        while recent[0][0] <= t - window:  # never the entry just added
+            recent.popleft()
+        fresh, older = self._fresh_active, self._older_active
+        if not fresh or fresh[-1] != (t, n):  # called twice in a step with the same count
+            fresh.append((t, n))
+        while fresh and fresh[0][0] <= t - surge:
+            aged = fresh.popleft()
+            while older and older[-1][1] <= aged[1]:
+                older.pop()
+            older.append(aged)
+        while older and older[0][0] <= t - window:
+            older.popleft()
 
     def _stabilised(self, t: float, target: float, budget: float) -> float:
         """Scale-in stabilisation (not in the paper; the table's window, 0 without one): the

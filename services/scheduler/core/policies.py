@@ -17,8 +17,8 @@ name           placement    migration autoscale parameters
 turboserve     soonest      yes       yes       rho_hat, delta, rho_table, idle_reserve,
                first chunk                      boot_delay_s, eta, initial_gpus, gpu_kind,
                                                 min_gpus, max_gpus, scale_in_delay_s,
-                                                peak_rho, peak_window_s, warmup_s,
-                                                retry_backoff_s, t0
+                                                peak_rho, peak_window_s, peak_surge_s,
+                                                warmup_s, retry_backoff_s, t0
 no_migration   soonest ...  no        yes       same as turboserve
 no_autoscale   soonest ...  yes       no        gpus (static count), eta, gpu_kind, ...
 round_robin    round robin  no        no        gpus, gpu_kind
@@ -98,6 +98,7 @@ _AUTOSCALING_PARAMS = frozenset({
     "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
     "min_gpus", "max_gpus", "rho_table", "gpus", "t0", "scale_in_delay_s", "warmup_s",
     "idle_reserve", "retry_backoff_s", "gpu_id_prefix", "peak_rho", "peak_window_s",
+    "peak_surge_s",
 })
 _NO_AUTOSCALE_PARAMS = frozenset({"gpus", "eta", "gpu_kind", "boot_delay_s", "t0",
                                   "retry_backoff_s", "gpu_id_prefix"})

@@ -88,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "0,0.25,0.5; --quick: 0,0.5; 0 searches none)")
     prof.add_argument("--rho-hat", default=None, metavar="LIST",
                       help="comma-separated rho_hat values searched (default "
-                           "0.6,0.7,0.8,0.9,0.95; --quick: 0.6,0.75,0.9)")
+                           "0.5,0.6,0.7,0.8,0.9,0.95; --quick: 0.6,0.75,0.9)")
     prof.add_argument("--scale-in-delay", default=None, metavar="LIST",
                       help="comma-separated scale-in stabilisation windows in seconds searched "
                            "per level (the pool never shrinks below the highest target of the "

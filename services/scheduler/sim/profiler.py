@@ -49,7 +49,7 @@ from services.scheduler.core.autoscale import (
 from services.scheduler.shipped import save_rho_table
 from services.scheduler.sim.traceio import Trace
 
-FULL_GRID = {"rho_hat": (0.6, 0.7, 0.8, 0.9, 0.95), "delta": (0.1,)}
+FULL_GRID = {"rho_hat": (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), "delta": (0.1,)}
 QUICK_GRID = {"rho_hat": (0.6, 0.75, 0.9), "delta": (0.1,)}
 # Share of idle sessions sized for as if active (``ControllerConfig.idle_reserve``), searched
 # with (rho_hat, delta) at every level; ``--idle-reserve 0`` searches none.

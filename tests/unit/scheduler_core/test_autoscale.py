@@ -247,12 +247,13 @@ def _requested(decisions):
 
 def test_peak_cap_limits_headroom_to_the_recent_peak():
     """rho_hat 0.5 asks for ceil(24 / 6) = 4 GPUs for 24 sessions; with peak_rho 1 the pool
-    holds only what the peak of the last 300 s needs at K = 12 per GPU: ceil(24 / 12) = 2."""
+    holds only what the peak of the last 300 s needs at K = 12 per GPU: ceil(24 / 12) = 2.
+    (``peak_surge_s`` 0: every count is "older", so no load is a surge; see the next tests.)"""
     K = PROFILE.capacity
 
     def pool(**kw):
         policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
-                            **kw)
+                            peak_surge_s=0.0, **kw)
         asked = sum(_requested(policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}")))
                     for i in range(2 * K))
         return 1 + asked
@@ -267,7 +268,7 @@ def test_peak_cap_never_keeps_a_session_waiting_and_remembers_the_window():
     after the load halves, the pool stays at what the peak needed until the peak is 300 s old."""
     K = PROFILE.capacity
     policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
-                        peak_rho=1.0, peak_window_s=300.0)
+                        peak_rho=1.0, peak_window_s=300.0, peak_surge_s=0.0)
     for i in range(4 * K):
         policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
     assert len(policy.view.gpus) == 4  # ceil(48 / 12): a slot for every session once booted
@@ -281,6 +282,41 @@ def test_peak_cap_never_keeps_a_session_waiting_and_remembers_the_window():
     # 310, and the cap becomes ceil(24 / 12) = 2.
     assert released_at == [310]
     assert len(policy.view.gpus) == 2
+
+
+def test_a_surge_beyond_the_recent_peak_lifts_the_cap_until_it_is_the_past():
+    """Load above every count older than ``peak_surge_s`` (60 s) is a surge: the pool grows for
+    it with rho_hat's headroom. Once the surge's top is 60 s old, the cap holds the pool to
+    what that top needs at peak_rho."""
+    K = PROFILE.capacity
+    policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
+                        peak_rho=1.0, peak_window_s=300.0, peak_surge_s=60.0)
+
+    def budget():
+        return len(policy.view.gpus)
+
+    for i in range(2 * K):  # 24 sessions, nothing seen before: a surge, no cap
+        policy.step(Event(0.0, EventKind.ARRIVE, f"a{i}"))
+    assert budget() == 4  # ceil(24 / (12 * 0.5))
+    for t in range(1, 60):
+        policy.step(Event(float(t), EventKind.TICK))
+    assert budget() == 4  # still a surge: no count is 60 s old yet
+    policy.step(Event(60.0, EventKind.TICK))
+    assert budget() == 2  # the top (24) is the past now: the cap, ceil(24 / 12)
+    for i in range(K):  # 36 > 24, the highest count older than 60 s: a surge again
+        policy.step(Event(100.0, EventKind.ARRIVE, f"b{i}"))
+    assert budget() == 6  # ceil(36 / 6)
+    for t in range(101, 160):
+        policy.step(Event(float(t), EventKind.TICK))
+    assert budget() == 6
+    policy.step(Event(160.0, EventKind.TICK))
+    assert budget() == 3  # ceil(36 / 12)
+    # A count back at a level the window has seen is no surge: the cap holds.
+    for i in range(K):
+        policy.step(Event(170.0, EventKind.DEPART, f"b{i}"))
+    for i in range(K):
+        policy.step(Event(180.0, EventKind.ARRIVE, f"c{i}"))
+    assert budget() == 3
 
 
 def test_controller_takes_the_peak_cap_of_the_current_level():

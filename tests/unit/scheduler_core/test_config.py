@@ -35,6 +35,8 @@ def test_defaults_are_turboserve_and_frozen():
     ("idle_reserve", 2.0, "idle_reserve must be in"),
     ("peak_rho", 1.5, "peak_rho must be in"),
     ("peak_window_s", 0.0, "peak_window_s must be > 0"),
+    ("peak_surge_s", -1.0, "peak_surge_s must be >= 0 and below peak_window_s"),
+    ("peak_surge_s", 300.0, "peak_surge_s must be >= 0 and below peak_window_s"),
     ("initial_gpus", -1, "initial_gpus and min_gpus"),
     ("max_gpus", 0, "max_gpus must be >="),
     ("placement", "random", "unknown placement 'random'"),
