@@ -187,9 +187,9 @@ class RhoTable:
     # ``scale_in_delay_s``: the pool never shrinks below the highest target of the window);
     # empty means 0 at every level.
     scale_in_delay_s: tuple[float, ...] = ()
-    # Per level, the peak cap's utilisation (the controller's ``peak_rho``: the pool never
-    # holds more than the window's peak active count needs at that utilisation; 0: no cap);
-    # empty means no cap at any level.
+    # Per level, the peak cap's utilisation (the controller's ``peak_rho``: outside a surge
+    # beyond it, the pool never holds more than the window's peak active count needs at that
+    # utilisation; 0: no cap); empty means no cap at any level.
     peak_rho: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:

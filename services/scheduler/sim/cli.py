@@ -94,9 +94,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "per level (the pool never shrinks below the highest target of the "
                            "window; default 0,60,300; --quick: 0,60; 0 searches none)")
     prof.add_argument("--peak-rho", default=None, metavar="LIST",
-                      help="comma-separated peak caps searched per level: the pool never holds "
-                           "more than the last 300 s's peak active count needs at that "
-                           "utilisation (default 0,0.85,1; --quick: 0,1; 0 is no cap)")
+                      help="comma-separated peak caps searched per level: outside a surge "
+                           "beyond it, the pool never holds more than the last 300 s's peak "
+                           "active count needs at that utilisation (default 0,0.85,1; "
+                           "--quick: 0,1; 0 is no cap)")
     prof.add_argument("--check", choices=("eval", "train", "both"), default=None,
                       help="do not profile: print turboserve's matched-cost p99 margins over "
                            "the static baselines with the table (--out, else the shipped one) "

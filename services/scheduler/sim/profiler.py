@@ -15,10 +15,10 @@ deadline. How we do it:
    if active (``ControllerConfig.idle_reserve``; ``FULL_RESERVES``, ``--idle-reserve 0`` for
    none), the delay the scale-in stabilisation window (``FULL_DELAYS``: the pool never shrinks
    below the highest target of that many seconds past), the cap the utilisation at which the
-   last 300 s's peak bounds the pool (``FULL_PEAK_RHOS``, 0: none). Each bin's GPU-seconds,
-   its on-time chunks and its missed chunk periods (``sim/viewer.py``) are attributed to the
-   bin's volatility level (attribution is approximate: a choice's effect lags by about a boot
-   delay).
+   last 300 s's peak bounds the pool outside a surge beyond it (``FULL_PEAK_RHOS``, 0: none;
+   ``loop.Controller``). Each bin's GPU-seconds, its on-time chunks and its missed chunk
+   periods (``sim/viewer.py``) are attributed to the bin's volatility level (attribution is
+   approximate: a choice's effect lags by about a boot delay).
 4. **Choice per level**: the cheapest (rho_hat, delta, reserve, delay, cap) whose chunk periods at
    that level, pooled over the training traces, are served on time at least ``target``
    (default 99%) of the time: the stall-adjusted attainment, where a viewer frozen for 60 s
@@ -59,8 +59,8 @@ QUICK_RESERVES = (0.0, 0.5)
 # the highest target of the window).
 FULL_DELAYS = (0.0, 60.0, 300.0)
 QUICK_DELAYS = (0.0, 60.0)
-# Peak caps (``peak_rho``: the pool never holds more than the last 300 s's peak active count
-# needs at that utilisation; 0: no cap).
+# Peak caps (``peak_rho``: outside a surge beyond it, the pool never holds more than the last
+# 300 s's peak active count needs at that utilisation; 0: no cap).
 FULL_PEAK_RHOS = (0.0, 0.85, 1.0)
 QUICK_PEAK_RHOS = (0.0, 1.0)
 DEFAULT_TARGET = 0.99

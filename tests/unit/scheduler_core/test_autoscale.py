@@ -192,21 +192,27 @@ def test_adaptive_rho_follows_dispersion_not_load():
     assert policy.current_rho_hat(t)[0] <= 0.3
 
 
-def test_rho_table_idle_reserve_round_trip_lookup_and_validation(tmp_path):
-    reserve = (0.0,) * 5 + (0.25,) * 3 + (0.5,) * 2
+@pytest.mark.parametrize(("key", "lookup", "values", "at_0", "at_9", "bad", "rule"), [
+    ("idle_reserve", RhoTable.reserve, (0.0,) * 5 + (0.25,) * 3 + (0.5,) * 2, 0.0, 0.5, 2.0,
+     "0 <= idle_reserve <= 1"),
+    ("peak_rho", RhoTable.peak_cap, (1.0,) * 5 + (0.85,) * 3 + (0.0,) * 2, 1.0, 0.0, 1.5,
+     "0 <= peak_rho <= 1"),
+])
+def test_rho_table_per_level_column_round_trip_lookup_and_validation(
+        tmp_path, key, lookup, values, at_0, at_9, bad, rule):
     table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
-                     idle_reserve=reserve)
+                     **{key: values})
     path = save_rho_table(table, tmp_path / "r.json")
-    assert [lv["idle_reserve"] for lv in json.loads(path.read_text())["levels"]] == list(reserve)
+    assert [lv[key] for lv in json.loads(path.read_text())["levels"]] == list(values)
     assert load_rho_table(path) == table
-    assert table.reserve(0) == 0.0 and table.reserve(9) == 0.5
-    # Tables without the key (every table before it) reserve nothing at any level.
-    assert "idle_reserve" not in TABLE.to_dict()["levels"][0] and TABLE.reserve(9) == 0.0
-    assert RhoTable.from_dict(TABLE.to_dict()).idle_reserve == ()
-    with pytest.raises(ValueError, match="need 10 idle_reserve"):
-        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, idle_reserve=(0.1,) * 9)
-    with pytest.raises(ValueError, match="0 <= idle_reserve <= 1"):
-        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, idle_reserve=(2.0,) * 10)
+    assert lookup(table, 0) == at_0 and lookup(table, 9) == at_9
+    # Tables without the key (every table before it) have the column's default at any level.
+    assert key not in TABLE.to_dict()["levels"][0] and lookup(TABLE, 9) == 0.0
+    assert getattr(RhoTable.from_dict(TABLE.to_dict()), key) == ()
+    with pytest.raises(ValueError, match=f"need 10 {key}"):
+        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, **{key: (values[0],) * 9})
+    with pytest.raises(ValueError, match=rule):
+        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, **{key: (bad,) * 10})
 
 
 def test_controller_takes_the_idle_reserve_of_the_current_level():
@@ -222,23 +228,6 @@ def test_controller_takes_the_idle_reserve_of_the_current_level():
     assert policy.current_idle_reserve(t) == 0.7
     assert get_policy("turboserve", PROFILE, rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
     assert get_policy("turboserve", PROFILE, rho_hat=0.7).current_idle_reserve(t) == 0.0
-
-
-def test_rho_table_peak_rho_round_trip_lookup_and_validation(tmp_path):
-    peaks = (1.0,) * 5 + (0.85,) * 3 + (0.0,) * 2
-    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
-                     peak_rho=peaks)
-    path = save_rho_table(table, tmp_path / "r.json")
-    assert [lv["peak_rho"] for lv in json.loads(path.read_text())["levels"]] == list(peaks)
-    assert load_rho_table(path) == table
-    assert table.peak_cap(0) == 1.0 and table.peak_cap(9) == 0.0
-    # Tables without the key cap nothing at any level.
-    assert "peak_rho" not in TABLE.to_dict()["levels"][0] and TABLE.peak_cap(3) == 0.0
-    assert RhoTable.from_dict(TABLE.to_dict()).peak_rho == ()
-    with pytest.raises(ValueError, match="need 10 peak_rho"):
-        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, peak_rho=(1.0,) * 9)
-    with pytest.raises(ValueError, match="0 <= peak_rho <= 1"):
-        RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, peak_rho=(1.5,) * 10)
 
 
 def _requested(decisions):
