@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
@@ -85,6 +86,9 @@ _SESSION_EVENTS = {
 _RECONCILE_EVERY = 4  # ticks
 _PROFILE_REFRESH_S = 5.0
 _RELEASE_ATTEMPTS = 10
+# A release that did not go through (a session still there, a refused stop) is tried again,
+# after a pause that doubles from a few ticks up to this.
+_RELEASE_RETRY_MAX_S = 60.0
 
 
 @dataclass
@@ -128,6 +132,10 @@ class LiveScheduler:
         self.beats: dict[str, Heartbeat] = {}  # latest heartbeat of every worker heard
         self.booting: dict[str, float] = {}  # requested GPU id -> when
         self.our_drains: set[str] = set()  # drains this scheduler decided (not an operator)
+        # GPUs the core gave back whose worker has not stopped yet -> (when to try again,
+        # attempts so far); and the release in flight per GPU.
+        self.unreleased: dict[str, tuple[float, int]] = {}
+        self._releasing: dict[str, asyncio.Task[Any]] = {}
         self._reports: dict[str, asyncio.Future[MigrationReport]] = {}  # by command id
         self._migrations_from: dict[str, set[asyncio.Task[Any]]] = {}
         # Sessions with a Migrate in flight -> how many: the core already has them on the
@@ -289,8 +297,8 @@ class LiveScheduler:
             elif isinstance(decision, Release):
                 # It stays a known worker until the provisioner reports it gone.
                 self.booting.pop(decision.gpu_id, None)
-                self._spawn(self._patiently(self._release, decision.gpu_id),
-                            f"release-{decision.gpu_id}")
+                self.unreleased[decision.gpu_id] = (math.inf, 0)
+                self._start_release(decision.gpu_id)
                 self.metrics.scale_events.labels("in").inc()
                 await self.ctx.registry.bump_counters(scale_in_events=1)
         except RegistryError as exc:  # GuardFailed included: the lease is gone
@@ -508,23 +516,58 @@ class LiveScheduler:
     async def _drain(self, gpu: str) -> None:
         await self.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
 
-    async def _patiently(self, action: Callable[[str], Awaitable[None]], arg: str,
-                         attempts: int = 10) -> None:
+    async def _patiently(self, action: Callable[[str], Awaitable[bool]], arg: str,
+                         attempts: int = 10) -> bool:
         """Carry out ``action(arg)`` through Redis or NATS being away for a while (a release
-        must not be lost: the worker would run on, known to nobody)."""
+        must not be lost: the worker would run on, known to nobody); what it returned, or
+        False when it never got through."""
         for attempt in range(attempts):
             try:
-                await action(arg)
-                return
+                return await action(arg)
             except (RedisError, NatsError) as exc:
                 log.warning("action_retry", action=action.__name__, arg=arg, attempt=attempt + 1,
                             error=str(exc))
                 await asyncio.sleep(min(5.0, 0.5 * 2 ** attempt))
         log.error("action_abandoned", action=action.__name__, arg=arg)
+        return False
 
-    async def _release(self, gpu: str) -> None:
+    def _start_release(self, gpu: str) -> None:
+        """Give ``gpu`` back in the background, unless that is already under way."""
+        if gpu in self._releasing:
+            return
+        task = self._spawn(self._give_back(gpu), f"release-{gpu}")
+        self._releasing[gpu] = task
+        task.add_done_callback(lambda _t, gpu=gpu: self._releasing.pop(gpu, None))
+
+    async def _give_back(self, gpu: str) -> None:
+        """One attempt at releasing ``gpu``; when it does not go through, the next is due
+        after a pause (``_retry_releases``) for as long as the worker runs and the core does
+        not take it back. The core has already left it out of the pool: a release given up
+        on would leave a worker running, paid for and used by nobody."""
+        if await self._patiently(self._release, gpu):
+            self.unreleased.pop(gpu, None)
+            return
+        if gpu not in self.unreleased:
+            return  # gone meanwhile, or the core took it back
+        attempts = self.unreleased[gpu][1] + 1
+        pause = min(_RELEASE_RETRY_MAX_S, max(1.0, 4 * self.settings.tick_s) * 2 ** (attempts - 1))
+        self.unreleased[gpu] = (time.time() + pause, attempts)
+        log.warning("release_pending", gpu_id=gpu, attempts=attempts, retry_in_s=round(pause, 1))
+
+    def _retry_releases(self, now: float) -> None:
+        for gpu, (due, _) in list(self.unreleased.items()):
+            if gpu not in self.workers or self.core.view.state_of(gpu) is not None:
+                # Gone (or not up: ``_ready`` gives it back if it comes), or the core holds
+                # it again (a failed evacuation): no longer a release to finish.
+                if gpu not in self._releasing:
+                    self.unreleased.pop(gpu, None)
+            elif due <= now:
+                self._start_release(gpu)
+
+    async def _release(self, gpu: str) -> bool:
         """Give a GPU back: after the migrations off it, and after moving the idle sessions
-        parked in its host memory to another worker; the provisioner stops it."""
+        parked in its host memory to another worker; the provisioner stops it. True once the
+        provisioner takes the stop; False while something holds it here (tried again)."""
         moving = list(self._migrations_from.get(gpu, ()))
         if moving:
             await asyncio.wait(moving)
@@ -538,27 +581,28 @@ class LiveScheduler:
             target = self._parking_for(gpu)
             if target is None:
                 log.warning("release_blocked", gpu_id=gpu, reason="nowhere to move idle sessions")
-                return
+                return False
             report = await self._run_migration(sid, gpu, target)
             if report is None or not report.ok:
                 log.warning("release_blocked", gpu_id=gpu, session_id=sid,
                             reason="an idle session could not move")
-                return
+                return False
         left = [sid for sid, owner in (await registry.placement()).items() if owner == gpu]
         if left:
             log.warning("release_blocked", gpu_id=gpu, sessions=left)
-            return
+            return False
         for _ in range(_RELEASE_ATTEMPTS):
             reply = await self.sender.to_provisioner(ProvisionerCommand(
                 kind=ProvisionerCmdKind.STOP, worker_ids=[gpu]))
             codes = [] if reply is None else [r.code for r in reply.refused]
             if reply is not None and reply.ok:
-                break
+                self.our_drains.discard(gpu)
+                return True
             log.warning("release_refused", gpu_id=gpu, refused=codes)
             if "not_drained" not in codes:  # its heartbeat may lag the last migration: retry
-                break
+                return False
             await asyncio.sleep(self.settings.tick_s * 2)
-        self.our_drains.discard(gpu)
+        return False
 
     def _parking_for(self, leaving: str) -> str | None:
         """The ready GPU with the fewest sessions parked, for idle sessions of one leaving."""
@@ -645,12 +689,19 @@ class LiveScheduler:
         self.workers[wid] = _Worker(kind, self.beats.get(wid))
         self._refresh_profiles(force=True)
         await self.step(Event(time.time(), EventKind.GPU_READY, gpu_id=wid, gpu_kind=kind))
+        if wid in self.workers and self.core.view.state_of(wid) is None:
+            # The core does not take it: one it gave back (or gave up on) while it booted,
+            # which came up all the same. Stop it rather than pay for it unused.
+            log.warning("gpu_ready_after_release", gpu_id=wid)
+            self.unreleased.setdefault(wid, (0.0, 0))
+            self._start_release(wid)
 
     async def _gone(self, wid: str, reason: str) -> None:
         was_known = self.workers.pop(wid, None) is not None
         was_booting = self.booting.pop(wid, None) is not None
         self.beats.pop(wid, None)
         self.our_drains.discard(wid)
+        self.unreleased.pop(wid, None)
         if not (was_known or was_booting):
             return
         log.warning("gpu_gone", gpu_id=wid, reason=reason)
@@ -689,6 +740,7 @@ class LiveScheduler:
         for gpu_id, since in list(self.booting.items()):
             if now - since > self.settings.boot_timeout_s:
                 await self._gone(gpu_id, reason="boot_timeout")
+        self._retry_releases(now)
         if now - self._profiles_at > _PROFILE_REFRESH_S:
             self._refresh_profiles()
         if self._ticks % _RECONCILE_EVERY == 0:
@@ -807,6 +859,8 @@ class LiveScheduler:
             "draining": sum(1 for s in states if s is GpuState.DRAINING),
             "active_sessions": view.active_sessions, "pending": len(view.pending),
             "idle_sessions": len(view.idle_sessions), "updated_at": now,
+            # Given back by the core, still running: a release being retried.
+            "releasing": len(self.unreleased),
         }
         status["rho"] = {gpu: round(view.load(gpu) / max(1, view.capacity_of(gpu)), 4)
                          for gpu in view.gpus}

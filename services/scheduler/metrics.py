@@ -37,7 +37,7 @@ class SchedulerMetrics:
     def observe_view(self, status: dict[str, Any]) -> None:
         self.rho_max.set(float(status["rho_max"]))
         self.rho_hat.set(float(status["rho_hat"]))
-        for state in ("ready", "booting", "draining"):
+        for state in ("ready", "booting", "draining", "releasing"):
             self.gpus.labels(state).set(float(status[state]))
         self.sessions.labels("active").set(float(status["active_sessions"]))
         self.sessions.labels("pending").set(float(status["pending"]))
