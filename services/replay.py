@@ -107,6 +107,10 @@ class SessionLog:
         self.next_due = max(due_at, done_at) + self.ledger.period_s
 
 
+# How long `replay --compare-sim` waits for the scheduler's account before it plays anything.
+COMPARE_ACCOUNT_WAIT_S = 60.0
+
+
 @dataclass(frozen=True)
 class ReplayConfig:
     gateway: str
@@ -120,6 +124,9 @@ class ReplayConfig:
     period_s: float | None = None
     max_sessions: int | None = None
     more_gateways: tuple[str, ...] = ()  # others to fail over to (any gateway serves any session)
+    # Wait up to this long for the scheduler's account (its latency profiles) before playing,
+    # and stop with an error if none comes (what --compare-sim needs); 0: play without.
+    account_wait_s: float = 0.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -180,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
                       or state.get("operator_key") or None),
         speed=args.speed, offset_s=args.offset, duration_s=args.duration, drain_s=args.drain,
         deadline_ms=args.deadline_ms, period_s=args.period_s, max_sessions=args.max_sessions,
+        account_wait_s=COMPARE_ACCOUNT_WAIT_S if args.compare_sim else 0.0,
     )
+    if args.compare_sim and not config.operator_key:
+        return fail("replay", "--compare-sim needs the operator key (--operator-key or "
+                              "TURBOSERVE_OPERATOR_KEY) to read the scheduler's account")
     events = select_events(trace.events, config)
     if not events:
         return fail("replay", "no event of the trace falls in the window asked for")
@@ -189,11 +200,12 @@ def run(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         return fail("replay", exc)
     result["trace"] = trace.name
+    compare_error: ReplayError | None = None
     if args.compare_sim:
         try:
             compare_with_sim(result, events, config)
         except ReplayError as exc:
-            return fail("replay", exc)
+            compare_error = exc  # the live run's figures are still printed and written
     print(format_result(result))
     if "sim" in result:
         print()
@@ -202,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         public = {k: v for k, v in result.items() if not k.startswith("_")}
         with open(args.json_out, "wb") as f:
             f.write(orjson.dumps(public, option=orjson.OPT_INDENT_2))
-    return 0
+    return 0 if compare_error is None else fail("replay", compare_error)
 
 
 class ReplayError(RuntimeError):
@@ -287,6 +299,8 @@ async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         http = Gateways(session, [config.gateway, *config.more_gateways])
         before = await _cluster(http, config)
+        if config.account_wait_s > 0:
+            before = await _await_account(http, config, before)
         deadline_ms = config.deadline_ms or _deadline(before) or DEFAULT_DEADLINE_MS
         period_s = config.period_s or deadline_ms / 1000.0
         readers: set[asyncio.Task[None]] = set()
@@ -423,7 +437,7 @@ def compare_with_sim(result: dict[str, Any], events: list[tuple[float, str, str]
 
     before = result.get("_before")
     status = (before or {}).get("scheduler")
-    if not status or not status.get("profiles"):
+    if not status or not _has_account(before):
         raise ReplayError("--compare-sim needs the scheduler's account (give --operator-key to "
                           "a mesh whose scheduler runs)")
     kind = status.get("gpu_kind") or next(iter(status["profiles"]))
@@ -581,6 +595,26 @@ async def _follow(resp: Any, log: SessionLog) -> bool:
 
 def _bearer(secret: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+def _has_account(view: Mapping[str, Any] | None) -> bool:
+    """The scheduler leads and has published the latency profiles its workers measured."""
+    return bool(view and (view.get("scheduler") or {}).get("profiles"))
+
+
+async def _await_account(http: Any, config: ReplayConfig,
+                         view: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The mesh's account once its scheduler's is in it (a mesh that has just come up may not
+    have a leader, or a worker, yet); a ReplayError after ``account_wait_s`` without."""
+    deadline = time.monotonic() + config.account_wait_s
+    while not _has_account(view):
+        if time.monotonic() >= deadline:
+            raise ReplayError(
+                f"no scheduler account after {config.account_wait_s:g} s (GET /v1/cluster with "
+                "the operator key: is the scheduler running, and has a worker come up?)")
+        await asyncio.sleep(0.5)
+        view = await _cluster(http, config)
+    return view
 
 
 async def _cluster(http: Any, config: ReplayConfig) -> dict[str, Any] | None:

@@ -104,3 +104,50 @@ def test_misses_right_after_a_migration_are_told_apart():
     log.chunk(2, due_at=102.5, done_at=103.0, now=103.0)  # late too, but not right after it
     result = summarize([log], 1000.0, None, None, 0, 4.0)
     assert result["missed_periods"] == 2 and result["missed_periods_after_migration"] == 1
+
+
+async def test_compare_sim_waits_for_the_schedulers_account_and_says_when_none_comes():
+    """A mesh that has just come up may not have a leader or a worker yet: the replay waits
+    for the scheduler's account before it plays, instead of failing after the whole run."""
+    import time
+
+    import aiohttp
+    from aiohttp import web
+
+    from services.launcher import free_port
+    from services.replay import Gateways, ReplayError, _await_account, _cluster
+
+    served_from = time.monotonic() + 1.0
+    account = {"scheduler": {"profiles": {"H20": {}}}, "workers": []}
+
+    async def cluster(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer op":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        if time.monotonic() < served_from:
+            return web.json_response({"scheduler": None, "workers": []})
+        return web.json_response(account)
+
+    app = web.Application()
+    app.router.add_get("/v1/cluster", cluster)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{port}"
+            cfg = ReplayConfig(gateway=url, api_key=None, operator_key="op", speed=1.0,
+                               account_wait_s=10.0)
+            http = Gateways(session, [url])
+            first = await _cluster(http, cfg)
+            assert first is not None and not first["scheduler"]
+            assert await _await_account(http, cfg, first) == account
+            served_from = time.monotonic() + 60.0  # never again within the wait
+            short = ReplayConfig(gateway=url, api_key=None, operator_key="op", speed=1.0,
+                                 account_wait_s=1.0)
+            started = time.monotonic()
+            with pytest.raises(ReplayError, match="no scheduler account after 1 s"):
+                await _await_account(http, short, await _cluster(http, short))
+            assert time.monotonic() - started < 5.0
+    finally:
+        await runner.cleanup()
