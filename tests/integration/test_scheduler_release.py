@@ -2,10 +2,10 @@
 
 The core gives a GPU back when it scales in; from then on it leaves it out of the pool. If the
 stop is refused (here: the provisioner keeps a floor of two workers, above the scheduler's own
-minimum of one), the worker must not run on unused and unpaid-for by nobody's decision: the live
-scheduler keeps the release pending, tries it again with a growing pause, and the worker stops
-as soon as the provisioner takes the stop. Real provisioner, real worker processes, real NATS
-and Redis; the scale-in is the core's own decision."""
+minimum of one), the worker must not run on, paid for and unused, because nobody decided to
+keep it: the live scheduler keeps the release pending, tries it again with a growing pause, and
+the worker stops as soon as the provisioner takes the stop. Real provisioner, real worker
+processes, real NATS and Redis; the scale-in is the core's own decision."""
 
 from __future__ import annotations
 

@@ -47,6 +47,25 @@ def test_a_viewer_counts_lateness_startup_and_a_spell_that_ended_waiting():
     assert result["cost_gpu_seconds"] is None  # no operator key, no account
 
 
+def test_a_chunk_that_arrives_after_the_pause_is_counted_apart_not_as_service():
+    """The worker suspends at a chunk boundary, so a chunk already under way still arrives after
+    the viewer paused. Nobody watches it: it is neither a period served nor a missed one (the
+    simulator voids a chunk in flight when its session goes idle), and it is counted apart."""
+    log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.id = "x"
+    log.activate(100.0)
+    log.chunk(0, due_at=100.0, done_at=100.4, now=100.41)
+    log.deactivate(101.0)
+    log.chunk(1, due_at=101.4, done_at=104.0, now=104.01)  # late, but the viewer is away
+    log.activate(110.0)
+    log.chunk(2, due_at=110.0, done_at=110.5, now=110.51)  # the new spell's first chunk
+    result = summarize([log], 1000.0, None, None, 0, 12.0)
+    assert result["chunks"] == 2 and result["chunks_after_pause"] == 1
+    assert result["missed_periods"] == 0 and result["stall_adjusted_attainment"] == 1.0
+    assert result["chunks_lost"] == 0 and result["seq_repeats"] == 0  # its seq still counts
+    assert result["startup_ms"]["max"] == pytest.approx(500.0)
+
+
 def test_gaps_and_repeats_are_counted():
     log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
     log.id = "x"
