@@ -144,6 +144,7 @@ class GenerationLoop:
         # Emulation: the least wall time of a pass at a batch size (a GPU kind's profile).
         self.pass_floor_ms = pass_floor_ms
         self.now = clock
+        inbox.clock = clock  # arrival times on the loop's own clock
         self.on_chunk = on_chunk  # called with each chunk's lateness (s), for metrics
         self.recovery_log = recovery_log  # log a recovery point with every chunk
         self._offered: dict[tuple[str, int], RecoveryPoint] = {}  # from the event loop
@@ -162,8 +163,8 @@ class GenerationLoop:
     def run(self) -> None:
         wait: float | None = 0.0
         while not self.inbox.closed:
-            for item in self.inbox.take(wait):
-                self._apply(item)
+            for item, arrived in self.inbox.take_timed(wait):
+                self._apply(item, arrived)
             self._settle_boundaries()
             now = self.now()
             plan = plan_pass(now, self._candidates(), self.lead_s, self._estimate())
@@ -193,7 +194,8 @@ class GenerationLoop:
             return self._status
 
     # -- commands and controls ------------------------------------------------------------------
-    def _apply(self, item: InboxItem) -> None:
+    def _apply(self, item: InboxItem, arrived: float | None = None) -> None:
+        """Apply one inbox item; ``arrived``: when it reached the worker (default: now)."""
         if isinstance(item, Control):
             if item.session_id is not None:
                 self._boundary_controls.append((item.session_id, item))
@@ -201,12 +203,12 @@ class GenerationLoop:
                 _run_control(item, self._publish_status)
             return
         try:
-            self._apply_command(item)
+            self._apply_command(item, self.now() if arrived is None else min(arrived, self.now()))
         except EngineError as exc:  # refused by the engine: logged, never fatal
             log.warning("command_refused", session_id=item.session_id, kind=str(item.kind),
                         error=str(exc))
 
-    def _apply_command(self, cmd: WorkerCommand) -> None:
+    def _apply_command(self, cmd: WorkerCommand, arrived: float) -> None:
         sid = cmd.session_id
         if sid is None:
             return
@@ -219,7 +221,7 @@ class GenerationLoop:
                      current=owned.epoch)
             return
         if cmd.kind is WorkerCmdKind.ASSIGN:
-            self._assign(cmd, owned)
+            self._assign(cmd, owned, arrived)
             return
         if owned is None or not self.engine.has_session(sid):
             log.warning("command_for_unknown_session", session_id=sid, kind=str(cmd.kind))
@@ -231,7 +233,7 @@ class GenerationLoop:
         if cmd.kind is WorkerCmdKind.SUSPEND:
             self._suspend(sid, owned)
         elif cmd.kind is WorkerCmdKind.RESUME:
-            self._resume(sid, owned)
+            self._resume(sid, owned, arrived)
         elif cmd.kind is WorkerCmdKind.PROMPT:
             self.engine.set_prompt(sid, cmd.prompt or "")
             mid_chunk = self.engine.phases().get(sid, 0) > 0
@@ -239,7 +241,7 @@ class GenerationLoop:
             self._notify(sid, owned, NoticeKind.PROMPT, next_seq)
         log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch)
 
-    def _assign(self, cmd: WorkerCommand, owned: OwnedSession | None) -> None:
+    def _assign(self, cmd: WorkerCommand, owned: OwnedSession | None, arrived: float) -> None:
         sid = cmd.session_id
         assert sid is not None
         engine = self.engine
@@ -253,7 +255,7 @@ class GenerationLoop:
             owned.token_hash = cmd.token_hash or owned.token_hash
             owned.owner_key = cmd.owner_key or owned.owner_key
             if sid in engine.suspended_sessions():
-                self._resume(sid, owned)  # announced (resumed, at the new epoch)
+                self._resume(sid, owned, arrived)  # announced (resumed, at the new epoch)
             else:  # viewers hear of the new epoch before its next chunk
                 self._notify(sid, owned, NoticeKind.PLACED, cmd.seq,
                              detail=f"placed again on {self.worker_id}, which holds its state")
@@ -276,7 +278,9 @@ class GenerationLoop:
             point = None
             engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
         base = cmd.seq - point.seq if point is not None else cmd.seq
-        owned = OwnedSession(epoch=cmd.epoch, seq_base=base, clock=PlaybackClock(self.now()),
+        # Playback starts when the assignment reached the worker: the wait for this pass
+        # boundary is part of the first chunk's lateness.
+        owned = OwnedSession(epoch=cmd.epoch, seq_base=base, clock=PlaybackClock(arrived),
                              token_hash=cmd.token_hash, owner_key=cmd.owner_key)
         self.owned[sid] = owned
         if cmd.seq == 0:
@@ -301,14 +305,14 @@ class GenerationLoop:
         self.engine.suspend(sid)
         self._notify(sid, owned, NoticeKind.SUSPENDED, owned.seq_base + self.engine.next_seq(sid))
 
-    def _resume(self, sid: str, owned: OwnedSession) -> None:
+    def _resume(self, sid: str, owned: OwnedSession, arrived: float) -> None:
         if owned.suspend_pending:
             owned.suspend_pending = False  # never left the device
             return
         if sid not in self.engine.suspended_sessions():
             return
         self.engine.resume(sid)
-        owned.clock = PlaybackClock(self.now())  # a new start of playback
+        owned.clock = PlaybackClock(arrived)  # a new start of playback, from the request
         self._notify(sid, owned, NoticeKind.RESUMED, owned.seq_base + self.engine.next_seq(sid))
 
     def drop(self, session_id: str, reason: str) -> None:

@@ -4,6 +4,10 @@ The generation thread waits on the inbox (never on a plain sleep), so a command 
 while every session is ahead of playback is applied at once, and one that arrives during a pass
 is applied at the next pass boundary.
 
+Each item keeps when it arrived (on the generation loop's clock): a session's playback starts
+when its ASSIGN or RESUME reached the worker, not at the boundary where it was applied, so the
+wait for that boundary counts in its first chunk's lateness, as the simulator counts it.
+
 Stale commands are dropped before they are applied: the inbox remembers the highest epoch it
 has seen per session, and a command whose epoch is lower than that was superseded while it
 waited (a backlog of re-assignments never replays as a storm).
@@ -12,6 +16,7 @@ waited (a backlog of re-assignments never replays as a storm).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -50,8 +55,9 @@ InboxItem = WorkerCommand | Control[Any]
 class CommandInbox:
     """Thread-safe queue of commands and controls with stale-epoch dropping."""
 
-    def __init__(self) -> None:
-        self._items: deque[InboxItem] = deque()
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock  # the generation loop sets its own
+        self._items: deque[tuple[InboxItem, float]] = deque()
         self._cond = threading.Condition()
         self._latest_epoch: dict[str, int] = {}
         self._closed = False
@@ -62,18 +68,22 @@ class CommandInbox:
             if isinstance(item, WorkerCommand) and item.session_id is not None:
                 sid = item.session_id
                 self._latest_epoch[sid] = max(self._latest_epoch.get(sid, item.epoch), item.epoch)
-            self._items.append(item)
+            self._items.append((item, self.clock()))
             self._cond.notify()
 
     def take(self, timeout: float | None) -> list[InboxItem]:
         """Everything queued, oldest first, without superseded commands. Waits up to
         ``timeout`` seconds (None: until something arrives or the inbox is closed) when empty."""
+        return [item for item, _ in self.take_timed(timeout)]
+
+    def take_timed(self, timeout: float | None) -> list[tuple[InboxItem, float]]:
+        """:meth:`take`, each item with when it arrived."""
         with self._cond:
             if not self._items and not self._closed:
                 self._cond.wait(timeout)
             items = list(self._items)
             self._items.clear()
-            fresh = [item for item in items if not self._superseded(item)]
+            fresh = [(item, at) for item, at in items if not self._superseded(item)]
             self.dropped_stale += len(items) - len(fresh)
             return fresh
 

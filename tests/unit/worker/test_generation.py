@@ -147,3 +147,25 @@ def test_a_control_is_answered_only_once_the_status_shows_its_effect():
 
     _run(loop, drop_once_playing)
     assert seen[-1] == ()  # "s" was already gone from the status when the answer came
+
+
+def test_playback_starts_when_the_assignment_or_resume_reached_the_worker():
+    """A command that arrives during a pass is applied at the next boundary; the session's
+    clock starts at its arrival, so the wait for the boundary counts in its first chunk's
+    lateness (as the simulator counts it), on assignment and on every resume."""
+    now = [100.0]
+    sink = RecordingSink()
+    loop = _loop(sink, clock=lambda: now[0])
+    loop.inbox.put(_assign("s", 1))  # arrives at 100.0 by the loop's clock
+    now[0] = 100.3  # a pass in flight ends: the boundary where it is applied
+    for item, arrived in loop.inbox.take_timed(0):
+        assert arrived == 100.0
+        loop._apply(item, arrived)  # noqa: SLF001 - the step the thread takes at a boundary
+    assert loop.owned["s"].clock.due == 100.0
+
+    loop._apply(WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="w", epoch=1,  # noqa: SLF001
+                              session_id="s"), 101.0)
+    now[0] = 105.4
+    loop._apply(WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id="w", epoch=1,  # noqa: SLF001
+                              session_id="s"), 105.2)
+    assert loop.owned["s"].clock.due == 105.2
