@@ -66,6 +66,10 @@ class OwnedSession:
     clock: PlaybackClock
     frozen: bool = False  # handed off (migration in progress): sits out of every pass
     suspend_pending: bool = False  # SUSPEND arrived mid-chunk: suspend at the boundary
+    # A RESUME that found every slot taken (by sessions about to leave: a suspend waiting for
+    # its chunk boundary, a migration out): when it arrived; resumed at the first boundary with
+    # a free slot, its clock from then.
+    resume_waiting: float | None = None
     chunk_ms: float = 0.0  # wall time of the current chunk's passes so far
     chunk_batch: int = 0  # batch of those passes; -1 once it changed
     token_hash: str = ""  # for writing its record back if Redis loses it
@@ -297,6 +301,7 @@ class GenerationLoop:
                  recovered=point is not None)
 
     def _suspend(self, sid: str, owned: OwnedSession) -> None:
+        owned.resume_waiting = None  # paused again before it could resume
         if sid in self.engine.suspended_sessions():
             return
         if self.engine.passes_to_boundary(sid):
@@ -311,7 +316,17 @@ class GenerationLoop:
             return
         if sid not in self.engine.suspended_sessions():
             return
-        self.engine.resume(sid)
+        try:
+            self.engine.resume(sid)
+        except EngineFull:
+            # The scheduler counts a session as gone when it decides to suspend or move it;
+            # here it holds its slot until its chunk boundary or handoff. Not an error: the
+            # resume waits for the first boundary with a free slot (_settle_boundaries).
+            if owned.resume_waiting is None:
+                owned.resume_waiting = arrived
+                log.info("resume_deferred", session_id=sid, capacity=self.engine.capacity)
+            return
+        owned.resume_waiting = None
         owned.clock = PlaybackClock(arrived)  # a new start of playback, from the request
         self._notify(sid, owned, NoticeKind.RESUMED, owned.seq_base + self.engine.next_seq(sid))
 
@@ -332,13 +347,17 @@ class GenerationLoop:
         self._boundary_controls = keep
 
     def _settle_boundaries(self) -> None:
-        """What waits for a chunk boundary: deferred suspends, then boundary controls."""
+        """What waits for a chunk boundary: deferred suspends, then deferred resumes (into the
+        slots those freed), then boundary controls."""
         resident = set(self._resident())
         phases = self.engine.phases()
         for sid, owned in list(self.owned.items()):
             if owned.suspend_pending and sid in resident and phases.get(sid, 0) == 0:
                 owned.suspend_pending = False
                 self._suspend(sid, owned)
+        for sid, owned in list(self.owned.items()):
+            if owned.resume_waiting is not None and not owned.frozen:
+                self._resume(sid, owned, owned.resume_waiting)
         if not self._boundary_controls:
             return
         phases = self.engine.phases()

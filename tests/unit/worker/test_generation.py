@@ -169,3 +169,52 @@ def test_playback_starts_when_the_assignment_or_resume_reached_the_worker():
     loop._apply(WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id="w", epoch=1,  # noqa: SLF001
                               session_id="s"), 105.2)
     assert loop.owned["s"].clock.due == 105.2
+
+
+def test_a_resume_that_finds_every_slot_taken_waits_for_one_to_free():
+    """The scheduler counts a session as gone when it decides to suspend it; the worker frees its
+    slot only at its chunk boundary. A resume that comes in between finds no slot: it waits
+    (no RESUMED yet) and goes through at the first boundary with one free, its clock from the
+    request."""
+    now = [50.0]
+    sink = RecordingSink()
+    loop = GenerationLoop(make_engine(max_sessions=1), CommandInbox(), sink, worker_id="w",
+                          period_s=0.0, lead_s=0.0, clock=lambda: now[0])
+
+    def cmd(kind: WorkerCmdKind, sid: str) -> WorkerCommand:
+        return WorkerCommand(kind=kind, worker_id="w", epoch=1, session_id=sid)
+
+    loop._apply(_assign("a", 1), 50.0)  # noqa: SLF001 - the thread's step at a boundary
+    loop._apply(cmd(WorkerCmdKind.SUSPEND, "a"), 50.1)  # noqa: SLF001
+    loop._apply(_assign("b", 1), 50.2)  # noqa: SLF001 - takes the only slot
+    now[0] = 51.3  # the RESUME came at 51.0, during a pass
+    loop._apply(cmd(WorkerCmdKind.RESUME, "a"), 51.0)  # noqa: SLF001
+    loop._settle_boundaries()  # noqa: SLF001 - still no slot
+    assert loop.owned["a"].resume_waiting == 51.0 and "a" in loop.engine.suspended_sessions()
+    assert NoticeKind.RESUMED not in [n.kind for n in sink.notices("a")]
+    assert not sink.handed_back
+
+    now[0] = 52.0
+    loop._apply(cmd(WorkerCmdKind.SUSPEND, "b"), 52.0)  # noqa: SLF001 - b leaves its slot
+    loop._settle_boundaries()  # noqa: SLF001
+    assert "a" not in loop.engine.suspended_sessions() and loop.owned["a"].resume_waiting is None
+    assert sink.notices("a")[-1].kind is NoticeKind.RESUMED
+    assert loop.owned["a"].clock.due == 51.0  # the wait counts in its first chunk's lateness
+
+
+def test_a_pause_cancels_a_resume_that_waits_for_a_slot():
+    sink = RecordingSink()
+    loop = GenerationLoop(make_engine(max_sessions=1), CommandInbox(), sink, worker_id="w",
+                          period_s=0.0, lead_s=0.0)
+
+    def cmd(kind: WorkerCmdKind, sid: str) -> WorkerCommand:
+        return WorkerCommand(kind=kind, worker_id="w", epoch=1, session_id=sid)
+
+    loop._apply(_assign("a", 1))  # noqa: SLF001
+    loop._apply(cmd(WorkerCmdKind.SUSPEND, "a"))  # noqa: SLF001
+    loop._apply(_assign("b", 1))  # noqa: SLF001
+    loop._apply(cmd(WorkerCmdKind.RESUME, "a"))  # noqa: SLF001
+    loop._apply(cmd(WorkerCmdKind.SUSPEND, "a"))  # noqa: SLF001 - paused again meanwhile
+    loop._apply(cmd(WorkerCmdKind.SUSPEND, "b"))  # noqa: SLF001
+    loop._settle_boundaries()  # noqa: SLF001
+    assert "a" in loop.engine.suspended_sessions() and loop.owned["a"].resume_waiting is None
