@@ -351,7 +351,15 @@ class LiveScheduler:
 
     async def _suspend(self, sid: str, gpu: str) -> None:
         record = await self.ctx.registry.get_session(sid)
-        if record is None or record.owner != gpu or record.state is not SessionState.EXECUTING:
+        if record is None:
+            return
+        if sid in self._moving or record.state is SessionState.MIGRATING:
+            # The core moved it when it decided; the registry names the source until the
+            # handoff commits. Dropping the suspend would leave it running where it lands,
+            # unwatched and holding a slot the core counts free: suspend it there instead.
+            self._spawn(self._suspend_after_move(sid), f"suspend-{sid}")
+            return
+        if record.owner != gpu or record.state is not SessionState.EXECUTING:
             return
         # Idle/active flips keep the epoch: the worker keeps the session (no fencing needed),
         # and the commands to it are sent in order.
@@ -361,6 +369,31 @@ class LiveScheduler:
         cmd = WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id=gpu, epoch=record.epoch,
                             session_id=sid)
         self._spawn(self._deliver(sid, cmd), f"suspend-{sid}")
+
+    async def _suspend_after_move(self, sid: str) -> None:
+        """The suspend of a session whose migration was in flight, once that has ended, on
+        the worker that holds it then; nothing if it became active again meanwhile."""
+        deadline = time.monotonic() + self.handoff_timeout_s + 10.0
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            record = await self.ctx.registry.get_session(sid)
+            if sid not in self._moving and (record is None
+                                            or record.state is not SessionState.MIGRATING):
+                break
+            await asyncio.sleep(0.05)
+        async with self._lock:  # in order with the decisions that follow
+            if not self.core.view.is_idle(sid):
+                return
+            record = await self.ctx.registry.get_session(sid)
+            if (record is None or record.state is not SessionState.EXECUTING
+                    or not self._alive(record.owner)):
+                return
+            record = await self.ctx.registry.transition(
+                sid, SessionState.SUSPENDED, expected_epoch=record.epoch, bump_epoch=False,
+                guard=self.guard)
+        assert record.owner is not None
+        cmd = WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id=record.owner, epoch=record.epoch,
+                            session_id=sid)
+        await self._deliver(sid, cmd)
 
     async def _resume(self, sid: str, gpu: str) -> None:
         record = await self.ctx.registry.get_session(sid)
@@ -394,6 +427,8 @@ class LiveScheduler:
                                          gpu_id=dst))
             return
         async with self._lock:
+            if self.core.view.is_idle(sid):
+                return  # paused again while its state moved: it stays suspended where it is
             record = await self.ctx.registry.get_session(sid)
             if record is None or record.owner != dst or record.state is not SessionState.SUSPENDED:
                 return

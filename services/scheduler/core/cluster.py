@@ -517,6 +517,11 @@ class ClusterView:
     def idle_sessions(self) -> tuple[str, ...]:
         return tuple(s.session_id for s in self._cluster.sessions.values() if not s.active)
 
+    def is_idle(self, session_id: str) -> bool:
+        """The session is known and idle (O(1))."""
+        session = self._cluster.sessions.get(session_id)
+        return session is not None and not session.active
+
     @property
     def billed_gpus(self) -> int:
         """GPUs that cost money now: booting, ready and draining."""

@@ -1,0 +1,123 @@
+"""The live scheduler's decisions about a session whose migration is in flight, with real worker
+processes (tiny model, CPU, gloo), the real NATS and Redis and the policy core.
+
+The core moves a session in its view when it decides a migration; the registry, and the worker
+that runs it, follow when the handoff commits. A pause the core decides in between must still
+reach the session where it lands: dropped, it would leave the session generating for nobody
+on a slot the core counts free."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.scheduler.core.policies import get_policy
+from services.scheduler.core.types import Event, EventKind
+from services.scheduler.live import LiveScheduler
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
+from shared.leader import LeaderElection
+from shared.settings import SchedulerSettings
+from shared.states import SessionState
+from shared.streams import ensure_streams
+from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
+from tests.integration.worker_harness import (
+    mesh_context,
+    send,
+    start_session,
+    wait_until,
+    worker_processes,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PERIOD = 0.2
+
+
+@pytest.fixture
+def env(infra, isolation, nats_client, redis_client):
+    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
+            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+
+
+async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_lands(env):
+    async with mesh_context(env) as (ctx, rx), \
+            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+        await ensure_streams(ctx.js, ctx.subjects)
+        await start_session(ctx, "wa", "s")
+        await wait_until(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks on wa")
+
+        profile = load_profile(DEFAULT_PROFILE)
+        kind = profile.gpu_kind
+        settings = SchedulerSettings.from_env(env, tick_s=0.2)
+        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 120.0).try_acquire()
+        assert lease is not None
+        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=2,
+                          gpu_kind=kind, boot_delay_s=30.0, rho_hat=0.9)
+        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
+        await live.start()  # its view from the registry: wa and wb ready, s on wa
+        assert core.view.placement == {"s": "wa"} and set(core.view.gpus) == {"wa", "wb"}
+        try:
+            # An operator drains wa: the core moves s to wb at once (in its view) ...
+            await live.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id="wa"))
+            assert core.view.placement.get("s") == "wb" and "s" in live._moving  # noqa: SLF001
+            # ... and the viewer pauses before the handoff has committed.
+            await live.step(Event(time.time(), EventKind.IDLE, session_id="s"))
+            assert core.view.is_idle("s")
+
+            async def suspended_on_wb() -> bool:
+                record = await ctx.registry.get_session("s")
+                return (record is not None and record.owner == "wb"
+                        and record.state is SessionState.SUSPENDED)
+
+            deadline = time.monotonic() + 30
+            while not await suspended_on_wb():
+                assert time.monotonic() < deadline, (
+                    f"s is {await ctx.registry.get_session('s')}, not suspended on wb")
+                await asyncio.sleep(0.1)
+            # The worker stops generating it: no chunk comes a few periods after the suspend.
+            await asyncio.sleep(4 * PERIOD)
+            count = len(rx.chunks["s"])
+            await asyncio.sleep(6 * PERIOD)
+            assert len(rx.chunks["s"]) == count, "wb still generates the paused session"
+            assert {c.worker_id for _, c in rx.chunks["s"]} <= {"wa", "wb"}
+        finally:
+            await live.stop()
+
+
+async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_paused_again(env):
+    """A resume on another worker than the one its state is parked on moves the state first;
+    a pause that the core decides meanwhile leaves it suspended where it lands."""
+    async with mesh_context(env) as (ctx, rx), \
+            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+        await ensure_streams(ctx.js, ctx.subjects)
+        epoch = await start_session(ctx, "wa", "s")
+        await wait_until(lambda: len(rx.chunks["s"]) >= 2, 30, "chunks on wa")
+        record = await ctx.registry.transition("s", SessionState.SUSPENDED, expected_epoch=epoch,
+                                               bump_epoch=False)
+        await send(ctx, WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="wa",
+                                      epoch=record.epoch, session_id="s"))
+        await wait_until(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["s"]),
+                         30, "s suspended on wa")
+
+        profile = load_profile(DEFAULT_PROFILE)
+        kind = profile.gpu_kind
+        settings = SchedulerSettings.from_env(env, tick_s=0.2)
+        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 120.0).try_acquire()
+        assert lease is not None
+        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=2,
+                          gpu_kind=kind, boot_delay_s=30.0, rho_hat=0.9)
+        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
+        await live.start()
+        try:
+            assert core.view.is_idle("s")  # the viewer paused again before the move was done
+            await live._move_then_resume("s", "wa", "wb")  # noqa: SLF001
+            record = await ctx.registry.get_session("s")
+            assert record.owner == "wb" and record.state is SessionState.SUSPENDED
+            count = len(rx.chunks["s"])
+            await asyncio.sleep(6 * PERIOD)
+            assert len(rx.chunks["s"]) == count, "the moved session was resumed"
+        finally:
+            await live.stop()
