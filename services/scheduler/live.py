@@ -812,9 +812,11 @@ class LiveScheduler:
         registry = self.ctx.registry
         view = self.core.view
         known = set(view.placement) | set(view.pending) | set(view.idle_sessions)
-        for sid in await registry.pending_sessions():
+        pending = await registry.pending_sessions()
+        for sid in pending:
             if sid not in known:
                 await self.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
+        await self._replace_handed_back(pending)
         placement = await registry.placement()
         for sid, owner in placement.items():
             if sid in known or not self._alive(owner):
@@ -855,6 +857,29 @@ class LiveScheduler:
             if await self._requeue(record) is not None:
                 await self.step(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid,
                                       gpu_id=owner))
+
+    async def _replace_handed_back(self, pending: list[str]) -> None:
+        """Sessions the core has on a GPU that the registry has pending again: a worker that
+        found no free slot for an assignment handed it back (it holds a slot until a chunk
+        boundary that the core already counts free). Placed again, not on that GPU for the
+        backoff, instead of waiting for the viewer's next action. Checked under the step lock,
+        so an assignment the core has just decided has claimed the session already."""
+        if not pending:
+            return
+        async with self._lock:
+            placement = self.core.view.placement
+            failed = []
+            for sid in pending:
+                gpu = placement.get(sid)
+                if gpu is None or sid in self._moving:
+                    continue
+                record = await self.ctx.registry.get_session(sid)
+                if record is not None and record.state is SessionState.PENDING:
+                    failed.append((sid, gpu))
+        for sid, gpu in failed:
+            log.warning("session_handed_back", session_id=sid, gpu_id=gpu)
+            await self.step(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid,
+                                  gpu_id=gpu))
 
     def _refresh_profiles(self, force: bool = False) -> None:
         """The latency model per kind from what the workers of that kind measure."""

@@ -121,3 +121,46 @@ async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_p
             assert len(rx.chunks["s"]) == count, "the moved session was resumed"
         finally:
             await live.stop()
+
+
+async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_action(env):
+    """A worker with no free slot for an assignment hands the session back (pending in the
+    registry) while the core still has it on that worker. The repair pass notices and the core
+    places it again; here, once the only worker has room, without any viewer action."""
+    async with mesh_context(env) as (ctx, rx), \
+            worker_processes(ctx, env, ["wa"], chunk_period_s=PERIOD, max_sessions=1):
+        await ensure_streams(ctx.js, ctx.subjects)
+        epoch = await start_session(ctx, "wa", "a")
+        await wait_until(lambda: len(rx.chunks["a"]) >= 2, 30, "chunks of a")
+
+        profile = load_profile(DEFAULT_PROFILE)  # K = 12: the core thinks wa has room
+        kind = profile.gpu_kind
+        settings = SchedulerSettings.from_env(env, tick_s=0.2)
+        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 120.0).try_acquire()
+        assert lease is not None
+        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=1,
+                          gpu_kind=kind, boot_delay_s=30.0, rho_hat=0.9, retry_backoff_s=0.5)
+        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
+        await live.start()
+        try:
+            await ctx.registry.create_session("b", "p", 2)
+            await live.step(Event(time.time(), EventKind.ARRIVE, session_id="b"))
+            assert core.view.placement.get("b") == "wa"
+
+            async def handed_back_and_noticed() -> bool:
+                record = await ctx.registry.get_session("b")
+                return (record is not None and record.state is SessionState.PENDING
+                        and core.view.placement.get("b") != "wa")
+            deadline = time.monotonic() + 20
+            while not await handed_back_and_noticed():
+                assert time.monotonic() < deadline, "the core never learned that wa handed b back"
+                await asyncio.sleep(0.05)
+
+            # a leaves: the slot frees, and b is placed there and runs.
+            await ctx.registry.transition("a", SessionState.TERMINATED, expected_epoch=epoch)
+            await send(ctx, WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="wa", epoch=epoch,
+                                          session_id="a"))
+            await live.step(Event(time.time(), EventKind.DEPART, session_id="a"))
+            await wait_until(lambda: len(rx.chunks["b"]) >= 2, 30, "chunks of b on wa")
+        finally:
+            await live.stop()
