@@ -240,22 +240,26 @@ class LiveScheduler:
     # -- one step of the core -------------------------------------------------------------------
     async def step(self, event: Event) -> None:
         async with self._lock:
-            self._followups.append(event)
-            while self._followups:
-                current = self._followups.popleft()
-                started = time.perf_counter()
-                decisions = self.core.step(current)
-                self.metrics.decision_seconds.observe(time.perf_counter() - started)
-                if decisions:
-                    rho_max = self.core.rho_max()
-                    rho_hat, _ = self.core.current_rho_hat(current.t)
-                    gpus = self.core.view.billed_gpus
-                    for decision in decisions:
-                        self.metrics.decisions.labels(type(decision).__name__).inc()
-                        log.info("decision", trigger=str(current.kind), session_id=current.session_id,
-                                 gpu_id=current.gpu_id, decision=_describe(decision),
-                                 rho_max=round(rho_max, 3), rho_hat=rho_hat, gpus=gpus)
-                        await self._execute(decision)
+            await self._step_locked(event)
+
+    async def _step_locked(self, event: Event) -> None:
+        """``step`` for a caller that holds the step lock already."""
+        self._followups.append(event)
+        while self._followups:
+            current = self._followups.popleft()
+            started = time.perf_counter()
+            decisions = self.core.step(current)
+            self.metrics.decision_seconds.observe(time.perf_counter() - started)
+            if decisions:
+                rho_max = self.core.rho_max()
+                rho_hat, _ = self.core.current_rho_hat(current.t)
+                gpus = self.core.view.billed_gpus
+                for decision in decisions:
+                    self.metrics.decisions.labels(type(decision).__name__).inc()
+                    log.info("decision", trigger=str(current.kind), session_id=current.session_id,
+                             gpu_id=current.gpu_id, decision=_describe(decision),
+                             rho_max=round(rho_max, 3), rho_hat=rho_hat, gpus=gpus)
+                    await self._execute(decision)
 
     def _feed(self, event: Event) -> None:
         """An event found while carrying out a decision: stepped right after (under the lock)."""
@@ -867,19 +871,15 @@ class LiveScheduler:
         if not pending:
             return
         async with self._lock:
-            placement = self.core.view.placement
-            failed = []
             for sid in pending:
-                gpu = placement.get(sid)
+                gpu = self.core.view.gpu_of(sid)
                 if gpu is None or sid in self._moving:
                     continue
                 record = await self.ctx.registry.get_session(sid)
                 if record is not None and record.state is SessionState.PENDING:
-                    failed.append((sid, gpu))
-        for sid, gpu in failed:
-            log.warning("session_handed_back", session_id=sid, gpu_id=gpu)
-            await self.step(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid,
-                                  gpu_id=gpu))
+                    log.warning("session_handed_back", session_id=sid, gpu_id=gpu)
+                    await self._step_locked(Event(time.time(), EventKind.PLACEMENT_FAILED,
+                                                  session_id=sid, gpu_id=gpu))
 
     def _refresh_profiles(self, force: bool = False) -> None:
         """The latency model per kind from what the workers of that kind measure."""
