@@ -365,24 +365,28 @@ class LiveScheduler:
             return
         if record.owner != gpu or record.state is not SessionState.EXECUTING:
             return
-        # Idle/active flips keep the epoch: the worker keeps the session (no fencing needed),
-        # and the commands to it are sent in order.
+        self._spawn(self._deliver(sid, await self._suspend_command(record)), f"suspend-{sid}")
+
+    async def _suspend_command(self, record: SessionRecord) -> WorkerCommand:
+        """Mark an executing session suspended and the SUSPEND for its owner. Idle/active flips
+        keep the epoch: the worker keeps the session (no fencing needed), and the commands to
+        it are sent in order."""
         record = await self.ctx.registry.transition(
-            sid, SessionState.SUSPENDED, expected_epoch=record.epoch, bump_epoch=False,
+            record.id, SessionState.SUSPENDED, expected_epoch=record.epoch, bump_epoch=False,
             guard=self.guard)
-        cmd = WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id=gpu, epoch=record.epoch,
-                            session_id=sid)
-        self._spawn(self._deliver(sid, cmd), f"suspend-{sid}")
+        assert record.owner is not None
+        return WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id=record.owner,
+                             epoch=record.epoch, session_id=record.id)
 
     async def _suspend_after_move(self, sid: str) -> None:
         """The suspend of a session whose migration was in flight, once that has ended, on
         the worker that holds it then; nothing if it became active again meanwhile."""
         deadline = time.monotonic() + self.handoff_timeout_s + 10.0
         while time.monotonic() < deadline and not self._stopping.is_set():
-            record = await self.ctx.registry.get_session(sid)
-            if sid not in self._moving and (record is None
-                                            or record.state is not SessionState.MIGRATING):
-                break
+            if sid not in self._moving:  # then the registry: a parked state's move
+                record = await self.ctx.registry.get_session(sid)
+                if record is None or record.state is not SessionState.MIGRATING:
+                    break
             await asyncio.sleep(0.05)
         async with self._lock:  # in order with the decisions that follow
             if not self.core.view.is_idle(sid):
@@ -391,12 +395,7 @@ class LiveScheduler:
             if (record is None or record.state is not SessionState.EXECUTING
                     or not self._alive(record.owner)):
                 return
-            record = await self.ctx.registry.transition(
-                sid, SessionState.SUSPENDED, expected_epoch=record.epoch, bump_epoch=False,
-                guard=self.guard)
-        assert record.owner is not None
-        cmd = WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id=record.owner, epoch=record.epoch,
-                            session_id=sid)
+            cmd = await self._suspend_command(record)
         await self._deliver(sid, cmd)
 
     async def _resume(self, sid: str, gpu: str) -> None:

@@ -13,16 +13,10 @@ import time
 
 import pytest
 
-from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Event, EventKind
-from services.scheduler.live import LiveScheduler
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
-from shared.leader import LeaderElection
-from shared.settings import SchedulerSettings
 from shared.states import SessionState
-from shared.streams import ensure_streams
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
+from tests.integration.scheduler_harness import leading, until
 from tests.integration.worker_harness import (
     mesh_context,
     send,
@@ -45,21 +39,12 @@ def env(infra, isolation, nats_client, redis_client):
 async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_lands(env):
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
-        await ensure_streams(ctx.js, ctx.subjects)
         await start_session(ctx, "wa", "s")
         await wait_until(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks on wa")
 
-        profile = load_profile(DEFAULT_PROFILE)
-        kind = profile.gpu_kind
-        settings = SchedulerSettings.from_env(env, tick_s=0.2)
-        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 120.0).try_acquire()
-        assert lease is not None
-        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=2,
-                          gpu_kind=kind, boot_delay_s=30.0, rho_hat=0.9)
-        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        await live.start()  # its view from the registry: wa and wb ready, s on wa
-        assert core.view.placement == {"s": "wa"} and set(core.view.gpus) == {"wa", "wb"}
-        try:
+        async with leading(ctx, env) as (live, core):
+            # its view from the registry: wa and wb ready, s on wa
+            assert core.view.placement == {"s": "wa"} and set(core.view.gpus) == {"wa", "wb"}
             # An operator drains wa: the core moves s to wb at once (in its view) ...
             await live.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id="wa"))
             assert core.view.placement.get("s") == "wb" and "s" in live._moving  # noqa: SLF001
@@ -72,19 +57,13 @@ async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_
                 return (record is not None and record.owner == "wb"
                         and record.state is SessionState.SUSPENDED)
 
-            deadline = time.monotonic() + 30
-            while not await suspended_on_wb():
-                assert time.monotonic() < deadline, (
-                    f"s is {await ctx.registry.get_session('s')}, not suspended on wb")
-                await asyncio.sleep(0.1)
+            await until(suspended_on_wb, 30, "s suspended on wb")
             # The worker stops generating it: no chunk comes a few periods after the suspend.
             await asyncio.sleep(4 * PERIOD)
             count = len(rx.chunks["s"])
             await asyncio.sleep(6 * PERIOD)
             assert len(rx.chunks["s"]) == count, "wb still generates the paused session"
             assert {c.worker_id for _, c in rx.chunks["s"]} <= {"wa", "wb"}
-        finally:
-            await live.stop()
 
 
 async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_paused_again(env):
@@ -92,7 +71,6 @@ async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_p
     a pause that the core decides meanwhile leaves it suspended where it lands."""
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
-        await ensure_streams(ctx.js, ctx.subjects)
         epoch = await start_session(ctx, "wa", "s")
         await wait_until(lambda: len(rx.chunks["s"]) >= 2, 30, "chunks on wa")
         record = await ctx.registry.transition("s", SessionState.SUSPENDED, expected_epoch=epoch,
@@ -102,16 +80,7 @@ async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_p
         await wait_until(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["s"]),
                          30, "s suspended on wa")
 
-        profile = load_profile(DEFAULT_PROFILE)
-        kind = profile.gpu_kind
-        settings = SchedulerSettings.from_env(env, tick_s=0.2)
-        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 120.0).try_acquire()
-        assert lease is not None
-        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=2,
-                          gpu_kind=kind, boot_delay_s=30.0, rho_hat=0.9)
-        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        await live.start()
-        try:
+        async with leading(ctx, env) as (live, core):
             assert core.view.is_idle("s")  # the viewer paused again before the move was done
             await live._move_then_resume("s", "wa", "wb")  # noqa: SLF001
             record = await ctx.registry.get_session("s")
@@ -119,8 +88,6 @@ async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_p
             count = len(rx.chunks["s"])
             await asyncio.sleep(6 * PERIOD)
             assert len(rx.chunks["s"]) == count, "the moved session was resumed"
-        finally:
-            await live.stop()
 
 
 async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_action(env):
@@ -129,20 +96,10 @@ async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_
     places it again; here, once the only worker has room, without any viewer action."""
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa"], chunk_period_s=PERIOD, max_sessions=1):
-        await ensure_streams(ctx.js, ctx.subjects)
         epoch = await start_session(ctx, "wa", "a")
         await wait_until(lambda: len(rx.chunks["a"]) >= 2, 30, "chunks of a")
 
-        profile = load_profile(DEFAULT_PROFILE)  # K = 12: the core thinks wa has room
-        kind = profile.gpu_kind
-        settings = SchedulerSettings.from_env(env, tick_s=0.2)
-        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 120.0).try_acquire()
-        assert lease is not None
-        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=1,
-                          gpu_kind=kind, boot_delay_s=30.0, rho_hat=0.9, retry_backoff_s=0.5)
-        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        await live.start()
-        try:
+        async with leading(ctx, env, max_gpus=1, retry_backoff_s=0.5) as (live, core):
             await ctx.registry.create_session("b", "p", 2)
             await live.step(Event(time.time(), EventKind.ARRIVE, session_id="b"))
             assert core.view.placement.get("b") == "wa"
@@ -151,10 +108,7 @@ async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_
                 record = await ctx.registry.get_session("b")
                 return (record is not None and record.state is SessionState.PENDING
                         and core.view.placement.get("b") != "wa")
-            deadline = time.monotonic() + 20
-            while not await handed_back_and_noticed():
-                assert time.monotonic() < deadline, "the core never learned that wa handed b back"
-                await asyncio.sleep(0.05)
+            await until(handed_back_and_noticed, 20, "the core to learn that wa handed b back")
 
             # a leaves: the slot frees, and b is placed there and runs.
             await ctx.registry.transition("a", SessionState.TERMINATED, expected_epoch=epoch)
@@ -162,5 +116,3 @@ async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_
                                           session_id="a"))
             await live.step(Event(time.time(), EventKind.DEPART, session_id="a"))
             await wait_until(lambda: len(rx.chunks["b"]) >= 2, 30, "chunks of b on wa")
-        finally:
-            await live.stop()

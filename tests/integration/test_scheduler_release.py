@@ -9,37 +9,23 @@ processes, real NATS and Redis; the scale-in is the core's own decision."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
 from services.provisioner.service import ProvisionerService
-from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Event, EventKind
-from services.scheduler.live import LiveScheduler
-from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
-from shared.leader import LeaderElection
 from shared.runner import running
-from shared.settings import ProvisionerSettings, SchedulerSettings
-from shared.streams import ensure_streams
+from shared.settings import ProvisionerSettings
+from tests.integration.scheduler_harness import leading, until
 from tests.integration.worker_harness import mesh_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-async def _until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolation, monkeypatch):
-    profile = load_profile(DEFAULT_PROFILE)
-    kind = profile.gpu_kind
-    monkeypatch.setenv("TURBOSERVE_EMULATE", kind)  # the workers the provisioner starts
+    monkeypatch.setenv("TURBOSERVE_EMULATE", load_profile(DEFAULT_PROFILE).gpu_kind)
     env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
     prov_settings = ProvisionerSettings.from_env(env, min_workers=2, max_workers=2,
@@ -50,21 +36,13 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
             ready = [w for w in await ctx.registry.workers()
                      if w.alive and w.status.value == "ready"]
             return len(ready) == 2
-        await _until(two_ready, 90, "the provisioner's two workers")
+        await until(two_ready, 90, "the provisioner's two workers")
 
-        await ensure_streams(ctx.js, ctx.subjects)  # as the scheduler service does
-        settings = SchedulerSettings.from_env(env, tick_s=0.2)
-        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 5.0).try_acquire()
-        assert lease is not None
         # No sessions: the core keeps one GPU (its minimum) and gives the other back.
-        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1,
-                          max_gpus=2, gpu_kind=kind, boot_delay_s=0.5, rho_hat=0.9)
-        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        await live.start()
-        try:
+        async with leading(ctx, env, boot_delay_s=0.5) as (live, core):
             async def one_given_back() -> bool:
                 return len(core.view.gpus) == 1 and len(live.workers) == 2
-            await _until(one_given_back, 30, "the core's scale-in")
+            await until(one_given_back, 30, "the core's scale-in")
             kept = next(iter(core.view.gpus))
             released = next(w for w in live.workers if w != kept)
 
@@ -72,7 +50,7 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
             # tried again, the worker still runs, and the status says so.
             async def refused_twice() -> bool:
                 return live.unreleased.get(released, (0.0, 0))[1] >= 2
-            await _until(refused_twice, 30, "a second refused attempt")
+            await until(refused_twice, 30, "a second refused attempt")
             assert released in provisioner.backend.workers
             assert (await ctx.registry.scheduler_status())["releasing"] == 1
 
@@ -82,12 +60,10 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
 
             async def stopped() -> bool:
                 return released not in live.workers and not live.unreleased
-            await _until(stopped, 60, "the retried release to stop the worker")
+            await until(stopped, 60, "the retried release to stop the worker")
             assert released not in provisioner.backend.workers
             assert kept in provisioner.backend.workers and set(live.workers) == {kept}
             assert set(core.view.gpus) == {kept}
-        finally:
-            await live.stop()
 
 
 async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
@@ -95,40 +71,29 @@ async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
     """The scheduler gives up on a GPU that takes longer than its boot timeout, and the core
     never takes that name again. A worker that comes up all the same is stopped, not left
     running outside the pool."""
-    profile = load_profile(DEFAULT_PROFILE)
-    kind = profile.gpu_kind
-    monkeypatch.setenv("TURBOSERVE_EMULATE", kind)
+    monkeypatch.setenv("TURBOSERVE_EMULATE", load_profile(DEFAULT_PROFILE).gpu_kind)
     env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
     prov_settings = ProvisionerSettings.from_env(env, min_workers=0, max_workers=1,
                                                  boot_delay_s=3.0, shutdown_grace_s=10.0)
     provisioner = ProvisionerService(prov_settings)
     async with running(provisioner, prov_settings), mesh_context(env) as (ctx, _):
-        await ensure_streams(ctx.js, ctx.subjects)  # as the scheduler service does
-        settings = SchedulerSettings.from_env(env, tick_s=0.2, boot_timeout_s=1.0)
-        lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 5.0).try_acquire()
-        assert lease is not None
-        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=0,
-                          max_gpus=1, gpu_kind=kind, boot_delay_s=0.5, rho_hat=0.9)
-        live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        await live.start()
-        try:
+        async with leading(ctx, env, settings={"boot_timeout_s": 1.0}, min_gpus=0, max_gpus=1,
+                           boot_delay_s=0.5) as (live, core):
             await live.step(Event(time.time(), EventKind.ARRIVE, session_id="s"))
             assert len(live.booting) == 1, "the core asked for no GPU"
             late = next(iter(live.booting))
 
             async def timed_out() -> bool:
                 return late not in live.booting
-            await _until(timed_out, 10, "the boot timeout")
+            await until(timed_out, 10, "the boot timeout")
             await live.step(Event(time.time(), EventKind.DEPART, session_id="s"))
 
             async def came_up() -> bool:
                 return late in provisioner.backend.workers
-            await _until(came_up, 30, "the late worker's process")
+            await until(came_up, 30, "the late worker's process")
 
             async def stopped() -> bool:
                 return late not in provisioner.backend.workers and late not in live.workers
-            await _until(stopped, 90, "the late worker to be stopped")
+            await until(stopped, 90, "the late worker to be stopped")
             assert late not in core.view.gpus and not live.unreleased
-        finally:
-            await live.stop()
