@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def env(infra, isolation):
+def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
     return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
             "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
 

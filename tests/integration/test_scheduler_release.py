@@ -24,7 +24,8 @@ from tests.integration.worker_harness import mesh_context
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolation, monkeypatch):
+async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolation, nats_client,
+                                                                  monkeypatch):
     monkeypatch.setenv("TURBOSERVE_EMULATE", load_profile(DEFAULT_PROFILE).gpu_kind)
     env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
@@ -67,7 +68,7 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
 
 
 async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
-        infra, isolation, monkeypatch):
+        infra, isolation, nats_client, monkeypatch):
     """The scheduler gives up on a GPU that takes longer than its boot timeout, and the core
     never takes that name again. A worker that comes up all the same is stopped, not left
     running outside the pool."""
