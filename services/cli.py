@@ -1,8 +1,10 @@
 """The `turboserve` command line: one entry point, a subcommand per service and tool.
 
 Each package registers its own subcommands through a ``register(subparsers)`` function and
-is imported lazily, so ``turboserve gateway`` never pays for importing torch and
-``turboserve sim`` never imports NATS.
+is imported lazily: the table below names every subcommand with its module and a one-line
+help, ``turboserve --help`` lists them from the table alone, and only the module of the
+subcommand being run is imported. So ``turboserve gateway`` never pays for importing torch,
+``turboserve sim`` never imports NATS, and ``turboserve --help`` imports neither.
 """
 
 from __future__ import annotations
@@ -11,56 +13,97 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-# (module, attribute) pairs; each ``register(subparsers)`` adds its parsers and sets
-# ``func`` (a callable taking the parsed args and returning an exit code).
-_TOP_LEVEL = (
-    "services.launcher",            # up
-    "services.gateway.cli",         # gateway
-    "services.scheduler.cli",       # scheduler
-    "services.gpu_worker.cli",      # worker
-    "services.provisioner.cli",     # provisioner
-    "services.ctl",                 # ctl status|migrate|drain|undrain
-    "services.replay",              # replay (load generator)
-    "services.chaos",               # chaos (a replay while components die)
-    "services.scheduler.sim.cli",   # sim traces|run|profile|evaluate
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand: its name, the module whose ``register(subparsers)`` adds its parser
+    (setting ``func``, a callable taking the parsed args and returning an exit code), and
+    the help ``turboserve --help`` shows without importing that module."""
+
+    name: str
+    module: str
+    help: str
+
+
+# To add a subcommand: one row here, and ``register(subparsers)`` in its module, adding a
+# parser of the same name (tests/unit/test_cli.py holds the two to each other).
+TOP_LEVEL = (
+    Subcommand("up", "services.launcher",
+               "run the whole mesh locally (embedded NATS/Redis if none)"),
+    Subcommand("gateway", "services.gateway.cli",
+               "run the gateway: HTTP API, SSE, WebSocket, playground, dashboard "
+               "(TURBOSERVE_* settings)"),
+    Subcommand("scheduler", "services.scheduler.cli",
+               "run the live scheduler (TURBOSERVE_* settings)"),
+    Subcommand("worker", "services.gpu_worker.cli", "run a GPU worker (TURBOSERVE_* settings)"),
+    Subcommand("provisioner", "services.provisioner.cli",
+               "run the provisioner (TURBOSERVE_* settings)"),
+    Subcommand("ctl", "services.ctl", "operator commands: status, migrate, drain, undrain"),
+    Subcommand("replay", "services.replay",
+               "play a session trace against a running gateway (load generator)"),
+    Subcommand("chaos", "services.chaos", "a replay while components are killed at random"),
+    Subcommand("sim", "services.scheduler.sim.cli",
+               "traces, the discrete-event simulator, the profiler"),
 )
-_BENCH = (
-    "services.bench_control",       # bench control
-    "services.bench_pacing",        # bench pacing
-    "services.scheduler.bench",     # bench scheduler
-    "services.gpu_worker.bench",    # bench worker
-    "services.gpu_worker.handoff.bench",  # bench migration
-    "services.gateway.bench",       # bench gateway
-    "services.provisioner.bench",   # bench provisioner
+BENCH = (
+    Subcommand("control", "services.bench_control",
+               "the control plane's overhead (event to command)"),
+    Subcommand("pacing", "services.bench_pacing", "sessions on one worker at their playback pace"),
+    Subcommand("scheduler", "services.scheduler.bench",
+               "time one scheduler controller step at 64..1024 GPUs"),
+    Subcommand("worker", "services.gpu_worker.bench",
+               "benchmark the GPU worker's engine (chunk time per batch size)"),
+    Subcommand("migration", "services.gpu_worker.handoff.bench",
+               "benchmark the session-state handoff between two worker processes"),
+    Subcommand("gateway", "services.gateway.bench",
+               "SSE delivery latency (NATS publish to client receipt) with N clients"),
+    Subcommand("provisioner", "services.provisioner.bench",
+               "provisioner: command round trips, worker boots"),
 )
+BENCH_HELP = "benchmarks that print tables"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: the chosen subcommand's module registers its real parser,
+    every other subcommand gets a placeholder with its help (enough for ``--help`` and for
+    argparse's "invalid choice"). With ``argv`` None every module is imported: the full
+    parser, for tests and tools that inspect it."""
+    chosen = _positionals(argv)
     parser = argparse.ArgumentParser(
         prog="turboserve",
         description="TurboServe: serving interactive streaming video generation.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _TOP_LEVEL:
-        _register(name, sub)
-    bench = sub.add_parser("bench", help="benchmarks that print tables")
+    for command in TOP_LEVEL:
+        _add(command, sub, load=argv is None or chosen[:1] == [command.name])
+    bench = sub.add_parser("bench", help=BENCH_HELP)
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="TARGET")
-    for name in _BENCH:
-        _register(name, bench_sub)
+    for command in BENCH:
+        _add(command, bench_sub, load=argv is None or chosen[:2] == ["bench", command.name])
     return parser
 
 
-def _register(module_name: str, subparsers: argparse._SubParsersAction) -> None:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # Only tolerate the module itself being absent (a partial checkout), never a
-        # missing dependency inside it.
-        if exc.name != module_name:
-            raise
-        return
-    module.register(subparsers)
+def _positionals(argv: Sequence[str] | None) -> list[str]:
+    """The leading words of ``argv`` that name a subcommand (and a bench target): the top
+    level and ``bench`` take no options but ``-h``, so these are its first two non-options."""
+    return [word for word in (argv or ()) if not word.startswith("-")][:2]
+
+
+def _add(command: Subcommand, subparsers: argparse._SubParsersAction, *, load: bool) -> None:
+    if load:
+        try:
+            module = importlib.import_module(command.module)
+        except ModuleNotFoundError as exc:
+            # Only tolerate the module itself being absent (a partial checkout), never a
+            # missing dependency inside it.
+            if exc.name != command.module:
+                raise
+            return
+        module.register(subparsers)
+    else:
+        subparsers.add_parser(command.name, help=command.help)
 
 
 def fail(command: str, message: object) -> int:
@@ -73,7 +116,8 @@ def fail(command: str, message: object) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from shared.settings import SettingsError
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         code = args.func(args)
     except SettingsError as exc:
