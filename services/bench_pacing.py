@@ -70,7 +70,9 @@ class _Stream:
 
 async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
     headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
-    async with http.get(f"/v1/sessions/{sid}/stream", headers=headers) as resp:
+    # from=start: every chunk from the first, however late this client attaches.
+    async with http.get(f"/v1/sessions/{sid}/stream", params={"from": "start"},
+                        headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET /v1/sessions/{sid}/stream: {resp.status}")
         buf = b""

@@ -550,7 +550,9 @@ async def _read_stream(http: Any, log: SessionLog, max_reconnects: int = 60) -> 
         if log.seqs:
             headers["Last-Event-ID"] = str(log.seqs[-1])
         try:
-            async with http.request("GET", f"/v1/sessions/{log.id}/stream",
+            # from=start: the viewer's account begins at seq 0 even when it attaches after
+            # the first chunks (a stream starts at the live edge otherwise).
+            async with http.request("GET", f"/v1/sessions/{log.id}/stream?from=start",
                                     headers=headers) as resp:
                 if resp.status in (401, 403, 404):
                     log.errors.append(f"stream {resp.status}")

@@ -54,6 +54,23 @@ def seed_of(body: dict[str, Any]) -> int:
     return seed
 
 
+STREAM_FROM = ("live", "start")
+
+
+def start_of(request: web.Request, newest_seq: int) -> int:
+    """The seq a new stream starts after. ``Last-Event-ID`` (header, or ``last_event_id`` in
+    the query) resumes after that seq. Without it the stream starts at the live edge: the
+    session's newest chunk (``newest_seq``, -1 when it has none yet), then what follows; a
+    client that wants the backlog the chunk stream still holds asks ``?from=start``."""
+    start = request.query.get("from", "live")
+    if start not in STREAM_FROM:
+        raise errors.InvalidRequest(f"'from' must be one of {', '.join(STREAM_FROM)}",
+                                    field="from", value=start)
+    if request.headers.get("Last-Event-ID") or request.query.get("last_event_id"):
+        return last_seq_of(request)
+    return -1 if start == "start" else max(-1, newest_seq - 1)
+
+
 def last_seq_of(request: web.Request) -> int:
     """The seq the client has (``Last-Event-ID`` header or ``last_event_id`` query); -1: none."""
     raw = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")

@@ -51,6 +51,10 @@ LAST_EVENT_ID = {"name": "Last-Event-ID", "in": "header", "required": False, "sc
                  "description": "resume after this chunk seq"}
 LAST_EVENT_QUERY = {"name": "last_event_id", "in": "query", "required": False, "schema": SEQ,
                     "description": "as Last-Event-ID"}
+FROM_QUERY = {"name": "from", "in": "query", "required": False,
+              "schema": {"type": "string", "enum": ["live", "start"], "default": "live"},
+              "description": "without Last-Event-ID: start at the newest chunk (live) or at the "
+                             "oldest the chunk stream still holds (start)"}
 SESSION_AUTH = [{"sessionToken": []}, {"sessionTokenQuery": []}, {"operatorKey": []}]
 SESSION_ERRORS = {"401": E401, "403": E403, "404": E404, "429": E429}
 
@@ -217,13 +221,13 @@ def document(max_prompt_chars: int) -> dict[str, Any]:
                 "streamSession", "the session's chunks and state changes as Server-Sent Events",
                 {"200": {"description": "event stream: chunk, state, lag, end",
                          "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
-                parameters=[LAST_EVENT_ID, LAST_EVENT_QUERY],
+                parameters=[LAST_EVENT_ID, LAST_EVENT_QUERY, FROM_QUERY],
                 responses={"400": E400, "422": E422},
             )},
             "/v1/sessions/{session_id}/ws": {"get": _session_op(
                 "sessionSocket", "the session over a WebSocket: chunks and state out, controls in",
                 {"101": {"description": "switching to the WebSocket protocol"}},
-                parameters=[LAST_EVENT_QUERY],
+                parameters=[LAST_EVENT_QUERY, FROM_QUERY],
                 responses={"400": _error("invalid_request: not a WebSocket upgrade"), "422": E422,
                            "503": E503},
             )},

@@ -4,6 +4,8 @@ Events: ``chunk`` (``id:`` = the chunk's seq, so ``Last-Event-ID`` resumes), ``s
 lifecycle notice: placed, migrated, suspended, resumed, restarted, prompt), ``lag`` (this client
 fell behind and skipped to the live edge), ``end`` (the session is over, or this gateway is
 shutting down: reconnect elsewhere with ``Last-Event-ID``); ``: keepalive`` comments in between.
+A stream without ``Last-Event-ID`` starts at the live edge (the newest chunk); ``?from=start``
+asks for what the chunk stream still holds (``bodies.start_of``).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def end_event(session_id: str, last_seq: int, reason: str) -> bytes:
 async def stream_session(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     record, _ = await authorized_session(gw, request)
-    last_seq = bodies.last_seq_of(request)
+    last_seq = bodies.start_of(request, record.last_seq)
     if record.state is SessionState.TERMINATED and record.last_seq <= last_seq:
         return await _ended(request, end_event(record.id, record.last_seq, "closed"))
     if gw.closing.is_set():

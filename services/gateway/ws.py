@@ -15,6 +15,9 @@ Client to server (text, JSON): ``{"type": "prompt", "prompt": "..."}``, ``{"type
 ``{"type": "resume"}``, ``{"type": "close"}``, each with an optional ``"id"`` echoed in its
 answer. Controls are handled one at a time, in order, while chunks keep flowing; they mean
 exactly what ``POST .../prompt``, ``.../pause``, ``.../resume`` and ``DELETE`` mean.
+
+Where it starts: as the SSE stream, at the live edge unless ``last_event_id`` or
+``from=start`` says otherwise (``bodies.start_of``).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
     operator = authorize_session(gw.keys, request, record)
     if not operator:
         await check_rate(gw, record.owner_key)
-    last_seq = bodies.last_seq_of(request)
+    last_seq = bodies.start_of(request, record.last_seq)
     ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=gw.settings.max_body_bytes)
     if not ws.can_prepare(request).ok:
         raise errors.InvalidRequest("this route takes a WebSocket upgrade (GET with Upgrade: websocket)")

@@ -71,6 +71,43 @@ async def test_last_event_id_resumes_after_what_the_client_has(http, gw, worker)
         assert second.type is aiohttp.WSMsgType.BINARY and decode_chunk(second.data)[0]["seq"] == 5
 
 
+async def test_a_new_stream_starts_at_the_live_edge_unless_it_asks_for_the_backlog(http, gw, worker):
+    s = await create(http)
+    sid = s["id"]
+    record = await gw.ctx.registry.claim(sid, worker.worker_id, 0)
+    await worker.notice(sid, NoticeKind.PLACED, 0)
+    for seq in range(10):  # as a worker does: publish, then record the progress
+        await worker.chunk(sid, seq, epoch=record.epoch)
+        assert await gw.ctx.registry.record_progress(sid, worker.worker_id, record.epoch, seq)
+    await worker.nc.flush()
+
+    async with http.get(s["stream_url"], headers=bearer(s["token"])) as stream:
+        first = await read_sse(stream, want=1)
+        await worker.chunk(sid, 10, epoch=record.epoch)
+        assert await gw.ctx.registry.record_progress(sid, worker.worker_id, record.epoch, 10)
+        second = await read_sse(stream, want=1)
+    assert [(e["event"], e.get("id")) for e in first + second] == [("chunk", "9"), ("chunk", "10")]
+    async with http.get(s["stream_url"], params={"from": "start"}, headers=bearer(s["token"])) as stream:
+        events = await read_sse(stream, want=3)
+    assert [(e["event"], e.get("id")) for e in events] == [("state", None), ("chunk", "0"), ("chunk", "1")]
+    # Last-Event-ID wins over both
+    headers = {**bearer(s["token"]), "Last-Event-ID": "6"}
+    async with http.get(s["stream_url"], params={"from": "live"}, headers=headers) as stream:
+        assert (await read_sse(stream, want=1))[0]["id"] == "7"
+
+    async with aiohttp.ClientSession() as client:
+        async with client.ws_connect(f"{gw.url}/v1/sessions/{sid}/ws", params={"token": s["token"]}) as ws:
+            msg = await ws.receive(timeout=10)
+            assert decode_chunk(msg.data)[0]["seq"] == 10
+        async with client.ws_connect(f"{gw.url}/v1/sessions/{sid}/ws",
+                                     params={"token": s["token"], "from": "start"}) as ws:
+            assert orjson.loads((await ws.receive(timeout=10)).data)["kind"] == "placed"
+            assert decode_chunk((await ws.receive(timeout=10)).data)[0]["seq"] == 0
+    async with http.get(s["stream_url"], params={"from": "yesterday"}, headers=bearer(s["token"])) as bad:
+        body = await bad.json()
+    assert bad.status == 400 and body["error"]["code"] == "invalid_request"
+
+
 def decode_chunk(data: bytes) -> tuple[dict, list[bytes]]:
     (n,) = struct.unpack(">I", data[:4])
     header = orjson.loads(data[4:4 + n])
