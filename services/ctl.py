@@ -294,7 +294,8 @@ def format_status(status: dict[str, Any]) -> str:
     for w in status["workers"]:
         kind = f"{w['kind']}{' (emu)' if w['emulated'] else ''}"
         chunk = " ".join(f"{b}:{ms:.0f}" for b, ms in sorted(w["chunk_ms"].items())) or "-"
-        alive = "" if w["alive"] else " (silent)"
+        # A worker the scheduler declared lost says so; one merely late says "silent".
+        alive = "" if w["alive"] or w["status"] == "lost" else " (silent)"
         lines.append(f"{w['id']:<24} {w['status'] + alive:<9} {kind:<14} "
                      f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {chunk}")
         for s in w["sessions"]:

@@ -84,6 +84,21 @@ redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
 
+# A lost worker's record: status lost, no sessions, an expiry; only if it still exists.
+_MARK_LOST = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'sessions', '[]', 'suspended', '[]',
+           'active', 0, 'waiting', 0, 'updated_at', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+# An id whose record expired leaves the set of workers, unless it registered again meanwhile.
+_FORGET_EXPIRED = """
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SREM', KEYS[1], ARGV[1]) end
+return 1
+"""
+
 # A worker records its progress only while it still owns the session at its epoch.
 _PROGRESS_LUA = """
 local cur = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'owner', 'last_seq')
@@ -401,6 +416,8 @@ class Registry:
         async with self.r.pipeline(transaction=True) as pipe:
             pipe.sadd(self.workers_key, worker.id)
             pipe.hset(self.worker_key(worker.id), mapping=cast(Any, _worker_fields(worker)))
+            # A worker declared lost that beats again (it was only cut off) is kept for good.
+            pipe.persist(self.worker_key(worker.id))
             pipe.set(self.alive_key(worker.id), "1", px=int(ttl_s * 1000))
             await pipe.execute()
 
@@ -411,6 +428,16 @@ class Registry:
     async def set_worker_status(self, worker_id: str, status: WorkerStatus) -> None:
         await self.r.hset(self.worker_key(worker_id),
                           mapping={"status": status.value, "updated_at": time.time()})
+
+    async def mark_worker_lost(self, worker_id: str, shown_s: float) -> bool:
+        """The scheduler declared ``worker_id`` lost: its record says ``lost``, holds no
+        sessions, and expires after ``shown_s`` (every view drops it then). Nothing happens
+        to a record that is already gone (a worker that removed itself on a clean stop);
+        False then."""
+        marked = await self.r.eval(
+            _MARK_LOST, 2, self.worker_key(worker_id), self.alive_key(worker_id),
+            WorkerStatus.LOST.value, repr(time.time()), str(max(1, int(shown_s * 1000))))
+        return bool(marked)
 
     async def remove_worker(self, worker_id: str) -> None:
         async with self.r.pipeline(transaction=True) as pipe:
@@ -497,10 +524,14 @@ class Registry:
                 pipe.hgetall(self.worker_key(wid))
                 pipe.exists(self.alive_key(wid))
             raw = await pipe.execute()
-        out = []
+        out, expired = [], []
         for wid, fields_, alive in zip(ids, raw[0::2], raw[1::2], strict=True):
             if fields_:
                 out.append(_worker_from(wid, {_str(k): _str(v) for k, v in fields_.items()}, bool(alive)))
+            else:
+                expired.append(wid)
+        for wid in expired:  # a lost worker's record expired: its id goes too
+            await self.r.eval(_FORGET_EXPIRED, 2, self.workers_key, self.worker_key(wid), wid)
         return out
 
 

@@ -306,6 +306,8 @@ class SchedulerSettings(CommonSettings):
     tick_s: float = 0.5
     # A worker whose heartbeat is older than this is considered gone.
     worker_timeout_s: float = 5.0
+    # A worker declared lost is shown as `lost` (no sessions) this long, then drops from view.
+    lost_worker_shown_s: float = 30.0
     # The policy by name (turboserve, no_migration, least_loaded, ...; see docs/scheduler.md).
     policy: str = "turboserve"
     # The latency profile of the default GPU kind: a shipped name or a JSON path (empty: the
@@ -334,7 +336,7 @@ class SchedulerSettings(CommonSettings):
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
         for name in ("tick_s", "worker_timeout_s", "leader_ttl_s", "command_timeout_s",
-                     "handoff_timeout_s", "boot_timeout_s"):
+                     "handoff_timeout_s", "boot_timeout_s", "lost_worker_shown_s"):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
         if not 0 <= self.boot_delay_s < math.inf:

@@ -139,6 +139,9 @@ class WorkerStatus(enum.StrEnum):
     READY = "ready"
     DRAINING = "draining"
     GONE = "gone"
+    # Only in the registry: the scheduler declared it lost (silent, or its process gone); its
+    # record is shown so, with no sessions, for a while, then expires.
+    LOST = "lost"
 
 
 class ProvisionerCmdKind(enum.StrEnum):

@@ -750,6 +750,9 @@ class LiveScheduler:
                 if record is not None and record.owner == wid:
                     await self._requeue(record)
         await self.step(Event(time.time(), EventKind.GPU_GONE, gpu_id=wid))
+        # Every view (ctl, /v1/cluster, the dashboard) shows it lost, then forgets it; a
+        # worker that stopped cleanly removed its record already, and stays removed.
+        await registry.mark_worker_lost(wid, self.settings.lost_worker_shown_s)
 
     # -- the timer ------------------------------------------------------------------------------
     async def _tick_forever(self) -> None:
@@ -774,7 +777,6 @@ class LiveScheduler:
             last = beat.at if beat is not None else worker.seen_at
             if now - max(last, worker.seen_at) > self.settings.worker_timeout_s:
                 await self._gone(wid, reason="silent")
-                await self.ctx.registry.remove_worker(wid)
         for gpu_id, since in list(self.booting.items()):
             if now - since > self.settings.boot_timeout_s:
                 await self._gone(gpu_id, reason="boot_timeout")
@@ -799,6 +801,15 @@ class LiveScheduler:
                 # record is missing is one Redis lost: it writes it back at its next beat).
                 await self._gone(wid, reason="expired")
         for wid, record in records.items():
+            if (wid not in self.workers and not record.alive
+                    and record.status is not WorkerStatus.LOST
+                    and now - max(record.updated_at, self._heard.get(wid, 0.0))
+                    > self.settings.worker_timeout_s):
+                # Silent, and never (or no longer) in the core's pool: a worker that died
+                # while no scheduler led, or before it was ready. Shown lost, then forgotten.
+                log.warning("worker_record_lost", gpu_id=wid, status=str(record.status))
+                await self.ctx.registry.mark_worker_lost(wid, self.settings.lost_worker_shown_s)
+                continue
             if wid in self.workers or not record.alive or record.status is not WorkerStatus.READY:
                 continue
             if wid not in self.beats:

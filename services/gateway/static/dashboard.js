@@ -33,7 +33,8 @@ function fmt(value, digits = 2) {
 
 function statusBadge(w) {
   const cls = !w.alive ? "bad" : w.status === "ready" ? (w.keeping_pace ? "ok" : "warn") : "warn";
-  const text = !w.alive ? "silent" : w.keeping_pace ? w.status : `${w.status}, behind`;
+  const text = w.status === "lost" ? "lost" : !w.alive ? "silent"
+    : w.keeping_pace ? w.status : `${w.status}, behind`;
   return el("span", { class: `badge ${cls}` }, text);
 }
 
