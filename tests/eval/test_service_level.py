@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.eval.analysis import _service_level
+from services.scheduler.eval.service_level import service_level as _service_level
 from services.scheduler.eval.runs import RunSpec, RunSummary
 
 

@@ -10,11 +10,12 @@ what an operator pays to serve ``SLO_ATTAINMENT`` (99%) of them: a static pool s
 smallest GPU count of its sweep that reaches it; an autoscaler's curve (its knob swept: rho_hat,
 a target, a threshold) read on its envelope at 99% (``matched.py``). Ours is the ``turboserve``
 curve read the same way (the adaptive point, and the fixed rho_hat values around it).
+A level that a sweep never reached is no cost: ``service_level.py`` says how it is flagged and
+left out of the summary's averages.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -32,15 +33,12 @@ from services.scheduler.eval.matched import (
 )
 from services.scheduler.eval.plan import STATIC_BASELINES
 from services.scheduler.eval.runs import RunSummary
+from services.scheduler.eval.service_level import service_level, slo_summary
 
 __all__ = ["TraceFloors", "analyse_trace", "summarise", "trace_floors"]
 
 STRONG_RIVALS = ("least_loaded_autoscale", "hpa", "turboserve_fixed")
 _EPS_H = 1e-9
-SLO_ATTAINMENT = 0.99  # chunk periods served on time, stall-adjusted
-# The robustness bar: at the service level, never more than this above the cheaper of a static
-# least-loaded pool and HPA.
-ROBUST_RIVALS = ("least_loaded", "hpa")
 
 
 class TraceFloors:
@@ -187,7 +185,7 @@ def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
         row["cost_reduction_vs_best_baseline_pct"] = matched[cost][
             "cost_reduction_at_matched_latency_pct"]
     bound = _lower_bound(runs, floors)
-    slo = _service_level(curves, ours_run)
+    slo = service_level(curves, ours_run)
 
     return {
         "peak_active": floors.peak_active,
@@ -217,63 +215,6 @@ def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
         "sensitivity": sensitivity,
         "lower_bound": bound,
         "curves": {c: [r.to_json() for r in rs] for c, rs in curves.items()},
-    }
-
-
-def _missed_curve(runs: Sequence[RunSummary]) -> list[CurvePoint]:
-    """Cost against the share of chunk periods *not* served on time (lower is better, so the
-    envelope and interpolation of ``matched.py`` apply unchanged)."""
-    return [CurvePoint(r.cost_gpu_h, 1.0 - r.stall_adjusted_attainment) for r in runs]
-
-
-def _static_at_slo(runs: Sequence[RunSummary]) -> dict[str, Any]:
-    """The smallest static pool of the sweep that serves the service level (an operator buys
-    whole GPUs); its dearest point, flagged, when none does."""
-    ok = [r for r in runs if r.stall_adjusted_attainment >= SLO_ATTAINMENT - 1e-12]
-    pick = min(ok, key=lambda r: r.cost_gpu_h) if ok else max(runs, key=lambda r: r.cost_gpu_h)
-    return {"cost_gpu_hours": round(pick.cost_gpu_h, 4), "gpus": pick.spec.param("gpus"),
-            "attainment": round(pick.stall_adjusted_attainment, 5), "reached": bool(ok)}
-
-
-def _curve_at_slo(runs: Sequence[RunSummary]) -> dict[str, Any]:
-    """An autoscaler's cost at the service level, read on its (cost, missed share) envelope."""
-    m = cost_at_latency(_missed_curve(runs), 1.0 - SLO_ATTAINMENT)
-    return {"cost_gpu_hours": round(m.value, 4), "reached": m.reached}
-
-
-def _service_level(curves: dict[str, list[RunSummary]], ours_run: RunSummary) -> dict[str, Any]:
-    """Cost at the service level for every policy, and service at matched cost."""
-    ours = _curve_at_slo(curves["turboserve"])
-    static = {b: _static_at_slo(curves[b]) for b in STATIC_BASELINES}
-    rivals = {r: _curve_at_slo(curves[r]) for r in
-              ("hpa", "least_loaded_autoscale", "no_migration", "clairvoyant",
-               "turboserve_predictive") if r in curves}
-    reached = [b for b in STATIC_BASELINES if static[b]["reached"]] or list(STATIC_BASELINES)
-    best = min(reached, key=lambda b: static[b]["cost_gpu_hours"])
-    robust_costs = {"least_loaded": static["least_loaded"]["cost_gpu_hours"],
-                    "hpa": rivals["hpa"]["cost_gpu_hours"] if "hpa" in rivals else math.inf}
-    robust_best = min(ROBUST_RIVALS, key=lambda r: robust_costs[r])
-    at_cost = {}
-    for rival in (*STATIC_BASELINES, "hpa", "least_loaded_autoscale"):
-        if rival in curves:
-            m = latency_at_cost(_missed_curve(curves[rival]), ours_run.cost_gpu_h)
-            at_cost[rival] = {"attainment": round(1.0 - m.value, 5), "in_range": m.reached}
-    return {
-        "slo_attainment": SLO_ATTAINMENT,
-        "turboserve": {**ours,
-                       "adaptive_cost_gpu_hours": round(ours_run.cost_gpu_h, 4),
-                       "adaptive_attainment": round(ours_run.stall_adjusted_attainment, 5),
-                       "adaptive_meets": ours_run.stall_adjusted_attainment
-                       >= SLO_ATTAINMENT - 1e-12},
-        "static": static,
-        "rivals": rivals,
-        "best_baseline": best,
-        "cost_reduction_vs_best_baseline_pct": round(
-            reduction_pct(static[best]["cost_gpu_hours"], ours["cost_gpu_hours"]), 3),
-        "cost_vs_best_of_least_loaded_and_hpa_pct": round(
-            _increase(robust_costs[robust_best], ours["cost_gpu_hours"]), 3),
-        "best_of_least_loaded_and_hpa": robust_best,
-        "attainment_at_our_cost": at_cost,
     }
 
 
@@ -437,22 +378,7 @@ def summarise(traces: dict[str, dict[str, Any]], placement: dict[str, Any]) -> d
             "below_k_avg": round(statistics.fmean(
                 [x["oracle"]["gap_to_floor_with_boot_below_k_pct"] for x in t]), 3),
         },
-        "cost_reduction_at_matched_slo_pct": {
-            "slo_attainment": SLO_ATTAINMENT,
-            "avg_vs_best_baseline": round(statistics.fmean(
-                [x["service_level"]["cost_reduction_vs_best_baseline_pct"] for x in t]), 3),
-            "per_trace": {name: x["service_level"]["cost_reduction_vs_best_baseline_pct"]
-                          for name, x in traces.items()},
-        },
-        "robustness": {
-            "bar_pct": 5.0,
-            "max_cost_above_best_of_least_loaded_and_hpa_pct": round(max(
-                x["service_level"]["cost_vs_best_of_least_loaded_and_hpa_pct"] for x in t), 3),
-            "per_trace": {name: x["service_level"]["cost_vs_best_of_least_loaded_and_hpa_pct"]
-                          for name, x in traces.items()},
-            "met": all(x["service_level"]["cost_vs_best_of_least_loaded_and_hpa_pct"] <= 5.0
-                       for x in t),
-        },
+        **slo_summary(traces),
         "predictive_gap_to_floor_pct": _avg_max([x["predictive"]["gap_to_floor_pct"] for x in t]),
         "placement_gap_to_oracle_pct": {
             "avg": placement["avg"], "max": placement["max"],

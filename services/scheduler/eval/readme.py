@@ -13,6 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from services.scheduler.eval.service_level import (
+    comparison_cell,
+    cost_cell,
+    left_out_text,
+    summary_blocks,
+)
 from services.scheduler.eval.tables import markdown_table
 
 __all__ = ["against_the_paper", "register", "service_table"]
@@ -111,12 +117,13 @@ def against_the_paper(document: dict[str, Any]) -> str:
                                    for name, doc in profiles.items()]
     rows = []
     for i, (figure, paper) in enumerate(PAPER_ROWS):
-        rows.append([figure, paper] + [_figure(i, doc["summary"], document)
+        rows.append([figure, paper] + [_figure(i, doc["summary"], document, doc["traces"])
                                        for doc in profiles.values()])
     return markdown_table(heads, rows)
 
 
-def _figure(i: int, s: dict[str, Any], document: dict[str, Any]) -> str:
+def _figure(i: int, s: dict[str, Any], document: dict[str, Any],
+            traces: dict[str, Any]) -> str:
     if i == 0:
         v = s["latency_reduction_at_matched_cost_pct"]
         return f"{-v['avg_vs_best_baseline']:.1f} ({-v['max_vs_best_baseline']:.1f})"
@@ -124,11 +131,14 @@ def _figure(i: int, s: dict[str, Any], document: dict[str, Any]) -> str:
         v = s["cost_reduction_at_matched_latency_pct"]
         return f"{-v['avg_vs_best_baseline']:.1f} ({-v['max_vs_best_baseline']:.1f})"
     if i == 2:
-        v = s.get("cost_reduction_at_matched_slo_pct")
-        if not v:
+        if "cost_reduction_at_matched_slo_pct" not in s:
             return "-"
-        return (f"{-v['avg_vs_best_baseline']:+.1f} "
-                f"(worst {-min(v['per_trace'].values()):+.1f})")
+        v = summary_blocks(s, traces)["cost_reduction_at_matched_slo_pct"]
+        if v["avg_vs_best_baseline"] is None:
+            return "not reached on any trace" + left_out_text(v)
+        return (f"{-v['avg_vs_best_baseline']:+.1f} (worst {-v['worst_vs_best_baseline']:+.1f}, "
+                f"{v['worst_trace']}); over {v['traces_averaged']} of {len(v['per_trace'])} "
+                f"traces" + left_out_text(v))
     if i == 3:
         v = s["ablation_cost_increase_pct"]
         return f"{v['no_migration']:+.1f} / {v['no_autoscale']:+.1f}"
@@ -144,11 +154,15 @@ def _figure(i: int, s: dict[str, Any], document: dict[str, Any]) -> str:
     if i == 6:
         v = s.get("gap_to_boot_aware_floor_pct")
         return "-" if not v else f"{v['avg']:.1f} (max {max(v['per_trace'].values()):.1f})"
-    v = s.get("robustness")
-    if not v:
+    if "robustness" not in s:
         return "-"
-    return (f"{v['max_cost_above_best_of_least_loaded_and_hpa_pct']:+.1f} "
-            f"({'meets' if v['met'] else 'misses'} the +{v['bar_pct']:g} bar)")
+    v = summary_blocks(s, traces)["robustness"]
+    worst = v["max_cost_above_best_of_least_loaded_and_hpa_pct"]
+    lost = v.get("turboserve_not_reached_where_a_rival_reaches") or []
+    return ((f"{worst:+.1f}" if worst is not None else "-")
+            + f" ({'meets' if v['met'] else 'misses'} the +{v['bar_pct']:g} bar); over "
+            f"{v['traces_compared']} of {len(v['per_trace'])} traces" + left_out_text(v)
+            + (f"; turboserve alone misses 99% on {', '.join(lost)}" if lost else ""))
 
 
 def service_table(document: dict[str, Any]) -> str:
@@ -167,10 +181,11 @@ def service_table(document: dict[str, Any]) -> str:
                 row += ["-"] * 5
                 continue
             best = v["static"][v["best_baseline"]]
-            row += [v["turboserve"]["cost_gpu_hours"],
-                    f"{best['cost_gpu_hours']:.2f} ({v['best_baseline']} x {best['gpus']})",
-                    v["rivals"].get("hpa", {}).get("cost_gpu_hours", "-"),
-                    -v["cost_reduction_vs_best_baseline_pct"],
-                    v["cost_vs_best_of_least_loaded_and_hpa_pct"]]
+            best_text = (f"{best['cost_gpu_hours']:.2f} ({v['best_baseline']} x {best['gpus']})"
+                         if best["reached"] else f"{cost_cell(best)}, {v['best_baseline']}")
+            row += [cost_cell(v["turboserve"]), best_text,
+                    cost_cell(v["rivals"].get("hpa")) or "-",
+                    comparison_cell(v, "cost_reduction_vs_best_baseline", sign=-1.0),
+                    comparison_cell(v, "cost_vs_best_of_least_loaded_and_hpa")]
         rows.append(row)
     return markdown_table(heads, rows)
