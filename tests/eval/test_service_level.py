@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.eval.service_level import service_level as _service_level
 from services.scheduler.eval.runs import RunSpec, RunSummary
+from services.scheduler.eval.service_level import service_level as _service_level
 
 
 def _run(curve: str, cost: float, stall: float, **params) -> RunSummary:

@@ -15,8 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from services.scheduler.eval.analysis import TraceFloors, analyse_trace, summarise
+from services.scheduler.eval.extend import (
+    HEADROOM_CAP,
+    HEADROOM_STEPS,
+    STATIC_CAP_FACTOR,
+    extension_report,
+    next_runs,
+)
 from services.scheduler.eval.plan import PlanConfig, TraceFacts, plan_trace
-from services.scheduler.eval.runs import RunSummary, prime_trace_cache, run_all
+from services.scheduler.eval.runs import RunSpec, RunSummary, prime_trace_cache, run_all
 
 __all__ = ["DEFAULT_PROFILES", "Evaluation", "evaluate", "evaluate_profiles",
            "trace_keys_from_dir"]
@@ -79,6 +86,8 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     by_trace: dict[str, list[RunSummary]] = {n: [] for n in names.values()}
     for summary in run_all(specs, jobs=jobs, progress=progress):
         by_trace[names[summary.spec.trace]].append(summary)
+    added = _extend_sweeps(by_trace, floors, specs, names, capacity, jobs=jobs,
+                           progress=progress)
     if placement_instances > 0:
         placement = placement_gap(profile, instances=placement_instances).to_json()
         # The same with K = 4, so that capacity binds on instances of at most 12 sessions.
@@ -92,6 +101,10 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
         name: analyse_trace(name, runs, floors[name], cfg.boot_delay_s)
         for name, runs in by_trace.items()
     }
+    planned = set(specs)
+    for name, runs in by_trace.items():
+        per_trace[name]["sweep_extension"] = extension_report(
+            runs, planned, floors[name].peak_active, capacity)
     document = {
         "summary": summarise(per_trace, placement),
         "traces": per_trace,
@@ -106,11 +119,45 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
             "static_factors": list(cfg.static_factors),
             "rho_table": _table_path(cfg.profile).name,
             "rho_table_sha256": _table_digest(cfg.profile),
-            "runs": len(specs),
+            "runs": len(specs) + added,
+            "sweep_extension": {
+                "runs": added,
+                "headroom_steps": list(HEADROOM_STEPS),
+                "headroom_cap": HEADROOM_CAP,
+                "static_cap_factor": STATIC_CAP_FACTOR,
+                "rule": "a curve that misses the service level gets more headroom (its knob "
+                        "at the steps below its sweep's lowest, down to the cap) or a larger "
+                        "static pool (up to the factor times the count the peak needs at K, "
+                        "then bisected to one GPU)",
+            },
             "wall_s": round(time.perf_counter() - started, 1),
         },
     }
     return Evaluation(document, by_trace, floors, names[plot_key])
+
+
+def _extend_sweeps(by_trace: dict[str, list[RunSummary]], floors: dict[str, TraceFloors],
+                   specs: list[RunSpec], name_of: dict[str, str], capacity: int, *,
+                   jobs: int | None, progress: bool) -> int:
+    """Round after round, the runs ``extend.py`` asks for on curves that miss the service
+    level, until none is asked for; returns how many were run."""
+    from services.scheduler.eval.plan import STATIC_BASELINES
+
+    planned_top = {name: 0 for name in by_trace}
+    for spec in specs:
+        if spec.curve in STATIC_BASELINES:
+            name = name_of[spec.trace]
+            planned_top[name] = max(planned_top[name], int(spec.param("gpus")))
+    added = 0
+    while True:
+        extra = [spec for name, runs in by_trace.items()
+                 for spec in next_runs(runs, floors[name].peak_active, capacity,
+                                       planned_top[name])]
+        if not extra:
+            return added
+        added += len(extra)
+        for summary in run_all(extra, jobs=jobs, progress=progress):
+            by_trace[name_of[summary.spec.trace]].append(summary)
 
 
 def _table_path(profile: str) -> Path:

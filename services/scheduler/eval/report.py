@@ -9,6 +9,7 @@ from services.scheduler.eval.analysis import STRONG_RIVALS
 from services.scheduler.eval.matched import CurvePoint
 from services.scheduler.eval.plan import STATIC_BASELINES
 from services.scheduler.eval.service_level import (
+    SLO_ATTAINMENT,
     averaged_text,
     comparison_cell,
     cost_cell,
@@ -265,6 +266,14 @@ def _by_boot_table(by_boot: dict[str, Any]) -> str:
                            "gap to clairvoyant (same rho) %", "gap to boot-aware floor %"], rows)
 
 
+def _missing_at_cap(traces: dict[str, Any]) -> str:
+    missing = [f"{name}: {', '.join(t['sweep_extension']['not_reached_at_cap'])}"
+               for name, t in traces.items()
+               if t.get("sweep_extension", {}).get("not_reached_at_cap")]
+    return ("not reached at the cap: " + "; ".join(missing)) if missing else \
+        "every sweep reached it"
+
+
 def markdown_report(document: dict[str, Any]) -> str:
     traces = document["traces"]
     parts = [
@@ -292,6 +301,13 @@ def markdown_report(document: dict[str, Any]) -> str:
                  f"{'quick' if cfg['quick'] else 'full'} sweep, profile {cfg['profile']}, "
                  f"K = {cfg['capacity']}, boot delay {cfg['boot_delay_s']:g} s, "
                  f"rho_hat table sha256 {cfg.get('rho_table_sha256') or 'none (fixed 0.7)'}._")
+    ext = cfg.get("sweep_extension")
+    if ext:
+        parts.append(
+            f"_Sweeps that missed {100 * SLO_ATTAINMENT:g}% were extended ({ext['runs']} of the "
+            f"runs): autoscalers' headroom knob down to {ext['headroom_cap']:g}, static pools "
+            f"up to {ext['static_cap_factor']:g}x the GPUs the peak needs at K; "
+            f"{_missing_at_cap(traces)}._")
     return "\n\n".join(parts) + "\n"
 
 
