@@ -40,7 +40,7 @@ TOP_LEVEL = (
     Subcommand("worker", "services.gpu_worker.cli", "run a GPU worker (TURBOSERVE_* settings)"),
     Subcommand("provisioner", "services.provisioner.cli",
                "run the provisioner (TURBOSERVE_* settings)"),
-    Subcommand("ctl", "services.ctl", "operator commands: status, migrate, drain, undrain"),
+    Subcommand("ctl", "services.ctl", "operator commands: status, migrate, drain, undrain, stop"),
     Subcommand("replay", "services.replay",
                "play a session trace against a running gateway (load generator)"),
     Subcommand("chaos", "services.chaos", "a replay while components are killed at random"),

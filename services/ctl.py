@@ -4,7 +4,10 @@
 - ``ctl migrate SESSION --to WORKER``: move a session's state to another worker at its next
   chunk boundary (the viewer's stream does not notice);
 - ``ctl drain WORKER``: stop placing sessions on a worker and move every session away (for
-  maintenance and rolling upgrades); ``ctl undrain WORKER`` takes it back into service.
+  maintenance and rolling upgrades). The worker stays up, empty and out of placement, and the
+  scheduler neither counts it nor gives it back, until ``ctl undrain WORKER`` takes it back
+  into service; ``ctl drain WORKER --stop`` (or ``ctl stop WORKER``) drains it and has it
+  given back (stopped).
 
 They talk to NATS and Redis through the usual ``TURBOSERVE_*`` settings. When those are not set
 and ``turboserve up`` runs on this machine, they use the NATS and Redis it started (its state
@@ -28,11 +31,20 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 class CtlError(Exception):
-    """A refused or failed operator command: its message is the one line to print."""
+    """A refused or failed operator command: its message is the one line to print; ``code``
+    the worker's or the handoff's stable code when one said no (``busy``, ``draining``, ...)."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# How often a drain looks again at a session that a move already under way is taking away.
+MOVE_POLL_S = 0.2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ctl", help="operator commands: status, migrate, drain, undrain")
+    p = subparsers.add_parser("ctl", help="operator commands: status, migrate, drain, undrain, stop")
     sub = p.add_subparsers(dest="ctl_command", required=True, metavar="ACTION")
     status = sub.add_parser("status", help="workers and their sessions")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -40,16 +52,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     migrate = sub.add_parser("migrate", help="move a session to another worker")
     migrate.add_argument("session", help="session id")
     migrate.add_argument("--to", required=True, dest="target", help="destination worker id")
-    migrate.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    migrate.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                         help=f"seconds to wait for the move's outcome (default {DEFAULT_TIMEOUT_S:.0f})")
     migrate.set_defaults(func=run)
-    drain = sub.add_parser("drain", help="move every session off a worker; it takes no new ones")
+    drain = sub.add_parser("drain", help="move every session off a worker; it stays up and takes "
+                                         "no new ones until undrained")
     drain.add_argument("worker", help="worker id")
     drain.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                        help="seconds for the whole drain")
+    drain.add_argument("--stop", action="store_true",
+                       help="then give the worker back (the scheduler stops it)")
     drain.set_defaults(func=run)
     undrain = sub.add_parser("undrain", help="let a drained worker take sessions again")
     undrain.add_argument("worker", help="worker id")
     undrain.set_defaults(func=run)
+    stop = sub.add_parser("stop", help="drain a worker, then give it back (stop it)")
+    stop.add_argument("worker", help="worker id")
+    stop.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                      help="seconds for the drain and the stop")
+    stop.set_defaults(func=run, stop=True)
 
 
 def settings_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -100,12 +121,15 @@ async def _run(args: argparse.Namespace, settings: Any) -> int:
             print(f"migrated {args.session}: {report['src']} -> {report['dst']} "
                   f"({report['nbytes'] / 2**20:.2f} MiB, freeze {report['freeze_ms']:.1f} ms, "
                   f"transfer {report['transfer_ms']:.1f} ms, commit {report['commit_ms']:.1f} ms)")
-        elif args.ctl_command == "drain":
-            moved = await ctl.drain(args.worker, args.timeout, progress=_progress)
-            print(f"worker {args.worker} drained: {moved} session(s) moved; it takes no new "
-                  "sessions (turboserve ctl undrain to undo)")
+        elif args.ctl_command in ("drain", "stop"):
+            moved = await ctl.drain(args.worker, args.timeout, stop=args.stop, progress=_progress)
+            if args.stop:
+                print(f"worker {args.worker} drained ({moved} session(s) moved) and stopped")
+            else:
+                print(f"worker {args.worker} drained: {moved} session(s) moved; it stays up and "
+                      "takes no new sessions (turboserve ctl undrain to undo)")
         elif args.ctl_command == "undrain":
-            await ctl.command(args.worker, _worker_cmd("undrain", args.worker))
+            await ctl.undrain(args.worker)
             print(f"worker {args.worker} takes sessions again")
         return 0
     finally:
@@ -180,7 +204,8 @@ class Ctl:
             raise CtlError(f"worker {worker_id} did not answer within {wait_s:.0f}s") from None
         reply = decode(msg.subject, msg.data, CommandReply)
         if not reply.ok:
-            raise CtlError(f"{cmd.kind} refused by {worker_id}: {reply.code}: {reply.detail}")
+            raise CtlError(f"{cmd.kind} refused by {worker_id}: {reply.code}: {reply.detail}",
+                           code=reply.code)
         return reply
 
     async def migrate(self, session_id: str, target: str, wait_s: float) -> dict[str, Any]:
@@ -220,37 +245,123 @@ class Ctl:
             await sub.unsubscribe()
         if not report.ok:
             raise CtlError(f"migration of {session_id} to {target} failed: {report.code}: "
-                           f"{report.detail} (the session stays on {report.src})")
+                           f"{report.detail} (the session stays on {report.src})",
+                           code=str(report.code))
         return {f: getattr(report, f) for f in report.__struct_fields__}
 
-    async def drain(self, worker_id: str, wait_s: float, progress: Any = None) -> int:
-        """DRAIN the worker, then migrate each of its sessions to the least loaded other worker
-        with room, until it holds none. Returns the number moved."""
+    async def drain(self, worker_id: str, wait_s: float, *, stop: bool = False,
+                    progress: Any = None) -> int:
+        """Record the operator's drain (``hold``, or ``stop`` to have the worker given back)
+        for the scheduler, DRAIN the worker, then move each of its sessions to the ready worker
+        with the most free slots, until it holds none; with ``stop``, then wait for it to be
+        stopped. A session that a move already under way is taking away (the scheduler's
+        evacuation of the same worker) is waited for, not fought. Returns the number moved."""
         ctx = self.ctx
         deadline = time.monotonic() + wait_s
-        await self.command(worker_id, _worker_cmd("drain", worker_id))
+        await ctx.registry.set_operator_drain(worker_id, "stop" if stop else "hold")
+        try:
+            await self.command(worker_id, _worker_cmd("drain", worker_id))
+        except CtlError:
+            await ctx.registry.clear_operator_drain(worker_id)
+            raise
         moved = 0
         while True:
             held = [sid for sid, owner in (await ctx.registry.placement()).items()
                     if owner == worker_id]
             if not held:
-                return moved
+                break
             if time.monotonic() > deadline:
                 raise CtlError(f"{len(held)} session(s) still on {worker_id} after "
                                f"{wait_s:.0f}s")
+            waiting = False
             for sid in held:
-                target = await self._target(worker_id)
-                remaining = max(1.0, deadline - time.monotonic())
-                try:
-                    await self.migrate(sid, target, remaining)
-                except CtlError as exc:
-                    record = await ctx.registry.get_session(sid)
-                    if record is None or record.owner != worker_id:
-                        continue  # it left on its own (closed, or moved by the scheduler)
-                    raise CtlError(f"drain of {worker_id} stopped: {exc}") from None
-                moved += 1
-                if progress is not None:
-                    progress(f"moved {sid} -> {target}")
+                outcome = await self._move_off(worker_id, sid, deadline)
+                if outcome is None:
+                    waiting = True
+                elif outcome:
+                    moved += 1
+                    if progress is not None:
+                        progress(f"moved {sid} -> {outcome}")
+            if waiting:
+                await asyncio.sleep(MOVE_POLL_S)
+        if stop:
+            await self._await_stopped(worker_id, deadline, wait_s)
+        return moved
+
+    async def _move_off(self, worker_id: str, sid: str, deadline: float) -> str | None:
+        """Move ``sid`` off ``worker_id``: the target's id once moved, "" when it left by
+        itself (closed, or moved by someone else), None while a move under way is taking it
+        (look again later)."""
+        from shared.states import SessionState
+
+        record = await self.ctx.registry.get_session(sid)
+        if record is None or record.owner != worker_id:
+            return ""
+        if record.state is SessionState.MIGRATING:
+            return None
+        target = await self._target(worker_id)
+        remaining = max(1.0, deadline - time.monotonic())
+        try:
+            await self.migrate(sid, target, remaining)
+        except CtlError as exc:
+            record = await self.ctx.registry.get_session(sid)
+            if record is None or record.owner != worker_id:
+                return ""  # it left meanwhile
+            if exc.code == "busy" or record.state is SessionState.MIGRATING:
+                return None  # the scheduler's own move of it: wait for its outcome
+            raise CtlError(f"drain of {worker_id} stopped: {exc}", code=exc.code) from None
+        return target
+
+    async def _await_stopped(self, worker_id: str, deadline: float, wait_s: float) -> None:
+        """The scheduler gives a drained worker recorded ``stop`` back to the provisioner;
+        with no scheduler leading, ask the provisioner here. Done when the worker is gone."""
+        from shared.wire import WorkerStatus
+
+        asked = False
+        while True:
+            records = {w.id: w for w in await self.ctx.registry.workers()}
+            record = records.get(worker_id)
+            if record is None or not record.alive or record.status is WorkerStatus.LOST:
+                return
+            if not asked and await self.ctx.registry.scheduler_status() is None:
+                await self._provisioner_stop(worker_id)
+                asked = True
+            if time.monotonic() > deadline:
+                raise CtlError(f"{worker_id} is drained but still running after {wait_s:.0f}s")
+            await asyncio.sleep(MOVE_POLL_S)
+
+    async def _provisioner_stop(self, worker_id: str) -> None:
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        from shared.wire import (
+            ProvisionerCmdKind,
+            ProvisionerCommand,
+            ProvisionerReply,
+            decode,
+            encode,
+        )
+
+        cmd = ProvisionerCommand(kind=ProvisionerCmdKind.STOP, worker_ids=[worker_id],
+                                 command_id=f"ctl-{uuid.uuid4().hex[:12]}")
+        try:
+            msg = await self.ctx.nc.request(self.ctx.subjects.provisioner_cmd, encode(cmd),
+                                            timeout=10.0)
+        except NoRespondersError:
+            raise CtlError(f"no scheduler and no provisioner to stop {worker_id}") from None
+        except NatsTimeout:
+            raise CtlError(f"the provisioner did not answer the stop of {worker_id}") from None
+        reply = decode(msg.subject, msg.data, ProvisionerReply)
+        if reply.refused:
+            refusal = reply.refused[0]
+            raise CtlError(f"the provisioner refused to stop {worker_id}: {refusal.code}: "
+                           f"{refusal.detail}", code=refusal.code)
+
+    async def undrain(self, worker_id: str) -> None:
+        """Take a drained worker back into service: the operator's drain is forgotten and the
+        worker takes sessions again (the scheduler places on it at its next tick)."""
+        await self.ctx.registry.clear_operator_drain(worker_id)
+        await self.command(worker_id, _worker_cmd("undrain", worker_id))
 
     async def _target(self, source: str) -> str:
         """The ready worker with the most free slots, other than ``source``."""

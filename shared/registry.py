@@ -10,6 +10,8 @@ Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 - ``{ns}:worker:{id}``    hash: status, capacity, device, gpu_kind, chunk_ms, memory, updated_at
 - ``{ns}:worker:{id}:alive``  key with a TTL, refreshed by each heartbeat
 - ``{ns}:workers``        set of known worker ids
+- ``{ns}:operator_drains`` hash: worker id -> ``hold`` (an operator drained it and keeps it) or
+                          ``stop`` (drained to be given back), until undrained or gone
 - ``{ns}:pool``           hash: the pool's limits as the provisioner enforces them (min_workers,
                           max_workers, backend), for admission control and operators
 - ``{ns}:cluster_events`` list (newest first, capped): migrations and scale events, as JSON
@@ -83,6 +85,8 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
+
+OPERATOR_DRAIN_MODES: Final = ("hold", "stop")
 
 # A lost worker's record: status lost, no sessions, an expiry; only if it still exists.
 _MARK_LOST = """
@@ -438,6 +442,24 @@ class Registry:
             _MARK_LOST, 2, self.worker_key(worker_id), self.alive_key(worker_id),
             WorkerStatus.LOST.value, repr(time.time()), str(max(1, int(shown_s * 1000))))
         return bool(marked)
+
+    @property
+    def operator_drains_key(self) -> str:
+        return f"{self.ns}:operator_drains"
+
+    async def set_operator_drain(self, worker_id: str, mode: str) -> None:
+        """An operator drains ``worker_id``: ``hold`` keeps it (empty, out of placement) until
+        undrained, ``stop`` gives it back once empty. The scheduler reads it every tick."""
+        if mode not in OPERATOR_DRAIN_MODES:
+            raise ValueError(f"drain mode must be one of {OPERATOR_DRAIN_MODES}, not {mode!r}")
+        await self.r.hset(self.operator_drains_key, worker_id, mode)
+
+    async def clear_operator_drain(self, worker_id: str) -> None:
+        await self.r.hdel(self.operator_drains_key, worker_id)
+
+    async def operator_drains(self) -> dict[str, str]:
+        raw = await self.r.hgetall(self.operator_drains_key)
+        return {_str(k): _str(v) for k, v in raw.items()}
 
     async def remove_worker(self, worker_id: str) -> None:
         async with self.r.pipeline(transaction=True) as pipe:

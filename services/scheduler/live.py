@@ -56,7 +56,7 @@ from services.scheduler.measured import differs, live_profile
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import Lease
 from shared.logging import get_logger
-from shared.registry import RegistryError, SessionRecord
+from shared.registry import RegistryError, SessionRecord, WorkerRecord
 from shared.runner import ServiceContext, subscriptions_live
 from shared.settings import SchedulerSettings
 from shared.states import IllegalTransition, SessionState
@@ -212,11 +212,12 @@ class LiveScheduler:
         registry = self.ctx.registry
         now = time.time()
         gpus = []
+        held = await registry.operator_drains()
         for w in await registry.workers():
             if not w.alive or w.status not in (WorkerStatus.READY, WorkerStatus.DRAINING):
                 continue
             state = GpuState.READY if w.status is WorkerStatus.READY else GpuState.DRAINING
-            gpus.append(RestoredGpu(w.id, w.gpu_kind, state))
+            gpus.append(RestoredGpu(w.id, w.gpu_kind, state, cordoned=held.get(w.id) == "hold"))
             self.workers[w.id] = _Worker(w.gpu_kind, self.beats.get(w.id))
         live = {g.gpu_id for g in gpus}
         sessions = []
@@ -705,8 +706,8 @@ class LiveScheduler:
             known.beat, known.seen_at = beat, time.time()
             if (beat.status is WorkerStatus.DRAINING and wid not in self.our_drains
                     and self.core.view.state_of(wid) is GpuState.READY):
-                log.info("operator_drain", gpu_id=wid)
-                await self.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id=wid))
+                mode = (await self.ctx.registry.operator_drains()).get(wid, "hold")
+                await self._follow_operator_drain(wid, mode)
             return
         if beat.status is WorkerStatus.READY:
             await self._ready(wid, beat.gpu_kind)
@@ -750,6 +751,7 @@ class LiveScheduler:
                 if record is not None and record.owner == wid:
                     await self._requeue(record)
         await self.step(Event(time.time(), EventKind.GPU_GONE, gpu_id=wid))
+        await registry.clear_operator_drain(wid)
         # Every view (ctl, /v1/cluster, the dashboard) shows it lost, then forgets it; a
         # worker that stopped cleanly removed its record already, and stays removed.
         await registry.mark_worker_lost(wid, self.settings.lost_worker_shown_s)
@@ -792,6 +794,7 @@ class LiveScheduler:
         """Workers as the registry sees them (a heartbeat missed on NATS is still in Redis): a
         ready one the core does not know joins, a known one whose record expired is gone."""
         records = {w.id: w for w in await self.ctx.registry.workers()}
+        await self._follow_operator_drains(records)
         now = time.time()
         for wid in list(self.workers):
             record = records.get(wid)
@@ -819,6 +822,40 @@ class LiveScheduler:
                     chunk_ms=dict(record.chunk_ms), gpu_kind=record.gpu_kind,
                     at=record.updated_at)
             await self._ready(wid, record.gpu_kind)
+
+    async def _follow_operator_drains(self, records: dict[str, WorkerRecord]) -> None:
+        """An operator's drains as ``turboserve ctl`` records them: ``hold`` cordons the GPU
+        (emptied, kept out of placement and of the autoscaler's count, never released), ``stop``
+        drains it to be given back; a cordoned GPU whose worker is ready again and no longer
+        held (``ctl undrain``) is uncordoned. A worker found draining that nobody recorded
+        and this scheduler did not drain is an operator's too: held."""
+        drains = await self.ctx.registry.operator_drains()
+        view = self.core.view
+        for wid in list(self.workers):
+            record = records.get(wid)
+            mode = drains.get(wid)
+            if mode is None and record is not None and record.status is WorkerStatus.DRAINING \
+                    and wid not in self.our_drains:
+                mode = "hold"
+            if mode is not None:
+                await self._follow_operator_drain(wid, mode)
+            elif (wid in view.cordoned and record is not None
+                    and record.status is WorkerStatus.READY):
+                log.info("operator_undrain", gpu_id=wid)
+                await self.step(Event(time.time(), EventKind.GPU_UNCORDON, gpu_id=wid))
+
+    async def _follow_operator_drain(self, wid: str, mode: str) -> None:
+        view = self.core.view
+        state = view.state_of(wid)
+        cordoned = wid in view.cordoned
+        if mode == "stop" and (state is GpuState.READY or cordoned):
+            log.info("operator_drain", gpu_id=wid, mode=mode)
+            self.our_drains.add(wid)  # the core gives it back once empty
+            await self.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id=wid))
+        elif mode == "hold" and not cordoned and state in (GpuState.READY, GpuState.DRAINING):
+            log.info("operator_drain", gpu_id=wid, mode=mode)
+            self.our_drains.discard(wid)  # the operator's now, even if a scale-in began it
+            await self.step(Event(time.time(), EventKind.GPU_CORDON, gpu_id=wid))
 
     async def reconcile(self) -> None:
         """Repair the core's view where the registry says otherwise: sessions it never heard
@@ -927,6 +964,8 @@ class LiveScheduler:
             "ready": sum(1 for s in states if s is GpuState.READY),
             "booting": sum(1 for s in states if s is GpuState.BOOTING),
             "draining": sum(1 for s in states if s is GpuState.DRAINING),
+            # Drained by an operator and kept: not in the autoscaler's count, never released.
+            "cordoned": sorted(view.cordoned),
             "active_sessions": view.active_sessions, "pending": len(view.pending),
             "idle_sessions": len(view.idle_sessions), "updated_at": now,
             # Given back by the core, still running: a release being retried.

@@ -140,6 +140,7 @@ class Cluster:
         self.sessions: dict[str, Session] = {}
         self.pending: dict[str, None] = {}  # active sessions without a GPU, oldest first
         self.draining: dict[str, None] = {}
+        self.cordoned: dict[str, None] = {}  # draining GPUs an operator keeps (not released)
         self.booting: dict[str, None] = {}
         self.n_placeable = 0
         self.n_active = 0
@@ -231,9 +232,22 @@ class Cluster:
         self.draining[gpu_id] = None
         self.version += 1
 
+    def mark_undrained(self, gpu_id: str) -> None:
+        """A DRAINING GPU takes sessions again (an operator's drain undone)."""
+        gpu = self.gpus[gpu_id]
+        if gpu.state is not GpuState.DRAINING:
+            return
+        del self.draining[gpu_id]
+        self.cordoned.pop(gpu_id, None)
+        gpu.state = GpuState.READY
+        self.pools[gpu.kind].add(gpu_id, len(gpu.sessions))
+        self.n_placeable += 1
+        self.version += 1
+
     def remove_gpu(self, gpu_id: str) -> list[str]:
         """Forget a GPU; its active sessions become pending (their state is lost)."""
         gpu = self.gpus.pop(gpu_id)
+        self.cordoned.pop(gpu_id, None)
         self.version += 1
         if gpu.state is GpuState.READY:
             self.pools[gpu.kind].remove(gpu_id, len(gpu.sessions))
@@ -492,6 +506,11 @@ class ClusterView:
     @property
     def gpus(self) -> dict[str, GpuState]:
         return {g.gpu_id: g.state for g in self._cluster.gpus.values()}
+
+    @property
+    def cordoned(self) -> tuple[str, ...]:
+        """Draining GPUs an operator keeps: never released by the loop, never counted."""
+        return tuple(self._cluster.cordoned)
 
     @property
     def placement(self) -> dict[str, str]:

@@ -7,8 +7,9 @@ frozen :class:`ControllerConfig`. The controller reads no files.
 ``Controller.step(event)`` does, in order:
 
 1. apply the event to its cluster view (a session arrives, flips, leaves; a GPU becomes ready,
-   vanishes or is to be drained; a migration or placement failed); an active->idle flip emits
-   ``Suspend``, an operator's drain ``Drain``;
+   vanishes, is to be drained (and given back) or cordoned (drained and kept until
+   uncordoned); a migration or placement failed); an active->idle flip emits ``Suspend``, an
+   operator's drain ``Drain``;
 2. place pending sessions (new, re-activated, or displaced by a vanished GPU or a failed
    placement) on the GPU whose latency grows least (``Assign`` / ``Resume``);
 3. rebalance by min-max local search (``Migrate``), unless migration is disabled;
@@ -18,7 +19,7 @@ frozen :class:`ControllerConfig`. The controller reads no files.
    their ``GPU_READY`` arrives; *scale-in* first cancels booting GPUs (``Release``), then
    drains the least loaded ready GPUs (``Drain``), consolidates their sessions onto the others
    (``Migrate``) and releases them once empty (``Release``);
-5. release any draining GPU that has become empty.
+5. release any draining GPU that has become empty, unless an operator cordoned it.
 
 Warm-up: for ``warmup_s`` (default: the boot delay) after its first event, or after
 :meth:`Controller.restore`, the loop scales out but never in, so a pool it starts with is not
@@ -223,6 +224,8 @@ class Controller:
             if not isinstance(gpu.kind, str) or not gpu.kind:
                 raise ValueError(f"restore: GPU {gpu.gpu_id!r} needs a kind, got {gpu.kind!r}")
             cluster.add_gpu(gpu.gpu_id, gpu.kind, gpu.state, t)
+            if gpu.cordoned and gpu.state is GpuState.DRAINING:
+                cluster.cordoned[gpu.gpu_id] = None
             self._skip_name(gpu.gpu_id)
         for found in sessions:
             sid = found.session_id
@@ -329,6 +332,12 @@ class Controller:
             self._released.pop(gpu_id, None)
         elif kind is EventKind.GPU_DRAIN:
             self._operator_drain(_require(event.gpu_id, event), event.t, out)
+        elif kind is EventKind.GPU_CORDON:
+            self._cordon(_require(event.gpu_id, event), event.t, out)
+        elif kind is EventKind.GPU_UNCORDON:
+            gpu_id = _require(event.gpu_id, event)
+            if gpu_id in cluster.cordoned:
+                cluster.mark_undrained(gpu_id)
         elif kind is EventKind.MIGRATION_FAILED:
             self._migration_failed(_require(sid, event), _require(event.gpu_id, event), event.t)
         elif kind is EventKind.PLACEMENT_FAILED:
@@ -353,13 +362,32 @@ class Controller:
         if the load needs it (it no longer counts in the budget)."""
         cluster = self._cluster
         gpu = cluster.gpus.get(gpu_id)
-        if gpu is None or gpu.state is GpuState.DRAINING:
+        if gpu is None:
+            return
+        if gpu.state is GpuState.DRAINING:
+            cluster.cordoned.pop(gpu_id, None)  # a cordoned one is given back once empty
             return
         if gpu.state is GpuState.BOOTING:
             self._release(gpu_id, out)  # cancel the request
             return
         cluster.mark_draining(gpu_id)
         out.append(Drain(gpu_id))
+        if self.config.migrate:
+            out.extend(evacuate(cluster, gpu_id, t))
+
+    def _cordon(self, gpu_id: str, t: float, out: list[Decision]) -> None:
+        """An operator's drain that keeps the GPU: its sessions are moved off (as a drain's
+        are), then it stays, out of placement and of the budget, and is never released by
+        the loop (scale-in picks only READY GPUs; ``_finish_drains`` skips it). The operator
+        has told the worker already: no ``Drain``. A GPU that is booting is not cordoned
+        (there is nothing to keep yet)."""
+        cluster = self._cluster
+        gpu = cluster.gpus.get(gpu_id)
+        if gpu is None or gpu.state is GpuState.BOOTING:
+            return
+        if gpu.state is GpuState.READY:
+            cluster.mark_draining(gpu_id)
+        cluster.cordoned[gpu_id] = None
         if self.config.migrate:
             out.extend(evacuate(cluster, gpu_id, t))
 
@@ -548,7 +576,7 @@ class Controller:
         for gpu_id in list(cluster.draining):
             if self.config.migrate and cluster.load(gpu_id):
                 out.extend(evacuate(cluster, gpu_id, t))
-            if cluster.load(gpu_id) == 0:
+            if cluster.load(gpu_id) == 0 and gpu_id not in cluster.cordoned:
                 self._release(gpu_id, out)
         return out
 

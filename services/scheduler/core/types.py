@@ -43,6 +43,10 @@ class EventKind(enum.StrEnum):
     GPU_READY = "gpu_ready"  # a GPU finished booting (one the controller asked for, or not)
     GPU_GONE = "gpu_gone"    # a GPU disappeared (failure or external removal)
     GPU_DRAIN = "gpu_drain"  # an operator asks to empty a GPU and give it back
+    # An operator empties a GPU and keeps it, out of placement and of the autoscaler's count,
+    # until GPU_UNCORDON (or GPU_DRAIN, which gives it back once empty).
+    GPU_CORDON = "gpu_cordon"
+    GPU_UNCORDON = "gpu_uncordon"  # the operator takes a cordoned GPU back into placement
     # what happened to a decision (live environments only)
     MIGRATION_FAILED = "migration_failed"  # failed or refused: the session is still on gpu_id
     PLACEMENT_FAILED = "placement_failed"  # an Assign/Resume onto gpu_id did not happen
@@ -51,7 +55,8 @@ class EventKind(enum.StrEnum):
 
 
 SESSION_EVENTS = frozenset({EventKind.ARRIVE, EventKind.ACTIVE, EventKind.IDLE, EventKind.DEPART})
-POOL_EVENTS = frozenset({EventKind.GPU_READY, EventKind.GPU_GONE, EventKind.GPU_DRAIN})
+POOL_EVENTS = frozenset({EventKind.GPU_READY, EventKind.GPU_GONE, EventKind.GPU_DRAIN,
+                         EventKind.GPU_CORDON, EventKind.GPU_UNCORDON})
 OUTCOME_EVENTS = frozenset({EventKind.MIGRATION_FAILED, EventKind.PLACEMENT_FAILED})
 
 
@@ -140,11 +145,13 @@ Decision = Assign | Migrate | Suspend | Resume | RequestGpus | Drain | Release
 
 @dataclass(frozen=True, slots=True)
 class RestoredGpu:
-    """A GPU a restarted scheduler finds in the pool: its kind and state."""
+    """A GPU a restarted scheduler finds in the pool: its kind and state; ``cordoned``: a
+    DRAINING one an operator keeps (see ``GPU_CORDON``), not released once empty."""
 
     gpu_id: str
     kind: str
     state: GpuState
+    cordoned: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ class Env:
         self.where: dict[str, str] = {}  # active placed session -> GPU
         self.booting: list[str] = []  # requested, GPU_READY not yet sent (oldest first)
         self.released: list[str] = []
+        self.cordoned: set[str] = set()  # drained by the operator, kept until uncordoned
         self.scale_events = 0
         self.t = 0.0
         self.fail = fail
@@ -64,7 +65,18 @@ class Env:
                 self.on_gpu[event.gpu_id] = set()
                 self.kinds[event.gpu_id] = event.gpu_kind or self.policy.view.profile.gpu_kind
             self.gpus[event.gpu_id] = GpuState.READY
+        if (event.kind is EventKind.GPU_CORDON and event.gpu_id in self.policy.view.gpus
+                and self.gpus.get(event.gpu_id) in (GpuState.READY, GpuState.DRAINING)):
+            # The operator drained the worker: it takes nothing new, and stays.
+            self.gpus[event.gpu_id] = GpuState.DRAINING
+            self.cordoned.add(event.gpu_id)
+        if event.kind is EventKind.GPU_UNCORDON and event.gpu_id in self.cordoned:
+            self.cordoned.discard(event.gpu_id)
+            self.gpus[event.gpu_id] = GpuState.READY
+        if event.kind is EventKind.GPU_DRAIN:
+            self.cordoned.discard(event.gpu_id)  # to be given back once empty
         if event.kind is EventKind.GPU_GONE:
+            self.cordoned.discard(event.gpu_id)
             for sid in self.on_gpu.pop(event.gpu_id, set()):
                 self.where.pop(sid, None)
             self.gpus.pop(event.gpu_id, None)
@@ -141,6 +153,7 @@ class Env:
             self.gpus[d.gpu_id] = GpuState.DRAINING
         elif isinstance(d, Release):
             assert d.gpu_id in self.gpus, f"{d} of an unknown GPU"
+            assert d.gpu_id not in self.cordoned, f"{d} of a GPU the operator keeps"
             held = self.on_gpu[d.gpu_id]
             moving_out = {e.session_id for e in self.reports
                           if e.kind is EventKind.MIGRATION_FAILED and e.gpu_id == d.gpu_id}
@@ -194,8 +207,10 @@ class Env:
             assert counts.get(g, 0) == len(sessions)
         assert view.gpus == self.gpus
         assert all(view.kind_of(g) == self.kinds[g] for g in self.gpus), "kinds disagree"
+        assert set(view.cordoned) == self.cordoned, "cordoned GPUs disagree"
         for g, state in self.gpus.items():  # a drained GPU is released as soon as it is empty
-            assert state is not GpuState.DRAINING or self.on_gpu[g], f"{g} drained but kept"
+            assert (state is not GpuState.DRAINING or self.on_gpu[g]
+                    or g in self.cordoned), f"{g} drained but kept"
         if active is not None:
             pending = set(view.pending)
             assert not (pending & set(self.where)), "a session both placed and pending"

@@ -226,3 +226,52 @@ def test_a_session_moved_twice_in_one_step_gets_one_decision():
            Migrate("u", "b", "a"), Resume("v", "c")]
     assert _coalesce(out) == [Migrate("s", "a", "c"), Drain("b"), Release("b"),
                               Assign("t", "c"), Resume("v", "c")]
+
+
+def test_a_cordoned_gpu_is_emptied_and_kept_until_uncordoned():
+    controller, env = _filled(FIXED, {"a": 3, "b": 2, "c": 0})
+    out = env.send(Event(1.0, EventKind.GPU_CORDON, gpu_id="a"))
+    # The operator told the worker already: moves only, no Drain, and never a Release.
+    assert out and all(isinstance(d, Migrate) and d.src == "a" for d in out)
+    assert controller.view.state_of("a") is GpuState.DRAINING and controller.view.cordoned == ("a",)
+    assert controller.view.load("a") == 0
+    for t in range(2, 20):
+        assert not any(isinstance(d, Release) for d in env.send(Event(float(t), EventKind.TICK)))
+    assert "a" in controller.view.gpus
+    env.send(Event(20.0, EventKind.ARRIVE, "new"))
+    assert controller.view.gpu_of("new") != "a"  # out of placement
+    env.send(Event(21.0, EventKind.GPU_UNCORDON, gpu_id="a"))
+    assert controller.view.state_of("a") is GpuState.READY and controller.view.cordoned == ()
+    for i in range(20):  # placeable again: the load reaches it
+        env.send(Event(22.0 + i, EventKind.ARRIVE, f"after{i}"))
+    assert controller.view.load("a") > 0
+    env.check()
+
+
+def test_a_cordoned_gpu_is_not_counted_nor_scaled_in_and_a_drain_gives_it_back():
+    config = ControllerConfig(rho_hat=0.5, delta=0.1, initial_gpus=0, warmup_s=0.0)
+    controller = Controller(PROFILE, config)
+    controller.restore([RestoredGpu(g, "H20", GpuState.READY) for g in ("a", "b", "c")], [], 0.0)
+    env = Env(controller)
+    env.gpus = dict(controller.view.gpus)
+    env.kinds = {g: "H20" for g in "abc"}
+    env.on_gpu = {g: set() for g in "abc"}
+    env.send(Event(1.0, EventKind.GPU_CORDON, gpu_id="a"))
+    # An empty pool: the autoscaler gives back what it counts (b, c), never a.
+    released = []
+    for t in range(2, 200):
+        released += [d.gpu_id for d in env.send(Event(float(t), EventKind.TICK))
+                     if isinstance(d, Release)]
+    assert "a" not in released and "a" in controller.view.gpus
+    out = env.send(Event(300.0, EventKind.GPU_DRAIN, gpu_id="a"))  # `ctl drain --stop`
+    out += env.send(Event(301.0, EventKind.TICK))
+    assert Release("a") in out and "a" not in controller.view.gpus
+
+
+def test_restore_keeps_a_cordoned_gpu():
+    controller = Controller(PROFILE, replace(FIXED, initial_gpus=0))
+    controller.restore([RestoredGpu("a", "H20", GpuState.DRAINING, cordoned=True),
+                        RestoredGpu("b", "H20", GpuState.DRAINING),
+                        RestoredGpu("c", "H20", GpuState.READY)], [], 0.0)
+    out = controller.step(Event(1.0, EventKind.TICK))
+    assert out == [Release("b")] and controller.view.cordoned == ("a",)

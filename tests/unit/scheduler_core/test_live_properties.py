@@ -37,7 +37,8 @@ REMEASURED = [profile_from_measurements({1: 300.0, 4: 1200.0}, H20),  # K = 4
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["arrive", "arrive", "active", "idle", "depart", "tick", "tick", "boot",
-                         "gone", "drain", "ready_other", "remeasure", "restart"]),
+                         "gone", "drain", "cordon", "uncordon", "ready_other", "remeasure",
+                         "restart"]),
         st.integers(min_value=0, max_value=10_000),
     ),
     min_size=1,
@@ -93,6 +94,10 @@ class Driver:
             elif what == "drain" and env.gpus:
                 gpu = sorted(env.gpus)[which % len(env.gpus)]
                 env.send(Event(t, EventKind.GPU_DRAIN, gpu_id=gpu))
+            elif what in ("cordon", "uncordon") and env.gpus:
+                gpu = sorted(env.gpus)[which % len(env.gpus)]
+                kind = EventKind.GPU_CORDON if what == "cordon" else EventKind.GPU_UNCORDON
+                env.send(Event(t, kind, gpu_id=gpu))
             elif what == "ready_other":
                 self.extra += 1
                 env.send(Event(t, EventKind.GPU_READY, gpu_id=f"x{self.extra}",
@@ -118,7 +123,8 @@ class Driver:
         env = self.env
         self.restarts += 1
         old = env.policy
-        gpus = [RestoredGpu(g, env.kinds[g], state) for g, state in sorted(env.gpus.items())]
+        gpus = [RestoredGpu(g, env.kinds[g], state, cordoned=g in env.cordoned)
+                for g, state in sorted(env.gpus.items())]
         sessions = [RestoredSession(s, True, env.where.get(s)) for s in sorted(self.active)]
         sessions += [RestoredSession(s, False, None, in_host_ram=True) for s in self.idle]
         policy = self._policy({**self.params, "gpu_id_prefix": f"r{self.restarts}"})

@@ -1,0 +1,87 @@
+"""An operator's drain with the closed loop running and sessions streaming (real worker
+processes, tiny model on the CPU, the live scheduler over the real NATS and Redis): the drain
+waits for moves already under way instead of failing, the drained worker stays up, empty, out
+of placement and out of the autoscaler's count until ``undrain``, and ``drain --stop`` has it
+given back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from services.ctl import Ctl, CtlError
+from services.scheduler.core.types import GpuState
+from tests.integration.scheduler_harness import leading, until
+from tests.integration.worker_harness import (
+    Received,
+    mesh_context,
+    start_session,
+    wait_until,
+    worker_processes,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PERIOD = 0.2
+SIDS = ("s1", "s2", "s3")
+
+
+@pytest.fixture
+def env(infra, isolation, nats_client, redis_client):
+    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
+            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+
+
+def consecutive(rx: Received, sid: str) -> bool:
+    seqs = rx.seqs(sid)
+    return seqs == list(range(len(seqs)))
+
+
+async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
+    async with mesh_context(env) as (ctx, rx), \
+            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+        for sid in SIDS:
+            await start_session(ctx, "wa", sid)
+        await wait_until(lambda: all(len(rx.chunks[s]) >= 2 for s in SIDS), 30, "streams on wa")
+        async with leading(ctx, env, min_gpus=1, max_gpus=2) as (live, core):
+            ctl = Ctl(ctx)
+            # A move of s1 is under way when the drain starts: the drain waits for it.
+            moving = asyncio.create_task(ctl.migrate("s1", "wb", 30))
+            await asyncio.sleep(0.05)
+            moved = await ctl.drain("wa", 60)
+            with contextlib.suppress(CtlError):  # the scheduler may have moved s1 first
+                await moving
+            assert moved <= len(SIDS)
+            placement = await ctx.registry.placement()
+            assert all(placement[s] == "wb" for s in SIDS)
+
+            # Held: ticks of the closed loop pass; wa stays up, empty, cordoned, uncounted.
+            await asyncio.sleep(3.0)
+            assert core.view.state_of("wa") is GpuState.DRAINING and core.view.cordoned == ("wa",)
+            assert "wa" not in live.unreleased
+            status = {w["id"]: w for w in (await ctl.status())["workers"]}
+            assert status["wa"]["status"] == "drained" and status["wa"]["alive"]
+            scheduler = await ctx.registry.scheduler_status()
+            assert scheduler is not None and scheduler["cordoned"] == ["wa"]
+            assert scheduler["ready"] == 1  # the autoscaler counts wb alone
+            counts = {s: len(rx.chunks[s]) for s in SIDS}
+            await wait_until(lambda: all(len(rx.chunks[s]) >= counts[s] + 3 for s in SIDS), 30,
+                             "streams on wb")
+            assert all(consecutive(rx, s) for s in SIDS)
+
+            # Undrain: wa is back in placement.
+            await ctl.undrain("wa")
+
+            async def ready_again() -> bool:
+                return core.view.state_of("wa") is GpuState.READY and not core.view.cordoned
+
+            await until(ready_again, 10, "wa back in placement")
+            assert await ctx.registry.operator_drains() == {}
+
+            # drain --stop: the scheduler gives it back once empty (no provisioner here to
+            # stop it, so the worker runs on and the command says so).
+            with pytest.raises(CtlError, match="still running"):
+                await ctl.drain("wa", 4, stop=True)
+            assert core.view.state_of("wa") is None and "wa" in live.unreleased
