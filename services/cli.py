@@ -38,6 +38,8 @@ TOP_LEVEL = (
     Subcommand("scheduler", "services.scheduler.cli",
                "run the live scheduler (TURBOSERVE_* settings)"),
     Subcommand("worker", "services.gpu_worker.cli", "run a GPU worker (TURBOSERVE_* settings)"),
+    Subcommand("model", "services.gpu_worker.model_check",
+               "inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]"),
     Subcommand("provisioner", "services.provisioner.cli",
                "run the provisioner (TURBOSERVE_* settings)"),
     Subcommand("ctl", "services.ctl", "operator commands: status, migrate, drain, undrain, stop"),

@@ -374,7 +374,19 @@ class WorkerSettings(CommonSettings):
     device: str = "auto"
     # Session slots; none = 8, or the emulated profile's capacity K.
     max_sessions: int | None = None
+    # The causal DiT (Self-Forcing / LongLive .pt, safetensors); none: the folder's, or the
+    # seeded stand-in.
     checkpoint: str | None = None
+    # A Wan2.1 text-to-video model folder (diffusers or original layout): umT5 and the Wan VAE
+    # (and the DiT, unless TURBOSERVE_CHECKPOINT names it). None: the stand-ins.
+    model: str | None = None
+    # The video size HxW of a loaded model (none: 480x832, Wan2.1's; the preset's without one).
+    resolution: str | None = None
+    # Where umT5 runs ("cuda:1", "cpu"; none: the worker's device).
+    text_device: str | None = None
+    # On a prompt change: kv (LongLive's KV re-cache), cross (swap the cross-attention only),
+    # auto (kv for LongLive checkpoints and the stand-in, cross for other checkpoints).
+    prompt_recache: str = "auto"
     seed: int = 0
     heartbeat_s: float = 1.0
     # Playback pace: a chunk is due this long after the previous one (0 = as fast as possible);
@@ -417,6 +429,12 @@ class WorkerSettings(CommonSettings):
             faults.append("TURBOSERVE_HEARTBEAT_S: must be > 0")
         if self.chunk_period_s is not None and not 0 <= self.chunk_period_s < math.inf:
             faults.append("TURBOSERVE_CHUNK_PERIOD_S: must be a finite number >= 0")
+        if self.resolution is not None and parse_resolution(self.resolution) is None:
+            faults.append(f"TURBOSERVE_RESOLUTION={self.resolution!r}: HEIGHTxWIDTH, multiples "
+                          "of 16 (e.g. 480x832)")
+        if self.prompt_recache not in ("auto", "kv", "cross"):
+            faults.append(f"TURBOSERVE_PROMPT_RECACHE={self.prompt_recache!r}: one of auto, kv, "
+                          "cross")
         if not 1 <= self.jpeg_quality <= 100:
             faults.append("TURBOSERVE_JPEG_QUALITY: must be 1-100")
         if self.pace_lead_s is not None and not 0 <= self.pace_lead_s < math.inf:
@@ -434,6 +452,18 @@ class WorkerSettings(CommonSettings):
     def slots(self) -> int:
         """Session slots when not emulating (the worker resolves the emulated default)."""
         return DEFAULT_SLOTS if self.max_sessions is None else self.max_sessions
+
+
+def parse_resolution(text: str) -> tuple[int, int] | None:
+    """``"480x832"`` to (480, 832); None unless both are positive multiples of 16 (the VAE's
+    stride times the DiT's patch)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if match is None:
+        return None
+    height, width = int(match[1]), int(match[2])
+    if height <= 0 or width <= 0 or height % 16 or width % 16:
+        return None
+    return height, width
 
 
 @dataclass(frozen=True, slots=True, repr=False)

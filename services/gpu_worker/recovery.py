@@ -13,7 +13,7 @@ import orjson
 
 from services.gpu_worker.engine import RecoveryPoint
 
-FORMAT = "1"
+FORMAT = "2"  # 2: the latent history only (the decoder state is rebuilt)
 
 
 def to_fields(point: RecoveryPoint, next_wire_seq: int) -> dict[str, bytes | str]:
@@ -30,7 +30,7 @@ def to_fields(point: RecoveryPoint, next_wire_seq: int) -> dict[str, bytes | str
         "preset": point.preset,
         "dtype": point.dtype,
         "meta": orjson.dumps(point.meta),
-        "misc": point.misc,
+        "history": point.history,
     }
 
 
@@ -48,7 +48,7 @@ def from_fields(session_id: str, fields: Mapping[str, bytes]) -> tuple[RecoveryP
             seed=int(fields["seed"]),
             preset=fields["preset"].decode(),
             dtype=fields["dtype"].decode(),
-            misc=bytes(fields["misc"]),
+            history=bytes(fields["history"]),
             meta={str(k): str(v) for k, v in orjson.loads(fields["meta"]).items()},
         )
         return point, int(fields["next_seq"])

@@ -36,7 +36,12 @@ from shared.logging import get_logger
 from shared.ops import OpsServer, close_ops, start_ops
 from shared.registry import RegistryError, WorkerRecord
 from shared.runner import ServiceContext, subscriptions_live
-from shared.settings import DEFAULT_CHUNK_PERIOD_S, SettingsError, WorkerSettings
+from shared.settings import (
+    DEFAULT_CHUNK_PERIOD_S,
+    SettingsError,
+    WorkerSettings,
+    parse_resolution,
+)
 from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
 from shared.wire import (
@@ -237,10 +242,16 @@ class WorkerService:
             max_sessions=self.pace.slots,
             seed=self.settings.seed,
             checkpoint=self.settings.checkpoint,
+            model=self.settings.model,
+            resolution=(parse_resolution(self.settings.resolution)
+                        if self.settings.resolution else None),
+            text_device=self.settings.text_device,
+            prompt_recache=self.settings.prompt_recache,
         )
         engine = self.engine = await asyncio.to_thread(Engine, config)
         log.info("engine_ready", device=engine.device, capacity=engine.capacity,
-                 preset=self.settings.preset)
+                 model=engine.model_config.name, state_bytes=engine.state_bytes,
+                 prompt_recache=engine.prompt_recache, **engine.sources)
         self.sink = MeshSink(ctx, self.worker_id, loop)
         ctx.reconnect_hooks.append(self.sink.republish)  # after the streams are declared again
         self.generation = GenerationLoop(
@@ -366,6 +377,10 @@ class WorkerService:
         if (cmd.kind is WorkerCmdKind.ASSIGN and cmd.seq > 0 and self.settings.recovery_log
                 and self.generation is not None):
             await self._find_recovery(cmd)
+        if cmd.prompt and cmd.kind in (WorkerCmdKind.ASSIGN, WorkerCmdKind.PROMPT) and self.engine:
+            # Start encoding now, off the generation pass; the engine takes the embedding at a
+            # chunk boundary once it is there.
+            self.engine.prompts.request(cmd.prompt)
         if cmd.kind is WorkerCmdKind.MIGRATE:
             if self.handoff is None or not cmd.target or cmd.target == self.worker_id:
                 return refuse("invalid", "MIGRATE needs another worker as its target")

@@ -26,12 +26,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import telemetry as telemetry_mod
-from ..model.checkpoint import checkpoint_identity, load_checkpoint
-from ..model.config import ModelConfig, get_preset
-from ..model.decoder import build_decoder
-from ..model.dit import ChunkCaches, build_model
+from ..model.config import ModelConfig
+from ..model.dit import ChunkCaches
+from ..model.load import ModelSpec, load_model
 from ..model.schedule import sigmas
-from ..model.text import make_text_encoder
+from .prompts import PromptEncoder
 from .slots import SlotPool
 from .types import (
     ChunkResult,
@@ -80,6 +79,7 @@ class _Session:
     chunk_ms: float = 0.0  # wall time of the current chunk's passes so far
     chunk_batch: int = 0  # batch of its passes so far; -1 once it changed mid-chunk
     suspend_requested: bool = False  # suspend(wait=True) mid-chunk: suspend at the boundary
+    awaiting_text: bool = False  # resident, out of the batch until its prompt is encoded
 
     @property
     def suspended(self) -> bool:
@@ -108,23 +108,29 @@ def _flush_denormals(enabled: bool) -> Iterator[None]:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_config: ModelConfig = get_preset(config.preset)
         self._device = resolve_device(config.device)
         default = "bfloat16" if self._device.type == "cuda" else "float32"
         self.dtype = _DTYPES[config.dtype or default]
         self._pin = config.pin_host_memory and self._device.type == "cuda"
-        self.model = build_model(self.model_config, self._device, self.dtype, seed=config.seed)
+        spec = ModelSpec(preset=config.preset, checkpoint=config.checkpoint, model=config.model,
+                         resolution=config.resolution, text_device=config.text_device,
+                         seed=config.seed)
+        loaded = load_model(spec, self._device, self.dtype)
+        self.model_config: ModelConfig = loaded.config
+        self.model = loaded.dit
+        self.decoder = loaded.decoder
+        self.text_encoder = loaded.text_encoder
+        self.sources = loaded.sources
         # What an imported state's caches must have been computed with: the weight seed (it
-        # decides the random DiT and, always, the decoder) and the checkpoint's content.
-        self._checkpoint_id: tuple[str, str] = ("none", "none")  # (digest, description)
-        if config.checkpoint:
-            load_checkpoint(self.model, config.checkpoint)
-            self._checkpoint_id = checkpoint_identity(config.checkpoint)
-        self.decoder = build_decoder(self.model_config, self._device, self.dtype, seed=config.seed)
-        self.text_encoder = make_text_encoder(
-            config.text_encoder, self.model_config.text_dim, self.model_config.text_len
-        )
-        self.pool = SlotPool(self.model_config, config.max_sessions, self._device, self.dtype)
+        # decides the random DiT and the stand-in decoder) and the weights' content.
+        self._checkpoint_id: tuple[str, str] = loaded.identity  # (digest, description)
+        recache = config.prompt_recache
+        if recache == "auto":  # LongLive's re-cache for LongLive and the stand-in
+            recache = "kv" if loaded.longlive or not config.checkpoint else "cross"
+        self.prompt_recache = recache
+        self.prompts = PromptEncoder(self.text_encoder)
+        self.pool = SlotPool(self.model_config, config.max_sessions, self._device, self.dtype,
+                             self.decoder.state_numel)
         self._sigmas = sigmas(self.model_config)
         self._sessions: dict[str, _Session] = {}
         self._resident: list[str] = []  # slot i holds self._resident[i]
@@ -132,6 +138,7 @@ class Engine:
         self._timesteps = [sigma * 1000.0 for sigma in self._sigmas] + [0.0]  # per phase
         self._chunk_ms: dict[int, deque[float]] = {}
         self._pass_ms: dict[int, deque[float]] = {}
+        self._switch_ms: deque[float] = deque(maxlen=64)  # prompt switches (incl. re-cache)
         self._spare_host: list[list[torch.Tensor]] = []  # recycled suspend buffers
         self._lock = threading.RLock()
 
@@ -204,14 +211,21 @@ class Engine:
                 raise SessionAlreadyResident(session_id)
             slot = self._claim_slot()
             self.pool.clear(slot)
-            self._write_prompt(slot, prompt)
-            self._sessions[session_id] = _Session(session_id, seed, prompt)
+            session = _Session(session_id, seed, prompt)
+            embedding = self.prompts.ready(prompt)
+            if embedding is None:
+                session.awaiting_text = True  # joins the batch once the encoder is done
+            else:
+                self._write_prompt(slot, embedding)
+            self._sessions[session_id] = session
             self._resident.append(session_id)
 
     def set_prompt(self, session_id: str, prompt: str) -> None:
         """The new prompt conditions chunks from the next one on (LongLive's re-cache of the
         cross-attention at a chunk boundary). Mid-chunk (pass_step), the chunk in progress
-        keeps the old prompt."""
+        keeps the old prompt. A prompt still being encoded (umT5, off the pass) applies at the
+        first boundary after its encoding finished."""
+        self.prompts.request(prompt)
         with self._lock:
             self._get(session_id).pending_prompt = prompt
 
@@ -321,20 +335,24 @@ class Engine:
             else:
                 slot = self._resident.index(session_id)
                 misc = self.pool.misc[slot]
-            raw = misc.detach().to("cpu", copy=True).contiguous()
+            history = misc[: self.pool.history_numel]
+            raw = history.detach().to("cpu", copy=True).contiguous()
             return RecoveryPoint(
                 session_id=session_id, seq=session.seq, position=session.position,
                 prompt=session.prompt, pending_prompt=session.pending_prompt, seed=session.seed,
                 preset=self.model_config.name, dtype=str(self.dtype).removeprefix("torch."),
-                misc=_tensor_bytes(raw), meta=self._meta(),
+                history=_tensor_bytes(raw), meta=self._meta(),
             )
 
     @torch.inference_mode()
     def restore(self, point: RecoveryPoint) -> None:
-        """Rebuilds a session from its last recovery point: the clean latents and decoder
-        context go back into a slot, the prompt's cross-attention is encoded again and the
-        self-attention cache is recomputed from the latents with the model's cache-writing pass
-        (oldest chunk first, as on a prompt switch). The session's next chunk is ``point.seq``.
+        """Rebuilds a session from its last recovery point: the clean latents go back into a
+        slot, the prompt's cross-attention is encoded again, the self-attention cache is
+        recomputed from the latents with the model's cache-writing pass (oldest chunk first, as
+        on a prompt switch), and the decoder's state is rebuilt from the latents
+        (``FrameDecoder.rebuild``: exact for the stand-in's two-frame context; for the Wan VAE,
+        a decode of the window's frames from an empty cache). The session's next chunk is
+        ``point.seq``.
 
         Not bitwise: each cached chunk's keys are recomputed seeing only the frames still in the
         window, where the originals saw the frames before them too (see docs/worker.md for the
@@ -346,21 +364,23 @@ class Engine:
             if point.meta.get("weights_seed") != ours["weights_seed"] or point.meta.get(
                     "checkpoint_digest") != ours["checkpoint_digest"]:
                 raise IncompatibleState("weights", point.meta, ours)
-            misc = _bytes_tensor(point.misc, point.dtype)
-            if misc.numel() != self.pool.misc_numel:
-                raise IncompatibleState("misc numel", misc.numel(), self.pool.misc_numel)
+            history = _bytes_tensor(point.history, point.dtype)
+            if history.numel() != self.pool.history_numel:
+                raise IncompatibleState("history numel", history.numel(), self.pool.history_numel)
             if point.session_id in self._sessions:
                 raise SessionAlreadyResident(point.session_id)
             slot = self._claim_slot()
             self.pool.clear(slot)
-            self.pool.misc[slot].copy_(misc.to(self._device, self.dtype))
-            self._write_prompt(slot, point.prompt)
+            self.pool.misc[slot, : self.pool.history_numel].copy_(history.to(self._device, self.dtype))
+            self._write_prompt(slot, self.prompts.get(point.prompt))
             session = _Session(point.session_id, point.seed, point.prompt, point.seq,
                                point.position, point.pending_prompt)
             self._sessions[point.session_id] = session
             self._resident.append(point.session_id)
             if session.position > 0:
                 self._recache(slot, session)
+                self.decoder.rebuild(self._recent_latents(slot, session),
+                                     self.pool.decoder_state(slot, slot + 1))
 
     # -- the step -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -379,12 +399,13 @@ class Engine:
                     raise MidChunk(
                         session.session_id, self.passes_per_chunk - session.phase, "step"
                     )
-            self._apply_pending_prompts(sessions)
+            self._admit_encoded(wait=True)
+            self._apply_pending_prompts(sessions, wait=True)
             starts, caches = self._pass_inputs(sessions)
             for _ in range(self.passes_per_chunk):
                 done, frames = self._pass(sessions, starts, caches)
-            assert frames is not None and len(done) == len(sessions)
-            frames_cpu = frames.contiguous().cpu()  # one transfer; each [T, H, W, 3] contiguous
+            assert len(frames) == len(done) == len(sessions)
+            frames_cpu = [f.contiguous().cpu() for f in frames]
             if self._device.type == "cuda":
                 torch.cuda.synchronize(self._device)  # the timing covers all queued work
             gen_ms = (time.perf_counter() - started) * 1000.0
@@ -411,6 +432,11 @@ class Engine:
         A subset is moved to the front slots first (a few slot swaps), so the pass still reads
         plain slices of the slot buffers."""
         with self._lock, _flush_denormals(self._device.type == "cpu"):
+            self._admit_encoded(wait=False)
+            waiting = {s.session_id for s in self._sessions.values() if s.awaiting_text}
+            if waiting:  # out of this pass until their prompt is encoded
+                chosen = self._resident if sessions is None else sessions
+                sessions = [sid for sid in chosen if sid not in waiting]
             count = self._front(sessions)
             if count == 0:
                 return []
@@ -419,7 +445,7 @@ class Engine:
             self._apply_pending_prompts(sessions)  # those at phase 0 only
             starts, caches = self._pass_inputs(sessions)
             done, frames = self._pass(sessions, starts, caches)
-            frames_cpu = frames.contiguous().cpu() if frames is not None else None
+            frames_cpu = [f.contiguous().cpu() for f in frames]
             if self._device.type == "cuda":
                 torch.cuda.synchronize(self._device)
             pass_ms = (time.perf_counter() - started) * 1000.0
@@ -436,7 +462,6 @@ class Engine:
                 session = sessions[row]
                 if session.chunk_batch == batch:  # a whole chunk at one batch size: telemetry
                     self._chunk_ms.setdefault(batch, deque(maxlen=64)).append(session.chunk_ms)
-                assert frames_cpu is not None
                 results.append(self._complete(session, frames_cpu[j], session.chunk_ms, batch))
             for row in done:  # after the pass: suspending moves slots
                 if sessions[row].suspend_requested:
@@ -459,11 +484,12 @@ class Engine:
 
     def _pass(
         self, sessions: list[_Session], starts: torch.Tensor, caches: ChunkCaches
-    ) -> tuple[list[int], torch.Tensor | None]:
+    ) -> tuple[list[int], list[torch.Tensor]]:
         """One batched model pass, every session at its own phase; advances the phases.
 
         Returns the rows whose chunk completed (cache-write pass, keys committed, decoded) and
-        their frames on the device (None when none completed). The chunk in progress is the
+        their frames on the device, ``[T, H, W, 3]`` each (a stream's first chunk may have
+        fewer frames than the others: the Wan VAE decodes 9 for its 3 latent frames, then 12). The chunk in progress is the
         slot's ``pool.inflight`` row: noise x_t before a denoising pass, x0 before the
         cache-write pass. Rows are grouped by phase, so a lockstep batch (``step``) runs the
         very same tensor ops as a single-phase batch."""
@@ -495,19 +521,31 @@ class Engine:
             session.phase += 1
         done = groups.get(last, [])
         if not done:
-            return done, None
+            return done, []
         # 2. Cache-write rows (their clean chunk ran at t=0): scratch -> sink or ring, clean
-        #    latents -> history (for a later re-cache); then decode, the decoder context in
-        #    the slot advancing in place.
+        #    latents -> history (for a later re-cache); then decode, the decoder's state in
+        #    the slot advancing in place. A stream's first chunk decodes apart from the others
+        #    (the Wan VAE starts it from an empty cache).
         index = _rows(done)
         clean = x[index]
         self._commit(done, [sessions[r].position for r in done], clean)
-        context = self.pool.decoder_context(0, batch)
-        if isinstance(index, slice):
-            return done, self.decoder(clean, context[index])
-        gathered = context[index]
-        frames = self.decoder(clean, gathered)
-        context[index] = gathered
+        state = self.pool.decoder_state(0, batch)
+        frames: list[torch.Tensor] = [torch.empty(0)] * len(done)
+        for fresh in (True, False):
+            group = [j for j, r in enumerate(done) if (sessions[r].position == 0) is fresh]
+            if not group:
+                continue
+            rows = [done[j] for j in group]
+            at = _rows(rows)
+            latents = clean if len(group) == len(done) else clean[group]
+            if isinstance(at, slice):
+                out = self.decoder.decode(latents, state[at], fresh)
+            else:
+                gathered = state[at]
+                out = self.decoder.decode(latents, gathered, fresh)
+                state[at] = gathered
+            for j, video in zip(group, out, strict=True):
+                frames[j] = video
         return done, frames
 
     def _complete(
@@ -585,6 +623,16 @@ class Engine:
             self._commit([slot], [position], latents)
             valid[frame : frame + chunk] = True
 
+    def _recent_latents(self, slot: int, session: _Session) -> torch.Tensor:
+        """``[1, C, F, h, w]``: the latest run of consecutive frames the history still holds
+        (the ring, and the sink when nothing was evicted after it), oldest first."""
+        config = self.model_config
+        sink, window = config.sink_frames, config.window_frames
+        first = 0 if session.position <= sink + window else session.position - window
+        history = self.pool.latent_history(slot, slot + 1)
+        frames = [self._frame_slot(p) for p in range(first, session.position)]
+        return history[:, :, frames]
+
     # -- helpers --------------------------------------------------------------------------
     def _get(self, session_id: str) -> _Session:
         try:
@@ -627,19 +675,39 @@ class Engine:
         return count
 
     @torch.inference_mode()
-    def _write_prompt(self, slot: int, prompt: str) -> None:
-        text = self.text_encoder.encode(prompt)[None].to(self._device)
+    def _write_prompt(self, slot: int, embedding: torch.Tensor) -> None:
+        text = embedding[None].to(self._device)
         for layer, kv in enumerate(self.model.encode_context(text)):
             self.pool.cross_kv(layer, slot, slot + 1).copy_(kv)
 
-    def _apply_pending_prompts(self, sessions: list[_Session]) -> None:
-        """Switches prompts at chunk boundaries: only sessions at phase 0 (slot = index)."""
+    def _admit_encoded(self, wait: bool) -> None:
+        """Sessions waiting for their first prompt's embedding join once it is there (with
+        ``wait``, now)."""
+        for slot, sid in enumerate(self._resident):
+            session = self._sessions[sid]
+            if not session.awaiting_text:
+                continue
+            embedding = (self.prompts.get(session.prompt) if wait
+                         else self.prompts.ready(session.prompt))
+            if embedding is not None:
+                self._write_prompt(slot, embedding)
+                session.awaiting_text = False
+
+    def _apply_pending_prompts(self, sessions: list[_Session], wait: bool = False) -> None:
+        """Switches prompts at chunk boundaries: only sessions at phase 0 (slot = index), once
+        the new prompt is encoded (with ``wait``, waiting for it)."""
         for slot, session in enumerate(sessions):
             if session.pending_prompt is not None and session.phase == 0:
-                self._write_prompt(slot, session.pending_prompt)
-                if self.config.prompt_recache == "kv" and session.position > 0:
+                prompt = session.pending_prompt
+                embedding = self.prompts.get(prompt) if wait else self.prompts.ready(prompt)
+                if embedding is None:
+                    continue  # still encoding: this chunk keeps the old prompt
+                started = time.perf_counter()
+                self._write_prompt(slot, embedding)
+                if self.prompt_recache == "kv" and session.position > 0:
                     self._recache(slot, session)
-                session.prompt, session.pending_prompt = session.pending_prompt, None
+                self._switch_ms.append((time.perf_counter() - started) * 1000.0)
+                session.prompt, session.pending_prompt = prompt, None
 
     def _recycle_host(self, session: _Session) -> None:
         host, session.host = session.host, None
@@ -650,6 +718,9 @@ class Engine:
         self, session: _Session, into: list[torch.Tensor] | None = None
     ) -> SessionSnapshot:
         slot = self._resident.index(session.session_id)
+        if session.awaiting_text:  # its state must hold its prompt before it leaves
+            self._write_prompt(slot, self.prompts.get(session.prompt))
+            session.awaiting_text = False
         layers, misc = self.pool.read(slot, pin=self._pin, into=into)
         return SessionSnapshot(
             session_id=session.session_id, seq=session.seq, position=session.position,
@@ -720,6 +791,9 @@ class Engine:
             chunk_ms=self.chunk_ms_by_batch(),
             pass_ms=self.pass_ms_by_batch(),
             passes_per_chunk=self.passes_per_chunk,
+            text_encode_ms=self.prompts.encode_ms(),
+            prompt_switch_ms=(statistics.median(self._switch_ms) if self._switch_ms else None),
+            model=dict(self.sources),
         )
         return report
 

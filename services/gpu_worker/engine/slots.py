@@ -3,15 +3,16 @@
 Each layer owns one buffer ``[capacity, region]``; a session's region in it (one row) holds
 its self-attention cache ``[2, H, cache_tokens, d]`` followed by its cross-attention cache
 ``[2, H, text_len, d]``, contiguous, so the migration transport can send it whole. A second
-buffer holds the decoder's causal context. Resident sessions always occupy slots
+buffer (``misc``) holds the clean latents of the cached frames and the frame decoder's causal
+state (two latent frames for the stand-in; the Wan VAE's feature cache for the real one). Resident sessions always occupy slots
 ``0..n-1`` (the engine compacts on removal), so a batched pass reads plain slices of the
 buffers and never gathers (a copy of every cache per pass).
 
 Frame slots of the self-attention cache: ``[sink | ring window | scratch]``. The scratch
 holds the current chunk's keys and values during its passes; the cache-write pass copies
 them into the sink (first chunk) or the ring (later chunks, overwriting the oldest). The
-misc region keeps the decoder context and the clean latents of the cached frames (in the same
-frame slots), from which a prompt switch recomputes the cache.
+misc region keeps the clean latents of the cached frames (in the same frame slots), from which
+a prompt switch recomputes the cache, then the decoder's state.
 
 A third buffer, ``inflight`` ``[capacity, C, F, h, w]`` (float32), holds each resident
 session's chunk in progress under pass-level admission (``Engine.pass_step``): its noisy
@@ -25,12 +26,12 @@ from __future__ import annotations
 import torch
 
 from ..model.config import ModelConfig
-from ..model.decoder import LatentDecoder
 
 
 class SlotPool:
     def __init__(
-        self, config: ModelConfig, capacity: int, device: torch.device, dtype: torch.dtype
+        self, config: ModelConfig, capacity: int, device: torch.device, dtype: torch.dtype,
+        decoder_state_numel: int,
     ) -> None:
         self.config = config
         self.capacity = capacity
@@ -43,11 +44,12 @@ class SlotPool:
         self.self_numel = 2 * heads * self.cache_tokens * head_dim
         self.region_numel = self.self_numel + 2 * heads * config.text_len * head_dim
         latent = (config.latent_height, config.latent_width)
-        self.context_shape = (config.out_dim, LatentDecoder.context_frames, *latent)
-        self.context_numel = int(torch.Size(self.context_shape).numel())
-        # Clean latents of the frames in the KV cache (same frame slots), for the re-cache.
+        # Clean latents of the frames in the KV cache (same frame slots), for the re-cache and
+        # for recovery; then the frame decoder's causal state.
         self.history_shape = (config.out_dim, config.sink_frames + config.window_frames, *latent)
-        self.misc_numel = self.context_numel + int(torch.Size(self.history_shape).numel())
+        self.history_numel = int(torch.Size(self.history_shape).numel())
+        self.decoder_numel = decoder_state_numel
+        self.misc_numel = self.history_numel + decoder_state_numel
         self.layers = [
             torch.zeros(capacity, self.region_numel, device=device, dtype=dtype)
             for _ in range(config.num_layers)
@@ -75,12 +77,12 @@ class SlotPool:
         rows = self.layers[layer][start:end, self.self_numel :]
         return rows.view(end - start, *self.cross_shape)
 
-    def decoder_context(self, start: int, end: int) -> torch.Tensor:
-        rows = self.misc[start:end, : self.context_numel]
-        return rows.view(end - start, *self.context_shape)
+    def decoder_state(self, start: int, end: int) -> torch.Tensor:
+        """Rows ``[n, decoder_numel]`` (views) of the decoder's per-session state."""
+        return self.misc[start:end, self.history_numel :]
 
     def latent_history(self, start: int, end: int) -> torch.Tensor:
-        rows = self.misc[start:end, self.context_numel :]
+        rows = self.misc[start:end, : self.history_numel]
         return rows.view(end - start, *self.history_shape)
 
     def clear(self, slot: int) -> None:

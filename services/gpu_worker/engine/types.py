@@ -13,19 +13,26 @@ class EngineConfig:
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     max_sessions: int = 8
     seed: int = 0  # weight seed: workers with the same seed hold the same random weights
-    checkpoint: str | None = None  # safetensors in the Wan2.1 / Self-Forcing layout
+    # The causal DiT: safetensors or .pt (Self-Forcing, LongLive), Wan or diffusers naming.
+    checkpoint: str | None = None
+    # A Wan2.1 text-to-video model folder (diffusers or original layout): umT5, the Wan VAE and,
+    # unless ``checkpoint`` names it, the DiT. None: the stand-ins (``model/load.py``).
+    model: str | None = None
+    resolution: tuple[int, int] | None = None  # (height, width); None: preset's / 480x832
+    text_device: str | None = None  # where umT5 runs; None: the engine's device
     dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
-    text_encoder: str = "hash"  # "hash", "minilm" or "auto"
     pin_host_memory: bool = True  # suspended state in page-locked memory (GPU only)
     # On a prompt switch: "kv" recomputes the cached frames' keys/values under the new prompt
-    # (LongLive's KV re-cache); "cross" only swaps the cross-attention cache.
-    prompt_recache: str = "kv"
+    # (LongLive's KV re-cache); "cross" only swaps the cross-attention cache; "auto": "kv" for
+    # LongLive checkpoints and the stand-in, "cross" for other checkpoints.
+    prompt_recache: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
-        if self.prompt_recache not in ("kv", "cross"):
-            raise ValueError(f"prompt_recache must be 'kv' or 'cross', got {self.prompt_recache!r}")
+        if self.prompt_recache not in ("auto", "kv", "cross"):
+            raise ValueError("prompt_recache must be 'auto', 'kv' or 'cross', got "
+                             f"{self.prompt_recache!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +74,10 @@ class SessionSnapshot:
 @dataclass(frozen=True, slots=True)
 class RecoveryPoint:
     """What rebuilds a session after its worker is lost, small enough to log after every chunk:
-    the slot's ``misc`` region (the clean latents of the frames in the attention window and
-    the sink, and the decoder's context), the prompt, the seed and the position. The KV cache
-    is recomputed from the latents (``Engine.restore``), not stored."""
+    the clean latents of the frames in the attention window and the sink (the first part of
+    the slot's ``misc`` region), the prompt, the seed and the position. The KV cache and the
+    decoder's state are rebuilt from the latents (``Engine.restore``), not stored: the Wan
+    VAE's cache alone is 1.9 GB per session at 480x832."""
 
     session_id: str
     seq: int  # engine seq of the next chunk
@@ -79,7 +87,7 @@ class RecoveryPoint:
     seed: int
     preset: str
     dtype: str
-    misc: bytes  # the misc region, raw, in ``dtype``
+    history: bytes  # the latent history, raw, in ``dtype``
     meta: dict[str, str] = field(default_factory=dict)
 
 

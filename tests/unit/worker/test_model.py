@@ -88,7 +88,8 @@ def test_wan_state_per_session_matches_the_scheduler_estimate():
 
     config = get_preset("wan-1.3b")
     with torch.device("meta"):
-        pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16)
+        pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16,
+                        decoder_state_numel=16 * 2 * 60 * 104)  # the stand-in's context
     kv = 30 * 2 * 1536 * 2 * (12 * 1560)
     cross = 30 * 2 * 1536 * 2 * 512
     assert kv + cross <= pool.bytes_per_slot < kv + cross + 5_000_000

@@ -84,7 +84,7 @@ def test_the_log_round_trips_and_a_foreign_point_is_refused():
     with pytest.raises(IncompatibleState):
         make_engine(seed=1).restore(point)  # other weights
     with pytest.raises(IncompatibleState):
-        make_engine().restore(dataclasses.replace(point, misc=point.misc[:-4]))
+        make_engine().restore(dataclasses.replace(point, history=point.history[:-4]))
     with pytest.raises(IncompatibleState):
         make_engine(preset="small").restore(point)
 

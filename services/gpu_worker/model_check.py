@@ -1,0 +1,213 @@
+"""``turboserve model check <folder> [--checkpoint FILE]``: can a worker run this model?
+
+One line per component (text encoder, tokenizer, VAE, DiT): what was found, its format, dtype,
+parameter count and the memory it needs (weights in the worker's dtype, plus the per-session
+state it adds), or what is missing or does not fit. Weights are not loaded: shapes come from
+safetensors headers, configs and memory-mapped ``.pth`` files, and every key is checked against
+the model the worker would build (on the meta device). Exits 1 when a worker could not run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from services.gpu_worker.model.folder import (
+    COMPONENTS,
+    Component,
+    ModelFolder,
+    ModelFolderError,
+    Report,
+    dit_files,
+    dit_heads,
+    find_components,
+    human_bytes,
+    human_count,
+    tensor_summary,
+    weight_files,
+)
+
+BF16 = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "model", help="inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]")
+    sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    check = sub.add_parser("check", help="one line per component: found, format, dtype, "
+                                         "parameters, memory; exit 1 if a worker could not run it")
+    check.add_argument("folder", type=Path, help="a Wan2.1 text-to-video folder (diffusers or "
+                                                 "original layout)")
+    check.add_argument("--checkpoint", type=Path, default=None,
+                       help="the causal DiT (Self-Forcing/LongLive .pt, safetensors); default: "
+                            "the folder's")
+    check.add_argument("--resolution", default="480x832",
+                       help="video HEIGHTxWIDTH the per-session memory is given for (480x832)")
+    check.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shared.settings import parse_resolution
+
+    resolution = parse_resolution(args.resolution)
+    if resolution is None:
+        print(f"model check: --resolution {args.resolution!r}: HEIGHTxWIDTH, multiples of 16",
+              file=sys.stderr)
+        return 2
+    try:
+        folder = find_components(args.folder, args.checkpoint)
+    except ModelFolderError as exc:
+        print(f"model check: {exc}", file=sys.stderr)
+        return 1
+    reports = check(folder, resolution)
+    print(f"{folder.root} ({folder.layout} layout)")
+    width = max(len(name) for name in COMPONENTS)
+    for report in reports:
+        print(f"  {report.component:<{width}}  {'ok  ' if report.ok else 'FAIL'}  {report.text}")
+    ok = all(r.ok for r in reports)
+    print("a worker can run this model" if ok else "a worker could not run this model")
+    return 0 if ok else 1
+
+
+def check(folder: ModelFolder, resolution: tuple[int, int]) -> list[Report]:
+    facts: dict[str, object] = {}
+    checks: dict[str, Callable[[Component, dict[str, object], tuple[int, int]], str]] = {
+        "text encoder": _text_encoder, "tokenizer": _tokenizer, "VAE": _vae, "DiT": _dit}
+    reports = []
+    for name in COMPONENTS:
+        part = folder.get(name)
+        if part.path is None:
+            hint = " (set --checkpoint / TURBOSERVE_CHECKPOINT)" if name == "DiT" else ""
+            reports.append(Report(name, False, f"missing{hint}"))
+            continue
+        facts["heads"] = dit_heads(folder)
+        try:
+            reports.append(Report(name, True, checks[name](part, facts, resolution)))
+        except (ValueError, KeyError, OSError, RuntimeError) as exc:
+            reports.append(Report(name, False, f"{part.path} ({part.fmt}): {exc}"))
+    return reports
+
+
+def _where(part: Component) -> str:
+    return f"{part.path} ({part.fmt})"
+
+
+def _weights(files: list[Path]) -> tuple[str, int]:
+    params, dtype, _ = tensor_summary(files)
+    return (f"{dtype}, {human_count(params)} parameters, {human_bytes(params * BF16)} in bf16",
+            params)
+
+
+def _text_encoder(part: Component, facts: dict[str, object], _: tuple[int, int]) -> str:
+    import torch
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from services.gpu_worker.model.text import load_original_umt5, umt5_config
+
+    assert part.path is not None
+    if part.fmt == "wan .pth":
+        state = load_original_umt5(part.path)
+        config = umt5_config(state)
+        with torch.device("meta"):
+            expected = set(UMT5EncoderModel(config).state_dict())
+        missing = sorted(expected - set(state) - {"encoder.embed_tokens.weight"})
+        unexpected = sorted(set(state) - expected)
+        if missing or unexpected:
+            raise ValueError(f"{len(missing)} missing keys (e.g. {missing[:3]}), "
+                             f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+    else:
+        config = UMT5Config.from_pretrained(str(part.path))
+    facts["text_dim"] = int(config.d_model)
+    weights, _ = _weights(weight_files(part))
+    return (f"{_where(part)}: umT5 encoder, d_model {config.d_model}, {config.num_layers} "
+            f"layers, {weights}")
+
+
+def _tokenizer(part: Component, facts: dict[str, object], _: tuple[int, int]) -> str:
+    from transformers import AutoTokenizer
+
+    assert part.path is not None
+    tokenizer = AutoTokenizer.from_pretrained(str(part.path), local_files_only=True)
+    return f"{_where(part)}: {type(tokenizer).__name__}, {len(tokenizer)} tokens"
+
+
+def _vae(part: Component, facts: dict[str, object], resolution: tuple[int, int]) -> str:
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from services.gpu_worker.model.vae import WAN21_DIM_MULT, cache_layout, original_vae_state
+
+    assert part.path is not None
+    if part.fmt == "wan .pth":
+        from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+        state = convert_wan_vae_to_diffusers(original_vae_state(str(part.path)))
+        base_dim = int(state["decoder.conv_in.weight"].shape[0]) // WAN21_DIM_MULT[-1]
+        z_dim = int(state["post_quant_conv.weight"].shape[0])
+        with torch.device("meta"):
+            vae = AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim, dim_mult=list(WAN21_DIM_MULT))
+        missing = sorted(set(vae.state_dict()) - set(state))
+        unexpected = sorted(set(state) - set(vae.state_dict()))
+        if missing or unexpected:
+            raise ValueError(f"{len(missing)} missing keys (e.g. {missing[:3]}), "
+                             f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+    else:
+        config = json.loads((part.path / "config.json").read_text())
+        with torch.device("meta"):
+            vae = AutoencoderKLWan(**{k: v for k, v in config.items() if not k.startswith("_")})
+    facts["z_dim"] = int(vae.config.z_dim)
+    latent = (resolution[0] // 8, resolution[1] // 8)
+    cache = cache_layout(vae, latent).numel * BF16
+    weights, _ = _weights(weight_files(part))
+    return (f"{_where(part)}: AutoencoderKLWan z_dim {vae.config.z_dim}, base {vae.config.base_dim}, "
+            f"{weights}; decoder cache {human_bytes(cache)} per session at "
+            f"{resolution[0]}x{resolution[1]}")
+
+
+def _dit(part: Component, facts: dict[str, object], resolution: tuple[int, int]) -> str:
+    import torch
+
+    from services.gpu_worker.engine.slots import SlotPool
+    from services.gpu_worker.model.checkpoint import dit_geometry, read_checkpoint
+    from services.gpu_worker.model.dit import CausalWanModel
+    from services.gpu_worker.model.load import WAN_TEXT_LEN, _config_for
+
+    assert part.path is not None
+    files = dit_files(part.path)
+    if not files:
+        raise ValueError("no diffusion_pytorch_model*.safetensors")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        tensors.update(read_checkpoint(path))
+    geometry = dit_geometry(tensors)
+    heads = facts.get("heads")
+    config = _config_for(geometry, int(heads) if heads else None, None, WAN_TEXT_LEN, resolution)
+    with torch.device("meta"):
+        expected = dict(CausalWanModel(config).named_parameters())
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    misshapen = sorted(k for k in set(expected) & set(tensors)
+                       if expected[k].shape != tensors[k].shape)
+    problems = [f"{len(keys)} {label} keys (e.g. {', '.join(keys[:3])})"
+                for label, keys in (("missing", missing), ("unexpected", unexpected),
+                                    ("misshapen", misshapen)) if keys]
+    if facts.get("text_dim") not in (None, config.text_dim):
+        problems.append(f"takes text of width {config.text_dim} (text_embedding.0.weight), the "
+                        f"text encoder gives {facts['text_dim']}")
+    if facts.get("z_dim") not in (None, config.out_dim):
+        problems.append(f"makes {config.out_dim} latent channels (head.head.weight), the VAE "
+                        f"takes {facts['z_dim']}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    with torch.device("meta"):
+        pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16, 0)
+    params = sum(math.prod(t.shape) for t in tensors.values())
+    dtypes = "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}))
+    return (f"{_where(part)}: dim {config.dim}, {config.num_layers} layers, {config.num_heads} "
+            f"heads, {dtypes}, {human_count(params)} parameters, "
+            f"{human_bytes(params * BF16)} in bf16; KV state {human_bytes(pool.bytes_per_slot)} "
+            f"per session at {resolution[0]}x{resolution[1]}")
