@@ -9,9 +9,11 @@
   into service; ``ctl drain WORKER --stop`` (or ``ctl stop WORKER``) drains it and has it
   given back (stopped).
 
-They talk to NATS and Redis through the usual ``TURBOSERVE_*`` settings. When those are not set
-and ``turboserve up`` runs on this machine, they use the NATS and Redis it started (its state
-file). A refused or failed command exits non-zero with one line saying why.
+Which mesh: ``--nats-url`` / ``--redis-url``, else ``TURBOSERVE_NATS_URL`` /
+``TURBOSERVE_REDIS_URL``, else the NATS and Redis of the ``turboserve up`` running from
+``--state-dir`` (its state file); never a default address. When that is not the state file's
+mesh, ``ctl`` says which it talks to. A refused or failed command, or a mesh that does not
+answer within 2 s, exits non-zero with one line saying why.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -43,19 +47,39 @@ class CtlError(Exception):
 MOVE_POLL_S = 0.2
 
 
+def _mesh_options() -> argparse.ArgumentParser:
+    """Which mesh to talk to; taken before or after the action (``ctl --nats-url U status`` or
+    ``ctl status --nats-url U``)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--state-dir", default=argparse.SUPPRESS,
+                         help="where `turboserve up` keeps its state file (TURBOSERVE_STATE_DIR, "
+                              "else ~/.turboserve)")
+    options.add_argument("--nats-url", default=argparse.SUPPRESS,
+                         help="the mesh's NATS (else TURBOSERVE_NATS_URL, else the state file's)")
+    options.add_argument("--redis-url", default=argparse.SUPPRESS,
+                         help="the mesh's Redis (else TURBOSERVE_REDIS_URL, else the state file's)")
+    return options
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ctl", help="operator commands: status, migrate, drain, undrain, stop")
+    mesh = _mesh_options()
+    p = subparsers.add_parser("ctl", parents=[mesh],
+                              help="operator commands: status, migrate, drain, undrain, stop")
     sub = p.add_subparsers(dest="ctl_command", required=True, metavar="ACTION")
-    status = sub.add_parser("status", help="workers and their sessions")
+
+    def action(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[mesh], **kwargs)
+
+    status = action("status", help="workers and their sessions")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=run)
-    migrate = sub.add_parser("migrate", help="move a session to another worker")
+    migrate = action("migrate", help="move a session to another worker")
     migrate.add_argument("session", help="session id")
     migrate.add_argument("--to", required=True, dest="target", help="destination worker id")
     migrate.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                          help=f"seconds to wait for the move's outcome (default {DEFAULT_TIMEOUT_S:.0f})")
     migrate.set_defaults(func=run)
-    drain = sub.add_parser("drain", help="move every session off a worker; it stays up and takes "
+    drain = action("drain", help="move every session off a worker; it stays up and takes "
                                          "no new ones until undrained")
     drain.add_argument("worker", help="worker id")
     drain.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -63,51 +87,105 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     drain.add_argument("--stop", action="store_true",
                        help="then give the worker back (the scheduler stops it)")
     drain.set_defaults(func=run)
-    undrain = sub.add_parser("undrain", help="let a drained worker take sessions again")
+    undrain = action("undrain", help="let a drained worker take sessions again")
     undrain.add_argument("worker", help="worker id")
     undrain.set_defaults(func=run)
-    stop = sub.add_parser("stop", help="drain a worker, then give it back (stop it)")
+    stop = action("stop", help="drain a worker, then give it back (stop it)")
     stop.add_argument("worker", help="worker id")
     stop.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                       help="seconds for the drain and the stop")
     stop.set_defaults(func=run, stop=True)
 
 
-def settings_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The settings ``ctl`` uses: the environment, completed from a running ``turboserve up``
-    where the environment does not say where NATS and Redis are."""
-    from services.launcher import read_state
+# How long ctl waits for NATS and Redis to answer before it says the mesh is not there.
+CONNECT_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The mesh ``ctl`` talks to: the settings it connects with, where its URLs came from, and
+    the line it says when that is not the mesh of the state file (None when it is)."""
+
+    env: dict[str, str]
+    source: str
+    note: str | None
+
+
+def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
+                 state_dir: str | None = None,
+                 env: Mapping[str, str] | None = None) -> Mesh:
+    """Where NATS and Redis are, for each the first that says: the ``--nats-url`` /
+    ``--redis-url`` flags, the ``TURBOSERVE_*`` environment, the state file of a running
+    ``turboserve up`` (in ``--state-dir``, ``TURBOSERVE_STATE_DIR`` or ``~/.turboserve``).
+    Never a default: with none of them there is no mesh to talk to (CtlError)."""
+    from services.launcher import STATE_FILE, read_state
+    from services.launcher import state_dir as default_state_dir
+    from shared.settings import mask_url
 
     env = dict(os.environ if env is None else env)
-    state = read_state()
+    directory = Path(state_dir).expanduser() if state_dir else default_state_dir()
+    state = read_state(directory)
+    given = {"nats": nats_url, "redis": redis_url}
+    urls: dict[str, str] = {}
+    sources: list[str] = []
+    for server in ("nats", "redis"):
+        var = f"TURBOSERVE_{server.upper()}_URL"
+        if given[server]:
+            urls[server], origin = str(given[server]), f"--{server}-url"
+        elif env.get(var):
+            urls[server], origin = env[var], var
+        elif state is not None and state.get(f"{server}_url"):
+            urls[server], origin = str(state[f"{server}_url"]), f"the state file {directory / STATE_FILE}"
+        else:
+            raise CtlError(
+                f"no mesh to talk to: no running `turboserve up` has a state file in {directory} "
+                f"(--state-dir), and no --{server}-url or {var} says where {server} is")
+        env[var] = urls[server]
+        if origin not in sources:
+            sources.append(origin)
     if state is not None:
-        for key, var in (("nats_url", "TURBOSERVE_NATS_URL"), ("redis_url", "TURBOSERVE_REDIS_URL"),
-                         ("subject_prefix", "TURBOSERVE_SUBJECT_PREFIX"),
+        for key, var in (("subject_prefix", "TURBOSERVE_SUBJECT_PREFIX"),
                          ("redis_namespace", "TURBOSERVE_REDIS_NAMESPACE")):
             if not env.get(var) and state.get(key):
                 env[var] = str(state[key])
-    return env
+    where = f"NATS {mask_url(urls['nats'])}, Redis {mask_url(urls['redis'])}"
+    source = f"{where}, from {' and '.join(sources)}"
+    if state is None:
+        note = f"talking to {source}; no `turboserve up` runs from {directory}"
+    elif (urls["nats"], urls["redis"]) != (state.get("nats_url"), state.get("redis_url")):
+        note = (f"talking to {source}, not the mesh `turboserve up` runs from {directory} "
+                f"(NATS {mask_url(str(state.get('nats_url')))})")
+    else:
+        note = None
+    return Mesh(env, source, note)
 
 
 def run(args: argparse.Namespace) -> int:
     from services.cli import fail
+    from shared.logging import configure_logging
     from shared.runner import ConnectError
     from shared.settings import CommonSettings
 
-    settings = CommonSettings.from_env(settings_env(), connect_timeout_s=5.0)
+    # ctl's own lines are its output; the connection's retries and warnings are not.
+    configure_logging(os.environ.get("TURBOSERVE_LOG_LEVEL") or "error")
+    command = f"ctl {args.ctl_command}"
     try:
-        return asyncio.run(_run(args, settings))
+        mesh = resolve_mesh(getattr(args, "nats_url", None), getattr(args, "redis_url", None),
+                            getattr(args, "state_dir", None))
+        settings = CommonSettings.from_env(mesh.env, connect_timeout_s=CONNECT_TIMEOUT_S)
+        return asyncio.run(_run(args, settings, mesh))
     except CtlError as exc:
-        return fail(f"ctl {args.ctl_command}", exc)
+        return fail(command, exc)
     except ConnectError as exc:
-        return fail(f"ctl {args.ctl_command}", f"{exc} (is the mesh running? see TURBOSERVE_NATS_URL"
-                                               " and TURBOSERVE_REDIS_URL)")
+        return fail(command, f"{exc}; is the mesh running? ({mesh.source})")
 
 
-async def _run(args: argparse.Namespace, settings: Any) -> int:
+async def _run(args: argparse.Namespace, settings: Any, mesh: Mesh) -> int:
     from shared.runner import close_context, open_context
 
     ctx = await open_context(settings, "turboserve-ctl")
+    if mesh.note is not None:
+        print(f"turboserve ctl: {mesh.note}", file=sys.stderr)
     try:
         ctl = Ctl(ctx)
         if args.ctl_command == "status":

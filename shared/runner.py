@@ -106,7 +106,9 @@ async def retry(
             raise
         except Exception as exc:  # noqa: BLE001 - any connect failure is retried until the deadline
             if time.monotonic() + delay > deadline:
-                raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {exc}") from exc
+                # A timeout's text is empty: say what it was rather than nothing.
+                why = str(exc) or type(exc).__name__
+                raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {why}") from exc
             log.warning("connect_retry", target=what, error=str(exc), retry_in_s=round(delay, 2))
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -120,10 +122,12 @@ async def connect_nats(
     # prefix (the only inboxes its NATS permissions let it read: shared/security.py).
     user = url_user(settings.nats_url)
     refused: list[Exception] = []
+    seen: list[Exception] = []  # what went wrong during an attempt, for its error's text
 
     async def _error_cb(exc: Exception) -> None:
         if "authorization violation" in str(exc).lower():
             refused.append(exc)
+        seen.append(exc)
         log.warning("nats_error", error=str(exc))
 
     async def _reconnected_cb() -> None:
@@ -139,6 +143,7 @@ async def connect_nats(
         # With reconnects allowed, nats-py retries a *first* connect forever; bound each attempt
         # so that retry() owns the deadline, and close the half-open client on failure.
         nc = NATS()
+        seen.clear()
         try:
             await asyncio.wait_for(
                 nc.connect(
@@ -152,13 +157,18 @@ async def connect_nats(
                     reconnected_cb=_reconnected_cb,
                     inbox_prefix=inbox_prefix(user) if user else "_INBOX",
                 ),
-                timeout=3.0,
+                # One attempt never outlasts the whole budget (ctl's is 2 s).
+                timeout=min(3.0, settings.connect_timeout_s),
             )
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 await nc.close()
             if refused:
                 raise _refused("nats", settings.nats_url, "authorization violation") from None
+            if isinstance(exc, TimeoutError) and seen:
+                # nats-py retried inside the attempt until the timeout: the reason is the
+                # last error it reported (connection refused, name not known, ...).
+                raise ConnectionError(f"{mask_url(settings.nats_url)}: {seen[-1]}") from None
             raise
         return nc
 
