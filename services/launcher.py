@@ -190,6 +190,8 @@ class Mesh:
                 "TURBOSERVE_PORT": str(self.port),
                 "TURBOSERVE_MIN_WORKERS": str(self.workers),
             }
+            if self.workers == 0:  # a pool that starts at zero: ready before its first worker
+                child_env.setdefault("TURBOSERVE_READY_WITHOUT_WORKERS", "true")
             for name in SERVICES:
                 log_to = self.log_dir / f"{name}.log" if self.log_dir else None
                 self._spawn(name, [sys.executable, "-m", "services.cli", name],
@@ -276,6 +278,30 @@ class Mesh:
                 out.close()
         self.procs.append((name, proc))
         return proc
+
+    def first_worker_ready(self, timeout: float) -> float | None:
+        """Wait until the gateway's ``/readyz`` says a worker can take a session: the seconds
+        it took, or None after ``timeout``. Raises LaunchError when a service exits or on
+        Ctrl-C meanwhile."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self._ready():
+                return time.monotonic() - started
+            if self.abort():
+                raise LaunchError("interrupted while waiting for the first worker")
+            dead = self.exited()
+            if dead:
+                raise LaunchError(f"{dead[0][0]} exited with code {dead[0][1]} before the first "
+                                  "worker was ready")
+            time.sleep(0.2)
+        return None
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.gateway_url}/readyz", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:  # a 503 (not ready yet) is an HTTPError, an OSError too
+            return False
 
     def _healthy(self) -> bool:
         try:
@@ -388,8 +414,10 @@ def local_keys(env: Mapping[str, str]) -> dict[str, str]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("up", help="run the whole mesh locally (embedded NATS/Redis if none)")
-    p.add_argument("--port", type=int, default=int(os.environ.get("TURBOSERVE_PORT", 8080)))
-    p.add_argument("--host", default=os.environ.get("TURBOSERVE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("TURBOSERVE_PORT", 8080)),
+                   help="the gateway's port (TURBOSERVE_PORT, default 8080)")
+    p.add_argument("--host", default=os.environ.get("TURBOSERVE_HOST", "127.0.0.1"),
+                   help="the address the gateway listens on (TURBOSERVE_HOST, default 127.0.0.1)")
     p.add_argument("--workers", type=int, default=int(os.environ.get("TURBOSERVE_MIN_WORKERS", 1)),
                    help="worker processes to start (CPU workers where there is no GPU)")
     p.add_argument("--embedded", choices=("auto", "always", "never"), default="auto",
@@ -443,7 +471,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     try:
         mesh.start()
+        workers_line = _await_first_worker(mesh, args.workers, log_dir)
     except LaunchError as exc:
+        mesh.stop()
         print(f"turboserve up: {exc}", file=sys.stderr)
         return 1
     url = mesh.gateway_url
@@ -460,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
     print(banner(url, mesh, api_key, env.get("TURBOSERVE_OPERATOR_KEY"), log_dir,
                  pool=f"{args.workers}-{args.max_workers} workers"
                       + (f", CPU workers emulating {emulate} GPUs" if keys["TURBOSERVE_EMULATE"]
-                         else "")), flush=True)
+                         else ""), workers=workers_line), flush=True)
     code = 0
     try:
         while not stop:
@@ -478,6 +508,21 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def _await_first_worker(mesh: Mesh, workers: int, log_dir: Path | None) -> str:
+    """Wait (up to the boot timeout) until a worker can take a session, so that the banner
+    is printed when the playground works; the banner's line about it."""
+    if workers == 0:
+        return "Workers: none yet (the pool starts at zero: the first session waits for one)"
+    print("turboserve up: services started; waiting for the first worker to be ready",
+          file=sys.stderr, flush=True)
+    timeout = float(os.environ.get("TURBOSERVE_BOOT_TIMEOUT_S") or 300)
+    took = mesh.first_worker_ready(timeout)
+    if took is None:
+        where = f" (see {log_dir}/provisioner.log)" if log_dir else ""
+        return f"Workers: none ready after {timeout:.0f} s; sessions wait for one{where}"
+    return f"Workers: the first one is ready ({took:.1f} s after the services): sessions start now"
+
+
 def _first_key(env: Mapping[str, str]) -> str | None:
     """The key to show in the banner: the first of TURBOSERVE_API_KEYS, or the legacy token."""
     entries = [e.strip() for e in env.get("TURBOSERVE_API_KEYS", "").split(",") if e.strip()]
@@ -487,7 +532,7 @@ def _first_key(env: Mapping[str, str]) -> str | None:
 
 
 def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
-           log_dir: Path | None, pool: str = "") -> str:
+           log_dir: Path | None, pool: str = "", workers: str = "") -> str:
     """What a user needs to start: the URL, the keys, a curl line; apart from the logs."""
     auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
     lines = [
@@ -506,6 +551,7 @@ def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
     lines += [
         *mesh.security_lines(),
         *([f"Pool: {pool}"] if pool else []),
+        *([workers] if workers else []),
         "Try it:",
         f"  curl -s -X POST {url}/v1/sessions{auth} -H 'Content-Type: application/json' "
         "-d '{\"prompt\": \"a red fox running through snow\"}'",

@@ -242,6 +242,9 @@ class GatewaySettings(CommonSettings):
     control_wait_s: float = 5.0
     # Chunks a client may fall behind the live edge before it skips ahead (event: lag).
     client_queue_chunks: int = 16
+    # /readyz says ready only once a worker can take a session; true for a pool that starts
+    # at zero workers (the first session then waits for one to boot).
+    ready_without_workers: bool = False
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)

@@ -188,6 +188,7 @@ def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subpro
         "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_RATE_PER_KEY_S": "100000",
         "TURBOSERVE_RATE_BURST": "100000", "TURBOSERVE_MAX_SESSIONS_PER_KEY": "100000",
         "TURBOSERVE_IDLE_AFTER_S": "3600",
+        "TURBOSERVE_READY_WITHOUT_WORKERS": "true",  # no worker: the bench publishes the chunks
     }
     return subprocess.Popen([sys.executable, "-m", "services.cli", "gateway"], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

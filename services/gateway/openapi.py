@@ -135,7 +135,13 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
                 "latency": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
             },
         },
-        "Probe": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+        "Probe": {"type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string"}, "nats": {"type": "boolean"}, "redis": {"type": "boolean"},
+            "closing": {"type": "boolean"},
+            "workers_ready": {"type": "integer", "description": "workers that can take a session"},
+            "needs_worker": {"type": "boolean",
+                             "description": "ready only once a worker is (not with a pool that "
+                                            "starts at zero: TURBOSERVE_READY_WITHOUT_WORKERS)"}}},
     }
 
 

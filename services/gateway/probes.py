@@ -1,5 +1,6 @@
 """Probes and metrics: ``/healthz`` (the process serves), ``/readyz`` (it can take work: NATS and
-Redis answer and it is not shutting down), ``/metrics`` (Prometheus)."""
+Redis answer, it is not shutting down, and a worker is ready to take a session, unless
+``ready_without_workers`` says the pool may start at zero), ``/metrics`` (Prometheus)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import Counter
 from aiohttp import web
 
 from services.gateway.state import GATEWAY, Gateway, json_response
+from shared.wire import WorkerStatus
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -22,13 +24,25 @@ async def _redis_ok(gw: Gateway) -> bool:
         return False
 
 
+async def _workers_ready(gw: Gateway) -> int:
+    """Workers that can take a session: alive and ready (not booting, draining or lost)."""
+    try:
+        workers = await asyncio.wait_for(gw.registry.workers(), timeout=1.0)
+    except Exception:  # noqa: BLE001 - Redis away: none that we know of
+        return 0
+    return sum(1 for w in workers if w.alive and w.status is WorkerStatus.READY)
+
+
 async def readyz(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     nats_ok = gw.ctx.nc.is_connected
     redis_ok = await _redis_ok(gw)
     closing = gw.closing.is_set()
-    ok = nats_ok and redis_ok and not closing
-    body = {"status": "ok" if ok else "unavailable", "nats": nats_ok, "redis": redis_ok, "closing": closing}
+    workers = await _workers_ready(gw) if redis_ok else 0
+    needs_worker = not gw.settings.ready_without_workers
+    ok = nats_ok and redis_ok and not closing and (workers > 0 or not needs_worker)
+    body = {"status": "ok" if ok else "unavailable", "nats": nats_ok, "redis": redis_ok,
+            "closing": closing, "workers_ready": workers, "needs_worker": needs_worker}
     return json_response(body, status=200 if ok else 503)
 
 

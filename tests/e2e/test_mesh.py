@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -189,6 +190,11 @@ def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_pat
             assert proc.poll() is None, (tmp_path / "up.log").read_text()
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        # The banner comes once a worker can take a session, and says so.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            ready = json.loads(resp.read())
+        assert resp.status == 200 and ready["workers_ready"] >= 1
+        assert "Workers: the first one is ready (" in (tmp_path / "up.log").read_text()
         # gateway, scheduler, provisioner, and the worker the provisioner starts
         while len(children := _descendants(proc.pid)) < 4:
             assert time.monotonic() < deadline, children

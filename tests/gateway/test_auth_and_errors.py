@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+import aiohttp
 import pytest
 
 from services.gateway.openapi import document
+from shared.registry import WorkerRecord
+from shared.wire import WorkerStatus
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, OTHER_KEY, bearer, create, run_gateway
 
 pytestmark = pytest.mark.integration
@@ -188,9 +191,22 @@ async def test_openapi_names_exactly_the_routes_served(http, gw):
 
 async def test_probes(http, gw):
     assert (await http.get("/healthz")).status == 200
+    # Up, but nothing can serve a session yet: not ready.
     resp = await http.get("/readyz")
-    assert resp.status == 200 and (await resp.json()) == {"status": "ok", "nats": True, "redis": True,
-                                                         "closing": False}
+    assert resp.status == 503 and (await resp.json()) == {
+        "status": "unavailable", "nats": True, "redis": True, "closing": False,
+        "workers_ready": 0, "needs_worker": True}
+    registry = gw.ctx.registry
+    await registry.register_worker(WorkerRecord("w-booting", WorkerStatus.BOOTING, 4), ttl_s=30)
+    await registry.register_worker(WorkerRecord("w-silent", WorkerStatus.READY, 4), ttl_s=0.05)
+    await asyncio.sleep(0.2)  # its heartbeat lapses
+    resp = await http.get("/readyz")
+    assert resp.status == 503, await resp.text()  # booting, or ready but silent: not yet
+    await registry.register_worker(WorkerRecord("w-ready", WorkerStatus.READY, 4), ttl_s=30)
+    resp = await http.get("/readyz")
+    assert resp.status == 200 and (await resp.json()) == {
+        "status": "ok", "nats": True, "redis": True, "closing": False,
+        "workers_ready": 1, "needs_worker": True}
     gw.gateway.closing.set()
     resp = await http.get("/readyz")
     assert resp.status == 503 and (await resp.json())["closing"] is True
@@ -222,3 +238,12 @@ async def test_secrets_are_never_logged(gw_env, nats_client, redis_client):
     assert any(e["event"] == "session_closed" for e in logs)
     for secret in (API_KEY, OTHER_KEY, OPERATOR_KEY, s["token"]):
         assert secret not in text
+
+
+async def test_a_pool_that_starts_at_zero_is_ready_without_workers(gw_env, nats_client,
+                                                                     redis_client):
+    async with run_gateway(gw_env, ready_without_workers=True) as gw, \
+            aiohttp.ClientSession(gw.url) as http:
+        resp = await http.get("/readyz")
+        body = await resp.json()
+    assert resp.status == 200 and body["workers_ready"] == 0 and body["needs_worker"] is False
