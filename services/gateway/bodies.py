@@ -46,6 +46,10 @@ def seed_of(body: dict[str, Any]) -> int:
     seed = body.get("seed")
     if seed is None:
         return secrets.randbits(31)
+    if isinstance(seed, float) and seed.is_integer() and abs(seed) >= 2**63:
+        # orjson reads an integer beyond 64 bits as a float: it is an integer, out of range.
+        raise errors.OutOfRange(f"'seed' must be in [0, {SEED_LIMIT})", field="seed",
+                                minimum=0, maximum=SEED_LIMIT - 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise errors.InvalidRequest("'seed' must be an integer", field="seed")
     if not 0 <= seed < SEED_LIMIT:
