@@ -192,6 +192,8 @@ class Mesh:
             }
             if self.workers == 0:  # a pool that starts at zero: ready before its first worker
                 child_env.setdefault("TURBOSERVE_READY_WITHOUT_WORKERS", "true")
+            if self.log_dir:  # each worker the provisioner starts: a log file of its own
+                child_env["TURBOSERVE_WORKER_LOG_DIR"] = str(self.log_dir)
             for name in SERVICES:
                 log_to = self.log_dir / f"{name}.log" if self.log_dir else None
                 self._spawn(name, [sys.executable, "-m", "services.cli", name],

@@ -502,6 +502,9 @@ class ProvisionerSettings(CommonSettings):
     # credentials (docs/security.md); empty: the provisioner's own URLs.
     worker_nats_url: str = ""
     worker_redis_url: str = ""
+    # local: a folder where each worker it starts writes its own log (worker-<id>.log);
+    # empty: the workers write where the provisioner does.
+    worker_log_dir: str = ""
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)

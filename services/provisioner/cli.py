@@ -19,12 +19,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from services.cli import fail
     from services.provisioner.service import ProvisionerService
+    from shared.logging import configure_logging
     from shared.runner import run_service
     from shared.settings import ProvisionerSettings
 
     flags = {"min_workers": args.min_workers, "max_workers": args.max_workers,
              "backend": args.backend}
     settings = ProvisionerSettings.from_env(**{k: v for k, v in flags.items() if v is not None})
+    # The backend logs as it is made (the GPUs it finds): in the service's format already.
+    configure_logging(settings.log_level, settings.log_format, service="provisioner")
     try:
         backend = make_backend(settings)
     except BackendUnavailable as exc:

@@ -10,7 +10,8 @@ always joins the mesh that started it; only its credentials differ where
 
 With GPUs, there is one worker per GPU at most; without, CPU workers up to ``max_workers``. On
 Linux a worker also gets SIGTERM if the provisioner dies (``PR_SET_PDEATHSIG``), so even a
-killed provisioner leaves no orphan behind.
+killed provisioner leaves no orphan behind. With ``TURBOSERVE_WORKER_LOG_DIR`` each worker
+writes its own ``worker-<id>.log`` there (``turboserve up`` sets it to its log folder).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
 from services.proc import die_with_parent
 from services.provisioner.backend import LaunchError, OnExit, Spawn, mesh_env
@@ -81,10 +84,12 @@ class LocalBackend:
         if self.gpus and gpu is None:
             raise LaunchError(f"all {len(self.gpus)} GPUs are in use")
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.cli", "worker",
-                env=self.worker_env(worker_id, gpu), preexec_fn=die_with_parent,
-            )
+            with self._log_file(worker_id) as out:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "services.cli", "worker",
+                    env=self.worker_env(worker_id, gpu), preexec_fn=die_with_parent,
+                    stdout=out, stderr=out,
+                )
         except OSError as exc:
             raise LaunchError(f"could not start a worker process: {exc}") from exc
         worker = LocalWorker(worker_id, process, gpu)
@@ -94,6 +99,15 @@ class LocalBackend:
         log.info("worker_process_started", worker_id=worker_id, pid=process.pid,
                  gpu=str(gpu) if gpu else "cpu")
         return _where(worker)
+
+    def _log_file(self, worker_id: str) -> contextlib.AbstractContextManager[IO[bytes] | None]:
+        """The worker's own log file (``worker_log_dir``), open for the launch only: the child
+        keeps its copy of the descriptor. None: it writes where the provisioner does."""
+        if not self.settings.worker_log_dir:
+            return contextlib.nullcontext()
+        folder = Path(self.settings.worker_log_dir).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        return open(folder / f"worker-{worker_id}.log", "ab")  # noqa: SIM115 - closed by with
 
     async def terminate(self, worker_id: str, grace_s: float) -> str:
         worker = self.workers.pop(worker_id, None)

@@ -251,3 +251,47 @@ async def _until(check, timeout: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
+
+
+async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(env, tmp_path,
+                                                                               redis_client):
+    """As ``turboserve up --logs file`` runs it: the provisioner's output, piped, is JSON from
+    its first line (the GPUs it looks for included); each worker it starts writes its own
+    ``worker-<id>.log``."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from shared.registry import Registry
+
+    penv = {**os.environ, **env, "TURBOSERVE_LOG_LEVEL": "info", "TURBOSERVE_GPUS": "auto",
+            "TURBOSERVE_MIN_WORKERS": "1", "TURBOSERVE_MAX_WORKERS": "1",
+            "TURBOSERVE_WORKER_LOG_DIR": str(tmp_path / "logs"), "TURBOSERVE_LOG_FORMAT": "auto"}
+    penv.pop("TURBOSERVE_EMULATE", None)
+    out_path = tmp_path / "provisioner.log"
+    with open(out_path, "wb") as out:  # noqa: ASYNC230 - a local file, opened once
+        proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
+            [sys.executable, "-m", "services.cli", "provisioner"], env=penv,
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    registry = Registry(redis_client, env["TURBOSERVE_REDIS_NAMESPACE"])
+    try:
+        deadline = time.monotonic() + 90
+        while not [w for w in await registry.workers()
+                   if w.alive and w.status is WorkerStatus.READY]:
+            assert proc.poll() is None, out_path.read_text()
+            assert time.monotonic() < deadline, "no worker ready"
+            await asyncio.sleep(0.2)
+        (worker,) = await registry.workers()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    lines = out_path.read_text().splitlines()
+    assert lines and all(line.startswith("{") for line in lines), [
+        line for line in lines if not line.startswith("{")]
+    events = [json.loads(line)["event"] for line in lines]
+    assert "no_gpu" in events or "gpus_found" in events or "local_backend" in events
+    assert "worker_starting" not in events  # the worker's lines are in its own file
+    own = (tmp_path / "logs" / f"worker-{worker.id}.log").read_text().splitlines()
+    assert own and all(line.startswith("{") for line in own)
+    assert "worker_starting" in {json.loads(line)["event"] for line in own}
