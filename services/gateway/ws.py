@@ -8,7 +8,8 @@ Server to client:
   back (``frame_sizes`` says where each ends);
 - **text** messages (JSON): ``{"type": "state", ...}`` (a lifecycle notice, as SSE's
   ``event: state``), ``{"type": "lag", ...}``, ``{"type": "end", "last_seq", "reason"}``,
-  ``{"type": "ack", "control", "id", "confirmed", "next_seq"}`` and ``{"type": "error",
+  ``{"type": "ack", "control", "id", "confirmed", "next_seq"}`` (a close's also ``state`` and
+  ``last_seq``, its ``next_seq`` null: nothing follows) and ``{"type": "error",
   "control", "id", "error": {"code", "message", ...}}``.
 
 Client to server (text, JSON): ``{"type": "prompt", "prompt": "..."}``, ``{"type": "pause"}``,
@@ -177,7 +178,8 @@ async def _apply(gw: Gateway, record: SessionRecord, kind: str, body: dict[str, 
     if kind == "resume":
         return (await control.resume(gw, record)).body("resume")
     closed = await control.close(gw, record)
-    return {"confirmed": True, "next_seq": None, "state": str(closed.state)}
+    return {"confirmed": True, "next_seq": None, "state": str(closed.state),
+            "last_seq": closed.last_seq}
 
 
 async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer: Viewer,

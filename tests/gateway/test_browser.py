@@ -169,6 +169,9 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
     wait_for(lambda: [x for x in log_lines(d) if x.startswith("resume")], what="resume ack")
     d.find_element("id", "close").click()
     wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
+    (closed,) = wait_for(lambda: [x for x in log_lines(d) if x.startswith("close")],
+                         what="close ack")
+    assert closed.startswith("close closed after seq ") and "not confirmed" not in closed, closed
 
     # the dashboard drops it
     d.switch_to.window(d.window_handles[-1])

@@ -165,6 +165,7 @@ async def test_websocket_binary_chunks_state_and_controls(http, gw, worker, nats
             await ws.send_str('{"type": "close", "id": 9}')
             ack = await receive_json(ws, "ack")
             assert ack["control"] == "close" and ack["state"] == "terminated"
+            assert ack["next_seq"] is None and ack["last_seq"] == -1  # no chunk was recorded
             end = await receive_json(ws, "end")
             assert end["reason"] == "closed"
             assert (await ws.receive(timeout=10)).type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)

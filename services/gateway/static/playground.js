@@ -176,8 +176,7 @@ function onText(msg) {
       if (ended) setControls(false);
       break;
     case "ack": {
-      const at = msg.next_seq === null ? "seq not confirmed yet" : `from seq ${msg.next_seq}`;
-      log(msg.control, `${msg.confirmed ? "done" : "accepted"}, ${at}`);
+      log(msg.control, ackText(msg));
       if (msg.control === "pause") ui.state.textContent = "paused";
       if (msg.control === "resume") ui.state.textContent = "playing";
       break;
