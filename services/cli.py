@@ -38,6 +38,8 @@ TOP_LEVEL = (
     Subcommand("scheduler", "services.scheduler.cli",
                "run the live scheduler (TURBOSERVE_* settings)"),
     Subcommand("worker", "services.gpu_worker.cli", "run a GPU worker (TURBOSERVE_* settings)"),
+    Subcommand("frames", "services.gpu_worker.frames",
+               "write a strip of the model's frames as a PNG (no services needed)"),
     Subcommand("model", "services.gpu_worker.model_check",
                "inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]"),
     Subcommand("provisioner", "services.provisioner.cli",

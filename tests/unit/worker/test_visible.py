@@ -1,17 +1,16 @@
 """The untrained default model is visibly alive: colour, contrast, motion that continues across
 chunks, and pictures that follow the prompt and the seed (``model/visible.py``).
 
-Also a helper to look at it: ``python -m tests.unit.worker.test_visible /tmp/alive.png``
-saves a strip of frames as a PNG (see ``save_strip``).
+To look at it: ``turboserve frames /tmp/alive.png`` saves a strip of frames as a PNG
+(``services/gpu_worker/frames.py``).
 """
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import pytest
 import torch
+
+from services.gpu_worker.frames import save_strip
 
 from .conftest import make_engine
 
@@ -140,36 +139,3 @@ def test_save_strip_writes_a_png(tmp_path):
     with Image.open(path) as image:
         height, width = rows[0].shape[1:3]
         assert image.size == (6 * width, 2 * height)
-
-
-def save_strip(rows: list[torch.Tensor], path: Path | str, every: int = 3) -> Path:
-    """One row per clip, every ``every``-th frame from left to right, as a PNG."""
-    from PIL import Image
-
-    strip = torch.cat([torch.cat(list(frames[::every]), dim=1) for frames in rows], dim=0)
-    path = Path(path)
-    Image.fromarray(strip.clamp(0, 255).to(torch.uint8).numpy()).save(path)
-    return path
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=save_strip.__doc__)
-    parser.add_argument("out", nargs="?", default="/tmp/alive.png")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--chunks", type=int, default=8)
-    parser.add_argument("--every", type=int, default=3)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    rows = [clip(prompt, seed, args.chunks, args.preset)
-            for prompt, seed in ((FOX, 1), (FOX, 2), (WHALE, 1))]
-    path = save_strip(rows, args.out, args.every)
-    print(f"{path}: rows {FOX!r} seed 1, seed 2, {WHALE!r} seed 1; one frame in "
-          f"{args.every} of {args.chunks} chunks ({FRAMES} frames each), left to right")
-    print("spatial std", [round(float(spatial_std(r).median()), 1) for r in rows],
-          "steps (within, boundary)", [tuple(round(x, 2) for x in frame_steps(r)) for r in rows],
-          "neighbour corr", [round(neighbour_correlation(r), 3) for r in rows],
-          "second colour share", [round(second_colour_share(r), 3) for r in rows])
-
-
-if __name__ == "__main__":
-    main()
