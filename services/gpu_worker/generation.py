@@ -33,9 +33,18 @@ from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerC
 
 log = get_logger("turboserve.worker")
 
-FPS = 16.0  # playback rate of the frames a chunk carries
+FPS = 16.0  # playback rate of an unpaced worker's chunks (a chunk period of 0)
 
 Outgoing = Chunk | SessionNotice
+
+
+def playback_fps(frames: int, period_s: float) -> float:
+    """The rate a chunk's frames play at: a chunk carries as much video as its period, whatever
+    sets the period (emulation, the profile, TURBOSERVE_CHUNK_PERIOD_S) and however many frames
+    this chunk has (a model's first chunk may carry fewer). Unpaced (period 0): FPS."""
+    if period_s <= 0 or frames <= 0:
+        return FPS
+    return frames / period_s
 
 
 class ChunkSink(Protocol):
@@ -452,7 +461,7 @@ class GenerationLoop:
                 frames=encode_frames(frames, fmt="jpeg", quality=self.jpeg_quality),
                 width=int(frames.shape[2]),
                 height=int(frames.shape[1]),
-                fps=FPS,
+                fps=playback_fps(int(frames.shape[0]), self.period_s),
                 gen_ms=gen_ms,
                 batch=r.batch,
                 due_at=due,

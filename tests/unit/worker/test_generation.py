@@ -218,3 +218,17 @@ def test_a_pause_cancels_a_resume_that_waits_for_a_slot():
     loop._apply(cmd(WorkerCmdKind.SUSPEND, "b"))  # noqa: SLF001
     loop._settle_boundaries()  # noqa: SLF001
     assert "a" in loop.engine.suspended_sessions() and loop.owned["a"].resume_waiting is None
+
+
+def test_a_chunk_carries_as_much_video_as_its_period():
+    from services.gpu_worker.generation import FPS, playback_fps
+
+    assert playback_fps(12, 1.25) == 9.6 and playback_fps(9, 1.25) == 7.2  # the emulated H20
+    assert playback_fps(12, 0.75) == 16.0
+    assert playback_fps(12, 0.0) == FPS  # unpaced
+    sink = RecordingSink()
+    loop = _loop(sink, period_s=0.25, lead_s=0.25)
+    loop.inbox.put(_assign("s", 1))
+    _run(loop, lambda: len(sink.chunks("s")) >= 2)
+    for chunk in sink.chunks("s"):
+        assert abs(len(chunk.frames) / chunk.fps - 0.25) < 1e-9  # its duration is the period
