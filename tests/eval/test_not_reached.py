@@ -172,3 +172,15 @@ def test_a_sweep_above_the_level_everywhere_reaches_it_at_most_at_its_cheapest_p
     assert static_at_slo(missed) == {"cost_gpu_hours": 6.0, "gpus": 12, "attainment": 0.97,
                                      "reached": False, "best_attainment": 0.97,
                                      "best_cost_gpu_hours": 6.0}
+
+
+def test_the_gap_to_the_clairvoyant_leaves_out_traces_where_its_sweep_misses_our_p99():
+    from services.scheduler.eval.analysis import _oracle_gap
+
+    def trace(gap: float, inside: bool) -> dict:
+        return {"oracle": {"gap_to_clairvoyant_matched_latency_pct": gap,
+                           "clairvoyant_match_in_range": inside}}
+
+    gap = _oracle_gap({"a": trace(10.0, True), "b": trace(300.0, False), "c": trace(20.0, True)})
+    assert gap == {"avg": 15.0, "max": 20.0, "traces_averaged": 2, "left_out": ["b"]}
+    assert _oracle_gap({"b": trace(300.0, False)})["avg"] is None

@@ -150,7 +150,12 @@ def _figure(i: int, s: dict[str, Any], document: dict[str, Any],
         text = f"{v['avg']:.1f} ({v['instances']} instances)"
         return text + (f"; two kinds (H20 + H200) {mixed['avg']:.1f}" if mixed else "")
     if i == 5:
-        return f"{s['autoscaler_gap_to_oracle_pct']['avg']:.1f}"
+        og = s["autoscaler_gap_to_oracle_pct"]
+        text = "-" if og["avg"] is None else f"{og['avg']:.1f}"
+        if og.get("left_out"):
+            text += (f" ({og['traces_averaged']} of {len(traces)} traces; left out: "
+                     f"{', '.join(og['left_out'])}, our p99 outside its sweep)")
+        return text
     if i == 6:
         v = s.get("gap_to_boot_aware_floor_pct")
         return "-" if not v else f"{v['avg']:.1f} (max {max(v['per_trace'].values()):.1f})"

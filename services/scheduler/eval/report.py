@@ -55,9 +55,10 @@ def _summary_table(s: dict[str, Any], traces: dict[str, Any]) -> str:
          f"{pg['avg']:.3f} ({pg['max']:.2f}); "
          f"{pg.get('tight_capacity_4_avg', float('nan')):.3f} "
          f"({pg.get('tight_capacity_4_max', float('nan')):.2f})", "< 2", _met(pg["avg"] < 2.0)],
-        ["autoscaler gap to clairvoyant at matched p99, avg (max) %",
-         f"{PAPER['oracle']} ({PAPER['oracle_max']})", f"{og['avg']:.1f} ({og['max']:.1f})",
-         "< 4", _met(og["avg"] < 4.0)],
+        ["autoscaler gap to clairvoyant at matched p99, avg (max) %, where the clairvoyant's "
+         "sweep reaches our p99",
+         f"{PAPER['oracle']} ({PAPER['oracle_max']})", _oracle_text(og, len(traces)),
+         "< 4", _met(og["avg"] is not None and og["avg"] < 4.0)],
         ["autoscaler gap to the floor, avg (max) %; boot-aware floor avg", "not reported",
          f"{fg['avg']:.1f} ({fg['max']:.1f}); {fg['with_boot_avg']:.1f}", "reported", "-"],
         ["floor is a lower bound on every run", "no (one cell)",
@@ -115,6 +116,15 @@ def _service_table(traces: dict[str, Any]) -> str:
          "adaptive p99 ms", "best static", "its GPU-h", "hpa GPU-h @ 99%",
          "ll_autoscale GPU-h @ 99%", "no-migr. GPU-h @ 99%", "clairv. GPU-h @ 99%",
          "cost red. vs static %", "vs best of ll/hpa %", "gap boot-floor %"], rows)
+
+
+def _oracle_text(og: dict[str, Any], total: int) -> str:
+    text = "-" if og["avg"] is None else f"{og['avg']:.1f} ({og['max']:.1f})"
+    if "traces_averaged" not in og:  # a document written before the gap named its traces
+        return text
+    left = og["left_out"]
+    return (text + f"; {og['traces_averaged']} of {total} traces"
+            + (f"; left out: {', '.join(left)} (our p99 outside its sweep)" if left else ""))
 
 
 def _signed(value: float | None) -> str:
