@@ -37,7 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="untimed chunks per batch size (default: until every KV window is full, +1)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint", default=None, help="safetensors in the Wan2.1 layout")
+    parser.add_argument("--checkpoint", default=None,
+                        help="the causal DiT (.pt or safetensors; TURBOSERVE_CHECKPOINT)")
+    parser.add_argument("--model", default=None,
+                        help="a Wan2.1 model folder: umT5 and the Wan VAE (TURBOSERVE_MODEL)")
+    parser.add_argument("--resolution", default=None,
+                        help="HEIGHTxWIDTH of a loaded model (default 480x832)")
     parser.add_argument("--json", dest="json_out", default=None, help="write results here")
     parser.add_argument("--profile-out", default=None, help="write a scheduler latency profile")
     parser.add_argument("--gpu-kind", default=None, help="profile gpu_kind (default: device name)")
@@ -115,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         _check_options(args)
         report = run_benchmark(
             preset=args.preset, batches=batches, device=args.device, chunks=args.chunks,
-            warmup=args.warmup, seed=args.seed, checkpoint=args.checkpoint,
+            warmup=args.warmup, seed=args.seed, checkpoint=args.checkpoint, model=args.model,
+            resolution=args.resolution,
         )
     except BenchUsageError as exc:
         return _fail(str(exc))
@@ -137,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
 def run_benchmark(
     preset: str, batches: list[int], device: str = "auto", chunks: int = 5,
     warmup: int | None = None,
-    seed: int = 0, checkpoint: str | None = None,
+    seed: int = 0, checkpoint: str | None = None, model: str | None = None,
+    resolution: str | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -147,20 +154,27 @@ def run_benchmark(
     if chunks < 1:
         raise BenchUsageError(f"--chunks must be >= 1, got {chunks}")
 
-    from .model.checkpoint import CheckpointMismatch
+    from shared.settings import parse_resolution
 
+    from .model.checkpoint import CheckpointMismatch
+    from .model.folder import ModelFolderError
+
+    size = parse_resolution(resolution) if resolution else None
+    if resolution and size is None:
+        raise BenchUsageError(f"--resolution {resolution!r}: HEIGHTxWIDTH, multiples of 16")
     try:
         engine = Engine(EngineConfig(
             preset=preset, device=device, max_sessions=max(batches), seed=seed,
-            checkpoint=checkpoint,
+            checkpoint=checkpoint, model=model, resolution=size,
         ))
-    except CheckpointMismatch as exc:
+    except (CheckpointMismatch, ModelFolderError) as exc:
         raise BenchUsageError(str(exc)) from None
     except Exception as exc:
         if checkpoint and type(exc).__name__ == "SafetensorError":
             raise BenchUsageError(f"checkpoint {checkpoint!r} is not a safetensors file: {exc}") from None
         raise
-    print(f"# {telemetry.describe(engine._device)}; preset {preset}; dtype {engine.dtype}")
+    print(f"# {telemetry.describe(engine._device)}; model {engine.model_config.name}; "
+          f"dtype {engine.dtype}")
     if warmup is None:
         # Time the steady state: every session's window full, so attention runs unmasked.
         warmup = engine.fill_chunks + 1
@@ -169,8 +183,10 @@ def run_benchmark(
         _set_batch(engine, batch)
         for _ in range(warmup):
             engine.step()
+        engine._decode_ms.clear()
         times = [engine.step()[0].gen_ms for _ in range(chunks)]
         p50 = statistics.median(times)
+        decode = engine.decode_ms_by_batch()[batch]  # the decodes of these very steps
         pass_times, pass_chunks = _time_passes(engine, batch, chunks)
         results.append({
             "batch": batch,
@@ -183,6 +199,10 @@ def run_benchmark(
             "pass_ms_max": round(max(pass_times), 3),
             # gen_ms of the chunks made by pass_step: the sum of their passes' times
             "pass_chunk_ms_p50": round(statistics.median(pass_chunks), 3) if pass_chunks else None,
+            # The frame decoder's share of chunk_ms (timed inside those steps), and the rest:
+            # the DiT's passes and the sampler.
+            "decode_ms_p50": round(decode, 3),
+            "dit_ms_p50": round(p50 - decode, 3),
         })
     suspend_ms, resume_ms = _suspend_resume_ms(engine, repeats=max(chunks, 3))
     base = results[0]["sessions_per_s"]
@@ -191,8 +211,9 @@ def run_benchmark(
     config = engine.model_config
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     weights += sum(p.numel() * p.element_size() for p in engine.decoder.parameters())
+    text_ms = _text_encode_ms(engine, repeats=max(chunks, 3))
     report: dict[str, Any] = {
-        "preset": preset,
+        "preset": engine.model_config.name,
         "device": engine.device,
         "dtype": str(engine.dtype).removeprefix("torch."),
         "state_bytes": engine.state_bytes,
@@ -207,10 +228,27 @@ def run_benchmark(
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "telemetry": engine.telemetry(),
+        "model": engine.sources,
+        "decoder": engine.decoder.kind,
+        "text_encoder": engine.text_encoder.name,
+        # One new prompt through the text encoder (off the generation pass in the worker).
+        "text_encode_ms": round(text_ms, 3),
+        "decoder_state_bytes": engine.pool.decoder_numel * engine.pool.misc.element_size(),
     }
     if engine._device.type == "cuda":
         report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(engine._device)
     return report
+
+
+def _text_encode_ms(engine: Any, repeats: int) -> float:
+    """Median wall time to encode a prompt the encoder has not seen (no cache)."""
+    times = []
+    for i in range(repeats):
+        prompt = f"bench prompt number {i}: a slow pan over a misty valley at dawn"
+        started = time.perf_counter()
+        engine.text_encoder.encode(prompt)
+        times.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(times)
 
 
 def _time_passes(engine: Any, batch: int, chunks: int) -> tuple[list[float], list[float]]:
@@ -266,11 +304,12 @@ def _suspend_resume_ms(engine: Any, repeats: int) -> tuple[float, float]:
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [
-        f"worker benchmark: preset {report['preset']} on {report['device']} ({report['dtype']}), "
+        f"worker benchmark: model {report['preset']} on {report['device']} ({report['dtype']}), "
         f"{report['video_frames_per_chunk']} frames/chunk at "
         f"{report['resolution'][0]}x{report['resolution'][1]}",
         f"{'batch':>5} {'chunk ms p50':>13} {'min':>9} {'max':>9} {'sessions/s':>11} "
-        f"{'x first':>8} {'pass ms p50':>12} {'x' + str(report.get('passes_per_chunk', '?')):>8}",
+        f"{'x first':>8} {'pass ms p50':>12} {'x' + str(report.get('passes_per_chunk', '?')):>8}"
+        f" {'DiT ms':>9} {'decode ms':>10}",
     ]
     for row in report["results"]:
         pass_p50 = row.get("pass_ms_p50")
@@ -279,11 +318,18 @@ def format_table(report: dict[str, Any]) -> str:
             f"{row['batch']:>5} {row['chunk_ms_p50']:>13.1f} {row['chunk_ms_min']:>9.1f} "
             f"{row['chunk_ms_max']:>9.1f} {row['sessions_per_s']:>11.2f} {row['speedup_vs_first']:>8.2f}"
             + (f" {pass_p50:>12.2f} {pass_p50 * ppc:>8.1f}" if pass_p50 and ppc else "")
+            + (f" {row['dit_ms_p50']:>9.1f} {row['decode_ms_p50']:>10.1f}"
+               if "decode_ms_p50" in row else "")
         )
     lines.append(
         f"state per session: {report['state_bytes'] / 2**20:.2f} MiB; suspend "
         f"{report['suspend_ms']:.2f} ms, resume {report['resume_ms']:.2f} ms (median)"
     )
+    if "text_encode_ms" in report:
+        lines.append(
+            f"decoder {report['decoder']} (state {report['decoder_state_bytes'] / 2**20:.2f} MiB "
+            f"per session); text encoder {report['text_encoder']}: "
+            f"{report['text_encode_ms']:.1f} ms per new prompt")
     return "\n".join(lines)
 
 

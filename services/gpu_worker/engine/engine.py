@@ -139,6 +139,7 @@ class Engine:
         self._chunk_ms: dict[int, deque[float]] = {}
         self._pass_ms: dict[int, deque[float]] = {}
         self._switch_ms: deque[float] = deque(maxlen=64)  # prompt switches (incl. re-cache)
+        self._decode_ms: dict[int, deque[float]] = {}  # per batch of the decoded chunks
         self._spare_host: list[list[torch.Tensor]] = []  # recycled suspend buffers
         self._lock = threading.RLock()
 
@@ -531,6 +532,8 @@ class Engine:
         self._commit(done, [sessions[r].position for r in done], clean)
         state = self.pool.decoder_state(0, batch)
         frames: list[torch.Tensor] = [torch.empty(0)] * len(done)
+        self._sync()
+        started = time.perf_counter()
         for fresh in (True, False):
             group = [j for j, r in enumerate(done) if (sessions[r].position == 0) is fresh]
             if not group:
@@ -546,7 +549,14 @@ class Engine:
                 state[at] = gathered
             for j, video in zip(group, out, strict=True):
                 frames[j] = video
+        self._sync()
+        decode_ms = (time.perf_counter() - started) * 1000.0
+        self._decode_ms.setdefault(len(done), deque(maxlen=64)).append(decode_ms)
         return done, frames
+
+    def _sync(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
 
     def _complete(
         self, session: _Session, frames: torch.Tensor, gen_ms: float, batch: int
@@ -771,6 +781,12 @@ class Engine:
         samples = list(self._chunk_ms.items())
         return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
+    def decode_ms_by_batch(self) -> dict[int, float]:
+        """Median wall time of the frame decoder per number of chunks it decoded in a pass
+        (part of the chunk time); lock-free like ``chunk_ms_by_batch``."""
+        samples = list(self._decode_ms.items())
+        return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
+
     def pass_ms_by_batch(self) -> dict[int, float]:
         """Median measured wall time of one ``pass_step`` pass, per batch size seen;
         lock-free like ``chunk_ms_by_batch``. Under pass_step, ``chunk_ms_by_batch`` holds
@@ -790,6 +806,7 @@ class Engine:
             state_bytes=self.state_bytes,
             chunk_ms=self.chunk_ms_by_batch(),
             pass_ms=self.pass_ms_by_batch(),
+            decode_ms=self.decode_ms_by_batch(),
             passes_per_chunk=self.passes_per_chunk,
             text_encode_ms=self.prompts.encode_ms(),
             prompt_switch_ms=(statistics.median(self._switch_ms) if self._switch_ms else None),

@@ -124,10 +124,6 @@ class UMT5TextEncoder:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         return cls(model.to(device=device, dtype=dtype), tokenizer, max_len)
 
-    @property
-    def parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
     @torch.inference_mode()
     def encode(self, prompt: str) -> torch.Tensor:
         tokens = self.tokenizer(

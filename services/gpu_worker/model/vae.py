@@ -25,6 +25,7 @@ Latents are in the DiT's normalised space; the decoder de-normalises them with t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,10 +96,10 @@ class WanVaeDecoder:
     def state_numel(self) -> int:
         return self.layout.numel
 
-    @property
-    def parameters(self) -> int:
-        return sum(p.numel() for p in self.vae.decoder.parameters()) + sum(
-            p.numel() for p in self.vae.post_quant_conv.parameters())
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The weights decoding uses (the decoder and post_quant_conv; not the encoder)."""
+        yield from self.vae.decoder.parameters()
+        yield from self.vae.post_quant_conv.parameters()
 
     def video_frames(self, latent_frames: int, fresh: bool) -> int:
         return 1 + TIME_STRIDE * (latent_frames - 1) if fresh else TIME_STRIDE * latent_frames
