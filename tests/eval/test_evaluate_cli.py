@@ -53,6 +53,12 @@ def test_the_json_has_its_documented_summary_keys(result):
     for key in ("cost_reduction_at_matched_slo_pct", "gap_to_boot_aware_floor_pct"):
         assert set(summary[key]["per_trace"]) == {"short_bursty", "short_calm"}, key
     assert set(summary["placement_mixed_kinds"]) == {"h20_h200", "crossing", "crossing_eta_1"}
+    # Sweeps that missed 99% were extended up to the stated caps, and the JSON says so.
+    ext = doc["config"]["sweep_extension"]
+    assert ext["headroom_cap"] == 0.15 and ext["static_cap_factor"] == 2.0
+    for t in doc["traces"].values():
+        assert set(t["sweep_extension"]) == {"added", "static_cap_gpus", "not_reached_at_cap"}
+    assert doc["config"]["runs"] >= ext["runs"]
 
 
 def test_both_profiles_are_evaluated(result):
