@@ -108,6 +108,25 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     return from_diffusers(merge_lora(map_keys(raw)))
 
 
+def has_lora(path: str | Path) -> bool:
+    """Whether the file carries LoRA pairs (LongLive's adapter), from its key names alone."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return any(".lora_A." in key for key in f.keys())  # noqa: SIM118
+    raw = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    stack = [raw]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if any(isinstance(k, str) and ".lora_A." in k for k in item):
+                return True
+            stack.extend(v for v in item.values() if isinstance(v, dict))
+    return False
+
+
 def load_checkpoint(model: nn.Module, path: str | Path, strict: bool = True) -> list[str]:
     """Copies the checkpoint's weights into ``model`` (casting to its dtype and device).
 

@@ -21,7 +21,13 @@ from typing import Protocol
 
 import torch
 
-from .checkpoint import CheckpointMismatch, dit_geometry, load_tensors, read_checkpoint
+from .checkpoint import (
+    CheckpointMismatch,
+    dit_geometry,
+    has_lora,
+    load_tensors,
+    read_checkpoint,
+)
 from .config import PRESETS, ModelConfig, get_preset
 from .decoder import build_decoder
 from .dit import CausalWanModel, build_model
@@ -204,9 +210,11 @@ def _identity(paths: list[Path]) -> tuple[str, str]:
 
 
 def _is_longlive(checkpoint: str | None) -> bool:
-    """LongLive's checkpoints are named so (``longlive_base.pt``, ``longlive_lora.pt``);
+    """LongLive's checkpoints: named so (``longlive_base.pt``), or carrying its LoRA adapter;
     ``prompt_recache`` overrides what this decides."""
-    return bool(checkpoint) and "longlive" in Path(str(checkpoint)).name.lower()
+    if not checkpoint:
+        return False
+    return "longlive" in Path(checkpoint).name.lower() or has_lora(checkpoint)
 
 
 __all__ = ["CheckpointMismatch", "FrameDecoder", "LoadedModel", "ModelFolderError", "ModelSpec",

@@ -3,11 +3,19 @@ that layout (not from our module names) so a renamed module breaks the test."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from services.gpu_worker.model import CheckpointMismatch, build_model, get_preset, load_checkpoint
+from services.gpu_worker.model import (
+    CheckpointMismatch,
+    build_model,
+    get_preset,
+    load_checkpoint,
+    read_checkpoint,
+)
 
 from .conftest import make_engine
 
@@ -112,3 +120,82 @@ def test_engine_generates_from_a_checkpoint(tmp_path):
     # The checkpoint, not the weight seed, decides the DiT; the decoder is still seeded.
     assert not torch.equal(frames[0], frames[2])
     assert torch.equal(loaded[0].model.blocks[0].ffn[0].weight, loaded[1].model.blocks[0].ffn[0].weight)
+
+
+def test_a_self_forcing_pt_is_read_directly_with_its_generator_ema(tmp_path):
+    """Self-Forcing's training checkpoints: a dict of state dicts, ``generator_ema`` wins;
+    read with ``weights_only=True``, so a pickle that runs code is refused."""
+    config = get_preset("tiny")
+    ema = {k: torch.randn(shape) for k, shape in wan_layout(config).items()}
+    plain = {k: torch.zeros(shape) for k, shape in wan_layout(config).items()}
+    path = tmp_path / "self_forcing_dmd.pt"
+    torch.save({"generator": plain, "generator_ema": {f"model.{k}": v for k, v in ema.items()},
+                "step": torch.tensor(600)}, path)
+    tensors = read_checkpoint(path)
+    assert set(tensors) == set(ema) and all(torch.equal(tensors[k], ema[k]) for k in ema)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    torch.save({"generator_ema": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(Exception, match="(?i)weights.only|unsupported|global"):
+        read_checkpoint(tmp_path / "evil.pt")
+
+
+def test_lora_pairs_are_merged_into_their_base_weights(tmp_path):
+    config = get_preset("tiny")
+    base = {k: torch.randn(shape) for k, shape in wan_layout(config).items()}
+    down, up = torch.randn(4, config.dim), torch.randn(config.dim, 4)
+    peft = {f"base_model.model.{k}".replace(".q.weight", ".q.base_layer.weight"): v
+            for k, v in base.items()}
+    peft["base_model.model.blocks.0.self_attn.q.lora_A.default.weight"] = down
+    peft["base_model.model.blocks.0.self_attn.q.lora_B.default.weight"] = up
+    save_file({k: v.contiguous() for k, v in peft.items()}, str(tmp_path / "longlive.safetensors"))
+    tensors = read_checkpoint(tmp_path / "longlive.safetensors")
+    assert set(tensors) == set(base)
+    merged = tensors["blocks.0.self_attn.q.weight"]
+    torch.testing.assert_close(merged, base["blocks.0.self_attn.q.weight"] + up @ down)
+    assert torch.equal(tensors["blocks.1.self_attn.q.weight"], base["blocks.1.self_attn.q.weight"])
+
+
+def test_an_unknown_file_is_one_clear_error(tmp_path):
+    (tmp_path / "model.ckpt").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"model.ckpt: unknown format '.ckpt'"):
+        read_checkpoint(tmp_path / "model.ckpt")
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="not a state dict of tensors"):
+        read_checkpoint(tmp_path / "list.pt")
+
+
+def test_geometry_comes_from_the_checkpoint_not_the_preset(tmp_path):
+    """A checkpoint wider than the preset runs at its own width (the heads from the preset
+    only when the widths agree; else Wan's head width of 128)."""
+    config = get_preset("tiny")
+    wider = dataclasses.replace(config, dim=128, ffn_dim=96, num_heads=1, num_layers=3)
+    path = tmp_path / "wide.safetensors"
+    write_checkpoint(path, wider)
+    engine = make_engine(checkpoint=str(path))
+    assert (engine.model_config.dim, engine.model_config.num_layers,
+            engine.model_config.ffn_dim, engine.model_config.num_heads) == (128, 3, 96, 1)
+    engine.add_session("s", "a lake", 1)
+    assert engine.step()[0].frames.shape == (12, config.height, config.width, 3)
+
+
+def test_the_kv_recache_is_on_for_longlive_and_off_for_other_checkpoints(tmp_path):
+    config = get_preset("tiny")
+    write_checkpoint(tmp_path / "self_forcing.safetensors", config)
+    write_checkpoint(tmp_path / "longlive_base.safetensors", config)
+    lora = {k: v for k, v in write_checkpoint(tmp_path / "x.safetensors", config).items()}
+    lora["model.blocks.0.ffn.0.lora_A.weight"] = torch.zeros(2, config.dim, dtype=torch.bfloat16)
+    lora["model.blocks.0.ffn.0.lora_B.weight"] = torch.zeros(config.ffn_dim, 2,
+                                                             dtype=torch.bfloat16)
+    save_file(lora, str(tmp_path / "adapter_merged.safetensors"))
+    recache = {name: make_engine(checkpoint=str(tmp_path / name)).prompt_recache
+               for name in ("self_forcing.safetensors", "longlive_base.safetensors",
+                            "adapter_merged.safetensors")}
+    assert recache == {"self_forcing.safetensors": "cross", "longlive_base.safetensors": "kv",
+                       "adapter_merged.safetensors": "kv"}
+    assert make_engine().prompt_recache == "kv"  # the stand-in, as before
+    assert make_engine(checkpoint=str(tmp_path / "self_forcing.safetensors"),
+                       prompt_recache="kv").prompt_recache == "kv"

@@ -1,0 +1,60 @@
+"""``turboserve model check``: one line per component, non-zero exit when a worker could not
+run the folder; run as users run it (the CLI, in a subprocess)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import save_file
+
+from services.gpu_worker.model.checkpoint import from_diffusers
+from tests.models import build_folder, build_transformer
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("check")
+    return {layout: build_folder(root / layout, layout) for layout in ("diffusers", "original")}
+
+
+def check(*args: str) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "model", "check", *args],
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("layout", ["diffusers", "original"])
+def test_a_folder_a_worker_can_run(folders, layout):
+    code, out = check(str(folders[layout]), "--resolution", "64x64")
+    assert code == 0, out
+    assert f"({layout} layout)" in out and "a worker can run this model" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert set(lines) == {"text", "tokenizer", "VAE", "DiT"}
+    assert "umT5 encoder, d_model 24" in lines["text"] and "parameters" in lines["text"]
+    assert "AutoencoderKLWan z_dim 16" in lines["VAE"] and "decoder cache" in lines["VAE"]
+    assert "dim 32, 2 layers, 2 heads" in lines["DiT"] and "KV state" in lines["DiT"]
+    assert all(" ok " in line for line in lines.values())
+
+
+def test_missing_parts_and_misfits_are_named_and_fail(folders, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(folders["diffusers"], broken)
+    shutil.rmtree(broken / "transformer")
+    code, out = check(str(broken))
+    assert code == 1 and "DiT" in out and "missing" in out and "could not run" in out
+    # A DiT that takes text of another width than the text encoder gives.
+    other = tmp_path / "other.safetensors"
+    model = build_transformer()
+    tensors = {k: v.contiguous() for k, v in from_diffusers(dict(model.state_dict())).items()}
+    tensors["text_embedding.0.weight"] = tensors["text_embedding.0.weight"][:, :20].contiguous()
+    save_file(tensors, str(other))
+    code, out = check(str(folders["diffusers"]), "--checkpoint", str(other))
+    assert code == 1 and "takes text of width 20" in out and "gives 24" in out, out
+
+
+def test_no_folder_is_one_line(tmp_path):
+    code, out = check(str(tmp_path / "nowhere"))
+    assert code == 1 and "does not exist" in out and "Traceback" not in out
