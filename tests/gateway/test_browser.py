@@ -187,3 +187,56 @@ def test_dashboard_without_the_operator_key_says_so(driver, mesh):
     d.get(f"{mesh.gateway_url}/dashboard#key=wrong")
     error = wait_for(lambda: d.find_element("id", "error").text, what="an error shown")
     assert "unauthorized" in error
+
+
+@pytest.fixture(scope="module")
+def emulated_mesh(infra, driver) -> Iterator[Mesh]:
+    """The mesh as ``turboserve up`` runs it on a machine without a GPU: a CPU worker emulating
+    an H20, whose chunk period (1.25 s, the profile's deadline) is longer than 12 frames at
+    16 fps."""
+    tag = "t" + uuid.uuid4().hex[:10]
+    m = Mesh(
+        nats_url=infra.nats_url, redis_url=infra.redis_url, port=free_port(), workers=1,
+        embedded="never", quiet=True,
+        env={"TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
+             "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_EMULATE": "H20",
+             "TURBOSERVE_API_KEYS": f"web:{API_KEY}", "TURBOSERVE_MAX_WORKERS": "1"},
+    )
+    m.start(ready_timeout=180)
+    yield m
+    m.stop()
+    import asyncio
+
+    from tests.gateway.test_mesh_e2e import _clean
+
+    asyncio.run(_clean(infra, tag))
+
+
+PLAY_S = 30.0
+
+
+def test_the_playground_draws_without_a_freeze_at_the_emulated_period(driver, emulated_mesh):
+    """30 s of a playing session: after the first second, no gap between drawn frames longer
+    than twice the nominal frame interval (each chunk's frames at its own fps, which the
+    worker makes frames / period)."""
+    d = driver
+    d.get(f"{emulated_mesh.gateway_url}/#key={API_KEY}")
+    d.find_element("id", "start").click()
+    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 1, within_s=120,
+             what="a first frame drawn")
+    first = d.execute_script("return window.turboservePlayback.times[0]")
+    wait_for(lambda: d.execute_script("return performance.now()") - first >= PLAY_S * 1000,
+             within_s=PLAY_S + 30, what=f"{PLAY_S:.0f} s of playback")
+    stats = d.execute_script("return window.turboservePlayback")
+    times, intervals = stats["times"], stats["intervals"]
+    kept = [(b - a, nominal) for a, b, nominal in zip(times, times[1:], intervals, strict=False)
+            if a - times[0] >= 1000 and b - times[0] <= PLAY_S * 1000]
+    gaps = sorted(gap for gap, _ in kept)
+    worst = max(kept, key=lambda g: g[0] / g[1])
+    freezes = [g for g, nominal in kept if g > 2 * nominal]
+    print(f"\nplayback over {PLAY_S:.0f} s after the first second: {len(kept)} frame intervals, "
+          f"nominal {min(n for _, n in kept):.0f}-{max(n for _, n in kept):.0f} ms, "
+          f"gaps min {gaps[0]:.0f} / median {gaps[len(gaps) // 2]:.0f} / max {gaps[-1]:.0f} ms, "
+          f"{len(freezes)} longer than twice the nominal interval")
+    assert len(kept) > PLAY_S * 7  # about 9.6 frames a second were drawn
+    assert not freezes, f"worst gap {worst[0]:.0f} ms against a nominal {worst[1]:.0f} ms"

@@ -5,7 +5,6 @@
 
 const $ = (id) => document.getElementById(id);
 const KEY_STORE = "turboserve.apiKey";
-const MAX_BUFFERED_S = 3; // drop frames beyond this much video to stay near the live edge
 // What the state line says after each lifecycle notice (a prompt notice changes no state).
 const STATE_SHOWN = {
   placed: "playing", resumed: "playing", migrated: "playing (migrated)",
@@ -28,7 +27,11 @@ let ended = false;
 let controlId = 0;
 let framesDrawn = 0;
 let decoding = Promise.resolve();
-const frames = [];       // decoded frames waiting to be drawn: {bitmap, fps}
+const pacer = new FramePacer();  // decoded frames, each drawn at its time (player.js)
+// Draw times (performance.now(), ms) and each frame's nominal interval: what the browser
+// tests read to hold the pacing to its bar.
+const drawStats = { times: [], intervals: [] };
+window.turboservePlayback = drawStats;
 const history = [];      // recent chunks: {latency, delivery}
 
 function keyFromHash() {
@@ -80,7 +83,7 @@ async function startSession() {
     session = data;
     lastSeq = -1;
     ended = false;
-    frames.length = 0;
+    for (const bitmap of pacer.clear()) bitmap.close();
     ui.sessionId.textContent = session.id;
     ui.state.textContent = session.state;
     log("created", `${session.id.slice(0, 8)}: ${session.prompt}`);
@@ -155,9 +158,9 @@ async function onChunk(buffer) {
     offset += size;
     decoded.push(createImageBitmap(blob));
   }
-  for (const bitmap of await Promise.all(decoded)) frames.push({ bitmap, fps: header.fps });
-  const limit = Math.ceil(MAX_BUFFERED_S * header.fps);
-  while (frames.length > limit) frames.shift().bitmap.close();
+  const bitmaps = await Promise.all(decoded);
+  for (const old of pacer.add(bitmaps, header.fps, t, Date.now() / 1000)) old.close();
+  wakePlayback();
 }
 
 function onText(msg) {
@@ -197,20 +200,34 @@ function send(type, extra) {
   socket.send(JSON.stringify({ type, id: controlId, ...extra }));
 }
 
-// Playback: one frame per 1/fps second from the buffer, on a timer (works in background tabs
-// and headless browsers, unlike requestAnimationFrame).
+// Playback: each frame at the time the pacer gives it (its chunk's due time plus a jitter
+// buffer, then 1/fps apart), on a timer (works in background tabs and headless browsers,
+// unlike requestAnimationFrame). A new chunk wakes the timer early.
+let playTimer = null;
+
 function playLoop() {
-  const next = frames.shift();
-  let delay = 62;
-  if (next) {
+  playTimer = null;
+  const { draw, skipped, waitS } = pacer.next(Date.now() / 1000);
+  for (const bitmap of skipped) bitmap.close();
+  if (draw) {
     const ctx = ui.screen.getContext("2d");
-    ctx.drawImage(next.bitmap, 0, 0, ui.screen.width, ui.screen.height);
-    next.bitmap.close();
+    ctx.drawImage(draw, 0, 0, ui.screen.width, ui.screen.height);
+    draw.close();
     framesDrawn += 1;
     ui.framesDrawn.textContent = String(framesDrawn);
-    delay = 1000 / (next.fps || 16);
+    drawStats.times.push(performance.now());
+    drawStats.intervals.push(pacer.lastIntervalS * 1000);
+    if (drawStats.times.length > 4000) {
+      drawStats.times.shift();
+      drawStats.intervals.shift();
+    }
   }
-  setTimeout(playLoop, delay);
+  playTimer = setTimeout(playLoop, Math.max(1, waitS * 1000));
+}
+
+function wakePlayback() {
+  if (playTimer !== null) clearTimeout(playTimer);
+  playLoop();
 }
 
 function drawChart() {
