@@ -233,6 +233,9 @@ class Heartbeat(_Msg, tag="heartbeat"):
     handoff_addr: str = ""
     handoff_fixed_ms: float | None = None
     handoff_ms_per_mib: float | None = None
+    # What a prompt change adds to the chunk it applies in (the new cross-attention and, with
+    # the KV re-cache, the cached frames recomputed), median of its recent switches.
+    prompt_switch_ms: float | None = None
 
 
 class Chunk(_Msg, tag="chunk"):

@@ -516,6 +516,7 @@ class WorkerService:
             handoff_addr=handoff_addr,
             handoff_fixed_ms=cost.fixed_ms if cost else None,
             handoff_ms_per_mib=cost.ms_per_mib if cost else None,
+            prompt_switch_ms=self.engine.prompt_switch_ms() if self.engine is not None else None,
         )
         # NATS first: the scheduler hears a worker whose Redis writes fail (Redis restarting).
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))

@@ -5,7 +5,8 @@ the default one) in, a ``LatencyProfile`` out. Where the workers have measured c
 they are taken as measured; the rest comes from the shipped profile (``profile_from_
 measurements``). Every live profile also takes from the workers what the shipped file cannot
 know: the playback period they keep (the deadline of a chunk), their slots (K never exceeds
-them), one session's state size and the measured cost of their handoffs (the migration cost).
+them), one session's state size, the measured cost of their handoffs (the migration cost) and
+what a prompt change adds to a chunk (K leaves room for it).
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ def live_profile(kind: str, beats: Iterable[Heartbeat], fallback: LatencyProfile
         migration = profile.migration_ms(state_bytes)
     else:
         migration = profile.migration_per_session_ms
+    switches = [b.prompt_switch_ms for b in beats if b.prompt_switch_ms is not None]
     out = dataclasses.replace(
         profile,
+        prompt_switch_ms=statistics.median(switches) if switches else profile.prompt_switch_ms,
         name=f"{kind}-measured" if measured else profile.name,
         gpu_kind=kind,
         chunk_ms_table=table,

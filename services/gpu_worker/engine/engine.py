@@ -781,6 +781,12 @@ class Engine:
         samples = list(self._chunk_ms.items())
         return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
+    def prompt_switch_ms(self) -> float | None:
+        """Median time a prompt switch added to its pass (the cross-attention written and, with
+        the KV re-cache, the cached frames recomputed); lock-free."""
+        samples = list(self._switch_ms)
+        return statistics.median(samples) if samples else None
+
     def decode_ms_by_batch(self) -> dict[int, float]:
         """Median wall time of the frame decoder per number of chunks it decoded in a pass
         (part of the chunk time); lock-free like ``chunk_ms_by_batch``."""
@@ -809,7 +815,7 @@ class Engine:
             decode_ms=self.decode_ms_by_batch(),
             passes_per_chunk=self.passes_per_chunk,
             text_encode_ms=self.prompts.encode_ms(),
-            prompt_switch_ms=(statistics.median(self._switch_ms) if self._switch_ms else None),
+            prompt_switch_ms=self.prompt_switch_ms(),
             model=dict(self.sources),
         )
         return report

@@ -9,6 +9,7 @@ docs/scheduler.md). The core parses values (:func:`profile_from_dict`) and reads
       "gpu_kind": "H20", "model": "LongLive-1.3B", "interconnect": "nvlink",
       "chunk_ms": [420.0, 491.0, ...],       # time of one coalesced step at batch 1, 2, ...
       "passes_per_chunk": 5,                 # optional, default 1: model passes per chunk
+      "prompt_switch_ms": 35.0,              # optional, default 0: what a prompt change adds
       "deadline_ms": 1250.0,                 # a chunk must be ready within this
       "state_bytes_per_session": 3550000000, # KV cache + prompt embeddings + RNG + position
       "migration": {"per_session_ms": 26.5, "fixed_ms": 3.0},
@@ -28,6 +29,11 @@ denoising steps + 1 cache write = 5). An engine with pass-level admission runs t
 through every pass, so one pass of ``n`` sessions takes ``pass_ms(n) = chunk_ms(n) /
 passes_per_chunk``, and a session that becomes active (or arrives by migration) joins at the
 next *pass* boundary instead of the next chunk boundary.
+
+``prompt_switch_ms`` (default 0) is what one session's prompt change adds to the chunk of the
+pass it applies in (writing the new cross-attention and, with LongLive's KV re-cache,
+recomputing the cached frames): the workers measure it. ``K`` leaves room for it, so a batch at
+capacity still meets the deadline in a chunk where a viewer changes the prompt.
 
 The latency of a GPU is ``chunk_ms(n)`` for its ``n`` active sessions; ``chunk_ms`` must be
 non-decreasing in ``n`` (checked on load), which is what lets placement treat "the GPU whose
@@ -73,16 +79,18 @@ class LatencyProfile:
     interconnect: str = "unknown"
     price_usd_per_gpu_hour: float | None = None
     passes_per_chunk: int = 1
+    prompt_switch_ms: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     # ---- derived ------------------------------------------------------------------------
 
     @property
     def deadline_capacity(self) -> int:
-        """Largest batch in the table whose chunk time meets the deadline (0 if none)."""
+        """Largest batch in the table whose chunk time, with one prompt switch in it, meets
+        the deadline (0 if none)."""
         best = 0
         for batch, ms in enumerate(self.chunk_ms_table, start=1):
-            if ms <= self.deadline_ms:
+            if ms + self.prompt_switch_ms <= self.deadline_ms:
                 best = batch
         return best
 
@@ -151,6 +159,8 @@ class LatencyProfile:
         }
         if self.passes_per_chunk != 1:
             out["passes_per_chunk"] = self.passes_per_chunk
+        if self.prompt_switch_ms:
+            out["prompt_switch_ms"] = self.prompt_switch_ms
         if self.gpu_memory_bytes is not None:
             out["memory"] = {
                 "gpu_bytes": self.gpu_memory_bytes,
@@ -197,6 +207,8 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
         if get.present("price_usd_per_gpu_hour") else None,
         passes_per_chunk=get.positive_int("passes_per_chunk")
         if get.present("passes_per_chunk") else 1,
+        prompt_switch_ms=get.non_negative("prompt_switch_ms")
+        if get.present("prompt_switch_ms") else 0.0,
         sources=get.sources(),
     )
     if profile.migration_fixed_ms > profile.migration_per_session_ms:

@@ -121,3 +121,14 @@ def test_a_table_fitted_with_another_profile_is_found_by_its_name():
     assert table_path_for("h200-wan-1.3b-measured").name == (
         "rho_table_h200-wan-1.3b-measured.json")
     assert table_path_for("no-such-profile") == DEFAULT_TABLE_PATH
+
+
+def test_a_prompt_switch_is_part_of_the_deadline_and_round_trips():
+    base = profile_from_dict(_raw())
+    p = profile_from_dict(_raw(prompt_switch_ms=200.0))
+    assert p.prompt_switch_ms == 200.0 and p.capacity < base.capacity
+    assert p.chunk_ms(p.capacity) + 200.0 <= p.deadline_ms < p.chunk_ms(p.capacity + 1) + 200.0
+    assert profile_from_dict(p.to_dict()) == p
+    assert "prompt_switch_ms" not in base.to_dict()  # absent means 0, as before
+    with pytest.raises(ProfileError, match="prompt_switch_ms"):
+        profile_from_dict(_raw(prompt_switch_ms=-1.0))

@@ -61,3 +61,15 @@ def test_differs_ignores_noise_and_sees_change():
     b = live_profile("H20", [beat(chunk_ms={1: 510.0})], H20)
     c = live_profile("H20", [beat(chunk_ms={1: 800.0})], H20)
     assert not differs(a, b) and differs(a, c)
+
+
+def test_k_leaves_room_for_the_prompt_switch_the_workers_measure():
+    """The default profile's K = 12 meets the 1250 ms deadline with 49 ms to spare; a prompt
+    switch (LongLive's KV re-cache) that adds 120 ms to its chunk would break it at 12."""
+    plain = live_profile("H20", [beat()], H20)
+    switching = live_profile("H20", [beat(prompt_switch_ms=100.0), beat("w2",
+                                      prompt_switch_ms=140.0)], H20)
+    assert switching.prompt_switch_ms == pytest.approx(120.0)
+    assert switching.capacity < plain.capacity == 12
+    assert switching.chunk_ms(switching.capacity) + 120.0 <= switching.deadline_ms
+    assert differs(plain, switching)
