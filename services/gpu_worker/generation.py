@@ -83,6 +83,9 @@ class OwnedSession:
     chunk_batch: int = 0  # batch of those passes; -1 once it changed
     token_hash: str = ""  # for writing its record back if Redis loses it
     owner_key: str = ""
+    # A prompt change still being encoded (umT5, off the pass): announced once it applies, so
+    # the ack names the chunk it really starts at.
+    prompt_unannounced: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +252,12 @@ class GenerationLoop:
             self._resume(sid, owned, arrived)
         elif cmd.kind is WorkerCmdKind.PROMPT:
             self.engine.set_prompt(sid, cmd.prompt or "")
+            if self.engine.prompts.ready(cmd.prompt or "") is None:
+                owned.prompt_unannounced = cmd.prompt or ""  # announced when it applies
+                log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch,
+                         encoding=True)
+                return
+            owned.prompt_unannounced = None
             mid_chunk = self.engine.phases().get(sid, 0) > 0
             next_seq = owned.seq_base + self.engine.next_seq(sid) + (1 if mid_chunk else 0)
             self._notify(sid, owned, NoticeKind.PROMPT, next_seq)
@@ -418,8 +427,21 @@ class GenerationLoop:
             elif owned.chunk_batch != batch:
                 owned.chunk_batch = -1
             owned.chunk_ms += pass_ms
+        self._announce_prompts(participants)
         if results:
             self._deliver(results)
+
+    def _announce_prompts(self, participants: list[str]) -> None:
+        """Prompt changes that waited for their encoding and applied in this pass: the chunk in
+        progress is the first under the new prompt."""
+        for sid in participants:
+            owned = self.owned.get(sid)
+            if owned is None or owned.prompt_unannounced is None:
+                continue
+            if self.engine.prompt_applied(sid, owned.prompt_unannounced):
+                owned.prompt_unannounced = None
+                self._notify(sid, owned, NoticeKind.PROMPT,
+                             owned.seq_base + self.engine.next_seq(sid))
 
     def _pace_to_floor(self, batch: int, real_ms: float) -> float:
         """Emulation: stretch the pass to the emulated GPU's time for this batch."""

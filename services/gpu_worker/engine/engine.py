@@ -192,6 +192,12 @@ class Engine:
             session = self._get(session_id)
             return session.pending_prompt or session.prompt
 
+    def prompt_applied(self, session_id: str, prompt: str) -> bool:
+        """Whether ``prompt`` is the one the session's chunks follow now (no change pending)."""
+        with self._lock:
+            session = self._get(session_id)
+            return session.pending_prompt is None and session.prompt == prompt
+
     def seed_of(self, session_id: str) -> int:
         with self._lock:
             return self._get(session_id).seed

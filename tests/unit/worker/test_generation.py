@@ -232,3 +232,36 @@ def test_a_chunk_carries_as_much_video_as_its_period():
     _run(loop, lambda: len(sink.chunks("s")) >= 2)
     for chunk in sink.chunks("s"):
         assert abs(len(chunk.frames) / chunk.fps - 0.25) < 1e-9  # its duration is the period
+
+
+def test_a_prompt_still_encoding_is_announced_at_the_chunk_it_really_starts():
+    """With umT5 a prompt change applies at the first boundary after its encoding finished;
+    the PROMPT notice (the viewer's ack) comes then, naming that chunk, and that chunk and every
+    later one follow the new prompt."""
+    from services.gpu_worker.engine.prompts import PromptEncoder
+
+    from .test_prompts import GatedEncoder
+
+    sink = RecordingSink()
+    loop = _loop(sink)
+    gated = GatedEncoder(loop.engine.text_encoder)
+    gated.gate.set()
+    loop.engine.prompts = PromptEncoder(gated)
+    loop.inbox.put(_assign("s", 1))
+    state = {"asked_at": None}
+
+    def prompt_then_release() -> bool:
+        chunks = sink.chunks("s")
+        if len(chunks) >= 2 and state["asked_at"] is None:
+            gated.gate.clear()
+            state["asked_at"] = len(chunks)
+            loop.inbox.put(WorkerCommand(kind=WorkerCmdKind.PROMPT, worker_id="w", epoch=1,
+                                         session_id="s", prompt="a whale"))
+        if state["asked_at"] is not None and len(chunks) >= state["asked_at"] + 3:
+            gated.gate.set()  # the encoding finishes three chunks later
+        return any(n.kind is NoticeKind.PROMPT for n in sink.notices("s"))
+
+    _run(loop, prompt_then_release)
+    (notice,) = [n for n in sink.notices("s") if n.kind is NoticeKind.PROMPT]
+    assert notice.next_seq >= state["asked_at"] + 3  # not the seq it was asked at
+    assert loop.engine.prompt_applied("s", "a whale")
