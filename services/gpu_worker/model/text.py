@@ -95,7 +95,9 @@ class UMT5TextEncoder:
     ) -> UMT5TextEncoder:
         """A diffusers-layout ``text_encoder/`` (``config.json`` + weights) and ``tokenizer/``."""
         from transformers import AutoTokenizer, UMT5EncoderModel
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a worker's log is JSON lines, not progress bars
         model = UMT5EncoderModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         return cls(model.to(device), tokenizer, max_len)

@@ -182,7 +182,10 @@ def load_original_vae(path: str, device: torch.device, dtype: torch.dtype) -> Au
         raise ValueError(f"VAE {path}: {len(missing)} missing keys (e.g. {missing[:3]}), "
                          f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
     vae.load_state_dict(state, strict=True, assign=True)
-    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    # nn.Module's own .to: diffusers' override warns about fp32-only modules, of which the Wan
+    # VAE has none.
+    torch.nn.Module.to(vae, device=device, dtype=dtype)
+    return vae.eval().requires_grad_(False)
 
 
 def original_vae_state(path: str) -> dict[str, torch.Tensor]:
