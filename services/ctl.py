@@ -400,6 +400,7 @@ class Ctl:
             records = {w.id: w for w in await self.ctx.registry.workers()}
             record = records.get(worker_id)
             if record is None or not record.alive or record.status is WorkerStatus.LOST:
+                await self.ctx.registry.clear_operator_drain(worker_id)  # nothing left to hold
                 return
             if not asked and await self.ctx.registry.scheduler_status() is None:
                 await self._provisioner_stop(worker_id)

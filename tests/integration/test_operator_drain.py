@@ -85,3 +85,28 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             with pytest.raises(CtlError, match="still running"):
                 await ctl.drain("wa", 4, stop=True)
             assert core.view.state_of("wa") is None and "wa" in live.unreleased
+
+
+async def test_ctl_stop_without_a_scheduler_asks_the_provisioner(env, nats_client):
+    """`ctl stop` where no scheduler leads: the drained worker is stopped by the provisioner,
+    at ctl's request, and the command returns once it is gone."""
+    from services.provisioner.service import ProvisionerService
+    from shared.runner import running
+    from shared.settings import ProvisionerSettings
+    from shared.wire import ProvisionerCmdKind, WorkerStatus
+    from tests.unit.provisioner.support import EventLog, request
+
+    settings = ProvisionerSettings.from_env({**env, "TURBOSERVE_GPUS": "none"}, min_workers=0,
+                                            max_workers=1)
+    async with running(ProvisionerService(settings), settings) as ctx:
+        events = await EventLog.listen(nats_client, ctx.subjects)
+        reply = await request(nats_client, ctx.subjects, ProvisionerCmdKind.START, ["w1"])
+        assert reply.started == ["w1"]
+        await events.wait("w1", WorkerStatus.READY, timeout=90)
+        assert await ctx.registry.scheduler_status() is None
+        moved = await Ctl(ctx).drain("w1", 60, stop=True)
+        assert moved == 0
+        gone = await events.wait("w1", WorkerStatus.GONE, timeout=30)
+        assert gone.code == "stopped"
+        assert "w1" not in {w.id for w in await ctx.registry.workers() if w.alive}
+        assert await ctx.registry.operator_drains() == {}
