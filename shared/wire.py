@@ -252,6 +252,13 @@ class Chunk(_Msg, tag="chunk"):
     batch: int  # sessions in that step
     due_at: float  # when the chunk was due (wall clock, seconds)
     done_at: float  # when it was generated
+    # The same chunk as a self-contained fragmented MP4 (H.264: init segment + one fragment,
+    # keyframe first; services/gpu_worker/fmp4.py); empty when the worker made none.
+    fmp4: bytes = b""
+    fmp4_mime: str = ""  # e.g. 'video/mp4; codecs="avc1.42C01E"'
+    start_s: float = 0.0  # the chunk's first frame on the session's timeline (the fragment's)
+    duration_s: float = 0.0  # its playback time (frames / fps)
+    encode_ms: float = 0.0  # time spent encoding it (every format), after gen_ms
 
 
 class StreamEnd(_Msg, tag="stream_end"):

@@ -1,7 +1,7 @@
 """How the gateway reads a session's chunk subject: :class:`shared.wire.Chunk` with its frames
 left as the JSON text they arrived in.
 
-SSE sends frames as the same base64 text the wire carries, so the gateway checks them
+SSE sends frames (and the fMP4 fragment) as the same base64 text the wire carries, so the gateway checks them
 (:func:`frames_fault`) and splices them into the event rather than decoding them to bytes and
 encoding them back (about a third of what a chunk costs the gateway). :class:`ChunkView` is a
 decode-only view of the wire's ``Chunk``, not a second message: a test keeps its fields the
@@ -15,6 +15,8 @@ import msgspec
 from shared.wire import PROTOCOL_VERSION, Id, SessionNotice, StreamEnd
 
 _FRAMES = msgspec.json.Decoder(list[bytes])
+_FRAGMENT = msgspec.json.Decoder(bytes)
+NO_FRAGMENT = b'""'  # the wire's empty ``fmp4``: the worker made no fragment
 
 
 class ChunkView(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields=False):
@@ -32,9 +34,21 @@ class ChunkView(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields
     batch: int
     due_at: float
     done_at: float
+    fmp4: msgspec.Raw = msgspec.Raw(NO_FRAGMENT)  # "<base64>" as it came
+    fmp4_mime: str = ""
+    start_s: float = 0.0
+    duration_s: float = 0.0
+    encode_ms: float = 0.0
 
     def frame_bytes(self) -> list[bytes]:
         return _FRAMES.decode(self.frames)
+
+    @property
+    def has_fragment(self) -> bool:
+        return bytes(self.fmp4) != NO_FRAGMENT
+
+    def fragment_bytes(self) -> bytes:
+        return _FRAGMENT.decode(self.fmp4)
 
 
 def frames_fault(frames: msgspec.Raw) -> str | None:
@@ -48,6 +62,18 @@ def frames_fault(frames: msgspec.Raw) -> str | None:
         _FRAMES.decode(raw)
     except msgspec.ValidationError as exc:
         return f"frames: {exc}"
+    return None
+
+
+def fragment_fault(fragment: msgspec.Raw) -> str | None:
+    """As :func:`frames_fault`, for the fMP4 fragment: one base64 JSON string, on one line."""
+    raw = bytes(fragment)
+    if b"\n" in raw or b"\r" in raw:
+        return "fmp4 holds a line break"
+    try:
+        _FRAGMENT.decode(raw)
+    except msgspec.ValidationError as exc:
+        return f"fmp4: {exc}"
     return None
 
 

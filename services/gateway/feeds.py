@@ -31,7 +31,7 @@ from nats.js import api as js_api
 from redis.exceptions import RedisError
 
 from services.gateway import errors
-from services.gateway.chunkview import ChunkView, FeedMsg, frames_fault
+from services.gateway.chunkview import ChunkView, FeedMsg, fragment_fault, frames_fault
 from shared.logging import get_logger
 from shared.registry import Registry
 from shared.states import SessionState
@@ -54,14 +54,14 @@ CONSUMER_INACTIVE_S = 60.0
 
 
 class Entry:
-    """One chunk or notice. ``ws`` caches its WebSocket message: every socket of a feed shares
-    it (SSE events are cheap to make: the frames are spliced in as they came)."""
+    """One chunk or notice. ``ws`` caches its WebSocket message per stream format: every socket
+    of a feed shares it (SSE events are cheap to make: the frames are spliced in as they came)."""
 
     __slots__ = ("item", "ws")
 
     def __init__(self, item: ChunkView | SessionNotice) -> None:
         self.item = item
-        self.ws: bytes | str | None = None
+        self.ws: dict[str, bytes | str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +236,7 @@ class Feed:
                         current_epoch=self.top_epoch, worker_id=item.worker_id)
             return False
         if isinstance(item, ChunkView):
-            fault = frames_fault(item.frames)
+            fault = frames_fault(item.frames) or fragment_fault(item.fmp4)
             if fault is not None:
                 log.warning("bad_message_dropped", subject=subject, fault=fault)
                 return False

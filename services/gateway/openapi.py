@@ -55,6 +55,13 @@ FROM_QUERY = {"name": "from", "in": "query", "required": False,
               "schema": {"type": "string", "enum": ["live", "start"], "default": "live"},
               "description": "without Last-Event-ID: start at the newest chunk (live) or at the "
                              "oldest the chunk stream still holds (start)"}
+FORMAT_QUERY = {"name": "format", "in": "query", "required": False,
+                "schema": {"type": "string", "enum": ["jpeg", "fmp4"], "default": "jpeg"},
+                "description": "jpeg: a chunk is one base64 JPEG per frame (SSE `frames`; WebSocket: "
+                               "the JPEGs after the header, `frame_sizes`); fmp4: a chunk is one "
+                               "self-contained fragmented MP4, H.264, keyframe first (SSE "
+                               "`fragment`, base64; WebSocket: its bytes after the header), with "
+                               "`mime`, `start_s`, `duration_s`. Another value: 400 invalid_request"}
 SESSION_AUTH = [{"sessionToken": []}, {"sessionTokenQuery": []}, {"operatorKey": []}]
 SESSION_ERRORS = {"401": E401, "403": E403, "404": E404, "429": E429}
 
@@ -227,14 +234,15 @@ def document(max_prompt_chars: int) -> dict[str, Any]:
                 "streamSession", "the session's chunks and state changes as Server-Sent Events",
                 {"200": {"description": "event stream: chunk, state, lag, end",
                          "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
-                parameters=[LAST_EVENT_ID, LAST_EVENT_QUERY, FROM_QUERY],
+                parameters=[LAST_EVENT_ID, LAST_EVENT_QUERY, FROM_QUERY, FORMAT_QUERY],
                 responses={"400": E400, "422": E422},
             )},
             "/v1/sessions/{session_id}/ws": {"get": _session_op(
                 "sessionSocket", "the session over a WebSocket: chunks and state out, controls in",
                 {"101": {"description": "switching to the WebSocket protocol"}},
-                parameters=[LAST_EVENT_QUERY, FROM_QUERY],
-                responses={"400": _error("invalid_request: not a WebSocket upgrade"), "422": E422,
+                parameters=[LAST_EVENT_QUERY, FROM_QUERY, FORMAT_QUERY],
+                responses={"400": _error("invalid_request: not a WebSocket upgrade, or a bad "
+                                         "'from' or 'format'"), "422": E422,
                            "503": E503},
             )},
             "/v1/sessions/{session_id}/prompt": {"post": _control(

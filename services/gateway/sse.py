@@ -6,6 +6,10 @@ fell behind and skipped to the live edge), ``end`` (the session is over, or this
 shutting down: reconnect elsewhere with ``Last-Event-ID``); ``: keepalive`` comments in between.
 A stream without ``Last-Event-ID`` starts at the live edge (the newest chunk); ``?from=start``
 asks for what the chunk stream still holds (``bodies.start_of``).
+
+``?format=jpeg`` (default) or ``?format=fmp4`` (:mod:`formats`): a ``chunk`` event's data holds
+either ``frames`` (a list of base64 JPEGs) or ``fragment`` (the base64 of the chunk's
+self-contained fragmented MP4, with ``mime``, ``start_s`` and ``duration_s``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from aiohttp import web
 from services.gateway import bodies, lifetimes
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
+from services.gateway.formats import DEFAULT_FORMAT, StreamFormat, format_of
 from services.gateway.state import GATEWAY, authorized_session
 from shared.logging import get_logger
 from shared.states import SessionState
@@ -35,6 +40,7 @@ SSE_HEADERS = {
 def timing(chunk: ChunkView) -> dict[str, float | int]:
     return {
         "gen_ms": round(chunk.gen_ms, 3),
+        "encode_ms": round(chunk.encode_ms, 3),
         "batch": chunk.batch,
         "due_at": chunk.due_at,
         "done_at": chunk.done_at,
@@ -48,7 +54,9 @@ def notice_data(notice: SessionNotice) -> dict[str, object]:
             "at": notice.at}
 
 
-def chunk_event(chunk: ChunkView) -> bytes:
+def chunk_event(chunk: ChunkView, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
+    if fmt is StreamFormat.FMP4 and chunk.has_fragment:
+        return fragment_event(chunk)
     # The frames go out as the base64 text they came in: spliced in, never decoded.
     head = orjson.dumps({
         "session_id": chunk.session_id,
@@ -66,10 +74,35 @@ def chunk_event(chunk: ChunkView) -> bytes:
     return b"event: chunk\nid: %d\ndata: %s,\"frames\":%s}\n\n" % (chunk.seq, head[:-1], bytes(chunk.frames))
 
 
-def entry_event(entry: Entry) -> bytes:
+def fragment_header(chunk: ChunkView) -> dict[str, object]:
+    """What a player needs next to an fMP4 fragment (SSE event and WebSocket header alike)."""
+    return {
+        "session_id": chunk.session_id,
+        "seq": chunk.seq,
+        "encoding": "fmp4",
+        "mime": chunk.fmp4_mime,
+        "width": chunk.width,
+        "height": chunk.height,
+        "fps": chunk.fps,
+        "start_s": chunk.start_s,
+        "duration_s": chunk.duration_s,
+        "timing": timing(chunk),
+        "worker_id": chunk.worker_id,
+        "epoch": chunk.epoch,
+    }
+
+
+def fragment_event(chunk: ChunkView) -> bytes:
+    # The fragment goes out as the base64 text it came in, as the JPEG frames do.
+    head = orjson.dumps({**fragment_header(chunk), "encoding": "fmp4/base64"})
+    return b"event: chunk\nid: %d\ndata: %s,\"fragment\":%s}\n\n" % (chunk.seq, head[:-1],
+                                                                      bytes(chunk.fmp4))
+
+
+def entry_event(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
     item = entry.item
     if isinstance(item, ChunkView):
-        return chunk_event(item)
+        return chunk_event(item, fmt)
     return b"event: state\ndata: %s\n\n" % orjson.dumps(notice_data(item))
 
 
@@ -88,6 +121,7 @@ async def stream_session(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     record, _ = await authorized_session(gw, request)
     last_seq = bodies.start_of(request, record.last_seq)
+    fmt = format_of(request)
     if record.state is SessionState.TERMINATED and record.last_seq <= last_seq:
         return await _ended(request, end_event(record.id, record.last_seq, "closed"))
     if gw.closing.is_set():
@@ -103,7 +137,7 @@ async def stream_session(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         await resp.write(b"retry: 2000\n\n")
-        await _pump(request, resp, record.id, viewer, last_seq)
+        await _pump(request, resp, record.id, viewer, last_seq, fmt)
     except ConnectionResetError:
         log.info("stream_client_gone", session_id=record.id)
     finally:
@@ -121,7 +155,7 @@ async def _ended(request: web.Request, event: bytes) -> web.StreamResponse:
 
 
 async def _pump(request: web.Request, resp: web.StreamResponse, session_id: str, viewer: Viewer,
-                sent: int) -> None:
+                sent: int, fmt: StreamFormat) -> None:
     gw = request.app[GATEWAY]
     keepalive_s = gw.settings.sse_keepalive_s
     quiet_s = 0.0
@@ -139,7 +173,7 @@ async def _pump(request: web.Request, resp: web.StreamResponse, session_id: str,
             continue
         quiet_s = 0.0
         if isinstance(item, Entry):
-            await resp.write(entry_event(item))
+            await resp.write(entry_event(item, fmt))
             if isinstance(item.item, ChunkView):
                 sent = item.item.seq
         elif isinstance(item, Lag):

@@ -6,6 +6,10 @@ Server to client:
   header ``{"type": "chunk", "session_id", "seq", "encoding": "jpeg", "width", "height", "fps",
   "frame_sizes": [...], "timing": {...}, "worker_id", "epoch"}``, then the frames' JPEG bytes back to
   back (``frame_sizes`` says where each ends);
+  With ``?format=fmp4`` (:mod:`formats`; ``jpeg`` is the default) the header is
+  ``{"type": "chunk", "session_id", "seq", "encoding": "fmp4", "mime", "width", "height",
+  "fps", "start_s", "duration_s", "fragment_size", "timing", "worker_id", "epoch"}`` and the
+  bytes after it are the chunk's self-contained fragmented MP4 (init segment + one fragment);
 - **text** messages (JSON): ``{"type": "state", ...}`` (a lifecycle notice, as SSE's
   ``event: state``), ``{"type": "lag", ...}``, ``{"type": "end", "last_seq", "reason"}``,
   ``{"type": "ack", "control", "id", "confirmed", "next_seq"}`` (a close's also ``state`` and
@@ -35,7 +39,8 @@ from services.gateway import bodies, control, errors, lifetimes
 from services.gateway.auth import authorize_session
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
-from services.gateway.sse import notice_data, timing
+from services.gateway.formats import DEFAULT_FORMAT, StreamFormat, format_of
+from services.gateway.sse import fragment_header, notice_data, timing
 from services.gateway.state import GATEWAY, Gateway, check_rate, load_session
 from shared.logging import get_logger
 from shared.registry import SessionRecord
@@ -58,14 +63,30 @@ def chunk_message(chunk: ChunkView) -> bytes:
     return b"".join([HEADER_LEN.pack(len(header)), header, *frames])
 
 
-def entry_message(entry: Entry) -> bytes | str:
-    if entry.ws is None:
-        item = entry.item
-        if isinstance(item, ChunkView):
-            entry.ws = chunk_message(item)
+def fragment_message(chunk: ChunkView) -> bytes:
+    fragment = chunk.fragment_bytes()
+    header = orjson.dumps({"type": "chunk", **fragment_header(chunk), "fragment_size": len(fragment)})
+    return b"".join([HEADER_LEN.pack(len(header)), header, fragment])
+
+
+def entry_message(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes | str:
+    item = entry.item
+    if isinstance(item, ChunkView):
+        if fmt is StreamFormat.FMP4 and not item.has_fragment:
+            fmt = StreamFormat.JPEG  # a worker that made no fragment: its frames, said so
+        key = str(fmt)
+    else:
+        key = "state"  # the same text in every format
+    message = entry.ws.get(key)
+    if message is None:
+        if not isinstance(item, ChunkView):
+            message = orjson.dumps({"type": "state", **notice_data(item)}).decode()
+        elif fmt is StreamFormat.FMP4:
+            message = fragment_message(item)
         else:
-            entry.ws = orjson.dumps({"type": "state", **notice_data(item)}).decode()
-    return entry.ws
+            message = chunk_message(item)
+        entry.ws[key] = message
+    return message
 
 
 def _text(body: dict[str, Any]) -> str:
@@ -79,6 +100,7 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
     if not operator:
         await check_rate(gw, record.owner_key)
     last_seq = bodies.start_of(request, record.last_seq)
+    fmt = format_of(request)
     ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=gw.settings.max_body_bytes)
     if not ws.can_prepare(request).ok:
         raise errors.InvalidRequest("this route takes a WebSocket upgrade (GET with Upgrade: websocket)")
@@ -98,7 +120,7 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
         # a client that sent "close" gets its ack before the end.
         steering_lock = asyncio.Lock()
         async with asyncio.TaskGroup() as tg:
-            sender = tg.create_task(_send(gw, ws, record.id, viewer, last_seq, steering_lock))
+            sender = tg.create_task(_send(gw, ws, record.id, viewer, last_seq, steering_lock, fmt))
             steering = tg.create_task(_steer(gw, ws, record, operator, controls, steering_lock))
             await _receive(ws, controls)
             sender.cancel()
@@ -183,7 +205,7 @@ async def _apply(gw: Gateway, record: SessionRecord, kind: str, body: dict[str, 
 
 
 async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer: Viewer,
-                sent: int, steering: asyncio.Lock) -> None:
+                sent: int, steering: asyncio.Lock, fmt: StreamFormat) -> None:
     keepalive_s = gw.settings.sse_keepalive_s
     try:
         while True:
@@ -191,7 +213,7 @@ async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer:
             if item is None:
                 continue  # the WebSocket's own ping/pong keeps the connection alive
             if isinstance(item, Entry):
-                message = entry_message(item)
+                message = entry_message(item, fmt)
                 if isinstance(message, bytes):
                     await ws.send_bytes(message)
                 else:

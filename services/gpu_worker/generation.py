@@ -26,6 +26,7 @@ from services.gpu_worker.engine import (
     EngineFull,
     RecoveryPoint,
 )
+from services.gpu_worker.fmp4 import Fragment, chunk_start_s, encode_chunk
 from services.gpu_worker.inbox import CommandInbox, Control, InboxItem
 from services.gpu_worker.pacing import ChunkEstimate, PlaybackClock, plan_pass
 from shared.logging import get_logger
@@ -45,6 +46,14 @@ def playback_fps(frames: int, period_s: float) -> float:
     if period_s <= 0 or frames <= 0:
         return FPS
     return frames / period_s
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedChunk:
+    jpeg: list[bytes]
+    fmp4: Fragment
+    fps: float
+    encode_ms: float  # both formats together
 
 
 class ChunkSink(Protocol):
@@ -468,32 +477,52 @@ class GenerationLoop:
             if owned is None:
                 continue
             gen_ms = owned.chunk_ms or r.gen_ms
+            seq = owned.seq_base + r.seq
+            encoded = self._encode(r.frames, seq)
             if owned.chunk_batch == r.batch:  # every pass of it at one batch size
-                self.chunk_times.add(r.batch, gen_ms)
+                # A chunk's time is its passes and its encoding: the profile this worker
+                # measures (heartbeats) and the scheduler's latency model both see it whole.
+                self.chunk_times.add(r.batch, gen_ms + encoded.encode_ms)
             due = owned.clock.chunk_done(done_at, self.period_s)
             if self.on_chunk is not None:
                 self.on_chunk(max(0.0, done_at - due))
-            frames = r.frames
             chunks.append(Chunk(
                 session_id=r.session_id,
-                seq=owned.seq_base + r.seq,
+                seq=seq,
                 worker_id=self.worker_id,
                 epoch=owned.epoch,
                 encoding="jpeg",
-                frames=encode_frames(frames, fmt="jpeg", quality=self.jpeg_quality),
-                width=int(frames.shape[2]),
-                height=int(frames.shape[1]),
-                fps=playback_fps(int(frames.shape[0]), self.period_s),
+                frames=encoded.jpeg,
+                width=int(r.frames.shape[2]),
+                height=int(r.frames.shape[1]),
+                fps=encoded.fps,
                 gen_ms=gen_ms,
                 batch=r.batch,
                 due_at=due,
                 done_at=done_at,
+                fmp4=encoded.fmp4.data,
+                fmp4_mime=encoded.fmp4.mime,
+                start_s=encoded.fmp4.start_s,
+                duration_s=encoded.fmp4.duration_s,
+                encode_ms=encoded.encode_ms,
             ))
             if self.recovery_log and not owned.suspend_pending:
                 points[r.session_id] = self.engine.recovery_point(r.session_id)
         if chunks:
             for sid in self.sink.deliver(chunks, points or None):
                 self.drop(sid, reason="fenced")
+
+    def _encode(self, frames: Any, seq: int) -> EncodedChunk:
+        """Both formats of a chunk, once, here: every gateway fans out these bytes as they are.
+        The fragment stands alone (keyframe first, no encoder state kept), so a migration, a
+        recovery or a viewer joining mid-stream needs nothing from earlier chunks."""
+        started = time.perf_counter()
+        count = int(frames.shape[0])
+        fps = playback_fps(count, self.period_s)
+        jpeg = encode_frames(frames, fmt="jpeg", quality=self.jpeg_quality)
+        fragment = encode_chunk(frames, fps, chunk_start_s(seq, count / fps))
+        return EncodedChunk(jpeg=jpeg, fmp4=fragment, fps=fps,
+                            encode_ms=(time.perf_counter() - started) * 1000.0)
 
     def announce(self, sid: str, kind: NoticeKind, next_seq: int, detail: str = "") -> None:
         """Tell the session's viewers of a lifecycle change (on the generation thread)."""

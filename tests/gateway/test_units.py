@@ -120,12 +120,13 @@ def test_chunk_view_is_the_wires_chunk_with_frames_kept_as_text():
     wire = {f.name: f.type for f in msgspec.structs.fields(Chunk)}
     view = {f.name: f.type for f in msgspec.structs.fields(ChunkView)}
     assert view.pop("frames") is msgspec.Raw and wire.pop("frames") == list[bytes]
+    assert view.pop("fmp4") is msgspec.Raw and wire.pop("fmp4") is bytes
     assert view == wire
     assert ChunkView.__struct_config__.tag == Chunk.__struct_config__.tag
     original = wire_chunk(3, [b"\xff\xd8one", b"two"])
     view_of = chunk(3, [b"\xff\xd8one", b"two"])
     for f in msgspec.structs.fields(Chunk):
-        if f.name != "frames":
+        if f.name not in ("frames", "fmp4"):
             assert getattr(view_of, f.name) == getattr(original, f.name), f.name
     assert view_of.frame_bytes() == original.frames
     data = orjson.loads(chunk_event(view_of).split(b"data: ", 1)[1])

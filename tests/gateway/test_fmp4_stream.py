@@ -1,0 +1,159 @@
+"""``?format=fmp4`` on the SSE stream and the WebSocket: the gateway relays each chunk's
+fragmented MP4 as the worker encoded it, and a client decodes every fragment on its own (PyAV),
+from the first it gets, wherever it joined. ``?format=jpeg`` stays the default."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+
+import aiohttp
+import numpy as np
+import orjson
+import pytest
+
+from services.gpu_worker.fmp4 import chunk_start_s, decode_fragment, encode_chunk
+from shared.wire import Chunk, encode
+from tests.gateway.conftest import bearer, create, eventually, jpeg, read_sse
+
+pytestmark = pytest.mark.integration
+
+HEIGHT, WIDTH, PERIOD_S = 48, 80, 0.75
+
+
+def _frames(seq: int, count: int) -> np.ndarray:
+    rng = np.random.default_rng(seq)
+    cells = rng.integers(0, 256, (HEIGHT // 8, WIDTH // 8, 3), dtype=np.uint8)
+    return np.stack([np.roll(np.repeat(np.repeat(cells, 8, 0), 8, 1), i, axis=1) for i in range(count)])
+
+
+async def publish(worker, sid: str, seq: int, *, fragment: bool = True, registry=None) -> None:
+    """What a worker publishes: both forms of one chunk (9 frames first, 12 after, as Wan);
+    with ``registry``, then records its progress as a worker does (a new viewer's live edge)."""
+    count = 9 if seq == 0 else 12
+    fps = count / PERIOD_S
+    encoded = encode_chunk(_frames(seq, count), fps, chunk_start_s(seq, PERIOD_S))
+    now = time.time()
+    msg = Chunk(session_id=sid, seq=seq, worker_id=worker.worker_id, epoch=1, encoding="jpeg",
+                frames=[jpeg(WIDTH, HEIGHT)] * count, width=WIDTH, height=HEIGHT, fps=fps,
+                gen_ms=10.0, batch=1, due_at=now, done_at=now,
+                **({"fmp4": encoded.data, "fmp4_mime": encoded.mime, "start_s": encoded.start_s,
+                    "duration_s": encoded.duration_s, "encode_ms": encoded.encode_ms}
+                   if fragment else {}))
+    await worker.nc.publish(worker.subjects.chunks(sid), encode(msg))
+    if registry is not None:
+        assert await registry.record_progress(sid, worker.worker_id, 1, seq)
+
+
+def check_fragment(data: bytes, header: dict) -> None:
+    frames, times = decode_fragment(data)  # alone: no init segment or frame from before
+    count = 9 if header["seq"] == 0 else 12
+    assert frames.shape == (count, HEIGHT, WIDTH, 3)
+    assert times[0] == pytest.approx(header["start_s"], abs=1e-4) == header["seq"] * PERIOD_S
+    assert header["duration_s"] == pytest.approx(PERIOD_S)
+    assert header["mime"].startswith('video/mp4; codecs="avc1.')
+
+
+def ws_chunk(data: bytes) -> tuple[dict, bytes]:
+    (n,) = struct.unpack(">I", data[:4])
+    header = orjson.loads(data[4:4 + n])
+    body = data[4 + n:]
+    assert header["fragment_size"] == len(body)
+    return header, body
+
+
+async def _viewers(gw, sid: str, n: int) -> bool:
+    return await gw.store.viewers(sid) >= n
+
+
+async def test_sse_fmp4_delivers_fragments_that_decode_alone_in_seq_order(http, gw, worker):
+    s = await create(http)
+    sid = s["id"]
+    async with http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as stream:
+        assert stream.status == 200
+        await eventually(lambda: _viewers(gw, sid, 1))
+        for seq in range(3):
+            await publish(worker, sid, seq)
+        events = await read_sse(stream, want=3)
+    chunks = [orjson.loads(e["data"]) for e in events]
+    assert [e["id"] for e in events] == ["0", "1", "2"] and [c["seq"] for c in chunks] == [0, 1, 2]
+    for chunk in chunks:
+        assert chunk["encoding"] == "fmp4/base64" and "frames" not in chunk
+        assert chunk["timing"]["encode_ms"] > 0
+        check_fragment(base64.b64decode(chunk["fragment"]), chunk)
+
+
+async def test_ws_fmp4_delivers_fragments_and_a_mid_stream_joiner_decodes_its_first(http, gw, worker):
+    s = await create(http)
+    sid = s["id"]
+    registry = await _claimed(gw, sid, worker)
+    url = f"{gw.url}/v1/sessions/{sid}/ws"
+    async with aiohttp.ClientSession() as client:
+        async with client.ws_connect(url, params={"format": "fmp4"}, headers=bearer(s["token"])) as ws:
+            await eventually(lambda: _viewers(gw, sid, 1))
+            for seq in range(3):
+                await publish(worker, sid, seq, registry=registry)
+            got = [ws_chunk((await ws.receive(timeout=10)).data) for _ in range(3)]
+        assert [h["seq"] for h, _ in got] == [0, 1, 2]
+        for header, body in got:
+            assert header["type"] == "chunk" and header["encoding"] == "fmp4"
+            check_fragment(body, header)
+        # A viewer joining now starts at the live edge (seq 2), then gets what follows.
+        async with client.ws_connect(url, params={"format": "fmp4"}, headers=bearer(s["token"])) as late:
+            header, body = ws_chunk((await late.receive(timeout=10)).data)
+            assert header["seq"] == 2
+            check_fragment(body, header)
+            await publish(worker, sid, 3)
+            header, body = ws_chunk((await late.receive(timeout=10)).data)
+            assert header["seq"] == 3
+            check_fragment(body, header)
+
+
+async def test_sse_joiner_at_the_live_edge_decodes_its_first_fragment(http, gw, worker):
+    s = await create(http)
+    sid = s["id"]
+    registry = await _claimed(gw, sid, worker)
+    for seq in range(4):
+        await publish(worker, sid, seq, registry=registry)
+    await worker.nc.flush()
+    async with http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as stream:
+        event = (await read_sse(stream, want=1))[0]
+    chunk = orjson.loads(event["data"])
+    assert chunk["seq"] == 3
+    check_fragment(base64.b64decode(chunk["fragment"]), chunk)
+
+
+async def _claimed(gw, sid: str, worker):
+    record = await gw.ctx.registry.claim(sid, worker.worker_id, 0)
+    assert record.epoch == 1
+    return gw.ctx.registry
+
+
+async def test_jpeg_stays_the_default_and_a_chunk_without_a_fragment_goes_out_as_jpeg(http, gw, worker):
+    s = await create(http)
+    sid = s["id"]
+    async with http.get(s["stream_url"], headers=bearer(s["token"])) as plain, \
+            http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as video:
+        await eventually(lambda: _viewers(gw, sid, 2))
+        await publish(worker, sid, 0)
+        await publish(worker, sid, 1, fragment=False)
+        plain_events = [orjson.loads(e["data"]) for e in await read_sse(plain, want=2)]
+        video_events = [orjson.loads(e["data"]) for e in await read_sse(video, want=2)]
+    assert [c["encoding"] for c in plain_events] == ["jpeg/base64"] * 2
+    assert len(plain_events[0]["frames"]) == 9 and "fragment" not in plain_events[0]
+    assert [c["encoding"] for c in video_events] == ["fmp4/base64", "jpeg/base64"]
+
+
+async def test_a_bad_format_is_refused_with_a_stable_code(http, gw):
+    s = await create(http)
+    for path in (s["stream_url"], s["ws_url"]):
+        async with http.get(path, params={"format": "h265"}, headers=bearer(s["token"])) as resp:
+            body = await resp.json()
+        assert resp.status == 400 and body["error"]["code"] == "invalid_request"
+        assert body["error"]["details"] == {"field": "format", "value": "h265", "allowed": ["jpeg", "fmp4"]}
+    async with aiohttp.ClientSession() as client:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(f"{gw.url}{s['ws_url']}", params={"format": "gif"},
+                                    headers=bearer(s["token"]))
+    assert refused.value.status == 400
