@@ -38,6 +38,10 @@ FPS = 16.0  # playback rate of an unpaced worker's chunks (a chunk period of 0)
 
 Outgoing = Chunk | SessionNotice
 
+# NATS's default max_payload (1 MiB): a chunk is one message, JPEG frames and fragment together.
+WIRE_BUDGET_BYTES = 1024 * 1024
+WIRE_OVERHEAD_BYTES = 4096  # the message's other fields, with room to spare
+
 
 def playback_fps(frames: int, period_s: float) -> float:
     """The rate a chunk's frames play at: a chunk carries as much video as its period, whatever
@@ -521,6 +525,15 @@ class GenerationLoop:
         fps = playback_fps(count, self.period_s)
         jpeg = encode_frames(frames, fmt="jpeg", quality=self.jpeg_quality)
         fragment = encode_chunk(frames, fps, chunk_start_s(seq, count / fps))
+        # bytes travel base64 in the JSON message: 4/3 of their size
+        wire_bytes = (sum(map(len, jpeg)) + len(fragment.data)) * 4 // 3 + WIRE_OVERHEAD_BYTES
+        if wire_bytes > WIRE_BUDGET_BYTES:
+            # Both would not fit one NATS message: the chunk goes out as JPEG alone, as before
+            # there was a fragment, and fMP4 viewers get it as JPEG ("encoding" says so).
+            log.warning("fragment_left_out", seq=seq, wire_bytes=wire_bytes,
+                        limit=WIRE_BUDGET_BYTES, fragment_bytes=len(fragment.data))
+            fragment = Fragment(data=b"", mime="", start_s=fragment.start_s,
+                                duration_s=fragment.duration_s, encode_ms=fragment.encode_ms)
         return EncodedChunk(jpeg=jpeg, fmp4=fragment, fps=fps,
                             encode_ms=(time.perf_counter() - started) * 1000.0)
 

@@ -69,3 +69,15 @@ def test_a_session_moved_to_a_new_worker_goes_on_along_the_same_timeline():
     first = sink.chunks("s")[0]
     assert first.seq == 5 and first.start_s == pytest.approx(5 * first.duration_s)
     assert decode_fragment(first.fmp4)[1][0] == pytest.approx(first.start_s, abs=1e-4)
+
+
+def test_a_chunk_too_big_for_one_message_with_both_goes_out_as_jpeg_alone(monkeypatch):
+    import services.gpu_worker.generation as generation
+
+    monkeypatch.setattr(generation, "WIRE_BUDGET_BYTES", 1)
+    sink = RecordingSink()
+    loop = _loop(sink, period_s=0.05)
+    loop.inbox.put(_assign("s", 1))
+    _run(loop, lambda: len(sink.chunks("s")) >= 1)
+    chunk = sink.chunks("s")[0]
+    assert chunk.fmp4 == b"" and chunk.fmp4_mime == "" and chunk.frames and chunk.encode_ms > 0
