@@ -63,6 +63,8 @@ BENCH = (
                "benchmark the session-state handoff between two worker processes"),
     Subcommand("gateway", "services.gateway.bench",
                "SSE delivery latency (NATS publish to client receipt) with N clients"),
+    Subcommand("stream", "services.bench_stream",
+               "JPEG in SSE vs fMP4 in SSE and WebSocket: bytes/s, encode ms, delivery"),
     Subcommand("provisioner", "services.provisioner.bench",
                "provisioner: command round trips, worker boots"),
 )

@@ -1,0 +1,473 @@
+"""``turboserve bench stream``: the same frames as JPEG in SSE, fMP4 in SSE and fMP4 in a
+WebSocket: bytes per second per viewer, encode time per chunk, delivery p99.
+
+Two kinds of frames, at 480x832 by default:
+
+- ``standin``: the stand-in model's own frames (the ``tiny`` preset at that resolution, on the
+  CPU): smooth, the easy case for a video codec;
+- ``textured``: a synthetic sequence the bench makes: a multi-scale texture (2, 8 and 32 pixel
+  cells) panning 7 pixels right and 5 down per frame, across chunk boundaries; the hard case.
+
+Per kind, the bench:
+
+1. makes ``--chunks`` chunks of ``--frames`` frames (cycled after that);
+2. times each encoding the worker does, per chunk (``codec.encode_frames`` for JPEG,
+   ``fmp4.encode_chunk`` for fMP4), ``--encode-runs`` chunks each, and reports p50 and p99;
+3. for each format, starts a gateway process on the real NATS and Redis, creates
+   ``--sessions`` sessions, attaches ``--viewers`` clients spread over them (bare SSE readers;
+   aiohttp WebSockets), publishes one chunk per session per period carrying that format only,
+   and measures, per client, the bytes received per second and the delay from each chunk's
+   publish (its ``done_at``) to its receipt.
+
+A chunk carries one format here, so each format's delivery is its own. (A worker publishes
+both in one message; it leaves the fragment out when both would pass NATS's 1 MiB
+max_payload.) A format whose chunk alone is over that limit cannot be carried: its
+``delivery_ms_p99`` is null, with a ``note`` saying why; its bytes per second are what the
+gateway would send (the event the gateway's own code makes, times the chunk rate).
+WebRTC is not measured: the mesh has no WebRTC path yet; the JSON says so under ``webrtc``.
+
+    turboserve bench stream --json stream.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import struct
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KINDS = ("standin", "textured")
+FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "stream", help="JPEG in SSE vs fMP4 in SSE and WebSocket: bytes/s, encode ms, delivery",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--viewers", type=int, default=100, help="clients per format (default 100)")
+    p.add_argument("--sessions", type=int, default=4, help="sessions they watch (default 4)")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured time per format (10)")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured time first (2)")
+    p.add_argument("--period", type=float, default=0.75, help="chunk period, s (0.75)")
+    p.add_argument("--frames", type=int, default=12, help="frames per chunk (12)")
+    p.add_argument("--size", default="480x832", help="HEIGHTxWIDTH (480x832)")
+    p.add_argument("--chunks", type=int, default=4,
+                   help="distinct chunks per kind (default 4: the stand-in takes seconds each)")
+    p.add_argument("--encode-runs", type=int, default=40, help="chunks timed per format (40)")
+    p.add_argument("--kinds", default=",".join(KINDS), help="standin,textured (both)")
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT",
+                   help='write {"frames": {"standin": {...}, "textured": {...}}, ...} here')
+    p.set_defaults(func=run)
+
+
+class BenchError(Exception):
+    """Bad options or an environment that cannot run the benchmark: said in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    viewers: int
+    sessions: int
+    seconds: float
+    warmup: float
+    period: float
+    frames: int
+    height: int
+    width: int
+    chunks: int
+    encode_runs: int
+    kinds: tuple[str, ...]
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    m = re.fullmatch(r"(\d+)x(\d+)", args.size)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    faults = []
+    if not 1 <= args.viewers <= 2000:
+        faults.append("--viewers must be 1-2000")
+    if not 1 <= args.sessions <= args.viewers:
+        faults.append("--sessions must be 1..viewers")
+    if not 0 < args.seconds <= 600 or not 0 <= args.warmup <= 60:
+        faults.append("--seconds must be in (0, 600] and --warmup in [0, 60]")
+    if not 0.05 <= args.period <= 10:
+        faults.append("--period must be 0.05-10 s")
+    if not 1 <= args.frames <= 64 or not 1 <= args.chunks <= 64 or not 1 <= args.encode_runs <= 1000:
+        faults.append("--frames must be 1-64, --chunks 1-64, --encode-runs 1-1000")
+    if m is None or not (16 <= int(m[1]) <= 2160 and 16 <= int(m[2]) <= 3840):
+        faults.append("--size must be HEIGHTxWIDTH, 16-2160 by 16-3840")
+    if not kinds or set(kinds) - set(KINDS):
+        faults.append(f"--kinds must name some of {', '.join(KINDS)}")
+    if faults:
+        raise BenchError("; ".join(faults))
+    assert m is not None
+    return Plan(args.viewers, args.sessions, args.seconds, args.warmup, args.period, args.frames,
+                int(m[1]), int(m[2]), args.chunks, args.encode_runs, kinds)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.cli import fail
+
+    try:
+        plan = plan_of(args)
+        result = asyncio.run(bench(plan))
+    except BenchError as exc:
+        return fail("bench stream", exc)
+    print_table(result)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+# -- frames ------------------------------------------------------------------------------------
+
+
+def textured(plan: Plan) -> list[np.ndarray]:
+    """A texture at three scales panning across the picture (continuing across chunks)."""
+    rng = np.random.default_rng(0)
+    h, w = plan.height, plan.width
+    acc = np.zeros((h, w, 3), np.float32)
+    for cell, amp in ((2, 0.25), (8, 0.35), (32, 0.4)):
+        grid = rng.random((h // cell + 1, w // cell + 1, 3), np.float32)
+        acc += amp * np.repeat(np.repeat(grid, cell, 0), cell, 1)[:h, :w]
+    texture = (acc * 255).clip(0, 255).astype(np.uint8)
+    chunks = []
+    for c in range(plan.chunks):
+        idx = range(c * plan.frames, (c + 1) * plan.frames)
+        chunks.append(np.stack([np.roll(texture, (5 * i, 7 * i), axis=(0, 1)) for i in idx]))
+    return chunks
+
+
+def standin(plan: Plan) -> list[np.ndarray]:
+    """The stand-in model's frames at the plan's resolution (one session, on the CPU)."""
+    from services.gpu_worker.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(preset="tiny", device="cpu", max_sessions=1,
+                                 resolution=(plan.height, plan.width)))
+    engine.add_session("bench", "a red fox running through snow", 1)
+    chunks = []
+    while len(chunks) < plan.chunks:
+        for result in engine.step():
+            chunks.append(result.frames.numpy()[: plan.frames])
+    return chunks
+
+
+# -- encoding ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Encoded:
+    jpeg: list[list[bytes]] = field(default_factory=list)
+    fmp4: list[Any] = field(default_factory=list)  # fmp4.Fragment
+    jpeg_ms: list[float] = field(default_factory=list)
+    fmp4_ms: list[float] = field(default_factory=list)
+
+
+def encode_all(chunks: list[np.ndarray], plan: Plan) -> Encoded:
+    from services.gpu_worker.codec import encode_frames
+    from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
+
+    out = Encoded()
+    fps = plan.frames / plan.period
+    for run_ in range(plan.encode_runs):
+        frames = chunks[run_ % len(chunks)]
+        started = time.perf_counter()
+        jpeg = encode_frames(frames, fmt="jpeg", quality=80)
+        out.jpeg_ms.append((time.perf_counter() - started) * 1000.0)
+        fragment = encode_chunk(frames, fps, chunk_start_s(run_, plan.period))
+        out.fmp4_ms.append(fragment.encode_ms)
+        if run_ < len(chunks):
+            out.jpeg.append(jpeg)
+            out.fmp4.append(fragment)
+    return out
+
+
+# -- delivery ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    latencies_ms: list[float] = field(default_factory=list)
+    bytes_received: int = 0
+    errors: list[str] = field(default_factory=list)
+    lags: int = 0
+
+
+def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: Plan) -> Any:
+    """The wire Chunk a worker would publish, with only this format's bytes."""
+    from shared.wire import Chunk
+
+    now = time.time()
+    fragment = encoded.fmp4[i]
+    jpeg = fmt == "jpeg_sse"
+    return Chunk(session_id=sid, seq=seq, worker_id="bench", epoch=1, encoding="jpeg",
+                 frames=encoded.jpeg[i] if jpeg else [], width=plan.width, height=plan.height,
+                 fps=plan.frames / plan.period, gen_ms=0.0, batch=1, due_at=now, done_at=now,
+                 fmp4=b"" if jpeg else fragment.data, fmp4_mime="" if jpeg else fragment.mime,
+                 start_s=seq * plan.period, duration_s=plan.period, encode_ms=0.0)
+
+
+def sent_bytes(fmt: str, data: bytes) -> int:
+    """What the gateway sends a client for this wire message (its own event code)."""
+    from services.gateway.chunkview import ChunkView
+    from services.gateway.formats import StreamFormat
+    from services.gateway.sse import chunk_event
+    from services.gateway.ws import fragment_message
+    from shared.wire import decode
+
+    view = decode("bench", data, ChunkView)
+    if fmt == "fmp4_ws":
+        return len(fragment_message(view))
+    return len(chunk_event(view, StreamFormat.FMP4 if fmt == "fmp4_sse" else StreamFormat.JPEG))
+
+
+async def deliver(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
+    """One format's delivery through a gateway process: bytes/s per viewer, delivery p99."""
+    from shared.wire import encode
+
+    biggest = max(len(encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
+                  for i in range(len(encoded.fmp4)))
+    limit = await _max_payload()
+    if biggest > limit:
+        rate = statistics.mean(sent_bytes(fmt, encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
+                               for i in range(len(encoded.fmp4))) / plan.period
+        return {"bytes_per_s": round(rate), "delivery_ms_p99": None, "viewers": 0,
+                "note": f"a chunk is {biggest} bytes on the wire, over NATS's max_payload "
+                        f"({limit}): not deliverable in one message; bytes/s is what the "
+                        "gateway would send"}
+    return await _through_gateway(fmt, encoded, plan)
+
+
+async def _max_payload() -> int:
+    import nats
+
+    from shared.settings import GatewaySettings
+
+    settings = GatewaySettings.from_env(os.environ)
+    try:
+        nc = await nats.connect(settings.nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    except Exception as exc:  # noqa: BLE001 - said in one line
+        raise BenchError(f"NATS at {settings.nats_url} does not answer: {exc!r}") from None
+    try:
+        return int(nc.max_payload)
+    finally:
+        await nc.close()
+
+
+async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
+    import aiohttp
+    import msgspec
+    import nats
+
+    from services.gateway.bench import _clean, _create_sessions, _start_gateway, _wait_ready
+    from services.launcher import free_port
+    from shared.settings import GatewaySettings
+    from shared.wire import Subjects
+
+    settings = GatewaySettings.from_env(os.environ)
+    tag = "bstream" + uuid.uuid4().hex[:8]
+    port = free_port()
+    gateway = _start_gateway(settings.nats_url, settings.redis_url, tag, port)
+    tally = Tally()
+    measuring, stop = asyncio.Event(), asyncio.Event()
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            await _wait_ready(http, gateway)
+            sessions = await _create_sessions(http, plan.sessions)
+            viewers = [asyncio.create_task(_viewer(fmt, port, sessions[i % len(sessions)], tally,
+                                                   measuring, stop))
+                       for i in range(plan.viewers)]
+            nc = await nats.connect(settings.nats_url)
+            try:
+                await asyncio.sleep(1.0 + plan.viewers / 50)  # attached
+                subjects = Subjects(tag)
+                # Each chunk made once per session, as a worker encodes it once.
+                messages = [[msgspec.to_builtins(chunk_message(fmt, encoded, c, sid, 0, plan))
+                             for c in range(len(encoded.fmp4))] for sid, _ in sessions]
+                inject = asyncio.create_task(_inject(nc, subjects, plan, [s for s, _ in sessions],
+                                                     messages, stop))
+                await asyncio.sleep(plan.warmup)
+                measuring.set()
+                started = time.monotonic()
+                await asyncio.sleep(plan.seconds)
+                measuring.clear()
+                elapsed = time.monotonic() - started
+                stop.set()
+                await inject
+            finally:
+                stop.set()
+                for task in viewers:
+                    task.cancel()
+                await asyncio.gather(*viewers, return_exceptions=True)
+                await nc.close()
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+        await _clean(settings.nats_url, settings.redis_url, tag)
+    if tally.errors:
+        raise BenchError(f"{fmt}: {len(tally.errors)} viewers failed, e.g. {tally.errors[0]}")
+    if not tally.latencies_ms:
+        raise BenchError(f"{fmt}: no chunk reached a viewer")
+    lat = sorted(tally.latencies_ms)
+    return {
+        "bytes_per_s": round(tally.bytes_received / elapsed / plan.viewers),
+        "delivery_ms_p50": round(statistics.median(lat), 2),
+        "delivery_ms_p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+        "viewers": plan.viewers, "sessions": plan.sessions, "chunks_received": len(lat),
+        "lags": tally.lags,
+    }
+
+
+async def _inject(nc, subjects, plan: Plan, session_ids: list[str],
+                  messages: list[list[dict[str, Any]]], stop: asyncio.Event) -> None:
+    """One chunk per session per period, sessions spread over the period; each prepared
+    chunk gets its seq and its publish time (``done_at``) on the way out."""
+    import msgspec
+
+    n = len(session_ids)
+    seqs = [0] * n
+    start, step, slot = time.monotonic(), plan.period / n, 0
+    while not stop.is_set():
+        delay = start + slot * step - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        i = slot % n
+        chunk = messages[i][seqs[i] % len(messages[i])]
+        now = time.time()
+        chunk.update(seq=seqs[i], due_at=now, done_at=now, start_s=seqs[i] * plan.period)
+        await nc.publish(subjects.chunks(session_ids[i]), msgspec.json.encode(chunk))
+        seqs[i] += 1
+        slot += 1
+    await nc.flush()
+
+
+async def _viewer(fmt: str, port: int, session: tuple[str, str], tally: Tally,
+                  measuring: asyncio.Event, stop: asyncio.Event) -> None:
+    sid, token = session
+    query = "fmp4" if fmt.startswith("fmp4") else "jpeg"
+    if fmt.endswith("_ws"):
+        await _ws_viewer(port, sid, token, query, tally, measuring, stop)
+    else:
+        await _sse_viewer(port, sid, token, query, tally, measuring, stop)
+
+
+async def _sse_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
+                      measuring: asyncio.Event, stop: asyncio.Event) -> None:
+    """A bare SSE reader (the gateway bench's protocol): the latency measured is the
+    gateway's, not an HTTP library's. It counts the body bytes it receives."""
+    from services.gateway.bench import Tally as GatewayTally
+    from services.gateway.bench import _SseClient
+
+    class Counting(_SseClient):
+        def data_received(self, data: bytes) -> None:
+            if measuring.is_set():
+                tally.bytes_received += len(data)
+            super().data_received(data)
+
+    shared = GatewayTally(1)
+    shared.latencies_ms = tally.latencies_ms
+    request = (f"GET /v1/sessions/{sid}/stream?format={fmt} HTTP/1.1\r\nHost: bench\r\n"
+               f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
+    loop = asyncio.get_running_loop()
+    opened: asyncio.Future[None] = loop.create_future()
+    transport, _ = await loop.create_connection(
+        lambda: Counting(request, shared, measuring, stop, opened), "127.0.0.1", port)
+    try:
+        await stop.wait()
+    finally:
+        transport.close()
+        tally.errors.extend(shared.errors if not stop.is_set() else [])
+        tally.lags += shared.lags
+
+
+async def _ws_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
+                     measuring: asyncio.Event, stop: asyncio.Event) -> None:
+    import aiohttp
+    import orjson
+
+    url = f"http://127.0.0.1:{port}/v1/sessions/{sid}/ws"
+    async with aiohttp.ClientSession() as client, client.ws_connect(
+            url, params={"format": fmt, "token": token}, max_msg_size=0) as ws:
+        async for msg in ws:
+            received = time.time()
+            if msg.type is aiohttp.WSMsgType.BINARY:
+                if measuring.is_set():
+                    tally.bytes_received += len(msg.data)
+                    (n,) = struct.unpack(">I", msg.data[:4])
+                    header = orjson.loads(msg.data[4:4 + n])
+                    tally.latencies_ms.append((received - header["timing"]["done_at"]) * 1000.0)
+            elif msg.type is aiohttp.WSMsgType.TEXT:
+                if b'"type":"lag"' in msg.data.encode():
+                    tally.lags += 1
+            else:
+                if not stop.is_set():
+                    tally.errors.append(f"socket closed: {msg.type}")
+                return
+
+
+# -- the whole bench ---------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def bench(plan: Plan) -> dict[str, Any]:
+    frames: dict[str, Any] = {}
+    for kind in plan.kinds:
+        chunks = await asyncio.to_thread(standin if kind == "standin" else textured, plan)
+        encoded = await asyncio.to_thread(encode_all, chunks, plan)
+        side: dict[str, Any] = {}
+        for fmt in FORMATS:
+            times = encoded.jpeg_ms if fmt == "jpeg_sse" else encoded.fmp4_ms
+            delivered = await deliver(fmt, encoded, plan)
+            side[fmt] = {"bytes_per_s": delivered.pop("bytes_per_s"),
+                         "encode_ms_p50": round(statistics.median(times), 2),
+                         "encode_ms_p99": round(percentile(times, 0.99), 2),
+                         "delivery_ms_p99": delivered.pop("delivery_ms_p99"), **delivered}
+        side["webrtc"] = None  # not built yet: no WebRTC path in the mesh
+        jpeg_rate, fmp4_rate = side["jpeg_sse"]["bytes_per_s"], side["fmp4_ws"]["bytes_per_s"]
+        side["jpeg_over_fmp4_ws_bytes"] = round(jpeg_rate / fmp4_rate, 2) if fmp4_rate else None
+        side["encode_p99_over_period"] = round(side["fmp4_ws"]["encode_ms_p99"] / (plan.period * 1000), 3)
+        frames[kind] = side
+    return {
+        "frames": frames,
+        "size": f"{plan.height}x{plan.width}", "frames_per_chunk": plan.frames,
+        "period_s": plan.period, "viewers": plan.viewers, "sessions": plan.sessions,
+        "seconds": plan.seconds, "encode_runs": plan.encode_runs, "cpu_count": os.cpu_count(),
+        "codec": "H.264 (libx264 via PyAV), fragmented MP4, one keyframe-first fragment per chunk",
+        "webrtc": "not measured: the mesh has no WebRTC path yet",
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"{result['size']}, {result['frames_per_chunk']} frames per {result['period_s']} s chunk, "
+          f"{result['viewers']} viewers over {result['sessions']} sessions")
+    print(f"{'frames':<9} {'format':<9} {'KiB/s/viewer':>13} {'encode p50':>11} {'encode p99':>11} "
+          f"{'delivery p99':>13}")
+    for kind, side in result["frames"].items():
+        for fmt in FORMATS:
+            r = side[fmt]
+            delivery = "n/a" if r["delivery_ms_p99"] is None else f"{r['delivery_ms_p99']:.1f} ms"
+            print(f"{kind:<9} {fmt:<9} {r['bytes_per_s'] / 1024:>13.1f} {r['encode_ms_p50']:>8.1f} ms "
+                  f"{r['encode_ms_p99']:>8.1f} ms {delivery:>13}")
+        print(f"{kind:<9} webrtc    not measured (no WebRTC path yet)")
+        for fmt in FORMATS:
+            if side[fmt].get("note"):
+                print(f"  {kind} {fmt}: {side[fmt]['note']}")

@@ -1,0 +1,44 @@
+"""`turboserve bench stream` runs end to end at a small size (both kinds of frames, all three
+formats through a real gateway on the real NATS and Redis) and refuses bad options in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "bench", "stream", *args],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("args", [["--viewers", "0"], ["--sessions", "9", "--viewers", "3"],
+                                  ["--size", "big"], ["--kinds", "noise"], ["--period", "0"]])
+def test_bad_options_are_one_line_errors(args):
+    proc = bench(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("turboserve bench stream: ") and proc.stderr.count("\n") == 1
+
+
+def test_small_run_writes_each_format_for_each_kind_of_frames(infra, tmp_path):
+    env = {**os.environ, "TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url}
+    out = tmp_path / "stream.json"
+    proc = bench("--viewers", "4", "--sessions", "2", "--seconds", "1.5", "--warmup", "0.5",
+                 "--size", "64x96", "--chunks", "2", "--encode-runs", "3", "--json", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "delivery p99" in proc.stdout and "webrtc" in proc.stdout
+    result = json.loads(out.read_text())
+    assert set(result["frames"]) == {"standin", "textured"}
+    for side in result["frames"].values():
+        assert side["webrtc"] is None  # not built: said, not faked
+        for fmt in ("jpeg_sse", "fmp4_sse", "fmp4_ws"):
+            r = side[fmt]
+            assert r["bytes_per_s"] > 0 and 0 < r["encode_ms_p50"] <= r["encode_ms_p99"]
+            assert r["delivery_ms_p99"] is not None and r["delivery_ms_p99"] >= 0
+            assert r["viewers"] == 4 and r["lags"] == 0
