@@ -177,6 +177,37 @@ async def test_sse_state_events_and_the_cluster_view(mesh, registry):
         assert (await http.delete(f"/v1/sessions/{s['id']}", headers=auth)).status == 200
 
 
+async def test_the_encoded_stream_from_a_real_worker_over_sse_and_the_websocket(mesh, registry):
+    import base64
+
+    from services.gpu_worker.fmp4 import decode_fragment
+    from tests.gateway.test_fmp4_stream import ws_chunk
+
+    async with aiohttp.ClientSession(mesh.gateway_url) as http:
+        s = await (await http.post("/v1/sessions", json={"prompt": "a kite"}, headers=bearer(API_KEY))).json()
+        auth = bearer(s["token"])
+        async with http.get(s["stream_url"], params={"format": "fmp4"}, headers=auth) as stream, \
+                http.ws_connect(s["ws_url"], params={"token": s["token"], "format": "fmp4"}) as ws:
+            events = [e for e in await read_sse(stream, want=4, timeout=90) if e["event"] == "chunk"]
+            got = []
+            async with asyncio.timeout(90):
+                while len(got) < 3:
+                    msg = await ws.receive()
+                    if msg.type is aiohttp.WSMsgType.BINARY:
+                        got.append(ws_chunk(msg.data))
+        assert (await http.delete(f"/v1/sessions/{s['id']}", headers=auth)).status == 200
+    sse = [orjson.loads(e["data"]) for e in events]
+    headers = [h for h, _ in got]
+    for seqs in ([c["seq"] for c in sse], [h["seq"] for h in headers]):
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # consecutive
+    fragments = [(c, base64.b64decode(c["fragment"])) for c in sse] + got
+    for header, data in fragments:  # each alone, whichever came first
+        frames, times = decode_fragment(data)
+        assert frames.shape[0] > 0 and frames.shape[1:3] == (header["height"], header["width"])
+        assert times[0] == pytest.approx(header["start_s"], abs=1e-4)
+        assert header["timing"]["encode_ms"] > 0 and header["encoding"].startswith("fmp4")
+
+
 async def test_an_abandoned_session_goes_idle_then_closes(mesh, registry):
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
         s = await (await http.post("/v1/sessions", json={"prompt": "nobody watches"},
