@@ -14,8 +14,10 @@ CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/c
 PAGES = {"/": "index.html", "/dashboard": "dashboard.html"}
 # Pages and scripts talk only to this gateway; nothing inline, nothing from elsewhere.
 SECURITY_HEADERS = {
+    # media-src blob: the playground's <video> plays a MediaSource through an object URL.
     "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
-                               "connect-src 'self'; frame-ancestors 'none'",
+                               "media-src 'self' blob:; connect-src 'self'; "
+                               "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

@@ -1,6 +1,10 @@
 """The playground and the dashboard in headless Chromium (Debian's chromium and chromedriver,
 through selenium; nothing is downloaded), against the real mesh.
 
+The playground plays ``?format=fmp4`` in a ``<video>`` through Media Source Extensions by
+default (Debian's chromium plays the worker's H.264), and ``#format=jpeg`` draws JPEG frames on
+a canvas; both are played here.
+
 Skipped with the reason when chromium is missing, unless TURBOSERVE_REQUIRE_BROWSER=1 (then
 missing chromium fails). With TURBOSERVE_SCREENSHOT_DIR set, the pages are saved there as
 playground.png and dashboard.png (the README's pictures come from this test).
@@ -107,6 +111,28 @@ def canvas_has_a_picture(d) -> bool:
     """)
 
 
+def video_has_a_picture(d) -> bool:
+    """The <video> shows a decoded picture: its current frame, drawn on a scratch canvas, is
+    not uniform."""
+    return d.execute_script("""
+        const v = document.getElementById('video');
+        if (v.hidden || v.readyState < 2 || !v.videoWidth) return false;
+        const c = document.createElement('canvas');
+        c.width = v.videoWidth; c.height = v.videoHeight;
+        const ctx = c.getContext('2d');
+        ctx.drawImage(v, 0, 0);
+        const px = ctx.getImageData(0, 0, c.width, c.height).data;
+        let lo = 255, hi = 0;
+        for (let i = 0; i < px.length; i += 4) { lo = Math.min(lo, px[i + 1]); hi = Math.max(hi, px[i + 1]); }
+        return hi - lo > 8;
+    """)
+
+
+def open_playground(d, gateway_url: str, hash_args: str = "") -> None:
+    d.get("about:blank")  # a new document even where only the address's hash differs
+    d.get(f"{gateway_url}/#key={API_KEY}{hash_args}")
+
+
 def screenshot(d, name: str, settle_s: float = 0.0) -> None:
     folder = os.environ.get("TURBOSERVE_SCREENSHOT_DIR")
     if folder:
@@ -118,7 +144,8 @@ def screenshot(d, name: str, settle_s: float = 0.0) -> None:
 
 def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver, mesh):
     d = driver
-    d.get(f"{mesh.gateway_url}/#key={API_KEY}")
+    open_playground(d, mesh.gateway_url)
+    assert d.find_element("id", "format").get_attribute("value") == "fmp4"  # the default
     prompt = d.find_element("id", "prompt")
     prompt.clear()
     prompt.send_keys("a red fox running through fresh snow")
@@ -128,9 +155,10 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
                           what="a session id")
     assert not d.find_element("id", "start-error").text
 
-    # frames drawn on the canvas, at the stream's frame rate
-    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 12, what="frames drawn")
-    assert canvas_has_a_picture(d)
+    # the video plays the stream's fragments
+    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 12, what="frames shown")
+    wait_for(lambda: video_has_a_picture(d), within_s=10, what="a picture in the video")
+    assert not d.find_element("id", "screen").is_displayed()
     assert float(d.find_element("id", "latency").text) >= 0  # per-chunk latency shown
     assert any("placed" in line for line in log_lines(d))
 
@@ -220,10 +248,12 @@ def test_the_playground_draws_without_a_freeze_at_the_emulated_period(driver, em
     than twice the nominal frame interval (each chunk's frames at its own fps, which the
     worker makes frames / period)."""
     d = driver
-    d.get(f"{emulated_mesh.gateway_url}/#key={API_KEY}")
+    open_playground(d, emulated_mesh.gateway_url, "&format=jpeg")
+    assert d.find_element("id", "format").get_attribute("value") == "jpeg"
     d.find_element("id", "start").click()
     wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 1, within_s=120,
              what="a first frame drawn")
+    assert canvas_has_a_picture(d) and not d.find_element("id", "video").is_displayed()
     first = d.execute_script("return window.turboservePlayback.times[0]")
     wait_for(lambda: d.execute_script("return performance.now()") - first >= PLAY_S * 1000,
              within_s=PLAY_S + 30, what=f"{PLAY_S:.0f} s of playback")
@@ -240,3 +270,67 @@ def test_the_playground_draws_without_a_freeze_at_the_emulated_period(driver, em
           f"{len(freezes)} longer than twice the nominal interval")
     assert len(kept) > PLAY_S * 7  # about 9.6 frames a second were drawn
     assert not freezes, f"worst gap {worst[0]:.0f} ms against a nominal {worst[1]:.0f} ms"
+
+
+VIDEO_PLAY_S = 20.0
+EMULATED_PERIOD_S = 1.25  # the H20's deadline: the emulated worker's chunk period
+
+
+def video_playback(samples: list[list[float]], play_s: float) -> dict[str, float]:
+    """From the page's (performance.now() ms, currentTime s) samples: when currentTime first
+    advanced, then over the next ``play_s`` seconds the longest time it stood still (``stall_s``)
+    and how far it advanced by playing (``advance_s``; a jump of more than half a second is a
+    seek, not playing)."""
+    moved = [i for i in range(1, len(samples)) if 0 < samples[i][1] - samples[i - 1][1] < 0.5]
+    assert moved, "currentTime never advanced: no fragment was played"
+    start_ms = samples[moved[0] - 1][0]
+    window = [s for s in samples[moved[0] - 1:] if s[0] <= start_ms + play_s * 1000]
+    last_move_ms, stall_ms, advance, seeks = window[0][0], 0.0, 0.0, 0
+    for (_, t0), (ms, t1) in zip(window, window[1:], strict=False):
+        step = t1 - t0
+        if 0 < step < 0.5:
+            advance += step
+            stall_ms = max(stall_ms, ms - last_move_ms)
+            last_move_ms = ms
+        elif step != 0:
+            seeks += 1
+            last_move_ms = ms
+    stall_ms = max(stall_ms, window[-1][0] - last_move_ms)
+    return {"stall_s": stall_ms / 1000, "advance_s": advance, "seeks": seeks,
+            "span_s": (window[-1][0] - start_ms) / 1000, "start_ms": start_ms}
+
+
+def test_the_playground_plays_the_video_steadily_at_the_emulated_period(driver, emulated_mesh):
+    """The default stream (fMP4 through Media Source Extensions) for 20 s after the video
+    starts, with a prompt change on the way: currentTime advances with the clock, and never
+    stands still for longer than one chunk period."""
+    d = driver
+    open_playground(d, emulated_mesh.gateway_url)
+    d.find_element("id", "start").click()
+    wait_for(lambda: d.execute_script(
+        "const s = window.turboserveVideo.samples;"
+        "return s.length > 1 && s[s.length - 1][1] > s[0][1]"), within_s=120,
+        what="the video playing")
+    began = time.monotonic()
+    wait_for(lambda: time.monotonic() - began >= VIDEO_PLAY_S * 0.4, within_s=VIDEO_PLAY_S,
+             what="the first part of the playback")
+    box = d.find_element("id", "new-prompt")
+    box.send_keys("a storm over a dark sea")
+    d.find_element("id", "send-prompt").click()
+    wait_for(lambda: [x for x in log_lines(d) if x.startswith("prompt")], what="prompt ack")
+    wait_for(lambda: time.monotonic() - began >= VIDEO_PLAY_S + 1, within_s=VIDEO_PLAY_S + 5,
+             what=f"{VIDEO_PLAY_S:.0f} s of playback")
+    stats = d.execute_script("return window.turboserveVideo")
+    figures = video_playback(stats["samples"], VIDEO_PLAY_S)
+    page_seeks = [s for s in stats["seeks"] if s[0] > figures["start_ms"]]
+    print(f"\nvideo over {figures['span_s']:.1f} s after it started: currentTime advanced "
+          f"{figures['advance_s']:.2f} s, longest stall {figures['stall_s']:.2f} s "
+          f"(bar {EMULATED_PERIOD_S} s), {stats['appended']} fragments appended, "
+          f"{len(page_seeks)} seeks by the page after the start")
+    assert figures["span_s"] >= VIDEO_PLAY_S - 0.5
+    assert figures["stall_s"] <= EMULATED_PERIOD_S, figures
+    # Steady: as much video as wall time, less at most one chunk period of stalls in all.
+    assert VIDEO_PLAY_S - EMULATED_PERIOD_S <= figures["advance_s"] <= VIDEO_PLAY_S + 0.5, figures
+    assert stats["appended"] >= VIDEO_PLAY_S / EMULATED_PERIOD_S
+    assert video_has_a_picture(d) and not d.find_element("id", "control-error").text
+    assert not [x for x in log_lines(d) if x.startswith("format")]  # no fallback to JPEG

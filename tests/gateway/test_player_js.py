@@ -1,5 +1,6 @@
-"""The playground's pure helpers (``static/player.js``) under Node: the texts it shows and
-how it paces the frames it draws. Skipped without Node."""
+"""The playground's pure helpers (``static/player.js``) under Node: the texts it shows, how it
+paces the frames it draws and what it decides around the video it plays through Media Source
+Extensions. Skipped without Node."""
 
 from __future__ import annotations
 
@@ -121,3 +122,121 @@ def test_without_timing_chunks_follow_each_other_and_the_backlog_is_bounded():
     assert result["early"] is None and result["at"] == 1  # after the jitter buffer
     assert abs(result["wait"] - 0.125) < 1e-9  # then 1/8 s apart
     assert result["dropped"] > 0 and result["buffered"] <= 3.0 + 1e-9
+
+
+# Media Source Extensions playback (?format=fmp4): the pure decisions around the <video>.
+
+def test_video_plays_only_a_codec_the_browser_says_it_supports():
+    result = run_js("""
+        const ms = {isTypeSupported: (mime) => mime === 'video/mp4; codecs="avc1.42C01E"'};
+        console.log(JSON.stringify([
+          player.playableAsVideo('video/mp4; codecs="avc1.42C01E"', ms),
+          player.playableAsVideo('video/mp4; codecs="avc1.640028"', ms),
+          player.playableAsVideo('video/mp4; codecs="avc1.42C01E"', undefined),
+          player.playableAsVideo("", ms),
+        ]));""")
+    assert result == [True, False, False, False]
+
+
+def test_playback_starts_after_the_jitter_buffer_and_waits_for_an_early_chunks_due_time():
+    result = run_js("""
+        console.log(JSON.stringify([
+          player.startDelayS({due_at: 10.0, done_at: 10.3}, 0.25),  // late: the jitter only
+          player.startDelayS({due_at: 10.0, done_at: 9.4}, 0.25),   // 0.6 s early
+          player.startDelayS({due_at: 100.0, done_at: 10.0}, 0.25), // a nonsense clock: capped
+          player.startDelayS(null, 0.25),
+        ]));""")
+    assert [round(x, 6) for x in result] == [0.25, 0.85, 3.25, 0.25]
+
+
+def test_the_playhead_joins_at_the_first_fragment_jumps_gaps_and_backlogs():
+    result = run_js("""
+        const opts = {chunkS: 1.25, jitterS: 0.25};
+        console.log(JSON.stringify({
+          join: player.liveEdgeSeek([[37.5, 38.75]], 0, opts),
+          empty: player.liveEdgeSeek([], 0, opts),
+          playing: player.liveEdgeSeek([[37.5, 40.0]], 38.2, opts),
+          // a frame's rounding short of the range counts as in it
+          rounding: player.liveEdgeSeek([[37.5, 40.0]], 37.45, opts),
+          // a lag skip left a gap: at the end of the first range, on to the next
+          gapEnd: player.liveEdgeSeek([[37.5, 40.0], [45.0, 46.25]], 39.95, opts),
+          gapMid: player.liveEdgeSeek([[37.5, 40.0], [45.0, 46.25]], 39.0, opts),
+          inGap: player.liveEdgeSeek([[37.5, 40.0], [45.0, 46.25]], 41.0, opts),
+          // a backlog that came at once after a reconnect: near the live edge
+          backlog: player.liveEdgeSeek([[37.5, 50.0]], 38.0, opts),
+          backlogAhead: player.liveEdgeSeek([[37.5, 38.75], [40.0, 50.0]], 39.0, opts),
+          past: player.liveEdgeSeek([[37.5, 38.75]], 39.0, opts),
+        }));""")
+    assert result == {"join": 37.5, "empty": None, "playing": None, "rounding": None,
+                      "gapEnd": 45.0, "gapMid": None, "inGap": 45.0, "backlog": 48.5,
+                      "backlogAhead": 48.5, "past": None}
+
+
+def test_played_video_is_trimmed_and_a_played_fragment_is_not_appended_again():
+    result = run_js("""
+        console.log(JSON.stringify({
+          young: player.trimRange([[30, 36]], 34.5, 4),
+          old: player.trimRange([[30, 36]], 35.5, 4),
+          none: player.trimRange([], 35.5, 4),
+          played: player.isPlayed(30, 1.25, 31.25),
+          playing: player.isPlayed(30, 1.25, 31.0),
+          unknown: player.isPlayed(undefined, 1.25, 31.0),
+        }));""")
+    assert result == {"young": None, "old": [30, 31.5], "none": None, "played": True,
+                      "playing": False, "unknown": False}
+
+
+# A SourceBuffer stand-in: each operation takes until `finish()` fires its "updateend".
+FAKE_BUFFER = """
+class FakeBuffer {
+  constructor({failOn} = {}) { this.updating = false; this.log = []; this.listeners = []; this.failOn = failOn; }
+  addEventListener(kind, fn) { if (kind === "updateend") this.listeners.push(fn); }
+  appendBuffer(bytes) {
+    if (this.updating) throw new Error("InvalidStateError: updating");
+    if (bytes === this.failOn) throw new Error("QuotaExceededError");
+    this.updating = true; this.log.push(["append", bytes]);
+  }
+  remove(start, end) {
+    if (this.updating) throw new Error("InvalidStateError: updating");
+    this.updating = true; this.log.push(["remove", start, end]);
+  }
+  changeType(mime) { this.log.push(["changeType", mime]); }
+  finish() { this.updating = false; for (const fn of this.listeners) fn(); }
+}
+"""
+
+
+def test_the_append_queue_runs_one_operation_at_a_time_in_order():
+    result = run_js(FAKE_BUFFER + """
+        const buffer = new FakeBuffer();
+        const errors = [];
+        const queue = new player.AppendQueue(buffer, "video/mp4; a", (e) => errors.push(String(e)));
+        queue.append("f1", "video/mp4; a");
+        queue.append("f2", "video/mp4; a");
+        queue.remove(0, 10);
+        queue.remove(0, 12);  // one removal waits at a time
+        queue.append("f3", "video/mp4; b");  // another codec string: changeType first
+        const busy = queue.busy;
+        while (buffer.updating) buffer.finish();
+        console.log(JSON.stringify({log: buffer.log, errors, busy, idle: !queue.busy,
+                                    appended: queue.appended}));""")
+    assert result == {
+        "log": [["append", "f1"], ["append", "f2"], ["remove", 0, 10],
+                ["changeType", "video/mp4; b"], ["append", "f3"]],
+        "errors": [], "busy": True, "idle": True, "appended": 3,
+    }
+
+
+def test_an_append_the_buffer_refuses_stops_the_queue_and_says_why():
+    result = run_js(FAKE_BUFFER + """
+        const buffer = new FakeBuffer({failOn: "f2"});
+        const errors = [];
+        const queue = new player.AppendQueue(buffer, "m", (e) => errors.push(String(e)));
+        queue.append("f1", "m");
+        queue.append("f2", "m");
+        queue.append("f3", "m");
+        buffer.finish();
+        queue.append("f4", "m");
+        console.log(JSON.stringify({log: buffer.log, errors, pending: queue.pending.length}));""")
+    assert result == {"log": [["append", "f1"]], "errors": ["Error: QuotaExceededError"],
+                      "pending": 0}

@@ -1,6 +1,11 @@
 // TurboServe playground: start a session, watch it over the WebSocket, steer it.
 // Protocol (see docs/gateway.md): binary messages are chunks (4-byte big-endian header length,
-// JSON header, JPEG frames back to back); text messages are JSON (state, lag, end, ack, error).
+// JSON header, then the chunk: with ?format=fmp4 one fragmented MP4, played by the <video>
+// element through Media Source Extensions (video.js); with ?format=jpeg, or for a chunk that
+// came without a fragment, JPEG frames back to back, drawn on the canvas); text messages are
+// JSON (state, lag, end, ack, error).
+// The page asks for fmp4 unless the format picker (or #format=jpeg in the address) says jpeg,
+// and falls back to jpeg where the browser cannot play the fragments' codec.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -14,7 +19,7 @@ const STATE_SHOWN = {
 const ui = {
   start: $("start"), prompt: $("prompt"), seed: $("seed"), apiKey: $("api-key"),
   startError: $("start-error"), controlError: $("control-error"), sessionId: $("session-id"),
-  screen: $("screen"), newPrompt: $("new-prompt"), sendPrompt: $("send-prompt"),
+  format: $("format"), screen: $("screen"), video: $("video"), buffer: $("buffer"), newPrompt: $("new-prompt"), sendPrompt: $("send-prompt"),
   pause: $("pause"), resume: $("resume"), close: $("close"), state: $("state"), seq: $("seq"),
   latency: $("latency"), delivery: $("delivery"), gen: $("gen"), framesDrawn: $("frames-drawn"),
   chart: $("latency-chart"), log: $("log"),
@@ -27,6 +32,10 @@ let ended = false;
 let controlId = 0;
 let framesDrawn = 0;
 let decoding = Promise.resolve();
+let streamFormat = "fmp4"; // what this session's socket asks for
+// The <video> side; null where the browser has no Media Source Extensions.
+const video = typeof MediaSource === "function" ? new MseVideo(ui.video, (err) => fallBackToJpeg(String(err))) : null;
+window.turboserveVideo = video && video.stats;
 const pacer = new FramePacer();  // decoded frames, each drawn at its time (player.js)
 // Draw times (performance.now(), ms) and each frame's nominal interval: what the browser
 // tests read to hold the pacing to its bar.
@@ -34,12 +43,13 @@ const drawStats = { times: [], intervals: [] };
 window.turboservePlayback = drawStats;
 const history = [];      // recent chunks: {latency, delivery}
 
-function keyFromHash() {
-  const m = /(?:^|[#&])key=([^&]+)/.exec(location.hash);
+function fromHash(name) {
+  const m = new RegExp(`(?:^|[#&])${name}=([^&]+)`).exec(location.hash);
   return m ? decodeURIComponent(m[1]) : null;
 }
 
-ui.apiKey.value = keyFromHash() || localStorage.getItem(KEY_STORE) || "";
+ui.apiKey.value = fromHash("key") || localStorage.getItem(KEY_STORE) || "";
+if (fromHash("format") === "jpeg" || fromHash("format") === "fmp4") ui.format.value = fromHash("format");
 
 function log(kind, text) {
   const li = document.createElement("li");
@@ -84,6 +94,10 @@ async function startSession() {
     lastSeq = -1;
     ended = false;
     for (const bitmap of pacer.clear()) bitmap.close();
+    streamFormat = ui.format.value === "fmp4" && video ? "fmp4" : "jpeg";
+    if (ui.format.value === "fmp4" && !video) log("format", "no Media Source Extensions here: JPEG frames");
+    if (video) video.reset();
+    showSurface(streamFormat === "fmp4" ? "video" : "canvas");
     ui.sessionId.textContent = session.id;
     ui.state.textContent = session.state;
     log("created", `${session.id.slice(0, 8)}: ${session.prompt}`);
@@ -99,6 +113,7 @@ function socketUrl() {
   const url = new URL(session.ws_url, location.href);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   url.searchParams.set("token", session.token);
+  url.searchParams.set("format", streamFormat);
   if (lastSeq >= 0) url.searchParams.set("last_event_id", String(lastSeq));
   return url.toString();
 }
@@ -123,6 +138,28 @@ function connect() {
   };
 }
 
+// The fragments cannot play here (a codec the browser lacks, a SourceBuffer that broke): the
+// same session goes on as JPEG frames on the canvas, from the chunk after the last one taken.
+function fallBackToJpeg(why) {
+  if (streamFormat === "jpeg" || !session) return;
+  streamFormat = "jpeg";
+  log("format", `video cannot play (${why}): JPEG frames`);
+  showSurface("canvas");
+  if (socket) {
+    closeSocket();
+    connect();
+  }
+}
+
+function showSurface(which) {
+  ui.video.hidden = which !== "video";
+  ui.screen.hidden = which === "video";
+}
+
+function showFrameCount() {
+  ui.framesDrawn.textContent = String(framesDrawn + (video ? video.framesShown() : 0));
+}
+
 function closeSocket() {
   if (socket) {
     const ws = socket;
@@ -137,6 +174,11 @@ async function onChunk(buffer) {
   const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, headerLen)));
   let offset = 4 + headerLen;
   const received = Date.now() / 1000;
+  if (header.encoding === "fmp4" && !playableAsVideo(header.mime, window.MediaSource)) {
+    fallBackToJpeg(`no ${header.mime} in this browser`); // the chunk comes again, as JPEG
+    return;
+  }
+  if (streamFormat === "jpeg" && header.encoding === "fmp4") return; // the old socket's last
   lastSeq = Math.max(lastSeq, header.seq);
   const t = header.timing;
   const delivery = Math.max(0, (received - t.done_at) * 1000);
@@ -147,6 +189,14 @@ async function onChunk(buffer) {
   history.push({ latency: t.latency_ms, delivery });
   if (history.length > 120) history.shift();
   drawChart();
+  if (header.encoding === "fmp4") {
+    ui.video.style.aspectRatio = `${header.width} / ${header.height}`;
+    await video.add(header, new Uint8Array(buffer, offset, header.fragment_size));
+    showSurface("video");
+    return;
+  }
+  // JPEG frames: the stream's format, or a chunk the worker sent without a fragment.
+  showSurface("canvas");
   if (ui.screen.width !== header.width || ui.screen.height !== header.height) {
     ui.screen.width = header.width;
     ui.screen.height = header.height;
@@ -214,7 +264,7 @@ function playLoop() {
     ctx.drawImage(draw, 0, 0, ui.screen.width, ui.screen.height);
     draw.close();
     framesDrawn += 1;
-    ui.framesDrawn.textContent = String(framesDrawn);
+    showFrameCount();
     drawStats.times.push(performance.now());
     drawStats.intervals.push(pacer.lastIntervalS * 1000);
     if (drawStats.times.length > 4000) {
@@ -223,6 +273,16 @@ function playLoop() {
     }
   }
   playTimer = setTimeout(playLoop, Math.max(1, waitS * 1000));
+}
+
+// The video's figures, a few times a second.
+function showVideoStats() {
+  if (video && !ui.video.hidden) {
+    showFrameCount();
+    ui.buffer.textContent = `${video.aheadS().toFixed(1)} s`;
+  } else {
+    ui.buffer.textContent = streamFormat === "jpeg" && session ? `${pacer.bufferedS(Date.now() / 1000).toFixed(1)} s (JPEG)` : "-";
+  }
 }
 
 function wakePlayback() {
@@ -264,4 +324,6 @@ ui.pause.addEventListener("click", () => send("pause"));
 ui.resume.addEventListener("click", () => send("resume"));
 ui.close.addEventListener("click", () => send("close"));
 setControls(false);
+showSurface(ui.format.value === "fmp4" && video ? "video" : "canvas");
 playLoop();
+setInterval(showVideoStats, 250);
