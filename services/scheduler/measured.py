@@ -2,8 +2,9 @@
 
 Pure (no I/O): heartbeats of the workers of one kind plus the shipped profile of that kind (or
 the default one) in, a ``LatencyProfile`` out. Where the workers have measured chunk times
-they are taken as measured; the rest comes from the shipped profile (``profile_from_
-measurements``). Every live profile also takes from the workers what the shipped file cannot
+they are taken as measured; a batch they timed only by its passes takes its pass times plus
+the chunk overhead measured at the other batches; the rest comes from the shipped profile
+(``profile_from_measurements``). Every live profile also takes from the workers what the shipped file cannot
 know: the playback period they keep (the deadline of a chunk), their slots (K never exceeds
 them), one session's state size, the measured cost of their handoffs (the migration cost) and
 what a prompt change adds to a chunk (K leaves room for it).
@@ -45,8 +46,11 @@ def live_profile(kind: str, beats: Iterable[Heartbeat], fallback: LatencyProfile
         base = dataclasses.replace(base, deadline_ms=1000.0 * min(periods))
     if fallback.gpu_kind != kind:
         base = _scaled_to(base, slots)
-    measured = _median_by_batch(beats)
-    profile = profile_from_measurements(measured, base) if measured else base
+    measured = _median_by_batch(b.chunk_ms for b in beats)
+    # Passes are timed at every batch a worker runs, whole chunks mostly at the small batches
+    # of a ramp-up: the pass times fill in the rest (see profile_from_measurements).
+    passes = _median_by_batch(b.pass_ms for b in beats)
+    profile = profile_from_measurements(measured, base, pass_ms=passes) if measured else base
     table = profile.chunk_ms_table[:slots]
     state = [b.state_bytes for b in beats if b.state_bytes > 0]
     state_bytes = int(statistics.median(state)) if state else profile.state_bytes_per_session
@@ -83,10 +87,10 @@ def _scaled_to(profile: LatencyProfile, slots: int) -> LatencyProfile:
     return dataclasses.replace(profile, chunk_ms_table=table)
 
 
-def _median_by_batch(beats: list[Heartbeat]) -> dict[int, float]:
+def _median_by_batch(per_worker: Iterable[dict[int, float]]) -> dict[int, float]:
     samples: dict[int, list[float]] = {}
-    for beat in beats:
-        for batch, ms in beat.chunk_ms.items():
+    for times in per_worker:
+        for batch, ms in times.items():
             if batch >= 1 and ms > 0:
                 samples.setdefault(int(batch), []).append(float(ms))
     return {b: statistics.median(v) for b, v in sorted(samples.items())}

@@ -48,6 +48,7 @@ measured yet.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -305,7 +306,8 @@ class _Fields:
 # ---- measured profiles ----------------------------------------------------------------------
 
 def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyProfile,
-                              name: str | None = None) -> LatencyProfile:
+                              name: str | None = None,
+                              pass_ms: Mapping[int, float] | None = None) -> LatencyProfile:
     """``fallback`` with its chunk times replaced by measured ones: what a worker kind does,
     as far as it has been seen to do it.
 
@@ -320,7 +322,18 @@ def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyPr
     * below the smallest measured batch, the fallback's curve scaled the same way;
 
     then each entry is raised to at least the one before (noise may make batch 2 measure
-    faster than batch 1; a profile's chunk times never decrease). Everything else (deadline,
+    faster than batch 1; a profile's chunk times never decrease).
+
+    ``pass_ms`` (optional) maps batch sizes to measured times of one batched pass. A worker
+    with pass-level admission times a whole chunk only when every pass of it ran at one batch
+    size, which under steady paced load is rare: its sessions drift out of phase, so whole
+    chunks are measured at the small batches of a ramp-up and hardly ever at the batch it
+    runs. Extrapolating from two such neighbouring batches turns a few ms of noise into a
+    slope that moves K by several sessions. Passes are timed at every batch, so a batch with
+    a pass time and no chunk time takes ``passes_per_chunk x pass time + overhead``, the
+    overhead (encoding, delivery) being the median of ``chunk - passes_per_chunk x pass``
+    over the batches measured both ways. Without such a batch pass times are not used: the
+    overhead is unknown. Everything else (deadline,
     passes per chunk, state size, migration, memory, price) is the fallback's, so K follows
     the measurements: the largest batch that meets the fallback's deadline.
 
@@ -330,14 +343,12 @@ def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyPr
     if not measured:
         return fallback
     source = "measurements"
+    _check_measured(source, measured)
+    if pass_ms:
+        _check_measured(source, pass_ms, what="pass time")
+        measured = _with_pass_times(measured, pass_ms, fallback.passes_per_chunk)
     points: list[tuple[int, float]] = []
     for batch, ms in sorted(measured.items()):
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ProfileError(source, f"batch sizes must be integers >= 1, got {batch!r}")
-        if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms) \
-                or ms <= 0:
-            raise ProfileError(source, f"chunk time at batch {batch} must be a finite number > 0, "
-                                       f"got {ms!r}")
         points.append((batch, float(ms)))
     length = max(len(fallback.chunk_ms_table), points[-1][0])
     lo_batch, lo_ms = points[0]
@@ -374,3 +385,30 @@ def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyPr
         raise ProfileError(source, f"no batch meets the deadline: batch 1 takes {table[0]:.1f} ms "
                                    f"> deadline_ms = {fallback.deadline_ms} ms")
     return profile
+
+
+def _check_measured(source: str, measured: Mapping[int, float],
+                    what: str = "chunk time") -> None:
+    for batch, ms in measured.items():
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ProfileError(source, f"batch sizes must be integers >= 1, got {batch!r}")
+        if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms) \
+                or ms <= 0:
+            raise ProfileError(source, f"{what} at batch {batch} must be a finite number > 0, "
+                                       f"got {ms!r}")
+
+
+def _with_pass_times(chunk_ms: Mapping[int, float], pass_ms: Mapping[int, float],
+                     passes_per_chunk: int) -> dict[int, float]:
+    """Chunk times per batch, with the batches timed only by their passes filled in (see
+    :func:`profile_from_measurements`)."""
+    both = sorted(b for b in chunk_ms if b in pass_ms)
+    out = {int(b): float(ms) for b, ms in chunk_ms.items()}
+    if not both:
+        return out
+    overhead = max(0.0, statistics.median(
+        chunk_ms[b] - passes_per_chunk * pass_ms[b] for b in both))
+    for batch, ms in pass_ms.items():
+        if batch not in out:
+            out[int(batch)] = passes_per_chunk * float(ms) + overhead
+    return out

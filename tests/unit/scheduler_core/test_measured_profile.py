@@ -71,3 +71,35 @@ def test_a_larger_measured_batch_extends_the_table():
 def test_bad_measurements_are_refused(measured, needle):
     with pytest.raises(ProfileError, match=needle):
         profile_from_measurements(measured, H20)
+
+
+# A CPU worker emulating an H20 under six steady sessions: its passes are paced to the shipped
+# times (pass = chunk / 5) at every batch it runs, but it timed whole chunks only at batches 1
+# and 2 (the ramp-up; afterwards its sessions are out of phase, so no chunk runs every pass at
+# one batch). The chunks carry about 120 ms of encoding on top of their passes.
+EMULATED_PASSES = {b: H20.chunk_ms(b) / H20.passes_per_chunk for b in range(1, 7)}
+
+
+@pytest.mark.parametrize("batch_2_ms", [621.0, 640.0, 660.0])
+def test_pass_times_fill_the_batches_no_whole_chunk_was_timed_at(batch_2_ms):
+    """Two neighbouring chunk times alone extrapolate their noise: 531 / 621-660 ms made K 8
+    down to 6 (six steady sessions then asked for a second GPU, and gave it back later). With
+    the pass times of batches 3-6, K stays where the emulated chunk times put it."""
+    chunks = {1: 531.0, 2: batch_2_ms}
+    assert profile_from_measurements(chunks, H20).capacity <= 8
+    p = profile_from_measurements(chunks, H20, pass_ms=EMULATED_PASSES)
+    # The median of the two batches' chunk - 5 x pass (the median of two is their mean).
+    overhead = ((531.0 - H20.chunk_ms(1)) + (batch_2_ms - H20.chunk_ms(2))) / 2
+    assert p.chunk_ms(1) == 531.0 and p.chunk_ms(2) == batch_2_ms  # chunk times stay measured
+    for batch in (3, 6):
+        assert p.chunk_ms(batch) == pytest.approx(H20.chunk_ms(batch) + overhead)
+    assert p.capacity == 10  # 775 + ~130 ms at batch 6, on the passes' slope of 71 ms
+
+
+def test_pass_times_alone_are_not_chunk_times():
+    """Without a batch timed both ways the overhead is unknown: pass times are not used."""
+    chunks = {1: 600.0}
+    assert profile_from_measurements(chunks, H20, pass_ms={3: 112.4}) == (
+        profile_from_measurements(chunks, H20))
+    with pytest.raises(ProfileError, match="finite number > 0"):
+        profile_from_measurements(chunks, H20, pass_ms={2: -1.0})

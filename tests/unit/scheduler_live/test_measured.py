@@ -73,3 +73,32 @@ def test_k_leaves_room_for_the_prompt_switch_the_workers_measure():
     assert switching.capacity < plain.capacity == 12
     assert switching.chunk_ms(switching.capacity) + 120.0 <= switching.deadline_ms
     assert differs(plain, switching)
+
+
+def test_six_steady_sessions_keep_one_emulated_gpu():
+    """A live run on ``turboserve up`` (one CPU worker emulating an H20, six steady sessions):
+    the worker timed whole chunks at batches 1 and 2 only (531 and 621-660 ms) and passes at
+    every batch 1-6. From the chunk times alone K came out 6 to 8, and the loop asked for a
+    second GPU for six sessions, spread three onto it and consolidated them back once the
+    volatility level turned calm: 1 scale-out, 1 scale-in, 6 migrations for nothing. With the
+    pass times K is 10 and the pool stays at one GPU for ten minutes."""
+    from services.scheduler.core.config import ControllerConfig
+    from services.scheduler.core.loop import Controller
+    from services.scheduler.core.types import Drain, Event, EventKind, Migrate, RequestGpus
+    from services.scheduler.shipped import load_rho_table
+
+    passes = {b: H20.chunk_ms(b) / H20.passes_per_chunk for b in range(1, 7)}
+    for batch_2_ms in (621.0, 640.0, 660.0):
+        profile = live_profile("H20", [beat(chunk_ms={1: 531.0, 2: batch_2_ms},
+                                            pass_ms=passes, active=6)], H20)
+        config = ControllerConfig(rho_table=load_rho_table(), boot_delay_s=5.0, initial_gpus=0,
+                                  min_gpus=1, max_gpus=4, gpu_kind="H20")
+        core = Controller({"H20": H20}, config)
+        decisions = core.step(Event(0.0, EventKind.GPU_READY, gpu_id="w-1", gpu_kind="H20"))
+        core.set_profile("H20", profile)
+        for i in range(6):  # one arrival every 2 s, as `turboserve replay` played them
+            decisions += core.step(Event(1.0 + 2 * i, EventKind.ARRIVE, session_id=f"s{i}"))
+        for tick in range(24, 1200):  # ten minutes of ticks every 0.5 s
+            decisions += core.step(Event(tick / 2, EventKind.TICK))
+        churn = [d for d in decisions if isinstance(d, RequestGpus | Drain | Migrate)]
+        assert churn == [], (batch_2_ms, profile.capacity, churn)
