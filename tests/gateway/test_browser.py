@@ -217,6 +217,58 @@ def test_dashboard_without_the_operator_key_says_so(driver, mesh):
     assert "unauthorized" in error
 
 
+def video_time(d) -> float:
+    return d.execute_script("return document.getElementById('video').currentTime")
+
+
+def test_the_video_goes_on_after_the_socket_drops(driver, mesh):
+    """A dropped WebSocket reconnects with last_event_id, and the video plays on from where its
+    timeline was: the fragments that came meanwhile are appended after the ones it has."""
+    d = driver
+    open_playground(d, mesh.gateway_url)
+    d.find_element("id", "start").click()
+    wait_for(lambda: video_time(d) > 0 and video_has_a_picture(d), within_s=60,
+             what="the video playing")
+    appended = d.execute_script("return window.turboserveVideo.appended")
+    d.execute_script("socket.close()")  # the page's own socket (a top-level binding)
+    wait_for(lambda: [x for x in log_lines(d) if x.startswith("socket")], within_s=5,
+             what="the drop noticed")
+    dropped_at = video_time(d)
+    wait_for(lambda: d.execute_script("return window.turboserveVideo.appended") > appended + 3,
+             within_s=20, what="fragments after the reconnect")
+    wait_for(lambda: video_time(d) > dropped_at + 2, within_s=10, what="the video playing on")
+    samples = d.execute_script("return window.turboserveVideo.samples")
+    around = [s for s in samples if s[1] >= dropped_at - 1]
+    figures = video_playback(around, (around[-1][0] - around[0][0]) / 1000)
+    print(f"\nacross the drop: longest stall {figures['stall_s']:.2f} s, "
+          f"{figures['seeks']} seeks, {figures['advance_s']:.2f} s advanced")
+    assert not [x for x in log_lines(d) if x.startswith("format")]  # no fallback to JPEG
+    d.find_element("id", "close").click()
+    wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
+
+
+def test_the_playground_falls_back_to_jpeg_where_the_codec_cannot_play(driver, mesh):
+    """A browser whose MediaSource refuses the fragments' codec: the page says so and draws the
+    same session's JPEG frames on the canvas."""
+    d = driver
+    script = d.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {
+        "source": "MediaSource.isTypeSupported = () => false;"})
+    try:
+        open_playground(d, mesh.gateway_url)
+        d.find_element("id", "start").click()
+        wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 12, within_s=60,
+                 what="frames drawn")
+        (fallback,) = [x for x in log_lines(d) if x.startswith("format")]
+        assert "video/mp4" in fallback and "JPEG frames" in fallback, fallback
+        assert canvas_has_a_picture(d) and not d.find_element("id", "video").is_displayed()
+        assert d.execute_script("return window.turboserveVideo.appended") == 0
+        d.find_element("id", "close").click()
+        wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
+    finally:
+        d.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
+                          {"identifier": script["identifier"]})
+
+
 @pytest.fixture(scope="module")
 def emulated_mesh(infra, driver) -> Iterator[Mesh]:
     """The mesh as ``turboserve up`` runs it on a machine without a GPU: a CPU worker emulating
