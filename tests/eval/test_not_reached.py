@@ -184,3 +184,22 @@ def test_the_gap_to_the_clairvoyant_leaves_out_traces_where_its_sweep_misses_our
     gap = _oracle_gap({"a": trace(10.0, True), "b": trace(300.0, False), "c": trace(20.0, True)})
     assert gap == {"avg": 15.0, "max": 20.0, "traces_averaged": 2, "left_out": ["b"]}
     assert _oracle_gap({"b": trace(300.0, False)})["avg"] is None
+
+
+def test_a_gap_to_the_clairvoyant_outside_its_sweep_is_printed_as_such():
+    from services.scheduler.eval.report import _by_boot_table
+
+    by_boot = {
+        "30": {"latency_reduction_vs_best_baseline_pct": 1.0,
+               "cost_reduction_vs_best_baseline_pct": 1.0, "gap_to_clairvoyant_same_rho_pct": 1.0,
+               "gap_to_floor_with_boot_pct": 1.0, "gap_to_clairvoyant_matched_latency_pct": 5.0,
+               "gap_to_clairvoyant_matched_latency_traces": 2},
+        "120": {"latency_reduction_vs_best_baseline_pct": 1.0,
+                "cost_reduction_vs_best_baseline_pct": 1.0,
+                "gap_to_clairvoyant_same_rho_pct": 1.0, "gap_to_floor_with_boot_pct": 1.0,
+                "gap_to_clairvoyant_matched_latency_pct": None,
+                "gap_to_clairvoyant_matched_latency_traces": 0},
+    }
+    rows = _by_boot_table(by_boot, total=7).splitlines()
+    assert "5.0 (2 of 7 traces)" in rows[2]
+    assert "not reached on any of 7 traces (our p99 outside its sweep)" in rows[3]
