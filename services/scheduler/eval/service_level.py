@@ -16,7 +16,12 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from services.scheduler.eval.matched import CurvePoint, cost_at_latency, reduction_pct
+from services.scheduler.eval.matched import (
+    CurvePoint,
+    cost_at_latency,
+    latency_at_cost,
+    reduction_pct,
+)
 from services.scheduler.eval.plan import STATIC_BASELINES
 from services.scheduler.eval.runs import RunSummary
 
@@ -154,8 +159,6 @@ def service_level(curves: dict[str, list[RunSummary]], ours_run: RunSummary) -> 
     Each comparison carries ``..._reached``: both sides served the level somewhere in their
     sweeps. When it is false the percentage is kept for the record and means nothing as a
     cost; ``not_reached`` lists the policies whose sweeps never served the level."""
-    from services.scheduler.eval.matched import latency_at_cost
-
     ours = curve_at_slo(curves["turboserve"])
     static = {b: static_at_slo(curves[b]) for b in STATIC_BASELINES}
     rivals = {r: curve_at_slo(curves[r]) for r in AUTOSCALERS_AT_SLO if r in curves}
