@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from services.gateway import cluster, errors, probes, sessions, sse, ws
+from services.gateway import cluster, errors, probes, sessions, sse, webrtc, ws
 from services.gateway.auth import KeyRing
 from services.gateway.feeds import FeedHub
 from services.gateway.metrics import GatewayMetrics
@@ -93,6 +93,8 @@ def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
 def build_app(gw: Gateway) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=gw.settings.max_body_bytes)
     app[GATEWAY] = gw
+    peers = app[webrtc.PEERS] = webrtc.PeerSet()
+    app.on_shutdown.append(peers.close_all)  # after the hub closed: every peer ends, then the site
     pages = Pages()
     r = app.router
     for path in PAGES:
@@ -107,6 +109,7 @@ def build_app(gw: Gateway) -> web.Application:
     r.add_delete("/v1/sessions/{session_id}", sessions.delete_session)
     r.add_get("/v1/sessions/{session_id}/stream", sse.stream_session)
     r.add_get("/v1/sessions/{session_id}/ws", ws.session_socket)
+    r.add_post("/v1/sessions/{session_id}/webrtc", webrtc.peer_offer)
     r.add_post("/v1/sessions/{session_id}/prompt", sessions.change_prompt)
     r.add_post("/v1/sessions/{session_id}/pause", sessions.pause_session)
     r.add_post("/v1/sessions/{session_id}/resume", sessions.resume_session)

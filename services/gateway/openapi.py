@@ -12,6 +12,7 @@ from aiohttp import web
 
 from services.gateway.bodies import SEED_LIMIT
 from services.gateway.state import GATEWAY, json_response
+from services.gateway.webrtc import MAX_SDP_CHARS
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -129,6 +130,20 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
                 "message": {"type": "string"},
             },
         },
+        "WebRtcOffer": {
+            "type": "object", "required": ["sdp"], "additionalProperties": False,
+            "properties": {
+                "type": {"type": "string", "enum": ["offer"], "default": "offer"},
+                "sdp": {"type": "string", "minLength": 1, "maxLength": MAX_SDP_CHARS,
+                        "description": "an SDP offer that receives video (a recvonly video "
+                                       "transceiver) and, to steer, opens a data channel"},
+            },
+        },
+        "WebRtcAnswer": {
+            "type": "object", "required": ["type", "sdp", "session_id"],
+            "properties": {"type": {"type": "string", "enum": ["answer"]}, "sdp": {"type": "string"},
+                           "session_id": {"type": "string"}},
+        },
         "Cluster": {
             "type": "object", "required": ["workers", "events", "latency", "pending"],
             "properties": {
@@ -186,8 +201,8 @@ def document(max_prompt_chars: int) -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {"title": "TurboServe gateway", "version": "1",
-                 "description": "Interactive streaming video sessions: create, watch (SSE or "
-                                "WebSocket), steer, close; the cluster view for operators."},
+                 "description": "Interactive streaming video sessions: create, watch (SSE, "
+                                "WebSocket or WebRTC), steer, close; the cluster view for operators."},
         "components": {
             "securitySchemes": {
                 "apiKey": {"type": "http", "scheme": "bearer", "description": "an API key"},
@@ -244,6 +259,16 @@ def document(max_prompt_chars: int) -> dict[str, Any]:
                 responses={"400": _error("invalid_request: not a WebSocket upgrade, or a bad "
                                          "'from' or 'format'"), "422": E422,
                            "503": E503},
+            )},
+            "/v1/sessions/{session_id}/webrtc": {"post": _session_op(
+                "sessionWebRtc", "the session as a WebRTC peer: an SDP offer in, the answer out; "
+                "chunks on the video track, controls on a data channel (as on the WebSocket)",
+                {"200": _json(_ref("WebRtcAnswer"), "the SDP answer (host ICE candidates only)")},
+                requestBody={"required": True,
+                             "content": {"application/json": {"schema": _ref("WebRtcOffer")}}},
+                responses={"400": _error("invalid_json, invalid_request, or invalid_offer: no SDP "
+                                         "offer aiortc can answer, or one without video"),
+                           "409": E409, "413": E413, "503": E503},
             )},
             "/v1/sessions/{session_id}/prompt": {"post": _control(
                 "changePrompt", "change the prompt from the next chunk boundary", body=True)},

@@ -19,7 +19,8 @@ Server to client:
 Client to server (text, JSON): ``{"type": "prompt", "prompt": "..."}``, ``{"type": "pause"}``,
 ``{"type": "resume"}``, ``{"type": "close"}``, each with an optional ``"id"`` echoed in its
 answer. Controls are handled one at a time, in order, while chunks keep flowing; they mean
-exactly what ``POST .../prompt``, ``.../pause``, ``.../resume`` and ``DELETE`` mean.
+exactly what ``POST .../prompt``, ``.../pause``, ``.../resume`` and ``DELETE`` mean
+(:mod:`steering`, shared with the WebRTC data channel).
 
 Where it starts: as the SSE stream, at the live edge unless ``last_event_id`` or
 ``from=start`` says otherwise (``bodies.start_of``).
@@ -35,7 +36,7 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from services.gateway import bodies, control, errors, lifetimes
+from services.gateway import bodies, errors, lifetimes, steering
 from services.gateway.auth import authorize_session
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
@@ -47,7 +48,6 @@ from shared.registry import SessionRecord
 
 log = get_logger("turboserve.gateway")
 
-CONTROLS = frozenset({"prompt", "pause", "resume", "close"})
 HEADER_LEN = struct.Struct(">I")
 CONTROLS_IN_FLIGHT = 8
 
@@ -140,28 +140,21 @@ async def _receive(ws: web.WebSocketResponse, controls: asyncio.Queue[dict[str, 
     async for msg in ws:
         if msg.type is WSMsgType.TEXT:
             try:
-                body = orjson.loads(msg.data)
-            except orjson.JSONDecodeError as exc:
-                await _send_error(ws, None, None, errors.InvalidJson(f"not JSON: {exc}"))
-                continue
-            if not isinstance(body, dict) or body.get("type") not in CONTROLS:
-                kind = body.get("type") if isinstance(body, dict) else None
-                await _send_error(ws, None, body.get("id") if isinstance(body, dict) else None,
-                                  errors.InvalidRequest(
-                                      "a control is a JSON object with 'type' one of "
-                                      f"{', '.join(sorted(CONTROLS))}", type=kind))
+                body = steering.parse_control(msg.data)
+            except steering.ControlRefused as refused:
+                await _send_text(ws, refused.message)
                 continue
             await controls.put(body)
         elif msg.type is WSMsgType.BINARY:
-            await _send_error(ws, None, None, errors.InvalidRequest("controls are text (JSON) messages"))
+            await _send_text(ws, steering.error_message(
+                None, None, errors.InvalidRequest("controls are text (JSON) messages")))
         else:  # ERROR; CLOSE and CLOSING end the iteration themselves
             break
 
 
-async def _send_error(ws: web.WebSocketResponse, kind: str | None, ident: Any,
-                      exc: errors.ApiError) -> None:
+async def _send_text(ws: web.WebSocketResponse, body: dict[str, Any]) -> None:
     with contextlib.suppress(ConnectionResetError):
-        await ws.send_str(_text({"type": "error", "control": kind, "id": ident, "error": exc.body()}))
+        await ws.send_str(_text(body))
 
 
 async def _steer(gw: Gateway, ws: web.WebSocketResponse, record: SessionRecord, operator: bool,
@@ -169,39 +162,7 @@ async def _steer(gw: Gateway, ws: web.WebSocketResponse, record: SessionRecord, 
     while True:
         body = await controls.get()
         async with lock:
-            await _steer_once(gw, ws, record, operator, body)
-
-
-async def _steer_once(gw: Gateway, ws: web.WebSocketResponse, record: SessionRecord, operator: bool,
-                      body: dict[str, Any]) -> None:
-    kind, ident = body["type"], body.get("id")
-    try:
-        if not operator:
-            await check_rate(gw, record.owner_key)
-        current = await load_session(gw, record.id)
-        answer = await _apply(gw, current, kind, body)
-    except errors.ApiError as exc:
-        gw.metrics.refusals.labels(exc.code).inc()
-        await _send_error(ws, kind, ident, exc)
-        return
-    with contextlib.suppress(ConnectionResetError):
-        await ws.send_str(_text({"type": "ack", "control": kind, "id": ident, **answer}))
-
-
-async def _apply(gw: Gateway, record: SessionRecord, kind: str, body: dict[str, Any]) -> dict[str, Any]:
-    if kind == "prompt":
-        unknown = sorted(set(body) - {"type", "id", "prompt"})
-        if unknown:
-            raise errors.InvalidRequest(f"unknown field(s): {', '.join(unknown)}", fields=unknown)
-        prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
-        return {"prompt": prompt, **(await control.change_prompt(gw, record, prompt)).body("prompt change")}
-    if kind == "pause":
-        return (await control.pause(gw, record)).body("pause")
-    if kind == "resume":
-        return (await control.resume(gw, record)).body("resume")
-    closed = await control.close(gw, record)
-    return {"confirmed": True, "next_seq": None, "state": str(closed.state),
-            "last_seq": closed.last_seq}
+            await _send_text(ws, await steering.answer(gw, record, operator, body))
 
 
 async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer: Viewer,

@@ -38,4 +38,4 @@ async def test_schemathesis_finds_no_server_error(gw_env, nats_client, redis_cli
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=240)
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-6000:]
-    assert "passed" in text and "Selected: 15/15" in text
+    assert "passed" in text and "Selected: 16/16" in text
