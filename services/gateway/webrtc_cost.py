@@ -1,0 +1,110 @@
+"""What a WebRTC viewer costs the gateway's CPU: each chunk's JPEG frames decoded
+(:func:`chunktrack.decode_jpegs`) and encoded again by aiortc's own encoders (VP8 and H.264, at
+aiortc's default bitrates, as a peer without bandwidth feedback gets them), one viewer's work,
+in one process.
+
+``python -m services.gateway.webrtc_cost [--size 480x832] [--fps 16] [--seconds 6]`` prints,
+per content and codec, the CPU milliseconds (process time: every thread the encoder uses) per
+second of video and per chunk, and what share of one core a viewer takes. Every viewer of a
+session pays it again: aiortc encodes per peer (its encoder follows that peer's bandwidth and
+keyframe requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import time
+from fractions import Fraction
+
+import numpy as np
+from aiortc.codecs import get_encoder
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+from PIL import Image
+
+from services.gateway.chunktrack import VIDEO_CLOCK, decode_jpegs
+
+CODECS = {
+    "vp8": RTCRtpCodecParameters(mimeType="video/VP8", clockRate=VIDEO_CLOCK, payloadType=96),
+    "h264": RTCRtpCodecParameters(mimeType="video/H264", clockRate=VIDEO_CLOCK, payloadType=102,
+                                  parameters={"packetization-mode": "1",
+                                              "level-asymmetry-allowed": "1",
+                                              "profile-level-id": "42e01f"}),
+}
+CHUNK_FRAMES = 12  # 0.75 s at 16 fps, as Wan's chunks
+JPEG_QUALITY = 85
+
+
+def frames_of(content: str, count: int, height: int, width: int) -> list[np.ndarray]:
+    """``textured``: 16-pixel random cells scrolling (hard for an encoder); ``smooth``: a
+    gradient with a moving disc (easy)."""
+    rng = np.random.default_rng(7)
+    out = []
+    if content == "textured":
+        cells = rng.integers(0, 256, (height // 16, width // 16, 3), dtype=np.uint8)
+        field = np.repeat(np.repeat(cells, 16, 0), 16, 1)
+        return [np.roll(field, 4 * i, axis=1) for i in range(count)]
+    ys, xs = np.mgrid[0:height, 0:width]
+    base = np.stack([xs * 255 // width, ys * 255 // height, np.full_like(xs, 128)], -1).astype(np.uint8)
+    for i in range(count):
+        frame = base.copy()
+        cx, cy = (40 + 8 * i) % width, height // 2
+        frame[(xs - cx) ** 2 + (ys - cy) ** 2 < 60 ** 2] = (250, 250, 250)
+        out.append(frame)
+    return out
+
+
+def jpegs_of(frames: list[np.ndarray]) -> list[bytes]:
+    out = []
+    for frame in frames:
+        buffer = io.BytesIO()
+        Image.fromarray(frame).save(buffer, format="JPEG", quality=JPEG_QUALITY)
+        out.append(buffer.getvalue())
+    return out
+
+
+def measure(content: str, codec: str, height: int, width: int, fps: float, seconds: float) -> dict[str, float]:
+    count = max(CHUNK_FRAMES, round(fps * seconds))
+    jpegs = jpegs_of(frames_of(content, count, height, width))
+    encoder = get_encoder(CODECS[codec])
+    tick = round(VIDEO_CLOCK / fps)
+    decode_s = encode_s = 0.0
+    sent = 0
+    for start in range(0, count, CHUNK_FRAMES):
+        t0 = time.process_time()
+        frames = decode_jpegs(jpegs[start:start + CHUNK_FRAMES])
+        t1 = time.process_time()
+        for i, frame in enumerate(frames):
+            frame.pts, frame.time_base = (start + i) * tick, Fraction(1, VIDEO_CLOCK)
+            payloads, _ = encoder.encode(frame, False)
+            sent += sum(len(p) for p in payloads)
+        decode_s += t1 - t0
+        encode_s += time.process_time() - t1
+    video_s = count / fps
+    return {"decode_ms_per_s": 1000 * decode_s / video_s, "encode_ms_per_s": 1000 * encode_s / video_s,
+            "cpu_ms_per_s": 1000 * (decode_s + encode_s) / video_s,
+            "cpu_ms_per_chunk": 1000 * (decode_s + encode_s) / (count / CHUNK_FRAMES),
+            "kbit_per_s": 8 * sent / video_s / 1000}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="480x832", help="HEIGHTxWIDTH (Wan2.1's: 480x832)")
+    parser.add_argument("--fps", type=float, default=16.0)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    args = parser.parse_args(argv)
+    height, width = (int(v) for v in args.size.split("x"))
+    print(f"one WebRTC viewer, {height}x{width} at {args.fps:g} fps, {CHUNK_FRAMES}-frame chunks; "
+          "CPU = process time (all threads)")
+    print(f"{'content':<9} {'codec':<5} {'decode ms/s':>11} {'encode ms/s':>11} {'CPU ms/s':>9} "
+          f"{'ms/chunk':>9} {'% core':>7} {'kbit/s':>7}")
+    for content in ("smooth", "textured"):
+        for codec in CODECS:
+            m = measure(content, codec, height, width, args.fps, args.seconds)
+            print(f"{content:<9} {codec:<5} {m['decode_ms_per_s']:>11.1f} {m['encode_ms_per_s']:>11.1f} "
+                  f"{m['cpu_ms_per_s']:>9.1f} {m['cpu_ms_per_chunk']:>9.1f} "
+                  f"{m['cpu_ms_per_s'] / 10:>7.1f} {m['kbit_per_s']:>7.0f}")
+
+
+if __name__ == "__main__":
+    main()
