@@ -128,6 +128,10 @@ def video_has_a_picture(d) -> bool:
     """)
 
 
+def video_time(d) -> float:
+    return d.execute_script("return document.getElementById('video').currentTime")
+
+
 def open_playground(d, gateway_url: str, hash_args: str = "") -> None:
     d.get("about:blank")  # a new document even where only the address's hash differs
     d.get(f"{gateway_url}/#key={API_KEY}{hash_args}")
@@ -193,8 +197,13 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
     d.switch_to.window(playground)
     d.find_element("id", "pause").click()
     wait_for(lambda: [x for x in log_lines(d) if x.startswith("pause")], what="pause ack")
+    # no chunks while suspended: the video runs dry and waits for its buffer again
+    wait_for(lambda: d.execute_script("return window.turboserveVideo.rebuffers") >= 1,
+             within_s=15, what="the video run dry while paused")
     d.find_element("id", "resume").click()
     wait_for(lambda: [x for x in log_lines(d) if x.startswith("resume")], what="resume ack")
+    resumed_at = video_time(d)
+    wait_for(lambda: video_time(d) > resumed_at + 1, within_s=20, what="the video playing on")
     d.find_element("id", "close").click()
     wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
     (closed,) = wait_for(lambda: [x for x in log_lines(d) if x.startswith("close")],
@@ -215,10 +224,6 @@ def test_dashboard_without_the_operator_key_says_so(driver, mesh):
     d.get(f"{mesh.gateway_url}/dashboard#key=wrong")
     error = wait_for(lambda: d.find_element("id", "error").text, what="an error shown")
     assert "unauthorized" in error
-
-
-def video_time(d) -> float:
-    return d.execute_script("return document.getElementById('video').currentTime")
 
 
 def test_the_video_goes_on_after_the_socket_drops(driver, mesh):
@@ -378,7 +383,8 @@ def test_the_playground_plays_the_video_steadily_at_the_emulated_period(driver, 
     print(f"\nvideo over {figures['span_s']:.1f} s after it started: currentTime advanced "
           f"{figures['advance_s']:.2f} s, longest stall {figures['stall_s']:.2f} s "
           f"(bar {EMULATED_PERIOD_S} s), {stats['appended']} fragments appended, "
-          f"{len(page_seeks)} seeks by the page after the start")
+          f"{len(page_seeks)} seeks by the page after the start, "
+          f"{stats['rebuffers']} waits for the buffer after running dry")
     assert figures["span_s"] >= VIDEO_PLAY_S - 0.5
     assert figures["stall_s"] <= EMULATED_PERIOD_S, figures
     # Steady: as much video as wall time, less at most one chunk period of stalls in all.

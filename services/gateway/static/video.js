@@ -12,11 +12,13 @@ class MseVideo {
   constructor(video, onFail) {
     this.video = video;
     this.onFail = onFail;
-    // What the browser tests read: (performance.now() ms, currentTime s) once a tick, the
-    // seeks the page made ([ms, from, to]) and how many fragments went in.
-    this.stats = { samples: [], seeks: [], appended: 0 };
+    // What the browser tests read: (performance.now() ms, currentTime s) once a tick from the
+    // start of playback, the seeks the page made ([ms, from, to]), how many fragments went in
+    // and how often playback ran dry and waited for its jitter buffer again.
+    this.stats = { samples: [], seeks: [], appended: 0, rebuffers: 0 };
     this.source = null;
     this.url = null;
+    video.addEventListener("waiting", () => this.starved());
     video.addEventListener("error", () => {
       if (this.source) this.fail(new Error(`video error ${video.error && video.error.code}: ${video.error && video.error.message}`));
     });
@@ -37,10 +39,12 @@ class MseVideo {
     this.chunkS = 0;
     this.playAt = null;
     this.playAsked = false;
+    this.started = false;
     this.failed = false;
     this.stats.samples.length = 0;
     this.stats.seeks.length = 0;
     this.stats.appended = 0;
+    this.stats.rebuffers = 0;
   }
 
   // One chunk's fragment (`bytes`, a Uint8Array) with its header (mime, start_s, duration_s,
@@ -66,6 +70,21 @@ class MseVideo {
     this.queue.append(bytes, header.mime);
     this.stats.appended += 1;
     if (this.playAt === null) this.playAt = performance.now() / 1000 + startDelayS(header.timing);
+  }
+
+  // Playback ran out of video (a late chunk, a paused session): it waits for the next fragment
+  // and the jitter buffer again, as at the start, so that the chunks after it have their margin
+  // back instead of each arriving just as the video runs dry. Not at a gap with video after it
+  // (the playhead jumps it) nor while seeking.
+  starved() {
+    const v = this.video;
+    if (!this.playAsked || v.seeking || this.failed || !this.queue) return;
+    const t = v.currentTime;
+    if (this.aheadS() > GAP_TOLERANCE_S || this.ranges().some(([start]) => start > t)) return;
+    v.pause();
+    this.playAsked = false;
+    this.playAt = null;
+    this.stats.rebuffers += 1;
   }
 
   fail(err) {
@@ -100,7 +119,7 @@ class MseVideo {
     const v = this.video;
     if (this.queue && !this.failed && this.source.readyState === "open") this.steer(now);
     const samples = this.stats.samples;
-    if (this.playAsked) samples.push([now, v.currentTime]);
+    if (this.started) samples.push([now, v.currentTime]);
     if (samples.length > VIDEO_SAMPLES_KEPT) samples.splice(0, samples.length - VIDEO_SAMPLES_KEPT);
     setTimeout(() => this.tick(), VIDEO_TICK_MS);
   }
@@ -119,6 +138,7 @@ class MseVideo {
     if (cut && !this.queue.busy) this.queue.remove(cut[0], cut[1]);
     if (!this.playAsked && ranges.length && this.playAt !== null && now / 1000 >= this.playAt) {
       this.playAsked = true;
+      this.started = true;
       const source = this.source;
       v.play().catch((err) => { if (source === this.source) this.fail(err); });
     }
