@@ -1,13 +1,17 @@
-"""A session's chunks as an aiortc video track: each chunk's JPEG frames decoded to
-``av.VideoFrame`` and handed to aiortc, which encodes them for the peer (VP8 or H.264, as
-negotiated), paced by each chunk's own fps.
+"""A session's chunks as an aiortc video track, paced by each chunk's own fps.
 
-Why decode and re-encode rather than pass the worker's H.264 through: aiortc takes encoded
-packets only for H.264 (``H264Encoder.pack``), and a packet source cannot honour the peer's
-keyframe requests or its bandwidth estimate, nor serve a peer that negotiated VP8; re-encoding
-works for every peer and every chunk (one without a fragment too), at a cost the gateway pays
-per viewer (``python -m services.gateway.webrtc_cost`` measures it; docs/gateway.md has the
-figures).
+Two ways a chunk becomes video, chosen per peer and per chunk:
+
+- **pass-through** (a peer that negotiated H.264, a chunk with its fMP4 fragment): the worker's
+  H.264 packets, demuxed from the fragment and rewritten to Annex B (``h264_mp4toannexb``: the
+  SPS/PPS go in front of the chunk's keyframe), are handed to aiortc as ``av.Packet``, which it
+  only packetizes (``H264Encoder.pack``). The worker encodes constrained baseline, a keyframe
+  first in every chunk and no B-frames, which is what WebRTC's H.264 wants. What aiortc cannot do
+  with packets: answer the peer's keyframe requests (the next keyframe is the next chunk's, at
+  most a period away) or follow its bandwidth estimate (the stream is the worker's bitrate);
+- **re-encode** (a VP8 peer, or a chunk without a fragment): the chunk's JPEG frames decoded to
+  ``av.VideoFrame`` and encoded by aiortc for that peer, at a CPU cost per viewer
+  (``python -m services.gateway.webrtc_cost``; docs/gateway.md has the figures).
 
 Timestamps: one 90 kHz clock per track, continuous across chunks (a frame lasts ``1/fps`` of
 its chunk); :class:`FrameClock` is the pure part, tested without sockets.
@@ -24,6 +28,7 @@ from fractions import Fraction
 from typing import Any
 
 import av
+import av.bitstream
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from PIL import Image
 
@@ -68,6 +73,22 @@ class FrameClock:
         return max(0.0, due - now)
 
 
+def annexb_packets(fragment: bytes) -> list[av.Packet]:
+    """A chunk's H.264 packets from its self-contained fMP4 fragment, in Annex B (start codes,
+    SPS/PPS before the keyframe), as aiortc's H.264 packetizer reads them (CPU work: run it off
+    the event loop)."""
+    out = []
+    with av.open(io.BytesIO(fragment), "r", format="mp4") as container:
+        stream = container.streams.video[0]
+        annexb = av.bitstream.BitStreamFilterContext("h264_mp4toannexb", stream)
+        for packet in container.demux(stream):
+            for filtered in annexb.filter(packet if packet.size else None):
+                if filtered.size:
+                    out.append(filtered)
+        out.extend(p for p in annexb.filter(None) if p.size)
+    return out
+
+
 def decode_jpegs(frames: list[bytes]) -> list[av.VideoFrame]:
     """A chunk's JPEG frames as video frames (CPU work: run it off the event loop)."""
     out = []
@@ -91,11 +112,14 @@ class ChunkTrack(MediaStreamTrack):
         self.on_text = on_text
         self.on_end = on_end
         self.clock = FrameClock()
-        self.frames: deque[tuple[av.VideoFrame, float]] = deque()
+        self.frames: deque[tuple[av.VideoFrame | av.Packet, float]] = deque()
+        # Set once the answer says H.264: chunks with a fragment then pass through.
+        self.pass_through = False
         self.sent_seq = -1
-        self.decode_s = 0.0  # CPU time spent decoding chunks (thread time), for the cost figure
+        self.chunks = {"passed": 0, "reencoded": 0}
+        self.decode_s = 0.0  # CPU time spent on chunks (thread time), for the cost figure
 
-    async def recv(self) -> av.VideoFrame:
+    async def recv(self) -> av.VideoFrame | av.Packet:
         while not self.frames:
             await self._refill()
         frame, fps = self.frames.popleft()
@@ -113,8 +137,11 @@ class ChunkTrack(MediaStreamTrack):
         if isinstance(item, Entry):
             chunk = item.item
             if isinstance(chunk, ChunkView):
-                frames, cpu_s = await asyncio.to_thread(_timed_decode, chunk.frame_bytes())
+                passing = self.pass_through and chunk.has_fragment
+                frames, cpu_s = await asyncio.to_thread(_timed, annexb_packets if passing else decode_jpegs,
+                                                        chunk.fragment_bytes() if passing else chunk.frame_bytes())
                 self.decode_s += cpu_s
+                self.chunks["passed" if passing else "reencoded"] += 1
                 self.frames.extend((f, chunk.fps) for f in frames)
                 self.sent_seq = chunk.seq
             else:
@@ -129,7 +156,7 @@ class ChunkTrack(MediaStreamTrack):
             raise MediaStreamError
 
 
-def _timed_decode(frames: list[bytes]) -> tuple[list[av.VideoFrame], float]:
+def _timed(work: Callable[[Any], list[Any]], data: Any) -> tuple[list[Any], float]:
     started = time.thread_time()
-    decoded = decode_jpegs(frames)
-    return decoded, time.thread_time() - started
+    done = work(data)
+    return done, time.thread_time() - started

@@ -142,7 +142,13 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
         "WebRtcAnswer": {
             "type": "object", "required": ["type", "sdp", "session_id"],
             "properties": {"type": {"type": "string", "enum": ["answer"]}, "sdp": {"type": "string"},
-                           "session_id": {"type": "string"}},
+                           "session_id": {"type": "string"},
+                           "video": {"type": "object", "properties": {
+                               "codec": {"type": "string", "nullable": True,
+                                         "description": "video/H264 (preferred) or video/VP8"},
+                               "pass_through": {"type": "boolean",
+                                                "description": "the worker's H.264 goes out as "
+                                                               "it came; else re-encoded"}}}},
         },
         "Cluster": {
             "type": "object", "required": ["workers", "events", "latency", "pending"],

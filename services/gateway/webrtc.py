@@ -2,9 +2,11 @@
 
 The client posts an SDP offer (``{"type": "offer", "sdp": "..."}``, with the session token as
 for the stream and the socket) that receives video and, to steer, opens a data channel; the
-answer is ``{"type": "answer", "sdp": "...", "session_id"}``. Then:
+answer is ``{"type": "answer", "sdp": "...", "session_id", "video"}``. Then:
 
-- the video track carries the session's chunks from the live edge on (:mod:`chunktrack`);
+- the video track carries the session's chunks from the live edge on (:mod:`chunktrack`): the
+  worker's H.264 passed through to a peer that offers H.264 (preferred), re-encoded to VP8 for
+  one that does not; the answer's ``video`` says which (``codec``, ``pass_through``);
 - the data channel carries the WebSocket's controls and answers (:mod:`steering`: ``prompt``,
   ``pause``, ``resume``, ``close`` with ``id`` and ``ack``/``error``), and the WebSocket's text
   messages ``state``, ``lag`` and ``end``;
@@ -27,7 +29,16 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCPeerConnection,
+    RTCRtpCodecCapability,
+    RTCRtpSender,
+    RTCRtpTransceiver,
+    RTCSessionDescription,
+)
+from aiortc.sdp import SessionDescription
 
 from services.gateway import bodies, errors, lifetimes, steering
 from services.gateway.chunktrack import ChunkTrack
@@ -206,12 +217,28 @@ def offer_of(body: dict[str, Any]) -> RTCSessionDescription:
     return RTCSessionDescription(sdp=sdp, type="offer")
 
 
-async def _answer(pc: RTCPeerConnection, offer: RTCSessionDescription) -> None:
+def preferred_codecs() -> list[RTCRtpCodecCapability]:
+    """aiortc's video codecs, H.264 first: a peer that offers it gets the worker's chunks passed
+    through (:mod:`chunktrack`); one that does not gets VP8, re-encoded."""
+    codecs = RTCRtpSender.getCapabilities("video").codecs
+    return sorted(codecs, key=lambda c: c.mimeType.lower() != "video/h264")
+
+
+def negotiated_codec(sdp: str) -> str | None:
+    """The video codec an answer settled on (its first), as a MIME type."""
+    for media in SessionDescription.parse(sdp).media:
+        if media.kind == "video" and media.rtp.codecs:
+            return media.rtp.codecs[0].mimeType
+    return None
+
+
+async def _answer(pc: RTCPeerConnection, offer: RTCSessionDescription,
+                  video: RTCRtpTransceiver) -> None:
     try:
         await pc.setRemoteDescription(offer)
     except Exception as exc:  # noqa: BLE001 - aiortc's parser raises ValueError, KeyError, ...
         raise InvalidOffer(f"not an SDP offer aiortc can answer: {exc!r}"[:300], field="sdp") from None
-    if not any(t.kind == "video" for t in pc.getTransceivers()):
+    if video.mid is None:
         raise InvalidOffer("the offer receives no video (add a recvonly video transceiver)",
                            field="sdp")
 
@@ -228,8 +255,10 @@ async def peer_offer(request: web.Request) -> web.Response:
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
     # Host candidates only: no STUN server (aiortc's default is a public one) and no TURN.
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    video = pc.addTransceiver("video", direction="sendonly")
+    video.setCodecPreferences(preferred_codecs())
     try:
-        await _answer(pc, offer)
+        await _answer(pc, offer, video)
     except BaseException:
         await pc.close()
         raise
@@ -243,8 +272,10 @@ async def peer_offer(request: web.Request) -> web.Response:
     try:
         attachment = await lifetimes.attach(gw, record.id)
         peer.track = ChunkTrack(viewer, peer.send, peer.finish)
-        pc.addTrack(peer.track)
+        video.sender.replaceTrack(peer.track)
         await pc.setLocalDescription(await pc.createAnswer())
+        codec = negotiated_codec(pc.localDescription.sdp)
+        peer.track.pass_through = codec is not None and codec.lower() == "video/h264"
     except BaseException:
         await pc.close()
         await gw.hub.leave(viewer)
@@ -261,5 +292,7 @@ async def peer_offer(request: web.Request) -> web.Response:
     peer.release = release
     peers.start(peer)
     local = pc.localDescription
-    log.info("webrtc_peer_answered", session_id=record.id)
-    return json_response({"type": local.type, "sdp": local.sdp, "session_id": record.id})
+    log.info("webrtc_peer_answered", session_id=record.id, codec=codec,
+             pass_through=peer.track.pass_through)
+    return json_response({"type": local.type, "sdp": local.sdp, "session_id": record.id,
+                          "video": {"codec": codec, "pass_through": peer.track.pass_through}})

@@ -1,13 +1,14 @@
-"""What a WebRTC viewer costs the gateway's CPU: each chunk's JPEG frames decoded
-(:func:`chunktrack.decode_jpegs`) and encoded again by aiortc's own encoders (VP8 and H.264, at
-aiortc's default bitrates, as a peer without bandwidth feedback gets them), one viewer's work,
-in one process.
+"""What a WebRTC viewer costs the gateway's CPU, one viewer's work in one process: re-encoded,
+each chunk's JPEG frames decoded (:func:`chunktrack.decode_jpegs`) and encoded again by aiortc's
+own encoders (``vp8``, ``h264``, at aiortc's default bitrates, as a peer without bandwidth
+feedback gets them); passed through (``h264-pass``), each chunk's fMP4 fragment demuxed to
+Annex B packets (:func:`chunktrack.annexb_packets`; "decode" in the table).
 
 ``python -m services.gateway.webrtc_cost [--size 480x832] [--fps 16] [--seconds 6]`` prints,
 per content and codec, the CPU milliseconds (process time: every thread the encoder uses) per
-second of video and per chunk, and what share of one core a viewer takes. Every viewer of a
-session pays it again: aiortc encodes per peer (its encoder follows that peer's bandwidth and
-keyframe requests).
+second of video and per chunk, what share of one core a viewer takes, and the bitrate sent.
+Every viewer of a session pays it again: aiortc encodes per peer (its encoder follows that
+peer's bandwidth and keyframe requests).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from aiortc.codecs import get_encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from PIL import Image
 
-from services.gateway.chunktrack import VIDEO_CLOCK, decode_jpegs
+from services.gateway.chunktrack import VIDEO_CLOCK, annexb_packets, decode_jpegs
+from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
 
 CODECS = {
     "vp8": RTCRtpCodecParameters(mimeType="video/VP8", clockRate=VIDEO_CLOCK, payloadType=96),
@@ -63,7 +65,27 @@ def jpegs_of(frames: list[np.ndarray]) -> list[bytes]:
     return out
 
 
+def measure_pass_through(content: str, height: int, width: int, fps: float,
+                         seconds: float) -> dict[str, float]:
+    """An H.264 peer: each chunk's fragment (as the worker makes it) demuxed to Annex B
+    packets; aiortc then only packetizes them (not counted: it does so for every codec)."""
+    count = max(CHUNK_FRAMES, round(fps * seconds))
+    frames = np.stack(frames_of(content, count, height, width))
+    period = CHUNK_FRAMES / fps
+    fragments = [encode_chunk(frames[i:i + CHUNK_FRAMES], fps, chunk_start_s(i // CHUNK_FRAMES, period)).data
+                 for i in range(0, count, CHUNK_FRAMES)]
+    started = time.process_time()
+    sent = sum(p.size for data in fragments for p in annexb_packets(data))
+    cpu_s = time.process_time() - started
+    video_s = count / fps
+    return {"decode_ms_per_s": 1000 * cpu_s / video_s, "encode_ms_per_s": 0.0,
+            "cpu_ms_per_s": 1000 * cpu_s / video_s, "cpu_ms_per_chunk": 1000 * cpu_s / len(fragments),
+            "kbit_per_s": 8 * sent / video_s / 1000}
+
+
 def measure(content: str, codec: str, height: int, width: int, fps: float, seconds: float) -> dict[str, float]:
+    if codec == "h264-pass":
+        return measure_pass_through(content, height, width, fps, seconds)
     count = max(CHUNK_FRAMES, round(fps * seconds))
     jpegs = jpegs_of(frames_of(content, count, height, width))
     encoder = get_encoder(CODECS[codec])
@@ -96,12 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     height, width = (int(v) for v in args.size.split("x"))
     print(f"one WebRTC viewer, {height}x{width} at {args.fps:g} fps, {CHUNK_FRAMES}-frame chunks; "
           "CPU = process time (all threads)")
-    print(f"{'content':<9} {'codec':<5} {'decode ms/s':>11} {'encode ms/s':>11} {'CPU ms/s':>9} "
+    print(f"{'content':<9} {'codec':<9} {'decode ms/s':>11} {'encode ms/s':>11} {'CPU ms/s':>9} "
           f"{'ms/chunk':>9} {'% core':>7} {'kbit/s':>7}")
     for content in ("smooth", "textured"):
-        for codec in CODECS:
+        for codec in (*CODECS, "h264-pass"):
             m = measure(content, codec, height, width, args.fps, args.seconds)
-            print(f"{content:<9} {codec:<5} {m['decode_ms_per_s']:>11.1f} {m['encode_ms_per_s']:>11.1f} "
+            print(f"{content:<9} {codec:<9} {m['decode_ms_per_s']:>11.1f} {m['encode_ms_per_s']:>11.1f} "
                   f"{m['cpu_ms_per_s']:>9.1f} {m['cpu_ms_per_chunk']:>9.1f} "
                   f"{m['cpu_ms_per_s'] / 10:>7.1f} {m['kbit_per_s']:>7.0f}")
 

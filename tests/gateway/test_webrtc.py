@@ -9,15 +9,19 @@ import contextlib
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 
 from services.gateway.chunktrack import VIDEO_CLOCK, FrameClock
 from services.gateway.webrtc import PEERS
 from shared.states import SessionState
 from shared.wire import NoticeKind
 from tests.gateway.conftest import bearer, create, eventually, jpeg, run_gateway
+from tests.gateway.test_fmp4_stream import HEIGHT as F_HEIGHT
+from tests.gateway.test_fmp4_stream import WIDTH as F_WIDTH
+from tests.gateway.test_fmp4_stream import _frames, publish
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +31,12 @@ WIDTH, HEIGHT, FRAMES = 64, 48, 6
 class Client:
     """A viewer in Python: a recvonly video transceiver and a control channel."""
 
-    def __init__(self) -> None:
+    def __init__(self, codec: str | None = None) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.pc.addTransceiver("video", direction="recvonly")
+        video = self.pc.addTransceiver("video", direction="recvonly")
+        if codec is not None:  # offer this codec only (and its retransmissions)
+            video.setCodecPreferences([c for c in RTCRtpReceiver.getCapabilities("video").codecs
+                                       if c.mimeType in (codec, "video/rtx")])
         self.channel = self.pc.createDataChannel("control")
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.channel.on("message", lambda data: self.messages.put_nowait(orjson.loads(data)))
@@ -61,8 +68,8 @@ class Client:
 
 
 @contextlib.asynccontextmanager
-async def client() -> Any:
-    c = Client()
+async def client(codec: str | None = None) -> Any:
+    c = Client(codec)
     try:
         yield c
     finally:
@@ -121,6 +128,50 @@ async def test_a_loopback_peer_gets_decoded_frames_and_steers_over_the_data_chan
         answering.cancel()
     record = await gw.ctx.registry.get_session(sid)
     assert record.state is SessionState.TERMINATED and record.prompt == "a storm"
+
+
+async def _watch(gw, http, worker, sid: str, token: str, codec: str | None,
+                 fmp4: bool) -> tuple[dict, list, Any]:
+    """Connect a client offering ``codec`` (None: aiortc's all), publish three chunks (with
+    their fMP4 fragments or not), receive the first chunk's frames."""
+    async with client(codec) as c:
+        answer = await c.connect(http, f"/v1/sessions/{sid}/webrtc", token)
+        track = await asyncio.wait_for(c.tracks.get(), 10)
+        await eventually(lambda: _viewers(gw, sid, 1))
+        for seq in range(3):
+            if fmp4:
+                await publish(worker, sid, seq)
+            else:
+                await worker.chunk(sid, seq, frames=FRAMES, frame=jpeg(WIDTH, HEIGHT))
+        want = 9 if fmp4 else FRAMES  # the fMP4 helper's first chunk has 9 frames
+        frames = [await asyncio.wait_for(track.recv(), 10) for _ in range(want)]
+        (peer,) = _peers(gw)
+        return answer, frames, dict(peer.track.chunks)
+
+
+@pytest.mark.parametrize(("codec", "fmp4", "passed"), [
+    (None, True, True),             # H.264 preferred: the worker's packets, not re-encoded
+    ("video/VP8", True, False),     # a VP8 peer: the JPEG frames, re-encoded
+    ("video/H264", False, False),   # H.264, a chunk without a fragment: re-encoded
+])
+async def test_the_worker_h264_passes_through_where_negotiated_else_it_is_reencoded(
+        http, gw, worker, codec, fmp4, passed):
+    s = await create(http)
+    answer, frames, chunks = await _watch(gw, http, worker, s["id"], s["token"], codec, fmp4)
+    expected = "video/VP8" if codec == "video/VP8" else "video/H264"
+    assert answer["video"] == {"codec": expected, "pass_through": expected == "video/H264"}
+    size = (F_WIDTH, F_HEIGHT) if fmp4 else (WIDTH, HEIGHT)
+    assert all((f.width, f.height) == size for f in frames)
+    assert [f.to_ndarray(format="rgb24").shape for f in frames[:1]] == [(size[1], size[0], 3)]
+    pts = [f.pts for f in frames]
+    assert pts == sorted(pts) and len(set(pts)) == len(frames)
+    # What the viewer sees is the chunk: the worker's frames (random cells) when they pass
+    # through, the JPEG frames (one flat colour) when they are re-encoded.
+    pictures = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(float)
+    source = _frames(0, 9) if passed else np.broadcast_to(np.array([128, 64, 200]), pictures.shape)
+    assert np.abs(pictures - source).mean() < 12
+    assert chunks["passed" if passed else "reencoded"] >= 1
+    assert chunks["reencoded" if passed else "passed"] == 0
 
 
 def _peers(gw) -> set:
