@@ -14,8 +14,10 @@ import orjson
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 
-from services.gateway.chunktrack import VIDEO_CLOCK, FrameClock
+from services.gateway import webrtc
+from services.gateway.chunktrack import VIDEO_CLOCK, FrameClock, annexb_packets
 from services.gateway.webrtc import PEERS
+from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
 from shared.states import SessionState
 from shared.wire import NoticeKind
 from tests.gateway.conftest import bearer, create, eventually, jpeg, run_gateway
@@ -247,3 +249,37 @@ def test_the_frame_clock_is_continuous_across_chunks_and_paces_by_each_chunks_fp
     # A frame found late by more than a frame period re-anchors: a pause, not a burst.
     assert clock.wait_s(11250, 5625, now=101.0) == 0.0
     assert clock.wait_s(16875, 11250, now=101.0) == pytest.approx(0.0625)
+
+
+async def test_a_viewer_that_goes_or_never_connects_is_let_go(http, gw, monkeypatch):
+    s = await create(http)
+    sid = s["id"]
+    url = f"/v1/sessions/{sid}/webrtc"
+    async with client() as c:  # goes: it closes its peer connection
+        await c.connect(http, url, s["token"])
+        await asyncio.wait_for(c.opened.wait(), 10)
+        assert len(_peers(gw)) == 1 and await gw.store.viewers(sid) == 1
+    await eventually(lambda: not _peers(gw), timeout=10)
+    await eventually(lambda: _viewers_are(gw, sid, 0))
+    monkeypatch.setattr(webrtc, "CONNECT_S", 0.5)
+    async with client() as c:  # never connects: it keeps the answer to itself
+        resp = await http.post(url, json=await c.offer(), headers=bearer(s["token"]))
+        assert resp.status == 200
+        assert len(_peers(gw)) == 1
+        await eventually(lambda: not _peers(gw), timeout=10)
+    assert await gw.store.viewers(sid) == 0
+
+
+async def _viewers_are(gw, sid: str, n: int) -> bool:
+    return await gw.store.viewers(sid) == n
+
+
+def test_a_fragment_becomes_annex_b_packets_with_the_parameter_sets_before_the_keyframe():
+    fragment = encode_chunk(_frames(3, 12), 16.0, chunk_start_s(3, 0.75)).data
+    packets = annexb_packets(fragment)
+    assert len(packets) == 12 and packets[0].is_keyframe and not any(p.is_keyframe for p in packets[1:])
+    first = bytes(packets[0])
+    nal_types = [unit[0] & 0x1F for unit in first.split(b"\0\0\1")[1:] if unit]  # 3- or 4-byte codes
+    assert {7, 8, 5} <= set(nal_types)  # SPS, PPS, then the IDR slice
+    assert nal_types.index(7) < nal_types.index(5) and nal_types.index(8) < nal_types.index(5)
+    assert all(bytes(p)[:3] in (b"\0\0\0", b"\0\0\1") for p in packets)  # start codes, not lengths
