@@ -73,7 +73,7 @@ class FrameClock:
         return max(0.0, due - now)
 
 
-def annexb_packets(fragment: bytes) -> list[av.Packet]:
+def annexb_packets(fragment: bytes) -> list[av.Packet[Any]]:
     """A chunk's H.264 packets from its self-contained fMP4 fragment, in Annex B (start codes,
     SPS/PPS before the keyframe), as aiortc's H.264 packetizer reads them (CPU work: run it off
     the event loop)."""
@@ -94,7 +94,7 @@ def decode_jpegs(frames: list[bytes]) -> list[av.VideoFrame]:
     out = []
     for data in frames:
         with Image.open(io.BytesIO(data)) as image:
-            out.append(av.VideoFrame.from_image(image.convert("RGB")))
+            out.append(av.VideoFrame.from_image(image.convert("RGB")))  # type: ignore[no-untyped-call]
     return out
 
 
@@ -112,14 +112,14 @@ class ChunkTrack(MediaStreamTrack):
         self.on_text = on_text
         self.on_end = on_end
         self.clock = FrameClock()
-        self.frames: deque[tuple[av.VideoFrame | av.Packet, float]] = deque()
+        self.frames: deque[tuple[av.VideoFrame | av.Packet[Any], float]] = deque()
         # Set once the answer says H.264: chunks with a fragment then pass through.
         self.pass_through = False
         self.sent_seq = -1
         self.chunks = {"passed": 0, "reencoded": 0}
         self.decode_s = 0.0  # CPU time spent on chunks (thread time), for the cost figure
 
-    async def recv(self) -> av.VideoFrame | av.Packet:
+    async def recv(self) -> av.VideoFrame | av.Packet[Any]:
         while not self.frames:
             await self._refill()
         frame, fps = self.frames.popleft()
