@@ -236,6 +236,8 @@ async def _answer(pc: RTCPeerConnection, offer: RTCSessionDescription,
                   video: RTCRtpTransceiver) -> None:
     try:
         await pc.setRemoteDescription(offer)
+    except RuntimeError:
+        raise  # not the offer's fault: a 500 (logged), not a 400
     except Exception as exc:  # noqa: BLE001 - aiortc's parser raises ValueError, KeyError, ...
         raise InvalidOffer(f"not an SDP offer aiortc can answer: {exc!r}"[:300], field="sdp") from None
     if video.mid is None:
