@@ -333,7 +333,8 @@ def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyPr
     a pass time and no chunk time takes ``passes_per_chunk x pass time + overhead``, the
     overhead (encoding, delivery) being the median of ``chunk - passes_per_chunk x pass``
     over the batches measured both ways. Without such a batch pass times are not used: the
-    overhead is unknown. Everything else (deadline,
+    overhead is unknown. A pass time above the pass time of a bigger batch is left out (a
+    stalled pass, not the batch's cost). Everything else (deadline,
     passes per chunk, state size, migration, memory, price) is the fallback's, so K follows
     the measurements: the largest batch that meets the fallback's deadline.
 
@@ -402,6 +403,18 @@ def _with_pass_times(chunk_ms: Mapping[int, float], pass_ms: Mapping[int, float]
                      passes_per_chunk: int) -> dict[int, float]:
     """Chunk times per batch, with the batches timed only by their passes filled in (see
     :func:`profile_from_measurements`)."""
+    # A bigger batch is never faster: a pass time above a bigger batch's is a pass that
+    # stalled (a fresh worker's first passes, a session's state loading), not the cost of its
+    # batch, and is left out. A live run (a worker replacing a killed one) timed batch 5 at
+    # 553 ms and batch 6 at 155 ms; taken as measured, it made K 3 and asked for two GPUs it
+    # released seconds later. (Lowered to batch 6's instead, it would make the top flat and
+    # the extrapolation above it too.)
+    kept: dict[int, float] = {}
+    lowest = math.inf
+    for batch in sorted(pass_ms, reverse=True):
+        if pass_ms[batch] <= lowest:
+            kept[batch] = lowest = pass_ms[batch]
+    pass_ms = kept
     both = sorted(b for b in chunk_ms if b in pass_ms)
     out = {int(b): float(ms) for b, ms in chunk_ms.items()}
     if not both:

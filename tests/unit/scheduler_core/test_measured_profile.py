@@ -103,3 +103,16 @@ def test_pass_times_alone_are_not_chunk_times():
         profile_from_measurements(chunks, H20))
     with pytest.raises(ProfileError, match="finite number > 0"):
         profile_from_measurements(chunks, H20, pass_ms={2: -1.0})
+
+
+def test_a_stalled_pass_is_not_the_cost_of_its_batch():
+    """A worker that replaced a killed one timed its first pass at batch 5 at 553 ms (batch 6:
+    155 ms): as measured, K was 3 (the loop asked for two GPUs and gave them back seconds
+    later). A bigger batch is never faster: batch 5's pass is left out, and the chunk times
+    run from batch 1 to batch 6 on the shipped slope."""
+    passes = {1: 84.0, 5: 552.5, 6: 155.0}
+    p = profile_from_measurements({1: 428.7}, H20, pass_ms=passes)
+    overhead = 428.7 - H20.chunk_ms(1)
+    for batch in (5, 6, 12):
+        assert p.chunk_ms(batch) == pytest.approx(H20.chunk_ms(batch) + overhead)
+    assert p.capacity == 12
