@@ -24,7 +24,10 @@ both in one message; it leaves the fragment out when both would pass NATS's 1 Mi
 max_payload.) A format whose chunk alone is over that limit cannot be carried: its
 ``delivery_ms_p99`` is null, with a ``note`` saying why; its bytes per second are what the
 gateway would send (the event the gateway's own code makes, times the chunk rate).
-WebRTC is not measured: the mesh has no WebRTC path yet; the JSON says so under ``webrtc``.
+
+WebRTC (``webrtc``): ``--webrtc-viewers`` loopback aiortc peers (default 4: each decodes the
+video, on the same CPUs as the gateway) offering H.264, so the worker's H.264 passes through;
+:mod:`services.bench_stream_webrtc` says what its figures are.
 
     turboserve bench stream --json stream.json
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -42,6 +46,7 @@ import struct
 import subprocess
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--viewers", type=int, default=100, help="clients per format (default 100)")
     p.add_argument("--sessions", type=int, default=4, help="sessions they watch (default 4)")
+    p.add_argument("--webrtc-viewers", type=int, default=4,
+                   help="aiortc WebRTC viewers (default 4: each decodes, on this machine's CPUs)")
     p.add_argument("--seconds", type=float, default=10.0, help="measured time per format (10)")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured time first (2)")
     p.add_argument("--period", type=float, default=0.75, help="chunk period, s (0.75)")
@@ -89,6 +96,7 @@ class Plan:
     chunks: int
     encode_runs: int
     kinds: tuple[str, ...]
+    webrtc_viewers: int = 4
 
 
 def plan_of(args: argparse.Namespace) -> Plan:
@@ -97,6 +105,8 @@ def plan_of(args: argparse.Namespace) -> Plan:
     faults = []
     if not 1 <= args.viewers <= 2000:
         faults.append("--viewers must be 1-2000")
+    if not 1 <= args.webrtc_viewers <= 64:
+        faults.append("--webrtc-viewers must be 1-64")
     if not 1 <= args.sessions <= args.viewers:
         faults.append("--sessions must be 1..viewers")
     if not 0 < args.seconds <= 600 or not 0 <= args.warmup <= 60:
@@ -113,7 +123,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
         raise BenchError("; ".join(faults))
     assert m is not None
     return Plan(args.viewers, args.sessions, args.seconds, args.warmup, args.period, args.frames,
-                int(m[1]), int(m[2]), args.chunks, args.encode_runs, kinds)
+                int(m[1]), int(m[2]), args.chunks, args.encode_runs, kinds, args.webrtc_viewers)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -239,6 +249,10 @@ async def deliver(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
     biggest = max(len(encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
                   for i in range(len(encoded.fmp4)))
     limit = await _max_payload()
+    if biggest > limit and fmt == "webrtc":
+        return {"bytes_per_s": None, "delivery_ms_p99": None, "viewers": 0,
+                "note": f"a chunk's fragment is {biggest} bytes on the wire, over NATS's "
+                        f"max_payload ({limit}): no fragment reaches the gateway to pass through"}
     if biggest > limit:
         rate = statistics.mean(sent_bytes(fmt, encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
                                for i in range(len(encoded.fmp4))) / plan.period
@@ -246,6 +260,10 @@ async def deliver(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
                 "note": f"a chunk is {biggest} bytes on the wire, over NATS's max_payload "
                         f"({limit}): not deliverable in one message; bytes/s is what the "
                         "gateway would send"}
+    if fmt == "webrtc":
+        from services.bench_stream_webrtc import deliver_webrtc
+
+        return await deliver_webrtc(encoded, plan)
     return await _through_gateway(fmt, encoded, plan)
 
 
@@ -265,25 +283,47 @@ async def _max_payload() -> int:
         await nc.close()
 
 
+@contextlib.asynccontextmanager
+async def gateway_process(settings: Any, prefix: str) -> AsyncIterator[tuple[str, int, str]]:
+    """A gateway process on its own subject prefix and Redis namespace, ready: yields
+    ``(tag, port, url)``; stopped and its streams and keys removed afterwards."""
+    import aiohttp
+
+    from services.gateway.bench import _clean, _start_gateway, _wait_ready
+    from services.launcher import free_port
+
+    tag = prefix + uuid.uuid4().hex[:8]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    gateway = _start_gateway(settings.nats_url, settings.redis_url, tag, port)
+    try:
+        async with aiohttp.ClientSession(url) as http:
+            await _wait_ready(http, gateway)
+        yield tag, port, url
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait()
+        await _clean(settings.nats_url, settings.redis_url, tag)
+
+
 async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
     import aiohttp
     import msgspec
     import nats
 
-    from services.gateway.bench import _clean, _create_sessions, _start_gateway, _wait_ready
-    from services.launcher import free_port
+    from services.gateway.bench import _create_sessions
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
 
     settings = GatewaySettings.from_env(os.environ)
-    tag = "bstream" + uuid.uuid4().hex[:8]
-    port = free_port()
-    gateway = _start_gateway(settings.nats_url, settings.redis_url, tag, port)
     tally = Tally()
     measuring, stop = asyncio.Event(), asyncio.Event()
-    try:
-        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
-            await _wait_ready(http, gateway)
+    async with gateway_process(settings, "bstream") as (tag, port, url):
+        async with aiohttp.ClientSession(url) as http:
             sessions = await _create_sessions(http, plan.sessions)
             viewers = [asyncio.create_task(_viewer(fmt, port, sessions[i % len(sessions)], tally,
                                                    measuring, stop))
@@ -311,14 +351,6 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, 
                     task.cancel()
                 await asyncio.gather(*viewers, return_exceptions=True)
                 await nc.close()
-    finally:
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-            gateway.wait()
-        await _clean(settings.nats_url, settings.redis_url, tag)
     if tally.errors:
         raise BenchError(f"{fmt}: {len(tally.errors)} viewers failed, e.g. {tally.errors[0]}")
     if not tally.latencies_ms:
@@ -334,9 +366,11 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, 
 
 
 async def _inject(nc, subjects, plan: Plan, session_ids: list[str],
-                  messages: list[list[dict[str, Any]]], stop: asyncio.Event) -> None:
+                  messages: list[list[dict[str, Any]]], stop: asyncio.Event,
+                  published: dict[tuple[str, int], float] | None = None) -> None:
     """One chunk per session per period, sessions spread over the period; each prepared
-    chunk gets its seq and its publish time (``done_at``) on the way out."""
+    chunk gets its seq and its publish time (``done_at``) on the way out, also kept in
+    ``published`` by (session, seq) where given."""
     import msgspec
 
     n = len(session_ids)
@@ -351,6 +385,8 @@ async def _inject(nc, subjects, plan: Plan, session_ids: list[str],
         now = time.time()
         chunk.update(seq=seqs[i], due_at=now, done_at=now, start_s=seqs[i] * plan.period)
         await nc.publish(subjects.chunks(session_ids[i]), msgspec.json.encode(chunk))
+        if published is not None:
+            published[(session_ids[i], seqs[i])] = now
         seqs[i] += 1
         slot += 1
     await nc.flush()
@@ -441,7 +477,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
                          "encode_ms_p50": round(statistics.median(times), 2),
                          "encode_ms_p99": round(percentile(times, 0.99), 2),
                          "delivery_ms_p99": delivered.pop("delivery_ms_p99"), **delivered}
-        side["webrtc"] = None  # not built yet: no WebRTC path in the mesh
+        side["webrtc"] = await webrtc_entry(encoded, plan)
         jpeg_rate, fmp4_rate = side["jpeg_sse"]["bytes_per_s"], side["fmp4_ws"]["bytes_per_s"]
         side["jpeg_over_fmp4_ws_bytes"] = round(jpeg_rate / fmp4_rate, 2) if fmp4_rate else None
         side["encode_p99_over_period"] = round(side["fmp4_ws"]["encode_ms_p99"] / (plan.period * 1000), 3)
@@ -452,22 +488,40 @@ async def bench(plan: Plan) -> dict[str, Any]:
         "period_s": plan.period, "viewers": plan.viewers, "sessions": plan.sessions,
         "seconds": plan.seconds, "encode_runs": plan.encode_runs, "cpu_count": os.cpu_count(),
         "codec": "H.264 (libx264 via PyAV), fragmented MP4, one keyframe-first fragment per chunk",
-        "webrtc": "not measured: the mesh has no WebRTC path yet",
+        "webrtc_viewers": plan.webrtc_viewers,
+        "webrtc": (f"{plan.webrtc_viewers} loopback aiortc viewers offering H.264 (the worker's "
+                   "H.264 passed through); bytes/s: RTP payload received per viewer; encode: the "
+                   "gateway's fragment-to-Annex-B demux per chunk; delivery: NATS publish to the "
+                   "arrival of the packet completing the chunk's first frame (paced at the "
+                   "chunk's fps, before decoding)"),
     }
+
+
+async def webrtc_entry(encoded: Encoded, plan: Plan) -> dict[str, Any]:
+    from services.bench_stream_webrtc import pass_through_ms
+
+    times = await asyncio.to_thread(pass_through_ms, encoded, plan)
+    delivered = await deliver("webrtc", encoded, plan)
+    return {"bytes_per_s": delivered.pop("bytes_per_s"),
+            "encode_ms_p50": round(statistics.median(times), 2),
+            "encode_ms_p99": round(percentile(times, 0.99), 2),
+            "delivery_ms_p99": delivered.pop("delivery_ms_p99"), **delivered}
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"{result['size']}, {result['frames_per_chunk']} frames per {result['period_s']} s chunk, "
-          f"{result['viewers']} viewers over {result['sessions']} sessions")
+          f"{result['viewers']} viewers over {result['sessions']} sessions "
+          f"({result['webrtc_viewers']} for webrtc)")
     print(f"{'frames':<9} {'format':<9} {'KiB/s/viewer':>13} {'encode p50':>11} {'encode p99':>11} "
           f"{'delivery p99':>13}")
     for kind, side in result["frames"].items():
-        for fmt in FORMATS:
+        for fmt in (*FORMATS, "webrtc"):
             r = side[fmt]
             delivery = "n/a" if r["delivery_ms_p99"] is None else f"{r['delivery_ms_p99']:.1f} ms"
-            print(f"{kind:<9} {fmt:<9} {r['bytes_per_s'] / 1024:>13.1f} {r['encode_ms_p50']:>8.1f} ms "
+            rate = "n/a" if r["bytes_per_s"] is None else f"{r['bytes_per_s'] / 1024:.1f}"
+            print(f"{kind:<9} {fmt:<9} {rate:>13} {r['encode_ms_p50']:>8.1f} ms "
                   f"{r['encode_ms_p99']:>8.1f} ms {delivery:>13}")
-        print(f"{kind:<9} webrtc    not measured (no WebRTC path yet)")
-        for fmt in FORMATS:
+        for fmt in (*FORMATS, "webrtc"):
             if side[fmt].get("note"):
                 print(f"  {kind} {fmt}: {side[fmt]['note']}")
+    print(f"webrtc: {result['webrtc']}")
