@@ -59,7 +59,7 @@ FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "stream", help="JPEG in SSE vs fMP4 in SSE and WebSocket: bytes/s, encode ms, delivery",
+        "stream", help="JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--viewers", type=int, default=100, help="clients per format (default 100)")
     p.add_argument("--sessions", type=int, default=4, help="sessions they watch (default 4)")

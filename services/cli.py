@@ -64,7 +64,7 @@ BENCH = (
     Subcommand("gateway", "services.gateway.bench",
                "SSE delivery latency (NATS publish to client receipt) with N clients"),
     Subcommand("stream", "services.bench_stream",
-               "JPEG in SSE vs fMP4 in SSE and WebSocket: bytes/s, encode ms, delivery"),
+               "JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery"),
     Subcommand("provisioner", "services.provisioner.bench",
                "provisioner: command round trips, worker boots"),
 )
