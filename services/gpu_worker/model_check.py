@@ -103,22 +103,13 @@ def _weights(files: list[Path]) -> tuple[str, int]:
 
 
 def _text_encoder(part: Component, facts: dict[str, object], _: tuple[int, int]) -> str:
-    import torch
-    from transformers import UMT5Config, UMT5EncoderModel
+    from transformers import UMT5Config
 
-    from services.gpu_worker.model.text import load_original_umt5, umt5_config
+    from services.gpu_worker.model.text import fit_original_umt5
 
     assert part.path is not None
     if part.fmt == "wan .pth":
-        state = load_original_umt5(part.path)
-        config = umt5_config(state)
-        with torch.device("meta"):
-            expected = set(UMT5EncoderModel(config).state_dict())
-        missing = sorted(expected - set(state) - {"encoder.embed_tokens.weight"})
-        unexpected = sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(f"{len(missing)} missing keys (e.g. {missing[:3]}), "
-                             f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        config = fit_original_umt5(part.path)[1].config
     else:
         config = UMT5Config.from_pretrained(str(part.path))
     facts["text_dim"] = int(config.d_model)
@@ -139,22 +130,11 @@ def _vae(part: Component, facts: dict[str, object], resolution: tuple[int, int])
     import torch
     from diffusers import AutoencoderKLWan
 
-    from services.gpu_worker.model.vae import WAN21_DIM_MULT, cache_layout, original_vae_state
+    from services.gpu_worker.model.vae import cache_layout, fit_original_vae
 
     assert part.path is not None
     if part.fmt == "wan .pth":
-        from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-
-        state = convert_wan_vae_to_diffusers(original_vae_state(str(part.path)))
-        base_dim = int(state["decoder.conv_in.weight"].shape[0]) // WAN21_DIM_MULT[-1]
-        z_dim = int(state["post_quant_conv.weight"].shape[0])
-        with torch.device("meta"):
-            vae = AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim, dim_mult=list(WAN21_DIM_MULT))
-        missing = sorted(set(vae.state_dict()) - set(state))
-        unexpected = sorted(set(state) - set(vae.state_dict()))
-        if missing or unexpected:
-            raise ValueError(f"{len(missing)} missing keys (e.g. {missing[:3]}), "
-                             f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        vae = fit_original_vae(str(part.path))[1]
     else:
         config = json.loads((part.path / "config.json").read_text())
         with torch.device("meta"):
@@ -172,7 +152,7 @@ def _dit(part: Component, facts: dict[str, object], resolution: tuple[int, int])
     import torch
 
     from services.gpu_worker.engine.slots import SlotPool
-    from services.gpu_worker.model.checkpoint import dit_geometry, read_checkpoint
+    from services.gpu_worker.model.checkpoint import dit_geometry, load_tensors, read_checkpoint
     from services.gpu_worker.model.dit import CausalWanModel
     from services.gpu_worker.model.load import WAN_TEXT_LEN, _config_for
 
@@ -187,14 +167,8 @@ def _dit(part: Component, facts: dict[str, object], resolution: tuple[int, int])
     heads = facts.get("heads")
     config = _config_for(geometry, int(heads) if heads else None, None, WAN_TEXT_LEN, resolution)
     with torch.device("meta"):
-        expected = dict(CausalWanModel(config).named_parameters())
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    misshapen = sorted(k for k in set(expected) & set(tensors)
-                       if expected[k].shape != tensors[k].shape)
-    problems = [f"{len(keys)} {label} keys (e.g. {', '.join(keys[:3])})"
-                for label, keys in (("missing", missing), ("unexpected", unexpected),
-                                    ("misshapen", misshapen)) if keys]
+        load_tensors(CausalWanModel(config), tensors, str(part.path))  # CheckpointMismatch
+    problems = []
     if facts.get("text_dim") not in (None, config.text_dim):
         problems.append(f"takes text of width {config.text_dim} (text_embedding.0.weight), the "
                         f"text encoder gives {facts['text_dim']}")

@@ -109,18 +109,9 @@ class UMT5TextEncoder:
     ) -> UMT5TextEncoder:
         """Wan2.1's own ``models_t5_umt5-xxl-enc-bf16.pth``: its keys renamed to transformers'
         (``original_umt5_keys``), the config read off the weights' shapes."""
-        from transformers import AutoTokenizer, UMT5EncoderModel
+        from transformers import AutoTokenizer
 
-        state = load_original_umt5(path)
-        config = umt5_config(state)
-        with torch.device("meta"):
-            model = UMT5EncoderModel(config)
-        expected = set(model.state_dict())
-        missing = sorted(expected - set(state) - {"encoder.embed_tokens.weight"})
-        unexpected = sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(f"text encoder {path}: {len(missing)} missing keys (e.g. "
-                             f"{missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        state, model = fit_original_umt5(path)
         model.load_state_dict(state, strict=False, assign=True)
         model.tie_weights()
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
@@ -174,11 +165,29 @@ def original_umt5_keys(key: str) -> str:
     return key
 
 
-def load_original_umt5(path: str | Path) -> dict[str, torch.Tensor]:
+def fit_original_umt5(path: str | Path) -> tuple[dict[str, torch.Tensor], Any]:
+    """Wan's umT5 file (memory-mapped) in transformers' names, and the ``UMT5EncoderModel``
+    its shapes make, on the meta device; ``ValueError`` naming the keys that do not fit."""
+    from transformers import UMT5EncoderModel
+
     raw = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     if not isinstance(raw, dict):
         raise ValueError(f"text encoder {path}: not a state dict")
-    return {original_umt5_keys(k): v for k, v in raw.items()}
+    state = {original_umt5_keys(k): v for k, v in raw.items()}
+    with torch.device("meta"):
+        model = UMT5EncoderModel(umt5_config(state))
+    expected = set(model.state_dict())
+    # The input embedding is tied to ``shared``: the file holds it once.
+    raise_unless_fits(f"text encoder {path}", expected - {"encoder.embed_tokens.weight"}, state)
+    return state, model
+
+
+def raise_unless_fits(what: str, expected: set[str], got: dict[str, Any]) -> None:
+    """``ValueError`` naming the missing and unexpected keys, if any."""
+    missing, unexpected = sorted(expected - set(got)), sorted(set(got) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{what}: {len(missing)} missing keys (e.g. {missing[:3]}), "
+                         f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
 
 
 def umt5_config(state: dict[str, torch.Tensor]) -> Any:

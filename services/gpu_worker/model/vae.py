@@ -168,19 +168,7 @@ def load_original_vae(path: str, device: torch.device, dtype: torch.dtype) -> Au
     """The original ``Wan2.1_VAE.pth``: keys converted with diffusers' own single-file mapping;
     the widths come from the file (Wan2.1's multipliers 1, 2, 4, 4 and two residual blocks per
     stage assumed, as in every Wan2.1 VAE)."""
-    from diffusers import AutoencoderKLWan
-    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-
-    raw = original_vae_state(path)
-    state = convert_wan_vae_to_diffusers(raw)
-    base_dim = int(state["decoder.conv_in.weight"].shape[0]) // WAN21_DIM_MULT[-1]
-    z_dim = int(state["post_quant_conv.weight"].shape[0])
-    with torch.device("meta"):
-        vae = AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim, dim_mult=list(WAN21_DIM_MULT))
-    missing, unexpected = _key_diff(vae.state_dict(), state)
-    if missing or unexpected:
-        raise ValueError(f"VAE {path}: {len(missing)} missing keys (e.g. {missing[:3]}), "
-                         f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+    state, vae = fit_original_vae(path)
     vae.load_state_dict(state, strict=True, assign=True)
     # nn.Module's own .to: diffusers' override warns about fp32-only modules, of which the Wan
     # VAE has none.
@@ -188,14 +176,26 @@ def load_original_vae(path: str, device: torch.device, dtype: torch.dtype) -> Au
     return vae.eval().requires_grad_(False)
 
 
-def original_vae_state(path: str) -> dict[str, torch.Tensor]:
+def fit_original_vae(path: str) -> tuple[dict[str, torch.Tensor], AutoencoderKLWan]:
+    """``Wan2.1_VAE.pth`` (memory-mapped) in diffusers' names, and the ``AutoencoderKLWan`` its
+    shapes make, on the meta device; ``ValueError`` naming the keys that do not fit."""
+    from diffusers import AutoencoderKLWan
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    from .text import raise_unless_fits
+
     raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    if isinstance(raw, dict) and "state_dict" in raw and isinstance(raw["state_dict"], dict):
+    if isinstance(raw, dict) and isinstance(raw.get("state_dict"), dict):
         raw = raw["state_dict"]
     if not isinstance(raw, dict):
         raise ValueError(f"VAE {path}: not a state dict")
-    return raw
-
-
-def _key_diff(expected: dict[str, Any], got: dict[str, Any]) -> tuple[list[str], list[str]]:
-    return sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    state = convert_wan_vae_to_diffusers(raw)
+    try:
+        base_dim = int(state["decoder.conv_in.weight"].shape[0]) // WAN21_DIM_MULT[-1]
+        z_dim = int(state["post_quant_conv.weight"].shape[0])
+    except KeyError as exc:
+        raise ValueError(f"VAE {path}: no {exc} (not a Wan2.1 VAE)") from None
+    with torch.device("meta"):
+        vae = AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim, dim_mult=list(WAN21_DIM_MULT))
+    raise_unless_fits(f"VAE {path}", set(vae.state_dict()), state)
+    return state, vae
