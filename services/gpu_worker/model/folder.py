@@ -7,22 +7,17 @@
   umT5 encoder), ``Wan2.1_VAE.pth``, the ``google/umt5-xxl/`` tokenizer folder, and the DiT as
   ``diffusion_pytorch_model*.safetensors`` with Wan's ``config.json``.
 
-``find_components`` only looks at names; ``inspect`` also reads what each file says of itself
-(safetensors headers, configs; ``.pth`` files through a memory map) without loading weights, for
-``turboserve model check``.
+``find_components`` only looks at names (``turboserve model check`` reads the files).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 COMPONENTS = ("text encoder", "tokenizer", "VAE", "DiT")
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
-_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1,
-          "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,70 +111,3 @@ def dit_heads(folder: ModelFolder) -> int | None:
             if heads:
                 return int(heads)
     return None
-
-
-# -- describing, without loading ----------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Report:
-    """One line of ``turboserve model check``."""
-
-    component: str
-    ok: bool
-    text: str
-
-
-def tensor_summary(files: list[Path]) -> tuple[int, str, int]:
-    """(parameters, dtype(s), bytes) of weight files, from safetensors headers or a memory-mapped
-    ``.pth`` (no tensor data is read)."""
-    params, nbytes, dtypes = 0, 0, set()
-    for path in files:
-        if path.suffix == ".safetensors":
-            with path.open("rb") as f:
-                size = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(size))
-            for key, info in header.items():
-                if key == "__metadata__":
-                    continue
-                count = math.prod(info["shape"])
-                params += count
-                nbytes += count * _BYTES.get(info["dtype"], 4)
-                dtypes.add(info["dtype"].lower())
-        else:
-            import torch
-
-            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-            if isinstance(state, dict):
-                for value in state.values():
-                    if isinstance(value, dict):  # a training checkpoint's nested state dicts
-                        tensors = [v for v in value.values() if isinstance(v, torch.Tensor)]
-                    else:
-                        tensors = [value] if isinstance(value, torch.Tensor) else []
-                    for tensor in tensors:
-                        params += tensor.numel()
-                        nbytes += tensor.numel() * tensor.element_size()
-                        dtypes.add(str(tensor.dtype).removeprefix("torch."))
-    return params, "/".join(sorted(dtypes)) or "?", nbytes
-
-
-def weight_files(component: Component) -> list[Path]:
-    path = component.path
-    if path is None:
-        return []
-    if path.is_file():
-        return [path]
-    return sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
-def human_count(n: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return str(int(n))
