@@ -175,6 +175,9 @@ def test_cli_all_policies_on_one_trace(tmp_path, capsys):
     table = capsys.readouterr().out
     assert table.count("\n| ") >= len(names)
     assert "interpolated between" in table
+    # The latency columns say they are lateness (mostly 0), and the cost at 99% is pointed to.
+    assert "| late p50 ms | late p99 ms |" in table
+    assert "cost to serve 99% of periods" in table and "sim evaluate" in table
 
 
 def test_unknown_trace_name_lists_the_builtins():

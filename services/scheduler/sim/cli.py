@@ -262,6 +262,10 @@ def _run_sim(args: argparse.Namespace) -> int:
     print(markdown_table(rows, extra=["gpus"] if args.policy == "all" else ()))
     if note:
         print(note)
+    print("late ms: past each chunk's due time (0: on time); deadline % and stall-adj. %: the "
+          "periods served on time in these runs. The cost to serve 99% of periods (the README's "
+          "headline) needs a sweep of each policy's setting: turboserve sim evaluate "
+          "[--traces DIR]")
     print(f"simulated {len(rows)} run(s) in {sum(r['wall_s'] for r in rows):.2f} s wall")
     if args.json is not None:
         doc: Any = rows[0] if len(rows) == 1 else {"trace": trace.name, "runs": rows}
