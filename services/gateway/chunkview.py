@@ -10,6 +10,8 @@ wire's, and the WebSocket, which sends raw bytes, decodes the frames once per ch
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from shared.wire import PROTOCOL_VERSION, Id, SessionNotice, StreamEnd
@@ -55,25 +57,23 @@ def frames_fault(frames: msgspec.Raw) -> str | None:
     """What is wrong with a chunk's frames as the gateway relays them, or None: they must be a
     JSON list of base64 strings (as the wire's ``Chunk`` says), in the compact form every
     encoder writes, since SSE sends them verbatim and a line break would end the event."""
-    raw = bytes(frames)
-    if b"\n" in raw or b"\r" in raw:
-        return "frames hold a line break"
-    try:
-        _FRAMES.decode(raw)
-    except msgspec.ValidationError as exc:
-        return f"frames: {exc}"
-    return None
+    return _relay_fault(frames, _FRAMES, "frames", "hold")
 
 
 def fragment_fault(fragment: msgspec.Raw) -> str | None:
     """As :func:`frames_fault`, for the fMP4 fragment: one base64 JSON string, on one line."""
-    raw = bytes(fragment)
+    return _relay_fault(fragment, _FRAGMENT, "fmp4", "holds")
+
+
+def _relay_fault(value: msgspec.Raw, decoder: msgspec.json.Decoder[Any], what: str,
+                 verb: str) -> str | None:
+    raw = bytes(value)
     if b"\n" in raw or b"\r" in raw:
-        return "fmp4 holds a line break"
+        return f"{what} {verb} a line break"
     try:
-        _FRAGMENT.decode(raw)
+        decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        return f"fmp4: {exc}"
+        return f"{what}: {exc}"
     return None
 
 

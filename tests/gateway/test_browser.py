@@ -12,6 +12,7 @@ playground.png and dashboard.png (the README's pictures come from this test).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,8 +49,10 @@ def _browser_or_skip():
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
-def driver() -> Iterator[object]:
+@contextlib.contextmanager
+def chromium(*flags: str) -> Iterator[Any]:
+    """Headless Debian Chromium through chromedriver, in a fresh profile, with ``flags`` added
+    (skipped where there is none, failed under TURBOSERVE_REQUIRE_BROWSER=1)."""
     _browser_or_skip()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -56,13 +60,21 @@ def driver() -> Iterator[object]:
     profile = tempfile.mkdtemp(prefix="turboserve-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*CHROME_FLAGS, *flags, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     d = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    d.set_page_load_timeout(60)
-    yield d
-    d.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    try:
+        yield d
+    finally:
+        d.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[object]:
+    with chromium() as d:
+        d.set_page_load_timeout(60)
+        yield d
 
 
 @pytest.fixture(scope="module")

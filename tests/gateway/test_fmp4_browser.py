@@ -6,14 +6,12 @@ Skipped, with the reason, where there is no Chromium (as ``test_browser.py``).""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from tests.gateway.conftest import create, eventually
-from tests.gateway.test_browser import CHROME_FLAGS, CHROMEDRIVER, CHROMIUM, _browser_or_skip
+from tests.gateway.test_browser import chromium
 from tests.gateway.test_fmp4_stream import HEIGHT, PERIOD_S, WIDTH, _claimed, _viewers, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -72,20 +70,9 @@ media.addEventListener('sourceopen', () => {
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator[object]:
-    _browser_or_skip()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="turboserve-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    d = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    d.set_script_timeout(60)
-    yield d
-    d.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    with chromium() as d:
+        d.set_script_timeout(60)
+        yield d
 
 
 def _play(driver, page: str, url: str) -> dict:

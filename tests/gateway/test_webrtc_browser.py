@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import orjson
@@ -16,7 +14,7 @@ import pytest
 
 from shared.wire import NoticeKind
 from tests.gateway.conftest import create, eventually
-from tests.gateway.test_browser import CHROME_FLAGS, CHROMEDRIVER, CHROMIUM, _browser_or_skip
+from tests.gateway.test_browser import chromium
 from tests.gateway.test_fmp4_stream import HEIGHT, PERIOD_S, WIDTH, _claimed, _viewers, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -28,20 +26,9 @@ NO_MDNS = "--disable-features=WebRtcHideLocalIpsWithMdns"
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator[object]:
-    _browser_or_skip()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="turboserve-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*CHROME_FLAGS, NO_MDNS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    d = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    d.set_script_timeout(60)
-    yield d
-    d.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    with chromium(NO_MDNS) as d:
+        d.set_script_timeout(60)
+        yield d
 
 
 PAGE = """
