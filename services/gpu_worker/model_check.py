@@ -217,7 +217,7 @@ def _dit(part: Component, facts: dict[str, object], resolution: tuple[int, int])
     from services.gpu_worker.engine.slots import SlotPool
     from services.gpu_worker.model.checkpoint import dit_geometry, load_tensors, read_checkpoint
     from services.gpu_worker.model.dit import CausalWanModel
-    from services.gpu_worker.model.load import WAN_TEXT_LEN, _config_for
+    from services.gpu_worker.model.load import WAN_TEXT_LEN, config_for
 
     assert part.path is not None
     files = dit_files(part.path)
@@ -228,7 +228,7 @@ def _dit(part: Component, facts: dict[str, object], resolution: tuple[int, int])
         tensors.update(read_checkpoint(path))
     geometry = dit_geometry(tensors)
     heads = facts.get("heads")
-    config = _config_for(geometry, int(heads) if heads else None, None, WAN_TEXT_LEN, resolution)
+    config = config_for(geometry, int(heads) if heads else None, None, WAN_TEXT_LEN, resolution)
     with torch.device("meta"):
         load_tensors(CausalWanModel(config), tensors, str(part.path))  # CheckpointMismatch
     problems = []

@@ -22,7 +22,6 @@ from typing import Protocol
 import torch
 
 from .checkpoint import (
-    CheckpointMismatch,
     dit_geometry,
     has_lora,
     load_tensors,
@@ -94,7 +93,7 @@ def _load_standin(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> 
         tensors = read_checkpoint(spec.checkpoint)
         geometry = dit_geometry(tensors)
         heads = preset.num_heads if geometry["dim"] == preset.dim else None
-        preset = _config_for(geometry, heads, preset, preset.text_len,
+        preset = config_for(geometry, heads, preset, preset.text_len,
                              (preset.height, preset.width))
     dit = build_model(preset, device, dtype, seed=spec.seed)
     identity = ("none", "none")
@@ -131,7 +130,7 @@ def _load_folder(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> L
             f"text encoder width {text.dim} does not fit the DiT (text_embedding.0.weight takes "
             f"{geometry['text_dim']}): the DiT and the text encoder are from different models")
     resolution = spec.resolution or WAN_RESOLUTION
-    config = _config_for(geometry, dit_heads(folder), None, WAN_TEXT_LEN, resolution)
+    config = config_for(geometry, dit_heads(folder), None, WAN_TEXT_LEN, resolution)
     dit = _empty_dit(config, device, dtype)
     load_tensors(dit, tensors, str(dit_part.path))
     vae_part = folder.get("VAE")
@@ -169,10 +168,12 @@ def _load_text(folder: ModelFolder, device: torch.device, dtype: torch.dtype) ->
     return UMT5TextEncoder.from_original(encoder, tokenizer, device, dtype, WAN_TEXT_LEN)
 
 
-def _config_for(
+def config_for(
     geometry: dict[str, object], heads: int | None, like: ModelConfig | None, text_len: int,
     resolution: tuple[int, int],
 ) -> ModelConfig:
+    """The ModelConfig of a DiT whose weights give ``geometry`` (``checkpoint.dit_geometry``):
+    ``like``'s other fields (Wan2.1-1.3B's when None), named after a preset it equals."""
     dim = int(geometry["dim"])  # type: ignore[call-overload]
     heads = heads or max(1, dim // WAN_HEAD_DIM)
     known = {f.name for f in fields(ModelConfig)}
@@ -217,5 +218,4 @@ def _is_longlive(checkpoint: str | None) -> bool:
     return "longlive" in Path(checkpoint).name.lower() or has_lora(checkpoint)
 
 
-__all__ = ["CheckpointMismatch", "FrameDecoder", "LoadedModel", "ModelFolderError", "ModelSpec",
-           "load_model"]
+__all__ = ["FrameDecoder", "LoadedModel", "ModelSpec", "config_for", "load_model"]
