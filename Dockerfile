@@ -13,6 +13,7 @@ RUN pip install "${TORCH_SPEC}"
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY tools ./tools
 RUN pip install ".[k8s]" && useradd --create-home --uid 10001 turboserve
 USER turboserve
 

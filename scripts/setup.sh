@@ -37,5 +37,5 @@ else
 fi
 step "installing TurboServe with extras [$extras] and its dependencies"
 "$venv/bin/python" -m pip install "${quiet[@]}" --progress-bar on -e ".[${extras}]"
-"$venv/bin/python" -c 'import services.cli' || { echo "setup: the install is broken" >&2; exit 1; }
+"$venv/bin/python" -c 'import tools.cli' || { echo "setup: the install is broken" >&2; exit 1; }
 step "$venv ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from services.launcher import Mesh
+from tools.launcher import Mesh
 
 
 @pytest.fixture(scope="session")

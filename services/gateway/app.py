@@ -21,7 +21,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_json
 from services.gateway.pages import PAGES, Pages
 from services.gateway.state import GATEWAY, Gateway
-from shared.gateway_store import GatewayStore
+from services.gateway.store import GatewayStore
 from shared.logging import get_logger
 from shared.registry import Registry
 from shared.runner import ServiceContext

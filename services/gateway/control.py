@@ -18,7 +18,7 @@ from typing import Any
 
 from services.gateway import errors
 from services.gateway.state import Gateway
-from shared.gateway_store import Activity
+from services.gateway.store import Activity
 from shared.logging import get_logger
 from shared.registry import SessionRecord, StaleEpoch
 from shared.runner import subscriptions_live

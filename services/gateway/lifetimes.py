@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.gateway import control
 from services.gateway.state import Gateway
-from shared.gateway_store import Activity
+from services.gateway.store import Activity
 from shared.logging import get_logger
 from shared.registry import RegistryError
 from shared.wire import SessionEventKind

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.gateway.chunkview import ChunkView
-from shared.gateway_store import Activity
+from services.gateway.store import Activity
 from shared.states import SessionState
 
 # Seconds a chunk was done after it was due (0 when on time).

@@ -1,7 +1,7 @@
 """The gateway's state: one :class:`Gateway` per app, reached by handlers as ``app[GATEWAY]``.
 
 The gateway keeps no session state of its own: the registry (Redis) is the truth, the keys all
-replicas share are in :mod:`shared.gateway_store`, and chunks come from JetStream. What lives
+replicas share are in :mod:`services.gateway.store`, and chunks come from JetStream. What lives
 here is per process: open feeds and viewers, this replica's attachments, metrics.
 """
 
@@ -20,7 +20,7 @@ from services.gateway import errors
 from services.gateway.auth import ANONYMOUS, KeyRing, authorize_session
 from services.gateway.feeds import FeedHub
 from services.gateway.metrics import GatewayMetrics
-from shared.gateway_store import GatewayStore
+from services.gateway.store import GatewayStore
 from shared.registry import Registry, SessionRecord
 from shared.runner import ServiceContext
 from shared.settings import GatewaySettings

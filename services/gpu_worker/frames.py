@@ -68,7 +68,7 @@ def motion(chunks: list[torch.Tensor]) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from services.cli import fail
+    from shared.cli import fail
 
     if args.chunks < 2 or args.every < 1:
         return fail("frames", "--chunks must be >= 2 and --every >= 1")

@@ -30,10 +30,10 @@ from services.gpu_worker.handoff.endpoint import HandoffEndpoint
 from services.gpu_worker.inbox import CommandInbox
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.recovery import from_fields, to_fields
-from services.scheduler.core.profile import LatencyProfile
 from shared.leader import leader_key, parse_term
 from shared.logging import get_logger
 from shared.ops import OpsServer, close_ops, start_ops
+from shared.profile import LatencyProfile
 from shared.registry import RegistryError, WorkerRecord
 from shared.runner import ServiceContext, subscriptions_live
 from shared.settings import (
@@ -96,8 +96,7 @@ def emulated_profile(settings: WorkerSettings) -> LatencyProfile | None:
     Raises SettingsError when the profile cannot be read or describes another kind."""
     if not settings.emulate:
         return None
-    from services.scheduler.core.profile import ProfileError
-    from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
+    from shared.profile import DEFAULT_PROFILE, ProfileError, load_profile
 
     try:
         profile = load_profile(settings.emulate_profile or DEFAULT_PROFILE)

@@ -17,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
     from services.provisioner.service import ProvisionerService
+    from shared.cli import fail
     from shared.logging import configure_logging
     from shared.runner import run_service
     from shared.settings import ProvisionerSettings

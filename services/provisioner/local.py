@@ -1,6 +1,6 @@
 """The local backend: GPU workers as child processes of the provisioner.
 
-Each worker is ``python -m services.cli worker`` with its id in ``TURBOSERVE_WORKER_ID``, its
+Each worker is ``python -m tools.cli worker`` with its id in ``TURBOSERVE_WORKER_ID``, its
 GPU in ``CUDA_VISIBLE_DEVICES`` (by UUID, so that the numbering of the devices does not matter)
 and the rest of the environment inherited: ``TURBOSERVE_PRESET``, ``TURBOSERVE_DEVICE``,
 ``TURBOSERVE_EMULATE`` ... mean for the worker what they mean everywhere. The mesh settings
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from services.proc import die_with_parent
 from services.provisioner.backend import LaunchError, OnExit, Spawn, mesh_env
 from services.provisioner.gpus import Gpu, discover
 from shared.logging import get_logger
+from shared.proc import die_with_parent
 from shared.settings import ProvisionerSettings
 
 log = get_logger("turboserve.provisioner")
@@ -86,7 +86,7 @@ class LocalBackend:
         try:
             with self._log_file(worker_id) as out:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "services.cli", "worker",
+                    sys.executable, "-m", "tools.cli", "worker",
                     env=self.worker_env(worker_id, gpu), preexec_fn=die_with_parent,
                     stdout=out, stderr=out,
                 )

@@ -36,7 +36,6 @@ from redis.exceptions import RedisError
 
 from services.scheduler.commands import CommandSender
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.profile import LatencyProfile, ProfileError
 from services.scheduler.core.types import (
     Assign,
     Decision,
@@ -56,6 +55,7 @@ from services.scheduler.measured import differs, live_profile
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import Lease
 from shared.logging import get_logger
+from shared.profile import LatencyProfile, ProfileError
 from shared.registry import RegistryError, SessionRecord, WorkerRecord
 from shared.runner import ServiceContext, subscriptions_live
 from shared.settings import SchedulerSettings

@@ -16,7 +16,7 @@ import dataclasses
 import statistics
 from collections.abc import Iterable
 
-from services.scheduler.core.profile import (
+from shared.profile import (
     LatencyProfile,
     ProfileError,
     profile_from_measurements,

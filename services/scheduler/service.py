@@ -20,12 +20,12 @@ from redis.exceptions import RedisError
 from services.scheduler.core.autoscale import RhoTableError
 from services.scheduler.core.loop import Controller
 from services.scheduler.core.policies import available_policies, get_policy
-from services.scheduler.core.profile import LatencyProfile, ProfileError
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import LeaderElection, Lease
 from shared.logging import get_logger
 from shared.ops import OpsServer, close_ops, start_ops
+from shared.profile import LatencyProfile, ProfileError
 from shared.runner import ServiceContext
 from shared.settings import SchedulerSettings, SettingsError
 from shared.streams import ensure_streams
@@ -149,7 +149,8 @@ class SchedulerService:
 def load_inputs(settings: SchedulerSettings) -> tuple[dict[str, LatencyProfile], str, Any]:
     """The files the core is given as values: the latency profile of the default GPU kind and
     the adaptive rho_hat table (the core itself reads no files)."""
-    from services.scheduler.shipped import DEFAULT_PROFILE, load_profile, load_rho_table
+    from services.scheduler.shipped import load_rho_table
+    from shared.profile import DEFAULT_PROFILE, load_profile
 
     profile = load_profile(settings.profile or DEFAULT_PROFILE)
     table = None if settings.rho_table == "none" else load_rho_table(settings.rho_table or None)

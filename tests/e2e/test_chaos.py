@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.chaos import ACTIONS, chaos, trace
+from tools.chaos import ACTIONS, chaos, trace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from services.launcher import Mesh, free_port
-from services.replay import ReplayConfig, replay
 from shared.registry import Registry
+from tools.launcher import Mesh, free_port
+from tools.replay import ReplayConfig, replay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

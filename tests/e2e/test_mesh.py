@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 from PIL import Image
 
-from services.launcher import Mesh, free_port
 from shared.registry import Registry
 from shared.states import SessionState
+from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -182,7 +182,7 @@ def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_pat
            "TURBOSERVE_REDIS_URL": infra.redis_url, "TURBOSERVE_LOG_LEVEL": "warning",
            "TURBOSERVE_STATE_DIR": str(tmp_path / "state")}
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "up", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

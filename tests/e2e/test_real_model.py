@@ -19,11 +19,11 @@ import orjson
 import pytest
 from PIL import Image
 
-from services.ctl import Ctl
-from services.launcher import Mesh, free_port
 from shared.wire import WorkerStatus
 from tests.integration.worker_harness import mesh_context
 from tests.models import RESOLUTION, build_folder
+from tools.ctl import Ctl
+from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from services.cli import main
 from services.scheduler.sim.synth import generate, spec
 from services.scheduler.sim.traceio import write_trace
+from tools.cli import main
 
 SUMMARY_KEYS = {
     "cost_reduction_at_matched_latency_pct": {"avg_vs_best_baseline", "max_vs_best_baseline"},

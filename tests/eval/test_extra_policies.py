@@ -6,7 +6,7 @@ import pytest
 
 from services.scheduler.core.policies import available_policies, get_policy
 from services.scheduler.core.types import Drain, Event, EventKind, Migrate, Release, RequestGpus
-from services.scheduler.shipped import load_profile
+from shared.profile import load_profile
 
 PROFILE = load_profile()
 

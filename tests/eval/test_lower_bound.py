@@ -20,7 +20,7 @@ K = 12  # the default profile's capacity; checked below
 
 @pytest.fixture(scope="module")
 def capacity():
-    from services.scheduler.shipped import load_profile
+    from shared.profile import load_profile
 
     k = load_profile().capacity
     assert k == K

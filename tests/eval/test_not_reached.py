@@ -14,13 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.cli import main
 from services.scheduler.eval import readme
 from services.scheduler.eval.analysis import analyse_trace, summarise
 from services.scheduler.eval.matched import reduction_pct
 from services.scheduler.eval.report import markdown_report
 from services.scheduler.eval.runs import RunSpec, RunSummary
 from services.scheduler.eval.service_level import curve_at_slo, static_at_slo
+from tools.cli import main
 
 PROFILE = "h200-wan-1.3b-measured"
 AUTOSCALERS = ("turboserve", "no_migration", "clairvoyant", "turboserve_predictive",

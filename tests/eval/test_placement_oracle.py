@@ -69,7 +69,7 @@ def test_random_instances_respect_capacity():
 
 def test_the_core_never_beats_the_oracle():
     from services.scheduler.eval.placement_gap import core_objective, placement_gap
-    from services.scheduler.shipped import load_profile
+    from shared.profile import load_profile
 
     profile = load_profile()
     chunk = tuple(profile.chunk_ms(b) for b in range(1, profile.capacity + 1))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from services.scheduler.eval.runs import RunSpec, execute, prime_trace_cache
-from services.scheduler.shipped import load_profile
 from services.scheduler.sim.simulator import make_policy, simulate
 from services.scheduler.sim.synth import generate, spec
+from shared.profile import load_profile
 
 
 def test_a_recorded_run_equals_a_direct_run():

@@ -15,11 +15,11 @@ import pytest
 from PIL import Image
 
 from services.gateway.service import GatewayService
-from services.launcher import free_port
-from shared.gateway_store import GatewayStore
+from services.gateway.store import GatewayStore
 from shared.runner import ServiceContext, running
 from shared.settings import GatewaySettings
 from shared.wire import Chunk, NoticeKind, SessionNotice, StreamEnd, Subjects, encode
+from tools.launcher import free_port
 
 API_KEY = "k-test-0123456789abcdef"
 OTHER_KEY = "k-other-0123456789abcdef"

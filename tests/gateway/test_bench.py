@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", "bench", "gateway", *args],
+    return subprocess.run([sys.executable, "-m", "tools.cli", "bench", "gateway", *args],
                           capture_output=True, text=True, timeout=240, env=env)
 
 

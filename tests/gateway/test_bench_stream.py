@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", "bench", "stream", *args],
+    return subprocess.run([sys.executable, "-m", "tools.cli", "bench", "stream", *args],
                           capture_output=True, text=True, timeout=300, env=env)
 
 

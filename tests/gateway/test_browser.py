@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from services.launcher import Mesh, free_port
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY
+from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from services.gateway import lifetimes
-from shared.gateway_store import Activity
+from services.gateway.store import Activity
 from shared.states import SessionState
 from tests.gateway.conftest import bearer, create, eventually, read_sse, run_gateway
 

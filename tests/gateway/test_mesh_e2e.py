@@ -20,11 +20,11 @@ import orjson
 import pytest
 from PIL import Image
 
-from services.launcher import Mesh, free_port
 from shared.registry import Registry
 from shared.states import SessionState
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, bearer, read_sse
 from tests.gateway.test_streams import decode_chunk
+from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""A stand-in worker process (``services.gpu_worker.handoff.peer``) that dies mid-handoff,
+"""A stand-in worker process (``tools.handoff.peer``) that dies mid-handoff,
 for the tests that kill a worker during one:
 
 - ``--fault die_in_recv``: as the destination, it dies once the state has started to arrive
@@ -14,7 +14,8 @@ import sys
 import threading
 import time
 
-from services.gpu_worker.handoff import peer, transports
+from services.gpu_worker.handoff import transports
+from tools.handoff import peer
 
 EXIT_CODE = 17
 

@@ -12,11 +12,11 @@ import nats
 import torch
 
 from services.gpu_worker.handoff import HandoffEndpoint
-from services.gpu_worker.handoff.synthetic import Layout, SyntheticHost, expected_state
 from shared.registry import Registry
 from shared.settings import WorkerSettings
 from shared.states import SessionState
 from shared.wire import Subjects, WorkerCmdKind, WorkerCommand
+from tools.handoff.synthetic import Layout, SyntheticHost, expected_state
 
 LAYOUT = Layout(nbytes=256 * 1024, layers=4)
 

@@ -13,8 +13,8 @@ from services.scheduler.core.loop import Controller
 from services.scheduler.core.policies import get_policy
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
 from shared.leader import LeaderElection
+from shared.profile import DEFAULT_PROFILE, load_profile
 from shared.runner import ServiceContext
 from shared.settings import SchedulerSettings
 from shared.streams import ensure_streams

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench_control import format_table, measure
+from tools.bench.control import format_table, measure
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

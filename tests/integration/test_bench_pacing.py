@@ -11,7 +11,7 @@ import argparse
 
 import pytest
 
-from services.bench_pacing import format_table, measure
+from tools.bench.pacing import format_table, measure
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

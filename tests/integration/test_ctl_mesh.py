@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher import free_port
+from tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ ANSWER_WITHIN_S = 4.0
 
 def ctl(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "ctl", *args], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "ctl", *args], env=env,
                           capture_output=True, text=True, timeout=60)
     return proc, time.monotonic() - started
 

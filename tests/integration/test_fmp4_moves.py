@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from services.ctl import Ctl
 from services.gpu_worker.fmp4 import decode_fragment
 from tests.integration.test_migration_live import PERIOD, assert_consecutive, stop
 from tests.integration.test_worker_crash import by_seq, run_crash
@@ -17,6 +16,7 @@ from tests.integration.worker_harness import (
     wait_until,
     worker_processes,
 )
+from tools.ctl import Ctl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.cli import main
+from tools.cli import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

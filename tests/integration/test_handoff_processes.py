@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 
-from services.gpu_worker.handoff import harness
 from services.gpu_worker.handoff.codes import HandoffCode
-from services.gpu_worker.handoff.synthetic import Layout
 from shared.registry import Registry
 from shared.states import SessionState
 from shared.wire import Subjects, WorkerCmdKind, WorkerCommand
+from tools.handoff import harness
+from tools.handoff.synthetic import Layout
 
 from .handoff_child import EXIT_CODE
 from .handoff_support import assert_state, eventually, migrate, place, start_worker

@@ -11,13 +11,13 @@ import time
 import pytest
 import torch
 
-from services.gpu_worker.handoff import harness
 from services.gpu_worker.handoff.rendezvous import StoreClients, StoreServer, new_link_id
-from services.gpu_worker.handoff.synthetic import Layout
 from services.gpu_worker.handoff.tensors import spec_of
 from services.gpu_worker.handoff.transports import GlooTransport, TransferError
 from shared.registry import Registry
 from shared.wire import Subjects
+from tools.handoff import harness
+from tools.handoff.synthetic import Layout
 
 CPU = torch.device("cpu")
 
@@ -121,7 +121,7 @@ def test_gloo_recv_gives_up_at_the_deadline_and_the_link_is_spent(link):
 def test_a_link_to_a_store_that_is_not_there_fails():
     clients = StoreClients(timeout_s=1)
     gloo = GlooTransport("127.0.0.1")
-    from services.launcher import free_port
+    from tools.launcher import free_port
 
     with pytest.raises(RuntimeError):
         gloo.connect(clients.scoped(f"127.0.0.1:{free_port()}", new_link_id()), 1, CPU,

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from services.ctl import Ctl, format_status
 from shared.registry import WorkerRecord
 from shared.wire import WorkerStatus
 from tests.integration.scheduler_harness import leading, until
 from tests.integration.worker_harness import mesh_context
+from tools.ctl import Ctl, format_status
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Live migration between real worker processes (tiny model, CPU, gloo), driven the way an
-operator does it (``services.ctl.Ctl``, the library behind ``turboserve ctl``), on the real NATS
+operator does it (``tools.ctl.Ctl``, the library behind ``turboserve ctl``), on the real NATS
 and Redis. The test plays the scheduler (it places sessions) and the viewers (it reads every
 chunk and notice published)."""
 
@@ -13,7 +13,6 @@ import signal
 import orjson
 import pytest
 
-from services.ctl import Ctl, CtlError, format_status, status_json
 from shared.states import SessionState
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
 from tests.integration.worker_harness import (
@@ -24,6 +23,7 @@ from tests.integration.worker_harness import (
     wait_until,
     worker_processes,
 )
+from tools.ctl import Ctl, CtlError, format_status, status_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

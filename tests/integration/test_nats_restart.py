@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 
-from services.launcher import free_port, nats_server_binary, probe_nats
 from services.scheduler.service import SchedulerService
 from shared.runner import running
 from shared.settings import SchedulerSettings
 from shared.wire import SessionEvent, SessionEventKind, encode
 from tests.integration.worker_harness import wait_until, worker_in_process
+from tools.launcher import free_port, nats_server_binary, probe_nats
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,7 +11,6 @@ import contextlib
 
 import pytest
 
-from services.ctl import Ctl, CtlError
 from services.scheduler.core.types import GpuState
 from tests.integration.scheduler_harness import leading, until
 from tests.integration.worker_harness import (
@@ -21,6 +20,7 @@ from tests.integration.worker_harness import (
     wait_until,
     worker_processes,
 )
+from tools.ctl import Ctl, CtlError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -272,7 +272,7 @@ async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(en
     out_path = tmp_path / "provisioner.log"
     with open(out_path, "wb") as out:  # noqa: ASYNC230 - a local file, opened once
         proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-            [sys.executable, "-m", "services.cli", "provisioner"], env=penv,
+            [sys.executable, "-m", "tools.cli", "provisioner"], env=penv,
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     registry = Registry(redis_client, env["TURBOSERVE_REDIS_NAMESPACE"])
     try:

@@ -9,12 +9,12 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 
-from services.launcher import free_port
 from shared.meter import Meter
 from shared.ops import OpsServer, metrics_registry, start_ops
 from shared.registry import Registry
 from shared.runner import ServiceContext, close_context, open_context
 from shared.settings import CommonSettings
+from tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
 

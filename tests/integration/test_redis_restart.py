@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from services.launcher import free_port, probe_redis, redis_server_binary
 from shared.states import SessionState
 from tests.integration.worker_harness import start_session, wait_until, worker_in_process
+from tools.launcher import free_port, probe_redis, redis_server_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

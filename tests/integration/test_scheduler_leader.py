@@ -71,7 +71,7 @@ async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_ref
         penv = {**os.environ, **env, "TURBOSERVE_SCHEDULER_ID": sid,
                 "TURBOSERVE_LEADER_TTL_S": "1.5", "TURBOSERVE_TICK_S": "0.25",
                 "TURBOSERVE_METRICS_PORT": "-1"}
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "scheduler"], env=penv,
+        proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "scheduler"], env=penv,
                                 stdin=subprocess.DEVNULL)
         procs.append(proc)
         return proc

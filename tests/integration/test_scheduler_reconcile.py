@@ -12,8 +12,8 @@ from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import GpuState, RestoredGpu, RestoredSession
 from services.scheduler.live import LiveScheduler, _Worker
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
 from shared.leader import LeaderElection
+from shared.profile import DEFAULT_PROFILE, load_profile
 from shared.settings import SchedulerSettings
 from tests.integration.worker_harness import mesh_context
 

@@ -15,7 +15,7 @@ import pytest
 
 from services.provisioner.service import ProvisionerService
 from services.scheduler.core.types import Event, EventKind
-from services.scheduler.shipped import DEFAULT_PROFILE, load_profile
+from shared.profile import DEFAULT_PROFILE, load_profile
 from shared.runner import running
 from shared.settings import ProvisionerSettings
 from tests.integration.scheduler_harness import leading, until

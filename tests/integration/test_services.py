@@ -14,7 +14,6 @@ import aiohttp
 import pytest
 
 from services.gateway.service import GatewayService
-from services.launcher import free_port
 from services.scheduler.service import SchedulerService
 from shared.registry import WorkerRecord
 from shared.runner import running, subscriptions_live
@@ -28,6 +27,7 @@ from shared.wire import (
     decode,
     encode,
 )
+from tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -218,7 +218,7 @@ def test_service_gives_up_connecting_with_exit_code_2(tmp_path):
     import sys
 
     env = {**os.environ, "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1", "TURBOSERVE_CONNECT_TIMEOUT_S": "1.5"}
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "scheduler"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "scheduler"], env=env,
                           capture_output=True, timeout=60)
     assert proc.returncode == 2
     assert b"startup_failed" in proc.stderr
@@ -232,7 +232,7 @@ def test_sigterm_while_connecting_exits_0():
     import time
 
     env = {**os.environ, "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1", "TURBOSERVE_CONNECT_TIMEOUT_S": "300"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "scheduler"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "scheduler"], env=env,
                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     line = b""

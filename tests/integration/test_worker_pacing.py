@@ -166,7 +166,7 @@ def record_state(name: str):
 
 
 async def test_an_emulated_gpu_paces_each_pass_to_its_profile(env):
-    from services.scheduler.shipped import load_profile
+    from shared.profile import load_profile
 
     h20 = load_profile()
     async with worker_in_process(env, worker_id="emu", emulate="H20") as (service, ctx, rx):

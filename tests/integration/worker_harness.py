@@ -130,7 +130,7 @@ async def worker_processes(
                     **{f"TURBOSERVE_{k.upper()}": str(v) for k, v in settings.items()},
                     **(per_worker or {}).get(wid, {})}
             procs[wid] = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-                [sys.executable, "-m", "services.cli", "worker"],
+                [sys.executable, "-m", "tools.cli", "worker"],
                 env=penv, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while True:

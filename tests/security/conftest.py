@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.launcher import Mesh
+from tools.launcher import Mesh
 
 PREFIX = "sec"
 

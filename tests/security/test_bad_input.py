@@ -35,7 +35,6 @@ from structlog.testing import capture_logs
 
 from services.gateway.service import GatewayService
 from services.gpu_worker.service import WorkerService
-from services.launcher import Mesh, free_port
 from services.provisioner.service import ProvisionerService
 from services.scheduler.service import SchedulerService
 from shared.leader import leader_key, parse_term
@@ -65,6 +64,7 @@ from shared.wire import (
     decode,
     encode,
 )
+from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

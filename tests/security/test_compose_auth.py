@@ -16,17 +16,17 @@ import redis.asyncio as aioredis
 import yaml
 from redis.exceptions import AuthenticationError
 
-from services.launcher import (
+from shared.security import inbox_prefix
+from shared.streams import ensure_streams
+from shared.wire import SessionEvent, SessionEventKind, Subjects, encode
+from tests.unit.test_compose import PASSWORDS, ROOT, compose_auth, interpolate
+from tools.launcher import (
     free_port,
     nats_server_binary,
     probe_nats,
     probe_redis,
     redis_server_binary,
 )
-from shared.security import inbox_prefix
-from shared.streams import ensure_streams
-from shared.wire import SessionEvent, SessionEventKind, Subjects, encode
-from tests.unit.test_compose import PASSWORDS, ROOT, compose_auth, interpolate
 
 pytestmark = pytest.mark.integration
 

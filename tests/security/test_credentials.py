@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher import banner
 from shared.security import OPERATOR, with_user
 from shared.settings import GatewaySettings, ProvisionerSettings, SettingsError, WorkerSettings
 from tests.security.conftest import PREFIX
+from tools.launcher import banner
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def test_a_service_with_a_wrong_password_stops_at_once_with_exit_2(secure_infra,
     env = _service_env(secure_infra, service)
     env[var] = with_user(secure_infra.secured[server], service, WRONG)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "services.cli", service], env=env,
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", service], env=env,
                           capture_output=True, timeout=120)
     assert proc.returncode == 2, proc.stderr.decode()[-2000:]
     assert time.monotonic() - started < 45  # not after the 60 s connect timeout
@@ -60,7 +60,7 @@ def test_a_running_service_logs_its_settings_masked(secure_infra, tmp_path):
                secure_infra.credentials.redis["provisioner"],
                secure_infra.credentials.nats["worker"], secure_infra.credentials.redis["worker"]]
     out = open(tmp_path / "provisioner.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "provisioner"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "provisioner"], env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60

@@ -17,7 +17,6 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from services.launcher import Mesh
 from shared.runner import CredentialsRefused, connect_nats, subscriptions_live
 from shared.security import OPERATOR, SERVICE_ROLES, inbox_prefix, with_user
 from shared.settings import CommonSettings
@@ -31,6 +30,7 @@ from shared.wire import (
     encode,
 )
 from tests.security.conftest import PREFIX, server_log
+from tools.launcher import Mesh
 
 pytestmark = pytest.mark.integration
 

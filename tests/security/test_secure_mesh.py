@@ -15,12 +15,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from services.ctl import Ctl
-from services.launcher import Mesh, free_port
 from shared.runner import close_context, open_context
 from shared.settings import CommonSettings
 from shared.wire import WorkerStatus
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, bearer
+from tools.ctl import Ctl
+from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

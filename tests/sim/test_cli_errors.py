@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from services.cli import main
+from tools.cli import main
 
 GOOD = "t,session_id,event\n0,a,arrive\n5,a,depart\n"
 

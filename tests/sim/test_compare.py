@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.shipped import load_profile, load_rho_table
+from services.scheduler.shipped import load_rho_table
 from services.scheduler.sim.compare import COMPARED, compress, error_pct, simulate_replay
 from services.scheduler.sim.synth import generate, spec
 from services.scheduler.sim.traceio import make_trace
+from shared.profile import load_profile
 
 PROFILE = load_profile()
 KEYS = {"sessions", "chunks", "chunks_lost", "seq_repeats", "latency_ms",

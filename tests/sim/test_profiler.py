@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 
 from services.scheduler.core.policies import get_policy
-from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_profile, load_rho_table
+from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_rho_table
 from services.scheduler.sim import profiler, synth
 from services.scheduler.sim.profiler import LevelStats, choose, level_edges, per_level_stats
 from services.scheduler.sim.traceio import make_trace
+from shared.profile import load_profile
 
 PROFILE = load_profile()
 

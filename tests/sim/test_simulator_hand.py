@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.scheduler.core.profile import profile_from_dict
 from services.scheduler.core.types import (
     Assign,
     Drain,
@@ -23,6 +22,7 @@ from services.scheduler.core.types import (
 )
 from services.scheduler.sim.simulator import SimulationError, simulate
 from services.scheduler.sim.traceio import make_trace
+from shared.profile import profile_from_dict
 
 # Chunk time 100 ms at batch 1, 150 ms at batch 2, 200 ms at batch 3; deadline 180 ms (so K=2);
 # migration 10 ms per session; $3.60 per GPU-hour = $0.001 per GPU-second.

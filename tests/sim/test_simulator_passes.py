@@ -12,11 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.scheduler.core.profile import profile_from_dict
 from services.scheduler.core.types import Assign, EventKind, Migrate
-from services.scheduler.shipped import load_profile
 from services.scheduler.sim.simulator import simulate
 from services.scheduler.sim.traceio import make_trace
+from shared.profile import load_profile, profile_from_dict
 
 # Chunk 100 / 150 / 200 ms at batch 1 / 2 / 3, 5 passes per chunk: passes of 20 / 30 / 40 ms.
 # Deadline 180 ms; migration 10 ms; $3.60 per GPU-hour.

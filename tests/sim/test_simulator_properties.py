@@ -8,9 +8,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.shipped import load_profile
 from services.scheduler.sim.simulator import simulate
 from services.scheduler.sim.traceio import make_trace
+from shared.profile import load_profile
 
 PROFILE = load_profile()
 

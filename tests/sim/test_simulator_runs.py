@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from services.cli import main
 from services.scheduler.sim import synth
 from services.scheduler.sim.simulator import simulate, warm_start_gpus
 from services.scheduler.sim.traceio import TRACE_DIR, load_trace, read_trace
+from tools.cli import main
 
 STATIC = ("round_robin", "least_loaded", "memory_aware")
 
@@ -57,7 +57,7 @@ def test_boot_delay_is_paid(short_trace):
 def test_autoscalers_start_warm_unless_told_otherwise(short_trace, tmp_path):
     """A warm trace against static pools that are READY at t=0: autoscalers start with the pool
     warm_start_gpus gives (and keep it for one boot delay) instead of one GPU."""
-    from services.scheduler.shipped import load_profile
+    from shared.profile import load_profile
 
     k = load_profile().capacity
     expected = warm_start_gpus(short_trace, k, 30.0)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import math
 
-from services.cli import main
 from services.scheduler.core.types import Assign, EventKind, Migrate, Release, RequestGpus
-from services.scheduler.shipped import load_profile
 from services.scheduler.sim.simulator import Simulator, simulate
 from services.scheduler.sim.traceio import make_trace, write_trace
+from shared.profile import load_profile
+from tools.cli import main
 
 PROFILE = load_profile()  # deadline = chunk period = 1,250 ms
 

@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from services.cli import BENCH, TOP_LEVEL, build_parser
+from tools.cli import BENCH, TOP_LEVEL, build_parser
 
 # Runs ``main(argv)`` (catching argparse's exit after --help), then imports the modules the
 # command would run with, and prints which heavy packages got imported.
 _PROBE = """
 import json, sys
-from services.cli import main
+from tools.cli import main
 argv = json.loads(sys.argv[1])
 try:
     main(argv)
@@ -43,8 +43,8 @@ def test_top_level_help_imports_no_subcommand_module() -> None:
 
 
 @pytest.mark.parametrize(("argv", "run_modules"), [
-    (["ctl", "--help"], ("services.ctl",)),
-    (["ctl", "status", "--help"], ("services.ctl",)),
+    (["ctl", "--help"], ("tools.ctl",)),
+    (["ctl", "status", "--help"], ("tools.ctl",)),
     (["gateway", "--help"], ("services.gateway.service",)),
     (["scheduler", "--help"], ("services.scheduler.service",)),
     (["provisioner", "--help"], ("services.provisioner.service", "services.provisioner.local")),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from services.ctl import format_status, status_json
+from tools.ctl import format_status, status_json
 
 STATUS = {
     "workers": [{

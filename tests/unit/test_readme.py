@@ -7,8 +7,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from services.launcher import register as register_up
 from shared import settings as settings_mod
+from tools.launcher import register as register_up
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

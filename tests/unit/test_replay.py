@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.replay import ReplayConfig, SessionLog, select_events, summarize
 from services.scheduler.sim.traceio import TraceEvent
 from services.scheduler.sim.viewer import ServiceLedger
+from tools.replay import ReplayConfig, SessionLog, select_events, summarize
 
 EVENTS = [TraceEvent(0.0, "a", "arrive"), TraceEvent(5.0, "b", "arrive"),
           TraceEvent(8.0, "a", "idle"), TraceEvent(12.0, "a", "active"),
@@ -93,8 +93,8 @@ def test_an_owner_change_without_a_state_event_is_a_silent_restart():
 
 
 def test_the_simulator_plays_the_same_window_at_the_same_speed():
-    from services.replay import compare_with_sim
-    from services.scheduler.shipped import load_profile
+    from shared.profile import load_profile
+    from tools.replay import compare_with_sim
 
     # 20 sessions over 200 trace seconds, played 10x faster: 20 s of wall time.
     events = [(10.0 * i, f"s{i}", "arrive") for i in range(20)]
@@ -133,8 +133,8 @@ async def test_compare_sim_waits_for_the_schedulers_account_and_says_when_none_c
     import aiohttp
     from aiohttp import web
 
-    from services.launcher import free_port
-    from services.replay import Gateways, ReplayError, _await_account, _cluster
+    from tools.launcher import free_port
+    from tools.replay import Gateways, ReplayError, _await_account, _cluster
 
     served_from = time.monotonic() + 1.0
     account = {"scheduler": {"profiles": {"H20": {}}}, "workers": []}

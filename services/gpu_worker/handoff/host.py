@@ -1,7 +1,7 @@
 """What the handoff needs from the worker that holds the sessions.
 
 The worker implements :class:`StateHost` over its engine and generation loop;
-:class:`~services.gpu_worker.handoff.synthetic.SyntheticHost` implements it over plain tensors
+:class:`~tools.handoff.synthetic.SyntheticHost` implements it over plain tensors
 for the tests and the benchmark. The endpoint calls it in this order:
 
 - source: ``freeze`` (at the session's next chunk boundary) -> then exactly one of ``release``

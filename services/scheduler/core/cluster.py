@@ -25,8 +25,8 @@ import bisect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from services.scheduler.core.profile import LatencyProfile
 from services.scheduler.core.types import GpuState
+from shared.profile import LatencyProfile
 
 NEVER = float("-inf")
 

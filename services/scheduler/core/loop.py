@@ -77,7 +77,6 @@ from services.scheduler.core.placement import (
     place_pending,
     rebalance,
 )
-from services.scheduler.core.profile import LatencyProfile
 from services.scheduler.core.types import (
     Assign,
     Decision,
@@ -93,6 +92,7 @@ from services.scheduler.core.types import (
     Resume,
     Suspend,
 )
+from shared.profile import LatencyProfile
 
 _EPS = 1e-9
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from services.scheduler.core.cluster import NEVER, Cluster, KindPool
-from services.scheduler.core.profile import LatencyProfile
 from services.scheduler.core.types import Assign, Decision, GpuState, Migrate, Resume
+from shared.profile import LatencyProfile
 
 
 class Chooser(Protocol):

@@ -45,8 +45,8 @@ from typing import Any, Protocol, runtime_checkable
 from services.scheduler.core.cluster import ClusterView
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.profile import LatencyProfile
 from services.scheduler.core.types import Decision, Event
+from shared.profile import LatencyProfile
 
 DEFAULT_STATIC_GPUS = 16
 Profiles = LatencyProfile | Mapping[str, LatencyProfile]

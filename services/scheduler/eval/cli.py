@@ -42,17 +42,16 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
-    from services.scheduler.core.profile import ProfileError
     from services.scheduler.eval.evaluate import (
         DEFAULT_PROFILES,
         evaluate_profiles,
         trace_keys_from_dir,
     )
     from services.scheduler.eval.report import markdown_report, write_plots
-    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.simulator import PolicyError, SimulationError
     from services.scheduler.sim.traceio import TraceError
+    from shared.cli import fail
+    from shared.profile import ProfileError, load_profile
 
     if args.jobs is not None and args.jobs < 1:
         return fail("sim evaluate", f"--jobs must be >= 1, got {args.jobs}")

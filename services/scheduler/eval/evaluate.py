@@ -59,9 +59,9 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
              placement_instances: int = 1000, progress: bool = True,
              cfg: PlanConfig | None = None) -> Evaluation:
     from services.scheduler.eval.placement_gap import placement_gap
-    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.simulator import WARM_START_MIN_WINDOW_S
     from services.scheduler.sim.traceio import load_trace
+    from shared.profile import load_profile
 
     started = time.perf_counter()
     cfg = cfg or (PlanConfig.quick() if quick else PlanConfig.full())
@@ -183,7 +183,7 @@ def _mixed_placement(instances: int) -> dict[str, Any]:
     from dataclasses import replace
 
     from services.scheduler.eval.placement_gap import placement_gap_mixed
-    from services.scheduler.shipped import load_profile
+    from shared.profile import load_profile
 
     h20, h200 = load_profile(DEFAULT_PROFILES[0]), load_profile(DEFAULT_PROFILES[1])
     flat = replace(h20, name="flat", gpu_memory_bytes=None,

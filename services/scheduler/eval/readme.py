@@ -51,7 +51,7 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
+    from shared.cli import fail
 
     if args.eval is not None:
         try:
@@ -99,7 +99,7 @@ def _policy_all() -> str:
 
 
 def _bench() -> str:
-    from services.scheduler.bench import bench_one, format_table
+    from tools.bench.scheduler import bench_one, format_table
 
     return format_table([bench_one(g, 3000, 0) for g in (64, 256, 1024)])
 

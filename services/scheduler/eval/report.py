@@ -396,7 +396,7 @@ def write_plots(evaluation: Any, folder: str | Path) -> list[Path]:
                 lat[f"{base} ({r.spec.param('gpus')} GPUs, ~matched cost)"] = r.latencies_ms
         deadline = None
         if detailed:
-            from services.scheduler.shipped import load_profile
+            from shared.profile import load_profile
 
             deadline = load_profile(detailed[0].spec.profile).deadline_ms
         written.append(plot_latency_cdf(lat, out_dir / f"latency_cdf_{name}.png",

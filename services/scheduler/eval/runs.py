@@ -148,7 +148,7 @@ def _trace(key: str) -> Any:
 
 def _profile(name: str) -> Any:
     if name not in _PROFILES:
-        from services.scheduler.shipped import load_profile
+        from shared.profile import load_profile
 
         _PROFILES[name] = load_profile(name)
     return _PROFILES[name]

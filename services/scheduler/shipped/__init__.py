@@ -1,11 +1,9 @@
-"""The files the scheduler ships, and reading and writing them.
+"""The autoscaler's fitted tables the scheduler ships, and reading and writing them.
 
 The policy core (``services.scheduler.core``) reads no files: its callers (the live service,
-the CLIs, the simulator, the evaluation) load a latency profile and the adaptive rho_hat table
-here and hand the core the values.
+the CLIs, the simulator, the evaluation) load the adaptive rho_hat table here (and a latency
+profile with :func:`shared.profile.load_profile`) and hand the core the values.
 
-* ``profiles/<name>.json``: latency profiles (``LatencyProfile``), the format
-  ``turboserve bench worker --profile-out`` writes; ``DEFAULT_PROFILE`` is the paper's H20.
 * ``rho_table.json``: the adaptive rho_hat table (``RhoTable``), written by
   ``turboserve sim profile``, fitted with the default profile; ``rho_table_<profile>.json``:
   one fitted with another profile (``table_path_for``), used with that profile.
@@ -17,60 +15,16 @@ import json
 from pathlib import Path
 
 from services.scheduler.core.autoscale import RhoTable, RhoTableError
-from services.scheduler.core.profile import LatencyProfile, ProfileError, profile_from_dict
+from shared.profile import DEFAULT_PROFILE
 
-PROFILE_DIR = Path(__file__).with_name("profiles")
-DEFAULT_PROFILE = "h20-longlive-1.3b-nvlink"
 DEFAULT_TABLE_PATH = Path(__file__).with_name("rho_table.json")
 
 __all__ = [
-    "DEFAULT_PROFILE",
     "DEFAULT_TABLE_PATH",
-    "PROFILE_DIR",
-    "available_profiles",
-    "load_profile",
     "load_rho_table",
-    "save_profile",
     "save_rho_table",
     "table_path_for",
 ]
-
-
-def available_profiles() -> list[str]:
-    """Names of the shipped profiles."""
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
-
-
-def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> LatencyProfile:
-    """A shipped profile by name (``profiles/<name>.json``) or any profile JSON file by path.
-
-    Raises :class:`ProfileError` naming the file and the field for anything malformed."""
-    path = _resolve(name_or_path)
-    source = str(path)
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ProfileError(source, f"not valid JSON ({exc})") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(source, f"cannot be read ({exc})") from exc
-    return profile_from_dict(raw, source=source)
-
-
-def save_profile(profile: LatencyProfile, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
-
-
-def _resolve(name_or_path: str | Path) -> Path:
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".json" or candidate.exists():
-        if not candidate.is_file():
-            raise ProfileError(str(candidate), "no such file")
-        return candidate
-    shipped = PROFILE_DIR / f"{name_or_path}.json"
-    if not shipped.is_file():
-        known = ", ".join(available_profiles()) or "none"
-        raise ProfileError(str(name_or_path), f"no such profile (shipped: {known})")
-    return shipped
 
 
 def table_path_for(profile_name: str | None) -> Path:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.cli import fail
+from shared.cli import fail
 
 # The paper's static baselines: they take a fixed ``gpus`` count and never scale.
 STATIC_POLICIES = ("round_robin", "least_loaded", "memory_aware")
@@ -152,9 +152,9 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def run_sim(args: argparse.Namespace) -> int:
-    from services.scheduler.core.profile import ProfileError
     from services.scheduler.sim.simulator import PolicyError, SimulationError
     from services.scheduler.sim.traceio import TraceError
+    from shared.profile import ProfileError
 
     try:
         _check_run_args(args)
@@ -190,10 +190,10 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.report import markdown_table, progress_bar
     from services.scheduler.sim.simulator import simulate
     from services.scheduler.sim.traceio import load_trace
+    from shared.profile import load_profile
 
     trace = load_trace(args.trace)
     profile = load_profile() if args.profile is None else load_profile(args.profile)
@@ -317,9 +317,9 @@ def _default_static_gpus(trace: Any, profile: Any) -> int:
 
 def run_profile(args: argparse.Namespace) -> int:
     from services.scheduler.core.autoscale import RhoTableError
-    from services.scheduler.core.profile import ProfileError
     from services.scheduler.sim.simulator import PolicyError, SimulationError
     from services.scheduler.sim.traceio import TraceError
+    from shared.profile import ProfileError
 
     try:
         return _run_profile(args)
@@ -329,8 +329,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def _run_profile(args: argparse.Namespace) -> int:
-    from services.scheduler.shipped import load_profile
     from services.scheduler.sim.profiler import build_table, check_table
+    from shared.profile import load_profile
 
     if args.profile is not None:
         load_profile(args.profile)  # a bad profile is a one-line error before any work

@@ -22,9 +22,9 @@ import math
 from typing import Any
 
 from services.scheduler.core.autoscale import RhoTable
-from services.scheduler.core.profile import LatencyProfile
 from services.scheduler.sim.traceio import Trace, TraceEvent
 from services.scheduler.sim.viewer import summary
+from shared.profile import LatencyProfile
 
 __all__ = ["COMPARED", "compress", "error_pct", "simulate_replay"]
 

@@ -262,8 +262,8 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
                 peak_rhos: tuple[float, ...] | None = None,
                 rho_hats: tuple[float, ...] | None = None,
                 log: Callable[[str], None] = print) -> RhoTable:
-    from services.scheduler.shipped import load_profile
     from services.scheduler.sim import synth
+    from shared.profile import load_profile
 
     started = time.perf_counter()
     profile = load_profile() if profile_name is None else load_profile(profile_name)
@@ -395,10 +395,11 @@ def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s:
     one), ``turboserve``'s p99 against each static baseline at matched cost, on the six
     built-in traces (``eval``), the training traces at 30 minutes (``train``) or both. A
     report only: nothing here feeds the table."""
-    from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_profile, load_rho_table
+    from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_rho_table
     from services.scheduler.sim import synth
     from services.scheduler.sim.simulator import simulate
     from services.scheduler.sim.traceio import load_trace
+    from shared.profile import load_profile
 
     profile = load_profile() if profile_name is None else load_profile(profile_name)
     path = Path(table) if table is not None else DEFAULT_TABLE_PATH

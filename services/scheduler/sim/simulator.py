@@ -827,8 +827,7 @@ def make_policy(name: str, profile: Any, *, boot_delay_s: float,
 
 def resolve_profile(profile: Any) -> Any:
     """A :class:`LatencyProfile` from a profile, a shipped name, a path or None (default)."""
-    from services.scheduler.core.profile import LatencyProfile
-    from services.scheduler.shipped import load_profile
+    from shared.profile import LatencyProfile, load_profile
 
     if isinstance(profile, LatencyProfile):
         return profile

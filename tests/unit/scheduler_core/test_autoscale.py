@@ -16,7 +16,8 @@ from services.scheduler.core.autoscale import (
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Event, EventKind
-from services.scheduler.shipped import load_profile, load_rho_table, save_rho_table
+from services.scheduler.shipped import load_rho_table, save_rho_table
+from shared.profile import load_profile
 
 PROFILE = load_profile()
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.scheduler import bench
 from services.scheduler.core.types import EventKind, Release, RequestGpus
+from tools.bench import scheduler as bench
 
 
 class _FakeView:

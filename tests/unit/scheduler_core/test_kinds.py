@@ -6,9 +6,8 @@ from dataclasses import replace
 
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.profile import profile_from_measurements
 from services.scheduler.core.types import Event, EventKind, Migrate, RequestGpus
-from services.scheduler.shipped import load_profile
+from shared.profile import load_profile, profile_from_measurements
 
 from .harness import Env
 

@@ -23,7 +23,7 @@ from services.scheduler.core.types import (
     RestoredSession,
     Resume,
 )
-from services.scheduler.shipped import load_profile
+from shared.profile import load_profile
 
 from .harness import Env
 

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.core.policies import get_policy
-from services.scheduler.core.profile import profile_from_measurements
 from services.scheduler.core.types import (
     Event,
     EventKind,
@@ -22,7 +21,8 @@ from services.scheduler.core.types import (
     RestoredGpu,
     RestoredSession,
 )
-from services.scheduler.shipped import load_profile, load_rho_table
+from services.scheduler.shipped import load_rho_table
+from shared.profile import load_profile, profile_from_measurements
 
 from .harness import Env
 

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from services.scheduler.core.profile import (
+from shared.profile import (
     ProfileError,
+    load_profile,
     profile_from_dict,
     profile_from_measurements,
 )
-from services.scheduler.shipped import load_profile
 
 H20 = load_profile()  # 349 + 71 b ms, deadline 1250 ms, K = 12
 # wan-1.3b on one H200 (README, "The worker"): batching gains almost nothing.

@@ -24,7 +24,7 @@ from services.scheduler.core.types import (
     Resume,
     Suspend,
 )
-from services.scheduler.shipped import load_profile
+from shared.profile import load_profile
 
 from .harness import Env
 
@@ -171,7 +171,7 @@ def test_booting_gpus_are_billed_from_the_request_and_cancelled_first():
 
 
 def test_bench_cli_writes_the_agreed_json(tmp_path):
-    from services.scheduler import bench
+    from tools.bench import scheduler as bench
 
     out = tmp_path / "b.json"
     args = argparse.Namespace(gpus="4,8", steps=60, seed=1, profile=None, json_out=str(out))

@@ -4,8 +4,13 @@ import json
 
 import pytest
 
-from services.scheduler.core.profile import ProfileError, profile_from_dict
-from services.scheduler.shipped import available_profiles, load_profile, save_profile
+from shared.profile import (
+    ProfileError,
+    available_profiles,
+    load_profile,
+    profile_from_dict,
+    save_profile,
+)
 
 
 def _raw(**changes):

@@ -13,7 +13,7 @@ from services.scheduler.core.cluster import Cluster
 from services.scheduler.core.placement import rebalance
 from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Drain, Event, EventKind, GpuState, Release, RequestGpus
-from services.scheduler.shipped import load_profile
+from shared.profile import load_profile
 
 from .harness import Env
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.core.profile import ProfileError
 from services.scheduler.measured import differs, live_profile
-from services.scheduler.shipped import load_profile
+from shared.profile import ProfileError, load_profile
 from shared.wire import Heartbeat, WorkerStatus
 
 H20 = load_profile()

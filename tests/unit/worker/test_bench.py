@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from services.gpu_worker.bench import _fill_table, build_profile, register
 from services.gpu_worker.telemetry import describe, device_report
+from tools.bench.worker import _fill_table, build_profile, register
 
 
 def test_fill_table_interpolates_and_is_monotone():
@@ -52,7 +52,7 @@ def test_profile_loads_in_the_scheduler_when_present(tmp_path):
     assert profile["chunk_ms"] == [20.0, 30.0, 40.0, 50.0]
     assert profile["deadline_ms"] == 750.0
     try:
-        from services.scheduler.shipped import load_profile
+        from shared.profile import load_profile
     except ImportError:
         return
     path = tmp_path / "p.json"
@@ -83,7 +83,7 @@ def test_cpu_telemetry_says_so():
     ],
 )
 def test_bench_worker_refuses_bad_options_in_one_line(extra, message, capsys):
-    from services.cli import main
+    from tools.cli import main
 
     code = main(["bench", "worker", "--device", "cpu", "--chunks", "1", "--warmup", "0",
                  "--batch", "1", *extra])
@@ -96,7 +96,7 @@ def test_bench_worker_refuses_bad_options_in_one_line(extra, message, capsys):
 def test_bench_worker_without_a_gpu_says_so(monkeypatch, capsys):
     import torch
 
-    from services.cli import main
+    from tools.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "worker", "--device", "cuda", "--batch", "1", "--chunks", "1"]) == 2
@@ -105,7 +105,7 @@ def test_bench_worker_without_a_gpu_says_so(monkeypatch, capsys):
 
 
 def test_bench_worker_refuses_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
-    from services.cli import main
+    from tools.cli import main
 
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file")

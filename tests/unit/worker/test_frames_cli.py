@@ -12,7 +12,7 @@ from PIL import Image
 WITHOUT_PYTEST = """
 import sys
 sys.modules["pytest"] = None
-from services.cli import main
+from tools.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -30,7 +30,7 @@ def test_frames_writes_a_strip_without_test_tools(tmp_path):
 
 
 def test_frames_refuses_bad_counts_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "frames", "--chunks", "1"],
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "frames", "--chunks", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert "--chunks must be >= 2" in proc.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.cli import build_parser
-from services.gpu_worker.handoff.bench import (
+from shared.wire import MigrationReport
+from tools.bench.migration import (
     MIB,
     BenchUsageError,
     _options,
@@ -13,7 +13,7 @@ from services.gpu_worker.handoff.bench import (
     print_table,
     raw_copy_gbps,
 )
-from shared.wire import MigrationReport
+from tools.cli import build_parser
 
 
 def options(*argv):

@@ -11,13 +11,6 @@ import torch
 from services.gpu_worker.handoff.codes import HandoffCode
 from services.gpu_worker.handoff.host import HostRefused
 from services.gpu_worker.handoff.rendezvous import parse_address
-from services.gpu_worker.handoff.synthetic import (
-    MISC_NUMEL,
-    Layout,
-    SyntheticHost,
-    expected_state,
-    initial_state,
-)
 from services.gpu_worker.handoff.tensors import (
     BadSpec,
     VerificationFailed,
@@ -32,6 +25,13 @@ from services.gpu_worker.handoff.tensors import (
 )
 from services.gpu_worker.handoff.transports import decode_ipc, encode_ipc
 from shared.wire import HandoffOffer, TensorSpec
+from tools.handoff.synthetic import (
+    MISC_NUMEL,
+    Layout,
+    SyntheticHost,
+    expected_state,
+    initial_state,
+)
 
 
 def state() -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.proc import die_with_parent
+from shared.proc import die_with_parent
 from shared.registry import Registry
 from shared.wire import (
     CommandReply,
@@ -34,7 +34,7 @@ class HarnessError(RuntimeError):
 
 
 def spawn_peer(worker_id: str, env: Mapping[str, str], *, device: str = "cpu",
-               checksum: bool = False, module: str = "services.gpu_worker.handoff.peer",
+               checksum: bool = False, module: str = "tools.handoff.peer",
                extra: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start a peer process (its log goes to our stderr: ``TURBOSERVE_LOG_LEVEL`` in ``env``
     quietens it); ``module`` lets a test start a peer of its own making."""

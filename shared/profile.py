@@ -1,8 +1,9 @@
 """Latency model of one GPU kind running one model: a measured (or documented) table.
 
-A profile is a small JSON document (the shipped ones are ``services/scheduler/shipped/profiles/``;
-docs/scheduler.md). The core parses values (:func:`profile_from_dict`) and reads no files;
-``services.scheduler.shipped.load_profile`` reads one::
+A profile is a contract between the worker (which measures one) and the scheduler (which plans
+with one): a small JSON document (the shipped ones are in ``shared/profiles/``; docs/scheduler.md).
+:func:`profile_from_dict` parses values; :func:`load_profile` reads a shipped profile by name or
+any profile file by path::
 
     {
       "name": "h20-longlive-1.3b-nvlink",
@@ -47,10 +48,12 @@ measured yet.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 
@@ -425,3 +428,44 @@ def _with_pass_times(chunk_ms: Mapping[int, float], pass_ms: Mapping[int, float]
         if batch not in out:
             out[int(batch)] = passes_per_chunk * float(ms) + overhead
     return out
+
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "h20-longlive-1.3b-nvlink"
+
+
+def available_profiles() -> list[str]:
+    """Names of the shipped profiles."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> LatencyProfile:
+    """A shipped profile by name (``profiles/<name>.json``) or any profile JSON file by path.
+
+    Raises :class:`ProfileError` naming the file and the field for anything malformed."""
+    path = _resolve(name_or_path)
+    source = str(path)
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(source, f"not valid JSON ({exc})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(source, f"cannot be read ({exc})") from exc
+    return profile_from_dict(raw, source=source)
+
+
+def save_profile(profile: LatencyProfile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".json" or candidate.exists():
+        if not candidate.is_file():
+            raise ProfileError(str(candidate), "no such file")
+        return candidate
+    shipped = PROFILE_DIR / f"{name_or_path}.json"
+    if not shipped.is_file():
+        known = ", ".join(available_profiles()) or "none"
+        raise ProfileError(str(name_or_path), f"no such profile (shipped: {known})")
+    return shipped

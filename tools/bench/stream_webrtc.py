@@ -1,5 +1,5 @@
 """The ``webrtc`` entry of ``turboserve bench stream``: the worker's H.264 passed through to
-loopback aiortc viewers (``POST /v1/sessions/{id}/webrtc``), as :mod:`services.bench_stream`
+loopback aiortc viewers (``POST /v1/sessions/{id}/webrtc``), as :mod:`tools.bench.stream`
 measures the other formats.
 
 - ``encode_ms``: the gateway's own work per chunk on this path, the chunk's fMP4 fragment
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from services.bench_stream import Encoded, Plan
+    from tools.bench.stream import Encoded, Plan
 
 # How long all viewers get to negotiate and connect before the first chunk.
 CONNECT_S = 30.0
@@ -99,7 +99,7 @@ class WebRtcViewer:
         from aiortc import RTCSessionDescription
         from aiortc.sdp import SessionDescription
 
-        from services.bench_stream import BenchError
+        from tools.bench.stream import BenchError
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = {"type": "offer", "sdp": self.pc.localDescription.sdp}
@@ -158,9 +158,9 @@ async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
     import msgspec
     import nats
 
-    from services.bench_stream import BenchError, _inject, chunk_message, gateway_process
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
+    from tools.bench.stream import BenchError, _inject, chunk_message, gateway_process
 
     settings = GatewaySettings.from_env(os.environ)
     viewers_n = plan.webrtc_viewers
@@ -172,7 +172,7 @@ async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
     drains: list[asyncio.Task[None]] = []
     async with gateway_process(settings, "bwebrtc") as (tag, port, http_url):
         async with aiohttp.ClientSession(http_url) as http:
-            from services.gateway.bench import _create_sessions
+            from tools.bench.gateway import _create_sessions
 
             sessions = await _create_sessions(http, min(plan.sessions, viewers_n))
             watching = [sessions[i % len(sessions)][0] for i in range(viewers_n)]

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
+    from shared.cli import fail
 
     if args.events < 10 or args.sessions < 1:
         return fail("bench control", "--events must be >= 10 and --sessions >= 1")
@@ -52,9 +52,9 @@ def run_on_infra(label: str, measure: Callable[[str, str], Awaitable[dict[str, A
                  format_table: Callable[[dict[str, Any]], str], json_out: str | None) -> int:
     """Run ``measure(nats_url, redis_url)`` on the NATS and Redis at TURBOSERVE_NATS_URL /
     TURBOSERVE_REDIS_URL (embedded ones where none answers), print its table, write its JSON."""
-    from services.cli import fail
-    from services.launcher import LaunchError, Mesh
+    from shared.cli import fail
     from shared.logging import configure_logging
+    from tools.launcher import LaunchError, Mesh
 
     configure_logging("error", "console", service="bench")
     mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
@@ -196,10 +196,10 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
 
     from services.gateway.service import GatewayService
     from services.gpu_worker.service import WorkerService
-    from services.launcher import free_port
     from shared.runner import running, subscriptions_live
     from shared.settings import GatewaySettings, WorkerSettings
     from shared.wire import Chunk, ChunkStreamMsg, decode
+    from tools.launcher import free_port
 
     env = _env(env["TURBOSERVE_NATS_URL"], env["TURBOSERVE_REDIS_URL"])
     port = free_port()

@@ -3,7 +3,7 @@ this machine, through the real protocol (registry CAS, offer, transfer, verify, 
 each state size; with the bandwidth of a raw loopback socket copy of the same bytes in the
 same run next to it.
 
-Two stand-in workers (``python -m services.gpu_worker.handoff.peer``: a ``HandoffEndpoint``
+Two stand-in workers (``python -m tools.handoff.peer``: a ``HandoffEndpoint``
 over a synthetic state host) move one session back and forth per size. Uses the NATS and
 Redis at ``TURBOSERVE_NATS_URL`` / ``TURBOSERVE_REDIS_URL`` when they answer, else starts its
 own (as ``turboserve up`` does). ``--device cuda`` puts the state on the GPU: both processes on
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
+    from shared.cli import fail
 
     try:
         options = _options(args)
@@ -129,11 +129,10 @@ async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int
     import nats
     import redis.asyncio as aioredis
 
-    from services.launcher import Mesh
     from shared.registry import Registry
     from shared.wire import Subjects
-
-    from . import harness
+    from tools.handoff import harness
+    from tools.launcher import Mesh
 
     mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
                 redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -185,7 +184,7 @@ async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int
 
 async def _shuttle(reports, session: str, pair: _Pair, epoch: int, repeats: int):
     """One warm-up round trip, then ``repeats`` timed handoffs back and forth."""
-    from .harness import HarnessError
+    from tools.handoff.harness import HarnessError
 
     done, first_use = [], []
     holder, other = pair.a, pair.b

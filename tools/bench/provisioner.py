@@ -1,4 +1,4 @@
-"""``python -m services.provisioner.bench``: what the provisioner costs the loop, on this host.
+"""``python -m tools.bench.provisioner``: what the provisioner costs the loop, on this host.
 
 Runs a provisioner (local backend) in-process against the NATS and Redis at
 ``TURBOSERVE_NATS_URL`` / ``TURBOSERVE_REDIS_URL`` (or embedded ones, as ``turboserve up``
@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.commands < 1 or args.workers < 0:
         print("bench provisioner: --commands >= 1 and --workers >= 0", file=sys.stderr)
         return 2
-    from services.launcher import Mesh
     from shared.logging import configure_logging
+    from tools.launcher import Mesh
 
     configure_logging("warning", "console", service="bench")
     mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
@@ -168,7 +168,7 @@ def _row(samples_ms: Sequence[float]) -> dict[str, float | int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.provisioner.bench",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.provisioner",
                                      description=__doc__.splitlines()[0])
     _arguments(parser)
     return run(parser.parse_args(argv))

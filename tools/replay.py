@@ -174,9 +174,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from services.cli import fail
-    from services.launcher import read_state
     from services.scheduler.sim.traceio import TraceError, load_trace
+    from shared.cli import fail
+    from tools.launcher import read_state
 
     if not args.speed > 0 or (args.duration is not None and not args.duration > 0):
         return fail("replay", "--speed and --duration must be > 0")
@@ -437,10 +437,10 @@ def compare_with_sim(result: dict[str, Any], events: list[tuple[float, str, str]
                      config: ReplayConfig) -> None:
     """Add ``sim`` (the simulator's figures for what was played, under the same keys) and
     ``error_pct`` to ``result``; the pool's facts come from the mesh's own account."""
-    from services.scheduler.core.profile import profile_from_dict
     from services.scheduler.shipped import load_rho_table
     from services.scheduler.sim.compare import error_pct, simulate_replay
     from services.scheduler.sim.traceio import make_trace
+    from shared.profile import profile_from_dict
 
     before = result.get("_before")
     status = (before or {}).get("scheduler")

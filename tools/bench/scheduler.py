@@ -39,9 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
-    from services.scheduler.core.profile import ProfileError
-    from services.scheduler.shipped import load_profile
+    from shared.cli import fail
+    from shared.profile import ProfileError, load_profile
 
     try:
         sizes = [int(x) for x in str(args.gpus).split(",") if x.strip()]
@@ -67,7 +66,7 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
               step_reports: bool = True) -> dict:
     from services.scheduler.core.policies import get_policy
     from services.scheduler.core.types import Event, EventKind
-    from services.scheduler.shipped import load_profile
+    from shared.profile import load_profile
 
     # min_gpus = G keeps the cluster at its size while it fills (an almost empty cluster would
     # rightly scale in); above G the controller scales out and back in freely.

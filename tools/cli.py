@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shared.cli import fail
+
 
 @dataclass(frozen=True)
 class Subcommand:
@@ -30,7 +32,7 @@ class Subcommand:
 # To add a subcommand: one row here, and ``register(subparsers)`` in its module, adding a
 # parser of the same name (tests/unit/test_cli.py holds the two to each other).
 TOP_LEVEL = (
-    Subcommand("up", "services.launcher",
+    Subcommand("up", "tools.launcher",
                "run the whole mesh locally (embedded NATS/Redis if none)"),
     Subcommand("gateway", "services.gateway.cli",
                "run the gateway: HTTP API, SSE, WebSocket, playground, dashboard "
@@ -44,28 +46,28 @@ TOP_LEVEL = (
                "inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]"),
     Subcommand("provisioner", "services.provisioner.cli",
                "run the provisioner (TURBOSERVE_* settings)"),
-    Subcommand("ctl", "services.ctl", "operator commands: status, migrate, drain, undrain, stop"),
-    Subcommand("replay", "services.replay",
+    Subcommand("ctl", "tools.ctl", "operator commands: status, migrate, drain, undrain, stop"),
+    Subcommand("replay", "tools.replay",
                "play a session trace against a running gateway (load generator)"),
-    Subcommand("chaos", "services.chaos", "a replay while components are killed at random"),
+    Subcommand("chaos", "tools.chaos", "a replay while components are killed at random"),
     Subcommand("sim", "services.scheduler.sim.cli",
                "traces, the discrete-event simulator, the profiler"),
 )
 BENCH = (
-    Subcommand("control", "services.bench_control",
+    Subcommand("control", "tools.bench.control",
                "the control plane's overhead (event to command)"),
-    Subcommand("pacing", "services.bench_pacing", "sessions on one worker at their playback pace"),
-    Subcommand("scheduler", "services.scheduler.bench",
+    Subcommand("pacing", "tools.bench.pacing", "sessions on one worker at their playback pace"),
+    Subcommand("scheduler", "tools.bench.scheduler",
                "time one scheduler controller step at 64..1024 GPUs"),
-    Subcommand("worker", "services.gpu_worker.bench",
+    Subcommand("worker", "tools.bench.worker",
                "benchmark the GPU worker's engine (chunk time per batch size)"),
-    Subcommand("migration", "services.gpu_worker.handoff.bench",
+    Subcommand("migration", "tools.bench.migration",
                "benchmark the session-state handoff between two worker processes"),
-    Subcommand("gateway", "services.gateway.bench",
+    Subcommand("gateway", "tools.bench.gateway",
                "SSE delivery latency (NATS publish to client receipt) with N clients"),
-    Subcommand("stream", "services.bench_stream",
+    Subcommand("stream", "tools.bench.stream",
                "JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery"),
-    Subcommand("provisioner", "services.provisioner.bench",
+    Subcommand("provisioner", "tools.bench.provisioner",
                "provisioner: command round trips, worker boots"),
 )
 BENCH_HELP = "benchmarks that print tables"
@@ -110,13 +112,6 @@ def _add(command: Subcommand, subparsers: argparse._SubParsersAction, *, load: b
         module.register(subparsers)
     else:
         subparsers.add_parser(command.name, help=command.help)
-
-
-def fail(command: str, message: object) -> int:
-    """Report a user error of ``turboserve <command>`` in one line on stderr (no traceback);
-    returns the exit code for it. Every subcommand reports bad input this way."""
-    print(f"turboserve {command}: {message}", file=sys.stderr)
-    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,7 +58,7 @@ class BenchUsageError(Exception):
 
 
 def _fail(message: str) -> int:
-    from services.cli import fail
+    from shared.cli import fail
 
     return fail("bench worker", message)
 
@@ -77,7 +77,7 @@ def _parse_batches(text: str) -> list[int]:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Everything that can be checked before building an engine, with a clear message."""
-    from .model.config import PRESETS
+    from services.gpu_worker.model.config import PRESETS
 
     if args.preset not in PRESETS:
         raise BenchUsageError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
@@ -148,16 +148,15 @@ def run_benchmark(
 ) -> dict[str, Any]:
     import torch
 
-    from . import telemetry
-    from .engine import Engine, EngineConfig
+    from services.gpu_worker import telemetry
+    from services.gpu_worker.engine import Engine, EngineConfig
 
     if chunks < 1:
         raise BenchUsageError(f"--chunks must be >= 1, got {chunks}")
 
+    from services.gpu_worker.model.checkpoint import CheckpointMismatch
+    from services.gpu_worker.model.folder import ModelFolderError
     from shared.settings import parse_resolution
-
-    from .model.checkpoint import CheckpointMismatch
-    from .model.folder import ModelFolderError
 
     size = parse_resolution(resolution) if resolution else None
     if resolution and size is None:
@@ -336,7 +335,7 @@ def format_table(report: dict[str, Any]) -> str:
 def build_profile(
     report: dict[str, Any], gpu_kind: str | None = None, deadline_ms: float | None = None
 ) -> dict[str, Any]:
-    """A profile in the scheduler's format (``services/scheduler/core/profile.py``).
+    """A profile in the scheduler's format (``shared/profile.py``).
 
     The table covers batch 1..max measured: measured points as is, linear in between, and made
     non-decreasing (timing noise can make a larger batch look faster; the scheduler's model
@@ -398,7 +397,7 @@ def _slug(text: str) -> str:
 def _validate_profile(profile: dict[str, Any]) -> str | None:
     """The scheduler's own loader's verdict, where that module is present."""
     try:
-        from services.scheduler.core.profile import ProfileError, profile_from_dict
+        from shared.profile import ProfileError, profile_from_dict
     except ImportError:
         return None
     try:

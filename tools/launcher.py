@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from services.proc import die_with_parent
+from shared.proc import die_with_parent
 from shared.security import (
     OPERATOR,
     PROVISIONER,
@@ -196,7 +196,7 @@ class Mesh:
                 child_env["TURBOSERVE_WORKER_LOG_DIR"] = str(self.log_dir)
             for name in SERVICES:
                 log_to = self.log_dir / f"{name}.log" if self.log_dir else None
-                self._spawn(name, [sys.executable, "-m", "services.cli", name],
+                self._spawn(name, [sys.executable, "-m", "tools.cli", name],
                             {**child_env, **self.service_env(name)}, log_to=log_to)
             _wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1], self.abort)
         except BaseException:

@@ -118,9 +118,9 @@ def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
     ``--redis-url`` flags, the ``TURBOSERVE_*`` environment, the state file of a running
     ``turboserve up`` (in ``--state-dir``, ``TURBOSERVE_STATE_DIR`` or ``~/.turboserve``).
     Never a default: with none of them there is no mesh to talk to (CtlError)."""
-    from services.launcher import STATE_FILE, read_state
-    from services.launcher import state_dir as default_state_dir
     from shared.settings import mask_url
+    from tools.launcher import STATE_FILE, read_state
+    from tools.launcher import state_dir as default_state_dir
 
     env = dict(os.environ if env is None else env)
     directory = Path(state_dir).expanduser() if state_dir else default_state_dir()
@@ -161,7 +161,7 @@ def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
+    from shared.cli import fail
     from shared.logging import configure_logging
     from shared.runner import ConnectError
     from shared.settings import CommonSettings

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from services.bench_control import _cleanup, _env, _p99, _scheduler, run_on_infra
+from tools.bench.control import _cleanup, _env, _p99, _scheduler, run_on_infra
 
 API_KEY = "bench-key-12345"
 
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
+    from shared.cli import fail
 
     if args.sessions < 1 or args.window <= 0 or args.stagger < 0 or args.newcomers < 0:
         return fail("bench pacing", "--sessions >= 1, --window > 0, --stagger >= 0, "
@@ -104,9 +104,9 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
 
     from services.gateway.service import GatewayService
     from services.gpu_worker.service import WorkerService
-    from services.launcher import free_port
     from shared.runner import running
     from shared.settings import DEFAULT_CHUNK_PERIOD_S, GatewaySettings, WorkerSettings
+    from tools.launcher import free_port
 
     env = _env(nats_url, redis_url)
     port = free_port()

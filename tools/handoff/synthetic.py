@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.types import SessionSnapshot
-from .codes import HandoffCode
-from .host import FrozenSession, HostRefused, Refusal
+from services.gpu_worker.engine.types import SessionSnapshot
+from services.gpu_worker.handoff.codes import HandoffCode
+from services.gpu_worker.handoff.host import FrozenSession, HostRefused, Refusal
 
 PRESET = "synthetic"
 MISC_NUMEL = 64

@@ -27,7 +27,7 @@ gateway would send (the event the gateway's own code makes, times the chunk rate
 
 WebRTC (``webrtc``): ``--webrtc-viewers`` loopback aiortc peers (default 4: each decodes the
 video, on the same CPUs as the gateway) offering H.264, so the worker's H.264 passes through;
-:mod:`services.bench_stream_webrtc` says what its figures are.
+:mod:`tools.bench.stream_webrtc` says what its figures are.
 
     turboserve bench stream --json stream.json
 """
@@ -127,7 +127,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
+    from shared.cli import fail
 
     try:
         plan = plan_of(args)
@@ -261,7 +261,7 @@ async def deliver(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
                         f"({limit}): not deliverable in one message; bytes/s is what the "
                         "gateway would send"}
     if fmt == "webrtc":
-        from services.bench_stream_webrtc import deliver_webrtc
+        from tools.bench.stream_webrtc import deliver_webrtc
 
         return await deliver_webrtc(encoded, plan)
     return await _through_gateway(fmt, encoded, plan)
@@ -289,8 +289,8 @@ async def gateway_process(settings: Any, prefix: str) -> AsyncIterator[tuple[str
     ``(tag, port, url)``; stopped and its streams and keys removed afterwards."""
     import aiohttp
 
-    from services.gateway.bench import _clean, _start_gateway, _wait_ready
-    from services.launcher import free_port
+    from tools.bench.gateway import _clean, _start_gateway, _wait_ready
+    from tools.launcher import free_port
 
     tag = prefix + uuid.uuid4().hex[:8]
     port = free_port()
@@ -315,9 +315,9 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, 
     import msgspec
     import nats
 
-    from services.gateway.bench import _create_sessions
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
+    from tools.bench.gateway import _create_sessions
 
     settings = GatewaySettings.from_env(os.environ)
     tally = Tally()
@@ -406,8 +406,8 @@ async def _sse_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
                       measuring: asyncio.Event, stop: asyncio.Event) -> None:
     """A bare SSE reader (the gateway bench's protocol): the latency measured is the
     gateway's, not an HTTP library's. It counts the body bytes it receives."""
-    from services.gateway.bench import Tally as GatewayTally
-    from services.gateway.bench import _SseClient
+    from tools.bench.gateway import Tally as GatewayTally
+    from tools.bench.gateway import _SseClient
 
     class Counting(_SseClient):
         def data_received(self, data: bytes) -> None:
@@ -498,7 +498,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
 
 
 async def webrtc_entry(encoded: Encoded, plan: Plan) -> dict[str, Any]:
-    from services.bench_stream_webrtc import pass_through_ms
+    from tools.bench.stream_webrtc import pass_through_ms
 
     times = await asyncio.to_thread(pass_through_ms, encoded, plan)
     delivered = await deliver("webrtc", encoded, plan)

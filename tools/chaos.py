@@ -55,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
-    from services.launcher import LaunchError
+    from shared.cli import fail
+    from tools.launcher import LaunchError
 
     kinds = tuple(k.strip() for k in args.only.split(",") if k.strip())
     unknown = sorted(set(kinds) - set(ACTIONS))
@@ -139,7 +139,7 @@ class Stage:
 async def chaos(duration_s: float, seed: int, sessions: int, actions: int,
                 kinds: tuple[str, ...] = ACTIONS, progress: Any = None,
                 logs: str | None = None) -> dict[str, Any]:
-    from services.replay import ReplayConfig, replay
+    from tools.replay import ReplayConfig, replay
 
     stage = await asyncio.to_thread(_start, seed, logs)
     taken: list[dict[str, Any]] = []
@@ -179,7 +179,7 @@ async def chaos(duration_s: float, seed: int, sessions: int, actions: int,
 
 
 def _start(seed: int, logs: str | None = None) -> Stage:
-    from services.launcher import Mesh, free_port
+    from tools.launcher import Mesh, free_port
 
     workdir = Path(logs) if logs else Path(tempfile.mkdtemp(prefix="turboserve-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def _start(seed: int, logs: str | None = None) -> Stage:
         stage.components[name].env = {**child, "TURBOSERVE_PORT": str(mesh.port)}
     # A second gateway and a standby scheduler.
     port = free_port()
-    second = Component("gateway2", [sys.executable, "-m", "services.cli", "gateway"],
+    second = Component("gateway2", [sys.executable, "-m", "tools.cli", "gateway"],
                        {**child, "TURBOSERVE_PORT": str(port)}, None,  # type: ignore[arg-type]
                        workdir / "gateway2.log")
     second.start()
@@ -222,7 +222,7 @@ def _add_scheduler(stage: Stage, env: dict[str, str]) -> None:
 
     stage.schedulers += 1
     name = f"scheduler{stage.schedulers + 1}"
-    comp = Component(name, [_sys.executable, "-m", "services.cli", "scheduler"],
+    comp = Component(name, [_sys.executable, "-m", "tools.cli", "scheduler"],
                      {**env, "TURBOSERVE_SCHEDULER_ID": name}, None,  # type: ignore[arg-type]
                      stage.workdir / f"{name}.log")
     comp.start()

@@ -3,7 +3,7 @@ by ordinary worker commands on ``<prefix>.worker.<id>.cmd`` (requests, answered 
 ``CommandReply``). ``turboserve bench migration`` runs two of them; the integration tests run
 them to kill one mid-handoff.
 
-    python -m services.gpu_worker.handoff.peer [--device cpu] [--checksum]
+    python -m tools.handoff.peer [--device cpu] [--checksum]
 
 Settings come from the usual ``TURBOSERVE_*`` variables (worker id, NATS, Redis, prefix,
 namespace, ``TURBOSERVE_HANDOFF_*``). Commands:
@@ -22,12 +22,11 @@ import sys
 
 from nats.aio.msg import Msg
 
+from services.gpu_worker.handoff.endpoint import HandoffEndpoint
 from shared.runner import ServiceContext, run_service
 from shared.settings import SettingsError, WorkerSettings
 from shared.wire import CommandReply, WorkerCmdKind, WorkerCommand, decode_or_drop, encode
-
-from .endpoint import HandoffEndpoint
-from .synthetic import Layout, SyntheticHost
+from tools.handoff.synthetic import Layout, SyntheticHost
 
 _DEFAULT_LAYOUT = Layout(nbytes=1 << 20)
 
@@ -88,7 +87,7 @@ class PeerService:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.gpu_worker.handoff.peer",
+    parser = argparse.ArgumentParser(prog="python -m tools.handoff.peer",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")

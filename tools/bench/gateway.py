@@ -112,7 +112,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli import fail
+    from shared.cli import fail
 
     try:
         plan = plan_of(args)
@@ -155,7 +155,7 @@ def _frame(width: int, height: int) -> bytes:
 
 
 async def bench(plan: Plan) -> dict[str, Any]:
-    from services.launcher import LaunchError, Mesh, free_port
+    from tools.launcher import LaunchError, Mesh, free_port
 
     infra = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
                  redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -190,7 +190,7 @@ def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subpro
         "TURBOSERVE_IDLE_AFTER_S": "3600",
         "TURBOSERVE_READY_WITHOUT_WORKERS": "true",  # no worker: the bench publishes the chunks
     }
-    return subprocess.Popen([sys.executable, "-m", "services.cli", "gateway"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "tools.cli", "gateway"], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
