@@ -12,6 +12,7 @@ import math
 import os
 import re
 import socket
+from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self, get_type_hints
@@ -19,6 +20,9 @@ from typing import Any, ClassVar, Self, get_type_hints
 from shared.wire import Subjects, valid_id
 
 ENV_PREFIX = "TURBOSERVE_"
+# NATS and Redis on this host: where every service and tool looks when no URL is set.
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_FORMATS = ("auto", "json", "console")
 
@@ -55,8 +59,8 @@ class CommonSettings:
     SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset()
     URL_FIELDS: ClassVar[frozenset[str]] = frozenset({"nats_url", "redis_url"})
 
-    nats_url: str = "nats://127.0.0.1:4222"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    nats_url: str = DEFAULT_NATS_URL
+    redis_url: str = DEFAULT_REDIS_URL
     subject_prefix: str = "ts"
     # Redis key namespace; lets several deployments (or test runs) share one Redis.
     redis_namespace: str = "ts"
@@ -92,6 +96,13 @@ class CommonSettings:
         settings = cls(**values)
         settings.validate()
         return settings
+
+    @classmethod
+    def given(cls, env: Mapping[str, str] | None = None) -> frozenset[str]:
+        """The fields the environment sets (a non-empty ``TURBOSERVE_<FIELD>``): tells a value
+        given from its default (``ctl`` looks elsewhere for a URL nobody gave)."""
+        env = os.environ if env is None else env
+        return frozenset(f.name for f in fields(cls) if env.get(ENV_PREFIX + f.name.upper()))
 
     def validate(self) -> None:
         faults = self._faults()
@@ -541,3 +552,60 @@ class ProvisionerSettings(CommonSettings):
             faults.append(f"TURBOSERVE_K8S_NAMESPACE={self.k8s_namespace!r}: a Kubernetes "
                           "namespace name")
         return faults
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class ToolSettings(CommonSettings):
+    """What the command-line tools read (``up``, ``ctl``, ``replay``, ``chaos``, the benches):
+    the mesh's settings, and those of the services ``up`` starts that it reports itself."""
+
+    SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"api_key", "api_keys", "api_token", "operator_key"})
+
+    # Where ``turboserve up`` keeps its state file and logs; empty: ~/.turboserve.
+    state_dir: str = ""
+    # The gateway ``up`` starts: its address and port.
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # The pool ``up`` starts: workers at start and the most the autoscaler may grow it to.
+    min_workers: int = 1
+    max_workers: int = 4
+    # The GPU kind CPU workers emulate; none: ``up`` decides (H20 where there is no GPU).
+    emulate: str | None = None
+    # How long ``up`` waits for its first worker (the provisioner's setting of the same name).
+    boot_timeout_s: float = 300.0
+    # The key ``replay`` calls the gateway with.
+    api_key: str = ""
+    # The gateway's keys (see GatewaySettings): ``up`` makes a local one when none is set.
+    api_keys: str = ""
+    api_keys_file: str | None = None
+    api_token: str = ""
+    operator_key: str = ""
+
+    def _faults(self) -> list[str]:
+        faults = CommonSettings._faults(self)
+        if not 0 <= self.port <= 65535:
+            faults.append(f"TURBOSERVE_PORT={self.port}: must be 0-65535")
+        if self.min_workers < 0:
+            faults.append("TURBOSERVE_MIN_WORKERS: must be >= 0")
+        if self.max_workers < 1:
+            faults.append("TURBOSERVE_MAX_WORKERS: must be >= 1")
+        if not 0 < self.boot_timeout_s < math.inf:
+            faults.append("TURBOSERVE_BOOT_TIMEOUT_S: must be a finite number > 0")
+        return faults
+
+    @property
+    def state_path(self) -> Path:
+        """The folder of ``up``'s state file: ``state_dir``, else ~/.turboserve."""
+        return Path(self.state_dir).expanduser() if self.state_dir else Path.home() / ".turboserve"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class SuiteSettings(CommonSettings):
+    """What the test suite reads: the NATS and Redis its integration tests use, and how the
+    browser tests behave."""
+
+    # Without chromium the browser tests fail (instead of being skipped).
+    require_browser: bool = False
+    # A folder where the browser tests save their pages as PNGs; empty: none saved.
+    screenshot_dir: str = ""
