@@ -12,9 +12,9 @@ import math
 import os
 import re
 import socket
-from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, ClassVar, Self, get_type_hints
 
 from shared.wire import Subjects, valid_id
