@@ -147,16 +147,3 @@ async def read_sse(resp: aiohttp.ClientResponse, want: int, timeout: float = 20.
             field, _, value = line.partition(":")
             current[field] = value.lstrip(" ")
     return events
-
-
-async def eventually(check, timeout: float = 10.0, interval: float = 0.05) -> Any:
-    """Poll ``check`` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(interval)

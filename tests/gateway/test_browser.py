@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.eventually import eventually_sync
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY
 from tools.launcher import Mesh, free_port
 
@@ -98,16 +99,6 @@ def mesh(infra, driver) -> Iterator[Mesh]:  # driver first: no mesh is started t
     asyncio.run(_clean(infra, tag))
 
 
-def wait_for(check, within_s: float = 90, what: str = "condition"):
-    deadline = time.monotonic() + within_s
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{what} not met within {within_s} s"
-        time.sleep(0.2)
-
-
 def log_lines(d) -> list[str]:
     return [li.text for li in d.find_elements("css selector", "#log li")]
 
@@ -167,13 +158,15 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
     prompt.send_keys("a red fox running through fresh snow")
     d.find_element("id", "start").click()
     # textContent, not .text: the heading is shown in upper case
-    session_id = wait_for(lambda: d.find_element("id", "session-id").get_attribute("textContent"),
-                          what="a session id")
+    session_id = eventually_sync(
+        lambda: d.find_element("id", "session-id").get_attribute("textContent"),
+        timeout=90, what="a session id")
     assert not d.find_element("id", "start-error").text
 
     # the video plays the stream's fragments
-    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 12, what="frames shown")
-    wait_for(lambda: video_has_a_picture(d), within_s=10, what="a picture in the video")
+    eventually_sync(lambda: int(d.find_element("id", "frames-drawn").text) >= 12,
+                    timeout=90, what="frames shown")
+    eventually_sync(lambda: video_has_a_picture(d), timeout=10, what="a picture in the video")
     assert not d.find_element("id", "screen").is_displayed()
     assert float(d.find_element("id", "latency").text) >= 0  # per-chunk latency shown
     assert any("placed" in line for line in log_lines(d))
@@ -182,50 +175,60 @@ def test_playground_plays_and_steers_and_the_dashboard_lists_the_session(driver,
     box = d.find_element("id", "new-prompt")
     box.send_keys("a wolf howling at the moon")
     d.find_element("id", "send-prompt").click()
-    ack = wait_for(lambda: [x for x in log_lines(d) if x.startswith("prompt")], what="prompt ack")
+    ack = eventually_sync(lambda: [x for x in log_lines(d) if x.startswith("prompt")],
+                          timeout=90, what="prompt ack")
     assert "from seq" in ack[0], ack
     before = int(d.find_element("id", "frames-drawn").text)
-    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) > before + 12, what="more frames")
+    eventually_sync(lambda: int(d.find_element("id", "frames-drawn").text) > before + 12,
+                    timeout=90, what="more frames")
     screenshot(d, "playground.png", settle_s=5)
 
     # the dashboard, in a second tab, lists the session on its worker
     playground = d.current_window_handle
     d.switch_to.new_window("tab")
     d.get(f"{mesh.gateway_url}/dashboard#key={OPERATOR_KEY}")
-    wait_for(lambda: d.find_elements("css selector", f'[data-session="{session_id}"]'),
-             what=f"the session on the dashboard (error shown: {d.find_element('id', 'error').text!r}; "
-                  f"workers: {d.find_element('id', 'workers').text!r})")
+
+    def session_listed() -> list[Any]:
+        listed = d.find_elements("css selector", f'[data-session="{session_id}"]')
+        assert listed, (f"error shown: {d.find_element('id', 'error').text!r}; "
+                        f"workers: {d.find_element('id', 'workers').text!r}")
+        return listed
+
+    eventually_sync(session_listed, timeout=90, what="the session on the dashboard")
     card = d.find_element("css selector", ".card[data-worker]")
     assert "ready" in card.text and "load" in card.text
     assert d.find_element("id", "n-sessions").text == "1"
     assert not d.find_element("id", "error").text
-    wait_for(lambda: d.execute_script(
+    eventually_sync(lambda: d.execute_script(
         "return document.getElementById('latency-chart').getContext('2d')"
         ".getImageData(0, 0, 1200, 160).data.some((v, i) => i % 4 === 3 && v > 0)"),
-        what="the latency chart drawn")
+        timeout=90, what="the latency chart drawn")
     screenshot(d, "dashboard.png", settle_s=20)
 
     # back to the playground: pause, resume, close
     d.switch_to.window(playground)
     d.find_element("id", "pause").click()
-    wait_for(lambda: [x for x in log_lines(d) if x.startswith("pause")], what="pause ack")
+    eventually_sync(lambda: [x for x in log_lines(d) if x.startswith("pause")],
+                    timeout=90, what="pause ack")
     # no chunks while suspended: the video runs dry and waits for its buffer again
-    wait_for(lambda: d.execute_script("return window.turboserveVideo.rebuffers") >= 1,
-             within_s=15, what="the video run dry while paused")
+    eventually_sync(lambda: d.execute_script("return window.turboserveVideo.rebuffers") >= 1,
+                    timeout=15, what="the video run dry while paused")
     d.find_element("id", "resume").click()
-    wait_for(lambda: [x for x in log_lines(d) if x.startswith("resume")], what="resume ack")
+    eventually_sync(lambda: [x for x in log_lines(d) if x.startswith("resume")],
+                    timeout=90, what="resume ack")
     resumed_at = video_time(d)
-    wait_for(lambda: video_time(d) > resumed_at + 1, within_s=20, what="the video playing on")
+    eventually_sync(lambda: video_time(d) > resumed_at + 1, timeout=20, what="the video playing on")
     d.find_element("id", "close").click()
-    wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
-    (closed,) = wait_for(lambda: [x for x in log_lines(d) if x.startswith("close")],
-                         what="close ack")
+    eventually_sync(lambda: d.find_element("id", "state").text == "closed",
+                    timeout=90, what="closed")
+    (closed,) = eventually_sync(lambda: [x for x in log_lines(d) if x.startswith("close")],
+                                timeout=90, what="close ack")
     assert closed.startswith("close closed after seq ") and "not confirmed" not in closed, closed
 
     # the dashboard drops it
     d.switch_to.window(d.window_handles[-1])
-    wait_for(lambda: not d.find_elements("css selector", f'[data-session="{session_id}"]'),
-             what="the session gone from the dashboard")
+    eventually_sync(lambda: not d.find_elements("css selector", f'[data-session="{session_id}"]'),
+                    timeout=90, what="the session gone from the dashboard")
 
 
 def test_dashboard_without_the_operator_key_says_so(driver, mesh):
@@ -234,7 +237,8 @@ def test_dashboard_without_the_operator_key_says_so(driver, mesh):
     d.execute_script("localStorage.clear()")
     d.get("about:blank")  # a new document: the page reads its key again
     d.get(f"{mesh.gateway_url}/dashboard#key=wrong")
-    error = wait_for(lambda: d.find_element("id", "error").text, what="an error shown")
+    error = eventually_sync(lambda: d.find_element("id", "error").text,
+                            timeout=90, what="an error shown")
     assert "unauthorized" in error
 
 
@@ -244,16 +248,17 @@ def test_the_video_goes_on_after_the_socket_drops(driver, mesh):
     d = driver
     open_playground(d, mesh.gateway_url)
     d.find_element("id", "start").click()
-    wait_for(lambda: video_time(d) > 0 and video_has_a_picture(d), within_s=60,
-             what="the video playing")
+    eventually_sync(lambda: video_time(d) > 0 and video_has_a_picture(d), timeout=60,
+                    what="the video playing")
     appended = d.execute_script("return window.turboserveVideo.appended")
     d.execute_script("socket.close()")  # the page's own socket (a top-level binding)
-    wait_for(lambda: [x for x in log_lines(d) if x.startswith("socket")], within_s=5,
-             what="the drop noticed")
+    eventually_sync(lambda: [x for x in log_lines(d) if x.startswith("socket")], timeout=5,
+                    what="the drop noticed")
     dropped_at = video_time(d)
-    wait_for(lambda: d.execute_script("return window.turboserveVideo.appended") > appended + 3,
-             within_s=20, what="fragments after the reconnect")
-    wait_for(lambda: video_time(d) > dropped_at + 2, within_s=10, what="the video playing on")
+    eventually_sync(
+        lambda: d.execute_script("return window.turboserveVideo.appended") > appended + 3,
+        timeout=20, what="fragments after the reconnect")
+    eventually_sync(lambda: video_time(d) > dropped_at + 2, timeout=10, what="the video playing on")
     samples = d.execute_script("return window.turboserveVideo.samples")
     around = [s for s in samples if s[1] >= dropped_at - 1]
     figures = video_playback(around, (around[-1][0] - around[0][0]) / 1000)
@@ -261,7 +266,8 @@ def test_the_video_goes_on_after_the_socket_drops(driver, mesh):
           f"{figures['seeks']} seeks, {figures['advance_s']:.2f} s advanced")
     assert not [x for x in log_lines(d) if x.startswith("format")]  # no fallback to JPEG
     d.find_element("id", "close").click()
-    wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
+    eventually_sync(lambda: d.find_element("id", "state").text == "closed",
+                    timeout=90, what="closed")
 
 
 def test_the_playground_falls_back_to_jpeg_where_the_codec_cannot_play(driver, mesh):
@@ -273,14 +279,15 @@ def test_the_playground_falls_back_to_jpeg_where_the_codec_cannot_play(driver, m
     try:
         open_playground(d, mesh.gateway_url)
         d.find_element("id", "start").click()
-        wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 12, within_s=60,
-                 what="frames drawn")
+        eventually_sync(lambda: int(d.find_element("id", "frames-drawn").text) >= 12, timeout=60,
+                        what="frames drawn")
         (fallback,) = [x for x in log_lines(d) if x.startswith("format")]
         assert "video/mp4" in fallback and "JPEG frames" in fallback, fallback
         assert canvas_has_a_picture(d) and not d.find_element("id", "video").is_displayed()
         assert d.execute_script("return window.turboserveVideo.appended") == 0
         d.find_element("id", "close").click()
-        wait_for(lambda: d.find_element("id", "state").text == "closed", what="closed")
+        eventually_sync(lambda: d.find_element("id", "state").text == "closed",
+                        timeout=90, what="closed")
     finally:
         d.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
                           {"identifier": script["identifier"]})
@@ -320,12 +327,12 @@ def test_the_playground_draws_without_a_freeze_at_the_emulated_period(driver, em
     open_playground(d, emulated_mesh.gateway_url, "&format=jpeg")
     assert d.find_element("id", "format").get_attribute("value") == "jpeg"
     d.find_element("id", "start").click()
-    wait_for(lambda: int(d.find_element("id", "frames-drawn").text) >= 1, within_s=120,
-             what="a first frame drawn")
+    eventually_sync(lambda: int(d.find_element("id", "frames-drawn").text) >= 1, timeout=120,
+                    what="a first frame drawn")
     assert canvas_has_a_picture(d) and not d.find_element("id", "video").is_displayed()
     first = d.execute_script("return window.turboservePlayback.times[0]")
-    wait_for(lambda: d.execute_script("return performance.now()") - first >= PLAY_S * 1000,
-             within_s=PLAY_S + 30, what=f"{PLAY_S:.0f} s of playback")
+    eventually_sync(lambda: d.execute_script("return performance.now()") - first >= PLAY_S * 1000,
+                    timeout=PLAY_S + 30, what=f"{PLAY_S:.0f} s of playback")
     stats = d.execute_script("return window.turboservePlayback")
     times, intervals = stats["times"], stats["intervals"]
     kept = [(b - a, nominal) for a, b, nominal in zip(times, times[1:], intervals, strict=False)
@@ -376,19 +383,20 @@ def test_the_playground_plays_the_video_steadily_at_the_emulated_period(driver, 
     d = driver
     open_playground(d, emulated_mesh.gateway_url)
     d.find_element("id", "start").click()
-    wait_for(lambda: d.execute_script(
+    eventually_sync(lambda: d.execute_script(
         "const s = window.turboserveVideo.samples;"
-        "return s.length > 1 && s[s.length - 1][1] > s[0][1]"), within_s=120,
+        "return s.length > 1 && s[s.length - 1][1] > s[0][1]"), timeout=120,
         what="the video playing")
     began = time.monotonic()
-    wait_for(lambda: time.monotonic() - began >= VIDEO_PLAY_S * 0.4, within_s=VIDEO_PLAY_S,
-             what="the first part of the playback")
+    eventually_sync(lambda: time.monotonic() - began >= VIDEO_PLAY_S * 0.4, timeout=VIDEO_PLAY_S,
+                    what="the first part of the playback")
     box = d.find_element("id", "new-prompt")
     box.send_keys("a storm over a dark sea")
     d.find_element("id", "send-prompt").click()
-    wait_for(lambda: [x for x in log_lines(d) if x.startswith("prompt")], what="prompt ack")
-    wait_for(lambda: time.monotonic() - began >= VIDEO_PLAY_S + 1, within_s=VIDEO_PLAY_S + 5,
-             what=f"{VIDEO_PLAY_S:.0f} s of playback")
+    eventually_sync(lambda: [x for x in log_lines(d) if x.startswith("prompt")],
+                    timeout=90, what="prompt ack")
+    eventually_sync(lambda: time.monotonic() - began >= VIDEO_PLAY_S + 1, timeout=VIDEO_PLAY_S + 5,
+                    what=f"{VIDEO_PLAY_S:.0f} s of playback")
     stats = d.execute_script("return window.turboserveVideo")
     figures = video_playback(stats["samples"], VIDEO_PLAY_S)
     page_seeks = [s for s in stats["seeks"] if s[0] > figures["start_ms"]]

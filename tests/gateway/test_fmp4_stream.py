@@ -15,7 +15,8 @@ import pytest
 
 from services.gpu_worker.fmp4 import chunk_start_s, decode_fragment, encode_chunk
 from shared.wire import Chunk, encode
-from tests.gateway.conftest import bearer, create, eventually, jpeg, read_sse
+from tests.eventually import eventually
+from tests.gateway.conftest import bearer, create, jpeg, read_sse
 
 pytestmark = pytest.mark.integration
 

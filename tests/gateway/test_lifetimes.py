@@ -13,7 +13,8 @@ import pytest
 from services.gateway import lifetimes
 from services.gateway.store import Activity
 from shared.states import SessionState
-from tests.gateway.conftest import bearer, create, eventually, read_sse, run_gateway
+from tests.eventually import eventually
+from tests.gateway.conftest import bearer, create, read_sse, run_gateway
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ import pytest
 from services.gateway import control
 from shared.states import SessionState
 from shared.wire import NoticeKind
-from tests.gateway.conftest import bearer, create, eventually, read_sse, run_gateway
+from tests.eventually import eventually
+from tests.gateway.conftest import bearer, create, read_sse, run_gateway
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,8 @@ from services.gateway.webrtc import PEERS
 from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
 from shared.states import SessionState
 from shared.wire import NoticeKind
-from tests.gateway.conftest import bearer, create, eventually, jpeg, run_gateway
+from tests.eventually import eventually
+from tests.gateway.conftest import bearer, create, jpeg, run_gateway
 from tests.gateway.test_fmp4_stream import HEIGHT as F_HEIGHT
 from tests.gateway.test_fmp4_stream import WIDTH as F_WIDTH
 from tests.gateway.test_fmp4_stream import _frames, publish

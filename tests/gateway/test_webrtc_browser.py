@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from shared.wire import NoticeKind
-from tests.gateway.conftest import create, eventually
+from tests.eventually import eventually
+from tests.gateway.conftest import create
 from tests.gateway.test_browser import chromium
 from tests.gateway.test_fmp4_stream import HEIGHT, PERIOD_S, WIDTH, _claimed, _viewers, publish
 
