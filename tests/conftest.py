@@ -7,22 +7,19 @@ as ``turboserve up`` would.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from shared.settings import SuiteSettings
 from tools.launcher import Mesh
 
 
 @pytest.fixture(scope="session")
 def infra() -> Iterator[Mesh]:
-    mesh = Mesh(
-        nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
-        redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        quiet=True,
-    )
+    settings = SuiteSettings.from_env()
+    mesh = Mesh(nats_url=settings.nats_url, redis_url=settings.redis_url, quiet=True)
     mesh.start_infra()
     yield mesh
     mesh.stop()

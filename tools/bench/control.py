@@ -54,7 +54,7 @@ def run_on_infra(label: str, measure: Callable[[str, str], Awaitable[dict[str, A
     TURBOSERVE_REDIS_URL (embedded ones where none answers), print its table, write its JSON."""
     from shared.cli import fail
     from shared.logging import configure_logging
-    from tools.launcher import LaunchError, Mesh
+    from tools.launcher import MeshStartError, Mesh
 
     configure_logging("error", "console", service="bench")
     mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
@@ -63,7 +63,7 @@ def run_on_infra(label: str, measure: Callable[[str, str], Awaitable[dict[str, A
     try:
         mesh.start_infra()
         result = asyncio.run(measure(mesh.nats_url, mesh.redis_url))
-    except (LaunchError, RuntimeError, TimeoutError, OSError) as exc:
+    except (MeshStartError, RuntimeError, TimeoutError, OSError) as exc:
         return fail(label, str(exc) or "timed out")
     finally:
         mesh.stop()

@@ -155,14 +155,14 @@ def _frame(width: int, height: int) -> bytes:
 
 
 async def bench(plan: Plan) -> dict[str, Any]:
-    from tools.launcher import LaunchError, Mesh, free_port
+    from tools.launcher import MeshStartError, Mesh, free_port
 
     infra = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
                  redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
                  quiet=True)
     try:
         infra.start_infra()
-    except LaunchError as exc:
+    except MeshStartError as exc:
         raise BenchError(str(exc)) from None
     tag = "bench" + uuid.uuid4().hex[:8]
     port = free_port()
