@@ -4,8 +4,6 @@ checks every test repeats."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 
 import nats
@@ -78,16 +76,3 @@ def assert_state(worker: Worker, session_id: str, seed: int, chunks: int,
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-
-
-async def eventually(check, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout:.0f}s")
-        await asyncio.sleep(0.05)

@@ -3,10 +3,8 @@ its core is the real policy core, its view rebuilt from the registry as a new le
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from services.scheduler.core.loop import Controller
@@ -43,12 +41,3 @@ async def leading(ctx: ServiceContext, env: dict[str, str], *, tick_s: float = 0
         yield live, controller
     finally:
         await live.stop()
-
-
-async def until(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str,
-                poll: float = 0.05) -> None:
-    """Wait for an async ``predicate``, failing the test with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(poll)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from services.gpu_worker.fmp4 import decode_fragment
+from tests.eventually import eventually
 from tests.integration.test_migration_live import PERIOD, assert_consecutive, stop
 from tests.integration.test_worker_crash import by_seq, run_crash
 from tests.integration.worker_harness import (
     mesh_context,
     start_session,
-    wait_until,
     worker_processes,
 )
 from tools.ctl import Ctl
@@ -44,10 +44,10 @@ async def test_fragments_decode_alone_and_keep_their_timeline_across_a_migration
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
         await start_session(ctx, "wa", "moved", prompt="a paper boat on a river", seed=7)
-        await wait_until(lambda: len(rx.chunks["moved"]) >= 4, 30, "chunks on wa")
+        await eventually(lambda: len(rx.chunks["moved"]) >= 4, 30, "chunks on wa")
         report = await Ctl(ctx).migrate("moved", "wb", 30)
         assert report["ok"]
-        await wait_until(lambda: len(rx.chunks["moved"]) >= 10, 30, "chunks on wb")
+        await eventually(lambda: len(rx.chunks["moved"]) >= 10, 30, "chunks on wb")
         await stop(ctx, "moved")
     assert_consecutive(rx, "moved")
     chunks = [c for _, c in rx.chunks["moved"]][:10]

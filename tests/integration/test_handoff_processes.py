@@ -12,11 +12,12 @@ from services.gpu_worker.handoff.codes import HandoffCode
 from shared.registry import Registry
 from shared.states import SessionState
 from shared.wire import Subjects, WorkerCmdKind, WorkerCommand
+from tests.eventually import eventually
 from tools.handoff import harness
 from tools.handoff.synthetic import Layout
 
 from .handoff_child import EXIT_CODE
-from .handoff_support import assert_state, eventually, migrate, place, start_worker
+from .handoff_support import assert_state, migrate, place, start_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

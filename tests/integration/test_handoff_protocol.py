@@ -16,8 +16,9 @@ from services.gpu_worker.handoff.transports import GlooTransport, TransferError
 from shared.registry import Registry
 from shared.states import SessionState
 from shared.wire import HandoffAnswer, MigrationReport, decode
+from tests.eventually import eventually
 
-from .handoff_support import assert_state, eventually, migrate, place, start_worker
+from .handoff_support import assert_state, migrate, place, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -227,7 +228,7 @@ async def test_source_abort_wins_over_a_late_destination(infra, isolation, regis
         report = await a.ep.migrate(migrate(a, b, "s1", epoch))
         source_gave_up.set()
         assert not report.ok and report.code == HandoffCode.TIMEOUT
-        await eventually(lambda: not b.ep._tasks, what="the destination to give up")
+        await eventually(lambda: not b.ep._tasks, timeout=15, what="the destination to give up")
         await assert_back_on_source(registry, a, b, "s1", epoch)
     finally:
         await a.close()

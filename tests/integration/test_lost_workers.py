@@ -10,7 +10,8 @@ import pytest
 
 from shared.registry import WorkerRecord
 from shared.wire import WorkerStatus
-from tests.integration.scheduler_harness import leading, until
+from tests.eventually import eventually
+from tests.integration.scheduler_harness import leading
 from tests.integration.worker_harness import mesh_context
 from tools.ctl import Ctl, format_status
 
@@ -39,14 +40,14 @@ async def test_a_lost_worker_is_shown_lost_without_sessions_then_forgotten(env):
                                                     sessions=tuple(sids), active=3), ttl_s=0.6)
         await registry.register_worker(WorkerRecord("w-ghost", WorkerStatus.BOOTING, capacity=4),
                                        ttl_s=0.6)
-        await until(lambda: _true("w-dead" in live.workers), 5, "the scheduler takes the worker in")
+        await eventually(lambda: "w-dead" in live.workers, 5, "the scheduler takes the worker in")
 
         async def both_lost() -> bool:
             records = {w.id: w for w in await registry.workers()}
             return all(wid in records and records[wid].status is WorkerStatus.LOST
                        for wid in ("w-dead", "w-ghost"))
 
-        await until(both_lost, 8, "both workers shown lost")
+        await eventually(both_lost, 8, "both workers shown lost")
         status = await Ctl(ctx).status()
         shown = {w["id"]: w for w in status["workers"]}
         for wid in ("w-dead", "w-ghost"):
@@ -63,7 +64,7 @@ async def test_a_lost_worker_is_shown_lost_without_sessions_then_forgotten(env):
             ids = {w.id for w in await registry.workers()}
             return not ids & {"w-dead", "w-ghost"}
 
-        await until(forgotten, SHOWN_S + 4, "lost workers dropped from view")
+        await eventually(forgotten, SHOWN_S + 4, "lost workers dropped from view")
         members = await ctx.redis.smembers(registry.workers_key)
         assert not {m.decode() for m in members} & {"w-dead", "w-ghost"}
 
@@ -80,7 +81,3 @@ async def test_a_worker_shown_lost_that_beats_again_is_kept(env):
         records = {w.id: w for w in await registry.workers()}
         assert records["w-back"].status is WorkerStatus.READY and records["w-back"].alive
         assert "w-never" not in records
-
-
-async def _true(value: bool) -> bool:
-    return value

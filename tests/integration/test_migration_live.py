@@ -15,12 +15,12 @@ import pytest
 
 from shared.states import SessionState
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
+from tests.eventually import eventually
 from tests.integration.worker_harness import (
     Received,
     mesh_context,
     send,
     start_session,
-    wait_until,
     worker_processes,
 )
 from tools.ctl import Ctl, CtlError, format_status, status_json
@@ -54,14 +54,14 @@ async def test_a_migrated_session_continues_seamlessly_with_the_frames_it_would_
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
         ctl = Ctl(ctx)
         await start_session(ctx, "wa", "moved", prompt="a paper boat on a river", seed=7)
-        await wait_until(lambda: len(rx.chunks["moved"]) >= 4, 30, "chunks on wa")
+        await eventually(lambda: len(rx.chunks["moved"]) >= 4, 30, "chunks on wa")
         report = await ctl.migrate("moved", "wb", 30)
         assert report["ok"] and report["src"] == "wa" and report["dst"] == "wb"
-        await wait_until(lambda: len(rx.chunks["moved"]) >= 12, 30, "chunks on wb")
+        await eventually(lambda: len(rx.chunks["moved"]) >= 12, 30, "chunks on wb")
         await stop(ctx, "moved")
         # The same session (prompt, seed) without a move, alone on wa as "moved" was.
         await start_session(ctx, "wa", "still", prompt="a paper boat on a river", seed=7)
-        await wait_until(lambda: len(rx.chunks["still"]) >= 12, 30, "reference chunks")
+        await eventually(lambda: len(rx.chunks["still"]) >= 12, 30, "reference chunks")
         await stop(ctx, "still")
         record = await ctx.registry.get_session("moved")
     moved = [c for _, c in rx.chunks["moved"]][:12]
@@ -85,7 +85,7 @@ async def test_refused_migrations_leave_the_session_streaming_on_its_worker(env)
         ctl = Ctl(ctx)
         epoch = await start_session(ctx, "wa", "s")
         await start_session(ctx, "wb", "filler")
-        await wait_until(lambda: len(rx.chunks["s"]) >= 3 and rx.chunks["filler"], 30, "chunks")
+        await eventually(lambda: len(rx.chunks["s"]) >= 3 and rx.chunks["filler"], 30, "chunks")
         # 1. The target is full.
         with pytest.raises(CtlError, match="full"):
             await ctl.migrate("s", "wb", 30)
@@ -101,7 +101,7 @@ async def test_refused_migrations_leave_the_session_streaming_on_its_worker(env)
             await ctl.migrate("s", "wb", 30)
         await ctl.command("wb", WorkerCommand(kind=WorkerCmdKind.UNDRAIN, worker_id="wb"))
         count = len(rx.chunks["s"])
-        await wait_until(lambda: len(rx.chunks["s"]) >= count + 2, 30, "chunks after refusals")
+        await eventually(lambda: len(rx.chunks["s"]) >= count + 2, 30, "chunks after refusals")
         record = await ctx.registry.get_session("s")
         assert record.owner == "wa" and record.state is SessionState.EXECUTING
     assert_consecutive(rx, "s")
@@ -113,13 +113,13 @@ async def test_a_dead_destination_aborts_and_the_session_stays(env):
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD) as procs:
         ctl = Ctl(ctx)
         await start_session(ctx, "wa", "s")
-        await wait_until(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks")
+        await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks")
         procs["wb"].send_signal(signal.SIGKILL)
         await asyncio.to_thread(procs["wb"].wait)
         with pytest.raises(CtlError, match="failed"):
             await ctl.migrate("s", "wb", 60)
         count = len(rx.chunks["s"])
-        await wait_until(lambda: len(rx.chunks["s"]) >= count + 3, 30, "chunks after the abort")
+        await eventually(lambda: len(rx.chunks["s"]) >= count + 3, 30, "chunks after the abort")
         record = await ctx.registry.get_session("s")
         assert record.owner == "wa" and record.state is SessionState.EXECUTING
     assert_consecutive(rx, "s")
@@ -139,7 +139,7 @@ async def test_many_migrations_back_and_forth_under_load_keep_every_session_inta
         ctl = Ctl(ctx)
         for i, sid in enumerate(sids):
             await start_session(ctx, "wa" if i % 2 else "wb", sid, seed=i)
-        await wait_until(lambda: all(len(rx.chunks[s]) >= 2 for s in sids), 30, "chunks")
+        await eventually(lambda: all(len(rx.chunks[s]) >= 2 for s in sids), 30, "chunks")
         moves = 0
         for _ in range(8):  # two migrations at a time, in opposite directions when they can
             pair = rng.sample(sids, 2)
@@ -150,7 +150,7 @@ async def test_many_migrations_back_and_forth_under_load_keep_every_session_inta
             moves += sum(1 for r in reports if r["ok"])
         assert moves == 16
         counts = {s: len(rx.chunks[s]) for s in sids}
-        await wait_until(lambda: all(len(rx.chunks[s]) >= counts[s] + 2 for s in sids), 30,
+        await eventually(lambda: all(len(rx.chunks[s]) >= counts[s] + 2 for s in sids), 30,
                          "every session still streaming")
         placement = await ctx.registry.placement()
         status = await ctl.status()
@@ -171,12 +171,12 @@ async def test_ctl_drain_empties_a_worker_with_active_and_suspended_sessions(env
         ctl = Ctl(ctx)
         for sid in ("a1", "a2", "idle"):
             await start_session(ctx, "wa", sid)
-        await wait_until(lambda: all(len(rx.chunks[s]) >= 2 for s in ("a1", "a2", "idle")), 30,
+        await eventually(lambda: all(len(rx.chunks[s]) >= 2 for s in ("a1", "a2", "idle")), 30,
                          "chunks")
         record = await ctx.registry.transition("idle", SessionState.SUSPENDED)
         await send(ctx, WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="wa",
                                       epoch=record.epoch, session_id="idle"))
-        await wait_until(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["idle"]),
+        await eventually(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["idle"]),
                          10, "the suspend")
         idle_seq = len(rx.chunks["idle"])
         moved = await ctl.drain("wa", 60)
@@ -191,7 +191,7 @@ async def test_ctl_drain_empties_a_worker_with_active_and_suspended_sessions(env
         await send(ctx, WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id="wb",
                                       epoch=record.epoch, session_id="idle"))
         counts = {s: len(rx.chunks[s]) for s in ("a1", "a2")}
-        await wait_until(lambda: len(rx.chunks["idle"]) >= idle_seq + 2
+        await eventually(lambda: len(rx.chunks["idle"]) >= idle_seq + 2
                          and all(len(rx.chunks[s]) >= counts[s] + 2 for s in counts), 30,
                          "streams on wb")
     for sid in ("a1", "a2", "idle"):
@@ -203,7 +203,7 @@ async def test_the_source_killed_mid_handoff_never_leaves_a_session_owned_twice(
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD) as procs:
         await start_session(ctx, "wa", "s")
-        await wait_until(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks")
+        await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks")
         record = await ctx.registry.get_session("s")
         await send(ctx, WorkerCommand(kind=WorkerCmdKind.MIGRATE, worker_id="wa",
                                       session_id="s", epoch=record.epoch, target="wb"))

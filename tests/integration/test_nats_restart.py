@@ -12,7 +12,8 @@ from services.scheduler.service import SchedulerService
 from shared.runner import running
 from shared.settings import SchedulerSettings
 from shared.wire import SessionEvent, SessionEventKind, encode
-from tests.integration.worker_harness import wait_until, worker_in_process
+from tests.eventually import eventually
+from tests.integration.worker_harness import worker_in_process
 from tools.launcher import free_port, nats_server_binary, probe_nats
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,7 +46,7 @@ async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
         async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (_, ctx, rx), \
                 running(SchedulerService(settings), settings):
             await create(ctx, "before")
-            await wait_until(lambda: len(rx.chunks["before"]) >= 3, 30, "chunks")
+            await eventually(lambda: len(rx.chunks["before"]) >= 3, 30, "chunks")
             nats.terminate()
             await asyncio.to_thread(nats.wait)
             await asyncio.sleep(1.0)
@@ -62,9 +63,9 @@ async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
                 except Exception:  # noqa: BLE001 - our own connection is still reconnecting
                     await asyncio.sleep(0.2)
             count = len(rx.chunks["before"])
-            await wait_until(lambda: len(rx.chunks["before"]) >= count + 4, 60,
+            await eventually(lambda: len(rx.chunks["before"]) >= count + 4, 60,
                              "the stream to resume")
-            await wait_until(lambda: len(rx.chunks["after"]) >= 2, 60,
+            await eventually(lambda: len(rx.chunks["after"]) >= 2, 60,
                              "the session created after the restart")
         for sid in ("before", "after"):
             seqs = rx.seqs(sid)

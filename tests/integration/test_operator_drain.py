@@ -12,12 +12,12 @@ import contextlib
 import pytest
 
 from services.scheduler.core.types import GpuState
-from tests.integration.scheduler_harness import leading, until
+from tests.eventually import eventually
+from tests.integration.scheduler_harness import leading
 from tests.integration.worker_harness import (
     Received,
     mesh_context,
     start_session,
-    wait_until,
     worker_processes,
 )
 from tools.ctl import Ctl, CtlError
@@ -44,7 +44,7 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
         for sid in SIDS:
             await start_session(ctx, "wa", sid)
-        await wait_until(lambda: all(len(rx.chunks[s]) >= 2 for s in SIDS), 30, "streams on wa")
+        await eventually(lambda: all(len(rx.chunks[s]) >= 2 for s in SIDS), 30, "streams on wa")
         async with leading(ctx, env, min_gpus=1, max_gpus=2) as (live, core):
             ctl = Ctl(ctx)
             # A move of s1 is under way when the drain starts: the drain waits for it.
@@ -67,7 +67,7 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             assert scheduler is not None and scheduler["cordoned"] == ["wa"]
             assert scheduler["ready"] == 1  # the autoscaler counts wb alone
             counts = {s: len(rx.chunks[s]) for s in SIDS}
-            await wait_until(lambda: all(len(rx.chunks[s]) >= counts[s] + 3 for s in SIDS), 30,
+            await eventually(lambda: all(len(rx.chunks[s]) >= counts[s] + 3 for s in SIDS), 30,
                              "streams on wb")
             assert all(consecutive(rx, s) for s in SIDS)
 
@@ -77,7 +77,7 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             async def ready_again() -> bool:
                 return core.view.state_of("wa") is GpuState.READY and not core.view.cordoned
 
-            await until(ready_again, 10, "wa back in placement")
+            await eventually(ready_again, 10, "wa back in placement")
             assert await ctx.registry.operator_drains() == {}
 
             # drain --stop: the scheduler gives it back once empty (no provisioner here to
@@ -88,7 +88,7 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             async def given_back() -> bool:  # the loop's next tick, on a busy machine too
                 return core.view.state_of("wa") is None and "wa" in live.unreleased
 
-            await until(given_back, 10, "wa given back")
+            await eventually(given_back, 10, "wa given back")
 
 
 async def test_ctl_stop_without_a_scheduler_asks_the_provisioner(env, nats_client):

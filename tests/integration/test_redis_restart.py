@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from shared.states import SessionState
-from tests.integration.worker_harness import start_session, wait_until, worker_in_process
+from tests.eventually import eventually
+from tests.integration.worker_harness import start_session, worker_in_process
 from tools.launcher import free_port, probe_redis, redis_server_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,14 +42,14 @@ async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_cl
         async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (svc, ctx, rx):
             for sid in ("a", "b"):
                 await start_session(ctx, "w1", sid, token_hash=f"digest-of-{sid}")
-            await wait_until(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
+            await eventually(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
                              "chunks")
             before = {sid: await ctx.registry.get_session(sid) for sid in ("a", "b")}
             redis.terminate()
             await asyncio.to_thread(redis.wait)
             redis = start_redis(port, tmp_path)  # empty: no persistence
             await wait_redis(url)
-            await wait_until(lambda: True, 0.1, "")
+            await eventually(lambda: True, 0.1, "")
             for _ in range(100):  # the worker re-announces within a heartbeat or two
                 records = {sid: await _get(ctx, sid) for sid in ("a", "b")}
                 if all(records.values()):
@@ -61,7 +62,7 @@ async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_cl
                 assert record.token_hash == f"digest-of-{sid}"  # its viewer's token still opens it
             assert (await ctx.registry.placement()) == {"a": "w1", "b": "w1"}
             counts = {sid: len(rx.chunks[sid]) for sid in ("a", "b")}
-            await wait_until(lambda: all(len(rx.chunks[s]) >= counts[s] + 4 for s in counts), 30,
+            await eventually(lambda: all(len(rx.chunks[s]) >= counts[s] + 4 for s in counts), 30,
                              "chunks after the restart")
             for sid in ("a", "b"):
                 seqs = rx.seqs(sid)

@@ -24,7 +24,8 @@ from shared.wire import (
     decode,
     encode,
 )
-from tests.integration.worker_harness import mesh_context, wait_until, worker_processes
+from tests.eventually import eventually
+from tests.integration.worker_harness import mesh_context, worker_processes
 
 pytestmark = pytest.mark.integration
 
@@ -80,24 +81,24 @@ async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_ref
         async with mesh_context(env) as (ctx, rx), \
                 worker_processes(ctx, env, ["w1"], chunk_period_s=0.25):
             first = scheduler("first")
-            await wait_until_async(lambda: _status(ctx), "a leader", 30)
+            await eventually(lambda: _status(ctx), 30, "a leader")
             status = await ctx.registry.scheduler_status()
             assert status["leader"] == "first"
             old_term = status["term"]
             scheduler("second")
             await asyncio.sleep(2.0)  # the standby is up and waiting
             await start_session_via_events(ctx, "s")
-            await wait_until(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks under the first leader")
+            await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks under the first leader")
             first.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
-            await wait_until_async(lambda: _leader_is(ctx, "second"), "the standby", 30)
+            await eventually(lambda: _leader_is(ctx, "second"), 30, "the standby")
             took_over_s = time.monotonic() - killed_at
             assert took_over_s < 10, took_over_s
             count = len(rx.chunks["s"])
-            await wait_until(lambda: len(rx.chunks["s"]) >= count + 4, 30, "chunks after")
+            await eventually(lambda: len(rx.chunks["s"]) >= count + 4, 30, "chunks after")
             # The standby placed what arrives now.
             await start_session_via_events(ctx, "t")
-            await wait_until(lambda: len(rx.chunks["t"]) >= 2, 30, "a new session's chunks")
+            await eventually(lambda: len(rx.chunks["t"]) >= 2, 30, "a new session's chunks")
             # A command under the dead leader's term is refused by the worker.
             record = await ctx.registry.get_session("s")
             stale = WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="w1", session_id="s",
@@ -125,16 +126,8 @@ async def _leader_is(ctx, sid: str) -> bool:
     return status is not None and status.get("leader") == sid
 
 
-async def wait_until_async(predicate, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 async def start_session_via_events(ctx, sid: str) -> None:
     """As the gateway does: the session in the registry, then the event."""
     await ctx.registry.create_session(sid, "p", 2)
     await ctx.js.publish(ctx.subjects.session_events,
                          encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)))
-

@@ -16,12 +16,12 @@ import pytest
 from services.scheduler.core.types import Event, EventKind
 from shared.states import SessionState
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
-from tests.integration.scheduler_harness import leading, until
+from tests.eventually import eventually
+from tests.integration.scheduler_harness import leading
 from tests.integration.worker_harness import (
     mesh_context,
     send,
     start_session,
-    wait_until,
     worker_processes,
 )
 
@@ -40,7 +40,7 @@ async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
         await start_session(ctx, "wa", "s")
-        await wait_until(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks on wa")
+        await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks on wa")
 
         async with leading(ctx, env) as (live, core):
             # its view from the registry: wa and wb ready, s on wa
@@ -57,7 +57,7 @@ async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_
                 return (record is not None and record.owner == "wb"
                         and record.state is SessionState.SUSPENDED)
 
-            await until(suspended_on_wb, 30, "s suspended on wb")
+            await eventually(suspended_on_wb, 30, "s suspended on wb")
             # The worker stops generating it: no chunk comes a few periods after the suspend.
             await asyncio.sleep(4 * PERIOD)
             count = len(rx.chunks["s"])
@@ -72,12 +72,12 @@ async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_p
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
         epoch = await start_session(ctx, "wa", "s")
-        await wait_until(lambda: len(rx.chunks["s"]) >= 2, 30, "chunks on wa")
+        await eventually(lambda: len(rx.chunks["s"]) >= 2, 30, "chunks on wa")
         record = await ctx.registry.transition("s", SessionState.SUSPENDED, expected_epoch=epoch,
                                                bump_epoch=False)
         await send(ctx, WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="wa",
                                       epoch=record.epoch, session_id="s"))
-        await wait_until(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["s"]),
+        await eventually(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["s"]),
                          30, "s suspended on wa")
 
         async with leading(ctx, env) as (live, core):
@@ -97,7 +97,7 @@ async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_
     async with mesh_context(env) as (ctx, rx), \
             worker_processes(ctx, env, ["wa"], chunk_period_s=PERIOD, max_sessions=1):
         epoch = await start_session(ctx, "wa", "a")
-        await wait_until(lambda: len(rx.chunks["a"]) >= 2, 30, "chunks of a")
+        await eventually(lambda: len(rx.chunks["a"]) >= 2, 30, "chunks of a")
 
         async with leading(ctx, env, max_gpus=1, retry_backoff_s=0.5) as (live, core):
             await ctx.registry.create_session("b", "p", 2)
@@ -108,11 +108,11 @@ async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_
                 record = await ctx.registry.get_session("b")
                 return (record is not None and record.state is SessionState.PENDING
                         and core.view.placement.get("b") != "wa")
-            await until(handed_back_and_noticed, 20, "the core to learn that wa handed b back")
+            await eventually(handed_back_and_noticed, 20, "the core to learn that wa handed b back")
 
             # a leaves: the slot frees, and b is placed there and runs.
             await ctx.registry.transition("a", SessionState.TERMINATED, expected_epoch=epoch)
             await send(ctx, WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="wa", epoch=epoch,
                                           session_id="a"))
             await live.step(Event(time.time(), EventKind.DEPART, session_id="a"))
-            await wait_until(lambda: len(rx.chunks["b"]) >= 2, 30, "chunks of b on wa")
+            await eventually(lambda: len(rx.chunks["b"]) >= 2, 30, "chunks of b on wa")

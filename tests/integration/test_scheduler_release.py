@@ -18,7 +18,8 @@ from services.scheduler.core.types import Event, EventKind
 from shared.profile import DEFAULT_PROFILE, load_profile
 from shared.runner import running
 from shared.settings import ProvisionerSettings
-from tests.integration.scheduler_harness import leading, until
+from tests.eventually import eventually
+from tests.integration.scheduler_harness import leading
 from tests.integration.worker_harness import mesh_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -37,13 +38,13 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
             ready = [w for w in await ctx.registry.workers()
                      if w.alive and w.status.value == "ready"]
             return len(ready) == 2
-        await until(two_ready, 90, "the provisioner's two workers")
+        await eventually(two_ready, 90, "the provisioner's two workers")
 
         # No sessions: the core keeps one GPU (its minimum) and gives the other back.
         async with leading(ctx, env, boot_delay_s=0.5) as (live, core):
             async def one_given_back() -> bool:
                 return len(core.view.gpus) == 1 and len(live.workers) == 2
-            await until(one_given_back, 30, "the core's scale-in")
+            await eventually(one_given_back, 30, "the core's scale-in")
             kept = next(iter(core.view.gpus))
             released = next(w for w in live.workers if w != kept)
 
@@ -51,7 +52,7 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
             # tried again, the worker still runs, and the status says so.
             async def refused_twice() -> bool:
                 return live.unreleased.get(released, (0.0, 0))[1] >= 2
-            await until(refused_twice, 30, "a second refused attempt")
+            await eventually(refused_twice, 30, "a second refused attempt")
             assert released in provisioner.backend.workers
             assert (await ctx.registry.scheduler_status())["releasing"] == 1
 
@@ -61,7 +62,7 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
 
             async def stopped() -> bool:
                 return released not in live.workers and not live.unreleased
-            await until(stopped, 60, "the retried release to stop the worker")
+            await eventually(stopped, 60, "the retried release to stop the worker")
             assert released not in provisioner.backend.workers
             assert kept in provisioner.backend.workers and set(live.workers) == {kept}
             assert set(core.view.gpus) == {kept}
@@ -87,14 +88,14 @@ async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
 
             async def timed_out() -> bool:
                 return late not in live.booting
-            await until(timed_out, 10, "the boot timeout")
+            await eventually(timed_out, 10, "the boot timeout")
             await live.step(Event(time.time(), EventKind.DEPART, session_id="s"))
 
             async def came_up() -> bool:
                 return late in provisioner.backend.workers
-            await until(came_up, 30, "the late worker's process")
+            await eventually(came_up, 30, "the late worker's process")
 
             async def stopped() -> bool:
                 return late not in provisioner.backend.workers and late not in live.workers
-            await until(stopped, 90, "the late worker to be stopped")
+            await eventually(stopped, 90, "the late worker to be stopped")
             assert late not in core.view.gpus and not live.unreleased

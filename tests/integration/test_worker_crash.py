@@ -14,7 +14,8 @@ from services.scheduler.service import SchedulerService
 from shared.runner import running
 from shared.settings import SchedulerSettings
 from shared.wire import NoticeKind, SessionEvent, SessionEventKind, encode
-from tests.integration.worker_harness import Received, mesh_context, wait_until, worker_processes
+from tests.eventually import eventually
+from tests.integration.worker_harness import Received, mesh_context, worker_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,17 +51,17 @@ async def run_crash(env, recovery: bool) -> tuple[Received, float, str, str]:
                              recovery_log=str(recovery).lower()) as procs, \
             running(SchedulerService(settings), settings):
         await create(ctx, "s", "a paper boat on a river", 7)
-        await wait_until(lambda: len(rx.chunks["s"]) >= 8, 30, "chunks before the crash")
+        await eventually(lambda: len(rx.chunks["s"]) >= 8, 30, "chunks before the crash")
         victim = rx.chunks["s"][-1][1].worker_id
         survivor = "wb" if victim == "wa" else "wa"
         os.kill(procs[victim].pid, signal.SIGKILL)
         await asyncio.to_thread(procs[victim].wait)
         last_before = rx.chunks["s"][-1][0]
-        await wait_until(lambda: rx.chunks["s"][-1][1].worker_id == survivor, 30,
+        await eventually(lambda: rx.chunks["s"][-1][1].worker_id == survivor, 30,
                          "the session on the other worker")
         first_after = next(t for t, c in rx.chunks["s"] if c.worker_id == survivor)
         count = len(rx.chunks["s"])
-        await wait_until(lambda: len(rx.chunks["s"]) >= count + 6, 30, "chunks after")
+        await eventually(lambda: len(rx.chunks["s"]) >= count + 6, 30, "chunks after")
         return rx, first_after - last_before, victim, survivor
 
 
@@ -94,7 +95,7 @@ async def reference_frames(env, count: int) -> dict[int, list[bytes]]:
             worker_processes(ctx, ref_env, ["wr"], chunk_period_s=PERIOD), \
             running(SchedulerService(settings), settings):
         await create(ctx, "s", "a paper boat on a river", 7)
-        await wait_until(lambda: len(rx.chunks["s"]) >= count, 60, "reference chunks")
+        await eventually(lambda: len(rx.chunks["s"]) >= count, 60, "reference chunks")
         out = {c.seq: c.frames for _, c in rx.chunks["s"][:count]}
         keys = [k async for k in ctx.redis.scan_iter(match=f"{ctx.registry.ns}:*")]
         if keys:

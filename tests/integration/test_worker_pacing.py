@@ -9,7 +9,8 @@ import time
 import pytest
 
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand, encode
-from tests.integration.worker_harness import send, start_session, wait_until, worker_in_process
+from tests.eventually import eventually
+from tests.integration.worker_harness import send, start_session, worker_in_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -53,12 +54,12 @@ async def test_a_new_session_is_heard_while_others_wait_far_ahead(env):
     async with worker_in_process(env, worker_id="w2", chunk_period_s=30.0,
                                  pace_lead_s=0.0) as (service, ctx, rx):
         await start_session(ctx, "w2", "early")
-        await wait_until(lambda: len(rx.chunks["early"]) >= 1, 20, "the first chunk")
+        await eventually(lambda: len(rx.chunks["early"]) >= 1, 20, "the first chunk")
         await asyncio.sleep(0.5)
         assert service.generation is not None and service.generation.status().waiting == 1
         sent = time.time()
         await start_session(ctx, "w2", "late")
-        await wait_until(lambda: rx.chunks["late"], 10, "the new session's first chunk")
+        await eventually(lambda: rx.chunks["late"], 10, "the new session's first chunk")
         first_at, first = rx.chunks["late"][0]
         assert first.seq == 0
         pass_ms = max(service.generation.pass_times.snapshot().values())
@@ -71,7 +72,7 @@ async def test_a_new_session_is_heard_while_others_wait_far_ahead(env):
         record = await ctx.registry.get_session("late")
         await send(ctx, WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="w2",
                                       epoch=record.epoch, session_id="late"))
-        await wait_until(lambda: "late" not in service.generation.status().sessions, 2.0,
+        await eventually(lambda: "late" not in service.generation.status().sessions, 2.0,
                          "the STOP to apply")
         assert "early" in service.generation.status().sessions
 
@@ -93,7 +94,7 @@ async def test_a_backlog_of_stale_assigns_ends_in_one_generation_at_the_latest_e
         for cmd in [*assigns, latest]:
             await ctx.nc.publish(ctx.subjects.worker_cmd("w3"), encode(cmd))
         await ctx.nc.flush()
-        await wait_until(lambda: len(rx.chunks["churn"]) >= 4, 20, "chunks")
+        await eventually(lambda: len(rx.chunks["churn"]) >= 4, 20, "chunks")
         await asyncio.sleep(0.3)
     chunks = [c for _, c in rx.chunks["churn"]]
     assert {c.epoch for c in chunks} == {latest.epoch}
@@ -116,10 +117,10 @@ async def test_commands_sent_as_requests_are_answered(env):
         reply = decode("r", (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(good),
                                                   timeout=5)).data, CommandReply)
         assert reply.ok and reply.command_id == "c2"
-        await wait_until(lambda: any(n.kind is NoticeKind.PROMPT for n in rx.notices["s"]), 5,
+        await eventually(lambda: any(n.kind is NoticeKind.PROMPT for n in rx.notices["s"]), 5,
                          "the prompt notice")
         notice = next(n for n in rx.notices["s"] if n.kind is NoticeKind.PROMPT)
-        await wait_until(lambda: rx.seqs("s") and rx.seqs("s")[-1] >= notice.next_seq, 10,
+        await eventually(lambda: rx.seqs("s") and rx.seqs("s")[-1] >= notice.next_seq, 10,
                          "the chunk the prompt applies to")
         drain = WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id="w4")
         reply = decode("r", (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(drain),
@@ -139,18 +140,18 @@ async def test_commands_sent_as_requests_are_answered(env):
 async def test_suspend_and_resume_are_announced_and_the_stream_continues(env):
     async with worker_in_process(env, worker_id="w5", chunk_period_s=0.2) as (service, ctx, rx):
         await start_session(ctx, "w5", "s")
-        await wait_until(lambda: len(rx.chunks["s"]) >= 3, 20, "chunks")
+        await eventually(lambda: len(rx.chunks["s"]) >= 3, 20, "chunks")
         record = await ctx.registry.transition("s", record_state("suspended"))
         await send(ctx, WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="w5",
                                       epoch=record.epoch, session_id="s"))
-        await wait_until(lambda: "s" in service.generation.status().suspended, 5, "suspend")
+        await eventually(lambda: "s" in service.generation.status().suspended, 5, "suspend")
         count = len(rx.chunks["s"])
         await asyncio.sleep(0.6)
         assert len(rx.chunks["s"]) == count  # no chunk while suspended
         record = await ctx.registry.transition("s", record_state("executing"))
         await send(ctx, WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id="w5",
                                       epoch=record.epoch, session_id="s"))
-        await wait_until(lambda: len(rx.chunks["s"]) >= count + 3, 10, "chunks after resume")
+        await eventually(lambda: len(rx.chunks["s"]) >= count + 3, 10, "chunks after resume")
     seqs = rx.seqs("s")
     assert seqs == list(range(len(seqs)))
     kinds = [n.kind for n in rx.notices["s"]]
@@ -174,7 +175,7 @@ async def test_an_emulated_gpu_paces_each_pass_to_its_profile(env):
         assert service.pace.period_s == h20.deadline_ms / 1000
         for sid in ("a", "b"):
             await start_session(ctx, "emu", sid)
-        await wait_until(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
+        await eventually(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
                          "chunks")
         beat = {w.id: w for w in await ctx.registry.workers()}["emu"]
     assert beat.gpu_kind == "H20" and beat.emulated == "H20" and beat.capacity == 12

@@ -79,13 +79,6 @@ async def send(ctx: ServiceContext, cmd: WorkerCommand) -> None:
     await subscriptions_live(ctx.nc)
 
 
-async def wait_until(predicate, timeout: float, what: str, poll: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(poll)
-
-
 @contextlib.asynccontextmanager
 async def mesh_context(env: dict[str, str]) -> AsyncIterator[tuple[ServiceContext, Received]]:
     """A connection of the test's own (it plays the scheduler and the viewers): registry,
