@@ -38,7 +38,7 @@ API_KEY = "chaos-api-key-0123456789"
 OPERATOR_KEY = "chaos-operator-key-0123456789"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("chaos", help="a replay while components are killed at random",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -99,7 +99,7 @@ def _positionals(argv: Sequence[str] | None) -> list[str]:
     return [word for word in (argv or ()) if not word.startswith("-")][:2]
 
 
-def _add(command: Subcommand, subparsers: argparse._SubParsersAction, *, load: bool) -> None:
+def _add(command: Subcommand, subparsers: argparse._SubParsersAction[argparse.ArgumentParser], *, load: bool) -> None:
     if load:
         try:
             module = importlib.import_module(command.module)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 import uuid
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from shared.settings import CommonSettings
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -61,7 +62,7 @@ def _mesh_options() -> argparse.ArgumentParser:
     return options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mesh = _mesh_options()
     p = subparsers.add_parser("ctl", parents=[mesh],
                               help="operator commands: status, migrate, drain, undrain, stop")
@@ -106,7 +107,7 @@ class Mesh:
     """The mesh ``ctl`` talks to: the settings it connects with, where its URLs came from, and
     the line it says when that is not the mesh of the state file (None when it is)."""
 
-    env: dict[str, str]
+    settings: CommonSettings
     source: str
     note: str | None
 
@@ -118,36 +119,35 @@ def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
     ``--redis-url`` flags, the ``TURBOSERVE_*`` environment, the state file of a running
     ``turboserve up`` (in ``--state-dir``, ``TURBOSERVE_STATE_DIR`` or ``~/.turboserve``).
     Never a default: with none of them there is no mesh to talk to (CtlError)."""
-    from shared.settings import mask_url
+    from shared.settings import ToolSettings, mask_url
     from tools.launcher import STATE_FILE, read_state
-    from tools.launcher import state_dir as default_state_dir
 
-    env = dict(os.environ if env is None else env)
-    directory = Path(state_dir).expanduser() if state_dir else default_state_dir()
+    settings = ToolSettings.from_env(env, connect_timeout_s=CONNECT_TIMEOUT_S)
+    in_env = ToolSettings.given(env)
+    directory = Path(state_dir).expanduser() if state_dir else settings.state_path
     state = read_state(directory)
-    given = {"nats": nats_url, "redis": redis_url}
+    flags = {"nats": nats_url, "redis": redis_url}
     urls: dict[str, str] = {}
     sources: list[str] = []
     for server in ("nats", "redis"):
         var = f"TURBOSERVE_{server.upper()}_URL"
-        if given[server]:
-            urls[server], origin = str(given[server]), f"--{server}-url"
-        elif env.get(var):
-            urls[server], origin = env[var], var
+        if flags[server]:
+            urls[server], origin = str(flags[server]), f"--{server}-url"
+        elif f"{server}_url" in in_env:
+            urls[server], origin = getattr(settings, f"{server}_url"), var
         elif state is not None and state.get(f"{server}_url"):
             urls[server], origin = str(state[f"{server}_url"]), f"the state file {directory / STATE_FILE}"
         else:
             raise CtlError(
                 f"no mesh to talk to: no running `turboserve up` has a state file in {directory} "
                 f"(--state-dir), and no --{server}-url or {var} says where {server} is")
-        env[var] = urls[server]
         if origin not in sources:
             sources.append(origin)
+    changes = {"nats_url": urls["nats"], "redis_url": urls["redis"]}
     if state is not None:
-        for key, var in (("subject_prefix", "TURBOSERVE_SUBJECT_PREFIX"),
-                         ("redis_namespace", "TURBOSERVE_REDIS_NAMESPACE")):
-            if not env.get(var) and state.get(key):
-                env[var] = str(state[key])
+        for key in ("subject_prefix", "redis_namespace"):
+            if key not in in_env and state.get(key):
+                changes[key] = str(state[key])
     where = f"NATS {mask_url(urls['nats'])}, Redis {mask_url(urls['redis'])}"
     source = f"{where}, from {' and '.join(sources)}"
     if state is None:
@@ -157,23 +157,23 @@ def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
                 f"(NATS {mask_url(str(state.get('nats_url')))})")
     else:
         note = None
-    return Mesh(env, source, note)
+    return Mesh(settings.replace(**changes), source, note)
 
 
 def run(args: argparse.Namespace) -> int:
     from shared.cli import fail
     from shared.logging import configure_logging
     from shared.runner import ConnectError
-    from shared.settings import CommonSettings
 
-    # ctl's own lines are its output; the connection's retries and warnings are not.
-    configure_logging(os.environ.get("TURBOSERVE_LOG_LEVEL") or "error")
     command = f"ctl {args.ctl_command}"
     try:
         mesh = resolve_mesh(getattr(args, "nats_url", None), getattr(args, "redis_url", None),
                             getattr(args, "state_dir", None))
-        settings = CommonSettings.from_env(mesh.env, connect_timeout_s=CONNECT_TIMEOUT_S)
-        return asyncio.run(_run(args, settings, mesh))
+        # ctl's own lines are its output; the connection's retries and warnings are not
+        # (unless TURBOSERVE_LOG_LEVEL asks for them).
+        given = "log_level" in CommonSettings.given()
+        configure_logging(mesh.settings.log_level if given else "error")
+        return asyncio.run(_run(args, mesh.settings, mesh))
     except CtlError as exc:
         return fail(command, exc)
     except ConnectError as exc:

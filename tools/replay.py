@@ -136,7 +136,7 @@ class ReplayConfig:
     account_wait_s: float = 0.0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "replay", help="play a session trace against a running gateway (load generator)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

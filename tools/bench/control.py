@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("control", help="the control plane's overhead (event to command)",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,7 +54,7 @@ def run_on_infra(label: str, measure: Callable[[str, str], Awaitable[dict[str, A
     TURBOSERVE_REDIS_URL (embedded ones where none answers), print its table, write its JSON."""
     from shared.cli import fail
     from shared.logging import configure_logging
-    from tools.launcher import MeshStartError, Mesh
+    from tools.launcher import Mesh, MeshStartError
 
     configure_logging("error", "console", service="bench")
     mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),

@@ -37,7 +37,7 @@ OPENING_AT_ONCE = 32
 API_KEY = "bench-" + uuid.uuid4().hex
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "gateway", help="SSE delivery latency (NATS publish to client receipt) with N clients",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -155,7 +155,7 @@ def _frame(width: int, height: int) -> bytes:
 
 
 async def bench(plan: Plan) -> dict[str, Any]:
-    from tools.launcher import MeshStartError, Mesh, free_port
+    from tools.launcher import Mesh, MeshStartError, free_port
 
     infra = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
                  redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),

@@ -30,7 +30,7 @@ from tools.bench.control import _cleanup, _env, _p99, _scheduler, run_on_infra
 API_KEY = "bench-key-12345"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("pacing", help="sessions on one worker at their playback pace",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

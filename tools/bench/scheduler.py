@@ -21,7 +21,7 @@ from pathlib import Path
 SESSIONS_PER_GPU = 8
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "scheduler", help="time one scheduler controller step at 64..1024 GPUs"
     )

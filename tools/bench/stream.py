@@ -57,7 +57,7 @@ KINDS = ("standin", "textured")
 FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "stream", help="JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
