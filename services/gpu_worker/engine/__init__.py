@@ -1,7 +1,7 @@
-"""The GPU worker's batch engine (slots, coalesced step and pass-level admission,
+"""The GPU worker's batch engine (slots, coalesced passes with pass-level admission,
 suspend/resume, export/import)."""
 
-from .engine import Engine, noise_seed, resolve_device
+from .engine import Engine, next_chunks, noise_seed, resolve_device
 from .types import (
     ChunkResult,
     EngineConfig,
@@ -12,6 +12,7 @@ from .types import (
     RecoveryPoint,
     SessionAlreadyResident,
     SessionSnapshot,
+    StateLayout,
     UnknownSession,
     WrongSessionState,
 )
@@ -27,8 +28,10 @@ __all__ = [
     "RecoveryPoint",
     "SessionAlreadyResident",
     "SessionSnapshot",
+    "StateLayout",
     "UnknownSession",
     "WrongSessionState",
+    "next_chunks",
     "noise_seed",
     "resolve_device",
 ]

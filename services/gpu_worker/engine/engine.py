@@ -1,15 +1,13 @@
-"""The batch engine: sessions in preallocated slots, one coalesced model pass per step.
+"""The batch engine: sessions in preallocated slots, one coalesced model pass at a time.
 
-Two ways to drive it, sharing one pass function (``_pass``):
+One driver, ``pass_step()`` (pass-level admission): one batched pass for every resident
+session, each at its own phase of its own chunk; a session that joins starts at the next pass
+and its chunk is done ``passes_per_chunk`` passes later. ``next_chunks(engine)`` runs that many
+passes, for the benches, tests and tools that want one whole chunk of every session.
 
-- ``step()``: every resident session makes one chunk in lockstep (4 denoising passes, the
-  cache-write pass, the decode);
-- ``pass_step()``: pass-level admission. One batched pass for every resident session, each at
-  its own phase of its own chunk; a session that joins starts at the next pass and its chunk
-  is done ``passes_per_chunk`` passes later.
-
-Blocking and not thread-safe by design beyond one lock: the worker service calls it from
-one dedicated thread, so commands land between steps (or passes).
+Blocking and not thread-safe: one thread owns an engine (in the worker, the generation
+thread), so every change lands between passes. The values other threads may read are in
+``Engine.layout`` (immutable) and in what the owning thread copies out.
 """
 
 from __future__ import annotations
@@ -17,11 +15,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import statistics
-import threading
 import time
 from collections import deque
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -41,6 +39,7 @@ from .types import (
     RecoveryPoint,
     SessionAlreadyResident,
     SessionSnapshot,
+    StateLayout,
     UnknownSession,
     WrongSessionState,
 )
@@ -88,10 +87,10 @@ class _Session:
 
 @contextlib.contextmanager
 def _flush_denormals(enabled: bool) -> Iterator[None]:
-    """Flush subnormal floats to zero for the duration of one step on the CPU.
+    """Flush subnormal floats to zero for the duration of one pass on the CPU.
 
     Random-weight activations produce subnormals, which x86 handles ~100x slower (a 10x slower
-    step was measured). The flag is per-thread CPU state (MXCSR), so it is set on the thread that
+    pass was measured). The flag is per-thread CPU state (MXCSR), so it is set on the thread that
     computes, for the call only: it must not leak into the rest of the process (it breaks, e.g.,
     hypothesis's float strategies in the same test run).
     """
@@ -121,9 +120,6 @@ class Engine:
         self.decoder = loaded.decoder
         self.text_encoder = loaded.text_encoder
         self.sources = loaded.sources
-        # What an imported state's caches must have been computed with: the weight seed (it
-        # decides the random DiT and the stand-in decoder) and the weights' content.
-        self._checkpoint_id: tuple[str, str] = loaded.identity  # (digest, description)
         recache = config.prompt_recache
         if recache == "auto":  # LongLive's re-cache for LongLive and the stand-in
             recache = "kv" if loaded.longlive or not config.checkpoint else "cross"
@@ -141,7 +137,14 @@ class Engine:
         self._switch_ms: deque[float] = deque(maxlen=64)  # prompt switches (incl. re-cache)
         self._decode_ms: dict[int, deque[float]] = {}  # per batch of the decoded chunks
         self._spare_host: list[list[torch.Tensor]] = []  # recycled suspend buffers
-        self._lock = threading.RLock()
+        # What an imported state's caches must have been computed with: the weight seed (it
+        # decides the random DiT and the stand-in decoder) and the weights' content.
+        digest, description = loaded.identity
+        self.layout = StateLayout(
+            preset=self.model_config.name, dtype=str(self.dtype).removeprefix("torch."),
+            num_layers=self.model_config.num_layers, region_numel=self.pool.region_numel,
+            misc_numel=self.pool.misc_numel, weights_seed=str(config.seed),
+            checkpoint=description, checkpoint_digest=digest)
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -166,9 +169,8 @@ class Engine:
     def passes_to_boundary(self, session_id: str) -> int:
         """Passes until the session's current chunk is done (0: it is at a chunk boundary,
         where suspend/export are allowed and a new prompt applies)."""
-        with self._lock:
-            phase = self._get(session_id).phase
-            return self.passes_per_chunk - phase if phase else 0
+        phase = self._get(session_id).phase
+        return self.passes_per_chunk - phase if phase else 0
 
     @property
     def state_bytes(self) -> int:
@@ -178,54 +180,46 @@ class Engine:
         return session_id in self._sessions
 
     def active_sessions(self) -> list[str]:
-        with self._lock:
-            return list(self._resident)
+        return list(self._resident)
 
     def phases(self) -> dict[str, int]:
         """Passes of its current chunk each resident session has run (0: at a boundary)."""
-        with self._lock:
-            return {sid: self._sessions[sid].phase for sid in self._resident}
+        return {sid: self._sessions[sid].phase for sid in self._resident}
 
     def prompt_of(self, session_id: str) -> str:
         """The prompt the session's chunks follow now (a pending one once it applies)."""
-        with self._lock:
-            session = self._get(session_id)
-            return session.pending_prompt or session.prompt
+        session = self._get(session_id)
+        return session.pending_prompt or session.prompt
 
     def prompt_applied(self, session_id: str, prompt: str) -> bool:
         """Whether ``prompt`` is the one the session's chunks follow now (no change pending)."""
-        with self._lock:
-            session = self._get(session_id)
-            return session.pending_prompt is None and session.prompt == prompt
+        session = self._get(session_id)
+        return session.pending_prompt is None and session.prompt == prompt
 
     def seed_of(self, session_id: str) -> int:
-        with self._lock:
-            return self._get(session_id).seed
+        return self._get(session_id).seed
 
     def next_seq(self, session_id: str) -> int:
         """The engine seq of the session's next chunk to complete (0 for a new session)."""
-        with self._lock:
-            return self._get(session_id).seq
+        return self._get(session_id).seq
 
     def suspended_sessions(self) -> list[str]:
-        with self._lock:
-            return [s.session_id for s in self._sessions.values() if s.suspended]
+        return [s.session_id for s in self._sessions.values() if s.suspended]
 
     # -- session lifecycle --------------------------------------------------------------
     def add_session(self, session_id: str, prompt: str, seed: int) -> None:
-        with self._lock:
-            if session_id in self._sessions:
-                raise SessionAlreadyResident(session_id)
-            slot = self._claim_slot()
-            self.pool.clear(slot)
-            session = _Session(session_id, seed, prompt)
-            embedding = self.prompts.ready(prompt)
-            if embedding is None:
-                session.awaiting_text = True  # joins the batch once the encoder is done
-            else:
-                self._write_prompt(slot, embedding)
-            self._sessions[session_id] = session
-            self._resident.append(session_id)
+        if session_id in self._sessions:
+            raise SessionAlreadyResident(session_id)
+        slot = self._claim_slot()
+        self.pool.clear(slot)
+        session = _Session(session_id, seed, prompt)
+        embedding = self.prompts.ready(prompt)
+        if embedding is None:
+            session.awaiting_text = True  # joins the batch once the encoder is done
+        else:
+            self._write_prompt(slot, embedding)
+        self._sessions[session_id] = session
+        self._resident.append(session_id)
 
     def set_prompt(self, session_id: str, prompt: str) -> None:
         """The new prompt conditions chunks from the next one on (LongLive's re-cache of the
@@ -233,8 +227,7 @@ class Engine:
         keeps the old prompt. A prompt still being encoded (umT5, off the pass) applies at the
         first boundary after its encoding finished."""
         self.prompts.request(prompt)
-        with self._lock:
-            self._get(session_id).pending_prompt = prompt
+        self._get(session_id).pending_prompt = prompt
 
     def suspend(self, session_id: str, *, wait: bool = False) -> bool:
         """Moves the session's state to host memory; True when done.
@@ -243,17 +236,16 @@ class Engine:
         raises ``MidChunk``, or with ``wait=True`` returns False and suspends the session
         right after the pass that completes its current chunk (whose ``ChunkResult`` that
         pass_step returns as usual); a ``resume`` before then cancels the request."""
-        with self._lock:
-            session = self._get(session_id)
-            if session.suspended:
-                raise WrongSessionState(session_id, "suspended", "executing")
-            if session.phase:
-                if not wait:
-                    raise MidChunk(session_id, self.passes_per_chunk - session.phase, "suspend")
-                session.suspend_requested = True
-                return False
-            self._suspend_now(session)
-            return True
+        session = self._get(session_id)
+        if session.suspended:
+            raise WrongSessionState(session_id, "suspended", "executing")
+        if session.phase:
+            if not wait:
+                raise MidChunk(session_id, self.passes_per_chunk - session.phase, "suspend")
+            session.suspend_requested = True
+            return False
+        self._suspend_now(session)
+        return True
 
     def _suspend_now(self, session: _Session) -> None:
         spare = self._spare_host.pop() if self._spare_host else None
@@ -263,93 +255,88 @@ class Engine:
         self._release_slot(session.session_id)
 
     def resume(self, session_id: str) -> None:
-        """Makes a suspended session resident again; its next chunk starts at the next step
-        or pass. On a session with a pending ``suspend(wait=True)``, cancels that request."""
-        with self._lock:
-            session = self._get(session_id)
-            if session.host is None:
-                if session.suspend_requested:
-                    session.suspend_requested = False
-                    return
-                raise WrongSessionState(session_id, "executing", "suspended")
-            slot = self._claim_slot()
-            self.pool.write(slot, session.host.layers, session.host.misc)
-            self._recycle_host(session)
-            self._resident.append(session_id)
+        """Makes a suspended session resident again; its next chunk starts at the next pass.
+        On a session with a pending ``suspend(wait=True)``, cancels that request."""
+        session = self._get(session_id)
+        if session.host is None:
+            if session.suspend_requested:
+                session.suspend_requested = False
+                return
+            raise WrongSessionState(session_id, "executing", "suspended")
+        slot = self._claim_slot()
+        self.pool.write(slot, session.host.layers, session.host.misc)
+        self._recycle_host(session)
+        self._resident.append(session_id)
 
     def remove_session(self, session_id: str) -> None:
-        with self._lock:
-            session = self._get(session_id)
-            if session.suspended:
-                self._recycle_host(session)
-            else:
-                self._release_slot(session_id)
-            del self._sessions[session_id]
+        session = self._get(session_id)
+        if session.suspended:
+            self._recycle_host(session)
+        else:
+            self._release_slot(session_id)
+        del self._sessions[session_id]
 
     def export_state(self, session_id: str) -> SessionSnapshot:
         """A host copy of the session's state; the session itself is left as it was.
         Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``."""
-        with self._lock:
-            session = self._get(session_id)
-            if session.host is not None:
-                session.host_exported = True
-                # The tensors were captured at suspend time and do not change while suspended,
-                # but the session's fields may (set_prompt): export the live ones.
-                return replace(
-                    session.host, seq=session.seq, position=session.position,
-                    prompt=session.prompt, pending_prompt=session.pending_prompt,
-                    meta=dict(session.host.meta),
-                )
-            if session.phase:
-                raise MidChunk(session_id, self.passes_per_chunk - session.phase, "export")
-            return self._read_state(session)
+        session = self._get(session_id)
+        if session.host is not None:
+            session.host_exported = True
+            # The tensors were captured at suspend time and do not change while suspended,
+            # but the session's fields may (set_prompt): export the live ones.
+            return replace(
+                session.host, seq=session.seq, position=session.position,
+                prompt=session.prompt, pending_prompt=session.pending_prompt,
+                meta=dict(session.host.meta),
+            )
+        if session.phase:
+            raise MidChunk(session_id, self.passes_per_chunk - session.phase, "export")
+        return self._read_state(session)
 
     def import_state(self, state: SessionSnapshot, *, suspended: bool = False) -> None:
         """Makes the session resident here (or, with ``suspended``, keeps it parked in host
         memory: ``state``'s tensors become its host copy, so they must be host tensors the
         caller hands over); its next chunk is ``state.seq``."""
-        with self._lock:
-            self.check_compatible(state)
-            if state.session_id in self._sessions:
-                raise SessionAlreadyResident(state.session_id)
-            if suspended:
-                session = _Session(
-                    state.session_id, state.seed, state.prompt, state.seq, state.position,
-                    state.pending_prompt,
-                )
-                session.host = replace(state, meta=dict(state.meta))
-                session.host_exported = True  # not ours to recycle
-                self._sessions[state.session_id] = session
-                return
-            slot = self._claim_slot()
-            self.pool.write(slot, state.layers, state.misc)
-            self._sessions[state.session_id] = _Session(
+        self.layout.check(state)
+        if state.session_id in self._sessions:
+            raise SessionAlreadyResident(state.session_id)
+        if suspended:
+            session = _Session(
                 state.session_id, state.seed, state.prompt, state.seq, state.position,
                 state.pending_prompt,
             )
-            self._resident.append(state.session_id)
+            session.host = replace(state, meta=dict(state.meta))
+            session.host_exported = True  # not ours to recycle
+            self._sessions[state.session_id] = session
+            return
+        slot = self._claim_slot()
+        self.pool.write(slot, state.layers, state.misc)
+        self._sessions[state.session_id] = _Session(
+            state.session_id, state.seed, state.prompt, state.seq, state.position,
+            state.pending_prompt,
+        )
+        self._resident.append(state.session_id)
 
     # -- recovery -------------------------------------------------------------------------
     def recovery_point(self, session_id: str) -> RecoveryPoint:
         """What :meth:`restore` needs to rebuild the session elsewhere; at a chunk boundary
         (right after the pass that completed a chunk)."""
-        with self._lock:
-            session = self._get(session_id)
-            if session.phase:
-                raise MidChunk(session_id, self.passes_per_chunk - session.phase, "log")
-            if session.host is not None:
-                misc = session.host.misc
-            else:
-                slot = self._resident.index(session_id)
-                misc = self.pool.misc[slot]
-            history = misc[: self.pool.history_numel]
-            raw = history.detach().to("cpu", copy=True).contiguous()
-            return RecoveryPoint(
-                session_id=session_id, seq=session.seq, position=session.position,
-                prompt=session.prompt, pending_prompt=session.pending_prompt, seed=session.seed,
-                preset=self.model_config.name, dtype=str(self.dtype).removeprefix("torch."),
-                history=_tensor_bytes(raw), meta=self._meta(),
-            )
+        session = self._get(session_id)
+        if session.phase:
+            raise MidChunk(session_id, self.passes_per_chunk - session.phase, "log")
+        if session.host is not None:
+            misc = session.host.misc
+        else:
+            slot = self._resident.index(session_id)
+            misc = self.pool.misc[slot]
+        history = misc[: self.pool.history_numel]
+        raw = history.detach().to("cpu", copy=True).contiguous()
+        return RecoveryPoint(
+            session_id=session_id, seq=session.seq, position=session.position,
+            prompt=session.prompt, pending_prompt=session.pending_prompt, seed=session.seed,
+            preset=self.model_config.name, dtype=str(self.dtype).removeprefix("torch."),
+            history=_tensor_bytes(raw), meta=self.layout.meta,
+        )
 
     @torch.inference_mode()
     def restore(self, point: RecoveryPoint) -> None:
@@ -364,8 +351,8 @@ class Engine:
         Not bitwise: each cached chunk's keys are recomputed seeing only the frames still in the
         window, where the originals saw the frames before them too (see docs/worker.md for the
         measured difference)."""
-        with self._lock, _flush_denormals(self._device.type == "cpu"):
-            ours = self._meta()
+        with _flush_denormals(self._device.type == "cpu"):
+            ours = self.layout.meta
             if point.preset != self.model_config.name:
                 raise IncompatibleState("preset", point.preset, self.model_config.name)
             if point.meta.get("weights_seed") != ours["weights_seed"] or point.meta.get(
@@ -389,40 +376,7 @@ class Engine:
                 self.decoder.rebuild(self._recent_latents(slot, session),
                                      self.pool.decoder_state(slot, slot + 1))
 
-    # -- the step -----------------------------------------------------------------------
-    @torch.inference_mode()
-    def step(self) -> list[ChunkResult]:
-        """One chunk for every resident session, in one batched pass per denoising step.
-
-        Needs every session at a chunk boundary (it always is, unless ``pass_step`` left one
-        mid-chunk: then this raises ``MidChunk``)."""
-        with self._lock, _flush_denormals(self._device.type == "cpu"):
-            if not self._resident:
-                return []
-            started = time.perf_counter()
-            sessions = [self._sessions[sid] for sid in self._resident]
-            for session in sessions:
-                if session.phase:
-                    raise MidChunk(
-                        session.session_id, self.passes_per_chunk - session.phase, "step"
-                    )
-            self._admit_encoded(wait=True)
-            self._apply_pending_prompts(sessions, wait=True)
-            starts, caches = self._pass_inputs(sessions)
-            for _ in range(self.passes_per_chunk):
-                done, frames = self._pass(sessions, starts, caches)
-            assert len(frames) == len(done) == len(sessions)
-            frames_cpu = [f.contiguous().cpu() for f in frames]
-            if self._device.type == "cuda":
-                torch.cuda.synchronize(self._device)  # the timing covers all queued work
-            gen_ms = (time.perf_counter() - started) * 1000.0
-            batch = len(sessions)
-            self._chunk_ms.setdefault(batch, deque(maxlen=64)).append(gen_ms)
-            return [
-                self._complete(session, frames_cpu[i], gen_ms, batch)
-                for i, session in enumerate(sessions)
-            ]
-
+    # -- the pass ------------------------------------------------------------------------
     @torch.inference_mode()
     def pass_step(self, sessions: Collection[str] | None = None) -> list[ChunkResult]:
         """One batched model pass for every resident session (or only ``sessions``, a subset
@@ -438,8 +392,8 @@ class Engine:
 
         A subset is moved to the front slots first (a few slot swaps), so the pass still reads
         plain slices of the slot buffers."""
-        with self._lock, _flush_denormals(self._device.type == "cpu"):
-            self._admit_encoded(wait=False)
+        with _flush_denormals(self._device.type == "cpu"):
+            self._admit_encoded()
             waiting = {s.session_id for s in self._sessions.values() if s.awaiting_text}
             if waiting:  # out of this pass until their prompt is encoded
                 chosen = self._resident if sessions is None else sessions
@@ -448,31 +402,29 @@ class Engine:
             if count == 0:
                 return []
             started = time.perf_counter()
-            sessions = [self._sessions[sid] for sid in self._resident[:count]]
-            self._apply_pending_prompts(sessions)  # those at phase 0 only
-            starts, caches = self._pass_inputs(sessions)
-            done, frames = self._pass(sessions, starts, caches)
+            batch = [self._sessions[sid] for sid in self._resident[:count]]
+            self._apply_pending_prompts(batch)  # those at phase 0 only
+            starts, caches = self._pass_inputs(batch)
+            done, frames = self._pass(batch, starts, caches)
             frames_cpu = [f.contiguous().cpu() for f in frames]
-            if self._device.type == "cuda":
-                torch.cuda.synchronize(self._device)
+            self._sync()
             pass_ms = (time.perf_counter() - started) * 1000.0
-            batch = len(sessions)
-            self._pass_ms.setdefault(batch, deque(maxlen=256)).append(pass_ms)
-            for session in sessions:
+            self._pass_ms.setdefault(count, deque(maxlen=256)).append(pass_ms)
+            for session in batch:
                 if session.phase == 1:  # this was its chunk's first pass
-                    session.chunk_ms, session.chunk_batch = 0.0, batch
-                elif session.chunk_batch != batch:
+                    session.chunk_ms, session.chunk_batch = 0.0, count
+                elif session.chunk_batch != count:
                     session.chunk_batch = -1
                 session.chunk_ms += pass_ms
             results = []
             for j, row in enumerate(done):
-                session = sessions[row]
-                if session.chunk_batch == batch:  # a whole chunk at one batch size: telemetry
-                    self._chunk_ms.setdefault(batch, deque(maxlen=64)).append(session.chunk_ms)
-                results.append(self._complete(session, frames_cpu[j], session.chunk_ms, batch))
+                session = batch[row]
+                if session.chunk_batch == count:  # a whole chunk at one batch size: telemetry
+                    self._chunk_ms.setdefault(count, deque(maxlen=64)).append(session.chunk_ms)
+                results.append(self._complete(session, frames_cpu[j], session.chunk_ms, count))
             for row in done:  # after the pass: suspending moves slots
-                if sessions[row].suspend_requested:
-                    self._suspend_now(sessions[row])
+                if batch[row].suspend_requested:
+                    self._suspend_now(batch[row])
             return results
 
     def _pass_inputs(self, sessions: list[_Session]) -> tuple[torch.Tensor, ChunkCaches]:
@@ -498,8 +450,8 @@ class Engine:
         their frames on the device, ``[T, H, W, 3]`` each (a stream's first chunk may have
         fewer frames than the others: the Wan VAE decodes 9 for its 3 latent frames, then 12). The chunk in progress is the
         slot's ``pool.inflight`` row: noise x_t before a denoising pass, x0 before the
-        cache-write pass. Rows are grouped by phase, so a lockstep batch (``step``) runs the
-        very same tensor ops as a single-phase batch."""
+        cache-write pass. Rows are grouped by phase, so a lockstep batch runs the very same
+        tensor ops as a single-phase batch."""
         batch = len(sessions)
         last = self.passes_per_chunk - 1
         x = self.pool.inflight[:batch]
@@ -696,26 +648,34 @@ class Engine:
         for layer, kv in enumerate(self.model.encode_context(text)):
             self.pool.cross_kv(layer, slot, slot + 1).copy_(kv)
 
-    def _admit_encoded(self, wait: bool) -> None:
-        """Sessions waiting for their first prompt's embedding join once it is there (with
-        ``wait``, now)."""
+    def wait_for_prompts(self) -> None:
+        """Blocks until every prompt a session waits for (its first, or a change) is encoded,
+        so the next pass takes them all. For benches and tests that want a known batch; the
+        worker never waits (a session sits out until its prompt is there)."""
+        for session in self._sessions.values():
+            if session.awaiting_text:
+                self.prompts.get(session.prompt)
+            if session.pending_prompt is not None:
+                self.prompts.get(session.pending_prompt)
+
+    def _admit_encoded(self) -> None:
+        """Sessions waiting for their first prompt's embedding join once it is there."""
         for slot, sid in enumerate(self._resident):
             session = self._sessions[sid]
             if not session.awaiting_text:
                 continue
-            embedding = (self.prompts.get(session.prompt) if wait
-                         else self.prompts.ready(session.prompt))
+            embedding = self.prompts.ready(session.prompt)
             if embedding is not None:
                 self._write_prompt(slot, embedding)
                 session.awaiting_text = False
 
-    def _apply_pending_prompts(self, sessions: list[_Session], wait: bool = False) -> None:
+    def _apply_pending_prompts(self, sessions: list[_Session]) -> None:
         """Switches prompts at chunk boundaries: only sessions at phase 0 (slot = index), once
-        the new prompt is encoded (with ``wait``, waiting for it)."""
+        the new prompt is encoded."""
         for slot, session in enumerate(sessions):
             if session.pending_prompt is not None and session.phase == 0:
                 prompt = session.pending_prompt
-                embedding = self.prompts.get(prompt) if wait else self.prompts.ready(prompt)
+                embedding = self.prompts.ready(prompt)
                 if embedding is None:
                     continue  # still encoding: this chunk keeps the old prompt
                 started = time.perf_counter()
@@ -743,71 +703,35 @@ class Engine:
             prompt=session.prompt, seed=session.seed, preset=self.model_config.name,
             dtype=str(self.dtype).removeprefix("torch."), layers=layers, misc=misc,
             pending_prompt=session.pending_prompt,
-            meta=self._meta(),
+            meta=self.layout.meta,
         )
-
-    def _meta(self) -> dict[str, str]:
-        digest, description = self._checkpoint_id
-        return {
-            "weights_seed": str(self.config.seed),
-            "checkpoint": description,
-            "checkpoint_digest": digest,
-        }
-
-    def check_compatible(self, state: SessionSnapshot) -> None:
-        """Raises ``IncompatibleState`` unless ``state`` was made by an engine like this one
-        (preset, dtype, layout, weights). Reads shapes only: meta tensors will do."""
-        expected_dtype = str(self.dtype).removeprefix("torch.")
-        checks = [
-            ("preset", state.preset, self.model_config.name),
-            ("dtype", state.dtype, expected_dtype),
-            ("layers", len(state.layers), self.model_config.num_layers),
-            ("region numel", {t.numel() for t in state.layers}, {self.pool.region_numel}),
-            ("misc numel", state.misc.numel(), self.pool.misc_numel),
-        ]
-        for name, got, expected in checks:
-            if got != expected:
-                raise IncompatibleState(name, got, expected)
-        # Same layout is not enough: caches computed with other weights (another weight seed
-        # or checkpoint) would be silently wrong here.
-        ours = self._meta()
-        if state.meta.get("weights_seed") != ours["weights_seed"]:
-            raise IncompatibleState("weights_seed", state.meta.get("weights_seed"),
-                                    ours["weights_seed"])
-        if state.meta.get("checkpoint_digest") != ours["checkpoint_digest"]:
-            raise IncompatibleState("checkpoint", state.meta.get("checkpoint"),
-                                    ours["checkpoint"])
 
     # -- telemetry ------------------------------------------------------------------------
     def chunk_ms_by_batch(self) -> dict[int, float]:
-        """Median measured wall time of a step, per batch size seen.
-
-        Takes no lock (it snapshots with C-level copies under the GIL), so the service may
-        call it from its event loop while a step runs in the generation thread."""
+        """Median measured wall time of a chunk, per batch size seen: the chunks whose passes
+        all ran at one batch size (the sum of their pass times)."""
         samples = list(self._chunk_ms.items())
         return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
     def prompt_switch_ms(self) -> float | None:
         """Median time a prompt switch added to its pass (the cross-attention written and, with
-        the KV re-cache, the cached frames recomputed); lock-free."""
+        the KV re-cache, the cached frames recomputed)."""
         samples = list(self._switch_ms)
         return statistics.median(samples) if samples else None
 
     def decode_ms_by_batch(self) -> dict[int, float]:
         """Median wall time of the frame decoder per number of chunks it decoded in a pass
-        (part of the chunk time); lock-free like ``chunk_ms_by_batch``."""
+        (part of the chunk time)."""
         samples = list(self._decode_ms.items())
         return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
     def pass_ms_by_batch(self) -> dict[int, float]:
-        """Median measured wall time of one ``pass_step`` pass, per batch size seen;
-        lock-free like ``chunk_ms_by_batch``. Under pass_step, ``chunk_ms_by_batch`` holds
-        the chunks whose passes all ran at one batch size (the sum of their pass times)."""
+        """Median measured wall time of one ``pass_step`` pass, per batch size seen."""
         samples = list(self._pass_ms.items())
         return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
-    def telemetry(self) -> dict:
-        """Device report plus engine figures; lock-free, like ``chunk_ms_by_batch``."""
+    def telemetry(self) -> dict[str, Any]:
+        """Device report plus engine figures (for benches; the worker reports its own)."""
         report = telemetry_mod.device_report(self._device)
         sessions = list(self._sessions.values())
         report.update(
@@ -840,7 +764,16 @@ def _bytes_tensor(data: bytes, dtype: str) -> torch.Tensor:
 
 def _rows(rows: list[int]) -> slice | list[int]:
     """An index for ``rows`` (ascending): a slice (a view, no copy) when they are contiguous,
-    as every row of a lockstep step is, else the list (a gather)."""
+    as every row of a single-phase batch is, else the list (a gather)."""
     if rows[-1] - rows[0] + 1 == len(rows):
         return slice(rows[0], rows[-1] + 1)
     return rows
+
+
+def next_chunks(engine: Engine) -> list[ChunkResult]:
+    """One chunk of every resident session: waits for the prompts they wait for, then runs
+    ``passes_per_chunk`` passes (in that many passes each session completes exactly one
+    chunk, whatever its phase). For benches, tests and tools that want whole chunks; the
+    worker drives ``pass_step`` itself, pass by pass."""
+    engine.wait_for_prompts()
+    return [r for _ in range(engine.passes_per_chunk) for r in engine.pass_step()]

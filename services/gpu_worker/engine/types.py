@@ -40,10 +40,8 @@ class ChunkResult:
     session_id: str
     seq: int  # 0 for a session's first chunk
     frames: torch.Tensor  # uint8 [T, H, W, 3] on the CPU
-    # step(): wall time of the whole batched step (all 5 passes and the decode).
-    # pass_step(): the sum of the wall times of the passes that produced this chunk.
-    gen_ms: float
-    batch: int  # sessions in the step (step()) or in the pass that completed the chunk
+    gen_ms: float  # the sum of the wall times of the passes that made this chunk
+    batch: int  # sessions in the pass that completed the chunk
 
 
 @dataclass(slots=True)
@@ -69,6 +67,49 @@ class SessionSnapshot:
     def nbytes(self) -> int:
         tensors = [*self.layers, self.misc]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """What a session's state must have been made with to continue on an engine: its preset,
+    dtype, slot layout and weights. Immutable, so any thread may check a state against it
+    (the handoff's admission runs on the event loop, before a byte moves)."""
+
+    preset: str
+    dtype: str
+    num_layers: int
+    region_numel: int
+    misc_numel: int
+    weights_seed: str  # decides the untrained DiT and, always, the stand-in decoder
+    checkpoint: str  # the checkpoint's description, for messages
+    checkpoint_digest: str  # its content hash ("none" without one)
+
+    @property
+    def meta(self) -> dict[str, str]:
+        """What an exported state or a recovery point carries of the weights."""
+        return {"weights_seed": self.weights_seed, "checkpoint": self.checkpoint,
+                "checkpoint_digest": self.checkpoint_digest}
+
+    def check(self, state: SessionSnapshot) -> None:
+        """Raises ``IncompatibleState`` unless ``state`` was made by an engine like this one.
+        Reads shapes only: meta tensors will do."""
+        checks = [
+            ("preset", state.preset, self.preset),
+            ("dtype", state.dtype, self.dtype),
+            ("layers", len(state.layers), self.num_layers),
+            ("region numel", {t.numel() for t in state.layers}, {self.region_numel}),
+            ("misc numel", state.misc.numel(), self.misc_numel),
+        ]
+        for name, got, expected in checks:
+            if got != expected:
+                raise IncompatibleState(name, got, expected)
+        # Same layout is not enough: caches computed with other weights (another weight seed
+        # or checkpoint) would be silently wrong here.
+        if state.meta.get("weights_seed") != self.weights_seed:
+            raise IncompatibleState("weights_seed", state.meta.get("weights_seed"),
+                                    self.weights_seed)
+        if state.meta.get("checkpoint_digest") != self.checkpoint_digest:
+            raise IncompatibleState("checkpoint", state.meta.get("checkpoint"), self.checkpoint)
 
 
 @dataclass(frozen=True, slots=True)
