@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -134,9 +133,7 @@ async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int
     from tools.handoff import harness
     from tools.launcher import Mesh
 
-    mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
-                redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                quiet=True)
+    mesh = Mesh.from_env(quiet=True)
     mesh.start_infra()
     tag = "bench" + uuid.uuid4().hex[:8]
     subjects = Subjects(tag)
