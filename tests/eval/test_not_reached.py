@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.scheduler.eval import readme
+from services.scheduler.eval import results
 from services.scheduler.eval.analysis import analyse_trace, summarise
 from services.scheduler.eval.matched import reduction_pct
 from services.scheduler.eval.report import markdown_report
@@ -127,7 +127,7 @@ def test_the_report_says_not_reached(document):
 
 
 def test_sim_tables_says_not_reached(document, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(readme, "_policy_all", lambda: "(sim run table)")
+    monkeypatch.setattr(results, "_policy_all", lambda: "(sim run table)")
     path = tmp_path / "eval.json"
     path.write_text(json.dumps(document))
     capsys.readouterr()
@@ -144,7 +144,7 @@ def test_a_document_written_before_the_flags_is_read_the_same_way(document, tmp_
                                                                   monkeypatch):
     """An older evaluation JSON, whose summary averaged every trace, is re-read from its
     traces: the tables never print the dearest point as a cost."""
-    monkeypatch.setattr(readme, "_policy_all", lambda: "(sim run table)")
+    monkeypatch.setattr(results, "_policy_all", lambda: "(sim run table)")
     old = json.loads(json.dumps(document))
     for doc in (old, old["by_profile"][PROFILE]):
         for t in doc["traces"].values():

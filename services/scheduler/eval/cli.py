@@ -35,16 +35,24 @@ def register(sim_subparsers: argparse._SubParsersAction) -> None:
                              "default: the paper's H20 and our measured H200 "
                              "(h20-longlive-1.3b-nvlink,h200-wan-1.3b-measured); the first "
                              "one's figures head the report")
+    parser.add_argument("--scale", default="1", metavar="LIST",
+                        help="comma-separated scales (default 1): at scale N each built-in "
+                             "trace is N copies of itself superposed, each shifted by a seeded "
+                             "0-40 s offset (the trace <name>_xN); the first scale's figures "
+                             "head the report, and the JSON and markdown are written again "
+                             "after each scale")
     parser.set_defaults(func=run)
-    from services.scheduler.eval import readme
+    from services.scheduler.eval import results
 
-    readme.register(sim_subparsers)
+    results.register(sim_subparsers)
 
 
 def run(args: argparse.Namespace) -> int:
     from services.scheduler.eval.evaluate import (
         DEFAULT_PROFILES,
-        evaluate_profiles,
+        Evaluation,
+        evaluate_scales,
+        scaled_keys,
         trace_keys_from_dir,
     )
     from services.scheduler.eval.report import markdown_report, write_plots
@@ -55,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         return fail("sim evaluate", f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        scales = tuple(int(x) for x in args.scale.split(",") if x.strip())
+    except ValueError:
+        return fail("sim evaluate", f"--scale takes whole numbers separated by commas, got "
+                                    f"{args.scale!r}")
+    if not scales or any(n < 1 for n in scales) or len(set(scales)) != len(scales):
+        return fail("sim evaluate", f"--scale needs distinct whole numbers >= 1, got "
+                                    f"{args.scale!r}")
     try:
         if args.traces is not None:
             keys = trace_keys_from_dir(args.traces)
@@ -68,21 +84,31 @@ def run(args: argparse.Namespace) -> int:
             return fail("sim evaluate", "--profiles needs at least one profile")
         for name in profiles:
             load_profile(name)  # a bad profile is a one-line error before any work
-        result = evaluate_profiles(keys, profiles, quick=args.quick, jobs=args.jobs,
-                                   placement_instances=args.placement_instances)
+        try:
+            for scale in scales:
+                scaled_keys(keys, scale)  # a scale the traces cannot take, before any work
+        except ValueError as exc:
+            return fail("sim evaluate", f"--scale: {exc}")
+
+        def write(result: Evaluation) -> None:
+            # After each scale, so that a long evaluation leaves what it has measured.
+            if args.markdown is not None:
+                args.markdown.parent.mkdir(parents=True, exist_ok=True)
+                args.markdown.write_text(markdown_report(result.document))
+            if args.json is not None:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(result.document, indent=2) + "\n")
+
+        result = evaluate_scales(keys, profiles, scales, quick=args.quick, jobs=args.jobs,
+                                 placement_instances=args.placement_instances, done=write)
     except (TraceError, ProfileError, SimulationError, PolicyError, FileNotFoundError) as exc:
         # A bad trace file (named, with its line where known), not a traceback.
         return fail("sim evaluate", exc)
-    text = markdown_report(result.document)
-    print(text)
-    if args.markdown is not None:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
+    print(markdown_report(result.document))
     if args.plots is not None:
         for path in write_plots(result, args.plots):
             print(f"wrote {path}", file=sys.stderr)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result.document, indent=2) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
+    for path in (args.markdown, args.json):
+        if path is not None:
+            print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -1,0 +1,302 @@
+"""The import rules of docs/architecture.md, checked on the source of every module.
+
+Each ``.py`` file under ``shared/``, ``services/`` and ``tools/`` is parsed (never imported) and
+every import in it, at any depth (inside functions and ``TYPE_CHECKING`` blocks too, and
+``importlib.import_module`` with a literal name), is held to the rules below. A rule broken by
+code that is being moved is listed in ``ALLOWED`` with the reason; an entry nothing needs any
+more fails the suite, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("shared", "services", "tools")
+SERVICES = ("gateway", "gpu_worker", "provisioner", "scheduler")
+
+# The policy core and the simulator stay pure: no torch, no messaging, no storage, no HTTP and
+# none of the heavy libraries only the worker, the gateway or the evaluation's plots use.
+PURE = ("services.scheduler.core", "services.scheduler.sim")
+NOT_IN_PURE = ("torch", "nats", "redis", "aiohttp", "aiortc", "av", "msgspec", "structlog",
+               "transformers", "diffusers", "safetensors", "matplotlib", "scipy", "pandas",
+               "kubernetes", "PIL")
+
+# (importing file, imported module) -> why it is allowed for now. Each entry names the owner's
+# move that removes it.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("services/gateway/webrtc_cost.py", "services.gpu_worker.fmp4"):
+        "the WebRTC cost measure encodes a chunk with the worker's fMP4 encoder to have a "
+        "fragment to demux; it is a benchmark and belongs in tools/bench",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    path: str  # the importing file, relative to the repository root
+    line: int
+    importer: str  # the importing module's dotted name
+    module: str  # the imported module's absolute dotted name
+    names: tuple[str, ...] = ()  # for ``from module import names``
+    deferred: bool = False  # inside a function: it runs when called, not on import
+
+
+@dataclass(frozen=True)
+class Breach:
+    rule: str
+    imp: Import
+
+    def __str__(self) -> str:
+        what = self.imp.module + (f" ({', '.join(self.imp.names)})" if self.imp.names else "")
+        return f"{self.imp.path}:{self.imp.line}: {self.rule}: imports {what}"
+
+
+def module_name(path: str) -> str:
+    parts = list(Path(path).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_in(path: str, source: str) -> Iterator[Import]:
+    """Every import in ``source`` (the file at ``path``), relative ones made absolute."""
+    importer = module_name(path)
+    package = importer if path.endswith("__init__.py") else importer.rpartition(".")[0]
+    tree = ast.parse(source, path)
+    deferred = {id(inner) for node in ast.walk(tree)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                for inner in ast.walk(node) if inner is not node}
+    for node in ast.walk(tree):
+        later = id(node) in deferred
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(path, node.lineno, importer, alias.name, deferred=later)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names = tuple(alias.name for alias in node.names)
+            if node.level and not node.module:
+                # ``from . import x`` imports the submodules (or names) x of the package.
+                for name in names:
+                    yield Import(path, node.lineno, importer, f"{module}.{name}", deferred=later)
+            else:
+                yield Import(path, node.lineno, importer, module, names, later)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield Import(path, node.lineno, importer, node.args[0].value, deferred=later)
+
+
+def private_attributes(path: str, source: str) -> Iterator[Import]:
+    """``alias._name`` where ``alias`` is bound by an import of one of our modules: reaching
+    into a module's private name without importing it by name."""
+    tree = ast.parse(source, path)
+    ours: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _ours(alias.name):
+                    ours[alias.asname or alias.name.partition(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom) and not node.level and _ours(node.module or ""):
+            for alias in node.names:
+                ours[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    importer = module_name(path)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in ours and _private(node.attr)):
+            yield Import(path, node.lineno, importer, ours[node.value.id], (node.attr,))
+
+
+def _ours(module: str) -> bool:
+    return module.partition(".")[0] in PACKAGES
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _service(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "services" else None
+
+
+def breaches(imp: Import) -> list[Breach]:
+    """The rules ``imp`` breaks (none for most)."""
+    found = []
+    mine, theirs = _service(imp.importer), _service(imp.module)
+    if mine == "gpu_worker" and theirs is not None and theirs != mine:
+        found.append("the worker imports no other service")
+    elif mine is not None and theirs is not None and theirs != mine:
+        found.append("a service imports only its own package and shared")
+    top = imp.module.partition(".")[0]
+    if imp.importer.partition(".")[0] in ("services", "shared") and top == "tools":
+        found.append("services and shared never import tools")
+    if _within(imp.importer, "shared") and top == "services":
+        found.append("shared imports no service")
+    if (_within(imp.importer, "tools") and top in ("services", "shared")
+            and (any(_private(part) for part in imp.module.split("."))
+                 or any(_private(name) for name in imp.names))):
+        found.append("tools use only public names of services and shared")
+    if any(_within(imp.importer, p) for p in PURE) and top in NOT_IN_PURE:
+        found.append("the policy core and the simulator stay pure")
+    return [Breach(rule, imp) for rule in found]
+
+
+def tree_imports() -> list[Import]:
+    found = []
+    for package in PACKAGES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            path = file.relative_to(ROOT).as_posix()
+            source = file.read_text()
+            found += list(imports_in(path, source))
+            if package == "tools":
+                found += list(private_attributes(path, source))
+    return found
+
+
+def pure_closure(imports: list[Import]) -> list[Breach]:
+    """What importing a pure module loads through other modules of ours: a module it imports
+    (on import, not inside a function) that imports a library the pure packages may not."""
+    by_importer: dict[str, list[Import]] = {}
+    for imp in imports:
+        if not imp.deferred:
+            by_importer.setdefault(imp.importer, []).append(imp)
+    found = []
+    for start in sorted(m for m in by_importer if any(_within(m, p) for p in PURE)):
+        seen, todo = {start}, [start]
+        while todo:
+            for imp in by_importer.get(todo.pop(), ()):
+                targets = [imp.module] + [f"{imp.module}.{n}" for n in imp.names]
+                for target in targets:
+                    if target in by_importer and target not in seen:
+                        seen.add(target)
+                        todo.append(target)
+                if (imp.importer != start and imp.module.partition(".")[0] in NOT_IN_PURE
+                        and not any(_within(imp.importer, p) for p in PURE)):
+                    found.append(Breach(f"the policy core and the simulator stay pure "
+                                        f"(reached from {start})", imp))
+    return found
+
+
+# --- the tree ---------------------------------------------------------------------------------
+
+
+def test_the_tree_keeps_the_import_rules() -> None:
+    imports = tree_imports()
+    assert len(imports) > 500, "the walk found too few imports: is ROOT right?"
+    broken = [b for imp in imports for b in breaches(imp)] + pure_closure(imports)
+    unexplained = sorted({str(b) for b in broken
+                          if (b.imp.path, b.imp.module) not in ALLOWED})
+    assert not unexplained, "imports that break docs/architecture.md's rules:\n" + "\n".join(
+        unexplained)
+
+
+def test_every_allowed_breach_is_still_there() -> None:
+    imports = tree_imports()
+    broken = {(b.imp.path, b.imp.module)
+              for imp in imports for b in breaches(imp)} | {
+        (b.imp.path, b.imp.module) for b in pure_closure(imports)}
+    stale = sorted(set(ALLOWED) - broken)
+    assert not stale, f"ALLOWED entries nothing needs any more (remove them): {stale}"
+
+
+# --- the checker, on made-up sources: each rule can fail ----------------------------------------
+
+
+def _check(path: str, source: str) -> list[str]:
+    found = [b.rule for imp in imports_in(path, source) for b in breaches(imp)]
+    if path.startswith("tools/"):
+        found += [b.rule for imp in private_attributes(path, source) for b in breaches(imp)]
+    return found
+
+
+@pytest.mark.parametrize(("path", "source", "rule"), [
+    ("services/gpu_worker/service.py", "from services.scheduler.core.types import Gpu\n",
+     "the worker imports no other service"),
+    ("services/gpu_worker/engine/engine.py", "from ...gateway import sse\n",
+     "the worker imports no other service"),
+    ("services/gpu_worker/pacing.py", "import services.provisioner.pool\n",
+     "the worker imports no other service"),
+    ("services/gateway/app.py", "def f():\n    from services.gpu_worker import fmp4\n",
+     "a service imports only its own package and shared"),
+    ("services/scheduler/service.py",
+     "import importlib\nimportlib.import_module('services.provisioner.pool')\n",
+     "a service imports only its own package and shared"),
+    ("services/provisioner/pool.py", "from services.gateway.store import Store\n",
+     "a service imports only its own package and shared"),
+    ("services/scheduler/eval/results.py", "from tools.bench.scheduler import bench_one\n",
+     "services and shared never import tools"),
+    ("shared/wire.py", "import tools.cli\n", "services and shared never import tools"),
+    ("shared/registry.py", "from services.scheduler import live\n", "shared imports no service"),
+    ("shared/__init__.py", "import services\n", "shared imports no service"),
+    ("tools/ctl.py", "from services.gateway.service import _private_helper\n",
+     "tools use only public names of services and shared"),
+    ("tools/bench/worker.py", "from services.gpu_worker import _internal\n",
+     "tools use only public names of services and shared"),
+    ("tools/bench/worker.py", "import services.gpu_worker._internal.x\n",
+     "tools use only public names of services and shared"),
+    ("tools/replay.py", "from shared import wire\nwire._decode(b'')\n",
+     "tools use only public names of services and shared"),
+    ("services/scheduler/core/loop.py", "import torch\n",
+     "the policy core and the simulator stay pure"),
+    ("services/scheduler/sim/simulator.py", "def f():\n    import nats.js\n",
+     "the policy core and the simulator stay pure"),
+    ("services/scheduler/sim/synth.py", "from redis.asyncio import Redis\n",
+     "the policy core and the simulator stay pure"),
+    ("services/scheduler/core/__init__.py", "from aiohttp import web\n",
+     "the policy core and the simulator stay pure"),
+])
+def test_the_checker_flags_a_made_up_breach(path: str, source: str, rule: str) -> None:
+    assert rule in _check(path, source)
+
+
+@pytest.mark.parametrize(("path", "source"), [
+    ("services/gpu_worker/service.py", "from shared.wire import Assign\nfrom . import inbox\n"),
+    ("services/gpu_worker/engine/engine.py", "from ..model.config import ModelConfig\n"),
+    ("services/scheduler/eval/plots.py", "import matplotlib.pyplot\n"),
+    ("services/scheduler/core/loop.py", "from shared.profile import LatencyProfile\n"),
+    ("tools/ctl.py", "from services.gateway.service import GatewayService\n"
+                     "from shared import wire\nwire.__name__\n"),
+    ("tools/bench/worker.py", "import torch\ntorch._C\n"),
+])
+def test_the_checker_passes_what_the_rules_allow(path: str, source: str) -> None:
+    assert _check(path, source) == []
+
+
+def test_a_pure_module_reaching_torch_through_another_is_flagged() -> None:
+    imports = (list(imports_in("services/scheduler/core/loop.py",
+                               "from shared.helper import f\n"))
+               + list(imports_in("shared/helper.py", "import torch\n")))
+    found = pure_closure(imports)
+    assert [str(b) for b in found] == [
+        "shared/helper.py:1: the policy core and the simulator stay pure "
+        "(reached from services.scheduler.core.loop): imports torch"]
+
+
+def test_relative_imports_are_made_absolute() -> None:
+    found = list(imports_in("services/gpu_worker/engine/engine.py",
+                            "from .. import telemetry\nfrom ..model.dit import ChunkCaches\n"
+                            "from .slots import SlotPool\n"))
+    assert [(i.module, i.names) for i in found] == [
+        ("services.gpu_worker.telemetry", ()),
+        ("services.gpu_worker.model.dit", ("ChunkCaches",)),
+        ("services.gpu_worker.engine.slots", ("SlotPool",))]
+
+
+def test_an_import_inside_a_function_is_not_followed_from_a_pure_module() -> None:
+    imports = (list(imports_in("services/scheduler/sim/cli.py",
+                               "def evaluate():\n    from services.scheduler.eval import plots\n"))
+               + list(imports_in("services/scheduler/eval/plots.py", "import matplotlib\n")))
+    assert pure_closure(imports) == []
