@@ -11,8 +11,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
+from typing import Any
 
 import aiohttp
 import pytest
@@ -20,6 +20,7 @@ from PIL import Image
 
 from shared.registry import Registry
 from shared.states import SessionState
+from tests.eventually import eventually, eventually_sync
 from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -64,13 +65,6 @@ async def read_sse(resp: aiohttp.ClientResponse, want: int, timeout: float = 90.
     return events
 
 
-async def wait_for_state(registry: Registry, sid: str, state: SessionState, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while (rec := await registry.get_session(sid)).state is not state:
-        assert time.monotonic() < deadline, f"session stayed {rec.state}, never {state}"
-        await asyncio.sleep(0.1)
-
-
 async def test_session_streams_end_to_end(mesh, redis_client, isolation):
     import orjson
 
@@ -106,7 +100,13 @@ async def test_session_streams_end_to_end(mesh, redis_client, isolation):
 
         resp = await http.delete(f"/v1/sessions/{sid}", headers=auth)
         assert resp.status == 200
-        await wait_for_state(registry, sid, SessionState.TERMINATED)
+
+        async def terminated() -> bool:
+            state = (await registry.get_session(sid)).state
+            assert state is SessionState.TERMINATED, f"the session is {state}"
+            return True
+
+        await eventually(terminated, 20, "the session terminated")
         record = await registry.get_session(sid)
         assert record.last_seq >= seqs[-1]
         assert sid not in await registry.placement()
@@ -148,11 +148,13 @@ async def test_garbage_to_worker_is_dropped_and_it_keeps_serving(mesh, nats_clie
     subjects = Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"])
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
         first = await (await http.post("/v1/sessions", json={"prompt": "one"})).json()
-        deadline = time.monotonic() + 60
         first_auth = {"Authorization": f"Bearer {first['token']}"}
-        while not (rec := await (await http.get(f"/v1/sessions/{first['id']}", headers=first_auth)).json())["worker_id"]:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.1)
+
+        async def first_placed() -> dict[str, Any] | None:
+            rec = await (await http.get(f"/v1/sessions/{first['id']}", headers=first_auth)).json()
+            return rec if rec["worker_id"] else None
+
+        rec = await eventually(first_placed, 60, "the first session on a worker")
         worker_id = rec["worker_id"]
         for junk in (b"garbage", b"{}", b'{"type":"worker_cmd","kind":"assign","worker_id":"../x"}'):
             await nats_client.publish(subjects.worker_cmd(worker_id), junk)
@@ -185,20 +187,24 @@ def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_pat
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "up", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while b"Try it" not in (tmp_path / "up.log").read_bytes():
-            assert proc.poll() is None, (tmp_path / "up.log").read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        def banner_shown() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"turboserve up exited: {(tmp_path / 'up.log').read_text()}")
+            return b"Try it" in (tmp_path / "up.log").read_bytes()
+
+        eventually_sync(banner_shown, 120, "the banner", interval=0.2)
         # The banner comes once a worker can take a session, and says so.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
             ready = json.loads(resp.read())
         assert resp.status == 200 and ready["workers_ready"] >= 1
         assert "Workers: the first one is ready (" in (tmp_path / "up.log").read_text()
         # gateway, scheduler, provisioner, and the worker the provisioner starts
-        while len(children := _descendants(proc.pid)) < 4:
-            assert time.monotonic() < deadline, children
-            time.sleep(0.1)
+        def four_processes() -> list[int]:
+            children = _descendants(proc.pid)
+            assert len(children) >= 4, children
+            return children
+
+        children = eventually_sync(four_processes, 60, "four processes under turboserve up")
         # The state file `turboserve ctl` finds it by, the keys in the banner, logs in files.
         state = json.loads((tmp_path / "state" / "up.json").read_text())
         assert state["gateway_url"] == f"http://127.0.0.1:{port}"

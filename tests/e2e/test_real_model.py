@@ -11,7 +11,6 @@ import base64
 import io
 import os
 import signal
-import time
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +19,7 @@ import pytest
 from PIL import Image
 
 from shared.wire import WorkerStatus
+from tests.eventually import eventually
 from tests.integration.worker_harness import mesh_context
 from tests.models import RESOLUTION, build_folder
 from tools.ctl import Ctl
@@ -55,12 +55,6 @@ class Stream:
             elif event.get("event") == "end":
                 return
             event = {}
-
-    async def until(self, count: int, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.chunks) < count:
-            assert time.monotonic() < deadline, f"{what}: {len(self.chunks)} chunks"
-            await asyncio.sleep(0.1)
 
 
 def _worker_pid(mesh: Mesh, worker_id: str) -> int:
@@ -99,11 +93,13 @@ async def test_a_model_folder_streams_across_prompt_migration_and_a_killed_worke
             **isolation}
     try:
         async with mesh_context(conn) as (ctx, _), aiohttp.ClientSession(mesh.gateway_url) as http:
-            deadline = time.monotonic() + 180
-            while len([w for w in await ctx.registry.workers()
-                       if w.alive and w.status is WorkerStatus.READY]) < 2:
-                assert time.monotonic() < deadline, _logs(tmp_path / "logs")
-                await asyncio.sleep(0.5)
+            async def two_ready() -> bool:
+                ready = [w for w in await ctx.registry.workers()
+                         if w.alive and w.status is WorkerStatus.READY]
+                assert len(ready) >= 2, _logs(tmp_path / "logs")
+                return True
+
+            await eventually(two_ready, 180, "two workers ready", interval=0.5)
             resp = await http.post("/v1/sessions", json={"prompt": "a red fox running through snow",
                                                          "seed": 5})
             assert resp.status == 201, await resp.text()
@@ -114,11 +110,12 @@ async def test_a_model_folder_streams_across_prompt_migration_and_a_killed_worke
                                 headers=auth, timeout=aiohttp.ClientTimeout(total=None)) as sse:
                 reader = asyncio.ensure_future(stream.read(sse))
                 try:
-                    await stream.until(3, 120, "first chunks")
+                    await eventually(lambda: len(stream.chunks) >= 3, 120, "first chunks")
                     resp = await http.post(f"/v1/sessions/{sid}/prompt", headers=auth,
                                            json={"prompt": "a blue whale in the deep ocean"})
                     assert resp.status == 200 and (await resp.json())["confirmed"]
-                    await stream.until(6, 60, "chunks after the prompt change")
+                    await eventually(lambda: len(stream.chunks) >= 6, 60,
+                                     "chunks after the prompt change")
 
                     owner = (await ctx.registry.get_session(sid)).owner
                     others = [w.id for w in await ctx.registry.workers()
@@ -126,11 +123,13 @@ async def test_a_model_folder_streams_across_prompt_migration_and_a_killed_worke
                     report = await Ctl(ctx).migrate(sid, others[0], 60)
                     assert report["ok"] and report["dst"] == others[0]
                     moved_at = len(stream.chunks)
-                    await stream.until(moved_at + 3, 60, "chunks after the migration")
+                    await eventually(lambda: len(stream.chunks) >= moved_at + 3, 60,
+                                     "chunks after the migration")
 
                     os.kill(_worker_pid(mesh, others[0]), signal.SIGKILL)
                     killed_at = len(stream.chunks)
-                    await stream.until(killed_at + 3, 120, "chunks after the worker was killed")
+                    await eventually(lambda: len(stream.chunks) >= killed_at + 3, 120,
+                                     "chunks after the worker was killed")
                 finally:
                     reader.cancel()
             await http.delete(f"/v1/sessions/{sid}", headers=auth)

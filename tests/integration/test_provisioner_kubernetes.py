@@ -25,6 +25,7 @@ from shared.registry import PoolLimits, WorkerRecord
 from shared.runner import running
 from shared.settings import ProvisionerSettings
 from shared.wire import Heartbeat, ProvisionerCmdKind, WorkerStatus, encode
+from tests.eventually import eventually
 from tests.unit.provisioner.kube_fake import FakeKube
 from tests.unit.provisioner.support import EventLog, refused, request
 
@@ -77,12 +78,6 @@ class Exits:
         task = asyncio.create_task(coro, name=name)
         self.tasks.append(task)
         return task
-
-    async def wait_for(self, n: int, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.seen) < n:
-            assert time.monotonic() < deadline, f"only {self.seen}"
-            await asyncio.sleep(0.05)
 
     def cancel(self) -> None:
         for task in self.tasks:
@@ -139,12 +134,12 @@ async def test_poll_reports_failed_and_vanished_pods(kube):
         await backend.launch("a")
         await backend.launch("b")
         kube.set_phase(NS, pod_name("ts", "a"), "Failed", reason="OOMKilled", exit_code=137)
-        await exits.wait_for(1)
+        await eventually(lambda: exits.seen, what="the failed pod reported")
         assert exits.seen == [("a", f"pod {pod_name('ts', 'a')} Failed: OOMKilled (exit code 137)")]
-        await asyncio.sleep(0.3)
-        assert (NS, pod_name("ts", "a")) not in kube.pods  # the failed pod was cleaned up
+        await eventually(lambda: (NS, pod_name("ts", "a")) not in kube.pods,
+                         what="the failed pod cleaned up")
         kube.vanish(NS, pod_name("ts", "b"))
-        await exits.wait_for(2)
+        await eventually(lambda: len(exits.seen) == 2, what="the vanished pod reported")
         assert exits.seen[1] == ("b", f"pod {pod_name('ts', 'b')} deleted")
     finally:
         exits.cancel()
@@ -212,13 +207,13 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
         events = await EventLog.listen(nats_client, ctx.subjects)
         assert await ctx.registry.pool_limits() == PoolLimits(1, 3, "kubernetes")
         [first_id] = service.pool.slots  # min_workers, started before we listened
-        await _until(lambda: len(kube.pods_in(NS)) == 1)
+        await eventually(lambda: len(kube.pods_in(NS)) == 1)
         await _ready(nats_client, ctx.subjects, first_id)
         assert (await events.wait(first_id, WorkerStatus.READY)).gpu_kind == "H100"
 
         reply = await request(nats_client, ctx.subjects, ProvisionerCmdKind.START, ["g1", "g2"])
         assert reply.started == ["g1", "g2"]
-        await _until(lambda: len(kube.pods_in(NS)) == 3)
+        await eventually(lambda: len(kube.pods_in(NS)) == 3)
         for wid in ("g1", "g2"):
             await _ready(nats_client, ctx.subjects, wid)
             await events.wait(wid, WorkerStatus.READY)
@@ -245,10 +240,11 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
         # a delete the API refuses is tried again until it works: the worker is gone only then
         kube.refuse_delete = (503, "ServiceUnavailable")
         await request(nats_client, ctx.subjects, ProvisionerCmdKind.START, ["g3"])
-        await _until(lambda: (NS, pod_name(prefix, "g3")) in kube.pods)
+        await eventually(lambda: (NS, pod_name(prefix, "g3")) in kube.pods)
         stopping = await request(nats_client, ctx.subjects, ProvisionerCmdKind.STOP, ["g3"])
         assert stopping.stopping == ["g3"]
-        await asyncio.sleep(1.5)  # a first try and a retry, both refused
+        g3 = ("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod_name(prefix, 'g3')}")
+        await eventually(lambda: kube.requests.count(g3) >= 2, what="a first try and a retry")
         assert (NS, pod_name(prefix, "g3")) in kube.pods
         assert WorkerStatus.GONE not in events.statuses("g3")
         kube.refuse_delete = None
@@ -274,20 +270,13 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
     async with running(successor, settings) as ctx:
         assert list(successor.pool.slots) == [first_id]
         await _ready(nats_client, ctx.subjects, first_id)
-        await _until(lambda: successor.pool.counts()[SlotState.READY] == 1)
+        await eventually(lambda: successor.pool.counts()[SlotState.READY] == 1)
         assert len(kube.pods_in(NS)) == 1
         # and it notices when that pod goes: the pool is refilled to its minimum
         kube.vanish(NS, pod_name(prefix, first_id))
         gone = await events.wait(first_id, WorkerStatus.GONE)
         assert gone.code == "exited"
-        await _until(lambda: len(kube.pods_in(NS)) == 1, timeout=15)
+        await eventually(lambda: len(kube.pods_in(NS)) == 1, timeout=15)
     assert first_id not in (await meter.read()).open
     # every call the backend made is one the provisioner's Role grants (and it made them all)
     assert kube.verbs_used() == {(r, v) for r, verbs in API_USE.items() for v in verbs}
-
-
-async def _until(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)

@@ -21,6 +21,7 @@ from shared.runner import running
 from shared.settings import ProvisionerSettings
 from shared.states import SessionState
 from shared.wire import ProvisionerCmdKind, ProvisionerCommand, WorkerStatus, encode
+from tests.eventually import eventually
 from tests.unit.provisioner.support import EventLog, refused, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -156,7 +157,7 @@ async def test_one_worker_per_gpu_pinned_by_uuid(env, nats_client, monkeypatch):
         assert await ctx.registry.pool_limits() == PoolLimits(0, 2, "local")
         reply = await request(nats_client, ctx.subjects, START, ["g1", "g2", "g3"])
         assert reply.started == ["g1", "g2"] and refused(reply) == [("g3", "no_gpu")]
-        await _until(lambda: len(service.backend.workers) == 2)
+        await eventually(lambda: len(service.backend.workers) == 2)
         pinned = {wid: _environ(w.process.pid).get("CUDA_VISIBLE_DEVICES")
                   for wid, w in service.backend.workers.items()}
         assert sorted(pinned.values()) == ["GPU-aaaa", "GPU-bbbb"]
@@ -168,7 +169,7 @@ async def test_one_worker_per_gpu_pinned_by_uuid(env, nats_client, monkeypatch):
         await events.wait("g1", WorkerStatus.GONE)
         again = await request(nats_client, ctx.subjects, START, ["g3"])
         assert again.started == ["g3"]
-        await _until(lambda: "g3" in service.backend.workers)
+        await eventually(lambda: "g3" in service.backend.workers)
         assert _environ(service.backend.workers["g3"].process.pid)["CUDA_VISIBLE_DEVICES"] == pinned["g1"]
 
 
@@ -178,7 +179,7 @@ async def test_a_worker_that_does_not_boot_in_time_is_stopped(env, nats_client):
     async with running(service, settings) as ctx:
         events = await EventLog.listen(nats_client, ctx.subjects)
         await request(nats_client, ctx.subjects, START, ["slow"])
-        await _until(lambda: "slow" in service.backend.workers)
+        await eventually(lambda: "slow" in service.backend.workers)
         pid = service.backend.workers["slow"].process.pid
         gone = await events.wait("slow", WorkerStatus.GONE, timeout=30)
         assert gone.code == "boot_timeout" and not _alive(pid)
@@ -246,13 +247,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _until(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(env, tmp_path,
                                                                                redis_client):
     """As ``turboserve up --logs file`` runs it: the provisioner's output, piped, is JSON from
@@ -276,12 +270,12 @@ async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(en
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     registry = Registry(redis_client, env["TURBOSERVE_REDIS_NAMESPACE"])
     try:
-        deadline = time.monotonic() + 90
-        while not [w for w in await registry.workers()
-                   if w.alive and w.status is WorkerStatus.READY]:
-            assert proc.poll() is None, out_path.read_text()
-            assert time.monotonic() < deadline, "no worker ready"
-            await asyncio.sleep(0.2)
+        async def a_worker_ready() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"the provisioner exited: {out_path.read_text()}")
+            return any(w.alive and w.status is WorkerStatus.READY for w in await registry.workers())
+
+        await eventually(a_worker_ready, timeout=90, what="a worker ready")
         (worker,) = await registry.workers()
     finally:
         proc.send_signal(signal.SIGTERM)
