@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -197,7 +197,7 @@ def _start(seed: int, logs: str | None = None) -> Stage:
     mesh.start(ready_timeout=120)
     stage = Stage(mesh=mesh, workdir=workdir, gateways=[mesh.gateway_url], keep=bool(logs))
     for name, proc in mesh.procs:
-        argv = [str(a) for a in proc.args]
+        argv = [str(a) for a in cast("list[str]", proc.args)]  # Mesh starts each with a list
         stage.components[name] = Component(name, argv, dict(os.environ), proc,
                                            workdir / f"{name}.log")
     child = {**os.environ, **env, "TURBOSERVE_NATS_URL": mesh.nats_url,
@@ -335,7 +335,8 @@ async def _leader(stage: Stage) -> str | None:
         await client.aclose()
     if raw is None:
         return None
-    return raw.decode().split(":", 1)[1]
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return text.split(":", 1)[1]
 
 
 def _children(pid: int) -> list[int]:

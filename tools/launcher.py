@@ -170,6 +170,13 @@ class Mesh:
     credentials: Credentials | None = None
     secured: dict[str, str] = field(default_factory=dict)  # "nats"/"redis" -> URL, no user
 
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Mesh:
+        """A mesh on the NATS and Redis of the ``TURBOSERVE_*`` settings (this host's when
+        unset); ``kwargs`` are the other fields."""
+        settings = CommonSettings.from_env()
+        return cls(nats_url=settings.nats_url, redis_url=settings.redis_url, **kwargs)
+
     def service_env(self, name: str) -> dict[str, str]:
         """The URLs one service connects with: its own user on a server this mesh secured."""
         env = {"TURBOSERVE_NATS_URL": self._url_of("nats", name, self.nats_url),

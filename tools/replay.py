@@ -172,10 +172,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from services.scheduler.sim.traceio import TraceError, load_trace
     from shared.cli import fail
+    from shared.settings import ToolSettings
     from tools.launcher import read_state
 
     if not args.speed > 0 or (args.duration is not None and not args.duration > 0):
@@ -184,13 +183,14 @@ def run(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace)
     except (TraceError, FileNotFoundError, OSError) as exc:
         return fail("replay", exc)
-    state = read_state() or {}
+    settings = ToolSettings.from_env()
+    state = read_state(settings.state_path) or {}
     urls = [u.strip().rstrip("/") for u in (args.gateway or state.get("gateway_url")
                                             or "http://127.0.0.1:8080").split(",") if u.strip()]
     config = ReplayConfig(
         gateway=urls[0], more_gateways=tuple(urls[1:]),
-        api_key=args.api_key or os.environ.get("TURBOSERVE_API_KEY") or state.get("api_key") or None,
-        operator_key=(args.operator_key or os.environ.get("TURBOSERVE_OPERATOR_KEY")
+        api_key=args.api_key or settings.api_key or state.get("api_key") or None,
+        operator_key=(args.operator_key or settings.operator_key
                       or state.get("operator_key") or None),
         speed=args.speed, offset_s=args.offset, duration_s=args.duration, drain_s=args.drain,
         deadline_ms=args.deadline_ms, period_s=args.period_s, max_sessions=args.max_sessions,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import statistics
 import time
 import uuid
@@ -57,9 +56,7 @@ def run_on_infra(label: str, measure: Callable[[str, str], Awaitable[dict[str, A
     from tools.launcher import Mesh, MeshStartError
 
     configure_logging("error", "console", service="bench")
-    mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
-                redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                quiet=True)
+    mesh = Mesh.from_env(quiet=True)
     try:
         mesh.start_infra()
         result = asyncio.run(measure(mesh.nats_url, mesh.redis_url))

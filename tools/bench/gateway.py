@@ -157,9 +157,7 @@ def _frame(width: int, height: int) -> bytes:
 async def bench(plan: Plan) -> dict[str, Any]:
     from tools.launcher import Mesh, MeshStartError, free_port
 
-    infra = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
-                 redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                 quiet=True)
+    infra = Mesh.from_env(quiet=True)
     try:
         infra.start_infra()
     except MeshStartError as exc:

@@ -47,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from tools.launcher import Mesh
 
     configure_logging("warning", "console", service="bench")
-    mesh = Mesh(nats_url=os.environ.get("TURBOSERVE_NATS_URL", "nats://127.0.0.1:4222"),
-                redis_url=os.environ.get("TURBOSERVE_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                quiet=True)
+    mesh = Mesh.from_env(quiet=True)
     mesh.start_infra()
     try:
         figures = asyncio.run(_bench(mesh.nats_url, mesh.redis_url, args.commands, args.workers))

@@ -272,7 +272,7 @@ async def _max_payload() -> int:
 
     from shared.settings import GatewaySettings
 
-    settings = GatewaySettings.from_env(os.environ)
+    settings = GatewaySettings.from_env()
     try:
         nc = await nats.connect(settings.nats_url, connect_timeout=5, max_reconnect_attempts=0)
     except Exception as exc:  # noqa: BLE001 - said in one line
@@ -319,7 +319,7 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, 
     from shared.wire import Subjects
     from tools.bench.gateway import _create_sessions
 
-    settings = GatewaySettings.from_env(os.environ)
+    settings = GatewaySettings.from_env()
     tally = Tally()
     measuring, stop = asyncio.Event(), asyncio.Event()
     async with gateway_process(settings, "bstream") as (tag, port, url):

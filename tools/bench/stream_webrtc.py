@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -162,7 +161,7 @@ async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
     from shared.wire import Subjects
     from tools.bench.stream import BenchError, _inject, chunk_message, gateway_process
 
-    settings = GatewaySettings.from_env(os.environ)
+    settings = GatewaySettings.from_env()
     viewers_n = plan.webrtc_viewers
     fps = plan.frames / plan.period
     chunk_ticks = plan.frames * max(1, round(90_000 / fps))
