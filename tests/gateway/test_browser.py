@@ -13,7 +13,6 @@ playground.png and dashboard.png (the README's pictures come from this test).
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from shared.settings import SuiteSettings
 from tests.eventually import eventually_sync
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY
 from tools.launcher import Mesh, free_port
@@ -45,7 +45,7 @@ def _browser_or_skip():
         missing.append("selenium (pip install '.[test]')")
     if missing:
         reason = f"no browser to drive: {', '.join(missing)} missing (apt install chromium chromium-driver)"
-        if os.environ.get("TURBOSERVE_REQUIRE_BROWSER") == "1":
+        if SuiteSettings.from_env().require_browser:
             pytest.fail(reason + "; TURBOSERVE_REQUIRE_BROWSER=1 asks for it")
         pytest.skip(reason)
 
@@ -141,7 +141,7 @@ def open_playground(d, gateway_url: str, hash_args: str = "") -> None:
 
 
 def screenshot(d, name: str, settle_s: float = 0.0) -> None:
-    folder = os.environ.get("TURBOSERVE_SCREENSHOT_DIR")
+    folder = SuiteSettings.from_env().screenshot_dir
     if folder:
         time.sleep(settle_s)  # let the charts gather some history for the picture
         d.execute_script("window.scrollTo(0, 0)")

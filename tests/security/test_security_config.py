@@ -23,7 +23,7 @@ SUBJECTS = Subjects("px")
 
 
 def test_with_user_sets_or_replaces_the_credentials():
-    assert with_user("nats://127.0.0.1:4222", "gateway", "pw-1") == "nats://gateway:pw-1@127.0.0.1:4222"
+    assert with_user("nats://nats:4222", "gateway", "pw-1") == "nats://gateway:pw-1@nats:4222"
     assert (with_user("redis://old:secret@redis:6379/0", "worker", "pw-2")
             == "redis://worker:pw-2@redis:6379/0")
     for user, password in (("bad user", "pw"), ("gateway", "has space"), ("gateway", 'quo"te'),
