@@ -8,12 +8,10 @@ the emptied workers (drain before scale-in)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from shared.registry import Registry
+from tests.eventually import eventually
 from tools.launcher import Mesh, free_port
 from tools.replay import ReplayConfig, replay
 
@@ -45,10 +43,12 @@ def burst(sessions: int, hold_s: float) -> list[tuple[float, str, str]]:
 async def test_burst_scales_out_rebalances_then_consolidates_and_releases(
         loop_mesh, redis_client, isolation):
     registry = Registry(redis_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
-    deadline = time.monotonic() + 60
-    while not (status := await registry.scheduler_status()) or status.get("ready", 0) < 1:
-        assert time.monotonic() < deadline, "the scheduler never saw the first worker"
-        await asyncio.sleep(0.5)
+
+    async def first_worker_seen() -> bool:
+        status = await registry.scheduler_status()
+        return status is not None and status.get("ready", 0) >= 1
+
+    await eventually(first_worker_seen, 60, "the scheduler seeing the first worker", interval=0.5)
     initial = {w.id for w in await registry.workers() if w.alive}
     config = ReplayConfig(gateway=loop_mesh.gateway_url, api_key=API_KEY,
                           operator_key=OPERATOR_KEY, speed=1.0, drain_s=5.0)
@@ -68,17 +68,18 @@ async def test_burst_scales_out_rebalances_then_consolidates_and_releases(
         f"no session moved onto a new worker ({sorted(grown)}); events, newest first: "
         f"{[{k: v for k, v in e.items() if k not in ('at', 'command_id')} for e in events]}")
     # The pool goes back to its minimum, releasing only emptied workers.
-    deadline = time.monotonic() + 90
-    while True:
+
+    async def back_to_one() -> tuple[list[dict[str, object]], list[str]]:
         status = await registry.scheduler_status()
         live = [w for w in await registry.workers() if w.alive]
         events = await registry.cluster_events(1000)
         released = [e["worker_id"] for e in events if e["kind"] == "scale_in"]
-        if status is not None and status["gpus"] == 1 and len(live) == 1 and released:
-            break
-        assert time.monotonic() < deadline, (
-            f"the pool stayed at {status and status['gpus']} ({len(live)} live workers)")
-        await asyncio.sleep(1.0)
+        assert status is not None and status["gpus"] == 1 and len(live) == 1 and released, (
+            f"the pool stays at {status and status['gpus']} ({len(live)} live workers)")
+        return events, released
+
+    events, released = await eventually(back_to_one, 90, "the pool back to its minimum",
+                                        interval=1.0)
     consolidations = [e for e in events if e["kind"] == "migration" and e["ok"]
                       and e["src"] in released]
     assert consolidations, "no session was moved off a worker before its release"

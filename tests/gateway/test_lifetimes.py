@@ -100,7 +100,7 @@ async def test_lifetimes_on_the_clock_with_two_replicas(gw_env, nats_client, red
         s = await resp.json()
         sid = s["id"]
         async with client.get(f"{b.url}/v1/sessions/{sid}/stream", headers=bearer(s["token"])) as stream:
-            await asyncio.sleep(3.5)  # longer than idle_after_s + close_after_s, and than the TTL
+            await asyncio.sleep(3.5)  # the wait is the test: past idle_after_s + close_after_s and the TTL
             assert await a.store.activity(sid) is Activity.ACTIVE
             await worker.chunk(sid, 0)
             assert (await read_sse(stream, want=1))[0]["id"] == "0"

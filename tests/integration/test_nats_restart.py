@@ -49,7 +49,7 @@ async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
             await eventually(lambda: len(rx.chunks["before"]) >= 3, 30, "chunks")
             nats.terminate()
             await asyncio.to_thread(nats.wait)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the outage is the test: the services see the server gone
             nats = start_nats(port, tmp_path / "js")
             await wait_nats(url)
             # Published as soon as the server is back, before the scheduler has reconnected

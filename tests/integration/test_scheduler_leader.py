@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import pytest
 
 from shared.leader import LeaderElection
@@ -26,6 +27,7 @@ from shared.wire import (
 )
 from tests.eventually import eventually
 from tests.integration.worker_harness import mesh_context, worker_processes
+from tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -68,10 +70,10 @@ async def test_the_lease_has_one_holder_a_term_per_leadership_and_guards_writes(
 async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_refused(env):
     procs: list[subprocess.Popen[bytes]] = []
 
-    def scheduler(sid: str) -> subprocess.Popen[bytes]:
+    def scheduler(sid: str, ops_port: int = -1) -> subprocess.Popen[bytes]:
         penv = {**os.environ, **env, "TURBOSERVE_SCHEDULER_ID": sid,
                 "TURBOSERVE_LEADER_TTL_S": "1.5", "TURBOSERVE_TICK_S": "0.25",
-                "TURBOSERVE_METRICS_PORT": "-1"}
+                "TURBOSERVE_METRICS_PORT": str(ops_port)}
         proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "scheduler"], env=penv,
                                 stdin=subprocess.DEVNULL)
         procs.append(proc)
@@ -85,8 +87,10 @@ async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_ref
             status = await ctx.registry.scheduler_status()
             assert status["leader"] == "first"
             old_term = status["term"]
-            scheduler("second")
-            await asyncio.sleep(2.0)  # the standby is up and waiting
+            standby_port = free_port()
+            scheduler("second", ops_port=standby_port)
+            # Its ops endpoint opens once it is connected, just before it tries the lease.
+            await eventually(lambda: _answers(standby_port), 30, "the standby up and waiting")
             await start_session_via_events(ctx, "s")
             await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks under the first leader")
             first.send_signal(signal.SIGKILL)
@@ -115,6 +119,15 @@ async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_ref
                 proc.terminate()
         for proc in procs:
             await asyncio.to_thread(proc.wait, 30)
+
+
+async def _answers(port: int) -> bool:
+    try:
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+            return resp.status == 200
+    except aiohttp.ClientError:
+        return False
 
 
 async def _status(ctx) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from shared.runner import close_context, open_context
 from shared.settings import CommonSettings
 from shared.wire import WorkerStatus
+from tests.eventually import eventually
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, bearer
 from tools.ctl import Ctl
 from tools.launcher import Mesh, free_port
@@ -84,11 +84,12 @@ async def test_a_session_lives_its_whole_life_on_the_secured_stack(mesh):
             ctx = await open_context(settings, "test-operator")
             try:
                 ctl = Ctl(ctx)
-                deadline = time.monotonic() + 120  # the second worker may still be booting
-                while len([w for w in await ctx.registry.workers()
-                           if w.alive and w.status is WorkerStatus.READY]) < 2:
-                    assert time.monotonic() < deadline, "the second worker never came"
-                    await asyncio.sleep(0.2)
+                async def two_ready() -> bool:
+                    return len([w for w in await ctx.registry.workers()
+                                if w.alive and w.status is WorkerStatus.READY]) >= 2
+
+                # the second worker may still be booting
+                await eventually(two_ready, 120, "the second worker ready", interval=0.2)
                 record = await ctx.registry.get_session(sid)
                 others = [w.id for w in await ctx.registry.workers() if w.id != record.owner]
                 assert len(others) == 1
@@ -100,7 +101,13 @@ async def test_a_session_lives_its_whole_life_on_the_secured_stack(mesh):
             assert after[0] > 1 and after[1] == after[0] + 1
         resp = await http.delete(f"/v1/sessions/{sid}", headers=bearer(token))
         assert resp.status == 200
-        await asyncio.sleep(1.0)  # the stop reaches the worker
+
+        def stopped_at_a_worker() -> bool:
+            return any("session_dropped" in line and sid in line and "stopped" in line
+                       for log in logs.glob("worker-*.log")
+                       for line in log.read_text(errors="replace").splitlines())
+
+        await eventually(stopped_at_a_worker, 30, "the stop at the worker")
     nats_log = (m.tmpdir / "nats.log").read_text(errors="replace")
     assert not re.findall(r".*(?:Violation|authentication error).*", nats_log)
     secrets = [*m.credentials.nats.values(), *m.credentials.redis.values()]
