@@ -1,4 +1,5 @@
-"""The README documents what exists: every setting and every `turboserve up` flag."""
+"""The docs document what exists: every setting (docs/settings.md) and every `turboserve up`
+flag (README.md), and name no setting that does not exist."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from pathlib import Path
 from shared import settings as settings_mod
 from tools.launcher import register as register_up
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+SETTINGS_DOC = (ROOT / "docs" / "settings.md").read_text()
+SETUP = (ROOT / "scripts" / "setup.sh").read_text()
+DOCS = {path.relative_to(ROOT).as_posix(): path.read_text()
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 
 
 def setting_names() -> set[str]:
@@ -21,24 +27,66 @@ def setting_names() -> set[str]:
     return names
 
 
-def test_every_setting_is_in_the_readme():
-    missing = sorted(name for name in setting_names() if name not in README)
-    assert not missing, f"settings the README does not document: {missing}"
+def setup_names() -> set[str]:
+    """The variables only the setup script reads (before any settings class exists)."""
+    return set(re.findall(r"\$\{(TURBOSERVE_[A-Z0-9_]+)", SETUP))
 
 
-def test_every_readme_setting_exists():
-    documented = set(re.findall(r"TURBOSERVE_[A-Z0-9_]+", README))
-    # Set in the environment of tools rather than read by a settings class.
-    tools = {"TURBOSERVE_STATE_DIR", "TURBOSERVE_TORCH_SPEC", "TURBOSERVE_VENV",
-             "TURBOSERVE_SETUP_QUIET", "TURBOSERVE_REQUIRE_BROWSER", "TURBOSERVE_API_KEY"}
-    unknown = sorted(documented - setting_names() - tools)
-    assert not unknown, f"the README names settings that do not exist: {unknown}"
+def test_every_setting_is_in_the_settings_doc() -> None:
+    missing = sorted(name for name in setting_names() | setup_names()
+                     if f"`{name}`" not in SETTINGS_DOC)
+    assert not missing, f"settings docs/settings.md does not document: {missing}"
 
 
-def test_every_up_flag_is_in_the_readme():
+def test_every_documented_setting_exists() -> None:
+    known = setting_names() | setup_names()
+    unknown = sorted(f"{path}: {name}" for path, text in DOCS.items()
+                     for name in set(re.findall(r"TURBOSERVE_[A-Z0-9_]+", text))
+                     if name not in known)
+    assert not unknown, f"the docs name settings that do not exist: {unknown}"
+
+
+def test_every_up_flag_is_in_the_readme() -> None:
     parser = argparse.ArgumentParser()
     register_up(parser.add_subparsers())
-    up = parser._subparsers._group_actions[0].choices["up"]  # noqa: SLF001
+    up = parser._subparsers._group_actions[0].choices["up"]  # type: ignore[union-attr]  # noqa: SLF001
     flags = {s for a in up._actions for s in a.option_strings if s.startswith("--")}
     missing = sorted(f for f in flags - {"--help"} if f"`{f}" not in README)
     assert not missing, f"`turboserve up` flags the README does not document: {missing}"
+
+
+def test_the_readme_stays_short() -> None:
+    assert len(README.splitlines()) <= 220, "the README is a front page: details go in docs/"
+
+
+def test_every_relative_link_in_the_docs_resolves() -> None:
+    broken = []
+    for path, text in DOCS.items():
+        base = (ROOT / path).parent
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (base / target).exists():
+                broken.append(f"{path}: {target}")
+    assert not broken, f"links to files that do not exist: {broken}"
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readmes_links_into_the_docs_land_on_a_heading() -> None:
+    broken = []
+    for target, anchor in re.findall(r"\]\((docs/[^)#\s]+\.md)#([^)\s]+)\)", README):
+        headings = re.findall(r"^#+ (.+)$", (ROOT / target).read_text(), re.MULTILINE)
+        if anchor not in {slug(h) for h in headings}:
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"README links to headings that do not exist: {broken}"
+
+
+def test_slug_is_githubs() -> None:
+    assert slug("GPU cost to serve 99% of chunk periods on time, per trace") == (
+        "gpu-cost-to-serve-99-of-chunk-periods-on-time-per-trace")
+    assert slug("WebRTC in bench stream") == "webrtc-in-bench-stream"
+    assert slug("The stand-in model's frames") == "the-stand-in-models-frames"

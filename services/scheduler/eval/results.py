@@ -137,8 +137,15 @@ def _policy_all() -> str:
     with contextlib.redirect_stdout(out):
         sim_args.func(sim_args)
     lines = [line for line in out.getvalue().splitlines()
-             if not line.startswith("simulated ")]
-    return "\n".join(lines)
+             if line.strip() and not line.startswith("simulated ")]
+    # A blank line around the table, so that markdown neither runs the text into it nor it
+    # into the text.
+    blocks: list[str] = []
+    for line in lines:
+        if blocks and blocks[-1].startswith("|") != line.startswith("|"):
+            blocks.append("")
+        blocks.append(line)
+    return "\n".join(blocks)
 
 
 def _bench() -> str:
