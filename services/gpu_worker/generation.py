@@ -1,13 +1,21 @@
-"""The generation loop: the worker's one thread that drives the engine.
+"""The generation loop: the worker's one thread, which owns the engine.
 
 At every pass boundary it takes what the inbox holds (commands from the scheduler, controls from
 the event loop), applies it, decides which sessions take the next batched pass (pacing: a
 session ahead of playback sits out, see :mod:`pacing`), runs the pass, encodes the chunks the
-pass completed and hands them to the sink, which publishes them and says which sessions were
-fenced (taken away from this worker). When nobody is due it waits on the inbox with a timeout
-to the next due pass, so a new command is heard at once.
+pass completed and puts them in the outbox, which the event loop drains and publishes. When
+nobody is due it waits on the inbox with a timeout to the next due pass, so a new command is
+heard at once.
 
-Everything here runs on that thread; the event loop reads :meth:`GenerationLoop.status`.
+It never waits on the event loop: a put in the outbox returns at once, and while the outbox
+holds its bound of chunks (the event loop is behind) it holds back new passes, still applying
+commands, until a take wakes it. What the event loop learns later comes back through the inbox:
+a session fenced (its progress record says another owner) is dropped at the next boundary.
+
+Only this thread touches the engine and the sessions' bookkeeping; the event loop reads
+:meth:`GenerationLoop.status`, an immutable snapshot published after every pass and every
+command, and changes things only through the inbox (handoffs: :meth:`freeze`, :meth:`unfreeze`,
+:meth:`adopt` and :meth:`drop` run as controls).
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Any
 
 from services.gpu_worker.codec import encode_frames
 from services.gpu_worker.engine import (
@@ -27,7 +36,10 @@ from services.gpu_worker.engine import (
     RecoveryPoint,
 )
 from services.gpu_worker.fmp4 import Fragment, chunk_start_s, encode_chunk
+from services.gpu_worker.handoff.codes import HandoffCode
+from services.gpu_worker.handoff.host import FrozenSession, HostRefused
 from services.gpu_worker.inbox import CommandInbox, Control, InboxItem
+from services.gpu_worker.outbox import Forget, HandBack, Outbox, OutChunk
 from services.gpu_worker.pacing import ChunkEstimate, PlaybackClock, plan_pass
 from shared.logging import get_logger
 from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
@@ -35,8 +47,6 @@ from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerC
 log = get_logger("turboserve.worker")
 
 FPS = 16.0  # playback rate of an unpaced worker's chunks (a chunk period of 0)
-
-Outgoing = Chunk | SessionNotice
 
 # NATS's default max_payload (1 MiB): a chunk is one message, JPEG frames and fragment together.
 WIRE_BUDGET_BYTES = 1024 * 1024
@@ -58,25 +68,6 @@ class EncodedChunk:
     fmp4: Fragment
     fps: float
     encode_ms: float  # both formats together
-
-
-class ChunkSink(Protocol):
-    """The event-loop side of the worker, as the generation thread sees it."""
-
-    def deliver(self, items: list[Outgoing],
-                recovery: Mapping[str, RecoveryPoint] | None = None) -> set[str]:
-        """Publish in order (blocking until done: backpressure); returns the sessions whose
-        items were refused because this worker no longer owns them at that epoch.
-        ``recovery``: per session, the point to log with its chunk's progress."""
-        ...
-
-    def hand_back(self, session_id: str, epoch: int) -> None:
-        """Give a session this worker cannot take back to the scheduler (pending again)."""
-        ...
-
-    def forget(self, session_id: str) -> None:
-        """The session left this worker: drop what the sink keeps of it (thread-safe)."""
-        ...
 
 
 @dataclass(slots=True)
@@ -114,37 +105,48 @@ class SessionFacts:
     owner_key: str = ""
 
 
+def _frozen_map(values: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return MappingProxyType(dict(values))
+
+
+def _empty_map() -> Mapping[Any, Any]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class LoopStatus:
-    """A consistent picture of the loop for heartbeats (copied, safe to read anywhere)."""
+    """The loop as the event loop may see it (heartbeats, /metrics, handoff admission): built
+    by the generation thread after every pass and command, never changed after (read-only
+    mappings), so any thread may read it without a lock."""
 
     sessions: tuple[str, ...] = ()
     active: tuple[str, ...] = ()
     suspended: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
     waiting: int = 0
-    lead_ms: dict[str, float] = field(default_factory=dict)
+    lead_ms: Mapping[str, float] = field(default_factory=_empty_map)
     keeping_pace: bool = True
-    facts: dict[str, SessionFacts] = field(default_factory=dict)
+    facts: Mapping[str, SessionFacts] = field(default_factory=_empty_map)
+    chunk_ms: Mapping[int, float] = field(default_factory=_empty_map)  # per batch size
+    pass_ms: Mapping[int, float] = field(default_factory=_empty_map)  # per batch size
+    prompt_switch_ms: float | None = None  # median time a prompt switch added to its pass
 
 
 class PassTimes:
     """Measured wall time of one pass per batch size (moving average), for pacing and for
-    heartbeats. Under emulation this is the emulated time (the pass is paced to it)."""
+    heartbeats. Under emulation this is the emulated time (the pass is paced to it). Kept by
+    the generation thread; the status carries a copy."""
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
         self._ms: dict[int, float] = {}
-        self._lock = threading.Lock()
 
     def add(self, batch: int, ms: float) -> None:
-        with self._lock:
-            old = self._ms.get(batch)
-            self._ms[batch] = ms if old is None else old + self.alpha * (ms - old)
+        old = self._ms.get(batch)
+        self._ms[batch] = ms if old is None else old + self.alpha * (ms - old)
 
     def snapshot(self) -> dict[int, float]:
-        with self._lock:
-            return {b: round(v, 3) for b, v in sorted(self._ms.items())}
+        return {b: round(v, 3) for b, v in sorted(self._ms.items())}
 
 
 class GenerationLoop:
@@ -152,7 +154,6 @@ class GenerationLoop:
         self,
         engine: Engine,
         inbox: CommandInbox,
-        sink: ChunkSink,
         *,
         worker_id: str,
         period_s: float,
@@ -162,10 +163,14 @@ class GenerationLoop:
         clock: Callable[[], float] = time.time,
         on_chunk: Callable[[float], None] | None = None,
         recovery_log: bool = False,
+        outbox_chunks: int | None = None,
     ) -> None:
         self.engine = engine
         self.inbox = inbox
-        self.sink = sink
+        # Chunks for the event loop; at ``outbox_chunks`` waiting (default: two per slot) no
+        # new pass runs until it drains.
+        self.outbox = Outbox(outbox_chunks or 2 * engine.capacity)
+        self.outbox.on_take = self._wake
         self.worker_id = worker_id
         self.period_s = period_s
         self.lead_s = lead_s
@@ -183,7 +188,6 @@ class GenerationLoop:
         self.chunk_times = PassTimes()  # whole chunks, by the batch of their last pass
         self._boundary_controls: list[tuple[str, Control[Any]]] = []
         self._status = LoopStatus()
-        self._status_lock = threading.Lock()
         self._waiting = 0
         self._slow_passes = 0  # consecutive emulated passes the real compute could not meet
         self.keeping_pace = True
@@ -198,12 +202,29 @@ class GenerationLoop:
             now = self.now()
             plan = plan_pass(now, self._candidates(), self.lead_s, self._estimate())
             self._waiting = len(plan.waiting)
-            if plan.participants and not self.inbox.closed:
+            if plan.participants and not self.inbox.closed and self.outbox.has_room():
                 self._run_pass(plan.participants)
                 wait = 0.0
+            elif plan.participants:
+                wait = None  # the outbox is full: until a take (or a command) wakes us
             else:
                 wait = plan.wait_s(now)
             self._publish_status()
+
+    def _wake(self) -> None:
+        self.inbox.wake()
+
+    def fence(self, session_id: str, epoch: int) -> None:
+        """The registry says this worker no longer owns the session at ``epoch`` (thread-safe;
+        from the event loop): it is dropped at the next pass boundary, unless it was given to
+        this worker again meanwhile (a later epoch)."""
+
+        def run() -> None:
+            owned = self.owned.get(session_id)
+            if owned is not None and owned.epoch <= epoch:
+                self.drop(session_id, reason="fenced")
+
+        self.inbox.put(Control("fence", run, _ignore, _ignore))
 
     def offer_recovery(self, session_id: str, epoch: int, point: RecoveryPoint) -> None:
         """The event loop found a recovery log for an assignment at ``epoch`` (thread-safe):
@@ -219,8 +240,7 @@ class GenerationLoop:
             return point
 
     def status(self) -> LoopStatus:
-        with self._status_lock:
-            return self._status
+        return self._status
 
     # -- commands and controls ------------------------------------------------------------------
     def _apply(self, item: InboxItem, arrived: float | None = None) -> None:
@@ -306,7 +326,7 @@ class GenerationLoop:
                 engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
         except EngineFull:
             log.warning("engine_full", session_id=sid, capacity=engine.capacity)
-            self.sink.hand_back(sid, cmd.epoch)
+            self.outbox.put(HandBack(sid, cmd.epoch))
             return
         except EngineError as exc:  # a log it cannot use: start over (and say so)
             log.warning("recovery_failed", session_id=sid, error=str(exc))
@@ -368,7 +388,7 @@ class GenerationLoop:
         if self.owned.pop(session_id, None) is not None:
             log.info("session_dropped", session_id=session_id, reason=reason)
         self.inbox.forget(session_id)
-        self.sink.forget(session_id)
+        self.outbox.put(Forget(session_id))
         keep = []
         for sid, control in self._boundary_controls:
             if sid == session_id:
@@ -376,6 +396,56 @@ class GenerationLoop:
             else:
                 keep.append((sid, control))
         self._boundary_controls = keep
+
+    # -- handoffs (run as controls, on this thread) -------------------------------------------
+    def freeze(self, session_id: str, epoch: int) -> FrozenSession:
+        """At the session's chunk boundary: its state, exported; it sits out of every pass
+        until :meth:`unfreeze` or :meth:`drop`, so the copy never changes under a transfer."""
+        owned = self.owned.get(session_id)
+        if owned is None or not self.engine.has_session(session_id):
+            raise HostRefused(HandoffCode.UNKNOWN_SESSION, f"{session_id} is not on this worker")
+        if owned.epoch != epoch:
+            raise HostRefused(HandoffCode.STALE_EPOCH,
+                              f"{session_id} is here at epoch {owned.epoch}, not {epoch}")
+        if owned.frozen:
+            raise HostRefused(HandoffCode.BUSY, f"{session_id} is already being handed off")
+        snapshot = self.engine.export_state(session_id)
+        owned.frozen = True
+        owned.suspend_pending = False
+        suspended = session_id in self.engine.suspended_sessions()
+        return FrozenSession(snapshot=snapshot, next_seq=owned.seq_base + snapshot.seq,
+                             due_at=owned.clock.due, suspended=suspended)
+
+    def unfreeze(self, session_id: str, epoch: int) -> None:
+        """The handoff was aborted: the session continues here, now at ``epoch``."""
+        owned = self.owned.get(session_id)
+        if owned is None:
+            return
+        owned.frozen = False
+        moved_on, owned.epoch = epoch != owned.epoch, epoch
+        log.info("session_unfrozen", session_id=session_id, epoch=epoch)
+        if moved_on and self.engine.has_session(session_id):
+            # The handoff failed after the registry moved the epoch: the session stays here
+            # under a new epoch, and its viewers hear so before its next chunk.
+            self._notify(session_id, owned, NoticeKind.PLACED,
+                         owned.seq_base + self.engine.next_seq(session_id),
+                         detail=f"a migration did not complete; continues on {self.worker_id}")
+
+    def adopt(self, frozen: FrozenSession, epoch: int, token_hash: str = "",
+              owner_key: str = "") -> None:
+        """A session handed to this worker (ownership already moved here at ``epoch``): its
+        state into the engine, generated from ``frozen.next_seq`` (or parked, if suspended)."""
+        snapshot = frozen.snapshot
+        sid = snapshot.session_id
+        self.engine.import_state(snapshot, suspended=frozen.suspended)
+        owned = OwnedSession(epoch=epoch, seq_base=frozen.next_seq - snapshot.seq,
+                             clock=PlaybackClock(frozen.due_at), token_hash=token_hash,
+                             owner_key=owner_key)
+        self.owned[sid] = owned
+        self._notify(sid, owned, NoticeKind.MIGRATED, frozen.next_seq,
+                     detail=f"now on {self.worker_id}")
+        log.info("session_adopted", session_id=sid, epoch=epoch, next_seq=frozen.next_seq,
+                 suspended=frozen.suspended)
 
     def _settle_boundaries(self) -> None:
         """What waits for a chunk boundary: deferred suspends, then deferred resumes (into the
@@ -474,8 +544,6 @@ class GenerationLoop:
 
     def _deliver(self, results: list[ChunkResult]) -> None:
         done_at = self.now()
-        chunks: list[Outgoing] = []
-        points: dict[str, RecoveryPoint] = {}
         for r in results:
             owned = self.owned.get(r.session_id)
             if owned is None:
@@ -490,7 +558,7 @@ class GenerationLoop:
             due = owned.clock.chunk_done(done_at, self.period_s)
             if self.on_chunk is not None:
                 self.on_chunk(max(0.0, done_at - due))
-            chunks.append(Chunk(
+            chunk = Chunk(
                 session_id=r.session_id,
                 seq=seq,
                 worker_id=self.worker_id,
@@ -509,12 +577,11 @@ class GenerationLoop:
                 start_s=encoded.fmp4.start_s,
                 duration_s=encoded.fmp4.duration_s,
                 encode_ms=encoded.encode_ms,
-            ))
+            )
+            point = None
             if self.recovery_log and not owned.suspend_pending:
-                points[r.session_id] = self.engine.recovery_point(r.session_id)
-        if chunks:
-            for sid in self.sink.deliver(chunks, points or None):
-                self.drop(sid, reason="fenced")
+                point = self.engine.recovery_point(r.session_id)
+            self.outbox.put(OutChunk(chunk, point))
 
     def _encode(self, frames: Any, seq: int) -> EncodedChunk:
         """Both formats of a chunk, once, here: every gateway fans out these bytes as they are.
@@ -537,18 +604,10 @@ class GenerationLoop:
         return EncodedChunk(jpeg=jpeg, fmp4=fragment, fps=fps,
                             encode_ms=(time.perf_counter() - started) * 1000.0)
 
-    def announce(self, sid: str, kind: NoticeKind, next_seq: int, detail: str = "") -> None:
-        """Tell the session's viewers of a lifecycle change (on the generation thread)."""
-        owned = self.owned.get(sid)
-        if owned is not None:
-            self._notify(sid, owned, kind, next_seq, detail)
-
     def _notify(self, sid: str, owned: OwnedSession, kind: NoticeKind, next_seq: int,
                 detail: str = "") -> None:
-        notice = SessionNotice(session_id=sid, kind=kind, worker_id=self.worker_id,
-                               epoch=owned.epoch, next_seq=next_seq, detail=detail)
-        for fenced in self.sink.deliver([notice]):
-            self.drop(fenced, reason="fenced")
+        self.outbox.put(SessionNotice(session_id=sid, kind=kind, worker_id=self.worker_id,
+                                      epoch=owned.epoch, next_seq=next_seq, detail=detail))
 
     def _publish_status(self) -> None:
         engine = self.engine
@@ -559,17 +618,20 @@ class GenerationLoop:
             suspended=suspended,
             frozen=tuple(sid for sid, o in self.owned.items() if o.frozen),
             waiting=self._waiting,
-            lead_ms={sid: round(o.clock.last_lead_ms, 1) for sid, o in self.owned.items()
-                     if o.clock.last_lead_ms is not None},
+            lead_ms=_frozen_map({sid: round(o.clock.last_lead_ms, 1)
+                                 for sid, o in self.owned.items()
+                                 if o.clock.last_lead_ms is not None}),
             keeping_pace=self.keeping_pace,
-            facts={sid: SessionFacts(
+            facts=_frozen_map({sid: SessionFacts(
                 epoch=o.epoch, last_seq=o.seq_base + engine.next_seq(sid) - 1,
                 prompt=engine.prompt_of(sid), seed=engine.seed_of(sid),
                 suspended=sid in suspended, token_hash=o.token_hash, owner_key=o.owner_key)
-                for sid, o in self.owned.items() if engine.has_session(sid)},
+                for sid, o in self.owned.items() if engine.has_session(sid)}),
+            chunk_ms=_frozen_map(self.chunk_times.snapshot()),
+            pass_ms=_frozen_map(self.pass_times.snapshot()),
+            prompt_switch_ms=engine.prompt_switch_ms(),
         )
-        with self._status_lock:
-            self._status = status
+        self._status = status  # one reference swap: readers see the old or the new, whole
 
 
 def _run_control(control: Control[Any], publish_status: Callable[[], None]) -> None:
@@ -583,3 +645,7 @@ def _run_control(control: Control[Any], publish_status: Callable[[], None]) -> N
     else:
         publish_status()
         control.resolve(result)
+
+
+def _ignore(_: object) -> None:
+    return None

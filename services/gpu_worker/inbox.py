@@ -61,6 +61,7 @@ class CommandInbox:
         self._cond = threading.Condition()
         self._latest_epoch: dict[str, int] = {}
         self._closed = False
+        self._woken = False
         self.dropped_stale = 0
 
     def put(self, item: InboxItem) -> None:
@@ -79,22 +80,26 @@ class CommandInbox:
     def take_timed(self, timeout: float | None) -> list[tuple[InboxItem, float]]:
         """:meth:`take`, each item with when it arrived."""
         with self._cond:
-            if not self._items and not self._closed:
+            if not self._items and not self._closed and not self._woken:
                 self._cond.wait(timeout)
+            self._woken = False
             items = list(self._items)
             self._items.clear()
             fresh = [(item, at) for item, at in items if not self._superseded(item)]
             self.dropped_stale += len(items) - len(fresh)
             return fresh
 
-    def latest_epoch(self, session_id: str) -> int | None:
-        with self._cond:
-            return self._latest_epoch.get(session_id)
-
     def forget(self, session_id: str) -> None:
         """The session left this worker: stop tracking its epoch."""
         with self._cond:
             self._latest_epoch.pop(session_id, None)
+
+    def wake(self) -> None:
+        """Ends the generation thread's current wait without an item (the event loop drained
+        the outbox: passes held back may run again). Never blocks on that thread."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
 
     def close(self) -> None:
         """Wakes the generation thread for good (shutdown)."""

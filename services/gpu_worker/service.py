@@ -1,14 +1,16 @@
 """The worker service: commands in over NATS, chunks out, torch in its own thread.
 
-Three parts that meet only through thread-safe hand-offs:
+Three parts that meet only through thread-safe hand-offs, none waiting on another:
 
 - the command intake (event loop): decodes each command, checks it against the registry
   (fencing by epoch), answers it when it came as a request, and puts it in the inbox;
-- the generation loop (:mod:`generation`, its own thread): applies what the inbox holds at pass
-  boundaries, paces every session to playback, runs the batched passes;
-- the publisher (event loop): records each chunk's progress with a compare-and-set on
-  (owner, epoch) and publishes it; a worker whose session was taken away stops generating it at
-  the next boundary. Heartbeats report what the loop really does.
+- the generation loop (:mod:`generation`, its own thread, the engine's only user): applies what
+  the inbox holds at pass boundaries, paces every session to playback, runs the batched passes,
+  puts chunks and notices in the outbox and publishes an immutable status after every pass;
+- the publisher (event loop, :class:`MeshSink`): publishes what the outbox holds, in order, and
+  records each chunk's progress with a compare-and-set on (owner, epoch) on a task of its own,
+  so a slow or paused Redis never holds chunks back; a worker whose session was taken away
+  hears it there and drops it at the next boundary. Heartbeats report the loop's status.
 """
 
 from __future__ import annotations
@@ -17,18 +19,22 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from redis.exceptions import RedisError
 
-from services.gpu_worker.engine import Engine, EngineConfig, RecoveryPoint
+from services.gpu_worker import telemetry
+from services.gpu_worker.engine import Engine, EngineConfig
+from services.gpu_worker.engine.prompts import PromptEncoder
 from services.gpu_worker.engine_host import EngineHost
-from services.gpu_worker.generation import GenerationLoop, Outgoing, SessionFacts
+from services.gpu_worker.generation import GenerationLoop, SessionFacts
 from services.gpu_worker.handoff.endpoint import HandoffEndpoint
 from services.gpu_worker.inbox import CommandInbox
 from services.gpu_worker.metrics import WorkerMetrics
+from services.gpu_worker.outbox import Forget, HandBack, Outbox, OutChunk, Outgoing
 from services.gpu_worker.recovery import from_fields, to_fields
 from shared.leader import leader_key, parse_term
 from shared.logging import get_logger
@@ -46,7 +52,6 @@ from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
 from shared.wire import (
     WORKER_WIDE_COMMANDS,
-    Chunk,
     CommandReply,
     Heartbeat,
     ProvisionerEvent,
@@ -113,15 +118,66 @@ def emulated_profile(settings: WorkerSettings) -> LatencyProfile | None:
 RECENT_CHUNKS = 16
 
 
-class MeshSink:
-    """The generation loop's way out: publishes chunks and notices on the event loop."""
+# How long a notice waits for the registry to say the session is still ours before it goes
+# out anyway (a notice informs; fencing is the progress record's job): a stalled Redis must
+# not hold back the chunks behind it.
+NOTICE_CHECK_S = 0.5
 
-    def __init__(self, ctx: ServiceContext, worker_id: str, loop: asyncio.AbstractEventLoop) -> None:
+
+class MeshSink:
+    """The event loop's side of the outbox: publishes, in order, what the generation thread
+    made, and records each chunk's progress on a task of its own.
+
+    A chunk is published, then its progress (and recovery point) recorded: a worker lost in
+    between leaves the chunk published and the log behind, so the session's next owner makes
+    that chunk again (same seq, which viewers already have) rather than skipping it. Only the
+    latest unrecorded chunk of a session is recorded (a record says "up to this seq"), so a
+    Redis that stalls delays the records, never the chunks. The record is fenced by (owner,
+    epoch): a worker whose session moved on learns it there, publishes nothing more of that
+    session at that epoch, and tells the generation thread to drop it."""
+
+    def __init__(self, ctx: ServiceContext, worker_id: str, outbox: Outbox,
+                 fence: Callable[[str, int], None]) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
-        self.loop = loop
+        self.outbox = outbox
+        self.fence = fence  # thread-safe: the generation thread drops the session
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()  # the outbox has something
         self._recent: dict[str, deque[bytes]] = {}  # session -> its last chunks, encoded
         self._publishing = asyncio.Lock()  # a republish goes out before any newer chunk
+        self._unrecorded: dict[str, OutChunk] = {}  # session -> its latest unrecorded chunk
+        self._to_record = asyncio.Event()
+        self._fenced: dict[str, int] = {}  # session -> the epoch the registry refused
+        self._releases: set[asyncio.Task[None]] = set()
+        outbox.on_put = self._wake
+
+    def _wake(self) -> None:
+        """Called by the generation thread: never blocks on the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to publish to
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def publish_forever(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            await self.publish_queued()
+
+    async def record_forever(self) -> None:
+        while True:
+            await self._to_record.wait()
+            self._to_record.clear()
+            await self.record_queued()
+
+    async def publish_queued(self) -> None:
+        async with self._publishing:
+            for item in self.outbox.take():
+                await self._publish(item)
+
+    async def record_queued(self) -> None:
+        pending, self._unrecorded = self._unrecorded, {}
+        for item in pending.values():
+            await self._record(item)
 
     async def republish(self) -> None:
         """After a NATS reconnection: publish each session's recent chunks again, before any
@@ -134,64 +190,60 @@ class MeshSink:
                     count += 1
         log.info("chunks_republished", chunks=count, sessions=len(self._recent))
 
-    def forget(self, session_id: str) -> None:
-        self.loop.call_soon_threadsafe(self._recent.pop, session_id, None)
+    def _is_fenced(self, session_id: str, epoch: int) -> bool:
+        refused = self._fenced.get(session_id)
+        return refused is not None and epoch <= refused
 
-    def deliver(self, items: list[Outgoing],
-                recovery: Mapping[str, RecoveryPoint] | None = None) -> set[str]:
-        return self._wait(self._deliver(items, recovery or {}))
+    async def _publish(self, item: Outgoing) -> None:
+        ctx = self.ctx
+        if isinstance(item, OutChunk):
+            chunk = item.chunk
+            sid = chunk.session_id
+            if self._is_fenced(sid, chunk.epoch):
+                return
+            data = encode(chunk)
+            await ctx.nc.publish(ctx.subjects.chunks(sid), data)
+            self._recent.setdefault(sid, deque(maxlen=RECENT_CHUNKS)).append(data)
+            self._unrecorded[sid] = item
+            self._to_record.set()
+        elif isinstance(item, SessionNotice):
+            if self._is_fenced(item.session_id, item.epoch) or not await self._owns(item):
+                return
+            await ctx.nc.publish(ctx.subjects.chunks(item.session_id), encode(item))
+        elif isinstance(item, HandBack):
+            task = asyncio.create_task(self.release(item.session_id, item.epoch))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+        else:
+            assert isinstance(item, Forget)
+            self._recent.pop(item.session_id, None)
+            self._fenced.pop(item.session_id, None)
+            self._unrecorded.pop(item.session_id, None)
 
-    def hand_back(self, session_id: str, epoch: int) -> None:
-        self._wait(self.release(session_id, epoch))
-
-    def _wait(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
-
-    async def _deliver(self, items: list[Outgoing],
-                       recovery: Mapping[str, RecoveryPoint]) -> set[str]:
-        async with self._publishing:
-            return await self._deliver_in_order(items, recovery)
-
-    async def _deliver_in_order(self, items: list[Outgoing],
-                                recovery: Mapping[str, RecoveryPoint]) -> set[str]:
-        """A chunk is published, then its progress (and recovery point) recorded: a worker
-        lost in between leaves the chunk published and the log one chunk behind, so the
-        session's next owner makes that chunk again (same seq, which viewers already have)
-        rather than skipping it. The record is fenced by (owner, epoch): a worker whose session
-        moved on learns it here and drops it. Notices are published only while it owns it."""
-        ctx, fenced = self.ctx, set()
-        for item in items:
-            sid = item.session_id
-            if sid in fenced:
-                continue
-            if isinstance(item, Chunk):
-                data = encode(item)
-                await ctx.nc.publish(ctx.subjects.chunks(sid), data)
-                self._recent.setdefault(sid, deque(maxlen=RECENT_CHUNKS)).append(data)
-                point = recovery.get(sid)
-                fields = to_fields(point, item.seq + 1) if point is not None else None
-                try:
-                    owner = await ctx.registry.record_progress(sid, self.worker_id, item.epoch,
-                                                               item.seq, fields)
-                except RedisError as exc:
-                    # Redis away (restarting): keep generating; the next chunk's record
-                    # catches up, and the heartbeat puts back what a restart lost.
-                    log.warning("progress_not_recorded", session_id=sid, seq=item.seq,
-                                error=str(exc))
-                    continue
-                if not owner:
-                    fenced.add(sid)
-                continue
-            if not await self._owns(item):
-                fenced.add(sid)
-                continue
-            await ctx.nc.publish(ctx.subjects.chunks(sid), encode(item))
-        return fenced
+    async def _record(self, item: OutChunk) -> None:
+        chunk = item.chunk
+        sid = chunk.session_id
+        if self._is_fenced(sid, chunk.epoch):
+            return
+        point = item.recovery
+        fields = to_fields(point, chunk.seq + 1) if point is not None else None
+        try:
+            owner = await self.ctx.registry.record_progress(sid, self.worker_id, chunk.epoch,
+                                                            chunk.seq, fields)
+        except RedisError as exc:
+            # Redis away (restarting): keep generating; the next chunk's record catches up,
+            # and the heartbeat puts back what a restart lost.
+            log.warning("progress_not_recorded", session_id=sid, seq=chunk.seq, error=str(exc))
+            return
+        if not owner:
+            self._fenced[sid] = max(chunk.epoch, self._fenced.get(sid, chunk.epoch))
+            self.fence(sid, chunk.epoch)
 
     async def _owns(self, notice: SessionNotice) -> bool:
         try:
-            record = await self.ctx.registry.get_session(notice.session_id)
-        except RedisError:
+            record = await asyncio.wait_for(self.ctx.registry.get_session(notice.session_id),
+                                            NOTICE_CHECK_S)
+        except (RedisError, TimeoutError):
             return True  # cannot check now: a notice is informative, never a fencing decision
         return (record is not None and record.owner == self.worker_id
                 and record.epoch == notice.epoch and record.state is not SessionState.TERMINATED)
@@ -202,7 +254,7 @@ class MeshSink:
             await self.ctx.registry.transition(
                 session_id, SessionState.PENDING, expected_epoch=epoch, owner=None
             )
-        except (RegistryError, IllegalTransition) as exc:
+        except (RegistryError, IllegalTransition, RedisError) as exc:
             log.info("release_skipped", session_id=session_id, reason=str(exc))
 
 
@@ -213,7 +265,12 @@ class WorkerService:
         self.settings = settings
         self.pace = Pace.of(settings)
         self.worker_id = settings.worker_id
-        self.engine: Engine | None = None
+        # What the event loop keeps of the engine, which only the generation thread touches:
+        # its fixed facts, and the prompt encoder (thread-safe: encoding starts on arrival).
+        self.capacity = self.pace.slots
+        self.state_bytes = 0
+        self.device: torch.device | None = None
+        self.prompts: PromptEncoder | None = None
         self.ctx: ServiceContext | None = None
         self.status = WorkerStatus.BOOTING
         self.inbox = CommandInbox()
@@ -247,14 +304,14 @@ class WorkerService:
             text_device=self.settings.text_device,
             prompt_recache=self.settings.prompt_recache,
         )
-        engine = self.engine = await asyncio.to_thread(Engine, config)
+        engine = await asyncio.to_thread(Engine, config)
         log.info("engine_ready", device=engine.device, capacity=engine.capacity,
                  model=engine.model_config.name, state_bytes=engine.state_bytes,
                  prompt_recache=engine.prompt_recache, **engine.sources)
-        self.sink = MeshSink(ctx, self.worker_id, loop)
-        ctx.reconnect_hooks.append(self.sink.republish)  # after the streams are declared again
+        self.capacity, self.state_bytes = engine.capacity, engine.state_bytes
+        self.device, self.prompts = torch.device(engine.device), engine.prompts
         self.generation = GenerationLoop(
-            engine, self.inbox, self.sink,
+            engine, self.inbox,
             worker_id=self.worker_id,
             period_s=self.pace.period_s,
             lead_s=self.pace.lead_s,
@@ -263,12 +320,18 @@ class WorkerService:
             on_chunk=self.metrics.lateness.observe,
             recovery_log=self.settings.recovery_log,
         )
+        self.sink = MeshSink(ctx, self.worker_id, self.generation.outbox, self.generation.fence)
+        ctx.reconnect_hooks.append(self.sink.republish)  # after the streams are declared again
+        ctx.spawn(self.sink.publish_forever(), name="worker-publish")
+        ctx.spawn(self.sink.record_forever(), name="worker-progress")
         if self.pace.emulated is not None:
             log.info("emulating", gpu_kind=self.pace.kind, profile=self.pace.emulated.name,
                      slots=self.pace.slots, chunk_period_s=self.pace.period_s)
-        host = EngineHost(self.worker_id, engine, self.generation, self.inbox,
+        host = EngineHost(self.worker_id, self.generation, self.inbox,
                           is_draining=lambda: self.status is not WorkerStatus.READY,
+                          device=engine.device, capacity=engine.capacity, layout=engine.layout,
                           registry=ctx.registry)
+        del engine  # from here on the generation thread's alone
         self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)
         await self.handoff.start()
         await ctx.nc.subscribe(ctx.subjects.worker_cmd(self.worker_id), cb=self._on_command)
@@ -294,6 +357,9 @@ class WorkerService:
         self.inbox.close()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
+        if self.sink is not None:  # what the generation thread made last goes out
+            await self.sink.publish_queued()
+            await self.sink.record_queued()
         await self._release_sessions()
         if self._heartbeat_task is not None:  # else a late beat would re-register us
             self._heartbeat_task.cancel()
@@ -324,10 +390,9 @@ class WorkerService:
         """Put the sessions this worker still owns back to pending, to continue elsewhere."""
         if self.generation is None or self.sink is None:
             return
-        for session_id, owned in list(self.generation.owned.items()):
-            await self.sink.release(session_id, owned.epoch)
+        for session_id, facts in self.generation.status().facts.items():
+            await self.sink.release(session_id, facts.epoch)
             log.info("session_released", session_id=session_id)
-        self.generation.owned.clear()
 
     # -- commands (event loop) ------------------------------------------------------------------
     async def _on_command(self, msg: Any) -> None:
@@ -369,17 +434,17 @@ class WorkerService:
         else:
             # A STOP comes after the registry moved on (closing bumps the epoch), so it is not
             # checked against the registry; one older than what this worker holds is stale.
-            held = self.generation.owned.get(cmd.session_id) if self.generation else None
+            held = self.generation.status().facts.get(cmd.session_id) if self.generation else None
             if held is not None and cmd.epoch < held.epoch:
                 return refuse("stale_epoch", f"held at epoch {held.epoch}, command epoch "
                                              f"{cmd.epoch}")
         if (cmd.kind is WorkerCmdKind.ASSIGN and cmd.seq > 0 and self.settings.recovery_log
                 and self.generation is not None):
             await self._find_recovery(cmd)
-        if cmd.prompt and cmd.kind in (WorkerCmdKind.ASSIGN, WorkerCmdKind.PROMPT) and self.engine:
+        if cmd.prompt and cmd.kind in (WorkerCmdKind.ASSIGN, WorkerCmdKind.PROMPT) and self.prompts:
             # Start encoding now, off the generation pass; the engine takes the embedding at a
             # chunk boundary once it is there.
-            self.engine.prompts.request(cmd.prompt)
+            self.prompts.request(cmd.prompt)
         if cmd.kind is WorkerCmdKind.MIGRATE:
             if self.handoff is None or not cmd.target or cmd.target == self.worker_id:
                 return refuse("invalid", "MIGRATE needs another worker as its target")
@@ -463,11 +528,11 @@ class WorkerService:
     async def _heartbeat_once(self) -> None:
         ctx = self.ctx
         assert ctx is not None
-        telemetry = self._telemetry()
+        device = self._telemetry()
         loop_status = self.generation.status() if self.generation is not None else None
-        capacity = self.engine.capacity if self.engine is not None else self.pace.slots
-        chunk_ms = self.generation.chunk_times.snapshot() if self.generation else {}
-        pass_ms = self.generation.pass_times.snapshot() if self.generation else {}
+        capacity = self.capacity
+        chunk_ms = dict(loop_status.chunk_ms) if loop_status else {}
+        pass_ms = dict(loop_status.pass_ms) if loop_status else {}
         sessions = loop_status.sessions if loop_status else ()
         active = loop_status.active if loop_status else ()
         suspended = loop_status.suspended if loop_status else ()
@@ -479,11 +544,11 @@ class WorkerService:
             id=self.worker_id,
             status=self.status,
             capacity=capacity,
-            device=telemetry.get("device", self.settings.device),
+            device=device.get("device", self.settings.device),
             gpu_kind=self.pace.kind,
             active=len(active),
             chunk_ms=chunk_ms,
-            mem_free_bytes=telemetry.get("mem_free_bytes"),
+            mem_free_bytes=device.get("mem_free_bytes"),
             sessions=sessions,
             suspended=suspended,
             waiting=loop_status.waiting if loop_status else 0,
@@ -502,7 +567,7 @@ class WorkerService:
             device=record.device,
             chunk_ms=chunk_ms,
             mem_free_bytes=record.mem_free_bytes,
-            mem_total_bytes=telemetry.get("mem_total_bytes"),
+            mem_total_bytes=device.get("mem_total_bytes"),
             suspended=list(suspended),
             waiting=record.waiting,
             pass_ms=pass_ms,
@@ -511,11 +576,11 @@ class WorkerService:
             emulated=self.pace.kind if self.pace.emulated else None,
             gpu_kind=self.pace.kind,
             chunk_period_s=self.pace.period_s,
-            state_bytes=self.engine.state_bytes if self.engine is not None else 0,
+            state_bytes=self.state_bytes,
             handoff_addr=handoff_addr,
             handoff_fixed_ms=cost.fixed_ms if cost else None,
             handoff_ms_per_mib=cost.ms_per_mib if cost else None,
-            prompt_switch_ms=self.engine.prompt_switch_ms() if self.engine is not None else None,
+            prompt_switch_ms=loop_status.prompt_switch_ms if loop_status else None,
         )
         # NATS first: the scheduler hears a worker whose Redis writes fail (Redis restarting).
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
@@ -550,10 +615,11 @@ class WorkerService:
         m.keeping_pace.set(1 if record.keeping_pace else 0)
 
     def _telemetry(self) -> dict[str, Any]:
-        if self.engine is None:
+        """The device's report (mode, memory): read here, not from the engine."""
+        if self.device is None:
             return {}
         try:
-            return dict(self.engine.telemetry())
+            return telemetry.device_report(self.device)
         except Exception as exc:  # noqa: BLE001 - telemetry must never stop heartbeats
             log.debug("telemetry_failed", error=str(exc))
             return {}

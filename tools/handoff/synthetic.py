@@ -19,7 +19,7 @@ import torch
 
 from services.gpu_worker.engine.types import SessionSnapshot
 from services.gpu_worker.handoff.codes import HandoffCode
-from services.gpu_worker.handoff.host import FrozenSession, HostRefused, Refusal
+from services.gpu_worker.handoff.host import FrozenSession, HandoffRefusal, HostRefused
 
 PRESET = "synthetic"
 MISC_NUMEL = 64
@@ -192,18 +192,18 @@ class SyntheticHost:
         spares = self.spare.get((snap.meta.get("layout", ""), device))
         return spares.pop() if spares else None
 
-    def admission(self, incoming: FrozenSession) -> Refusal | None:
+    def admission(self, incoming: FrozenSession) -> HandoffRefusal | None:
         snap = incoming.snapshot
         if self.draining:
-            return Refusal(HandoffCode.DRAINING, f"{self.worker_id} is draining")
+            return HandoffRefusal(HandoffCode.DRAINING, f"{self.worker_id} is draining")
         if snap.session_id in self.sessions or snap.session_id in self.reserved:
-            return Refusal(HandoffCode.EXISTS, f"{self.worker_id} already holds it")
+            return HandoffRefusal(HandoffCode.EXISTS, f"{self.worker_id} already holds it")
         if len(self.sessions) + len(self.reserved) >= self.capacity:
-            return Refusal(HandoffCode.FULL, f"all {self.capacity} slots are taken")
+            return HandoffRefusal(HandoffCode.FULL, f"all {self.capacity} slots are taken")
         offered = layout_key([t.numel() for t in snap.layers], snap.dtype)
         if snap.preset != PRESET or snap.meta.get("layout") != offered or \
                 snap.misc.numel() != MISC_NUMEL:
-            return Refusal(HandoffCode.INCOMPATIBLE,
+            return HandoffRefusal(HandoffCode.INCOMPATIBLE,
                            f"a {snap.preset} state laid out as {snap.meta.get('layout')}, "
                            f"its tensors say {offered}")
         return None

@@ -3,7 +3,7 @@ roles and their measured cost. ``docs/migration.md`` describes the whole mechani
 
 from .codes import HandoffCode
 from .endpoint import HandoffEndpoint
-from .host import FrozenSession, HostRefused, Refusal, StateHost
+from .host import FrozenSession, HandoffRefusal, HostRefused, StateHost
 from .selection import NoTransport, Place, select_transport
 from .stats import HandoffCost, HandoffSample, HandoffStats
 
@@ -17,7 +17,7 @@ __all__ = [
     "HostRefused",
     "NoTransport",
     "Place",
-    "Refusal",
+    "HandoffRefusal",
     "StateHost",
     "select_transport",
 ]

@@ -28,7 +28,7 @@ from shared.states import IllegalTransition, SessionState
 from shared.wire import HandoffAnswer, HandoffOffer, HandoffOutcome
 
 from .codes import HandoffCode
-from .host import FrozenSession, Refusal
+from .host import FrozenSession, HandoffRefusal
 from .links import RECV
 from .rendezvous import parse_address
 from .selection import NoTransport, Place, select_transport
@@ -108,7 +108,7 @@ class Reception:
         if any(i.offer.session_id == offer.session_id for i in self.incoming.values()):
             raise _Discard(HandoffCode.EXISTS, "this session is already arriving here")
         incoming = skeleton(offer)
-        refusal: Refusal | None = ep.host.admission(incoming)
+        refusal: HandoffRefusal | None = ep.host.admission(incoming)
         if refusal is not None:
             raise _Discard(refusal.code, refusal.detail)
         await self._check_registry(offer)

@@ -33,7 +33,7 @@ class FrozenSession:
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class HandoffRefusal:
     """Why a destination will not take a session: a stable code and a line for operators."""
 
     code: HandoffCode
@@ -73,7 +73,7 @@ class StateHost(Protocol):
         """The destination owns the session now: forget it and never publish it again."""
         ...
 
-    def admission(self, incoming: FrozenSession) -> Refusal | None:
+    def admission(self, incoming: FrozenSession) -> HandoffRefusal | None:
         """May this worker take ``incoming``? Its tensors are on the ``meta`` device (shapes
         and dtypes only), so compatibility can be checked before a byte moves. None: yes."""
         ...

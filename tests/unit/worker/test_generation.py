@@ -1,45 +1,65 @@
-"""The generation loop on the real tiny engine, with a sink that records what it would publish."""
+"""The generation loop on the real tiny engine, with a sink that drains its outbox (as the
+event loop does) and records what it would publish."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from services.gpu_worker.generation import GenerationLoop, Outgoing
-from services.gpu_worker.inbox import CommandInbox
+from services.gpu_worker.generation import GenerationLoop
+from services.gpu_worker.inbox import CommandInbox, Control
+from services.gpu_worker.outbox import Forget, HandBack, Outgoing, OutChunk
 from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
 
 from .conftest import make_engine
 
 
 class RecordingSink:
-    def __init__(self, fenced: set[str] | None = None) -> None:
+    """Drains the loop's outbox on a thread of its own (the event loop's part); a session in
+    ``fenced`` is refused as the registry would refuse its progress record."""
+
+    def __init__(self, loop: GenerationLoop, fenced: set[str] | None = None) -> None:
+        self.loop = loop
         self.items: list[Outgoing] = []
-        self.handed_back: list[tuple[str, int]] = []
         self.fenced = fenced or set()
-        self.points: dict = {}
-        self.forgotten: list[str] = []
         self.lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._drain_forever, daemon=True).start()
 
-    def deliver(self, items: list[Outgoing], recovery=None) -> set[str]:
+    def _drain_forever(self) -> None:
+        while not self._stop.wait(0.005):
+            self.pump()
+
+    def pump(self) -> None:
         with self.lock:
-            self.points.update(recovery or {})
-            self.items.extend(i for i in items if i.session_id not in self.fenced)
-        return {i.session_id for i in items} & self.fenced
-
-    def hand_back(self, session_id: str, epoch: int) -> None:
-        self.handed_back.append((session_id, epoch))
-
-    def forget(self, session_id: str) -> None:
-        self.forgotten.append(session_id)
+            for item in self.loop.outbox.take():
+                if isinstance(item, OutChunk) and item.chunk.session_id in self.fenced:
+                    self.loop.fence(item.chunk.session_id, item.chunk.epoch)
+                    continue
+                self.items.append(item)
 
     def chunks(self, sid: str) -> list[Chunk]:
+        self.pump()
         with self.lock:
-            return [i for i in self.items if isinstance(i, Chunk) and i.session_id == sid]
+            return [i.chunk for i in self.items
+                    if isinstance(i, OutChunk) and i.chunk.session_id == sid]
 
     def notices(self, sid: str) -> list[SessionNotice]:
+        self.pump()
         with self.lock:
             return [i for i in self.items if isinstance(i, SessionNotice) and i.session_id == sid]
+
+    @property
+    def handed_back(self) -> list[tuple[str, int]]:
+        self.pump()
+        with self.lock:
+            return [(i.session_id, i.epoch) for i in self.items if isinstance(i, HandBack)]
+
+    @property
+    def forgotten(self) -> list[str]:
+        self.pump()
+        with self.lock:
+            return [i.session_id for i in self.items if isinstance(i, Forget)]
 
 
 def _assign(sid: str, epoch: int, seq: int = 0, seed: int = 1) -> WorkerCommand:
@@ -60,15 +80,15 @@ def _run(loop: GenerationLoop, until, timeout: float = 30.0) -> None:
         thread.join(10)
 
 
-def _loop(sink: RecordingSink, **kw) -> GenerationLoop:
+def _loop(engine=None, **kw) -> GenerationLoop:
     kw.setdefault("period_s", 0.0)
     kw.setdefault("lead_s", 0.0)
-    return GenerationLoop(make_engine(), CommandInbox(), sink, worker_id="w", **kw)
+    return GenerationLoop(engine or make_engine(), CommandInbox(), worker_id="w", **kw)
 
 
 def test_a_backlog_of_assigns_makes_one_generation_under_the_latest_epoch():
-    sink = RecordingSink()
-    loop = _loop(sink)
+    loop = _loop()
+    sink = RecordingSink(loop)
     for epoch in range(1, 39):
         loop.inbox.put(_assign("s", epoch))
     _run(loop, lambda: len(sink.chunks("s")) >= 3)
@@ -80,8 +100,8 @@ def test_a_backlog_of_assigns_makes_one_generation_under_the_latest_epoch():
 
 
 def test_a_continued_session_without_state_is_announced_as_restarted():
-    sink = RecordingSink()
-    loop = _loop(sink)
+    loop = _loop()
+    sink = RecordingSink(loop)
     loop.inbox.put(_assign("s", 4, seq=17))
     _run(loop, lambda: len(sink.chunks("s")) >= 1)
     (notice,) = sink.notices("s")
@@ -90,8 +110,8 @@ def test_a_continued_session_without_state_is_announced_as_restarted():
 
 
 def test_a_reassignment_at_its_own_seq_keeps_the_state():
-    sink = RecordingSink()
-    loop = _loop(sink)
+    loop = _loop()
+    sink = RecordingSink(loop)
     loop.inbox.put(_assign("s", 1))
     _run(loop, lambda: len(sink.chunks("s")) >= 2)
     loop.inbox = CommandInbox()
@@ -108,11 +128,12 @@ def test_a_reassignment_at_its_own_seq_keeps_the_state():
 
 
 def test_fenced_sessions_are_dropped_and_a_full_engine_hands_back():
-    sink = RecordingSink(fenced={"gone"})
-    loop = GenerationLoop(make_engine(max_sessions=1), CommandInbox(), sink, worker_id="w",
-                          period_s=0.0, lead_s=0.0)
+    loop = _loop(make_engine(max_sessions=1))
+    sink = RecordingSink(loop, fenced={"gone"})
     loop.inbox.put(_assign("gone", 1))
-    _run(loop, lambda: "gone" not in loop.owned and loop.status().sessions == ())
+    _run(loop, lambda: "gone" in sink.forgotten)  # dropped once its record was refused
+    assert "gone" not in loop.owned and loop.status().sessions == ()
+    assert sink.chunks("gone") == []
     loop.inbox = CommandInbox()
     loop.inbox.put(_assign("kept", 1))
     loop.inbox.put(_assign("extra", 1))
@@ -124,10 +145,8 @@ def test_a_control_is_answered_only_once_the_status_shows_its_effect():
     """A handed-off session is dropped by a control; admission reads the status, so the status
     must no longer list it when the control's caller hears it is done (or a move straight back
     would be refused as a duplicate)."""
-    from services.gpu_worker.inbox import Control
-
-    sink = RecordingSink()
-    loop = _loop(sink, period_s=0.5, lead_s=0.0)  # paced: passes wait, the status is not redone
+    loop = _loop(period_s=0.5, lead_s=0.0)  # paced: passes wait, the status is not redone
+    sink = RecordingSink(loop)
     loop.inbox.put(_assign("s", 1))
     seen: list[tuple[str, ...]] = []
     done = threading.Event()
@@ -154,8 +173,7 @@ def test_playback_starts_when_the_assignment_or_resume_reached_the_worker():
     clock starts at its arrival, so the wait for the boundary counts in its first chunk's
     lateness (as the simulator counts it), on assignment and on every resume."""
     now = [100.0]
-    sink = RecordingSink()
-    loop = _loop(sink, clock=lambda: now[0])
+    loop = _loop(clock=lambda: now[0])
     loop.inbox.put(_assign("s", 1))  # arrives at 100.0 by the loop's clock
     now[0] = 100.3  # a pass in flight ends: the boundary where it is applied
     for item, arrived in loop.inbox.take_timed(0):
@@ -177,9 +195,8 @@ def test_a_resume_that_finds_every_slot_taken_waits_for_one_to_free():
     (no RESUMED yet) and goes through at the first boundary with one free, its clock from the
     request."""
     now = [50.0]
-    sink = RecordingSink()
-    loop = GenerationLoop(make_engine(max_sessions=1), CommandInbox(), sink, worker_id="w",
-                          period_s=0.0, lead_s=0.0, clock=lambda: now[0])
+    loop = _loop(make_engine(max_sessions=1), clock=lambda: now[0])
+    sink = RecordingSink(loop)
 
     def cmd(kind: WorkerCmdKind, sid: str) -> WorkerCommand:
         return WorkerCommand(kind=kind, worker_id="w", epoch=1, session_id=sid)
@@ -203,9 +220,7 @@ def test_a_resume_that_finds_every_slot_taken_waits_for_one_to_free():
 
 
 def test_a_pause_cancels_a_resume_that_waits_for_a_slot():
-    sink = RecordingSink()
-    loop = GenerationLoop(make_engine(max_sessions=1), CommandInbox(), sink, worker_id="w",
-                          period_s=0.0, lead_s=0.0)
+    loop = _loop(make_engine(max_sessions=1))
 
     def cmd(kind: WorkerCmdKind, sid: str) -> WorkerCommand:
         return WorkerCommand(kind=kind, worker_id="w", epoch=1, session_id=sid)
@@ -226,8 +241,8 @@ def test_a_chunk_carries_as_much_video_as_its_period():
     assert playback_fps(12, 1.25) == 9.6 and playback_fps(9, 1.25) == 7.2  # the emulated H20
     assert playback_fps(12, 0.75) == 16.0
     assert playback_fps(12, 0.0) == FPS  # unpaced
-    sink = RecordingSink()
-    loop = _loop(sink, period_s=0.25, lead_s=0.25)
+    loop = _loop(period_s=0.25, lead_s=0.25)
+    sink = RecordingSink(loop)
     loop.inbox.put(_assign("s", 1))
     _run(loop, lambda: len(sink.chunks("s")) >= 2)
     for chunk in sink.chunks("s"):
@@ -242,8 +257,8 @@ def test_a_prompt_still_encoding_is_announced_at_the_chunk_it_really_starts():
 
     from .test_prompts import GatedEncoder
 
-    sink = RecordingSink()
-    loop = _loop(sink)
+    loop = _loop()
+    sink = RecordingSink(loop)
     gated = GatedEncoder(loop.engine.text_encoder)
     gated.gate.set()
     loop.engine.prompts = PromptEncoder(gated)
@@ -265,3 +280,38 @@ def test_a_prompt_still_encoding_is_announced_at_the_chunk_it_really_starts():
     (notice,) = [n for n in sink.notices("s") if n.kind is NoticeKind.PROMPT]
     assert notice.next_seq >= state["asked_at"] + 3  # not the seq it was asked at
     assert loop.engine.prompt_applied("s", "a whale")
+
+
+def test_a_full_outbox_holds_back_passes_and_loses_no_chunk():
+    """Nobody drains the outbox (the event loop is behind): the loop stops running passes at
+    the bound, keeps applying commands meanwhile, and goes on when the outbox is taken, with
+    every chunk in order."""
+    loop = _loop(outbox_chunks=2)
+    loop.inbox.put(_assign("s", 1))
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    taken: list[Outgoing] = []
+    try:
+        deadline = time.monotonic() + 30
+        while loop.status().facts.get("s") is None or loop.status().facts["s"].last_seq < 1:
+            assert time.monotonic() < deadline, "no chunks"
+            time.sleep(0.01)
+        time.sleep(0.5)  # time for many more passes, had they run
+        assert loop.status().facts["s"].last_seq == 1
+        assert len(loop.outbox) == 3  # the PLACED notice and two chunks
+        answered = threading.Event()
+        loop.inbox.put(Control("ping", lambda: None, lambda _: answered.set(), lambda _: None))
+        assert answered.wait(10), "a command waited for the outbox"
+        while True:
+            taken += loop.outbox.take()
+            chunks = [i.chunk.seq for i in taken if isinstance(i, OutChunk)]
+            if len(chunks) >= 6:
+                break
+            assert time.monotonic() < deadline, "passes did not resume"
+            time.sleep(0.01)
+    finally:
+        loop.inbox.close()
+        thread.join(10)
+    taken += loop.outbox.take()
+    seqs = [i.chunk.seq for i in taken if isinstance(i, OutChunk)]
+    assert seqs == list(range(len(seqs)))
