@@ -21,7 +21,7 @@ WHALE = "a blue whale in the deep ocean"
 SESSIONS = ((FOX, 1), (FOX, 2), (WHALE, 1))
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "frames", help="write a strip of the model's frames as a PNG (no services needed)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,11 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def clip(prompt: str, seed: int, chunks: int, preset: str = "tiny") -> list[torch.Tensor]:
     """The frames of one session alone on a fresh CPU engine, one ``[n, H, W, 3]`` tensor per
     chunk (a chunk's frame count is the model's: it may differ between chunks)."""
-    from services.gpu_worker.engine import Engine, EngineConfig
+    from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
 
     engine = Engine(EngineConfig(preset=preset, device="cpu", max_sessions=1, seed=0))
     engine.add_session("s", prompt, seed)
-    return [engine.step()[0].frames.float() for _ in range(chunks)]
+    return [next_chunks(engine)[0].frames.float() for _ in range(chunks)]
 
 
 def save_strip(rows: list[torch.Tensor], path: Path | str, every: int = 3) -> Path:
@@ -61,7 +61,10 @@ def motion(chunks: list[torch.Tensor]) -> tuple[float, float]:
 
     within = [float((c[1:] - c[:-1]).abs().mean()) for c in chunks[1:] if len(c) > 1]
     across = [float((b[0] - a[-1]).abs().mean()) for a, b in itertools.pairwise(chunks[1:])]
-    mean = lambda xs: float(torch.tensor(xs).mean()) if xs else float("nan")  # noqa: E731
+
+    def mean(xs: list[float]) -> float:
+        return float(torch.tensor(xs).mean()) if xs else float("nan")
+
     return mean(within), mean(across)
 
 

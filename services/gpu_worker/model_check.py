@@ -97,7 +97,7 @@ def human_count(n: float) -> str:
     return str(int(n))
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "model", help="inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]")
     sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
@@ -137,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check(folder: ModelFolder, resolution: tuple[int, int]) -> list[Report]:
-    facts: dict[str, object] = {}
-    checks: dict[str, Callable[[Component, dict[str, object], tuple[int, int]], str]] = {
+    facts: dict[str, int | None] = {}
+    checks: dict[str, Callable[[Component, dict[str, int | None], tuple[int, int]], str]] = {
         "text encoder": _text_encoder, "tokenizer": _tokenizer, "VAE": _vae, "DiT": _dit}
     reports = []
     for name in COMPONENTS:
@@ -165,7 +165,7 @@ def _weights(files: list[Path]) -> tuple[str, int]:
             params)
 
 
-def _text_encoder(part: Component, facts: dict[str, object], _: tuple[int, int]) -> str:
+def _text_encoder(part: Component, facts: dict[str, int | None], _: tuple[int, int]) -> str:
     from transformers import UMT5Config
 
     from services.gpu_worker.model.text import fit_original_umt5
@@ -176,12 +176,12 @@ def _text_encoder(part: Component, facts: dict[str, object], _: tuple[int, int])
     else:
         config = UMT5Config.from_pretrained(str(part.path))
     facts["text_dim"] = int(config.d_model)
-    weights, _ = _weights(weight_files(part))
+    weights = _weights(weight_files(part))[0]
     return (f"{_where(part)}: umT5 encoder, d_model {config.d_model}, {config.num_layers} "
             f"layers, {weights}")
 
 
-def _tokenizer(part: Component, facts: dict[str, object], _: tuple[int, int]) -> str:
+def _tokenizer(part: Component, facts: dict[str, int | None], _: tuple[int, int]) -> str:
     from transformers import AutoTokenizer
 
     assert part.path is not None
@@ -189,11 +189,10 @@ def _tokenizer(part: Component, facts: dict[str, object], _: tuple[int, int]) ->
     return f"{_where(part)}: {type(tokenizer).__name__}, {len(tokenizer)} tokens"
 
 
-def _vae(part: Component, facts: dict[str, object], resolution: tuple[int, int]) -> str:
+def _vae(part: Component, facts: dict[str, int | None], resolution: tuple[int, int]) -> str:
     import torch
-    from diffusers import AutoencoderKLWan
 
-    from services.gpu_worker.model.vae import cache_layout, fit_original_vae
+    from services.gpu_worker.model.vae import cache_layout, fit_original_vae, wan_vae
 
     assert part.path is not None
     if part.fmt == "wan .pth":
@@ -201,17 +200,18 @@ def _vae(part: Component, facts: dict[str, object], resolution: tuple[int, int])
     else:
         config = json.loads((part.path / "config.json").read_text())
         with torch.device("meta"):
-            vae = AutoencoderKLWan(**{k: v for k, v in config.items() if not k.startswith("_")})
-    facts["z_dim"] = int(vae.config.z_dim)
+            vae = wan_vae(**{k: v for k, v in config.items() if not k.startswith("_")})
+    z_dim, base_dim = vae.config["z_dim"], vae.config["base_dim"]
+    facts["z_dim"] = int(z_dim)
     latent = (resolution[0] // 8, resolution[1] // 8)
     cache = cache_layout(vae, latent).numel * BF16
     weights, _ = _weights(weight_files(part))
-    return (f"{_where(part)}: AutoencoderKLWan z_dim {vae.config.z_dim}, base {vae.config.base_dim}, "
+    return (f"{_where(part)}: AutoencoderKLWan z_dim {z_dim}, base {base_dim}, "
             f"{weights}; decoder cache {human_bytes(cache)} per session at "
             f"{resolution[0]}x{resolution[1]}")
 
 
-def _dit(part: Component, facts: dict[str, object], resolution: tuple[int, int]) -> str:
+def _dit(part: Component, facts: dict[str, int | None], resolution: tuple[int, int]) -> str:
     import torch
 
     from services.gpu_worker.engine.slots import SlotPool

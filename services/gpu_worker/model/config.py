@@ -9,6 +9,7 @@ keep the same structure at sizes a CPU can run.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 VAE_STRIDE = (4, 8, 8)
 
@@ -110,8 +111,9 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def get_preset(name: str, **overrides: object) -> ModelConfig:
-    """The named preset, optionally with some fields replaced (tests shrink windows this way)."""
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+    """The named preset, optionally with some fields replaced (tests shrink windows this way);
+    ``ModelConfig`` checks the result."""
     try:
         config = PRESETS[name]
     except KeyError:

@@ -109,7 +109,8 @@ class LatentDecoder(nn.Module):
     def decode(self, latents: torch.Tensor, state: torch.Tensor, fresh: bool) -> torch.Tensor:
         """``forward`` with the context kept in ``state`` rows ``[B, state_numel]`` (zeros
         before a stream's first chunk, so ``fresh`` changes nothing)."""
-        return self(latents, state.view(state.shape[0], *self.context_shape))
+        frames: torch.Tensor = self(latents, state.view(state.shape[0], *self.context_shape))
+        return frames
 
     def rebuild(self, latents: torch.Tensor, state: torch.Tensor) -> None:
         """The context after ``latents`` ``[1, C, F, h, w]``: exactly their last two frames."""

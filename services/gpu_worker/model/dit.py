@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -105,7 +106,7 @@ def rope_angles(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs of ``x`` ``[B, L, H, d]`` by angles given as ``[B, L, 1, d/2]``."""
-    pairs = x.float().unflatten(-1, (-1, 2))
+    pairs = torch.unflatten(x.float(), -1, (-1, 2))
     real, imag = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
@@ -141,7 +142,8 @@ class SelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), kv[:, 0], kv[:, 1], attn_mask=key_mask
         )
-        return self.o(out.transpose(1, 2).reshape(batch, length, dim))
+        projected: torch.Tensor = self.o(out.transpose(1, 2).reshape(batch, length, dim))
+        return projected
 
 
 class CrossAttention(nn.Module):
@@ -167,7 +169,8 @@ class CrossAttention(nn.Module):
         batch, length, dim = x.shape
         q = self.norm_q(self.q(x)).view(batch, length, self.num_heads, dim // self.num_heads)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kv[:, 0], kv[:, 1])
-        return self.o(out.transpose(1, 2).reshape(batch, length, dim))
+        projected: torch.Tensor = self.o(out.transpose(1, 2).reshape(batch, length, dim))
+        return projected
 
 
 class Block(nn.Module):
@@ -204,7 +207,8 @@ class Block(nn.Module):
         x = x + (y.float() * gate1).type_as(x)
         x = x + self.cross_attn(self.norm3(x), cross_kv)
         y = self.ffn((self.norm2(x).float() * (1 + scale2) + shift2).type_as(x))
-        return x + (y.float() * gate2).type_as(x)
+        out: torch.Tensor = x + (y.float() * gate2).type_as(x)
+        return out
 
 
 class Head(nn.Module):
@@ -217,7 +221,8 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor, e0: torch.Tensor) -> torch.Tensor:
         shift, scale = (self.modulation.float() + e0[:, None, :]).chunk(2, dim=1)
-        return self.head((self.norm(x).float() * (1 + scale) + shift).type_as(x))
+        out: torch.Tensor = self.head((self.norm(x).float() * (1 + scale) + shift).type_as(x))
+        return out
 
 
 class CausalWanModel(nn.Module):
@@ -252,25 +257,31 @@ class CausalWanModel(nn.Module):
         if unfit_reason(self.config) is None:
             init_visible_dit(self, generator)
 
+    def _blocks(self) -> list[Block]:
+        # nn.ModuleList yields plain Modules to the type checker; these are all Blocks.
+        return cast(list[Block], list(self.blocks))
+
     def _init_random(self, generator: torch.Generator) -> None:
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight, generator=generator)
+                assert module.bias is not None  # every Linear here is built with one
                 nn.init.zeros_(module.bias)
         nn.init.xavier_uniform_(self.patch_embedding.weight.flatten(1), generator=generator)
+        assert self.patch_embedding.bias is not None
         nn.init.zeros_(self.patch_embedding.bias)
         for seq in (self.text_embedding, self.time_embedding):
             for module in seq:
                 if isinstance(module, nn.Linear):
                     nn.init.normal_(module.weight, std=0.02, generator=generator)
         nn.init.normal_(self.head.head.weight, std=0.02, generator=generator)
-        for param in [b.modulation for b in self.blocks] + [self.head.modulation]:
+        for param in [b.modulation for b in self._blocks()] + [self.head.modulation]:
             nn.init.normal_(param, std=param.shape[-1] ** -0.5, generator=generator)
 
     def encode_context(self, text: torch.Tensor) -> list[torch.Tensor]:
         """Per-layer cross-attention caches ``[B, 2, H, text_len, d]`` for text ``[B, L, text_dim]``."""
         context = self.text_embedding(text.to(self.patch_embedding.weight.dtype))
-        return [block.cross_attn.compute_kv(context) for block in self.blocks]
+        return [block.cross_attn.compute_kv(context) for block in self._blocks()]
 
     def forward(
         self,

@@ -139,8 +139,8 @@ def _load_folder(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> L
         vae = load_diffusers_vae(str(vae_part.path), device, dtype)
     else:
         vae = load_original_vae(str(vae_part.path), device, dtype)
-    if int(vae.config.z_dim) != config.out_dim:
-        raise ModelFolderError(f"VAE latent channels {vae.config.z_dim} do not fit the DiT's "
+    if int(vae.config["z_dim"]) != config.out_dim:
+        raise ModelFolderError(f"VAE latent channels {vae.config['z_dim']} do not fit the DiT's "
                                f"{config.out_dim} (head.head.weight)")
     decoder = WanVaeDecoder(vae, (config.latent_height, config.latent_width), config.chunk_frames)
     vae_files = [vae_part.path] if vae_part.path.is_file() else sorted(vae_part.path.glob("*"))

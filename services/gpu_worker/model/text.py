@@ -97,10 +97,14 @@ class UMT5TextEncoder:
         from transformers import AutoTokenizer, UMT5EncoderModel
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # a worker's log is JSON lines, not progress bars
+        # A worker's log is JSON lines, not progress bars. (transformers leaves it untyped.)
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         model = UMT5EncoderModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-        return cls(model.to(device), tokenizer, max_len)
+        # Moves in place. transformers wraps .to with functools.wraps, which mypy reads as a
+        # plain function wanting the model as its first argument.
+        model.to(device)  # type: ignore[arg-type]
+        return cls(model, tokenizer, max_len)
 
     @classmethod
     def from_original(

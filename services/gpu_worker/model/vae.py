@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:  # diffusers is imported only when a real VAE is loaded
-    from diffusers import AutoencoderKLWan
+    # From its own module: the name diffusers re-exports is, to mypy, its stand-in for a
+    # missing torch (a class without nn.Module's members).
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 TIME_STRIDE = 4
 
@@ -47,15 +49,21 @@ class CacheLayout:
     numel: int
 
 
+def wan_vae(**config: Any) -> AutoencoderKLWan:
+    """An ``AutoencoderKLWan`` of these constructor arguments (on the current default device)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+
+    vae: AutoencoderKLWan = AutoencoderKLWan(**config)
+    return vae
+
+
 def cache_layout(vae: AutoencoderKLWan, latent_hw: tuple[int, int]) -> CacheLayout:
     """The decoder's cache layout at a chunk boundary, found by decoding two latent frames on
     the meta device (no memory, no compute)."""
-    from diffusers import AutoencoderKLWan
-
     with torch.device("meta"):
-        probe = AutoencoderKLWan(**dict(vae.config))
+        probe = wan_vae(**vae.config)
     cache: list[Any] = [None] * probe._cached_conv_counts["decoder"]
-    z = torch.empty(1, probe.config.z_dim, 2, *latent_hw, device="meta")
+    z = torch.empty(1, probe.config["z_dim"], 2, *latent_hw, device="meta")
     x = probe.post_quant_conv(z)
     for i in range(2):
         probe.decoder(x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0)
@@ -88,9 +96,9 @@ class WanVaeDecoder:
         config = vae.config
         param = next(vae.parameters())
         self.device, self.dtype = param.device, param.dtype
-        channels = int(config.z_dim)
-        self._mean = torch.tensor(config.latents_mean, dtype=torch.float32).view(1, channels, 1, 1, 1)
-        self._std = torch.tensor(config.latents_std, dtype=torch.float32).view(1, channels, 1, 1, 1)
+        channels = int(config["z_dim"])
+        self._mean = torch.tensor(config["latents_mean"], dtype=torch.float32).view(1, channels, 1, 1, 1)
+        self._std = torch.tensor(config["latents_std"], dtype=torch.float32).view(1, channels, 1, 1, 1)
 
     @property
     def state_numel(self) -> int:
@@ -158,10 +166,14 @@ WAN21_DIM_MULT = (1, 2, 4, 4)
 
 def load_diffusers_vae(folder: str, device: torch.device, dtype: torch.dtype) -> AutoencoderKLWan:
     """A diffusers-layout ``vae/`` folder (``config.json`` + weights)."""
-    from diffusers import AutoencoderKLWan
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
-    vae = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype, local_files_only=True)
-    return vae.to(device).eval().requires_grad_(False)
+    vae: AutoencoderKLWan = AutoencoderKLWan.from_pretrained(
+        folder, torch_dtype=dtype, local_files_only=True)
+    # Moves in place. diffusers wraps .to with functools.wraps, which mypy reads as a plain
+    # function wanting the model as its first argument.
+    vae.to(device)  # type: ignore[arg-type]
+    return vae.eval().requires_grad_(False)
 
 
 def load_original_vae(path: str, device: torch.device, dtype: torch.dtype) -> AutoencoderKLWan:
@@ -179,7 +191,6 @@ def load_original_vae(path: str, device: torch.device, dtype: torch.dtype) -> Au
 def fit_original_vae(path: str) -> tuple[dict[str, torch.Tensor], AutoencoderKLWan]:
     """``Wan2.1_VAE.pth`` (memory-mapped) in diffusers' names, and the ``AutoencoderKLWan`` its
     shapes make, on the meta device; ``ValueError`` naming the keys that do not fit."""
-    from diffusers import AutoencoderKLWan
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
     from .text import raise_unless_fits
@@ -189,13 +200,13 @@ def fit_original_vae(path: str) -> tuple[dict[str, torch.Tensor], AutoencoderKLW
         raw = raw["state_dict"]
     if not isinstance(raw, dict):
         raise ValueError(f"VAE {path}: not a state dict")
-    state = convert_wan_vae_to_diffusers(raw)
+    state: dict[str, torch.Tensor] = convert_wan_vae_to_diffusers(raw)  # type: ignore[no-untyped-call]
     try:
         base_dim = int(state["decoder.conv_in.weight"].shape[0]) // WAN21_DIM_MULT[-1]
         z_dim = int(state["post_quant_conv.weight"].shape[0])
     except KeyError as exc:
         raise ValueError(f"VAE {path}: no {exc} (not a Wan2.1 VAE)") from None
     with torch.device("meta"):
-        vae = AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim, dim_mult=list(WAN21_DIM_MULT))
+        vae = wan_vae(base_dim=base_dim, z_dim=z_dim, dim_mult=list(WAN21_DIM_MULT))
     raise_unless_fits(f"VAE {path}", set(vae.state_dict()), state)
     return state, vae

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from services.gpu_worker.engine import next_chunks
 from services.gpu_worker.model import (
     CheckpointMismatch,
     build_model,
@@ -116,7 +117,7 @@ def test_engine_generates_from_a_checkpoint(tmp_path):
     frames = []
     for engine in [*loaded, random_weights]:
         engine.add_session("s", "a lake", 1)
-        frames.append(engine.step()[0].frames)
+        frames.append(next_chunks(engine)[0].frames)
     # The checkpoint, not the weight seed, decides the DiT; the decoder is still seeded.
     assert not torch.equal(frames[0], frames[2])
     assert torch.equal(loaded[0].model.blocks[0].ffn[0].weight, loaded[1].model.blocks[0].ffn[0].weight)
@@ -179,7 +180,7 @@ def test_geometry_comes_from_the_checkpoint_not_the_preset(tmp_path):
     assert (engine.model_config.dim, engine.model_config.num_layers,
             engine.model_config.ffn_dim, engine.model_config.num_heads) == (128, 3, 96, 1)
     engine.add_session("s", "a lake", 1)
-    assert engine.step()[0].frames.shape == (12, config.height, config.width, 3)
+    assert next_chunks(engine)[0].frames.shape == (12, config.height, config.width, 3)
 
 
 def test_the_kv_recache_is_on_for_longlive_and_off_for_other_checkpoints(tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.engine import Engine, EngineConfig
+from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
 from services.gpu_worker.model.checkpoint import dit_geometry, from_diffusers, load_tensors
 from services.gpu_worker.model.config import ModelConfig
 from services.gpu_worker.model.dit import CausalWanModel, ChunkCaches
@@ -155,11 +155,11 @@ def _engine(folder) -> Engine:
 def test_a_session_migrated_mid_stream_decodes_the_frames_of_one_that_never_moved(folder):
     still = _engine(folder)
     still.add_session("s", "a red fox running through snow", seed=3)
-    expected = [still.step()[0].frames for _ in range(5)]
+    expected = [next_chunks(still)[0].frames for _ in range(5)]
 
     source, destination = _engine(folder), _engine(folder)
     source.add_session("s", "a red fox running through snow", seed=3)
-    got = [source.step()[0].frames for _ in range(2)]
+    got = [next_chunks(source)[0].frames for _ in range(2)]
     state = source.export_state("s")
     # The decoder's feature cache travels with the session and is counted in its bytes.
     decoder_bytes = source.pool.decoder_numel * state.misc.element_size()
@@ -167,7 +167,7 @@ def test_a_session_migrated_mid_stream_decodes_the_frames_of_one_that_never_move
     assert state.misc[source.pool.history_numel:].abs().sum() > 0
     source.remove_session("s")
     destination.import_state(state)
-    got += [destination.step()[0].frames for _ in range(3)]
+    got += [next_chunks(destination)[0].frames for _ in range(3)]
     assert [f.shape for f in got] == [(9, 64, 64, 3)] + [(12, 64, 64, 3)] * 4
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
@@ -176,16 +176,16 @@ def test_a_session_migrated_mid_stream_decodes_the_frames_of_one_that_never_move
 def test_suspend_and_resume_keep_the_decoder_cache(folder):
     still = _engine(folder)
     still.add_session("s", "a wolf at night", seed=5)
-    expected = [still.step()[0].frames for _ in range(3)]
+    expected = [next_chunks(still)[0].frames for _ in range(3)]
     engine = _engine(folder)
     engine.add_session("s", "a wolf at night", seed=5)
-    got = [engine.step()[0].frames]
+    got = [next_chunks(engine)[0].frames]
     engine.suspend("s")
     engine.add_session("other", "a storm at sea", seed=1)  # takes the freed slot meanwhile
-    engine.step()
+    next_chunks(engine)
     engine.remove_session("other")
     engine.resume("s")
-    got += [engine.step()[0].frames for _ in range(2)]
+    got += [next_chunks(engine)[0].frames for _ in range(2)]
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
 
@@ -196,15 +196,15 @@ def test_recovery_rebuilds_the_decoder_cache_from_the_logged_latents(folder):
     frames before the window, nor has the recomputed KV cache), but the video continues."""
     still = _engine(folder)
     still.add_session("s", "a train crossing a bridge", seed=8)
-    frames = [still.step()[0].frames for _ in range(5)]
+    frames = [next_chunks(still)[0].frames for _ in range(5)]
     point = still.recovery_point("s")
     assert len(point.history) == still.pool.history_numel * 4  # float32 latents only
-    expected = still.step()[0].frames
+    expected = next_chunks(still)[0].frames
 
     rebuilt = _engine(folder)
     rebuilt.restore(point)
     assert rebuilt.pool.decoder_state(0, 1).abs().sum() > 0  # the cache was refilled
-    (result,) = rebuilt.step()
+    (result,) = next_chunks(rebuilt)
     assert result.seq == point.seq and result.frames.shape == (12, 64, 64, 3)
     moved = (result.frames.float() - expected.float()).abs().mean()
     baseline = (frames[-1].float() - expected.float()).abs().mean()  # one chunk of motion
