@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,7 @@ from shared.wire import (
     decode,
     encode,
 )
+from tests.eventually import eventually
 from tools.launcher import Mesh, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -163,12 +164,13 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
         stream = await _open_stream(http, live["id"], live["token"])
         m = BadInputMesh(Subjects(tag), tag, nc, redis, Registry(redis, tag), http, worker,
                          live["id"], stream)
-        await until(lambda: len(stream.chunk_seqs()) >= 2, "the live session streams")
-        deadline = time.monotonic() + 30  # and the worker's record says it holds it
-        while live["id"] not in (await redis.hget(f"{tag}:worker:{WORKER}", "sessions")
-                                 or b"").decode():
-            assert time.monotonic() < deadline, "the worker's record never listed the session"
-            await asyncio.sleep(0.1)
+        await eventually(lambda: len(stream.chunk_seqs()) >= 2, 30, "the live session streams")
+
+        async def listed() -> bool:
+            sessions = await redis.hget(f"{tag}:worker:{WORKER}", "sessions")
+            return live["id"] in (sessions or b"").decode()
+
+        await eventually(listed, 30, "the worker's record listing the live session")
         try:
             yield m
         finally:
@@ -184,13 +186,6 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
     if keys:
         await redis.delete(*keys)
     await redis.aclose()
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting: {what}"
-        await asyncio.sleep(0.05)
 
 
 # -- what is compared, what is sent -----------------------------------------------------------
@@ -278,7 +273,7 @@ async def send_bad(m: BadInputMesh, logs: list[dict[str, Any]], subject: str,
         await m.nc.publish(subject, payload)
     await m.nc.flush()
     want = len(variants) * listeners
-    await until(lambda: dropped(logs, subject) >= want, f"{want} drops on {subject}")
+    await eventually(lambda: dropped(logs, subject) >= want, 30, f"{want} drops on {subject}")
     await asyncio.sleep(0.3)  # nothing more arrives late
     assert dropped(logs, subject) == want
 
@@ -292,7 +287,7 @@ async def live_session(m: BadInputMesh) -> Any:
 async def assert_still_serving(m: BadInputMesh, since: int) -> None:
     """The live stream went on past ``since`` (its number of chunks then) with every seq once,
     in order; a new session streams end to end; the gateway is healthy."""
-    await until(lambda: len(m.live.chunk_seqs()) >= since + 3, "the live stream goes on")
+    await eventually(lambda: len(m.live.chunk_seqs()) >= since + 3, 30, "the live stream goes on")
     seqs = m.live.chunk_seqs()
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"gap or repeat in {seqs}"
     assert not [e for e in m.live.events if e[0] == "end"], "the live session ended"
@@ -302,7 +297,7 @@ async def assert_still_serving(m: BadInputMesh, since: int) -> None:
     fresh = await resp.json()
     stream = await _open_stream(m.http, fresh["id"], fresh["token"])
     try:
-        await until(lambda: stream.chunk_seqs()[:1] == [0], "a new session streams")
+        await eventually(lambda: stream.chunk_seqs()[:1] == [0], 30, "a new session streams")
     finally:
         assert stream.task is not None
         stream.task.cancel()
@@ -320,15 +315,15 @@ async def settle_closed(m: BadInputMesh, sid: str) -> None:
     that starts now sees no change of its own making."""
     assert m.worker.generation is not None
     generation = m.worker.generation
-    await until(lambda: sid not in generation.status().sessions, "the worker lets it go")
+    await eventually(lambda: sid not in generation.status().sessions, 30, "the worker lets it go")
     dropped_at = time.time()
-    deadline = time.monotonic() + 30
-    while True:
+
+    async def record_rewritten() -> bool:
         record = await m.redis.hmget(f"{m.ns}:worker:{WORKER}", ["updated_at", "sessions"])
-        if float(record[0] or 0) > dropped_at and sid not in (record[1] or b"").decode():
-            return
-        assert time.monotonic() < deadline, "the worker's record still lists the closed session"
-        await asyncio.sleep(0.1)
+        return float(record[0] or 0) > dropped_at and sid not in (record[1] or b"").decode()
+
+    await eventually(record_rewritten, 30, "the worker's record without the closed session",
+                     interval=0.1)
 
 
 async def request(m: BadInputMesh, subject: str, msg: msgspec.Struct, reply_type: Any,
@@ -405,8 +400,8 @@ async def test_worker_handoff_subject(mesh):
         await m.nc.publish(subject, encode(HandoffOutcome(
             transfer_id="never-started", session_id=m.live_id, committed=True,
             epoch=record.epoch + 5)))
-        await until(lambda: any(e.get("event") == "late_outcome_dropped" for e in logs),
-                    "the stale outcome is dropped")
+        await eventually(lambda: any(e.get("event") == "late_outcome_dropped" for e in logs),
+                         30, "the stale outcome is dropped")
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
@@ -429,7 +424,7 @@ async def test_heartbeat_subject(mesh):
                                sessions=[], at=long_ago)):
             await m.nc.publish(subject, encode(late))
         await m.nc.flush()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the wait is the test: the stale ones change nothing meanwhile
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
@@ -477,7 +472,7 @@ async def test_provisioner_event_subject(mesh):
                                              at=time.time() - 3600)):
             await m.nc.publish(subject, encode(late))
         await m.nc.flush()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the wait is the test: the stale ones change nothing meanwhile
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
@@ -495,7 +490,7 @@ async def test_migration_report_subject(mesh):
         # stale: a report nobody waits for (its command was never sent), at an old epoch
         await m.nc.publish(subject, encode(report))
         await m.nc.flush()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the wait is the test: the stale ones change nothing meanwhile
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
@@ -519,7 +514,8 @@ async def test_session_event_stream(mesh):
         for payload in variants.values():  # through JetStream, as the gateway publishes
             await js.publish(subject, payload)
         # each dropped once: the scheduler terminates it rather than have it redelivered
-        await until(lambda: dropped(logs, subject) >= len(variants), "drops of session events")
+        await eventually(lambda: dropped(logs, subject) >= len(variants), 30,
+                         "drops of session events")
         # stale: events about a session that does not exist, or that is over
         stale = [SessionEvent(session_id="sghost", kind=kind, prompt="p")
                  for kind in SessionEventKind]
@@ -527,10 +523,13 @@ async def test_session_event_stream(mesh):
                   for kind in SessionEventKind]
         for late in stale:
             await js.publish(subject, encode(late))
-        await asyncio.sleep(2.0)
+
+        async def all_handled() -> bool:  # the scheduler acks an event once it has handled it
+            info = await js.consumer_info(m.subjects.sessions_stream, "scheduler")
+            return info.num_pending == 0 and info.num_ack_pending == 0  # nothing stuck
+
+        await eventually(all_handled, 30, "every session event handled and acked")
         assert dropped(logs, subject) == len(variants)
-    info = await js.consumer_info(m.subjects.sessions_stream, "scheduler")
-    assert info.num_pending == 0 and info.num_ack_pending == 0  # consumed, nothing stuck
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
@@ -539,7 +538,7 @@ async def test_chunk_subject_the_gateway_reads(mesh):
     m = mesh
     subject = m.subjects.chunks(m.live_id)
     record = await live_session(m)
-    await until(lambda: len(m.live.chunk_seqs()) >= 2, "chunks")
+    await eventually(lambda: len(m.live.chunk_seqs()) >= 2, 30, "chunks")
     since = len(m.live.chunk_seqs())
     top = m.live.chunk_seqs()[-1]
     before = await registry_state(m)
@@ -557,8 +556,8 @@ async def test_chunk_subject_the_gateway_reads(mesh):
         # stale: a chunk from the owner before this one
         await m.nc.publish(subject, encode(msgspec.structs.replace(chunk, epoch=record.epoch - 1)))
         await m.nc.flush()
-        await until(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
-                    "the stale chunk is dropped")
+        await eventually(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
+                         30, "the stale chunk is dropped")
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
     for event, _, data in m.live.events:
@@ -573,7 +572,7 @@ async def watched_session(m: BadInputMesh) -> AsyncIterator[tuple[dict[str, Any]
     session = await resp.json()
     stream = await _open_stream(m.http, session["id"], session["token"])
     try:
-        await until(lambda: len(stream.chunk_seqs()) >= 2, "the watched session streams")
+        await eventually(lambda: len(stream.chunk_seqs()) >= 2, 30, "the watched session streams")
         yield session, stream
     finally:
         assert stream.task is not None
@@ -601,8 +600,8 @@ async def test_gateway_relays_no_chunk_whose_frames_break_the_contract(mesh):
             # valid JSON, but a raw line break inside an SSE data line ends the event there
             await m.nc.publish(subject, encode(good).replace(b'"frames":[', b'"frames":[\n'))
             await m.nc.flush()
-            await until(lambda: dropped(logs, subject) >= 2, "both dropped")
-        await until(lambda: len(stream.chunk_seqs()) >= 4, "the stream goes on")
+            await eventually(lambda: dropped(logs, subject) >= 2, 30, "both dropped")
+        await eventually(lambda: len(stream.chunk_seqs()) >= 4, 30, "the stream goes on")
         assert top + 1000 not in stream.chunk_seqs()
         for event, _, data in stream.events:
             if event == "chunk":
@@ -624,10 +623,10 @@ async def test_gateway_relays_no_chunk_from_a_stale_owner(mesh):
         with capture_logs() as logs:
             await m.nc.publish(m.subjects.chunks(session["id"]), encode(stale))
             await m.nc.flush()
-            await until(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
-                        "the stale chunk is dropped")
+            await eventually(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
+                             30, "the stale chunk is dropped")
         since = len(stream.chunk_seqs())
-        await until(lambda: len(stream.chunk_seqs()) >= since + 3, "the stream goes on")
+        await eventually(lambda: len(stream.chunk_seqs()) >= since + 3, 30, "the stream goes on")
         seqs = stream.chunk_seqs()
         assert top + 50 not in seqs
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))

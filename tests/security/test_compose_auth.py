@@ -6,8 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nats
@@ -19,6 +18,7 @@ from redis.exceptions import AuthenticationError
 from shared.security import inbox_prefix
 from shared.streams import ensure_streams
 from shared.wire import SessionEvent, SessionEventKind, Subjects, encode
+from tests.eventually import eventually_sync
 from tests.unit.test_compose import PASSWORDS, ROOT, compose_auth, interpolate
 from tools.launcher import (
     free_port,
@@ -36,12 +36,15 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
-def _wait(check, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not check():
-        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
-        assert time.monotonic() < deadline, f"{what} not ready"
-        time.sleep(0.05)
+def _serving(probe: Callable[[], bool], proc: subprocess.Popen, what: str) -> Callable[[], bool]:
+    """``probe``, failing at once when the server exited instead."""
+
+    def check() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}")
+        return probe()
+
+    return check
 
 
 @contextlib.contextmanager
@@ -55,12 +58,14 @@ def servers(compose: dict, tmp: Path) -> Iterator[tuple[int, int]]:
          str(tmp / "js"), "-a", "127.0.0.1", "-p", str(nats_port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        _wait(lambda: probe_nats(f"nats://127.0.0.1:{nats_port}"), procs[0], "nats-server")
+        eventually_sync(_serving(lambda: probe_nats(f"nats://127.0.0.1:{nats_port}"), procs[0],
+                                 "nats-server"), 20, "nats-server up")
         procs.append(subprocess.Popen(
             [redis_server_binary(), str(tmp / "users.conf"), "--port", str(redis_port), "--bind",
              "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait(lambda: probe_redis(f"redis://127.0.0.1:{redis_port}"), procs[1], "redis-server")
+        eventually_sync(_serving(lambda: probe_redis(f"redis://127.0.0.1:{redis_port}"), procs[1],
+                                 "redis-server"), 20, "redis-server up")
         yield nats_port, redis_port
     finally:
         for proc in procs:

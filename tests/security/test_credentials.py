@@ -15,6 +15,7 @@ import pytest
 
 from shared.security import OPERATOR, with_user
 from shared.settings import GatewaySettings, ProvisionerSettings, SettingsError, WorkerSettings
+from tests.eventually import eventually_sync
 from tests.security.conftest import PREFIX
 from tools.launcher import banner
 
@@ -63,11 +64,12 @@ def test_a_running_service_logs_its_settings_masked(secure_infra, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "provisioner"], env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while b"provisioner_ready" not in (tmp_path / "provisioner.log").read_bytes():
-            assert proc.poll() is None, (tmp_path / "provisioner.log").read_text()[-2000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        def ready() -> bool:
+            if proc.poll() is not None:
+                pytest.fail((tmp_path / "provisioner.log").read_text()[-2000:])
+            return b"provisioner_ready" in (tmp_path / "provisioner.log").read_bytes()
+
+        eventually_sync(ready, 60, "the provisioner ready")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:

@@ -6,7 +6,6 @@ from shared/security.py, so that a wrong permission in the generated config fail
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +28,7 @@ from shared.wire import (
     WorkerCommand,
     encode,
 )
+from tests.eventually import eventually
 from tests.security.conftest import PREFIX, server_log
 from tools.launcher import Mesh
 
@@ -79,13 +79,6 @@ async def connected(mesh: Mesh, role: str) -> AsyncIterator[tuple[NATS, list[str
         await nc.close()
 
 
-async def until(check: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize("role", SERVICE_ROLES)
 async def test_each_service_publishes_only_its_own_subjects(secure_infra, role):
     async with connected(secure_infra, OPERATOR) as (op, _), \
@@ -104,11 +97,12 @@ async def test_each_service_publishes_only_its_own_subjects(secure_infra, role):
         for name in sorted(PROTOCOL, key=lambda n: n in allowed):
             await nc.publish(PROTOCOL[name], b"probe")
         await nc.flush()
-        await until(lambda: len(heard) >= len(allowed))
+        await eventually(lambda: len(heard) >= len(allowed), what="the allowed subjects heard")
         await op.flush()
         assert {n for n, s in PROTOCOL.items() if s in heard} == allowed
         refused = set(PROTOCOL) - allowed
-        await until(lambda: sum("permissions violation" in e for e in errors) >= len(refused))
+        await eventually(lambda: sum("permissions violation" in e for e in errors) >= len(refused),
+                         what="a violation for each refused subject")
 
 
 @pytest.mark.parametrize("role", SERVICE_ROLES)
@@ -131,7 +125,7 @@ async def test_each_service_reads_only_its_own_subjects_and_inboxes(secure_infra
             await op.publish(subject, b"probe")
         await op.publish(own_inbox, b"barrier")  # last: everything before it has arrived
         await op.flush()
-        await until(lambda: own_inbox in heard)
+        await eventually(lambda: own_inbox in heard, what="the barrier in its own inbox")
         got = {n for n, s in PROTOCOL.items() if s in heard}
         assert got == SUBSCRIBES[role]
         assert not [s for s in heard if s.startswith("_INBOX.") and s != own_inbox]
