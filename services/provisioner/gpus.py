@@ -17,7 +17,7 @@ log = get_logger("turboserve.provisioner")
 
 
 @dataclass(frozen=True, slots=True)
-class Gpu:
+class GpuDevice:
     uuid: str  # what CUDA_VISIBLE_DEVICES gets: GPU-..., MIG-..., or an index
     name: str = ""
 
@@ -25,18 +25,19 @@ class Gpu:
         return f"{self.uuid} ({self.name})" if self.name else self.uuid
 
 
-def discover(spec: str, nvml: Any = None) -> list[Gpu]:
+def discover(spec: str, nvml: Any = None) -> list[GpuDevice]:
     """The GPUs ``spec`` (the ``gpus`` setting) names; ``nvml`` replaces the pynvml module."""
     if spec == "none":
         return []
     if spec != "auto":
-        return [Gpu(entry.strip()) for entry in spec.split(",") if entry.strip()]
+        return [GpuDevice(entry.strip()) for entry in spec.split(",") if entry.strip()]
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             log.info("no_gpu", reason="nvidia-ml-py is not installed")
             return []
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:  # LibraryNotFound, DriverNotLoaded, ...
@@ -48,16 +49,16 @@ def discover(spec: str, nvml: Any = None) -> list[Gpu]:
         nvml.nvmlShutdown()
 
 
-def _nvml_gpus(nvml: Any) -> list[Gpu]:
-    gpus: list[Gpu] = []
+def _nvml_gpus(nvml: Any) -> list[GpuDevice]:
+    gpus: list[GpuDevice] = []
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         name = _text(nvml.nvmlDeviceGetName(handle))
         migs = _mig_instances(nvml, handle)
         if migs:
-            gpus += [Gpu(uuid, f"{name} MIG") for uuid in migs]
+            gpus += [GpuDevice(uuid, f"{name} MIG") for uuid in migs]
         else:
-            gpus.append(Gpu(_text(nvml.nvmlDeviceGetUUID(handle)), name))
+            gpus.append(GpuDevice(_text(nvml.nvmlDeviceGetUUID(handle)), name))
     return gpus
 
 
@@ -70,9 +71,9 @@ def _mig_instances(nvml: Any, handle: Any) -> list[str]:
     if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
         return []
     uuids = []
-    for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+    for managed in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, managed)
         except nvml.NVMLError:  # NotFound: an empty MIG slot
             continue
         uuids.append(_text(nvml.nvmlDeviceGetUUID(mig)))

@@ -93,7 +93,8 @@ class KubernetesBackend:
         except (config.ConfigException, OSError) as exc:
             raise BackendUnavailable(f"no Kubernetes configuration: {exc} (in a pod: a service "
                                      "account; elsewhere: KUBECONFIG or ~/.kube/config)") from None
-        self.api_client = client.ApiClient(configuration)
+        # The client is untyped: its objects are Any here.
+        self.api_client: Any = client.ApiClient(configuration)
         self.api = client.CoreV1Api(self.api_client)
         self.namespace = settings.k8s_namespace or namespace
         self.selector = ",".join(f"{k}={v}" for k, v in self.labels.items())
@@ -240,7 +241,8 @@ class KubernetesBackend:
             if exc.status == 404:
                 return None
             raise
-        return self.api_client.sanitize_for_serialization(pod)
+        body: dict[str, Any] = self.api_client.sanitize_for_serialization(pod)
+        return body
 
     async def _delete(self, name: str, grace_s: float) -> bool:
         """Delete a pod; False when it was not there."""
@@ -262,8 +264,10 @@ def _load_configuration() -> tuple[Any, str]:
     """The client configuration and the namespace to use when none is set: in a pod, its
     service account's; elsewhere the kubeconfig's (``KUBECONFIG``, read now: the client reads
     it once, at import) and its current context's namespace."""
-    from kubernetes import client, config
+    from kubernetes import client
+    from kubernetes import config as kube_config
 
+    config: Any = kube_config  # untyped
     configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)

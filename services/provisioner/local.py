@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from services.provisioner.backend import LaunchError, OnExit, Spawn, mesh_env
-from services.provisioner.gpus import Gpu, discover
+from services.provisioner.gpus import GpuDevice, discover
 from shared.logging import get_logger
 from shared.proc import die_with_parent
 from shared.settings import ProvisionerSettings
@@ -37,7 +37,7 @@ log = get_logger("turboserve.provisioner")
 class LocalWorker:
     worker_id: str
     process: asyncio.subprocess.Process
-    gpu: Gpu | None
+    gpu: GpuDevice | None
 
 
 class LocalBackend:
@@ -45,7 +45,7 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, settings: ProvisionerSettings, gpus: list[Gpu] | None = None) -> None:
+    def __init__(self, settings: ProvisionerSettings, gpus: list[GpuDevice] | None = None) -> None:
         self.settings = settings
         self.gpus = discover(settings.gpus) if gpus is None else gpus
         self.capacity = len(self.gpus) or None
@@ -58,7 +58,7 @@ class LocalBackend:
         self._spawn, self._on_exit = spawn, on_exit
         return {}  # children die with their provisioner: there is never anything to take over
 
-    def worker_env(self, worker_id: str, gpu: Gpu | None) -> dict[str, str]:
+    def worker_env(self, worker_id: str, gpu: GpuDevice | None) -> dict[str, str]:
         s = self.settings
         env = {**os.environ, **mesh_env(s), "TURBOSERVE_NATS_URL": s.worker_nats_url or s.nats_url,
                "TURBOSERVE_REDIS_URL": s.worker_redis_url or s.redis_url,
@@ -73,7 +73,7 @@ class LocalBackend:
             env["TURBOSERVE_METRICS_PORT"] = "0"
         return env
 
-    def _free_gpu(self) -> Gpu | None:
+    def _free_gpu(self) -> GpuDevice | None:
         used = {w.gpu for w in self.workers.values()}
         return next((g for g in self.gpus if g not in used), None)
 

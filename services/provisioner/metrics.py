@@ -68,7 +68,7 @@ class _PoolCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         pool, now = self.m.pool, time.time()
         kind, emulated = self.m.kind_labels
-        running = sum(max(0.0, now - s.requested_at) for s in pool.slots.values())
+        running = sum(max(0.0, now - s.requested_at) for s in pool.workers.values())
         seconds = CounterMetricFamily(
             "turboserve_provisioner_gpu_seconds", "GPU-seconds of the workers this provisioner "
             "ran, booting included (the shared figure is in Redis: shared.meter)",

@@ -1,8 +1,8 @@
 """The provisioner's book of workers and its rules, without I/O.
 
-Every worker the provisioner manages has a :class:`Slot` in the :class:`Pool`: BOOTING from the
-request on, READY from its first READY heartbeat (DRAINING while it says so), STOPPING once a
-STOP was accepted, and no slot once gone. The rules for START and STOP live here, so they are
+Every worker the provisioner manages has a :class:`ManagedWorker` in the :class:`Pool`: BOOTING
+from the request on, READY from its first READY heartbeat (DRAINING while it says so), STOPPING once a
+STOP was accepted, and none once gone. The rules for START and STOP live here, so they are
 tested without processes, NATS or Redis:
 
 - START never grows the pool past ``max_workers`` (nor past the GPUs a backend has), never
@@ -32,7 +32,9 @@ MIN_WORKERS = "min_workers"
 SHUTTING_DOWN = "shutting_down"
 
 
-class SlotState(enum.StrEnum):
+class ManagedState(enum.StrEnum):
+    """Where a managed worker is in its life, as the provisioner sees it."""
+
     BOOTING = "booting"
     READY = "ready"
     DRAINING = "draining"
@@ -41,18 +43,20 @@ class SlotState(enum.StrEnum):
 
 # What a refused STOP reports as the worker's status (it is still there).
 STATUS_OF = {
-    SlotState.BOOTING: WorkerStatus.BOOTING,
-    SlotState.READY: WorkerStatus.READY,
-    SlotState.DRAINING: WorkerStatus.DRAINING,
-    SlotState.STOPPING: WorkerStatus.DRAINING,
+    ManagedState.BOOTING: WorkerStatus.BOOTING,
+    ManagedState.READY: WorkerStatus.READY,
+    ManagedState.DRAINING: WorkerStatus.DRAINING,
+    ManagedState.STOPPING: WorkerStatus.DRAINING,
 }
 
 
 @dataclass
-class Slot:
+class ManagedWorker:
+    """The provisioner's record of one worker it started (its process or pod)."""
+
     worker_id: str
     requested_at: float  # wall clock: it costs from here
-    state: SlotState = SlotState.BOOTING
+    state: ManagedState = ManagedState.BOOTING
     command_id: str = ""
     ready_at: float | None = None
     launched: bool = False  # the backend started it (after the boot delay)
@@ -64,24 +68,26 @@ class Slot:
     @property
     def live(self) -> bool:
         """Counts toward ``min_workers``: not on its way out."""
-        return self.state is not SlotState.STOPPING
+        return self.state is not ManagedState.STOPPING
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class PoolRefusal:
+    """A worker a START or STOP does not touch, and why (``code``: one of the codes above)."""
+
     code: str
     worker_id: str = ""
     detail: str = ""
 
 
 @dataclass
-class Plan:
+class PoolVerdict:
     """What one command does: ``accepted`` ids change state, ``unchanged`` ones are already as
     asked, ``refused`` ones are not touched."""
 
     accepted: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
-    refused: list[Refusal] = field(default_factory=list)
+    refused: list[PoolRefusal] = field(default_factory=list)
 
 
 class Pool:
@@ -91,7 +97,7 @@ class Pool:
         self.max_workers = max_workers
         self.capacity = capacity  # what the backend can host (local GPUs); None: no own limit
         self.emulated = emulated
-        self.slots: dict[str, Slot] = {}
+        self.workers: dict[str, ManagedWorker] = {}
 
     @property
     def max_size(self) -> int:
@@ -103,24 +109,24 @@ class Pool:
     @property
     def size(self) -> int:
         """Workers holding a GPU (stopping ones too: the GPU is theirs until they are gone)."""
-        return len(self.slots)
+        return len(self.workers)
 
     @property
     def live(self) -> int:
-        return sum(1 for s in self.slots.values() if s.live)
+        return sum(1 for s in self.workers.values() if s.live)
 
     @property
     def deficit(self) -> int:
         """Workers to start to get back to ``min_workers``."""
         return max(0, min(self.min_workers, self.max_size) - self.live)
 
-    def get(self, worker_id: str) -> Slot | None:
-        return self.slots.get(worker_id)
+    def get(self, worker_id: str) -> ManagedWorker | None:
+        return self.workers.get(worker_id)
 
-    def counts(self) -> dict[SlotState, int]:
-        out = dict.fromkeys(SlotState, 0)
-        for slot in self.slots.values():
-            out[slot.state] += 1
+    def counts(self) -> dict[ManagedState, int]:
+        out = dict.fromkeys(ManagedState, 0)
+        for managed in self.workers.values():
+            out[managed.state] += 1
         return out
 
     # -- START --------------------------------------------------------------------------------
@@ -134,78 +140,78 @@ class Pool:
         in_use: Iterable[str] = (),
         gpu_kind: str | None = None,
         command_id: str = "",
-    ) -> Plan:
+    ) -> PoolVerdict:
         """Add BOOTING slots for ``worker_ids`` (or ``count`` new ids when none is named)."""
-        plan = Plan()
+        verdict = PoolVerdict()
         if gpu_kind and self.emulated and gpu_kind.lower() != self.emulated.lower():
             detail = f"this pool emulates {self.emulated!r}, not {gpu_kind!r}"
             ids = list(dict.fromkeys(worker_ids)) or [""] * count
-            plan.refused = [Refusal(KIND_UNAVAILABLE, wid, detail) for wid in ids]
-            return plan
-        taken = set(in_use) - set(self.slots)
+            verdict.refused = [PoolRefusal(KIND_UNAVAILABLE, wid, detail) for wid in ids]
+            return verdict
+        taken = set(in_use) - set(self.workers)
         wanted = list(dict.fromkeys(worker_ids)) if worker_ids else [new_id() for _ in range(count)]
         for wid in wanted:
-            slot = self.slots.get(wid)
-            if slot is not None and slot.state is SlotState.STOPPING:
-                plan.refused.append(Refusal(ID_IN_USE, wid, "still stopping: ask again once gone"))
-            elif slot is not None:
-                plan.unchanged.append(wid)
+            managed = self.workers.get(wid)
+            if managed is not None and managed.state is ManagedState.STOPPING:
+                verdict.refused.append(PoolRefusal(ID_IN_USE, wid, "still stopping: ask again once gone"))
+            elif managed is not None:
+                verdict.unchanged.append(wid)
             elif wid in taken:
-                plan.refused.append(Refusal(ID_IN_USE, wid, "a live worker has this id"))
+                verdict.refused.append(PoolRefusal(ID_IN_USE, wid, "a live worker has this id"))
             elif self.size >= self.max_size:
-                plan.refused.append(self._full(wid if worker_ids else ""))
+                verdict.refused.append(self._full(wid if worker_ids else ""))
             else:
-                self.slots[wid] = Slot(wid, requested_at=now, command_id=command_id)
-                plan.accepted.append(wid)
-        return plan
+                self.workers[wid] = ManagedWorker(wid, requested_at=now, command_id=command_id)
+                verdict.accepted.append(wid)
+        return verdict
 
-    def _full(self, worker_id: str) -> Refusal:
+    def _full(self, worker_id: str) -> PoolRefusal:
         if self.capacity is not None and self.capacity < self.max_workers:
-            return Refusal(NO_GPU, worker_id, f"all {self.capacity} GPUs of this host are in use")
-        return Refusal(MAX_WORKERS, worker_id, f"the pool is at max_workers={self.max_workers}")
+            return PoolRefusal(NO_GPU, worker_id, f"all {self.capacity} GPUs of this host are in use")
+        return PoolRefusal(MAX_WORKERS, worker_id, f"the pool is at max_workers={self.max_workers}")
 
     # -- STOP ---------------------------------------------------------------------------------
-    def stop(self, worker_ids: Sequence[str], holdings: Mapping[str, Sequence[str]]) -> Plan:
+    def stop(self, worker_ids: Sequence[str], holdings: Mapping[str, Sequence[str]]) -> PoolVerdict:
         """Mark the named workers STOPPING, unless one holds sessions (``holdings``: worker id
         -> the sessions the registry says it holds) or the pool would fall below its minimum."""
-        plan = Plan()
+        verdict = PoolVerdict()
         for wid in dict.fromkeys(worker_ids):
-            slot = self.slots.get(wid)
-            if slot is None or slot.state is SlotState.STOPPING:
-                plan.unchanged.append(wid)
+            managed = self.workers.get(wid)
+            if managed is None or managed.state is ManagedState.STOPPING:
+                verdict.unchanged.append(wid)
                 continue
             held = holdings.get(wid, ())
             if held:
                 shown = ", ".join(sorted(held)[:5]) + (", ..." if len(held) > 5 else "")
-                plan.refused.append(Refusal(NOT_DRAINED, wid, f"holds {len(held)} session(s): {shown}"))
+                verdict.refused.append(PoolRefusal(NOT_DRAINED, wid, f"holds {len(held)} session(s): {shown}"))
             elif self.live <= self.min_workers:
-                plan.refused.append(Refusal(
+                verdict.refused.append(PoolRefusal(
                     MIN_WORKERS, wid, f"the pool would fall below min_workers={self.min_workers}"))
             else:
-                slot.state = SlotState.STOPPING
-                plan.accepted.append(wid)
-        return plan
+                managed.state = ManagedState.STOPPING
+                verdict.accepted.append(wid)
+        return verdict
 
     # -- what the workers do --------------------------------------------------------------------
-    def mark_ready(self, worker_id: str, now: float) -> Slot | None:
-        """A READY heartbeat: the slot, when this was its first one (else None)."""
-        slot = self.slots.get(worker_id)
-        if slot is None or slot.state is not SlotState.BOOTING:
+    def mark_ready(self, worker_id: str, now: float) -> ManagedWorker | None:
+        """A READY heartbeat: the worker's record, when this was its first one (else None)."""
+        managed = self.workers.get(worker_id)
+        if managed is None or managed.state is not ManagedState.BOOTING:
             return None
-        slot.state = SlotState.READY
-        slot.ready_at = now
-        slot.ready.set()
-        return slot
+        managed.state = ManagedState.READY
+        managed.ready_at = now
+        managed.ready.set()
+        return managed
 
     def mark_status(self, worker_id: str, status: WorkerStatus) -> None:
         """A later heartbeat: a READY worker may say it is DRAINING, and back."""
-        slot = self.slots.get(worker_id)
-        if slot is None or slot.state in (SlotState.BOOTING, SlotState.STOPPING):
+        managed = self.workers.get(worker_id)
+        if managed is None or managed.state in (ManagedState.BOOTING, ManagedState.STOPPING):
             return
         if status is WorkerStatus.DRAINING:
-            slot.state = SlotState.DRAINING
+            managed.state = ManagedState.DRAINING
         elif status is WorkerStatus.READY:
-            slot.state = SlotState.READY
+            managed.state = ManagedState.READY
 
-    def remove(self, worker_id: str) -> Slot | None:
-        return self.slots.pop(worker_id, None)
+    def remove(self, worker_id: str) -> ManagedWorker | None:
+        return self.workers.pop(worker_id, None)

@@ -26,11 +26,11 @@ from services.provisioner.pool import (
     ID_IN_USE,
     SHUTTING_DOWN,
     STATUS_OF,
-    Plan,
+    ManagedState,
+    ManagedWorker,
     Pool,
-    Refusal,
-    Slot,
-    SlotState,
+    PoolRefusal,
+    PoolVerdict,
 )
 from shared.logging import get_logger
 from shared.meter import Meter
@@ -104,12 +104,12 @@ class ProvisionerService:
         self._stopping = True
         self._stop_requested.set()
         async with self._lock:
-            for slot in list(self.pool.slots.values()):
-                async with slot.lock:  # a launch in progress ends first
-                    await self._cancel_boot(slot.worker_id)
-                    launched = slot.launched
+            for managed in list(self.pool.workers.values()):
+                async with managed.lock:  # a launch in progress ends first
+                    await self._cancel_boot(managed.worker_id)
+                    launched = managed.launched
                 if not launched:  # still in its boot delay: nothing to stop
-                    await self._gone(slot, "provisioner_stopped", "the provisioner stopped")
+                    await self._gone(managed, "provisioner_stopped", "the provisioner stopped")
             stopped = await self.backend.close(self._worker_grace_s)
             for wid in stopped:
                 gone = self.pool.get(wid)
@@ -153,49 +153,49 @@ class ProvisionerService:
                             command_id: str = "") -> ProvisionerReply:
         """START: the named workers (or ``count`` new ones) boot, unless refused."""
         async with self._lock:
-            plan = await self._start_locked(worker_ids, count, gpu_kind, command_id)
-        return _reply(ProvisionerCmdKind.START, plan, command_id, started=True)
+            verdict = await self._start_locked(worker_ids, count, gpu_kind, command_id)
+        return _reply(ProvisionerCmdKind.START, verdict, command_id, started=True)
 
     async def _start_locked(self, worker_ids: list[str], count: int, gpu_kind: str | None,
-                            command_id: str) -> Plan:
+                            command_id: str) -> PoolVerdict:
         if self._stopping:
-            plan = _refuse_all(worker_ids, count, SHUTTING_DOWN, "the provisioner is stopping")
+            verdict = _refuse_all(worker_ids, count, SHUTTING_DOWN, "the provisioner is stopping")
         else:
             in_use = await self._live_worker_ids()
-            plan = self.pool.start(worker_ids, count, now=time.time(), new_id=new_worker_id,
+            verdict = self.pool.start(worker_ids, count, now=time.time(), new_id=new_worker_id,
                                    in_use=in_use, gpu_kind=gpu_kind, command_id=command_id)
-        for wid in plan.accepted:
-            await self._boot(self.pool.slots[wid])
-        for refusal in plan.refused:
+        for wid in verdict.accepted:
+            await self._boot(self.pool.workers[wid])
+        for refusal in verdict.refused:
             self.metrics.refusal("start", refusal.code)
             # A refused request is a GPU that will not come: say so for the named ones. Not for
             # an id in use: that worker is alive, and "gone" would be a lie about it.
             if refusal.worker_id and refusal.code != ID_IN_USE:
                 await self._event(refusal.worker_id, WorkerStatus.GONE, code=refusal.code,
                                   detail=refusal.detail, command_id=command_id)
-        return plan
+        return verdict
 
     async def stop_workers(self, worker_ids: list[str], *, command_id: str = "") -> ProvisionerReply:
         """STOP: the named workers are released, unless one still holds sessions (the scheduler
         drains first) or the pool would fall below ``min_workers``."""
         async with self._lock:
             if self._stopping:
-                plan = _refuse_all(worker_ids, 0, SHUTTING_DOWN, "the provisioner is stopping")
+                verdict = _refuse_all(worker_ids, 0, SHUTTING_DOWN, "the provisioner is stopping")
             else:
                 holdings = await self._holdings(worker_ids)
-                plan = self.pool.stop(worker_ids, holdings)
-            for wid in plan.accepted:
-                slot = self.pool.slots[wid]
-                slot.command_id = command_id
+                verdict = self.pool.stop(worker_ids, holdings)
+            for wid in verdict.accepted:
+                managed = self.pool.workers[wid]
+                managed.command_id = command_id
                 assert self.ctx is not None
-                self.ctx.spawn(self._release(slot, "stopped"), name=f"release-{wid}")
-            for refusal in plan.refused:
+                self.ctx.spawn(self._release(managed, "stopped"), name=f"release-{wid}")
+            for refusal in verdict.refused:
                 self.metrics.refusal("stop", refusal.code)
                 kept = self.pool.get(refusal.worker_id)
                 if kept is not None:
                     await self._event(refusal.worker_id, STATUS_OF[kept.state], code=refusal.code,
                                       detail=refusal.detail, command_id=command_id)
-        return _reply(ProvisionerCmdKind.STOP, plan, command_id, started=False)
+        return _reply(ProvisionerCmdKind.STOP, verdict, command_id, started=False)
 
     async def _live_worker_ids(self) -> set[str]:
         assert self.ctx is not None
@@ -217,70 +217,70 @@ class ProvisionerService:
         return {wid: sorted(s) for wid, s in held.items() if s}
 
     # -- one worker's life ------------------------------------------------------------------------
-    async def _boot(self, slot: Slot) -> None:
+    async def _boot(self, managed: ManagedWorker) -> None:
         """Accepted: meter it, say BOOTING, and launch it after the boot delay."""
         assert self.ctx is not None and self.meter is not None
-        slot.requested_at = await self.meter.open(slot.worker_id, at=slot.requested_at)
+        managed.requested_at = await self.meter.open(managed.worker_id, at=managed.requested_at)
         self.metrics.booted()
-        await self._event(slot.worker_id, WorkerStatus.BOOTING, command_id=slot.command_id,
+        await self._event(managed.worker_id, WorkerStatus.BOOTING, command_id=managed.command_id,
                           detail=f"boot delay {self.settings.boot_delay_s:g}s"
                           if self.settings.boot_delay_s else "")
         await self.ctx.registry.record_cluster_event(
-            "scale_out", worker_id=slot.worker_id, backend=self.backend.name,
-            emulated=self.settings.emulate or None, command_id=slot.command_id or None)
-        self._boots[slot.worker_id] = self.ctx.spawn(self._launch(slot), name=f"boot-{slot.worker_id}")
+            "scale_out", worker_id=managed.worker_id, backend=self.backend.name,
+            emulated=self.settings.emulate or None, command_id=managed.command_id or None)
+        self._boots[managed.worker_id] = self.ctx.spawn(self._launch(managed), name=f"boot-{managed.worker_id}")
 
-    async def _launch(self, slot: Slot) -> None:
+    async def _launch(self, managed: ManagedWorker) -> None:
         if self.settings.boot_delay_s:
             await asyncio.sleep(self.settings.boot_delay_s)
         failure = None
-        async with slot.lock:
-            if slot.state is SlotState.STOPPING or self._stopping:
+        async with managed.lock:
+            if managed.state is ManagedState.STOPPING or self._stopping:
                 return
             try:
-                slot.where = await self.backend.launch(slot.worker_id)
-                slot.launched = True
+                managed.where = await self.backend.launch(managed.worker_id)
+                managed.launched = True
             except LaunchError as exc:
                 failure = str(exc)
         if failure is not None:
-            log.warning("worker_launch_failed", worker_id=slot.worker_id, error=failure)
-            self._boots.pop(slot.worker_id, None)
-            await self._gone(slot, "launch_failed", failure)
+            log.warning("worker_launch_failed", worker_id=managed.worker_id, error=failure)
+            self._boots.pop(managed.worker_id, None)
+            await self._gone(managed, "launch_failed", failure)
             return
-        await self._await_ready(slot)
+        await self._await_ready(managed)
 
-    async def _await_ready(self, slot: Slot) -> None:
+    async def _await_ready(self, managed: ManagedWorker) -> None:
         """A worker not READY ``boot_timeout_s`` after its request is stopped."""
-        remaining = slot.requested_at + self.settings.boot_timeout_s - time.time()
+        remaining = managed.requested_at + self.settings.boot_timeout_s - time.time()
         try:
-            await asyncio.wait_for(slot.ready.wait(), timeout=max(0.0, remaining))
+            await asyncio.wait_for(managed.ready.wait(), timeout=max(0.0, remaining))
         except TimeoutError:
-            if slot.state is SlotState.BOOTING and self.pool.get(slot.worker_id) is slot:
-                log.warning("worker_boot_timeout", worker_id=slot.worker_id,
+            if managed.state is ManagedState.BOOTING and self.pool.get(managed.worker_id) is managed:
+                log.warning("worker_boot_timeout", worker_id=managed.worker_id,
                             boot_timeout_s=self.settings.boot_timeout_s)
-                slot.state = SlotState.STOPPING
-                self._boots.pop(slot.worker_id, None)
-                await self._release(slot, "boot_timeout")
+                managed.state = ManagedState.STOPPING
+                self._boots.pop(managed.worker_id, None)
+                await self._release(managed, "boot_timeout")
 
-    async def _release(self, slot: Slot, code: str) -> None:
+    async def _release(self, managed: ManagedWorker, code: str) -> None:
         """Terminate a STOPPING worker and report it gone. A launch in progress ends first
-        (the slot's lock), then the boot task is cancelled, so no process or pod is left."""
-        async with slot.lock:
-            await self._cancel_boot(slot.worker_id)
-            how = await self._terminate(slot) if slot.launched else "never launched"
+        (its lock), then the boot task is cancelled, so no process or pod is left."""
+        async with managed.lock:
+            await self._cancel_boot(managed.worker_id)
+            how = await self._terminate(managed) if managed.launched else "never launched"
         if how is not None:
-            await self._gone(slot, code, how)
+            await self._gone(managed, code, how)
 
-    async def _terminate(self, slot: Slot) -> str | None:
+    async def _terminate(self, managed: ManagedWorker) -> str | None:
         """The backend's terminate, tried again (with a backoff) until it works: a worker we
         let go of must go. None when the provisioner stops first (the worker stays STOPPING;
         a pod is taken over by the next provisioner)."""
         delay = 1.0
         while True:
             try:
-                return await self.backend.terminate(slot.worker_id, self._worker_grace_s)
+                return await self.backend.terminate(managed.worker_id, self._worker_grace_s)
             except BackendError as exc:
-                log.warning("worker_terminate_failed", worker_id=slot.worker_id, error=str(exc),
+                log.warning("worker_terminate_failed", worker_id=managed.worker_id, error=str(exc),
                             retry_in_s=delay)
             try:
                 await asyncio.wait_for(self._stop_requested.wait(), timeout=delay)
@@ -295,39 +295,39 @@ class ProvisionerService:
 
     def _on_exit(self, worker_id: str, detail: str) -> None:
         """The backend saw a worker die on its own."""
-        slot = self.pool.get(worker_id)
-        if slot is None or slot.state is SlotState.STOPPING or self.ctx is None:
+        managed = self.pool.get(worker_id)
+        if managed is None or managed.state is ManagedState.STOPPING or self.ctx is None:
             return
         log.warning("worker_exited", worker_id=worker_id, detail=detail)
-        self.ctx.spawn(self._exited(slot, detail), name=f"exited-{worker_id}")
+        self.ctx.spawn(self._exited(managed, detail), name=f"exited-{worker_id}")
 
-    async def _exited(self, slot: Slot, detail: str) -> None:
-        await self._cancel_boot(slot.worker_id)
-        await self._gone(slot, "exited", detail)
+    async def _exited(self, managed: ManagedWorker, detail: str) -> None:
+        await self._cancel_boot(managed.worker_id)
+        await self._gone(managed, "exited", detail)
 
-    async def _gone(self, slot: Slot, code: str, detail: str) -> None:
+    async def _gone(self, managed: ManagedWorker, code: str, detail: str) -> None:
         """The worker no longer holds a GPU: close its meter, say GONE (once)."""
-        if self.pool.get(slot.worker_id) is not slot:
+        if self.pool.get(managed.worker_id) is not managed:
             return
-        self.pool.remove(slot.worker_id)
+        self.pool.remove(managed.worker_id)
         assert self.ctx is not None and self.meter is not None
         kind = "scale_in" if code == "stopped" else "worker_lost"
         try:
-            seconds = await self.meter.close(slot.worker_id)
+            seconds = await self.meter.close(managed.worker_id)
         except RedisError as exc:  # Redis away: the GONE event and the replacement go on
-            log.warning("meter_not_closed", worker_id=slot.worker_id, error=str(exc))
+            log.warning("meter_not_closed", worker_id=managed.worker_id, error=str(exc))
             seconds = None
         if seconds is None:
-            seconds = max(0.0, time.time() - slot.requested_at)
+            seconds = max(0.0, time.time() - managed.requested_at)
         self.metrics.departed(code, seconds)
-        await self._event(slot.worker_id, WorkerStatus.GONE, code=code, detail=detail,
-                          command_id=slot.command_id, gpu_seconds=round(seconds, 3))
+        await self._event(managed.worker_id, WorkerStatus.GONE, code=code, detail=detail,
+                          command_id=managed.command_id, gpu_seconds=round(seconds, 3))
         with contextlib.suppress(RedisError):
             await self.ctx.registry.record_cluster_event(
-                kind, worker_id=slot.worker_id, code=code, detail=detail,
+                kind, worker_id=managed.worker_id, code=code, detail=detail,
                 gpu_seconds=round(seconds, 3), backend=self.backend.name)
         if kind == "worker_lost" and code != "provisioner_stopped" and self.pool.deficit:
-            self.ctx.spawn(self._replace_lost(), name=f"replace-{slot.worker_id}")
+            self.ctx.spawn(self._replace_lost(), name=f"replace-{managed.worker_id}")
 
     async def _replace_lost(self) -> None:
         """Back to ``min_workers`` after a loss, backing off while workers keep failing."""
@@ -348,13 +348,13 @@ class ProvisionerService:
         ready = {w.id for w in await self.ctx.registry.workers()
                  if w.alive and w.status in (WorkerStatus.READY, WorkerStatus.DRAINING)}
         for wid, created_at in adopted.items():
-            slot = Slot(wid, requested_at=await self.meter.open(wid, at=created_at),
+            managed = ManagedWorker(wid, requested_at=await self.meter.open(wid, at=created_at),
                         launched=True, command_id="adopted")
-            self.pool.slots[wid] = slot
+            self.pool.workers[wid] = managed
             if wid in ready:
                 self.pool.mark_ready(wid, time.time())
             else:
-                self._boots[wid] = self.ctx.spawn(self._await_ready(slot), name=f"boot-{wid}")
+                self._boots[wid] = self.ctx.spawn(self._await_ready(managed), name=f"boot-{wid}")
         for wid in set((await self.meter.read()).open) - set(adopted):
             seconds = await self.meter.close(wid)
             log.warning("stale_meter_closed", worker_id=wid, gpu_seconds=seconds)
@@ -368,15 +368,15 @@ class ProvisionerService:
             return
         now = time.time()
         if beat.status is WorkerStatus.READY:
-            slot = self.pool.mark_ready(beat.worker_id, now)
-            if slot is not None:
-                boot_s = now - slot.requested_at
+            managed = self.pool.mark_ready(beat.worker_id, now)
+            if managed is not None:
+                boot_s = now - managed.requested_at
                 self.metrics.ready(boot_s)
                 self._restart_backoff_s = 1.0
-                log.info("worker_ready", worker_id=slot.worker_id, boot_s=round(boot_s, 2),
-                         where=slot.where, emulated=beat.emulated or None)
-                await self._event(slot.worker_id, WorkerStatus.READY, detail=slot.where,
-                                  command_id=slot.command_id, boot_s=round(boot_s, 3),
+                log.info("worker_ready", worker_id=managed.worker_id, boot_s=round(boot_s, 2),
+                         where=managed.where, emulated=beat.emulated or None)
+                await self._event(managed.worker_id, WorkerStatus.READY, detail=managed.where,
+                                  command_id=managed.command_id, boot_s=round(boot_s, 3),
                                   gpu_kind=beat.gpu_kind, emulated=beat.emulated or None)
                 return
         self.pool.mark_status(beat.worker_id, beat.status)
@@ -393,15 +393,15 @@ class ProvisionerService:
         await self.ctx.nc.publish(self.ctx.subjects.provisioner_events, encode(event))
 
 
-def _refuse_all(worker_ids: list[str], count: int, code: str, detail: str) -> Plan:
+def _refuse_all(worker_ids: list[str], count: int, code: str, detail: str) -> PoolVerdict:
     ids = list(dict.fromkeys(worker_ids)) or [""] * count
-    return Plan(refused=[Refusal(code, wid, detail) for wid in ids])
+    return PoolVerdict(refused=[PoolRefusal(code, wid, detail) for wid in ids])
 
 
-def _reply(kind: ProvisionerCmdKind, plan: Plan, command_id: str, *, started: bool) -> ProvisionerReply:
+def _reply(kind: ProvisionerCmdKind, verdict: PoolVerdict, command_id: str, *, started: bool) -> ProvisionerReply:
     refused = [ProvisionerRefusal(code=r.code, worker_id=r.worker_id, detail=r.detail)
-               for r in plan.refused]
+               for r in verdict.refused]
     return ProvisionerReply(
         kind=kind, ok=not refused, command_id=command_id,
-        started=plan.accepted if started else [], stopping=[] if started else plan.accepted,
-        unchanged=plan.unchanged, refused=refused)
+        started=verdict.accepted if started else [], stopping=[] if started else verdict.accepted,
+        unchanged=verdict.unchanged, refused=refused)

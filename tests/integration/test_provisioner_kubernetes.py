@@ -18,7 +18,7 @@ from services.provisioner.k8s import (
     KubernetesBackend,
     pod_name,
 )
-from services.provisioner.pool import SlotState
+from services.provisioner.pool import ManagedState
 from services.provisioner.service import ProvisionerService
 from shared.meter import Meter
 from shared.registry import PoolLimits, WorkerRecord
@@ -206,7 +206,7 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
     async with running(service, settings) as ctx:
         events = await EventLog.listen(nats_client, ctx.subjects)
         assert await ctx.registry.pool_limits() == PoolLimits(1, 3, "kubernetes")
-        [first_id] = service.pool.slots  # min_workers, started before we listened
+        [first_id] = service.pool.workers  # min_workers, started before we listened
         await eventually(lambda: len(kube.pods_in(NS)) == 1)
         await _ready(nats_client, ctx.subjects, first_id)
         assert (await events.wait(first_id, WorkerStatus.READY)).gpu_kind == "H100"
@@ -268,9 +268,9 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
     # the next provisioner takes the running pod over: no new pod for min_workers
     successor = ProvisionerService(settings)
     async with running(successor, settings) as ctx:
-        assert list(successor.pool.slots) == [first_id]
+        assert list(successor.pool.workers) == [first_id]
         await _ready(nats_client, ctx.subjects, first_id)
-        await eventually(lambda: successor.pool.counts()[SlotState.READY] == 1)
+        await eventually(lambda: successor.pool.counts()[ManagedState.READY] == 1)
         assert len(kube.pods_in(NS)) == 1
         # and it notices when that pod goes: the pool is refilled to its minimum
         kube.vanish(NS, pod_name(prefix, first_id))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.provisioner.gpus import Gpu, discover
+from services.provisioner.gpus import GpuDevice, discover
 
 
 class NVMLError(Exception):
@@ -55,10 +55,10 @@ class FakeNvml:
     def nvmlDeviceGetMaxMigDeviceCount(self, handle):
         return len(self.migs[handle[1]])
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, slot):
-        if self.migs[handle[1]][slot] is None:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, managed):
+        if self.migs[handle[1]][managed] is None:
             raise NVMLError("not found")
-        return ("mig", handle[1], slot)
+        return ("mig", handle[1], managed)
 
 
 def test_every_gpu_by_uuid_and_mig_instances_as_gpus():
@@ -67,8 +67,8 @@ def test_every_gpu_by_uuid_and_mig_instances_as_gpus():
         migs={1: ["MIG-aaaa", None, "MIG-bbbb"]},
     )
     assert discover("auto", nvml) == [
-        Gpu("GPU-1111", "NVIDIA H200"), Gpu("MIG-aaaa", "NVIDIA A100 MIG"),
-        Gpu("MIG-bbbb", "NVIDIA A100 MIG"),
+        GpuDevice("GPU-1111", "NVIDIA H200"), GpuDevice("MIG-aaaa", "NVIDIA A100 MIG"),
+        GpuDevice("MIG-bbbb", "NVIDIA A100 MIG"),
     ]
     assert nvml.shut_down
 
@@ -91,5 +91,5 @@ def test_this_host_has_no_gpu_for_the_real_nvml():
 
 def test_named_gpus_and_none():
     assert discover("none", FakeNvml([("GPU-1", b"x")])) == []
-    assert discover("GPU-aaaa, 3,MIG-x") == [Gpu("GPU-aaaa"), Gpu("3"), Gpu("MIG-x")]
-    assert str(Gpu("GPU-1", "H200")) == "GPU-1 (H200)" and str(Gpu("3")) == "3"
+    assert discover("GPU-aaaa, 3,MIG-x") == [GpuDevice("GPU-aaaa"), GpuDevice("3"), GpuDevice("MIG-x")]
+    assert str(GpuDevice("GPU-1", "H200")) == "GPU-1 (H200)" and str(GpuDevice("3")) == "3"
