@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self, get_type_hints
 
+from shared.policies import LIVE_POLICIES
 from shared.wire import Subjects, valid_id
 
 ENV_PREFIX = "TURBOSERVE_"
@@ -365,9 +366,10 @@ class SchedulerSettings(CommonSettings):
                                                    self.gpu_id_prefix):
             faults.append(f"TURBOSERVE_GPU_ID_PREFIX={self.gpu_id_prefix!r}: letters, digits, "
                           "'-' or '_'")
-        if not re.fullmatch(r"[a-z0-9_]{1,64}", self.policy):
-            faults.append(f"TURBOSERVE_POLICY={self.policy!r}: a policy name (the scheduler "
-                          "checks it exists)")
+        if self.policy not in LIVE_POLICIES:
+            faults.append(f"TURBOSERVE_POLICY={self.policy!r}: not a policy the live scheduler "
+                          f"runs; one of {', '.join(LIVE_POLICIES)} (one that needs the future, "
+                          "as the evaluation's clairvoyant, runs only in the simulator)")
         return faults
 
 

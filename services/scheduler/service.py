@@ -17,9 +17,14 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from services.scheduler.core.autoscale import RhoTableError
+import services.scheduler.eval.rivals  # noqa: F401  (registers the rivals it may run)
+from services.scheduler.core.autoscale import RhoTable, RhoTableError
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import available_policies, get_policy
+from services.scheduler.core.policies import (
+    get_policy,
+    live_policies,
+    policy_spec,
+)
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import LeaderElection, Lease
@@ -53,9 +58,9 @@ class SchedulerService:
             self.profiles, self.default_kind, self.rho_table = load_inputs(settings)
         except (ProfileError, RhoTableError, OSError) as exc:
             raise SettingsError([f"scheduler inputs: {exc}"]) from None
-        if settings.policy not in available_policies():
+        if settings.policy not in live_policies():
             raise SettingsError([f"TURBOSERVE_POLICY={settings.policy!r}: one of "
-                                 f"{', '.join(available_policies())}"])
+                                 f"{', '.join(live_policies())}"])
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -133,20 +138,23 @@ class SchedulerService:
         min_gpus = limits.min_workers if limits is not None else settings.min_workers
         max_gpus = limits.max_workers if limits is not None else settings.max_workers
         boot = settings.boot_delay_s + WORKER_START_S
-        params: dict[str, Any] = {
-            "rho_table": self.rho_table, "boot_delay_s": boot, "initial_gpus": 0,
-            "min_gpus": min_gpus, "max_gpus": max_gpus, "gpu_kind": self.default_kind,
-            "gpu_id_prefix": settings.gpu_id_prefix or None,
-        }
-        try:
-            return get_policy(settings.policy, self.profiles, **params)
-        except TypeError:  # a policy without autoscaling: it takes the pool it finds
-            static = {"gpus": 0, "gpu_kind": self.default_kind, "boot_delay_s": boot,
-                      "gpu_id_prefix": settings.gpu_id_prefix or None}
-            return get_policy(settings.policy, self.profiles, **static)
+        prefix = settings.gpu_id_prefix or None
+        spec = policy_spec(settings.policy)
+        params: dict[str, object]
+        if spec.autoscales:
+            params = {"rho_table": self.rho_table, "boot_delay_s": boot, "initial_gpus": 0,
+                      "min_gpus": min_gpus, "max_gpus": max_gpus,
+                      "gpu_kind": self.default_kind, "gpu_id_prefix": prefix}
+        else:  # it takes the pool it finds
+            params = {"gpus": 0, "gpu_kind": self.default_kind, "boot_delay_s": boot,
+                      "gpu_id_prefix": prefix}
+        policy = get_policy(settings.policy, self.profiles, spec.config(params))
+        assert isinstance(policy, Controller)  # every registered policy is one
+        return policy
 
 
-def load_inputs(settings: SchedulerSettings) -> tuple[dict[str, LatencyProfile], str, Any]:
+def load_inputs(
+        settings: SchedulerSettings) -> tuple[dict[str, LatencyProfile], str, RhoTable | None]:
     """The files the core is given as values: the latency profile of the default GPU kind and
     the adaptive rho_hat table (the core itself reads no files)."""
     from services.scheduler.shipped import load_rho_table

@@ -1,12 +1,15 @@
-"""The evaluation's extra policies: registered, and doing what their docstrings say."""
+"""The evaluation's rival policies: registered by their module, and doing what their docstrings
+say."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.scheduler.core.policies import available_policies, get_policy
+import services.scheduler.eval.rivals  # noqa: F401  (registers them)
+from services.scheduler.core.policies import available_policies
 from services.scheduler.core.types import Drain, Event, EventKind, Migrate, Release, RequestGpus
 from shared.profile import load_profile
+from tests.unit.scheduler_core.harness import build
 
 PROFILE = load_profile()
 
@@ -15,14 +18,14 @@ def _requests(decisions):
     return [d for d in decisions if isinstance(d, RequestGpus)]
 
 
-def test_extra_policies_are_registered():
+def test_rivals_are_registered():
     names = set(available_policies())
     assert {"hpa", "clairvoyant", "turboserve_predictive", "least_loaded_autoscale"} <= names
 
 
 def test_clairvoyant_needs_the_future():
     with pytest.raises(TypeError, match="future"):
-        get_policy("clairvoyant", PROFILE)
+        build("clairvoyant", PROFILE)
 
 
 def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
@@ -30,22 +33,22 @@ def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
 
     table = RhoTable(tuple(float(i) for i in range(1, 10)), (0.8,) * 10, (0.1,) * 10,
                      signal="dispersion", idle_reserve=(0.5,) * 10)
-    oracle = get_policy("clairvoyant", PROFILE, future=[], rho_table=table)
+    oracle = build("clairvoyant", PROFILE, future=[], rho_table=table)
     assert oracle.current_idle_reserve(0.0) == 0.0
-    assert get_policy("clairvoyant", PROFILE, future=[], rho_table=table,
+    assert build("clairvoyant", PROFILE, future=[], rho_table=table,
                       idle_reserve=0.25).current_idle_reserve(0.0) == 0.25
     for name in ("turboserve", "no_migration", "turboserve_predictive"):
-        assert get_policy(name, PROFILE, rho_table=table).current_idle_reserve(0.0) == 0.5, name
+        assert build(name, PROFILE, rho_table=table).current_idle_reserve(0.0) == 0.5, name
     # The rivals keep their own rules: no table, no reserve.
     for name in ("hpa", "least_loaded_autoscale"):
-        rival = get_policy(name, PROFILE, rho_table=table)
+        rival = build(name, PROFILE, rho_table=table)
         assert rival.current_idle_reserve(0.0) == 0.0 and rival.rho_table is None, name
 
 
 def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
     future = [(100.0, f"s{i}", "arrive") for i in range(30)]
     future += [(200.0, f"s{i}", "depart") for i in range(30)]
-    policy = get_policy("clairvoyant", PROFILE, future=future, rho_hat=0.5, delta=0.1,
+    policy = build("clairvoyant", PROFILE, future=future, rho_hat=0.5, delta=0.1,
                         boot_delay_s=30.0, lookahead_slack_s=1.0)
     first_request = None
     for t in range(0, 100):
@@ -69,7 +72,7 @@ def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
 
 
 def test_hpa_scales_up_at_its_next_sync_and_down_only_after_the_stabilisation_window():
-    policy = get_policy("hpa", PROFILE, target=0.5, boot_delay_s=30.0)
+    policy = build("hpa", PROFILE, target=0.5, boot_delay_s=30.0)
     for i in range(30):
         policy.step(Event(0.0, EventKind.ARRIVE, session_id=f"s{i}"))  # synced at t=0: 1 GPU
     requested, when = [], None
@@ -96,7 +99,7 @@ def test_hpa_scales_up_at_its_next_sync_and_down_only_after_the_stabilisation_wi
 
 def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
     def first_request(name):
-        policy = get_policy(name, PROFILE, rho_hat=0.6, delta=0.1, boot_delay_s=30.0,
+        policy = build(name, PROFILE, rho_hat=0.6, delta=0.1, boot_delay_s=30.0,
                             initial_gpus=4, min_gpus=4)
         for t in range(400):  # one arrival every 2 s, a tick every second
             out = policy.step(Event(float(t), EventKind.TICK))
@@ -112,7 +115,7 @@ def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
 
 
 def test_least_loaded_autoscale_never_migrates():
-    policy = get_policy("least_loaded_autoscale", PROFILE, rho_hat=0.5, boot_delay_s=0.0)
+    policy = build("least_loaded_autoscale", PROFILE, rho_hat=0.5, boot_delay_s=0.0)
     assert policy.name == "least_loaded_autoscale" and policy.config.migrate is False
     assert (policy.high, policy.low) == (0.5, pytest.approx(0.2))
 
@@ -120,7 +123,7 @@ def test_least_loaded_autoscale_never_migrates():
 def test_least_loaded_autoscale_steps_out_at_once_and_in_one_gpu_after_a_cooldown():
     """A threshold rule, not TurboServe's: above 80% it adds what brings utilisation back to
     80% (then waits 30 s), below 50% for 120 s it removes one GPU (then waits 120 s)."""
-    policy = get_policy("least_loaded_autoscale", PROFILE, gpus=2, boot_delay_s=5.0,
+    policy = build("least_loaded_autoscale", PROFILE, gpus=2, boot_delay_s=5.0,
                         warmup_s=0.0)
     out = []
     for k in range(22):  # 22 sessions on 2 x 12 slots: u = 0.92 > 0.8 at the 20th
@@ -142,7 +145,7 @@ def test_least_loaded_autoscale_steps_out_at_once_and_in_one_gpu_after_a_cooldow
 
 
 def test_session_forecast_lies_between_the_active_and_the_live_sessions():
-    policy = get_policy("turboserve_predictive", PROFILE, rho_hat=0.6, boot_delay_s=30.0,
+    policy = build("turboserve_predictive", PROFILE, rho_hat=0.6, boot_delay_s=30.0,
                         initial_gpus=4, min_gpus=4)
     for k in range(40):
         policy.step(Event(float(k), EventKind.ARRIVE, session_id=f"s{k}"))
@@ -157,4 +160,4 @@ def test_session_forecast_lies_between_the_active_and_the_live_sessions():
 
 def test_predictive_mode_is_checked():
     with pytest.raises(ValueError, match="mode"):
-        get_policy("turboserve_predictive", PROFILE, mode="crystal_ball")
+        build("turboserve_predictive", PROFILE, mode="crystal_ball")

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import get_policy
+from services.scheduler.core.policies import get_policy, policy_config
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import LeaderElection
@@ -32,7 +32,7 @@ async def leading(ctx: ServiceContext, env: dict[str, str], *, tick_s: float = 0
     assert lease is not None
     params: dict[str, Any] = {"initial_gpus": 0, "min_gpus": 1, "max_gpus": 2, "gpu_kind": kind,
                               "boot_delay_s": 30.0, "rho_hat": 0.9, **core}
-    controller = get_policy("turboserve", {kind: profile}, **params)
+    controller = get_policy("turboserve", {kind: profile}, policy_config("turboserve", params))
     assert isinstance(controller, Controller)
     live = LiveScheduler(ctx, SchedulerSettings.from_env(env, tick_s=tick_s, **(settings or {})),
                          lease, controller, {kind: profile}, kind, SchedulerMetrics())

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import GpuState, RestoredGpu, RestoredSession
 from services.scheduler.live import LiveScheduler, _Worker
@@ -33,8 +34,8 @@ async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
         assert lease is not None
         profile = load_profile(DEFAULT_PROFILE)
         kind = profile.gpu_kind
-        core = get_policy("turboserve", {kind: profile}, initial_gpus=0, min_gpus=1, max_gpus=2,
-                          gpu_kind=kind, boot_delay_s=5.0)
+        core = get_policy("turboserve", {kind: profile}, ControllerConfig(
+            initial_gpus=0, min_gpus=1, max_gpus=2, gpu_kind=kind, boot_delay_s=5.0))
         now = time.time()
         core.restore([RestoredGpu("a", kind, GpuState.READY), RestoredGpu("b", kind, GpuState.READY)],
                      [RestoredSession("s", active=True, gpu_id="b")], now)

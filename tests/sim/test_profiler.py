@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.scheduler.core.policies import get_policy
 from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_rho_table
 from services.scheduler.sim import profiler, synth
 from services.scheduler.sim.profiler import LevelStats, choose, level_edges, per_level_stats
 from services.scheduler.sim.traceio import make_trace
 from shared.profile import load_profile
+from tests.unit.scheduler_core.harness import build
 
 PROFILE = load_profile()
 
@@ -132,7 +132,7 @@ def test_build_table_end_to_end(tmp_path, monkeypatch):
     assert len(loaded.idle_reserve) == 10 and set(loaded.idle_reserve) <= {0.0, 0.5}
     assert len(loaded.scale_in_delay_s) == 10 and set(loaded.scale_in_delay_s) <= {0.0, 60.0}
     # The core accepts it.
-    policy = get_policy("turboserve", PROFILE, rho_table=load_rho_table(out))
+    policy = build("turboserve", PROFILE, rho_table=load_rho_table(out))
     assert policy.rho_table == table
 
 

@@ -56,6 +56,9 @@ class ScriptedPolicy:
         self.seen.append((event.t, *key))
         return list(self.script.get(key, []))
 
+    def note_step(self, gpu_id, ends_at):
+        pass  # it places by script, not by pass phase
+
 
 SCRIPT = {
     (EventKind.ARRIVE, "a"): [Assign("a", "g0")],

@@ -71,6 +71,9 @@ class _AllOnOneGpu:
             return [Assign(event.session_id, "g0")]
         return []
 
+    def note_step(self, gpu_id, ends_at):
+        pass
+
 
 def test_trace_end_counts_every_session_whose_next_chunk_is_overdue():
     # 30 sessions in one batch: a chunk takes longer than the period, so the clocks keep
@@ -116,6 +119,9 @@ class _Scripted:
             self.ticked = True
             return [Migrate("s1", "g0", "g1"), Release("g0"), RequestGpus(("g2",), "h20")]
         return []
+
+    def note_step(self, gpu_id, ends_at):
+        pass
 
 
 def test_a_releasing_gpu_counts_in_peak_and_timeline_until_its_last_pass_ends():

@@ -41,7 +41,7 @@ plain GPU count.
 The same class, with switches, is every built-in policy (see ``policies.py``): the static
 baselines turn off migration and autoscaling and use another chooser for step 2.
 
-Extension hooks for other policies (HPA-style, clairvoyant, predictive):
+Extension hooks for other policies (the evaluation's rivals, ``services.scheduler.eval.rivals``):
 ``current_rho_hat(t)`` and ``target_gpus(t, n_required, rho_max, budget, rho_hat, delta)``.
 ``target_gpus`` is called up to twice per step (before and after the rebalance); keep any state
 it records idempotent for equal ``t``.
@@ -138,6 +138,16 @@ class Controller:
     @property
     def view(self) -> ClusterView:
         return self._view
+
+    @property
+    def autoscales(self) -> bool:
+        """It asks for and gives back GPUs itself (else it keeps the pool it is given)."""
+        return self.config.autoscale
+
+    @property
+    def boot_delay_s(self) -> float:
+        """What it was told a GPU takes to boot."""
+        return self.config.boot_delay_s
 
     @property
     def profile(self) -> LatencyProfile:

@@ -1,4 +1,5 @@
-"""The evaluation's extra policies, registered by name with the core's registry.
+"""The evaluation's rival policies, registered by name with the core's registry when this module
+is imported (``turboserve sim``, the evaluation and the replay tool import it).
 
 All are the core's :class:`Controller` (same cluster view, same placement, same scale-in by
 drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook):
@@ -10,8 +11,8 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     K x ready GPUs, waiting sessions included), does nothing while the ratio is within the
     ``tolerance`` (0.1), scales up at once, and scales down only to the highest recommendation
     of the last ``stabilization_s`` (300 s, HPA's default down-scale window).  Placement is
-    least-loaded without migration, as pods are never moved.  Parameter ``target`` (default
-    0.7) is its utilisation target; ``rho_hat`` is accepted as another name for it.
+    least-loaded without migration, as pods are never moved.  ``target`` (default
+    0.7) is its utilisation target; ``rho_hat`` is another name for it in loose parameters.
 ``least_loaded_autoscale``
     What operators run today: least-loaded placement, no migration, and a conventional
     utilisation-threshold autoscaler (step scaling with cooldowns, as cloud autoscaling groups
@@ -30,7 +31,8 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     ``gpus_for(max active over [t, t + boot_delay_s + lookahead_slack_s])``, so it asks for a
     GPU exactly one boot delay (plus one tick) before it is needed and lets it go as soon as
     it is not needed within that horizon.  Needs ``future=`` (a trace: an object with
-    ``events`` of ``(t, session_id, event)``, or a list of such rows).  It takes no idle
+    ``events`` of ``(t, session_id, event)``, or a list of such rows), so the live scheduler
+    cannot run it (registered ``live=False``).  It takes no idle
     reserve and no peak cap from the table (``idle_reserve=0``, ``peak_rho=0`` unless given):
     it knows who comes back and how high the load goes.
 ``turboserve_predictive``
@@ -55,54 +57,47 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from services.scheduler.core.autoscale import gpus_for
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import (
-    Profiles,
-    check_params,
-    gpus_alias,
-    register_policy,
-)
+from services.scheduler.core.policies import Policy, PolicySpec, Profiles, register_policy
 from services.scheduler.core.types import Decision, Event, EventKind
 
-__all__ = ["ClairvoyantController", "HpaController", "PredictiveController",
+__all__ = ["ClairvoyantConfig", "ClairvoyantController", "HpaConfig", "HpaController",
+           "PredictiveConfig", "PredictiveController", "ThresholdConfig",
            "ThresholdController"]
 
-_CONTROLLER_PARAMS = frozenset({
-    "rho_hat", "delta", "boot_delay_s", "eta", "initial_gpus", "gpu_kind",
-    "min_gpus", "max_gpus", "rho_table", "t0", "warmup_s", "idle_reserve", "retry_backoff_s",
-    "gpu_id_prefix", "peak_rho", "peak_window_s", "peak_surge_s",
-})
-
-
-def _split(name: str, params: dict[str, Any], extra: Iterable[str],
-           **switches: Any) -> tuple[ControllerConfig, dict[str, Any]]:
-    """(the controller's config, the policy's own parameters) from ``params``."""
-    own = frozenset(extra)
-    check_params(name, params, _CONTROLLER_PARAMS | {"gpus"} | own)
-    params = gpus_alias(name, params)
-    shared = {k: v for k, v in params.items() if k not in own}
-    return (ControllerConfig(name=name, **switches, **shared),
-            {k: v for k, v in params.items() if k in own})
+# Loose parameters: ``gpus`` is another name for ``initial_gpus`` (as for the autoscalers).
+_GPUS = {"gpus": "initial_gpus"}
 
 
 # ---- HPA-style reactive scaler ---------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class HpaConfig(ControllerConfig):
+    """``hpa``: the controller's settings (its ``rho_hat`` and table are not used) and the
+    scaler's own."""
+
+    target: float = 0.7  # utilisation target
+    tolerance: float = 0.1  # no change while utilisation / target is within 1 +- this
+    sync_s: float = 15.0  # how often it recomputes
+    stabilization_s: float = 300.0  # down-scale stabilisation window
+
+
 class HpaController(Controller):
-    def __init__(self, profiles: Profiles, config: ControllerConfig, *, target: float = 0.7,
-                 tolerance: float = 0.1, sync_s: float = 15.0,
-                 stabilization_s: float = 300.0) -> None:
-        if not 0 < target <= 1:
-            raise ValueError(f"target utilisation must be in (0, 1], got {target}")
-        super().__init__(profiles, config)
-        self.target = target
-        self.tolerance = tolerance
-        self.sync_s = sync_s
-        self.stabilization_s = stabilization_s
+    def __init__(self, profiles: Profiles, config: HpaConfig) -> None:
+        if not 0 < config.target <= 1:
+            raise ValueError(f"target utilisation must be in (0, 1], got {config.target}")
+        # rho_hat stays fixed (and unused by the hook): the table plays no part in HPA's rule.
+        super().__init__(profiles, replace(config, name="hpa", migrate=False,
+                                           placement="least_loaded", rho_hat=config.target,
+                                           rho_table=None))
+        self.target = config.target
+        self.tolerance = config.tolerance
+        self.sync_s = config.sync_s
+        self.stabilization_s = config.stabilization_s
         self._next_sync = float("-inf")
         self._recommendations: deque[tuple[float, float]] = deque()
         self._last: tuple[float, float] | None = None
@@ -139,15 +134,8 @@ class HpaController(Controller):
         return min(budget, max(r for _, r in recs))
 
 
-def _hpa(profiles: Profiles, **params: Any) -> HpaController:
-    if "rho_hat" in params and "target" not in params:
-        params = dict(params)
-        params["target"] = params.pop("rho_hat")
-    # rho_hat stays fixed (and unused by the hook): the table plays no part in HPA's rule.
-    config, own = _split("hpa", params, {"target", "tolerance", "sync_s", "stabilization_s"},
-                         migrate=False, placement="least_loaded")
-    config = replace(config, rho_hat=own.get("target", 0.7), rho_table=None)
-    return HpaController(profiles, config, **own)
+def _hpa(profiles: Profiles, config: HpaConfig) -> Policy:
+    return HpaController(profiles, config)
 
 
 # ---- clairvoyant --------------------------------------------------------------------------
@@ -176,9 +164,12 @@ class _RangeMax:
         return max(row[lo], row[hi - (1 << k) + 1])
 
 
-def active_timeline(future: Any) -> tuple[list[float], list[int]]:
+def active_timeline(future: object) -> tuple[list[float], list[int]]:
     """(times, active count from that time on) from a trace or rows of (t, sid, event)."""
     rows = getattr(future, "events", future)
+    if not isinstance(rows, Iterable):
+        raise TypeError(f"future must be a trace or rows of (t, session_id, event), got "
+                        f"{type(future).__name__}")
     active: set[str] = set()
     times: list[float] = []
     counts: list[int] = []
@@ -197,13 +188,29 @@ def active_timeline(future: Any) -> tuple[list[float], list[int]]:
     return times, counts
 
 
+@dataclass(frozen=True, slots=True)
+class ClairvoyantConfig(ControllerConfig):
+    """``clairvoyant``: the controller's settings, the trace it will be run on (``future``,
+    required) and how far past one boot delay it looks. The idle reserve stands in for the
+    sessions that will come back, and the peak cap guesses from the past that load will not
+    outgrow its recent peak; the clairvoyant knows both, so by default it takes neither and
+    sizes for the true demand alone."""
+
+    idle_reserve: float | None = 0.0
+    peak_rho: float | None = 0.0
+    future: object = None
+    lookahead_slack_s: float = 1.0
+
+
 class ClairvoyantController(Controller):
-    def __init__(self, profiles: Profiles, config: ControllerConfig, *, future: Any,
-                 lookahead_slack_s: float = 1.0) -> None:
-        super().__init__(profiles, config)
-        times, counts = active_timeline(future)
+    def __init__(self, profiles: Profiles, config: ClairvoyantConfig) -> None:
+        if config.future is None:
+            raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
+        super().__init__(profiles, replace(config, name="clairvoyant",
+                                           placement="least_loaded"))
+        times, counts = active_timeline(config.future)
         self._demand = _RangeMax(times, counts)
-        self.horizon_s = config.boot_delay_s + lookahead_slack_s
+        self.horizon_s = config.boot_delay_s + config.lookahead_slack_s
 
     def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
                     rho_hat: float, delta: float) -> float:
@@ -214,37 +221,44 @@ class ClairvoyantController(Controller):
         return target
 
 
-def _clairvoyant(profiles: Profiles, **params: Any) -> ClairvoyantController:
-    if "future" not in params:
-        raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
-    # The idle reserve stands in for the sessions that will come back, and the peak cap
-    # guesses from the past that load will not outgrow its recent peak; the clairvoyant knows
-    # both, so by default it sizes for the true demand alone.
-    params = {"idle_reserve": 0.0, "peak_rho": 0.0, **params}
-    config, own = _split("clairvoyant", params, {"future", "lookahead_slack_s"},
-                         placement="least_loaded")
-    return ClairvoyantController(profiles, config, **own)
+def _clairvoyant(profiles: Profiles, config: ClairvoyantConfig) -> Policy:
+    return ClairvoyantController(profiles, config)
 
 
 # ---- predictive ---------------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class PredictiveConfig(ControllerConfig):
+    """``turboserve_predictive``: the controller's settings and the forecast's (see the module
+    docstring)."""
+
+    sample_s: float = 5.0  # how often it samples the count it forecasts
+    alpha: float = 0.5  # Holt's level smoothing
+    beta: float = 0.3  # Holt's trend smoothing
+    burst_sigma: float = 3.0  # activations above mean + this many std are a burst
+    window_s: float = 300.0  # the burst detector's window
+    hold_down: bool = True  # scale in only when the forecast is below the band too
+    mode: str = "sessions"  # forecast live sessions ("sessions") or active ones ("active")
+    share_alpha: float = 0.05  # EWMA weight of the active share
+
+
 class PredictiveController(Controller):
-    def __init__(self, profiles: Profiles, config: ControllerConfig, *, sample_s: float = 5.0,
-                 alpha: float = 0.5, beta: float = 0.3, burst_sigma: float = 3.0,
-                 window_s: float = 300.0, hold_down: bool = True, mode: str = "sessions",
-                 share_alpha: float = 0.05) -> None:
-        if mode not in ("sessions", "active"):
-            raise ValueError(f"mode must be 'sessions' or 'active', got {mode!r}")
-        super().__init__(profiles, config)
-        self.hold_down = hold_down
-        self.mode = mode
-        self.share_alpha = share_alpha
+    def __init__(self, profiles: Profiles, config: PredictiveConfig) -> None:
+        if config.mode not in ("sessions", "active"):
+            raise ValueError(f"mode must be 'sessions' or 'active', got {config.mode!r}")
+        if not (config.sample_s > 0 and math.isfinite(config.sample_s)):
+            raise ValueError(f"sample_s must be > 0 and finite, got {config.sample_s}")
+        super().__init__(profiles, replace(config, name="turboserve_predictive",
+                                           placement="least_loaded"))
+        self.hold_down = config.hold_down
+        self.mode = config.mode
+        self.share_alpha = config.share_alpha
         self._share: float | None = None  # EWMA of active / live sessions
-        self.sample_s = sample_s
-        self.alpha = alpha
-        self.beta = beta
-        self.burst_sigma = burst_sigma
-        self._window = max(3, int(window_s / sample_s))
+        self.sample_s = config.sample_s
+        self.alpha = config.alpha
+        self.beta = config.beta
+        self.burst_sigma = config.burst_sigma
+        self._window = max(3, int(config.window_s / config.sample_s))
         self._level: float | None = None
         self._trend = 0.0
         self._next_sample = float("-inf")
@@ -311,30 +325,42 @@ class PredictiveController(Controller):
         return max(target, budget) if up else min(target, budget)
 
 
-def _predictive(profiles: Profiles, **params: Any) -> PredictiveController:
-    config, own = _split("turboserve_predictive", params,
-                         {"sample_s", "alpha", "beta", "burst_sigma", "window_s", "hold_down",
-                          "mode", "share_alpha"}, placement="least_loaded")
-    return PredictiveController(profiles, config, **own)
+def _predictive(profiles: Profiles, config: PredictiveConfig) -> Policy:
+    return PredictiveController(profiles, config)
 
 
 # ---- conventional threshold autoscaler --------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class ThresholdConfig(ControllerConfig):
+    """``least_loaded_autoscale``: the controller's settings (its ``rho_hat``, table, idle
+    reserve and peak cap are not used) and the step scaler's."""
+
+    high: float = 0.8  # scale out above this utilisation
+    low: float | None = None  # scale in below this one (None: high - 0.3)
+    period_s: float = 10.0  # how often it reads the utilisation
+    cooldown_out_s: float = 30.0  # wait after a scale-out
+    cooldown_in_s: float = 120.0  # below low this long on end, and wait after a scale-in
+
+
 class ThresholdController(Controller):
-    def __init__(self, profiles: Profiles, config: ControllerConfig, *, high: float = 0.8,
-                 low: float | None = None, period_s: float = 10.0,
-                 cooldown_out_s: float = 30.0, cooldown_in_s: float = 120.0) -> None:
-        low = high - 0.3 if low is None else low
+    def __init__(self, profiles: Profiles, config: ThresholdConfig) -> None:
+        high = config.high
+        low = high - 0.3 if config.low is None else config.low
         if not 0 < high <= 1 or not 0 <= low < high:
             raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")
-        for key, value in (("period_s", period_s), ("cooldown_out_s", cooldown_out_s),
-                           ("cooldown_in_s", cooldown_in_s)):
+        for key, value in (("period_s", config.period_s),
+                           ("cooldown_out_s", config.cooldown_out_s),
+                           ("cooldown_in_s", config.cooldown_in_s)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be >= 0 and finite, got {value}")
-        super().__init__(profiles, config)
+        # rho_hat stays fixed (and unused by the hook): no table, no idle reserve.
+        super().__init__(profiles, replace(config, name="least_loaded_autoscale", migrate=False,
+                                           placement="least_loaded", rho_hat=high,
+                                           rho_table=None, idle_reserve=0.0, peak_rho=0.0))
         self.high, self.low = high, low
-        self.period_s = period_s
-        self.cooldown_out_s, self.cooldown_in_s = cooldown_out_s, cooldown_in_s
+        self.period_s = config.period_s
+        self.cooldown_out_s, self.cooldown_in_s = config.cooldown_out_s, config.cooldown_in_s
         self._next_eval = float("-inf")
         self._last_out = float("-inf")
         self._last_in = float("-inf")
@@ -375,20 +401,15 @@ class ThresholdController(Controller):
         return budget
 
 
-def _least_loaded_autoscale(profiles: Profiles, **params: Any) -> ThresholdController:
-    if "rho_hat" in params and "high" not in params:
-        params = dict(params)
-        params["high"] = params.pop("rho_hat")
-    config, own = _split("least_loaded_autoscale", params,
-                         {"high", "low", "period_s", "cooldown_out_s", "cooldown_in_s"},
-                         migrate=False, placement="least_loaded")
-    # rho_hat stays fixed (and unused by the hook): no table, no idle reserve.
-    config = replace(config, rho_hat=own.get("high", 0.8), rho_table=None, idle_reserve=0.0,
-                     peak_rho=0.0)
-    return ThresholdController(profiles, config, **own)
+def _least_loaded_autoscale(profiles: Profiles, config: ThresholdConfig) -> Policy:
+    return ThresholdController(profiles, config)
 
 
-register_policy("hpa", _hpa)
-register_policy("clairvoyant", _clairvoyant)
-register_policy("turboserve_predictive", _predictive)
-register_policy("least_loaded_autoscale", _least_loaded_autoscale)
+register_policy(PolicySpec("hpa", HpaConfig, _hpa, autoscales=True,
+                           aliases={**_GPUS, "rho_hat": "target"}))
+register_policy(PolicySpec("clairvoyant", ClairvoyantConfig, _clairvoyant, autoscales=True,
+                           live=False, aliases=_GPUS))
+register_policy(PolicySpec("turboserve_predictive", PredictiveConfig, _predictive,
+                           autoscales=True, aliases=_GPUS))
+register_policy(PolicySpec("least_loaded_autoscale", ThresholdConfig, _least_loaded_autoscale,
+                           autoscales=True, aliases={**_GPUS, "rho_hat": "high"}))

@@ -18,6 +18,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import services.scheduler.eval.rivals  # noqa: F401  (registers the rival policies)
+from services.scheduler.core.cluster import ClusterView
+from services.scheduler.core.policies import Policy
+from services.scheduler.core.types import Decision, Event, RestoredGpu, RestoredSession
+from shared.profile import LatencyProfile
+
 __all__ = ["RunSpec", "RunSummary", "execute", "prime_trace_cache", "run_all"]
 
 DEFAULT_PROFILE = "h20-longlive-1.3b-nvlink"
@@ -87,25 +93,46 @@ class RunSummary:
 
 
 class _Recorder:
-    """Delegates to a policy and samples served / pending sessions after each step."""
+    """A policy that delegates everything to ``policy`` (or the run would measure another one)
+    and samples served / pending sessions after each step."""
 
-    def __init__(self, policy: Any) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.name = policy.name
         self.samples: list[tuple[float, int, int]] = [(0.0, 0, 0)]
 
     @property
-    def view(self) -> Any:
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def autoscales(self) -> bool:
+        return self.policy.autoscales
+
+    @property
+    def boot_delay_s(self) -> float:
+        return self.policy.boot_delay_s
+
+    @property
+    def view(self) -> ClusterView:
         return self.policy.view
 
-    def __getattr__(self, name: str) -> Any:
-        # Everything else an environment may look up (e.g. ``note_step``, which the simulator
-        # finds with getattr) must reach the policy unchanged, or the run measures another one.
-        if name == "policy":
-            raise AttributeError(name)
-        return getattr(self.policy, name)
+    def note_step(self, gpu_id: str, ends_at: float) -> None:
+        self.policy.note_step(gpu_id, ends_at)
 
-    def step(self, event: Any) -> list[Any]:
+    def restore(self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession],
+                t: float) -> None:
+        self.policy.restore(gpus, sessions, t)
+
+    def set_profile(self, kind: str, profile: LatencyProfile) -> None:
+        self.policy.set_profile(kind, profile)
+
+    def rho_max(self) -> float:
+        return self.policy.rho_max()
+
+    def current_rho_hat(self, t: float) -> tuple[float, float]:
+        return self.policy.current_rho_hat(t)
+
+    def step(self, event: Event) -> list[Decision]:
         out = self.policy.step(event)
         view = self.policy.view
         pending = len(view.pending)

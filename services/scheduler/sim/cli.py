@@ -190,6 +190,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
+    import services.scheduler.eval.rivals  # noqa: F401  (the evaluation's rivals run by name too)
     from services.scheduler.sim.report import markdown_table, progress_bar
     from services.scheduler.sim.simulator import simulate
     from services.scheduler.sim.traceio import load_trace

@@ -37,10 +37,6 @@ COMPARED = (
 )
 
 
-# What a policy without autoscaling refuses (it keeps the pool it is given instead).
-_POOL_PARAMS = frozenset({"initial_gpus", "min_gpus", "max_gpus", "rho_table"})
-
-
 def compress(trace: Trace, speed: float) -> Trace:
     """``trace`` with every time divided by ``speed`` (what ``replay --speed`` plays)."""
     if not (math.isfinite(speed) and speed > 0):
@@ -70,35 +66,34 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
     the replay ran, in compressed seconds (default: the compressed trace's length).
     ``parked_on_gpu``: an idle session's state stays with the worker it was suspended on, and a
     resume elsewhere is a migration (as in the live mesh; the simulator's default is not)."""
+    import services.scheduler.eval.rivals  # noqa: F401  (the live policy may be a rival)
+    from services.scheduler.core.policies import policy_spec
     from services.scheduler.sim.simulator import PolicyError, simulate
 
     played = compress(trace, speed)
     if duration_s is not None:
         played = Trace(played.name, tuple(e for e in played.events if e.t <= duration_s),
                        duration_s)
-    policy_params: dict[str, Any] = {"initial_gpus": initial_gpus, "min_gpus": min_gpus,
-                                     **params}
-    if max_gpus is not None:
-        policy_params["max_gpus"] = max_gpus
-    if rho_table is not None:
-        policy_params["rho_table"] = rho_table
-    elif "rho_hat" not in params:
-        policy_params["rho_table"] = None  # say so: no shipped table unless asked
     try:
-        result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
-                          chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
-                          parked_on_gpu=parked_on_gpu, **policy_params)
-    except PolicyError as exc:
-        message = str(exc)
-        refused = {name.strip() for name in
-                   message.split("does not take", 1)[-1].split(";", 1)[0].split(",")}
-        if "does not take" not in message or not refused <= _POOL_PARAMS:
-            raise
-        # A policy without autoscaling (static, no_autoscale): it keeps the pool it started with,
-        # as the live scheduler running it does.
-        result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
-                          chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
-                          parked_on_gpu=parked_on_gpu, gpus=initial_gpus, **params)
+        autoscales = policy_spec(policy).autoscales
+    except KeyError as exc:
+        raise PolicyError(exc.args[0]) from None
+    policy_params: dict[str, Any]
+    if autoscales:
+        policy_params = {"initial_gpus": initial_gpus, "min_gpus": min_gpus, **params}
+        if max_gpus is not None:
+            policy_params["max_gpus"] = max_gpus
+        if rho_table is not None:
+            policy_params["rho_table"] = rho_table
+        elif "rho_hat" not in params:
+            policy_params["rho_table"] = None  # say so: no shipped table unless asked
+    else:
+        # A policy without autoscaling (static, no_autoscale): it keeps the pool it started
+        # with, as the live scheduler running it does.
+        policy_params = {"gpus": initial_gpus, **params}
+    result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
+                      chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
+                      parked_on_gpu=parked_on_gpu, **policy_params)
     lat = result.latency()
     return {
         "sessions": result.sessions,

@@ -59,12 +59,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.scheduler.core.autoscale import FALLBACK_RHO_HAT
+from services.scheduler.core.policies import Policy, get_policy, policy_spec
 from services.scheduler.core.types import (
     Assign,
     Decision,
     Drain,
     Event,
     EventKind,
+    GpuState,
     Migrate,
     Release,
     RequestGpus,
@@ -73,6 +75,7 @@ from services.scheduler.core.types import (
 )
 from services.scheduler.sim.traceio import Trace
 from services.scheduler.sim.viewer import ServiceLedger, summary
+from shared.profile import LatencyProfile, load_profile
 
 DEFAULT_PRICE_USD_PER_GPU_HOUR = 2.0  # used when the profile names no price (see profile.py)
 
@@ -239,7 +242,8 @@ class SimResult:
 class Simulator:
     """One run of one policy over one trace. Use :func:`simulate` unless you need the parts."""
 
-    def __init__(self, trace: Trace, policy: Any, profile: Any, *, boot_delay_s: float = 30.0,
+    def __init__(self, trace: Trace, policy: Policy, profile: LatencyProfile, *,
+                 boot_delay_s: float = 30.0,
                  tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
                  progress: Callable[[float], None] | None = None,
                  keep_chunk_times: bool = False, resume_ms: float = 0.0,
@@ -265,13 +269,15 @@ class Simulator:
         if not (math.isfinite(self.lead_s) and self.lead_s >= 0):
             raise ValueError(f"lead_s must be >= 0, got {lead_s}")
         self.ledger = ServiceLedger(self.period_s, profile.deadline_ms)
-        self.price = (price_usd_per_gpu_hour or getattr(profile, "price_usd_per_gpu_hour", None)
+        self.price = (price_usd_per_gpu_hour or profile.price_usd_per_gpu_hour
                       or DEFAULT_PRICE_USD_PER_GPU_HOUR)
         self.progress = progress
         self.now = 0.0
         self.gpus: dict[str, _Gpu] = {}
         self.sessions: dict[str, _Session] = {}
-        self.heap: list[tuple[float, int, int, object]] = []
+        # (time, priority, sequence, payload): the payload's type goes with the priority (a
+        # GPU id, a trace row's index, a session id, or None for a tick).
+        self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.first_latencies: list[float] = []
         self.stream_latencies: list[float] = []
@@ -285,12 +291,10 @@ class Simulator:
         self.timeline: list[tuple[float, int, int]] = []
         self.held = 0
         self.peak = 0
-        self._passes = int(getattr(profile, "passes_per_chunk", 1) or 1)
+        self._passes = max(1, profile.passes_per_chunk)
         self._pass_s = [0.0] + [profile.chunk_ms(b) / 1000.0 / self._passes
                                 for b in range(1, 257)]
         self._migration_ms = profile.migration_ms()
-        # Policies that place by pass phase hear when each pass ends (Controller.note_step).
-        self._note_step = getattr(policy, "note_step", None)
 
     # ---- driving --------------------------------------------------------------------------
 
@@ -328,7 +332,7 @@ class Simulator:
             self.progress(1.0)
         return self._result(time.perf_counter() - wall)
 
-    def _push(self, t: float, prio: int, payload: object) -> None:
+    def _push(self, t: float, prio: int, payload: str | int | None) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, prio, self.seq, payload))
 
@@ -547,8 +551,8 @@ class Simulator:
         g.busy = True
         end = self.now + pass_s
         self._push(end, _P_STEP, g.gpu_id)
-        if self._note_step is not None:
-            self._note_step(g.gpu_id, end)
+        # Policies that place by pass phase hear when each pass ends.
+        self.policy.note_step(g.gpu_id, end)
 
     def _wake(self, gpu_id: str) -> None:
         g = self.gpus.get(gpu_id)
@@ -696,7 +700,7 @@ class Simulator:
         gpu_s = self._cost_gpu_seconds(end)
         ledger = self.ledger
         return SimResult(
-            policy=getattr(self.policy, "name", type(self.policy).__name__),
+            policy=self.policy.name,
             trace=self.trace.name,
             duration_s=end,
             cost_gpu_seconds=gpu_s,
@@ -729,20 +733,12 @@ class Simulator:
         )
 
 
-def _initial_gpus(policy: Any) -> list[tuple[str, bool]]:
-    """(gpu_id, ready) for the GPUs in a fresh policy's view (the ``view`` property agreed in
-    core/policies.py): static pools and ``initial_gpus``. A GPU without a ``state`` (or in
-    state READY) is ready at t=0; a BOOTING one boots like any requested GPU."""
-    view = getattr(policy, "view", None)
-    gpus = getattr(view, "gpus", None) if view is not None else None
-    if not gpus:
-        return []
-    out = []
-    for gpu_id in sorted(gpus):
-        value = gpus[gpu_id] if isinstance(gpus, dict) else None
-        state = value if isinstance(value, str) else getattr(value, "state", None)
-        out.append((gpu_id, state is None or str(state) != "booting"))
-    return out
+def _initial_gpus(policy: Policy) -> list[tuple[str, bool]]:
+    """(gpu_id, ready) for the GPUs in a fresh policy's view: static pools and
+    ``initial_gpus``. A BOOTING one boots like any requested GPU; the others are ready at
+    t=0."""
+    gpus = policy.view.gpus
+    return [(gpu_id, gpus[gpu_id] is not GpuState.BOOTING) for gpu_id in sorted(gpus)]
 
 
 WARM_START_RHO = FALLBACK_RHO_HAT  # the paper's example target utilisation, 0.7
@@ -767,17 +763,19 @@ def warm_pool(initial_active: int, capacity: int) -> int:
     return max(1, math.ceil(initial_active / (capacity * WARM_START_RHO) - 1e-9))
 
 
-def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay_s: float = 30.0,
+def simulate(trace: Trace | str, policy: str | Policy, profile: LatencyProfile | str | None = None,
+             *, boot_delay_s: float = 30.0,
              tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
              progress: Callable[[float], None] | None = None, keep_chunk_times: bool = False,
              resume_ms: float = 0.0, warm_start: bool = True,
              chunk_period_s: float | None = None, lead_s: float | None = None,
              parked_on_gpu: bool = False, **params: Any) -> SimResult:
-    """Run ``policy`` (a registered name, or an object with ``step``) over ``trace`` (a Trace,
-    a built-in trace name or a path). ``params`` go to ``get_policy``; autoscaling policies
-    also get ``boot_delay_s`` so that they know what the environment does, and, unless the
-    caller names ``gpus`` or ``initial_gpus`` or passes ``warm_start=False``, a warm pool
-    (:func:`warm_start_gpus`) as ``initial_gpus``.
+    """Run ``policy`` (a registered name, or a :class:`Policy`) over ``trace`` (a Trace, a
+    built-in trace name or a path). ``params`` are the policy's loose parameters
+    (``policies.policy_config``); a policy that takes them also gets ``boot_delay_s``, so that
+    it knows what the environment does, and, unless the caller names ``gpus`` or
+    ``initial_gpus`` or passes ``warm_start=False``, a warm pool (:func:`warm_start_gpus`) as
+    ``initial_gpus``.
 
     This is the entry point for sweeps: ``simulate("bursty", "turboserve", rho_hat=0.6)``.
     ``profile``: a :class:`LatencyProfile`, a shipped name or a path (None: the default).
@@ -812,61 +810,50 @@ def simulate(trace: Trace | str, policy: Any, profile: Any = None, *, boot_delay
     return result
 
 
-def make_policy(name: str, profile: Any, *, boot_delay_s: float,
-                optional: tuple[str, ...] = ("boot_delay_s",), **params: Any) -> Any:
+def make_policy(name: str, profile: LatencyProfile | str | None, *, boot_delay_s: float,
+                optional: tuple[str, ...] = ("boot_delay_s",), **params: Any) -> Policy:
     """Build a registered policy, telling it the environment's boot delay and giving it the
     shipped rho_hat table unless ``params`` name one. Keys in ``optional`` were added by the
-    environment, not the caller: a policy that does not take one (a ``TypeError`` naming it)
-    is built without it."""
-    profile = resolve_profile(profile)
-    return _build_policy(name, profile,
-                         {"boot_delay_s": boot_delay_s, **_shipped_table(params, profile),
+    environment, not the caller: a policy that does not take one is built without it."""
+    resolved = resolve_profile(profile)
+    return _build_policy(name, resolved,
+                         {"boot_delay_s": boot_delay_s, **_shipped_table(params, resolved),
                           **params},
                          (*optional, "rho_table"))[0]
 
 
-def resolve_profile(profile: Any) -> Any:
+def resolve_profile(profile: LatencyProfile | str | None) -> LatencyProfile:
     """A :class:`LatencyProfile` from a profile, a shipped name, a path or None (default)."""
-    from shared.profile import LatencyProfile, load_profile
-
     if isinstance(profile, LatencyProfile):
         return profile
     return load_profile() if profile is None else load_profile(profile)
 
 
-def _shipped_table(params: dict[str, Any], profile: Any) -> dict[str, Any]:
+def _shipped_table(params: dict[str, Any], profile: LatencyProfile) -> dict[str, Any]:
     """``{"rho_table": the shipped table for this profile}`` unless ``params`` name a table (or
     there is none)."""
     from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_rho_table, table_path_for
 
     if "rho_table" in params:
         return {}
-    path = table_path_for(getattr(profile, "name", None))
+    path = table_path_for(profile.name)
     table = load_rho_table(None if path == DEFAULT_TABLE_PATH else path)
     return {} if table is None else {"rho_table": table}
 
 
-def _build_policy(name: str, profile: Any, params: dict[str, Any],
-                  optional: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
-    """(policy, the parameters it was built with): :func:`make_policy`'s loop."""
-    from services.scheduler.core.policies import get_policy
-
-    while True:
-        try:
-            return get_policy(name, profile, **params), params
-        except PolicyError:
-            raise
-        except TypeError as exc:
-            # Only the names the policy refuses: its message may go on to list the ones it
-            # takes ("... does not take X; it takes A, B").
-            refused = str(exc).split("; it takes")[0]
-            drop = [k for k in optional if k in params and k in refused
-                    and "does not take" in refused]
-            if not drop:
-                raise PolicyError(str(exc)) from exc
-            params = {k: v for k, v in params.items() if k not in drop}
-        except ValueError as exc:
-            raise PolicyError(str(exc)) from exc
+def _build_policy(name: str, profile: LatencyProfile, params: dict[str, Any],
+                  optional: tuple[str, ...]) -> tuple[Policy, dict[str, Any]]:
+    """(policy, the parameters it was built with), leaving out the ``optional`` ones the
+    policy does not take. An unknown name, a parameter it does not take or a value out of
+    range is a :class:`PolicyError`."""
+    try:
+        spec = policy_spec(name)
+        taken = {k: v for k, v in params.items() if k in spec.params or k not in optional}
+        return get_policy(name, profile, spec.config(taken)), taken
+    except KeyError as exc:
+        raise PolicyError(exc.args[0]) from None
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(str(exc)) from exc
 
 
 def _jsonable(v: Any) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from services.scheduler.core.policies import Policy, Profiles, get_policy, policy_config
 from services.scheduler.core.types import (
     Assign,
     Decision,
@@ -27,6 +28,11 @@ from services.scheduler.core.types import (
     Resume,
     Suspend,
 )
+
+
+def build(name: str, profiles: Profiles, **params: object) -> Policy:
+    """Policy ``name`` from loose parameters, as a command line's ``--param`` gives them."""
+    return get_policy(name, profiles, policy_config(name, params))
 
 
 class Env:

@@ -14,10 +14,11 @@ from services.scheduler.core.autoscale import (
     scale,
 )
 from services.scheduler.core.config import ControllerConfig
-from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Event, EventKind
 from services.scheduler.shipped import load_rho_table, save_rho_table
 from shared.profile import load_profile
+
+from .harness import build
 
 PROFILE = load_profile()
 
@@ -155,7 +156,7 @@ def test_no_table_falls_back_to_fixed_rho(tmp_path, monkeypatch):
     when the shipped table is absent."""
     monkeypatch.setattr(shipped, "DEFAULT_TABLE_PATH", tmp_path / "none.json")
     assert load_rho_table() is None
-    policy = get_policy("turboserve", PROFILE)
+    policy = build("turboserve", PROFILE)
     assert policy.current_rho_hat(0.0) == (FALLBACK_RHO_HAT, 0.1)
     assert policy.current_idle_reserve(0.0) == 0.0
 
@@ -166,7 +167,7 @@ def test_config_refuses_a_table_that_is_not_loaded(tmp_path):
 
 
 def test_adaptive_rho_follows_volatility():
-    policy = get_policy("turboserve", PROFILE, rho_table=TABLE)
+    policy = build("turboserve", PROFILE, rho_table=TABLE)
     assert policy.current_rho_hat(0.0) == (TABLE.rho_hat[5], 0.1)  # window not filled yet
     t, n = 0.0, 0
     for _ in range(30):  # calm: one activation every 5 s for 150 s
@@ -180,7 +181,7 @@ def test_adaptive_rho_follows_volatility():
 
 def test_adaptive_rho_follows_dispersion_not_load():
     table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion")
-    policy = get_policy("turboserve", PROFILE, rho_table=table)
+    policy = build("turboserve", PROFILE, rho_table=table)
     t, n = 0.0, 0
     for _ in range(150):  # busy but even: 10 activations every 10 s (std 0, dispersion 0)
         for k in range(10):
@@ -222,13 +223,13 @@ def test_controller_takes_the_idle_reserve_of_the_current_level():
     reserve = (0.1,) * 5 + (0.2,) * 4 + (0.7,)
     table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
                      idle_reserve=reserve)
-    policy = get_policy("turboserve", PROFILE, rho_table=table)
+    policy = build("turboserve", PROFILE, rho_table=table)
     assert policy.current_idle_reserve(0.0) == 0.2  # window not filled: the middle level
     t, n = 0.0, 0
     t, n = _storms(policy, t, n)
     assert policy.current_idle_reserve(t) == 0.7
-    assert get_policy("turboserve", PROFILE, rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
-    assert get_policy("turboserve", PROFILE, rho_hat=0.7).current_idle_reserve(t) == 0.0
+    assert build("turboserve", PROFILE, rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
+    assert build("turboserve", PROFILE, rho_hat=0.7).current_idle_reserve(t) == 0.0
 
 
 def _requested(decisions):
@@ -242,7 +243,7 @@ def test_peak_cap_limits_headroom_to_the_recent_peak():
     K = PROFILE.capacity
 
     def pool(**kw):
-        policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
+        policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
                             peak_surge_s=0.0, **kw)
         asked = sum(_requested(policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}")))
                     for i in range(2 * K))
@@ -257,7 +258,7 @@ def test_peak_cap_never_keeps_a_session_waiting_and_remembers_the_window():
     """The cap holds every active session of now at K per GPU, and it keeps the window's peak:
     after the load halves, the pool stays at what the peak needed until the peak is 300 s old."""
     K = PROFILE.capacity
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
+    policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
                         peak_rho=1.0, peak_window_s=300.0, peak_surge_s=0.0)
     for i in range(4 * K):
         policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
@@ -279,7 +280,7 @@ def test_a_surge_beyond_the_recent_peak_lifts_the_cap_until_it_is_the_past():
     it with rho_hat's headroom. Once the surge's top is 60 s old, the cap holds the pool to
     what that top needs at peak_rho."""
     K = PROFILE.capacity
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
+    policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
                         peak_rho=1.0, peak_window_s=300.0, peak_surge_s=60.0)
 
     def budget():
@@ -313,12 +314,14 @@ def test_controller_takes_the_peak_cap_of_the_current_level():
     peaks = (0.0,) * 5 + (0.85,) * 4 + (1.0,)
     table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
                      peak_rho=peaks)
-    policy = get_policy("turboserve", PROFILE, rho_table=table)
+    policy = build("turboserve", PROFILE, rho_table=table)
     assert policy.current_peak_rho(0.0) == 0.85  # window not filled: the middle level
     t, n = _storms(policy, 0.0, 0)
     assert policy.current_peak_rho(t) == 1.0
-    assert get_policy("turboserve", PROFILE, rho_table=table, peak_rho=0.0).current_peak_rho(t) == 0.0
-    assert get_policy("turboserve", PROFILE, rho_hat=0.7).current_peak_rho(t) == 0.0
+    assert build("turboserve", PROFILE, rho_table=table, peak_rho=0.0).current_peak_rho(t) == 0.0
+    assert build("turboserve", PROFILE, rho_hat=0.7).current_peak_rho(t) == 0.0
     # The clairvoyant knows how high the load goes: no cap from the table.
+    import services.scheduler.eval.rivals  # noqa: F401  (registers it)
+
     future = [(0.0, "s0", "arrive")]
-    assert get_policy("clairvoyant", PROFILE, rho_table=table, future=future).current_peak_rho(t) == 0.0
+    assert build("clairvoyant", PROFILE, rho_table=table, future=future).current_peak_rho(t) == 0.0

@@ -9,10 +9,11 @@ import pytest
 
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Event, EventKind
 from services.scheduler.shipped import load_rho_table
 from shared.profile import load_profile
+
+from .harness import build
 
 PROFILE = load_profile()
 
@@ -72,11 +73,11 @@ def test_controller_takes_a_config_and_profiles_by_kind():
 
 
 def test_get_policy_params_are_config_fields():
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.6, gpus=3, gpu_id_prefix="run7")
+    policy = build("turboserve", PROFILE, rho_hat=0.6, gpus=3, gpu_id_prefix="run7")
     assert isinstance(policy, Controller)
     assert policy.config.rho_hat == 0.6 and policy.config.initial_gpus == 3
     assert sorted(policy.view.gpus) == ["run7-0000", "run7-0001", "run7-0002"]
     with pytest.raises(TypeError, match="does not take placement"):
-        get_policy("turboserve", PROFILE, placement="round_robin")
-    assert get_policy("least_loaded", PROFILE).config.placement == "least_loaded"
-    assert get_policy("no_autoscale", PROFILE).config.autoscale is False
+        build("turboserve", PROFILE, placement="round_robin")
+    assert build("least_loaded", PROFILE).config.placement == "least_loaded"
+    assert build("no_autoscale", PROFILE).config.autoscale is False

@@ -9,7 +9,6 @@ import pytest
 
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import (
     Assign,
     Drain,
@@ -25,7 +24,7 @@ from services.scheduler.core.types import (
 )
 from shared.profile import load_profile
 
-from .harness import Env
+from .harness import Env, build
 
 PROFILE = load_profile()  # K = 12
 FIXED = ControllerConfig(rho_hat=0.7, delta=0.1, eta=0.0, autoscale=False, initial_gpus=2)
@@ -131,7 +130,7 @@ def test_an_operator_drain_evacuates_and_releases_like_a_scale_in():
 
 
 def test_an_operator_drain_without_migration_waits_for_the_sessions_to_leave():
-    policy = get_policy("least_loaded", PROFILE, gpus=2)
+    policy = build("least_loaded", PROFILE, gpus=2)
     env = Env(policy)
     for i in range(4):
         env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
@@ -160,7 +159,7 @@ def test_an_operator_drain_of_a_booting_gpu_cancels_it_and_the_load_asks_again()
 
 
 def test_restore_rebuilds_the_view_from_what_a_restart_finds():
-    controller = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=5)
+    controller = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=5)
     gpus = [RestoredGpu("h20-0003", "H20", GpuState.READY),
             RestoredGpu("h20-0007", "H20", GpuState.DRAINING),
             RestoredGpu("h20-0009", "H20", GpuState.BOOTING)]

@@ -13,7 +13,6 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import (
     Event,
     EventKind,
@@ -24,7 +23,7 @@ from services.scheduler.core.types import (
 from services.scheduler.shipped import load_rho_table
 from shared.profile import load_profile, profile_from_measurements
 
-from .harness import Env
+from .harness import Env, build
 
 H20 = load_profile()
 FAST = replace(profile_from_measurements({1: 200.0, 2: 250.0}, H20, name="fast"), gpu_kind="FAST")
@@ -65,7 +64,7 @@ class Driver:
         self.restarts = 0
 
     def _policy(self, params: dict):
-        return get_policy(self.policy_name, PROFILES, **params)
+        return build(self.policy_name, PROFILES, **params)
 
     def run(self, ops) -> None:
         env = self.env

@@ -1,16 +1,24 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import replace
 
 import pytest
 
 from services.scheduler.core import policies
+from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.policies import (
+    NoAutoscaleConfig,
     Policy,
+    PolicySpec,
+    StaticConfig,
     available_policies,
     get_policy,
+    live_policies,
+    policy_config,
+    policy_spec,
     register_policy,
 )
 from services.scheduler.core.types import (
@@ -24,9 +32,10 @@ from services.scheduler.core.types import (
     Resume,
     Suspend,
 )
+from shared.policies import LIVE_POLICIES
 from shared.profile import load_profile
 
-from .harness import Env
+from .harness import Env, build
 
 PROFILE = load_profile()
 
@@ -40,42 +49,79 @@ def test_registry_lists_built_ins_and_rejects_unknowns():
         assert isinstance(policy, Policy) and policy.name == name
     with pytest.raises(KeyError, match="unknown policy 'nope'; available: .*turboserve"):
         get_policy("nope", PROFILE)
-    with pytest.raises(TypeError, match="'round_robin' does not take rho_hat"):
-        get_policy("round_robin", PROFILE, rho_hat=0.5)
+    with pytest.raises(TypeError, match="'round_robin' does not take rho_hat; it takes .*gpus"):
+        policy_config("round_robin", {"rho_hat": 0.5})
+    with pytest.raises(TypeError, match="'turboserve' does not take placement"):
+        policy_config("turboserve", {"placement": "round_robin"})  # the policy's own switch
     with pytest.raises(TypeError, match="not both"):
-        get_policy("turboserve", PROFILE, gpus=2, initial_gpus=3)
+        policy_config("turboserve", {"gpus": 2, "initial_gpus": 3})
     with pytest.raises(ValueError, match="rho_hat must be in"):
-        get_policy("turboserve", PROFILE, rho_hat=1.5)
+        policy_config("turboserve", {"rho_hat": 1.5})
 
 
-def test_register_policy_adds_a_factory(monkeypatch):
+def test_each_policy_takes_its_own_frozen_config():
+    config = policy_config("turboserve", {"gpus": 3, "rho_hat": 0.6})
+    assert config == ControllerConfig(initial_gpus=3, rho_hat=0.6)
+    assert policy_config("round_robin", {"gpus": 3}) == StaticConfig(gpus=3)
+    assert policy_config("no_autoscale", {"eta": 0.2}) == NoAutoscaleConfig(eta=0.2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.rho_hat = 0.5  # type: ignore[misc]
+    # The policy sets its switches on the config it is given.
+    policy = get_policy("no_migration", PROFILE, ControllerConfig(rho_hat=0.6))
+    assert policy.config.migrate is False and policy.config.name == "no_migration"
+    assert get_policy("least_loaded", PROFILE, StaticConfig(gpus=2)).view.billed_gpus == 2
+    # Another policy's config is refused, naming the one it takes.
+    with pytest.raises(TypeError, match="'round_robin' takes a StaticConfig, got ControllerConfig"):
+        get_policy("round_robin", PROFILE, ControllerConfig())
+    with pytest.raises(TypeError, match="takes a StaticConfig, got NoAutoscaleConfig"):
+        get_policy("least_loaded", PROFILE, NoAutoscaleConfig())
+
+
+def test_every_policy_declares_whether_it_autoscales_and_is_live():
+    import services.scheduler.eval.rivals  # noqa: F401  (the evaluation's rivals too)
+
+    future = [(0.0, "s0", "arrive")]
+    for name in available_policies():
+        spec = policy_spec(name)
+        params = {"future": future} if "future" in spec.params else {}
+        policy = get_policy(name, PROFILE, policy_config(name, params))
+        assert isinstance(policy, Policy)
+        assert policy.autoscales is spec.autoscales, name
+    assert {n for n in BUILT_INS if policy_spec(n).autoscales} == {"turboserve", "no_migration"}
+    # The settings check reads the names from shared/ (it cannot import the scheduler).
+    assert live_policies() == sorted(LIVE_POLICIES)
+    assert "clairvoyant" in available_policies() and "clairvoyant" not in LIVE_POLICIES
+
+
+def test_register_policy_adds_a_spec(monkeypatch):
     monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
     seen = {}
 
-    def factory(profile, **params):
-        seen.update(params, profile=profile.name)
-        return get_policy("least_loaded", profile, gpus=params["gpus"])
+    def build_mine(profile, config):
+        seen.update(gpus=config.gpus, profile=profile.name)
+        return get_policy("least_loaded", profile, config)
 
-    register_policy("mine", factory)
+    register_policy(PolicySpec("mine", StaticConfig, build_mine, autoscales=False, live=False))
     pcie = load_profile("h20-longlive-1.3b-pcie")
-    assert get_policy("mine", pcie, gpus=3).view.billed_gpus == 3
+    assert build("mine", pcie, gpus=3).view.billed_gpus == 3
     assert seen == {"gpus": 3, "profile": "h20-longlive-1.3b-pcie"}
+    assert "mine" in available_policies() and "mine" not in live_policies()
     # The core reads no files: a profile's name or path is refused, with the way to load it.
-    with pytest.raises(TypeError, match="services.scheduler.shipped"):
-        get_policy("mine", "h20-longlive-1.3b-pcie", gpus=3)
+    with pytest.raises(TypeError, match="shared.profile"):
+        build("mine", "h20-longlive-1.3b-pcie", gpus=3)
 
 
 def test_static_policies_place_by_their_rule():
     events = [Event(float(i), EventKind.ARRIVE, f"s{i}") for i in range(5)]
     placements = {}
     for name in ("round_robin", "least_loaded", "memory_aware"):
-        policy = get_policy(name, PROFILE, gpus=3)
+        policy = build(name, PROFILE, gpus=3)
         placements[name] = [policy.step(e)[0].gpu_id for e in events]
     assert placements["round_robin"] == ["h20-0000", "h20-0001", "h20-0002", "h20-0000", "h20-0001"]
     assert placements["least_loaded"] == placements["round_robin"]  # ties in join order
     assert placements["memory_aware"] == ["h20-0000"] * 5  # best fit packs
     # Departures break the tie: least-loaded refills the emptiest GPU, round robin moves on.
-    rr, ll = get_policy("round_robin", PROFILE, gpus=3), get_policy("least_loaded", PROFILE, gpus=3)
+    rr, ll = build("round_robin", PROFILE, gpus=3), build("least_loaded", PROFILE, gpus=3)
     for p in (rr, ll):
         for e in events:
             p.step(e)
@@ -89,7 +135,7 @@ def test_static_policies_place_by_their_rule():
 
 def test_static_pool_queues_sessions_beyond_capacity():
     k = load_profile().capacity
-    policy = get_policy("least_loaded", PROFILE, gpus=1)
+    policy = build("least_loaded", PROFILE, gpus=1)
     env = Env(policy)
     for i in range(k + 2):
         env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
@@ -102,7 +148,7 @@ def test_static_pool_queues_sessions_beyond_capacity():
 
 
 def test_idle_and_active_flip_suspends_and_resumes():
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.7)
+    policy = build("turboserve", PROFILE, rho_hat=0.7)
     assert policy.step(Event(0.0, EventKind.ARRIVE, "a")) == [Assign("a", "h20-0000")]
     assert policy.step(Event(1.0, EventKind.IDLE, "a")) == [Suspend("a", "h20-0000")]
     assert policy.view.placement == {} and policy.view.idle_sessions == ("a",)
@@ -112,7 +158,7 @@ def test_idle_and_active_flip_suspends_and_resumes():
 
 
 def test_gpu_gone_displaces_sessions_and_they_are_reassigned():
-    policy = get_policy("no_autoscale", PROFILE, gpus=2)
+    policy = build("no_autoscale", PROFILE, gpus=2)
     env = Env(policy)
     for i in range(4):
         env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
@@ -123,7 +169,7 @@ def test_gpu_gone_displaces_sessions_and_they_are_reassigned():
 
 
 def test_no_migration_never_migrates_and_drains_before_release():
-    policy = get_policy("no_migration", PROFILE, rho_hat=0.5, delta=0.1, gpus=1)
+    policy = build("no_migration", PROFILE, rho_hat=0.5, delta=0.1, gpus=1)
     env = Env(policy)
     seen = []
     for i in range(24):
@@ -145,7 +191,7 @@ def test_turboserve_migrates_where_no_migration_cannot():
     its destination's chunk-boundary wait, so only moves onto (nearly) idle GPUs pay off."""
     loads = {}
     for name, eta in (("turboserve", 0.0), ("turboserve", 0.1), ("no_migration", 0.1)):
-        policy = get_policy(name, PROFILE, rho_hat=0.5, delta=0.1, gpus=2, eta=eta)
+        policy = build(name, PROFILE, rho_hat=0.5, delta=0.1, gpus=2, eta=eta)
         env = Env(policy)
         for i in range(20):
             env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
@@ -159,7 +205,7 @@ def test_turboserve_migrates_where_no_migration_cannot():
 
 
 def test_booting_gpus_are_billed_from_the_request_and_cancelled_first():
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=1)
+    policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=1)
     for i in range(11):
         policy.step(Event(float(i), EventKind.ARRIVE, f"s{i}"))
     assert policy.view.billed_gpus == 2 and "booting" in policy.view.gpus.values()
@@ -184,7 +230,7 @@ def test_bench_cli_writes_the_agreed_json(tmp_path):
 
 def test_scale_in_delay_waits_for_the_load_to_stay_low():
     def releases_after(delay):
-        policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay,
+        policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay,
                             warmup_s=0.0)
         policy.config = replace(policy.config, autoscale=False)
         for i in range(24):
@@ -208,7 +254,7 @@ def test_scale_in_goes_to_the_highest_target_of_the_window_not_to_the_dip():
     shrinks to what the window's load needed, not to the dip, so the load's return boots
     nothing."""
     def run(delay):
-        policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6,
+        policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6,
                             scale_in_delay_s=delay, warmup_s=0.0)
         policy.config = replace(policy.config, autoscale=False)
         for i in range(48):
@@ -251,7 +297,7 @@ def test_warmup_keeps_the_starting_pool_then_scales_in():
     """A warm start: the pool the loop starts with survives the first arrivals of a warm
     system for warmup_s (default: the boot delay); scale-out is never delayed."""
     def first_release(**kw):
-        policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6, boot_delay_s=30.0, **kw)
+        policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6, boot_delay_s=30.0, **kw)
         for t in range(0, 120):
             out = policy.step(Event(float(t), EventKind.ARRIVE if t == 0 else EventKind.TICK, "s0"
                                     if t == 0 else None))
@@ -263,18 +309,18 @@ def test_warmup_keeps_the_starting_pool_then_scales_in():
     assert first_release() == 30.0
     assert first_release(warmup_s=75.0) == 75.0
     # Scale-out during the warm-up: 40 sessions at once on one GPU ask for more at once.
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=1)
+    policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=1)
     asked = [d for i in range(40) for d in policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
              if isinstance(d, RequestGpus)]
     assert asked
     with pytest.raises(ValueError, match="warmup_s"):
-        get_policy("turboserve", PROFILE, warmup_s=-1.0)
+        build("turboserve", PROFILE, warmup_s=-1.0)
 
 
 def test_idle_reserve_sizes_the_pool_for_returning_sessions():
     """idle_reserve = 0.5 sizes the pool as if half the idle sessions were active."""
     def gpus_after(reserve):
-        policy = get_policy("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=8, warmup_s=1.5,
+        policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=8, warmup_s=1.5,
                             idle_reserve=reserve)
         for i in range(48):  # 6 per GPU: inside the band
             policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
@@ -289,7 +335,7 @@ def test_idle_reserve_sizes_the_pool_for_returning_sessions():
     assert gpus_after(0.0) == -(-24 // (k * 0.5))  # ceil(24 / (K rho_hat))
     assert gpus_after(0.5) == -(-36 // (k * 0.5))  # 24 active + half of 24 idle
     with pytest.raises(ValueError, match="idle_reserve"):
-        get_policy("turboserve", PROFILE, idle_reserve=1.5)
+        build("turboserve", PROFILE, idle_reserve=1.5)
 
 
 def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
@@ -297,7 +343,7 @@ def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
     step in flight ends soonest, unless a lighter GPU still delivers its first chunk earlier;
     without them it is the least loaded GPU. The least_loaded baseline ignores step reports."""
     profile = load_profile()
-    policy = get_policy("no_autoscale", PROFILE, gpus=2)  # turboserve's placement on a fixed pool
+    policy = build("no_autoscale", PROFILE, gpus=2)  # turboserve's placement on a fixed pool
     env = Env(policy)
     for i in range(5):
         env.send(Event(0.0, EventKind.ARRIVE, f"s{i}"))
@@ -308,7 +354,7 @@ def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
     out = env.send(Event(10.0, EventKind.ARRIVE, "new"))
     # busy: 50 + chunk(4) = 683 ms; light: chunk(2) + chunk(3) = 1053 ms.
     assert Assign("new", busy) in out
-    baseline = get_policy("least_loaded", PROFILE, gpus=2)
+    baseline = build("least_loaded", PROFILE, gpus=2)
     baseline.note_step("h20-0000", 5.0)  # the hook exists on every Controller ...
     first = baseline.step(Event(0.0, EventKind.ARRIVE, "a"))
     assert first == [Assign("a", "h20-0000")]  # ... but only turboserve's chooser reads it

@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 from services.scheduler.core.autoscale import gpus_for, scale
 from services.scheduler.core.cluster import Cluster
 from services.scheduler.core.placement import rebalance
-from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import Drain, Event, EventKind, GpuState, Release, RequestGpus
 from shared.profile import load_profile
 
-from .harness import Env
+from .harness import Env, build
 
 PROFILE = load_profile()
 K = PROFILE.capacity
@@ -75,7 +74,7 @@ def test_invariants_hold_after_every_step(policy, ops, gpus, rho_hat):
     params = {"gpus": gpus}
     if policy in ("turboserve", "no_migration") and rho_hat is not None:
         params["rho_hat"] = rho_hat
-    env = Env(get_policy(policy, PROFILE, **params))
+    env = Env(build(policy, PROFILE, **params))
     _drive(env, ops)
 
 
@@ -83,7 +82,7 @@ def test_invariants_hold_after_every_step(policy, ops, gpus, rho_hat):
 @given(ops=OPS)
 def test_same_events_give_same_decisions(ops):
     def run():
-        env = Env(get_policy("turboserve", PROFILE, rho_hat=0.6))
+        env = Env(build("turboserve", PROFILE, rho_hat=0.6))
         trace: list = []
         original = env.send
 
@@ -190,7 +189,7 @@ def test_load_inside_the_band_causes_no_scale_event(swings):
     """4 GPUs, K = 12, rho_hat 0.7 +- 0.1: any 29..36 active sessions, balanced, keep the
     fullest GPU at 8 or 9 sessions (rho 0.67-0.75), inside the band."""
     # eta = 0: free moves, so the rebalance onto the new GPU below is complete.
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
+    policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
     env = Env(policy)
     policy.config = replace(policy.config, autoscale=False)  # fill without the (correct) scale-in of an almost empty pool
     live: list[str] = []
@@ -216,7 +215,7 @@ def test_load_inside_the_band_causes_no_scale_event(swings):
 def test_load_leaving_the_band_does_scale():
     """The counterpart of the test above: the same setup reacts on both sides of the band."""
     # eta = 0: free moves, so the rebalance onto the new GPU below is complete.
-    policy = get_policy("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
+    policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
     env = Env(policy)
     policy.config = replace(policy.config, autoscale=False)
     for i in range(32):
@@ -248,7 +247,7 @@ def test_harness_catches_a_bad_release():
         name = "liar"
 
         def __init__(self):
-            self.inner = get_policy("least_loaded", PROFILE, gpus=2)
+            self.inner = build("least_loaded", PROFILE, gpus=2)
 
         @property
         def view(self):
