@@ -1,13 +1,13 @@
 """``turboserve bench worker``: chunk time and throughput per batch size, state size, suspend
 and resume time, and a latency profile the scheduler's latency model reads.
 
-Per batch size it times lockstep chunks (``Engine.step``), then single passes under pass-level
-admission (``Engine.pass_step``) with the sessions staggered across the phases of their chunks,
-as a serving worker runs them.
+Per batch size it times lockstep chunks (every session in phase: ``passes_per_chunk`` passes of
+``Engine.pass_step``, through ``next_chunks``), then single passes with the sessions staggered
+across the phases of their chunks, as a serving worker runs them.
 
 On a GPU: ``turboserve bench worker --preset wan-1.3b --batch 1,2,4,8 --json out.json
 --profile-out wan.json`` runs in one short go (bf16 weights and caches, pinned host memory
-for suspend/resume, a device sync inside every timed step).
+for suspend/resume, a device sync inside every timed pass).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def run_benchmark(
     import torch
 
     from services.gpu_worker import telemetry
-    from services.gpu_worker.engine import Engine, EngineConfig
+    from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
 
     if chunks < 1:
         raise BenchUsageError(f"--chunks must be >= 1, got {chunks}")
@@ -181,11 +181,15 @@ def run_benchmark(
     for batch in batches:
         _set_batch(engine, batch)
         for _ in range(warmup):
-            engine.step()
+            next_chunks(engine)
         engine._decode_ms.clear()
-        times = [engine.step()[0].gen_ms for _ in range(chunks)]
+        times = []
+        for _ in range(chunks):  # the wall time of one chunk of every session, in phase
+            started = time.perf_counter()
+            next_chunks(engine)
+            times.append((time.perf_counter() - started) * 1000.0)
         p50 = statistics.median(times)
-        decode = engine.decode_ms_by_batch()[batch]  # the decodes of these very steps
+        decode = engine.decode_ms_by_batch()[batch]  # the decodes of these very chunks
         pass_times, pass_chunks = _time_passes(engine, batch, chunks)
         results.append({
             "batch": batch,
@@ -198,7 +202,7 @@ def run_benchmark(
             "pass_ms_max": round(max(pass_times), 3),
             # gen_ms of the chunks made by pass_step: the sum of their passes' times
             "pass_chunk_ms_p50": round(statistics.median(pass_chunks), 3) if pass_chunks else None,
-            # The frame decoder's share of chunk_ms (timed inside those steps), and the rest:
+            # The frame decoder's share of chunk_ms (timed inside those passes), and the rest:
             # the DiT's passes and the sampler.
             "decode_ms_p50": round(decode, 3),
             "dit_ms_p50": round(p50 - decode, 3),
@@ -357,7 +361,7 @@ def build_profile(
         "state_bytes_per_session": int(report["state_bytes"]),
         "migration": {"per_session_ms": round(max(round_trip, 0.001), 3), "fixed_ms": 0.0},
         "sources": {
-            "chunk_ms": f"turboserve bench worker: median step time at batches {sorted(measured)}"
+            "chunk_ms": f"turboserve bench worker: median lockstep chunk time at batches {sorted(measured)}"
                         " on this device; linear in between, made non-decreasing.",
             "deadline_ms": f"playback time of one chunk ({report['video_frames_per_chunk']} "
                            f"frames) at {DEFAULT_FPS:g} fps unless --deadline-ms was given.",

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.engine import Engine, EngineConfig
+from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
 
 
 @pytest.fixture(autouse=True)
@@ -22,10 +22,10 @@ def make_engine(**overrides) -> Engine:
 
 
 def run_chunks(engine: Engine, session_id: str, count: int) -> list[torch.Tensor]:
-    """Steps ``count`` times and returns the given session's frames, checking seq order."""
+    """``count`` chunks of every session; the given session's frames."""
     frames = []
     for _ in range(count):
-        (result,) = [r for r in engine.step() if r.session_id == session_id]
+        (result,) = [r for r in next_chunks(engine) if r.session_id == session_id]
         frames.append(result.frames)
     return frames
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from services.gpu_worker.engine import next_chunks
+
 from .conftest import make_engine
 
 
@@ -47,7 +49,7 @@ def _batched_run(steps: int):
     for step in range(steps):
         if step in JOINS:
             engine.add_session(*JOINS[step])
-        results = engine.step()
+        results = next_chunks(engine)
         batch_latents = engine.decoder.latents_for(results)
         for i, result in enumerate(results):
             latents[(result.session_id, result.seq)] = batch_latents[i]
@@ -63,7 +65,7 @@ def test_batched_step_equals_per_session_steps():
         solo.add_session(session_id, prompt, seed)
         count = 1 + max(seq for sid, seq in latents if sid == session_id)
         for seq in range(count):
-            (result,) = solo.step()
+            (result,) = next_chunks(solo)
             assert result.seq == seq
             torch.testing.assert_close(
                 latents[(session_id, seq)], solo.decoder.latents_for([result])[0], rtol=1e-4, atol=1e-4
@@ -76,13 +78,13 @@ def test_the_cache_is_read():
     """A chunk depends on the session's history: same seed and seq noise, different past."""
     a = _recording_engine()
     a.add_session("x", "a red fox", 1)
-    a.step()
-    (last_a,) = a.decoder.latents_for(a.step())
+    next_chunks(a)
+    (last_a,) = a.decoder.latents_for(next_chunks(a))
     b = _recording_engine()
     b.add_session("x", "a red fox", 1)
-    b.step()
+    next_chunks(b)
     b.pool.layers[0][0, : b.pool.self_numel].zero_()  # forget layer 0's cached keys/values
-    (last_b,) = b.decoder.latents_for(b.step())
+    (last_b,) = b.decoder.latents_for(next_chunks(b))
     assert not torch.allclose(last_a, last_b, atol=1e-3)
 
 
@@ -105,7 +107,7 @@ def test_key_mask_tracks_sink_and_ring_fill():
             assert frames[:sink].sum() == expected_sink
             assert frames[sink : sink + window].sum() == expected_ring
             assert frames[sink + window :].all()  # the current chunk's scratch
-        engine.step()
+        next_chunks(engine)
 
 
 def test_ring_slots_wrap_after_the_window():

@@ -9,6 +9,7 @@ from services.gpu_worker.engine import (
     SessionAlreadyResident,
     UnknownSession,
     WrongSessionState,
+    next_chunks,
 )
 
 from .conftest import make_engine, run_chunks, solo
@@ -18,8 +19,8 @@ def test_chunk_shape_seq_and_batch():
     engine = make_engine()
     engine.add_session("a", "a red fox", 1)
     engine.add_session("b", "a blue bird", 2)
-    first = engine.step()
-    second = engine.step()
+    first = next_chunks(engine)
+    second = next_chunks(engine)
     config = engine.model_config
     assert [r.session_id for r in first] == ["a", "b"]
     assert [r.seq for r in first] == [0, 0] and [r.seq for r in second] == [1, 1]
@@ -66,8 +67,8 @@ def test_capacity_and_errors():
     assert engine.capacity == 2
 
 
-def test_step_with_no_sessions_returns_nothing():
-    assert make_engine().step() == []
+def test_a_pass_with_no_sessions_returns_nothing():
+    assert make_engine().pass_step() == []
 
 
 def test_suspend_resume_is_bitwise_identical():
@@ -89,10 +90,10 @@ def test_removing_a_session_keeps_the_others_going():
     engine = make_engine()
     for name in ("a", "b", "c"):
         engine.add_session(name, f"prompt {name}", 5)
-    engine.step()
+    next_chunks(engine)
     engine.remove_session("a")  # "c" moves into slot 0
     assert engine.active_sessions() == ["c", "b"]
-    results = {r.session_id: r for r in engine.step()}
+    results = {r.session_id: r for r in next_chunks(engine)}
     assert set(results) == {"b", "c"} and results["c"].seq == 1
     reference = solo(("prompt c", 5), 2)
     diff = (results["c"].frames.int() - reference[1].int()).abs()
@@ -126,7 +127,7 @@ def test_export_of_a_suspended_session_and_pending_prompt_travel():
     assert state.pending_prompt == "a dog" and state.prompt == "a cat"
     target = make_engine()
     target.import_state(state)
-    (result,) = target.step()
+    (result,) = next_chunks(target)
     reference = solo(("a cat", 1), 2, prompts={1: "a dog"})
     assert result.seq == 1 and torch.equal(result.frames, reference[1])
 
@@ -144,12 +145,12 @@ def test_prompt_set_while_suspended_survives_export_and_import():
     assert source.export_state("s").pending_prompt == "a dog"  # export again: still live
     target = make_engine()
     target.import_state(state)
-    (result,) = target.step()
+    (result,) = next_chunks(target)
     reference = solo(("a cat", 1), 2, prompts={1: "a dog"})
     assert result.seq == 1 and torch.equal(result.frames, reference[1])
     # ... and on the source too, once resumed.
     source.resume("s")
-    (again,) = source.step()
+    (again,) = next_chunks(source)
     assert torch.equal(again.frames, reference[1])
 
 
@@ -217,9 +218,9 @@ def test_prompt_change_takes_effect_at_the_next_chunk():
 def test_telemetry_reports_cpu_mode_and_measured_chunk_times():
     engine = make_engine()
     engine.add_session("a", "p", 0)
-    engine.step()
+    next_chunks(engine)
     engine.add_session("b", "p", 1)
-    engine.step()
+    next_chunks(engine)
     report = engine.telemetry()
     assert report["mode"] == "cpu" and report["device"] == "cpu"
     assert report["mem_total_bytes"] > report["mem_free_bytes"] > 0
@@ -271,26 +272,9 @@ def test_kv_recache_after_frames_were_evicted():
     run_chunks(engine, "s", chunks)
     history = engine.pool.latent_history(0, 1).clone()
     engine.set_prompt("s", "a road at dusk")
-    (result,) = engine.step()
+    (result,) = next_chunks(engine)
     assert result.seq == chunks and engine._sessions["s"].prompt == "a road at dusk"
     # The re-cache reads the kept latents and does not change them.
     frame = engine._frame_slot(chunks * config.chunk_frames)
     keep = [f for f in range(history.shape[2]) if not frame <= f < frame + config.chunk_frames]
     assert torch.equal(engine.pool.latent_history(0, 1)[:, :, keep], history[:, :, keep])
-
-
-def test_telemetry_does_not_wait_for_a_running_step():
-    import threading
-
-    engine = make_engine()
-    engine.add_session("a", "p", 0)
-    engine.step()
-    engine._lock.acquire()  # what a step in the generation thread holds
-    try:
-        box = {}
-        reader = threading.Thread(target=lambda: box.update(report=engine.telemetry()))
-        reader.start()
-        reader.join(timeout=30)
-        assert not reader.is_alive() and box["report"]["active"] == 1
-    finally:
-        engine._lock.release()

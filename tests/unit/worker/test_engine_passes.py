@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.engine import EngineError, MidChunk, WrongSessionState
+from services.gpu_worker.engine import EngineError, MidChunk, WrongSessionState, next_chunks
 
 from .conftest import make_engine, run_chunks, solo
 from .test_engine_batching import RecordingDecoder
@@ -18,30 +18,24 @@ def _close_frames(got: torch.Tensor, want: torch.Tensor) -> None:
     assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
 
 
-def test_passes_per_chunk_and_lockstep_passes_equal_step_bitwise():
-    by_step, by_pass = make_engine(), make_engine()
-    assert by_pass.passes_per_chunk == 5 == len(by_pass.model_config.denoising_steps) + 1
-    for engine in (by_step, by_pass):
-        engine.add_session("a", "a red fox", 1)
-        engine.add_session("b", "rain on glass", 2)
-    for _ in range(4):  # past the point where the ring wraps
-        stepped = by_step.step()
-        passed = []
-        for k in range(by_pass.passes_per_chunk):
-            out = by_pass.pass_step()
-            assert (out == []) == (k < by_pass.passes_per_chunk - 1)
-            passed += out
-        assert [(r.session_id, r.seq, r.batch) for r in passed] == [
-            (r.session_id, r.seq, r.batch) for r in stepped
-        ]
-        for got, want in zip(passed, stepped, strict=True):
-            assert torch.equal(got.frames, want.frames)
+def test_each_session_completes_one_chunk_in_passes_per_chunk_passes():
+    engine = make_engine()
+    assert engine.passes_per_chunk == 5 == len(engine.model_config.denoising_steps) + 1
+    engine.add_session("a", "a red fox", 1)
+    engine.add_session("b", "rain on glass", 2)
+    out = []
+    for k in range(engine.passes_per_chunk):  # in phase: both complete at the last pass
+        out = engine.pass_step()
+        assert (out == []) == (k < engine.passes_per_chunk - 1)
+    assert [(r.session_id, r.seq, r.batch) for r in out] == [("a", 0, 2), ("b", 0, 2)]
+    engine.pass_step(["a"])  # out of phase now: "a" is one pass ahead
+    assert sorted((r.session_id, r.seq) for r in next_chunks(engine)) == [("a", 1), ("b", 1)]
 
 
 def test_staggered_sessions_equal_each_session_alone():
     """Sessions join at different passes (one imported), one is suspended at its boundary and
     resumed, prompts change mid-chunk, one is removed mid-chunk: every chunk equals the same
-    session generated alone by step()."""
+    session generated alone."""
     engine = make_engine(max_sessions=4)
     engine.decoder = RecordingDecoder(engine.decoder)
     seeds = {"s0": ("a red fox", 1), "s1": ("a city at night", 2), "s2": ("a slow river", 3)}
@@ -122,7 +116,7 @@ def test_staggered_sessions_equal_each_session_alone():
         for seq in range(done[sid]):
             if seq in prompt_at[sid]:
                 reference.set_prompt(sid, prompt_at[sid][seq])
-            (result,) = reference.step()
+            (result,) = next_chunks(reference)
             (expected,) = reference.decoder.latents_for([result])
             if (sid, seq) in latents:
                 torch.testing.assert_close(latents[(sid, seq)], expected, rtol=1e-4, atol=1e-4)
@@ -156,7 +150,7 @@ def test_first_chunk_of_a_joining_session_comes_after_exactly_passes_per_chunk()
     assert late[0].seq == 1
 
 
-def test_mid_chunk_suspend_export_and_step_are_refused():
+def test_mid_chunk_suspend_and_export_are_refused():
     engine = make_engine()
     engine.add_session("a", "a slow river", 3)
     engine.pass_step()
@@ -167,8 +161,6 @@ def test_mid_chunk_suspend_export_and_step_are_refused():
     assert refused.value.retryable and isinstance(refused.value, EngineError)
     with pytest.raises(MidChunk):
         engine.export_state("a")
-    with pytest.raises(MidChunk):
-        engine.step()  # lockstep needs every session at a boundary
     with pytest.raises(WrongSessionState):
         engine.resume("a")  # not suspended, no pending suspend
     # wait=True: suspended right after the pass that completes the chunk; resume cancels it.
@@ -187,7 +179,7 @@ def test_mid_chunk_suspend_export_and_step_are_refused():
     assert results[0].seq == 1 and engine.suspended_sessions() == ["a"]
     state = engine.export_state("a")
     assert state.seq == 2
-    # The session continues bitwise (batch 1 throughout: the same ops as step()).
+    # The session continues bitwise (batch 1 throughout: the same ops as alone).
     engine.resume("a")
     more = []
     while len(more) < 2:

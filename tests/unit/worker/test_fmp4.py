@@ -43,8 +43,8 @@ def test_odd_sides_are_padded_to_even_and_bad_frames_are_refused():
 
 
 def test_the_generation_loop_sends_every_chunk_as_jpeg_and_as_a_fragment_on_one_timeline():
-    sink = RecordingSink()
-    loop = _loop(sink, period_s=0.05)
+    loop = _loop(period_s=0.05)
+    sink = RecordingSink(loop)
     loop.inbox.put(_assign("s", 1))
     _run(loop, lambda: len(sink.chunks("s")) >= 3)
     chunks = sink.chunks("s")[:3]
@@ -62,8 +62,8 @@ def test_the_generation_loop_sends_every_chunk_as_jpeg_and_as_a_fragment_on_one_
 
 
 def test_a_session_moved_to_a_new_worker_goes_on_along_the_same_timeline():
-    sink = RecordingSink()
-    loop = _loop(sink, period_s=0.05)
+    loop = _loop(period_s=0.05)
+    sink = RecordingSink(loop)
     loop.inbox.put(_assign("s", 2, seq=5))  # migrated or recovered: generation from seq 5
     _run(loop, lambda: len(sink.chunks("s")) >= 1)
     first = sink.chunks("s")[0]
@@ -75,8 +75,8 @@ def test_a_chunk_too_big_for_one_message_with_both_goes_out_as_jpeg_alone(monkey
     import services.gpu_worker.generation as generation
 
     monkeypatch.setattr(generation, "WIRE_BUDGET_BYTES", 1)
-    sink = RecordingSink()
-    loop = _loop(sink, period_s=0.05)
+    loop = _loop(period_s=0.05)
+    sink = RecordingSink(loop)
     loop.inbox.put(_assign("s", 1))
     _run(loop, lambda: len(sink.chunks("s")) >= 1)
     chunk = sink.chunks("s")[0]

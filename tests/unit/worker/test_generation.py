@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
+from services.gpu_worker.engine import RecoveryPoint
 from services.gpu_worker.generation import GenerationLoop
 from services.gpu_worker.inbox import CommandInbox, Control
-from services.gpu_worker.outbox import Forget, HandBack, Outgoing, OutChunk
+from services.gpu_worker.outbox import Forget, HandBack, OutChunk, Outgoing
 from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
 
 from .conftest import make_engine
@@ -54,6 +55,14 @@ class RecordingSink:
         self.pump()
         with self.lock:
             return [(i.session_id, i.epoch) for i in self.items if isinstance(i, HandBack)]
+
+    @property
+    def points(self) -> dict[str, RecoveryPoint]:
+        """Per session, the recovery point of its latest chunk that carried one."""
+        self.pump()
+        with self.lock:
+            return {i.chunk.session_id: i.recovery for i in self.items
+                    if isinstance(i, OutChunk) and i.recovery is not None}
 
     @property
     def forgotten(self) -> list[str]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.gpu_worker.engine import next_chunks
 from services.gpu_worker.model import CausalWanModel, build_model, get_preset
 from services.gpu_worker.model.dit import apply_rope, rope_angles, rope_split
 from services.gpu_worker.model.schedule import sigmas
@@ -112,7 +113,7 @@ def _clean_latents_per_pass(engine, chunks: int) -> list[tuple[float, torch.Tens
 
     engine.model.forward = record
     for _ in range(chunks):
-        engine.step()
+        next_chunks(engine)
     return seen
 
 
@@ -207,7 +208,7 @@ def test_visible_weights_keep_their_picture_in_bfloat16():
         engine = make_engine(dtype=dtype)
         engine.add_session("s", "a lighthouse", 3)
         x0 = _clean_latents_per_pass(engine, 3)[-1][1].float()
-        frames[dtype] = engine.step()[0].frames.float()
+        frames[dtype] = next_chunks(engine)[0].frames.float()
         along = torch.einsum("cfhw,ci->ifhw", x0, latent_basis(engine.model_config.out_dim))
         tokens = along.unflatten(2, (-1, 2)).unflatten(4, (-1, 2))
         spread[dtype] = float(tokens[:VISIBLE_DIMS].std(dim=(3, 5)).max())

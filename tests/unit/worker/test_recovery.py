@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from services.gpu_worker.engine import IncompatibleState
+from services.gpu_worker.engine import IncompatibleState, next_chunks
 from services.gpu_worker.generation import GenerationLoop
 from services.gpu_worker.inbox import CommandInbox
 from services.gpu_worker.model.config import get_preset
@@ -35,7 +35,7 @@ def frames_with_restore(count: int, restore_at: int | None, **engine) -> list[to
             e.restore(point)
         if k == 9:
             e.set_prompt("s", "a lighthouse at dusk")  # a prompt switch after the recovery
-        (result,) = e.step()
+        (result,) = next_chunks(e)
         assert result.seq == k
         out.append(result.frames.int())
     return out
@@ -74,7 +74,7 @@ def test_the_log_round_trips_and_a_foreign_point_is_refused():
     e = make_engine()
     e.add_session("s", "p", 1)
     for _ in range(3):
-        e.step()
+        next_chunks(e)
     point = e.recovery_point("s")
     raw = {k: v if isinstance(v, bytes) else v.encode() for k, v in to_fields(point, 42).items()}
     back, next_seq = from_fields("s", raw)
@@ -93,11 +93,11 @@ def test_the_loop_rebuilds_an_offered_session_and_announces_it():
     e = make_engine()
     e.add_session("s", "a fox", 3)
     for _ in range(4):
-        e.step()
+        next_chunks(e)
     point = e.recovery_point("s")  # engine seq 4; on the wire it was at seq 10 (seq_base 6)
-    sink = RecordingSink()
-    loop = GenerationLoop(make_engine(), CommandInbox(), sink, worker_id="heir", period_s=0.0,
+    loop = GenerationLoop(make_engine(), CommandInbox(), worker_id="heir", period_s=0.0,
                           lead_s=0.0, recovery_log=True)
+    sink = RecordingSink(loop)
     loop.offer_recovery("s", 7, point)
     loop.inbox.put(WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="heir", epoch=7,
                                  session_id="s", prompt="a fox", seed=3, seq=10))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.gpu_worker.engine import next_chunks
 from services.gpu_worker.frames import save_strip
 
 from .conftest import make_engine
@@ -23,7 +24,7 @@ def clip(prompt: str, seed: int, chunks: int, preset: str = "tiny") -> torch.Ten
     """``[chunks * 12, H, W, 3]`` float frames of one session alone on a fresh engine."""
     engine = make_engine(preset=preset)
     engine.add_session("s", prompt, seed)
-    return torch.cat([engine.step()[0].frames for _ in range(chunks)]).float()
+    return torch.cat([next_chunks(engine)[0].frames for _ in range(chunks)]).float()
 
 
 def spatial_std(frames: torch.Tensor) -> torch.Tensor:
@@ -99,7 +100,7 @@ def test_a_prompt_change_moves_the_colour_towards_the_new_prompt():
         for chunk in range(18):
             if chunk == 8:
                 engine.set_prompt("s", WHALE)
-            colours.append(engine.step()[0].frames.float().mean(dim=(0, 1, 2)))
+            colours.append(next_chunks(engine)[0].frames.float().mean(dim=(0, 1, 2)))
         target = clip(WHALE, seed, 18)[6 * FRAMES :].mean(dim=(0, 1, 2))
         distance = [float((colour - target).abs().sum()) for colour in colours]
         before += distance[4:8]
@@ -118,11 +119,11 @@ def test_the_first_chunk_stops_mattering_once_newer_frames_are_cached():
         engine = make_engine()
         engine.add_session("s", FOX, 4)
         for _ in range(chunks):
-            engine.step()
+            next_chunks(engine)
         if forget is not None:
             for layer in range(config.num_layers):
                 engine.pool.self_kv(layer, 0, 1)[..., forget, :] = 0.0
-        return engine.step()[0].frames.float()
+        return next_chunks(engine)[0].frames.float()
 
     reference = next_chunk(None)
     sink = slice(0, config.sink_frames * tokens)
