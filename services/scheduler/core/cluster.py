@@ -158,10 +158,6 @@ class Cluster:
         """K of the default kind: the unit of the autoscaler's GPU count."""
         return self.pools[self.default_kind].capacity
 
-    @property
-    def single_kind(self) -> bool:
-        return len(self.pools) == 1
-
     def pool(self, kind: str) -> KindPool:
         """The pool of ``kind``; a kind without a profile gets the default kind's."""
         pool = self.pools.get(kind)
@@ -376,11 +372,6 @@ class Cluster:
         return len(self.gpus[gpu_id].sessions)
 
     @property
-    def min_load(self) -> int:
-        """Active sessions on the least loaded placeable GPU, any kind (0 when none)."""
-        return min((p.lo for p in self.live_pools()), default=0)
-
-    @property
     def max_load(self) -> int:
         """Active sessions on the fullest placeable GPU, any kind (0 when none)."""
         return max((p.hi for p in self.live_pools()), default=0)
@@ -442,13 +433,6 @@ class Cluster:
         worst = max((p.profile.chunk_ms(p.hi) for p in self.live_pools()), default=0.0)
         for gpu_id in self.draining:
             worst = max(worst, self.profile_of(gpu_id).chunk_ms(self.load(gpu_id)))
-        return worst
-
-    def worst_load(self) -> int:
-        """Active sessions on the fullest GPU of any state (draining ones included)."""
-        worst = self.max_load
-        for gpu_id in self.draining:
-            worst = max(worst, len(self.gpus[gpu_id].sessions))
         return worst
 
     @property

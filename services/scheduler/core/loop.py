@@ -149,11 +149,6 @@ class Controller:
         """What it was told a GPU takes to boot."""
         return self.config.boot_delay_s
 
-    @property
-    def profile(self) -> LatencyProfile:
-        """The default kind's latency profile."""
-        return self._cluster.profile
-
     def step(self, event: Event) -> list[Decision]:
         out: list[Decision] = []
         now = event.t

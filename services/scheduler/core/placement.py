@@ -149,15 +149,6 @@ def make_chooser(name: str) -> Chooser:
         raise ValueError(f"unknown placement {name!r}; known: {', '.join(CHOOSERS)}") from None
 
 
-def move_gain(profile: LatencyProfile, n_src: int, n_dst: int, kappa_ms: float, eta: float) -> float:
-    """Gain of one move from a GPU holding ``n_src`` active sessions to one holding ``n_dst``
-    (both of ``profile``'s kind), measured on the two GPUs it touches (the gain of a one-GPU
-    plateau, where that is also the drop of the global worst latency)."""
-    before = profile.chunk_ms(n_src)
-    after = max(profile.chunk_ms(n_src - 1), profile.chunk_ms(n_dst + 1))
-    return before - after - eta * kappa_ms
-
-
 def place_pending(cluster: Cluster, chooser: Chooser, now: float = NEVER) -> list[Decision]:
     """Step 2: put pending active sessions (oldest first) on GPUs while any has room.
 

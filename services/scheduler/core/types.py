@@ -54,12 +54,6 @@ class EventKind(enum.StrEnum):
     TICK = "tick"
 
 
-SESSION_EVENTS = frozenset({EventKind.ARRIVE, EventKind.ACTIVE, EventKind.IDLE, EventKind.DEPART})
-POOL_EVENTS = frozenset({EventKind.GPU_READY, EventKind.GPU_GONE, EventKind.GPU_DRAIN,
-                         EventKind.GPU_CORDON, EventKind.GPU_UNCORDON})
-OUTCOME_EVENTS = frozenset({EventKind.MIGRATION_FAILED, EventKind.PLACEMENT_FAILED})
-
-
 @dataclass(frozen=True, slots=True)
 class Event:
     """Something that happened at time ``t`` (seconds, environment clock).
@@ -168,9 +162,6 @@ class RestoredSession:
     in_host_ram: bool = False
 
 __all__ = [
-    "OUTCOME_EVENTS",
-    "POOL_EVENTS",
-    "SESSION_EVENTS",
     "Assign",
     "Decision",
     "Drain",
