@@ -1,0 +1,78 @@
+"""``turboserve sim tables --write``: the generated tables land in docs/results.md between their
+markers, and nothing else in the file changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.scheduler.eval import results
+from tests.eval.test_not_reached import document  # noqa: F401  (the fixture)
+from tools.cli import main
+
+RESULTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "results.md"
+
+
+def _markers(names: list[str]) -> str:
+    return "".join(f"<!-- sim tables: {n} -->\nold {n}\n<!-- /sim tables: {n} -->\n"
+                   for n in names)
+
+
+def test_each_section_replaces_only_what_is_between_its_markers() -> None:
+    text = "# Results\n\nintro\n\n" + _markers(["policy_all", "service_level"]) + "\nthe end\n"
+    out = results.write_sections(text, {"policy_all": "| new |", "service_level": "| t |"})
+    assert out == ("# Results\n\nintro\n\n"
+                   "<!-- sim tables: policy_all -->\n| new |\n<!-- /sim tables: policy_all -->\n"
+                   "<!-- sim tables: service_level -->\n| t |\n<!-- /sim tables: service_level -->\n"
+                   "\nthe end\n")
+
+
+def test_a_missing_marker_is_an_error() -> None:
+    with pytest.raises(ValueError, match="sim tables: bench_scheduler"):
+        results.write_sections(_markers(["policy_all"]), {"bench_scheduler": "| x |"})
+
+
+def test_the_results_doc_has_every_section() -> None:
+    text = RESULTS_DOC.read_text()
+    out = results.write_sections(text, {name: f"(table {name})" for name in results.SECTIONS})
+    assert all(f"(table {name})" in out for name in results.SECTIONS)
+
+
+def test_sim_tables_writes_the_file(document: dict[str, Any], tmp_path: Path,  # noqa: F811
+                                    capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(results, "_policy_all", lambda: "(sim run table)")
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(document))
+    target = tmp_path / "results.md"
+    names = ["policy_all", "against_the_paper", "service_level"]
+    target.write_text("kept above\n" + _markers(names) + "kept below\n")
+    assert main(["sim", "tables", "--eval", str(path), "--no-bench", "--write",
+                 str(target)]) == 0
+    written = target.read_text()
+    assert written.startswith("kept above\n") and written.endswith("kept below\n")
+    assert "(sim run table)" in written and "| aside" in written
+    assert "old " not in written
+    assert f"wrote {target}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [None, "no markers here\n"])
+def test_sim_tables_refuses_a_file_it_cannot_write(document: dict[str, Any],  # noqa: F811
+                                                   tmp_path: Path, content: str | None,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(results, "_policy_all", lambda: "(sim run table)")
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(document))
+    target = tmp_path / "results.md"
+    if content is not None:
+        target.write_text(content)
+    assert main(["sim", "tables", "--eval", str(path), "--no-bench", "--write",
+                 str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"--write {target}" in err
+    if content is not None:
+        assert target.read_text() == content
