@@ -4,12 +4,15 @@
 (``summary`` with the headline figures, ``traces`` with per-trace figures) and keeps the
 detail needed for plots in memory only. ``evaluate_profiles`` runs it on several latency
 profiles (the paper's H20 and our measured H200 by default): the first profile's figures stay
-at the top of the document, every profile's are under ``by_profile``.
+at the top of the document, every profile's are under ``by_profile``. ``evaluate_scales`` runs
+that at several scales (scale N: each built-in trace as N copies superposed, ``synth.scaled``);
+the first scale's document is the top level, every scale's profiles are under ``by_scale``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +28,8 @@ from services.scheduler.eval.extend import (
 from services.scheduler.eval.plan import PlanConfig, TraceFacts, plan_trace
 from services.scheduler.eval.runs import RunSpec, RunSummary, prime_trace_cache, run_all
 
-__all__ = ["DEFAULT_PROFILES", "Evaluation", "evaluate", "evaluate_profiles",
-           "trace_keys_from_dir"]
+__all__ = ["DEFAULT_PROFILES", "Evaluation", "evaluate", "evaluate_profiles", "evaluate_scales",
+           "scaled_keys", "trace_keys_from_dir"]
 
 # The paper's H20 (derived, batches well: K = 12) and our wan-1.3b on one H200 (measured,
 # batches hardly at all: K = 2).
@@ -55,9 +58,21 @@ def trace_keys_from_dir(folder: str | Path) -> list[str]:
     return keys
 
 
+def scaled_keys(trace_keys: list[str], scale: int) -> list[str]:
+    """The keys of the traces at ``scale`` (``bursty_x6``, which ``load_trace`` reads as six
+    copies of ``bursty`` superposed); scale 1 keeps them."""
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
+    return list(trace_keys) if scale == 1 else [f"{key}_x{scale}" for key in trace_keys]
+
+
 def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = None,
              placement_instances: int = 1000, progress: bool = True,
-             cfg: PlanConfig | None = None) -> Evaluation:
+             cfg: PlanConfig | None = None, scale: int = 1,
+             placement: dict[str, Any] | None = None) -> Evaluation:
+    """The evaluation of one profile (``cfg``) on the traces at ``scale``; ``placement``: the
+    placement gap measured already (it depends on no trace), else measured here on
+    ``placement_instances`` instances."""
     from services.scheduler.eval.placement_gap import placement_gap
     from services.scheduler.sim.simulator import WARM_START_MIN_WINDOW_S
     from services.scheduler.sim.traceio import load_trace
@@ -72,7 +87,8 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     names = {key: tr.name for key, tr in traces.items()}
     if len(set(names.values())) != len(names):
         raise ValueError(f"two traces share a name: {sorted(names.values())}")
-    plot_key = next((k for k, n in names.items() if n == PLOT_TRACE), trace_keys[0])
+    plot_name = PLOT_TRACE if scale == 1 else f"{PLOT_TRACE}_x{scale}"
+    plot_key = next((k for k, n in names.items() if n == plot_name), trace_keys[0])
 
     floors: dict[str, TraceFloors] = {}
     specs = []
@@ -88,13 +104,13 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
         by_trace[names[summary.spec.trace]].append(summary)
     added = _extend_sweeps(by_trace, floors, specs, names, capacity, jobs=jobs,
                            progress=progress)
-    if placement_instances > 0:
+    if placement is None and placement_instances > 0:
         placement = placement_gap(profile, instances=placement_instances).to_json()
         # The same with K = 4, so that capacity binds on instances of at most 12 sessions.
         placement["tight_capacity_4"] = placement_gap(
             profile, instances=placement_instances, capacity=4).to_json()
         placement["mixed_kinds"] = _mixed_placement(placement_instances)
-    else:  # measured once, with the first profile (evaluate_profiles)
+    elif placement is None:  # measured once, with the first profile (evaluate_profiles)
         placement = {"instances": 0, "avg": None, "max": None}
 
     per_trace = {
@@ -106,11 +122,13 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
         per_trace[name]["sweep_extension"] = extension_report(
             runs, planned, floors[name].peak_active, capacity)
     document = {
-        "summary": summarise(per_trace, placement),
+        "scale": scale,
+        "summary": {"scale": scale, **summarise(per_trace, placement)},
         "traces": per_trace,
         "placement": placement,
         "config": {
             "quick": quick,
+            "scale": scale,
             "profile": cfg.profile,
             "capacity": capacity,
             "boot_delay_s": cfg.boot_delay_s,
@@ -200,20 +218,24 @@ def _mixed_placement(instances: int) -> dict[str, Any]:
 
 def evaluate_profiles(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT_PROFILES, *,
                       quick: bool = False, jobs: int | None = None,
-                      placement_instances: int = 1000, progress: bool = True) -> Evaluation:
-    """:func:`evaluate` on each profile. The first profile's evaluation is the document's
-    top level (plots, tables); ``by_profile`` holds every profile's ``summary``, ``traces``
-    and ``config``. Profiles after the first run no sensitivity sweeps."""
+                      placement_instances: int = 1000, progress: bool = True,
+                      scale: int = 1, placement: dict[str, Any] | None = None) -> Evaluation:
+    """:func:`evaluate` on each profile, the traces at ``scale``. The first profile's
+    evaluation is the document's top level (plots, tables); ``by_profile`` holds every
+    profile's ``summary``, ``traces`` and ``config``. Profiles after the first, and every
+    profile at a scale above 1, run no sensitivity sweeps and sweep static pools near the
+    knee only (``PlanConfig.for_profile``)."""
     if not profiles:
         raise ValueError("evaluate_profiles needs at least one profile")
     base = PlanConfig.quick() if quick else PlanConfig.full()
     first: Evaluation | None = None
     by_profile: dict[str, Any] = {}
     for i, name in enumerate(profiles):
-        cfg = base.for_profile(name, main=(i == 0))
-        result = evaluate(trace_keys, quick=quick, jobs=jobs,
+        cfg = base.for_profile(name, main=(i == 0 and scale == 1))
+        result = evaluate(scaled_keys(trace_keys, scale), quick=quick, jobs=jobs,
                           placement_instances=placement_instances if i == 0 else 0,
-                          progress=progress, cfg=cfg)
+                          progress=progress, cfg=cfg, scale=scale,
+                          placement=placement if i == 0 else None)
         doc = result.document
         by_profile[name] = {"summary": doc["summary"], "traces": doc["traces"],
                             "config": doc["config"]}
@@ -221,4 +243,32 @@ def evaluate_profiles(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT
             first = result
     assert first is not None
     first.document["by_profile"] = by_profile
+    return first
+
+
+def evaluate_scales(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT_PROFILES,
+                    scales: tuple[int, ...] = (1,), *, quick: bool = False,
+                    jobs: int | None = None, placement_instances: int = 1000,
+                    progress: bool = True,
+                    done: Callable[[Evaluation], None] | None = None) -> Evaluation:
+    """:func:`evaluate_profiles` at each scale. The first scale's evaluation is the document's
+    top level; ``by_scale`` maps every scale (as text: JSON keys) to its ``scale`` and
+    ``by_profile``. The placement gap, which no trace changes, is measured at the first
+    scale only and reported at each. ``done`` is called with the evaluation so far after each scale."""
+    if not scales:
+        raise ValueError("evaluate_scales needs at least one scale")
+    first: Evaluation | None = None
+    by_scale: dict[str, Any] = {}
+    for i, scale in enumerate(scales):
+        result = evaluate_profiles(
+            trace_keys, profiles, quick=quick, jobs=jobs,
+            placement_instances=placement_instances if i == 0 else 0, progress=progress,
+            scale=scale, placement=None if first is None else first.document["placement"])
+        by_scale[str(scale)] = {"scale": scale, "by_profile": result.document["by_profile"]}
+        if first is None:
+            first = result
+        first.document["by_scale"] = by_scale
+        if done is not None:
+            done(first)
+    assert first is not None
     return first

@@ -37,6 +37,8 @@ __all__ = ["HEADROOM_CAP", "HEADROOM_STEPS", "STATIC_CAP_FACTOR", "extension_rep
 HEADROOM_STEPS = (0.45, 0.35, 0.25, 0.15)
 HEADROOM_CAP = HEADROOM_STEPS[-1]
 STATIC_CAP_FACTOR = 2.0
+# least_loaded_autoscale scales in below its scale-out threshold minus this (its default).
+THRESHOLD_BAND = 0.3
 AUTOSCALING_CURVES = ("turboserve", "no_migration", "clairvoyant", "turboserve_predictive",
                       "least_loaded_autoscale", "hpa")
 
@@ -63,6 +65,10 @@ def _next_headroom(runs: Sequence[RunSummary], curve: str) -> RunSpec | None:
     else:  # only the adaptive run was planned (a quick sweep)
         template = runs[0].spec
         params = (*template.params, (knob, below[0]))
+    if curve == "least_loaded_autoscale" and below[0] < THRESHOLD_BAND:
+        # Its scale-in threshold (the scale-out one minus the band) would be negative: at 0
+        # the pool never shrinks, the most headroom this rival can have.
+        params = (*params, ("low", 0.0))
     return replace(template, params=params, detail=False)
 
 

@@ -50,8 +50,10 @@ class PlanConfig:
     every_static_count: bool = True  # every GPU count between the static factors' ends
 
     def for_profile(self, profile: str, *, main: bool) -> PlanConfig:
-        """The plan for ``profile``; a second profile runs no sensitivity sweeps, and its
-        static sweeps only the factors' counts when a GPU holds few sessions (many GPUs)."""
+        """The plan for ``profile``. Only the ``main`` plan (the first profile at scale 1) runs
+        the sensitivity sweeps and every static GPU count; the others sweep static pools at
+        the factors' counts and every count near the knee only (many GPUs: a GPU that holds
+        few sessions, or traces at a larger scale)."""
         from dataclasses import replace
 
         if main:

@@ -74,6 +74,10 @@ def _summary_table(s: dict[str, Any], traces: dict[str, Any]) -> str:
              f"periods on time) vs best static pool, avg (min), over the traces where both "
              f"reach it", "-", _avg_min(slo) + "; " + averaged_text(slo, "traces_averaged"),
              "reported", "-"],
+            *([[f"gap to the clairvoyant at matched service ({100 * slo['slo_attainment']:g}% "
+                f"of chunk periods on time): our cost over its, minus 1, avg (max) %", "-",
+                _gap_text(s["gap_to_clairvoyant_at_slo_pct"]), "reported", "-"]]
+              if "gap_to_clairvoyant_at_slo_pct" in s else []),
             ["cost at matched service above the cheaper of static least_loaded and HPA, max %",
              "-", _signed(rb["max_cost_above_best_of_least_loaded_and_hpa_pct"]) + "; "
              + averaged_text(rb, "traces_compared") + _lost(rb),
@@ -89,6 +93,29 @@ def _summary_table(s: dict[str, Any], traces: dict[str, Any]) -> str:
                      "; ".join(f"{v['avg']:.3f} ({v['max']:.1f})" for v in mixed.values()),
                      "reported", "-"])
     return markdown_table(["figure", "paper", "ours", "bar", "met"], rows)
+
+
+def _gap_text(block: dict[str, Any]) -> str:
+    """'12.3 (40.1); 7 of 7 traces' for the gap to the clairvoyant at the service level."""
+    text = "-" if block["avg"] is None else f"{block['avg']:+.1f} ({block['max']:+.1f})"
+    return text + "; " + averaged_text(block, "traces_averaged")
+
+
+def _gap_by_scale_table(by_scale: dict[str, Any]) -> str:
+    """The gap to the clairvoyant at the service level for every scale and profile."""
+    rows = []
+    for entry in by_scale.values():
+        for name, doc in entry["by_profile"].items():
+            block = doc["summary"].get("gap_to_clairvoyant_at_slo_pct")
+            if block is None:
+                continue
+            rows.append([entry["scale"], name, block["avg"], block["max"],
+                         f"{block['traces_averaged']} of {len(block['per_trace'])}",
+                         ", ".join(f"{t} {_signed(v)}" if v is not None
+                                   else f"{t} not reached" for t, v in
+                                   block["per_trace"].items())])
+    return markdown_table(["scale", "profile", "avg %", "max %", "traces averaged",
+                           "per trace %"], rows)
 
 
 def _service_table(traces: dict[str, Any]) -> str:
@@ -109,13 +136,27 @@ def _service_table(traces: dict[str, Any]) -> str:
             cost_cell(rivals.get("no_migration")), cost_cell(rivals.get("clairvoyant")),
             comparison_cell(v, "cost_reduction_vs_best_baseline"),
             comparison_cell(v, "cost_vs_best_of_least_loaded_and_hpa"),
+            _gap_cell(v),
             t["oracle"]["gap_to_floor_with_boot_pct"],
         ])
     return markdown_table(
         ["trace", "ts GPU-h @ 99%", "adaptive GPU-h", "adaptive stall-adj. %",
          "adaptive p99 ms", "best static", "its GPU-h", "hpa GPU-h @ 99%",
          "ll_autoscale GPU-h @ 99%", "no-migr. GPU-h @ 99%", "clairv. GPU-h @ 99%",
-         "cost red. vs static %", "vs best of ll/hpa %", "gap boot-floor %"], rows)
+         "cost red. vs static %", "vs best of ll/hpa %", "gap clairv. @ 99% %",
+         "gap boot-floor %"], rows)
+
+
+def _gap_cell(v: dict[str, Any]) -> float | str | None:
+    """Our cost over the clairvoyant's at the service level, minus 1 (%), or who missed it."""
+    if "gap_to_clairvoyant_at_slo_pct" not in v:
+        return None
+    who = [name for name, entry in (("turboserve", v["turboserve"]),
+                                    ("clairvoyant", v["rivals"]["clairvoyant"]))
+           if not entry["reached"]]
+    if who:
+        return f"not reached ({', '.join(who)})"
+    return float(v["gap_to_clairvoyant_at_slo_pct"])
 
 
 def _oracle_text(og: dict[str, Any], total: int) -> str:
@@ -305,30 +346,40 @@ def _missing_at_cap(traces: dict[str, Any]) -> str:
 
 
 def markdown_report(document: dict[str, Any]) -> str:
+    """The report of one evaluation document; every heading says the traces' scale. A
+    document of several scales (``by_scale``) gets the gap to the clairvoyant at each scale
+    after its summary, and each further scale's report at its end."""
     traces = document["traces"]
+    at = f"scale {document.get('scale', 1)}"
     parts = [
-        f"## Summary ({len(traces)} traces averaged; 'best baseline' = best of the paper's "
-        f"three; profile {document['config']['profile']})",
+        f"## Summary ({at}; {len(traces)} traces averaged; 'best baseline' = best of the "
+        f"paper's three; profile {document['config']['profile']})",
         _summary_table(document["summary"], traces),
-        "### The headline against the best baseline at each GPU boot delay (averages)",
+        f"### The headline against the best baseline at each GPU boot delay (averages; {at})",
         _by_boot_table(document["summary"]["by_boot_delay_s"], len(traces)),
-        "## Cost to serve 99% of chunk periods on time (stall-adjusted), per trace",
+        f"## Cost to serve 99% of chunk periods on time (stall-adjusted), per trace ({at})",
         _service_table(traces),
-        "## Per trace",
+        f"## Per trace ({at})",
         _per_trace_table(traces),
-        "## Matched comparisons against every rival",
+        f"## Matched comparisons against every rival ({at})",
         _rivals_table(traces),
-        "## Predictive scaler against turboserve",
+        f"## Predictive scaler against turboserve ({at})",
         _predictive_table(traces),
-        "## Sensitivity: GPU boot delay and migration cost",
+        f"## Sensitivity: GPU boot delay and migration cost ({at})",
         _sensitivity_tables(traces),
     ]
     if document.get("by_profile") and len(document["by_profile"]) > 1:
-        parts[2:2] = ["## Both latency profiles (what TurboServe gains when a GPU batches "
-                      "well, and when it does not)", _profiles_table(document["by_profile"])]
+        parts[2:2] = [f"## Both latency profiles (what TurboServe gains when a GPU batches "
+                      f"well, and when it does not; {at})",
+                      _profiles_table(document["by_profile"])]
+    by_scale = document.get("by_scale") or {}
+    if len(by_scale) > 1:
+        parts[2:2] = ["## Gap to the clairvoyant at 99% of chunk periods on time, by scale "
+                      "(our cost over its, minus 1)", _gap_by_scale_table(by_scale)]
     cfg = document["config"]
     parts.append(f"_{cfg['runs']} simulator runs, {cfg['wall_s']} s, "
-                 f"{'quick' if cfg['quick'] else 'full'} sweep, profile {cfg['profile']}, "
+                 f"{'quick' if cfg['quick'] else 'full'} sweep, scale {cfg.get('scale', 1)}, "
+                 f"profile {cfg['profile']}, "
                  f"K = {cfg['capacity']}, boot delay {cfg['boot_delay_s']:g} s, "
                  f"rho_hat table sha256 {cfg.get('rho_table_sha256') or 'none (fixed 0.7)'}._")
     ext = cfg.get("sweep_extension")
@@ -338,6 +389,13 @@ def markdown_report(document: dict[str, Any]) -> str:
             f"runs): autoscalers' headroom knob down to {ext['headroom_cap']:g}, static pools "
             f"up to {ext['static_cap_factor']:g}x the GPUs the peak needs at K; "
             f"{_missing_at_cap(traces)}._")
+    for key, entry in by_scale.items():
+        if key == str(document.get("scale", 1)):
+            continue
+        profiles = entry["by_profile"]
+        first = next(iter(profiles.values()))
+        parts.append(markdown_report({**first, "by_profile": profiles, "scale": entry["scale"]})
+                     .rstrip("\n"))
     return "\n\n".join(parts) + "\n"
 
 

@@ -173,6 +173,13 @@ def service_level(curves: dict[str, list[RunSummary]], ours_run: RunSummary) -> 
             at_cost[rival] = {"attainment": round(1.0 - m.value, 5), "in_range": m.reached}
     not_reached = [name for name, entry in (("turboserve", ours), *static.items(),
                                             *rivals.items()) if not entry["reached"]]
+    clairvoyant = rivals.get("clairvoyant")
+    gap = {} if clairvoyant is None else {
+        # Ours over the clairvoyant controller's cost for the same service, minus 1.
+        "gap_to_clairvoyant_at_slo_pct": round(
+            _increase(clairvoyant["cost_gpu_hours"], ours["cost_gpu_hours"]), 3),
+        "gap_to_clairvoyant_at_slo_reached": ours["reached"] and clairvoyant["reached"],
+    }
     return {
         "slo_attainment": SLO_ATTAINMENT,
         "turboserve": {**ours,
@@ -192,11 +199,14 @@ def service_level(curves: dict[str, list[RunSummary]], ours_run: RunSummary) -> 
             ours["reached"] and robust[robust_best]["reached"],
         "best_of_least_loaded_and_hpa": robust_best,
         "attainment_at_our_cost": at_cost,
+        **gap,
     }
 
 
 def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The summary's two service-level blocks. Averages, minima and maxima are taken over the
+    """The summary's service-level blocks: our cost against the best static pool, against the
+    cheaper of a static least-loaded pool and HPA (the robustness bar), and against the
+    clairvoyant controller (``gap_to_clairvoyant_at_slo_pct``: ours over its cost, minus 1). Averages, minima and maxima are taken over the
     traces where both sides of the comparison reached the level; ``per_trace`` holds None for
     the others, and ``left_out`` names them with the policies that did not reach it."""
     cost: dict[str, float | None] = {}
@@ -216,6 +226,19 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             robust_out[name] = missing
         if missing == ["turboserve"]:
             robust_lost.append(name)  # a rival serves the level, we do not
+    gap: dict[str, float | None] = {}
+    gap_out: dict[str, list[str]] = {}
+    for name, t in traces.items():
+        v = t["service_level"]
+        if "gap_to_clairvoyant_at_slo_pct" not in v:
+            continue  # no clairvoyant sweep on this trace
+        missing = [who for who, entry in (("turboserve", v["turboserve"]),
+                                          ("clairvoyant", v["rivals"]["clairvoyant"]))
+                   if not entry["reached"]]
+        gap[name] = None if missing else v["gap_to_clairvoyant_at_slo_pct"]
+        if missing:
+            gap_out[name] = missing
+    gaps = [x for x in gap.values() if x is not None]
     costs = [x for x in cost.values() if x is not None]
     robusts = [x for x in robust.values() if x is not None]
     worst = min((n for n in cost if cost[n] is not None), key=lambda n: cost[n], default=None)
@@ -228,6 +251,14 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "per_trace": cost,
             "traces_averaged": len(costs),
             "left_out": cost_out,
+        },
+        "gap_to_clairvoyant_at_slo_pct": {
+            "slo_attainment": SLO_ATTAINMENT,
+            "avg": _avg(gaps),
+            "max": round(max(gaps), 3) if gaps else None,
+            "per_trace": gap,
+            "traces_averaged": len(gaps),
+            "left_out": gap_out,
         },
         "robustness": {
             "bar_pct": ROBUST_BAR_PCT,

@@ -30,6 +30,7 @@ for the offline profiler, so the rho_hat table is never fitted on the evaluation
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -232,6 +233,46 @@ def builtin_traces() -> list[Trace]:
 
 def builtin_trace(name: str) -> Trace:
     return generate(spec(name))
+
+
+SCALE_OFFSET_MAX_S = 40.0
+
+
+def scaled(trace: Trace, scale: int, seed: int | None = None) -> Trace:
+    """``scale`` copies of ``trace`` superposed, the load of a ``scale`` times larger cluster.
+
+    Each copy is shifted later by its own random offset of 0-40 s and cut at the trace's
+    duration: a session still alive there departs then, events after it are dropped. The
+    offsets are drawn from ``seed`` (default: the built-in trace's seed, or a checksum of the
+    trace's name), so the same trace and scale always give the same result. Session ids get a
+    ``c<copy>-`` prefix, so they stay unique. Scale 1 is the trace itself; a larger scale is
+    named ``<name>_x<scale>``."""
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
+    if scale == 1:
+        return trace
+    if seed is None:
+        seed = _BUILTIN_SEEDS.get(trace.name, zlib.crc32(trace.name.encode()))
+    offsets = np.random.default_rng(seed).uniform(0.0, SCALE_OFFSET_MAX_S, size=scale)
+    end = trace.duration
+    rows: list[tuple[float, int, int, str, str]] = []  # (t, copy, order, sid, event)
+    for copy, offset in enumerate(offsets):
+        alive: set[str] = set()
+        for order, ev in enumerate(trace.events):
+            t = round(ev.t + float(offset), 3)
+            if t >= end:
+                continue
+            sid = f"c{copy}-{ev.session_id}"
+            rows.append((t, copy, order, sid, ev.event))
+            if ev.event == "arrive":
+                alive.add(sid)
+            elif ev.event == "depart":
+                alive.discard(sid)
+        rows.extend((end, copy, len(trace.events) + i, sid, "depart")
+                    for i, sid in enumerate(sorted(alive)))
+    rows.sort()
+    return Trace(f"{trace.name}_x{scale}",
+                 tuple(TraceEvent(t, sid, kind) for t, _, _, sid, kind in rows), end)
 
 
 def training_traces(duration_s: float = 1200.0, variants: int = 2) -> list[Trace]:

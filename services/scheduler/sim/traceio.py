@@ -15,6 +15,7 @@ import gzip
 import io
 import math
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -164,11 +165,14 @@ def read_trace(path: str | os.PathLike[str], name: str | None = None) -> Trace:
 
 
 TRACE_DIR = Path(__file__).with_name("traces")
+_SCALED = re.compile(r"(?P<base>.+)_x(?P<scale>[0-9]+)")
 
 
 def load_trace(name_or_path: str | os.PathLike[str]) -> Trace:
     """A trace by path, or a built-in one by name (shipped ``traces/<name>.csv.gz``; generated
-    from its seed when the file is absent, which gives the same events)."""
+    from its seed when the file is absent, which gives the same events); either at scale N
+    by the name or path followed by ``_xN`` (``bursty_x6``: N copies superposed,
+    ``synth.scaled``)."""
     p = Path(name_or_path)
     if p.is_file():
         return read_trace(p)
@@ -179,9 +183,13 @@ def load_trace(name_or_path: str | os.PathLike[str]) -> Trace:
 
     if str(name_or_path) in synth.BUILTIN_NAMES:
         return synth.builtin_trace(str(name_or_path))
+    scaled = _SCALED.fullmatch(str(name_or_path))
+    if scaled is not None and int(scaled["scale"]) >= 1:
+        with contextlib.suppress(FileNotFoundError):
+            return synth.scaled(load_trace(scaled["base"]), int(scaled["scale"]))
     known = ", ".join(synth.BUILTIN_NAMES)
     raise FileNotFoundError(f"no trace file {str(p)!r} and no built-in trace of that name "
-                            f"(built-in: {known})")
+                            f"(built-in: {known}; at scale N: <name>_xN)")
 
 
 def trace_name(path: Path) -> str:
