@@ -1,10 +1,12 @@
-"""Redis restarted empty under a running worker: it re-announces the sessions it generates, the
-registry has them again, and they never stop streaming."""
+"""Redis under a running worker, on a Redis of the test's own: restarted empty, the worker
+re-announces the sessions it generates and they never stop streaming; paused, chunks keep
+coming while every Redis command waits."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 
 import pytest
 
@@ -79,3 +81,59 @@ async def _get(ctx, sid):
         return await ctx.registry.get_session(sid)
     except Exception:  # noqa: BLE001 - Redis still coming back
         return None
+
+
+async def test_chunks_keep_coming_while_redis_is_paused(infra, isolation, nats_client, tmp_path):
+    """``CLIENT PAUSE 3000 ALL`` stalls every Redis command for 3 s, the worker's progress
+    records included. The generation thread never waits on them, and chunks are published
+    apart from their records: both sessions' chunks keep arriving during the pause, and their
+    records catch up after it."""
+    import redis.asyncio as aioredis
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    redis = start_redis(port, tmp_path)  # paused below: never the Redis other tests share
+    try:
+        await wait_redis(url)
+        env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": url,
+               "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
+        admin = aioredis.from_url(url)
+        async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (svc, ctx, rx):
+            sids = ("a", "b")
+            for sid in sids:
+                await start_session(ctx, "w1", sid)
+            await eventually(lambda: all(len(rx.chunks[s]) >= 3 for s in sids), 30, "chunks")
+            await admin.execute_command("CLIENT", "PAUSE", "3000", "ALL")
+            paused_at = time.time()
+
+            async def read_answered_at() -> float:
+                await ctx.registry.get_session("a")
+                return time.time()
+
+            probe = asyncio.create_task(read_answered_at())
+            await asyncio.sleep(3.0)  # the pause itself is what this test waits through
+            # The pause was real: a registry read issued at its start waited most of it.
+            assert await probe - paused_at >= 2.5
+            # Chunks already on their way when it began are not counted: from 0.5 s in.
+            window = (paused_at + 0.5, paused_at + 2.8)
+            during = {sid: [c.seq for at, c in rx.chunks[sid] if window[0] <= at <= window[1]]
+                      for sid in sids}
+            # 2.3 s at one chunk per 0.25 s is 9 chunks a session; a worker that waits on
+            # Redis gets none out.
+            assert all(len(seqs) >= 4 for seqs in during.values()), during
+            last = {sid: rx.seqs(sid)[-1] for sid in sids}
+            for sid in sids:
+                seqs = rx.seqs(sid)
+                assert sorted(set(seqs)) == list(range(max(seqs) + 1)), seqs
+            for _ in range(100):  # the records catch up once Redis answers again
+                records = {sid: await ctx.registry.get_session(sid) for sid in sids}
+                if all(r is not None and r.last_seq >= last[r.id] for r in records.values()):
+                    break
+                await asyncio.sleep(0.1)
+            for sid, record in records.items():
+                assert record is not None and record.owner == "w1"
+                assert record.last_seq >= last[sid], (sid, record.last_seq, last[sid])
+        await admin.aclose()
+    finally:
+        redis.terminate()
+        redis.wait()
