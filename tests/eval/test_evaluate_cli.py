@@ -24,6 +24,7 @@ SUMMARY_KEYS = {
 PROFILES = ("h20-longlive-1.3b-nvlink", "h200-wan-1.3b-measured")
 
 
+# About a minute: the tests that use it are marked slow.
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
@@ -40,6 +41,7 @@ def result(tmp_path_factory):
     return code, json.loads(out.read_text()), plots
 
 
+@pytest.mark.slow
 def test_the_json_has_its_documented_summary_keys(result):
     code, doc, _ = result
     assert code == 0
@@ -61,6 +63,7 @@ def test_the_json_has_its_documented_summary_keys(result):
     assert doc["config"]["runs"] >= ext["runs"]
 
 
+@pytest.mark.slow
 def test_both_profiles_are_evaluated(result):
     _, doc, _ = result
     assert tuple(doc["by_profile"]) == PROFILES
@@ -73,6 +76,7 @@ def test_both_profiles_are_evaluated(result):
             assert key in h200["summary"], key
 
 
+@pytest.mark.slow
 def test_service_level_is_what_an_operator_pays_for_99_percent(result):
     _, doc, _ = result
     for t in doc["traces"].values():
@@ -90,6 +94,7 @@ def test_service_level_is_what_an_operator_pays_for_99_percent(result):
             100 * (best - ours) / best, abs=0.01)
 
 
+@pytest.mark.slow
 def test_per_trace_figures_are_consistent(result):
     _, doc, _ = result
     for t in doc["traces"].values():
@@ -103,6 +108,7 @@ def test_per_trace_figures_are_consistent(result):
             assert name in t["vs"]
 
 
+@pytest.mark.slow
 def test_plots_are_written(result):
     _, _, plots = result
     names = {p.name for p in plots.iterdir()}
@@ -116,6 +122,7 @@ def test_an_empty_folder_is_an_error(tmp_path, capsys):
     assert "no .csv" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_tables_command_prints_the_readme_tables(result, tmp_path, capsys):
     _, doc, _ = result
     path = tmp_path / "eval.json"

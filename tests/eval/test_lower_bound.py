@@ -27,6 +27,7 @@ def capacity():
     return k
 
 
+@pytest.mark.slow  # every policy over every shipped trace: a few seconds to a minute each
 @pytest.mark.parametrize("trace_name", BUILTIN_NAMES)
 def test_no_policy_costs_less_than_the_floor(trace_name, capacity):
     trace = builtin_trace(trace_name)

@@ -110,6 +110,7 @@ def test_choose_falls_back_to_the_most_punctual():
     assert (rho, ok) == (0.3, False)
 
 
+@pytest.mark.slow
 def test_build_table_end_to_end(tmp_path, monkeypatch):
     short = [synth.generate(synth.spec(name, seed=5000 + i, duration_s=420.0))
              for i, name in enumerate(("calm", "chaotic"))]

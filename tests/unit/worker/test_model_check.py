@@ -26,6 +26,7 @@ def check(*args: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["diffusers", "original"])
 def test_a_folder_a_worker_can_run(folders, layout):
     code, out = check(str(folders[layout]), "--resolution", "64x64")
@@ -39,6 +40,7 @@ def test_a_folder_a_worker_can_run(folders, layout):
     assert all(" ok " in line for line in lines.values())
 
 
+@pytest.mark.slow
 def test_missing_parts_and_misfits_are_named_and_fail(folders, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(folders["diffusers"], broken)

@@ -128,6 +128,7 @@ def test_chunked_rollout_with_the_kv_cache_equals_a_block_causal_full_forward(di
         valid[position:position + c.chunk_frames] = True
 
 
+@pytest.mark.slow
 def test_vae_chunk_by_chunk_equals_decoding_everything_at_once():
     vae = build_vae(seed=4)
     decoder = WanVaeDecoder(vae, (8, 8), chunk_frames=3)
@@ -152,6 +153,7 @@ def _engine(folder) -> Engine:
                                max_sessions=2, seed=0))
 
 
+@pytest.mark.slow
 def test_a_session_migrated_mid_stream_decodes_the_frames_of_one_that_never_moved(folder):
     still = _engine(folder)
     still.add_session("s", "a red fox running through snow", seed=3)
@@ -173,6 +175,7 @@ def test_a_session_migrated_mid_stream_decodes_the_frames_of_one_that_never_move
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_suspend_and_resume_keep_the_decoder_cache(folder):
     still = _engine(folder)
     still.add_session("s", "a wolf at night", seed=5)
@@ -190,6 +193,7 @@ def test_suspend_and_resume_keep_the_decoder_cache(folder):
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_recovery_rebuilds_the_decoder_cache_from_the_logged_latents(folder):
     """The recovery log holds the latents, not the VAE's cache; restore rebuilds the cache by
     decoding the latents still in the window. Not bitwise (the rebuilt cache has not seen the
