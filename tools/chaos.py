@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from shared.cli import fail
     from tools.launcher import MeshStartError
+    from tools.report import progress
 
     kinds = tuple(k.strip() for k in args.only.split(",") if k.strip())
     unknown = sorted(set(kinds) - set(ACTIONS))
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("chaos", "--duration must be >= 30, --sessions >= 1, --actions >= 0")
     try:
         result = asyncio.run(chaos(args.duration, args.seed, args.sessions, args.actions, kinds,
-                                   progress=_progress, logs=args.logs))
+                                   progress=progress, logs=args.logs))
     except MeshStartError as exc:
         return fail("chaos", exc)
     print(format_result(result))
@@ -76,10 +77,6 @@ def run(args: argparse.Namespace) -> int:
             f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     bad = [k for k in ("chunks_lost", "seq_gaps", "seq_repeats", "silent_restarts") if result[k]]
     return 1 if bad else 0
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def trace(sessions: int, duration_s: float, seed: int) -> list[tuple[float, str, str]]:

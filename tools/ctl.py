@@ -182,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, settings: Any, mesh: Mesh) -> int:
     from shared.runner import close_context, open_context
+    from tools.report import progress
 
     ctx = await open_context(settings, "turboserve-ctl")
     if mesh.note is not None:
@@ -200,7 +201,7 @@ async def _run(args: argparse.Namespace, settings: Any, mesh: Mesh) -> int:
                   f"({report['nbytes'] / 2**20:.2f} MiB, freeze {report['freeze_ms']:.1f} ms, "
                   f"transfer {report['transfer_ms']:.1f} ms, commit {report['commit_ms']:.1f} ms)")
         elif args.ctl_command in ("drain", "stop"):
-            moved = await ctl.drain(args.worker, args.timeout, stop=args.stop, progress=_progress)
+            moved = await ctl.drain(args.worker, args.timeout, stop=args.stop, progress=progress)
             if args.stop:
                 print(f"worker {args.worker} drained ({moved} session(s) moved) and stopped")
             else:
@@ -212,10 +213,6 @@ async def _run(args: argparse.Namespace, settings: Any, mesh: Mesh) -> int:
         return 0
     finally:
         await close_context(ctx)
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _worker_cmd(kind: str, worker_id: str, **fields: Any) -> Any:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -176,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from shared.cli import fail
     from shared.settings import ToolSettings
     from tools.launcher import read_state
+    from tools.report import progress
 
     if not args.speed > 0 or (args.duration is not None and not args.duration > 0):
         return fail("replay", "--speed and --duration must be > 0")
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     if not events:
         return fail("replay", "no event of the trace falls in the window asked for")
     try:
-        result = asyncio.run(replay(events, config, progress=_progress))
+        result = asyncio.run(replay(events, config, progress=progress))
     except ReplayError as exc:
         return fail("replay", exc)
     result["trace"] = trace.name
@@ -727,10 +727,6 @@ def _progress_line(logs: Mapping[str, SessionLog], t: float, end: float) -> str:
     chunks = sum(len(log.seqs) for log in logs.values())
     live = sum(1 for log in logs.values() if log.spell_start is not None)
     return f"replay: trace t={t:7.1f}/{end:.0f}s  sessions={len(logs)}  active={live}  chunks={chunks}"
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def format_result(result: Mapping[str, Any]) -> str:

@@ -20,8 +20,8 @@ import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, cast
 
 import orjson
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                         format_table, args.json_out)
 
 
-def run_on_infra(label: str, measure: Callable[[str, str], Awaitable[dict[str, Any]]],
+def run_on_infra(label: str, measure: Callable[[str, str], Coroutine[Any, Any, dict[str, Any]]],
                  format_table: Callable[[dict[str, Any]], str], json_out: str | None) -> int:
     """Run ``measure(nats_url, redis_url)`` on the NATS and Redis at TURBOSERVE_NATS_URL /
     TURBOSERVE_REDIS_URL (embedded ones where none answers), print its table, write its JSON."""
@@ -111,7 +111,7 @@ async def _scheduler(env: dict[str, str]) -> AsyncIterator[Any]:
     service = SchedulerService(settings)
     async with running(service, settings) as ctx:
         deadline = time.monotonic() + 30
-        while service.live is None or not service.live._rebuilt:
+        while service.live is None or not service.live.ingest.rebuilt:
             if time.monotonic() > deadline:
                 raise RuntimeError("the scheduler did not take the lead")
             await asyncio.sleep(0.05)
@@ -208,7 +208,7 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
     async with _scheduler(env) as ctx, running(WorkerService(wsettings), wsettings), \
             running(GatewayService(gsettings), gsettings):
         async def on_chunk(msg: Any) -> None:
-            item = decode(msg.subject, msg.data, ChunkStreamMsg)
+            item = decode(msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg))
             if isinstance(item, Chunk) and item.seq == 0:
                 firsts[item.session_id] = item.done_at - item.gen_ms / 1000.0
 
@@ -260,11 +260,11 @@ async def _cleanup(env: dict[str, str]) -> None:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    return "\n".join([
-        "| figure | p50 ms | p99 ms | samples | bar |",
-        "| --- | ---: | ---: | ---: | --- |",
-        f"| event to command | {result['event_to_command_ms_p50']} | "
-        f"{result['event_to_command_ms_p99']} | {result['event_samples']} | p99 < 10 ms |",
-        f"| create to first step | {result['create_to_first_step_ms_p50']} | "
-        f"{result['create_to_first_step_ms_p99']} | {result['create_samples']} | - |",
-    ])
+    from tools.report import markdown_table
+
+    return markdown_table(("figure", "p50 ms", "p99 ms", "samples", "bar"), [
+        ("event to command", result["event_to_command_ms_p50"],
+         result["event_to_command_ms_p99"], result["event_samples"], "p99 < 10 ms"),
+        ("create to first step", result["create_to_first_step_ms_p50"],
+         result["create_to_first_step_ms_p99"], result["create_samples"], "-"),
+    ], align="lrrrl")

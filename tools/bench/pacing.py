@@ -178,16 +178,16 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
 
 
 def format_table(r: dict[str, Any]) -> str:
+    from tools.report import markdown_table
+
     firsts = ", ".join(f"{f:.2f}" for f in r["first_chunk_s"]) or "-"
-    return "\n".join([
-        f"{r['sessions']} sessions on one {r['preset']} worker, period {r['period_s']} s, "
-        f"{r['window_s']} s measured",
-        "",
-        "| figure | value | playback |",
-        "| --- | ---: | ---: |",
-        f"| chunks/s per session (min / mean / max) | {r['chunks_per_s_min']} / "
-        f"{r['chunks_per_s_mean']} / {r['chunks_per_s_max']} | {r['playback_chunks_per_s']} |",
-        f"| most ahead of due (ms) | {r['ahead_ms_max']} | <= {r['period_s'] * 1000:.0f} |",
-        f"| late p99 / max (ms) | {r['late_ms_p99']} / {r['late_ms_max']} | 0 |",
-        f"| new session, POST to first chunk (s) | {firsts} | < 2 |",
-    ])
+    title = (f"{r['sessions']} sessions on one {r['preset']} worker, period {r['period_s']} s, "
+             f"{r['window_s']} s measured")
+    return title + "\n\n" + markdown_table(("figure", "value", "playback"), [
+        ("chunks/s per session (min / mean / max)",
+         f"{r['chunks_per_s_min']} / {r['chunks_per_s_mean']} / {r['chunks_per_s_max']}",
+         r["playback_chunks_per_s"]),
+        ("most ahead of due (ms)", r["ahead_ms_max"], f"<= {r['period_s'] * 1000:.0f}"),
+        ("late p99 / max (ms)", f"{r['late_ms_p99']} / {r['late_ms_max']}", 0),
+        ("new session, POST to first chunk (s)", firsts, "< 2"),
+    ], align="lrr")

@@ -17,6 +17,10 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.scheduler.core.types import Event
 
 SESSIONS_PER_GPU = 8
 
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
-              step_reports: bool = True) -> dict:
+              step_reports: bool = True) -> dict[str, Any]:
     from services.scheduler.core.config import ControllerConfig
     from services.scheduler.core.policies import get_policy
     from services.scheduler.core.types import Event, EventKind
@@ -136,7 +140,7 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
     }
 
 
-def track_booting(booting: list[str], decisions: list) -> None:
+def track_booting(booting: list[str], decisions: list[Any]) -> None:
     """Keep ``booting`` (GPUs that will send GPU_READY) in step with the controller: requested
     GPUs boot, and a GPU released while booting (a cancelled request) never comes up."""
     from services.scheduler.core.types import Release, RequestGpus
@@ -149,7 +153,7 @@ def track_booting(booting: list[str], decisions: list) -> None:
 
 
 def _next_session_event(rng: random.Random, t: float, active: _Bag, idle: _Bag,
-                        target: int, counter: int):
+                        target: int, counter: int) -> Event:
     from services.scheduler.core.types import Event, EventKind
 
     below = len(active) < target
@@ -194,12 +198,11 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def format_table(results: list[dict]) -> str:
-    header = "| GPUs | sessions | steps | p50 ms | p99 ms | max ms | decisions/step |"
-    lines = [header, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in results:
-        lines.append(
-            f"| {r['gpus']} | {r['sessions']} | {r['steps']} | {r['decision_ms_p50']:.3f} | "
-            f"{r['decision_ms_p99']:.3f} | {r['decision_ms_max']:.3f} | {r['decisions_per_step']} |"
-        )
-    return "\n".join(lines)
+def format_table(results: list[dict[str, Any]]) -> str:
+    from tools.report import markdown_table
+
+    return markdown_table(
+        ("GPUs", "sessions", "steps", "p50 ms", "p99 ms", "max ms", "decisions/step"),
+        [(r["gpus"], r["sessions"], r["steps"], f"{r['decision_ms_p50']:.3f}",
+          f"{r['decision_ms_p99']:.3f}", f"{r['decision_ms_max']:.3f}", r["decisions_per_step"])
+         for r in results], align="rrrrrrr")
