@@ -347,13 +347,22 @@ class SchedulerSettings(CommonSettings):
     handoff_timeout_s: float = 30.0
     # Names of the GPUs it asks for: <prefix>-NNNN (empty: the GPU kind in lower case).
     gpu_id_prefix: str = ""
+    # How often (s, default 5) the latency model of each GPU kind is recomputed from the
+    # workers' heartbeats (a worker joining recomputes it at once).
+    profile_refresh_s: float = 5.0
+    # Every this many ticks (default 4) the core's view is repaired from the registry
+    # (sessions it never heard of, sessions placed elsewhere than it thinks).
+    reconcile_ticks: int = 4
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
         for name in ("tick_s", "worker_timeout_s", "leader_ttl_s", "command_timeout_s",
-                     "handoff_timeout_s", "boot_timeout_s", "lost_worker_shown_s"):
+                     "handoff_timeout_s", "boot_timeout_s", "lost_worker_shown_s",
+                     "profile_refresh_s"):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
+        if self.reconcile_ticks < 1:
+            faults.append("TURBOSERVE_RECONCILE_TICKS: must be >= 1")
         if not 0 <= self.boot_delay_s < math.inf:
             faults.append("TURBOSERVE_BOOT_DELAY_S: must be a finite number >= 0")
         if self.min_workers < 0:

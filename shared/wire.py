@@ -236,6 +236,10 @@ class Heartbeat(_Msg, tag="heartbeat"):
     # What a prompt change adds to the chunk it applies in (the new cross-attention and, with
     # the KV re-cache, the cached frames recomputed), median of its recent switches.
     prompt_switch_ms: float | None = None
+    # When the batched pass in flight ends (wall clock, seconds; its start plus the measured
+    # time of a pass at its batch): the next boundary where a session can join the batch.
+    # None when no pass runs. The scheduler's placement reads it (the policy's note_step).
+    pass_ends_at: float | None = None
 
 
 class Chunk(_Msg, tag="chunk"):
@@ -479,7 +483,7 @@ def decode(subject: str, data: bytes, type_: type[M]) -> M:
 
 
 class _Log(Protocol):
-    def warning(self, event: str, /, **kw: Any) -> Any: ...
+    def warning(self, event: str, *args: Any, **kw: Any) -> Any: ...
 
 
 def decode_or_drop(subject: str, data: bytes, type_: type[M], log: _Log) -> M | None:

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -30,10 +31,13 @@ from shared.wire import (
 
 log = get_logger("turboserve.scheduler")
 
+SUPERSEDED = "superseded"  # why a command was dropped unsent: its session moved on
+
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a command ended: answered (``reply``), or given up (``reply`` None, ``why``)."""
+class CommandOutcome:
+    """How a worker command ended: answered (``reply``), or given up (``reply`` None, ``why``:
+    ``superseded`` when the session moved on before a retry)."""
 
     reply: CommandReply | None
     why: str = ""
@@ -41,6 +45,10 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.reply is not None and self.reply.ok
+
+    @property
+    def superseded(self) -> bool:
+        return self.reply is None and self.why == SUPERSEDED
 
     @property
     def code(self) -> str:
@@ -68,14 +76,12 @@ class CommandSender:
 
     def stamp(self, cmd: WorkerCommand) -> WorkerCommand:
         """The command with this scheduler's term and a command id."""
-        import msgspec
-
         return msgspec.structs.replace(cmd, term=self.term,
                                        command_id=cmd.command_id or f"s{self.term}-{next(self._ids)}")
 
     async def to_worker(
         self, cmd: WorkerCommand, superseded: Callable[[], Awaitable[bool]] | None = None
-    ) -> Outcome:
+    ) -> CommandOutcome:
         """Send until answered; ``superseded`` is asked before each retry."""
         cmd = self.stamp(cmd)
         subject = self.ctx.subjects.worker_cmd(cmd.worker_id)
@@ -83,7 +89,7 @@ class CommandSender:
         why = ""
         for attempt in range(self.attempts):
             if attempt and superseded is not None and await superseded():
-                return Outcome(None, "superseded")
+                return CommandOutcome(None, SUPERSEDED)
             try:
                 msg = await self.ctx.nc.request(subject, encode(cmd), timeout=self.reply_timeout_s)
             except NoRespondersError:
@@ -92,21 +98,19 @@ class CommandSender:
                 why = f"worker {cmd.worker_id} did not answer in {self.reply_timeout_s}s"
             else:
                 try:
-                    return Outcome(decode(msg.subject, msg.data, CommandReply))
+                    return CommandOutcome(decode(msg.subject, msg.data, CommandReply))
                 except WireError as exc:
                     why = str(exc)
             log.info("command_retry", kind=str(cmd.kind), worker_id=cmd.worker_id,
                      session_id=cmd.session_id, attempt=attempt + 1, why=why)
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
-        return Outcome(None, why)
+        return CommandOutcome(None, why)
 
     async def to_provisioner(self, cmd: ProvisionerCommand) -> ProvisionerReply | None:
         """Send a provisioner command until it is answered (None: nobody answered); what
         happens to each worker follows as provisioner events."""
         if not cmd.command_id:
-            import msgspec
-
             cmd = msgspec.structs.replace(cmd, command_id=f"s{self.term}-{next(self._ids)}")
         delay = self.backoff_s
         for attempt in range(self.attempts):

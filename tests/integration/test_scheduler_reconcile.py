@@ -11,7 +11,7 @@ import pytest
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.policies import get_policy
 from services.scheduler.core.types import GpuState, RestoredGpu, RestoredSession
-from services.scheduler.live import LiveScheduler, _Worker
+from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import LeaderElection
 from shared.profile import DEFAULT_PROFILE, load_profile
@@ -40,15 +40,16 @@ async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
         core.restore([RestoredGpu("a", kind, GpuState.READY), RestoredGpu("b", kind, GpuState.READY)],
                      [RestoredSession("s", active=True, gpu_id="b")], now)
         live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        live.workers = {"a": _Worker(kind), "b": _Worker(kind)}
+        live.pool.join("a", kind, now)
+        live.pool.join("b", kind, now)
         record = await ctx.registry.create_session("s", "p", 0)
         await ctx.registry.claim("s", "a", record.epoch)  # the handoff a -> b has not committed
 
-        live._moving["s"] = 1  # noqa: SLF001 - a Migrate a -> b in flight
-        await live.reconcile()
+        live.executor.moving["s"] = 1  # a Migrate a -> b in flight
+        await live.ingest.reconcile()
         assert core.view.placement["s"] == "b"
 
-        live._moved("s")  # noqa: SLF001 - it ended, and the registry still says a: it failed
-        assert not live._moving  # noqa: SLF001
-        await live.reconcile()
+        live.executor.moved("s")  # it ended, and the registry still says a: it failed
+        assert not live.executor.moving
+        await live.ingest.reconcile()
         assert core.view.placement["s"] == "a"
