@@ -23,7 +23,7 @@ from typing import Any
 DEFAULT_FPS = 16.0  # Wan2.1 generates 16 frames per second of video
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "worker", help="benchmark the GPU worker's engine (chunk time per batch size)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -177,7 +177,7 @@ def run_benchmark(
     if warmup is None:
         # Time the steady state: every session's window full, so attention runs unmasked.
         warmup = engine.fill_chunks + 1
-    results = []
+    results: list[dict[str, Any]] = []
     for batch in batches:
         _set_batch(engine, batch)
         for _ in range(warmup):
@@ -213,7 +213,8 @@ def run_benchmark(
         row["speedup_vs_first"] = round(row["sessions_per_s"] / base, 3)
     config = engine.model_config
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    weights += sum(p.numel() * p.element_size() for p in engine.decoder.parameters())
+    if isinstance(engine.decoder, torch.nn.Module):  # the stand-in or the Wan VAE
+        weights += sum(p.numel() * p.element_size() for p in engine.decoder.parameters())
     text_ms = _text_encode_ms(engine, repeats=max(chunks, 3))
     report: dict[str, Any] = {
         "preset": engine.model_config.name,
@@ -306,24 +307,28 @@ def _suspend_resume_ms(engine: Any, repeats: int) -> tuple[float, float]:
 
 
 def format_table(report: dict[str, Any]) -> str:
+    from tools.report import markdown_table
+
+    ppc = report.get("passes_per_chunk")
+    rows = []
+    for row in report["results"]:
+        pass_p50 = row.get("pass_ms_p50")
+        passes = (f"{pass_p50:.2f}", f"{pass_p50 * ppc:.1f}") if pass_p50 and ppc else ("-", "-")
+        parts = ((f"{row['dit_ms_p50']:.1f}", f"{row['decode_ms_p50']:.1f}")
+                 if "decode_ms_p50" in row else ("-", "-"))
+        rows.append((row["batch"], f"{row['chunk_ms_p50']:.1f}", f"{row['chunk_ms_min']:.1f}",
+                     f"{row['chunk_ms_max']:.1f}", f"{row['sessions_per_s']:.2f}",
+                     f"{row['speedup_vs_first']:.2f}", *passes, *parts))
+    columns = ("batch", "chunk ms p50", "min", "max", "sessions/s", "x first", "pass ms p50",
+               f"x{ppc or '?'}", "DiT ms", "decode ms")
     lines = [
         f"worker benchmark: model {report['preset']} on {report['device']} ({report['dtype']}), "
         f"{report['video_frames_per_chunk']} frames/chunk at "
         f"{report['resolution'][0]}x{report['resolution'][1]}",
-        f"{'batch':>5} {'chunk ms p50':>13} {'min':>9} {'max':>9} {'sessions/s':>11} "
-        f"{'x first':>8} {'pass ms p50':>12} {'x' + str(report.get('passes_per_chunk', '?')):>8}"
-        f" {'DiT ms':>9} {'decode ms':>10}",
+        "",
+        markdown_table(columns, rows, align="r" * len(columns)),
+        "",
     ]
-    for row in report["results"]:
-        pass_p50 = row.get("pass_ms_p50")
-        ppc = report.get("passes_per_chunk")
-        lines.append(
-            f"{row['batch']:>5} {row['chunk_ms_p50']:>13.1f} {row['chunk_ms_min']:>9.1f} "
-            f"{row['chunk_ms_max']:>9.1f} {row['sessions_per_s']:>11.2f} {row['speedup_vs_first']:>8.2f}"
-            + (f" {pass_p50:>12.2f} {pass_p50 * ppc:>8.1f}" if pass_p50 and ppc else "")
-            + (f" {row['dit_ms_p50']:>9.1f} {row['decode_ms_p50']:>10.1f}"
-               if "decode_ms_p50" in row else "")
-        )
     lines.append(
         f"state per session: {report['state_bytes'] / 2**20:.2f} MiB; suspend "
         f"{report['suspend_ms']:.2f} ms, resume {report['resume_ms']:.2f} ms (median)"
@@ -380,7 +385,7 @@ def build_profile(
 
 def _fill_table(measured: dict[int, float]) -> list[float]:
     points = sorted(measured.items())
-    table = []
+    table: list[float] = []
     for batch in range(1, points[-1][0] + 1):
         if batch <= points[0][0]:
             value = points[0][1]  # below the smallest measured batch: no faster than it
