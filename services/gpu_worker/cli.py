@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("worker", help="run a GPU worker (TURBOSERVE_* settings)")
     p.add_argument("--worker-id", help="worker id (TURBOSERVE_WORKER_ID)")
     p.add_argument("--preset", help="model preset: tiny, small, wan-1.3b (TURBOSERVE_PRESET)")

@@ -28,7 +28,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from shared.wire import MigrationReport
+    from tools.handoff.harness import Reports
 
 MIB = 1 << 20
 BAR_SIZE_MIB = 64  # the bandwidth bar applies from this size up
@@ -40,7 +46,7 @@ class BenchUsageError(Exception):
     """A bad option: said in one line."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "migration", help="benchmark the session-state handoff between two worker processes",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -120,7 +126,7 @@ def _check_device(name: str) -> str:
 class _Pair:
     a: str
     b: str
-    procs: list[subprocess.Popen]
+    procs: list[subprocess.Popen[bytes]]
 
 
 async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int, layers: int,
@@ -179,11 +185,13 @@ async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int
             "checksum": checksum, "repeats": repeats, "layers": layers}
 
 
-async def _shuttle(reports, session: str, pair: _Pair, epoch: int, repeats: int):
+async def _shuttle(reports: Reports, session: str, pair: _Pair, epoch: int,
+                   repeats: int) -> tuple[list[MigrationReport], int, list[float]]:
     """One warm-up round trip, then ``repeats`` timed handoffs back and forth."""
     from tools.handoff.harness import HarnessError
 
-    done, first_use = [], []
+    done: list[MigrationReport] = []
+    first_use: list[float] = []
     holder, other = pair.a, pair.b
     for i in range(2 + repeats):
         report = await reports.migrate(session, holder, other, epoch, wait_s=180.0)
@@ -197,19 +205,21 @@ async def _shuttle(reports, session: str, pair: _Pair, epoch: int, repeats: int)
     return done, epoch, first_use
 
 
-def _summarise(done: list, raw_gbps: float) -> dict[str, Any]:
+def _summarise(done: list[MigrationReport], raw_gbps: float) -> dict[str, Any]:
     def p50(values: list[float]) -> float:
         return round(statistics.median(values), 3)
 
     nbytes = done[0].nbytes
     transfer_ms = p50([r.transfer_ms for r in done])
     transfer_gbps = nbytes / (transfer_ms / 1000.0) / 1e9 if transfer_ms > 0 else 0.0
-    row = {
+    bandwidth_ratio = round(transfer_gbps / raw_gbps, 3) if raw_gbps else 0.0
+    fixed_ms = p50([r.offer_ms + r.commit_ms for r in done])
+    row: dict[str, Any] = {
         "state_bytes": nbytes,
         "handoff_ms_p50": p50([r.total_ms for r in done]),
         "transfer_gbps": round(transfer_gbps, 3),
         "raw_copy_gbps": round(raw_gbps, 3),
-        "fixed_ms_p50": p50([r.offer_ms + r.commit_ms for r in done]),
+        "fixed_ms_p50": fixed_ms,
         "freeze_ms_p50": p50([r.freeze_ms for r in done]),
         "offer_ms_p50": p50([r.offer_ms for r in done]),
         "transfer_ms_p50": transfer_ms,
@@ -217,14 +227,14 @@ def _summarise(done: list, raw_gbps: float) -> dict[str, Any]:
         "handoffs": len(done),
         "transport": done[0].transport,
     }
-    row["bandwidth_ratio"] = round(transfer_gbps / raw_gbps, 3) if raw_gbps else 0.0
+    row["bandwidth_ratio"] = bandwidth_ratio
     if nbytes >= BAR_SIZE_MIB * MIB:
-        row["meets_bandwidth_bar"] = row["bandwidth_ratio"] >= BAR_BANDWIDTH
-    row["meets_fixed_bar"] = row["fixed_ms_p50"] < BAR_FIXED_MS
+        row["meets_bandwidth_bar"] = bandwidth_ratio >= BAR_BANDWIDTH
+    row["meets_fixed_bar"] = fixed_ms < BAR_FIXED_MS
     return row
 
 
-async def _cleanup(redis, namespace: str) -> None:
+async def _cleanup(redis: aioredis.Redis, namespace: str) -> None:
     keys = [k async for k in redis.scan_iter(match=f"{namespace}:*", count=500)]
     if keys:
         await redis.delete(*keys)

@@ -35,7 +35,7 @@ class HarnessError(RuntimeError):
 
 def spawn_peer(worker_id: str, env: Mapping[str, str], *, device: str = "cpu",
                checksum: bool = False, module: str = "tools.handoff.peer",
-               extra: tuple[str, ...] = ()) -> subprocess.Popen:
+               extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """Start a peer process (its log goes to our stderr: ``TURBOSERVE_LOG_LEVEL`` in ``env``
     quietens it); ``module`` lets a test start a peer of its own making."""
     argv = [sys.executable, "-m", module, "--device", device, *extra]
@@ -52,7 +52,7 @@ async def command(nc: NATS, subjects: Subjects, cmd: WorkerCommand,
     return decode(msg.subject, msg.data, CommandReply)
 
 
-async def wait_ready(nc: NATS, subjects: Subjects, worker_id: str, proc: subprocess.Popen,
+async def wait_ready(nc: NATS, subjects: Subjects, worker_id: str, proc: subprocess.Popen[bytes],
                      wait_s: float = 60.0) -> None:
     """Until the peer answers a command (``undrain``, harmless)."""
     deadline = time.monotonic() + wait_s

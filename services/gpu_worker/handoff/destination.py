@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import redis.exceptions
+import torch
 
 from shared.registry import SessionNotFound, StaleEpoch
 from shared.states import IllegalTransition, SessionState
@@ -181,7 +182,7 @@ class Reception:
             self.incoming.pop(offer.transfer_id, None)
         await self._adopt(offer, tensors, record.epoch)
 
-    async def _fetch(self, incoming: _Incoming) -> list:
+    async def _fetch(self, incoming: _Incoming) -> list[torch.Tensor]:
         ep, offer, deadline = self.ep, incoming.offer, incoming.deadline
         transport = ep.transport(incoming.transport)
         device = ep.link_device(transport.name)
@@ -205,7 +206,7 @@ class Reception:
             raise _Discard(HandoffCode.VERIFICATION_FAILED, str(exc)) from None
         return tensors
 
-    async def _adopt(self, offer: HandoffOffer, tensors: list, epoch: int) -> None:
+    async def _adopt(self, offer: HandoffOffer, tensors: list[torch.Tensor], epoch: int) -> None:
         ep = self.ep
         try:
             await ep.host.adopt(frozen_from(offer, tensors), epoch)

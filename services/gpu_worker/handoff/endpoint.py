@@ -20,7 +20,7 @@ import functools
 import itertools
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 import torch
@@ -209,7 +209,8 @@ class HandoffEndpoint:
     async def _on_message(self, msg: Msg) -> None:
         """Offers (requests) and outcomes on this worker's handoff subject; a bad message is
         logged and dropped (a bad offer is also refused, so its sender does not wait)."""
-        decoded = decode_or_drop(msg.subject, msg.data, HandoffMsg, self.log)
+        decoded = decode_or_drop(msg.subject, msg.data, cast("type[HandoffMsg]", HandoffMsg),
+                                 self.log)
         if decoded is None:
             if msg.reply:
                 await self._answer(msg, HandoffAnswer(

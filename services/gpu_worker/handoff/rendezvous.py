@@ -21,7 +21,8 @@ import secrets
 import threading
 from datetime import timedelta
 
-from torch.distributed import PrefixStore, Store, TCPStore
+# torch.distributed re-exports these without declaring it; their stubs live here.
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 
 def new_link_id() -> str:

@@ -32,7 +32,9 @@ from typing import Any, ClassVar
 
 import orjson
 import torch
-from torch.distributed import Store
+
+# torch.distributed re-exports it without declaring it; its stub lives here.
+from torch._C._distributed_c10d import Store
 
 from shared.wire import TensorSpec
 
@@ -205,7 +207,7 @@ class CudaIpcTransport(Transport):
         if shared:
             torch.cuda.synchronize(shared[0].device)  # the receiver reads what is written
         try:
-            payload = encode_ipc([reduce_tensor(t)[1] for t in shared])
+            payload = encode_ipc([reduce_tensor(t)[1] for t in shared])  # type: ignore[no-untyped-call]
             store.set(key, payload.decode())
             store.wait([f"{key}/done"], timedelta(seconds=remaining(deadline)))
             done = store.get(f"{key}/done")
@@ -222,7 +224,7 @@ class CudaIpcTransport(Transport):
         # The receiver has copied and closed its handles: free what the IPC kept alive now,
         # not at some later allocation.
         del shared
-        torch.cuda.ipc_collect()
+        torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
 
     def recv(self, handle: Any, specs: list[TensorSpec], tag: int, device: torch.device,
              deadline: float, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -243,7 +245,7 @@ class CudaIpcTransport(Transport):
             for target, entry in zip(out, entries, strict=True):
                 # The sender's device index may name another GPU here (other visible devices);
                 # the UUIDs matched, so the GPU is ours: open the handle on our index.
-                source = rebuild_cuda_tensor(
+                source = rebuild_cuda_tensor(  # type: ignore[no-untyped-call]
                     torch.Tensor, entry["size"], entry["stride"], entry["offset"],
                     torch.storage.TypedStorage, entry["dtype"], device.index,
                     *entry["share"],
@@ -304,7 +306,7 @@ def _quietly(fn: Any, *args: Any) -> None:
         pass  # best effort on a path that is already failing
 
 
-def encode_ipc(shares: list[tuple]) -> bytes:
+def encode_ipc(shares: list[tuple[Any, ...]]) -> bytes:
     """The arguments of ``reduce_tensor`` for CUDA tensors as JSON (never pickle: the store
     is a network service, and a pickle from it could run code)."""
     entries = []
