@@ -237,8 +237,9 @@ class Heartbeat(_Msg, tag="heartbeat"):
     # the KV re-cache, the cached frames recomputed), median of its recent switches.
     prompt_switch_ms: float | None = None
     # When the batched pass in flight ends (wall clock, seconds; its start plus the measured
-    # time of a pass at its batch): the next boundary where a session can join the batch.
-    # None when no pass runs. The scheduler's placement reads it (the policy's note_step).
+    # time of a pass at its batch): the next boundary where a session can join the batch (in
+    # the past while the worker waits between passes). None until it has timed a pass. The
+    # scheduler's placement reads it (the policy's note_step).
     pass_ends_at: float | None = None
 
 

@@ -191,6 +191,10 @@ class GenerationLoop:
         self._waiting = 0
         self._slow_passes = 0  # consecutive emulated passes the real compute could not meet
         self.keeping_pace = True
+        # When the pass in flight ends (wall clock: its start plus the measured time of a pass
+        # at its batch; None before the first timed one): heartbeats carry it to the scheduler,
+        # whose placement counts a joining session's wait for the next pass boundary.
+        self.pass_ends_at: float | None = None
 
     # -- the thread -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -494,9 +498,12 @@ class GenerationLoop:
 
     def _run_pass(self, participants: list[str]) -> None:
         phases = self.engine.phases()
+        batch = len(participants)
+        expected_ms = self.pass_times.snapshot().get(batch)
+        if expected_ms is not None:
+            self.pass_ends_at = self.now() + expected_ms / 1000.0
         started = time.perf_counter()
         results = self.engine.pass_step(participants)
-        batch = len(participants)
         pass_ms = (time.perf_counter() - started) * 1000.0
         if self.pass_floor_ms is not None:
             pass_ms = self._pace_to_floor(batch, pass_ms)
