@@ -161,14 +161,14 @@ def textured(plan: Plan) -> list[np.ndarray]:
 
 def standin(plan: Plan) -> list[np.ndarray]:
     """The stand-in model's frames at the plan's resolution (one session, on the CPU)."""
-    from services.gpu_worker.engine import Engine, EngineConfig
+    from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
 
     engine = Engine(EngineConfig(preset="tiny", device="cpu", max_sessions=1,
                                  resolution=(plan.height, plan.width)))
     engine.add_session("bench", "a red fox running through snow", 1)
     chunks = []
     while len(chunks) < plan.chunks:
-        for result in engine.step():
+        for result in next_chunks(engine):
             chunks.append(result.frames.numpy()[: plan.frames])
     return chunks
 
