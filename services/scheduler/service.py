@@ -137,20 +137,30 @@ class SchedulerService:
         limits = await self.ctx.registry.pool_limits()
         min_gpus = limits.min_workers if limits is not None else settings.min_workers
         max_gpus = limits.max_workers if limits is not None else settings.max_workers
-        boot = settings.boot_delay_s + WORKER_START_S
-        prefix = settings.gpu_id_prefix or None
-        spec = policy_spec(settings.policy)
-        params: dict[str, object]
-        if spec.autoscales:
-            params = {"rho_table": self.rho_table, "boot_delay_s": boot, "initial_gpus": 0,
-                      "min_gpus": min_gpus, "max_gpus": max_gpus,
-                      "gpu_kind": self.default_kind, "gpu_id_prefix": prefix}
-        else:  # it takes the pool it finds
-            params = {"gpus": 0, "gpu_kind": self.default_kind, "boot_delay_s": boot,
-                      "gpu_id_prefix": prefix}
-        policy = get_policy(settings.policy, self.profiles, spec.config(params))
-        assert isinstance(policy, Controller)  # every registered policy is one
-        return policy
+        return live_policy(settings, self.profiles, self.default_kind, self.rho_table,
+                           min_gpus, max_gpus)
+
+
+def live_policy(settings: SchedulerSettings, profiles: dict[str, LatencyProfile],
+                default_kind: str, rho_table: RhoTable | None, min_gpus: int,
+                max_gpus: int) -> Controller:
+    """The policy ``settings`` name, set for the live pool: it starts with no GPU of its own
+    (it finds the workers that run); an autoscaler sizes the pool between ``min_gpus`` and
+    ``max_gpus`` with the rho table, a static policy keeps the pool it finds."""
+    boot = settings.boot_delay_s + WORKER_START_S
+    prefix = settings.gpu_id_prefix or None
+    spec = policy_spec(settings.policy)
+    params: dict[str, object]
+    if spec.autoscales:
+        params = {"rho_table": rho_table, "boot_delay_s": boot, "initial_gpus": 0,
+                  "min_gpus": min_gpus, "max_gpus": max_gpus, "gpu_kind": default_kind,
+                  "gpu_id_prefix": prefix}
+    else:
+        params = {"gpus": 0, "gpu_kind": default_kind, "boot_delay_s": boot,
+                  "gpu_id_prefix": prefix}
+    policy = get_policy(settings.policy, profiles, spec.config(params))
+    assert isinstance(policy, Controller)  # every registered policy is one
+    return policy
 
 
 def load_inputs(

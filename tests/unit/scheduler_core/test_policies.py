@@ -34,6 +34,7 @@ from services.scheduler.core.types import (
 )
 from shared.policies import LIVE_POLICIES
 from shared.profile import load_profile
+from shared.settings import SchedulerSettings, SettingsError
 
 from .harness import Env, build
 
@@ -91,6 +92,14 @@ def test_every_policy_declares_whether_it_autoscales_and_is_live():
     # The settings check reads the names from shared/ (it cannot import the scheduler).
     assert live_policies() == sorted(LIVE_POLICIES)
     assert "clairvoyant" in available_policies() and "clairvoyant" not in LIVE_POLICIES
+
+
+def test_settings_refuse_a_policy_the_live_scheduler_cannot_run():
+    for name in ("clairvoyant", "nope"):
+        with pytest.raises(SettingsError, match=f"TURBOSERVE_POLICY='{name}': not a policy the "
+                                                "live scheduler runs; one of hpa, least_loaded"):
+            SchedulerSettings.from_env({"TURBOSERVE_POLICY": name})
+    assert SchedulerSettings.from_env({"TURBOSERVE_POLICY": "hpa"}).policy == "hpa"
 
 
 def test_register_policy_adds_a_spec(monkeypatch):
@@ -358,3 +367,28 @@ def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
     baseline.note_step("h20-0000", 5.0)  # the hook exists on every Controller ...
     first = baseline.step(Event(0.0, EventKind.ARRIVE, "a"))
     assert first == [Assign("a", "h20-0000")]  # ... but only turboserve's chooser reads it
+
+
+def test_the_live_service_gives_an_autoscaler_the_pool_limits_and_a_static_policy_none():
+    from services.scheduler.service import WORKER_START_S, live_policy
+
+    profiles = {PROFILE.gpu_kind: PROFILE}
+    for name in LIVE_POLICIES:
+        settings = SchedulerSettings.from_env({}, policy=name, boot_delay_s=2.0,
+                                              gpu_id_prefix="run7")
+        policy = live_policy(settings, profiles, PROFILE.gpu_kind, None, 2, 5)
+        assert policy.name == name and policy.view.billed_gpus == 0  # it finds the workers
+        assert policy.boot_delay_s == 2.0 + WORKER_START_S
+        assert policy.autoscales is policy_spec(name).autoscales
+        if policy.autoscales:
+            assert (policy.config.min_gpus, policy.config.max_gpus) == (2, 5), name
+        out = policy.step(Event(0.0, EventKind.GPU_READY, gpu_id="w1"))
+        for i in range(2 * PROFILE.capacity):  # twice what the worker it found can hold
+            out += policy.step(Event(1.0, EventKind.ARRIVE, f"s{i}"))
+        out += policy.step(Event(60.0, EventKind.TICK))  # past the rivals' periods
+        assert Assign("s0", "w1") in out, name
+        asks = [d for d in out if isinstance(d, RequestGpus)]
+        if policy.autoscales:  # it asks for more, named with the prefix
+            assert asks and all(a.gpu_ids[0].startswith("run7-") for a in asks), name
+        else:  # it keeps the pool it finds
+            assert not asks and policy.view.gpus == {"w1": "ready"}, name
