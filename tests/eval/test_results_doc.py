@@ -76,3 +76,13 @@ def test_sim_tables_refuses_a_file_it_cannot_write(document: dict[str, Any],  # 
     assert f"--write {target}" in err
     if content is not None:
         assert target.read_text() == content
+
+
+def test_the_tables_say_the_scale_above_one(document: dict[str, Any]) -> None:  # noqa: F811
+    at_one = results.against_the_paper(document)
+    assert "scale" not in at_one.splitlines()[0]
+    scaled = json.loads(json.dumps(document))
+    for doc in (scaled, *scaled["by_profile"].values()):
+        doc["config"]["scale"] = 4
+    assert "(K = 2, scale 4)" in results.against_the_paper(scaled).splitlines()[0]
+    assert "h200-wan-1.3b-measured, scale 4: turboserve GPU-h" in results.service_table(scaled)

@@ -164,9 +164,16 @@ def _profiles(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {document["config"]["profile"]: document}
 
 
+def _scale_text(doc: dict[str, Any]) -> str:
+    """", scale N" for an evaluation of the traces at scale N > 1 (``sim evaluate --scale``);
+    nothing at scale 1."""
+    scale = doc["config"].get("scale", 1)
+    return "" if scale == 1 else f", scale {scale}"
+
+
 def against_the_paper(document: dict[str, Any]) -> str:
     profiles = _profiles(document)
-    heads = ["figure", "paper"] + [f"{name} (K = {doc['config']['capacity']})"
+    heads = ["figure", "paper"] + [f"{name} (K = {doc['config']['capacity']}{_scale_text(doc)})"
                                    for name, doc in profiles.items()]
     rows = []
     for i, (figure, paper) in enumerate(PAPER_ROWS):
@@ -226,8 +233,9 @@ def _figure(i: int, s: dict[str, Any], document: dict[str, Any],
 def service_table(document: dict[str, Any]) -> str:
     profiles = _profiles(document)
     heads = ["trace"]
-    for name in profiles:
-        heads += [f"{name}: turboserve GPU-h", "best static", "HPA", "vs best static %",
+    for name, doc in profiles.items():
+        heads += [f"{name}{_scale_text(doc)}: turboserve GPU-h", "best static", "HPA",
+                  "vs best static %",
                   "vs cheaper of least_loaded / HPA %"]
     names = list(next(iter(profiles.values()))["traces"])
     rows = []
