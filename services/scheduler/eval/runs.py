@@ -22,7 +22,8 @@ import services.scheduler.eval.rivals  # noqa: F401  (registers the rival polici
 from services.scheduler.core.cluster import ClusterView
 from services.scheduler.core.policies import Policy
 from services.scheduler.core.types import Decision, Event, RestoredGpu, RestoredSession
-from shared.profile import LatencyProfile
+from services.scheduler.sim.traceio import Trace, load_trace
+from shared.profile import LatencyProfile, load_profile
 
 __all__ = ["RunSpec", "RunSummary", "execute", "prime_trace_cache", "run_all"]
 
@@ -156,27 +157,23 @@ class _Recorder:
         return gpu_s, waiting
 
 
-_TRACES: dict[str, Any] = {}
-_PROFILES: dict[str, Any] = {}
+_TRACES: dict[str, Trace] = {}
+_PROFILES: dict[str, LatencyProfile] = {}
 
 
-def prime_trace_cache(traces: dict[str, Any]) -> None:
+def prime_trace_cache(traces: dict[str, Trace]) -> None:
     """Hand already loaded traces (by key) to :func:`execute` in this process."""
     _TRACES.update(traces)
 
 
-def _trace(key: str) -> Any:
+def _trace(key: str) -> Trace:
     if key not in _TRACES:
-        from services.scheduler.sim.traceio import load_trace
-
         _TRACES[key] = load_trace(key)
     return _TRACES[key]
 
 
-def _profile(name: str) -> Any:
+def _profile(name: str) -> LatencyProfile:
     if name not in _PROFILES:
-        from shared.profile import load_profile
-
         _PROFILES[name] = load_profile(name)
     return _PROFILES[name]
 

@@ -73,7 +73,7 @@ from services.scheduler.core.types import (
     Resume,
     Suspend,
 )
-from services.scheduler.sim.traceio import Trace
+from services.scheduler.sim.traceio import Trace, TraceEvent
 from services.scheduler.sim.viewer import ServiceLedger, summary
 from shared.profile import LatencyProfile, load_profile
 
@@ -348,7 +348,7 @@ class Simulator:
 
     # ---- events in ------------------------------------------------------------------------
 
-    def _trace_event(self, ev: Any) -> None:
+    def _trace_event(self, ev: TraceEvent) -> None:
         sid, kind = ev.session_id, ev.event
         if kind == "arrive":
             self.sessions[sid] = _Session(spell_start=ev.t)
