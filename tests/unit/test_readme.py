@@ -90,3 +90,26 @@ def test_slug_is_githubs() -> None:
         "gpu-cost-to-serve-99-of-chunk-periods-on-time-per-trace")
     assert slug("WebRTC in bench stream") == "webrtc-in-bench-stream"
     assert slug("The stand-in model's frames") == "the-stand-in-models-frames"
+
+
+def test_the_readmes_map_lists_every_package() -> None:
+    packages = sorted({init.parent.relative_to(ROOT).as_posix() + "/"
+                       for top in ("shared", "services", "tools")
+                       for init in (ROOT / top).rglob("__init__.py")} - {"services/"})
+    missing = [p for p in packages if f"`{p}`" not in README]
+    assert not missing, f"packages the README's map leaves out: {missing}"
+
+
+def test_every_path_the_readme_names_exists() -> None:
+    named = set(re.findall(r"`((?:shared|services|tools|tests|docs|scripts|deploy)/[\w./-]*)`",
+                           README))
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"the README names paths that do not exist: {missing}"
+
+
+def test_the_maps_shared_row_names_every_shared_module() -> None:
+    row = next(line for line in README.splitlines() if line.startswith("| `shared/` |"))
+    named = set(re.findall(r"`(\w+\.py)`", row))
+    modules = {p.name for p in (ROOT / "shared").glob("*.py")} - {"__init__.py"}
+    assert named == modules, (f"shared/ modules the map leaves out: {sorted(modules - named)}; "
+                              f"named but gone: {sorted(named - modules)}")
