@@ -223,7 +223,8 @@ def _attainment_curve(runs: list[RunSummary]) -> list[CurvePoint]:
     return [CurvePoint(r.cost_gpu_h, 1.0 - r.attainment) for r in runs]
 
 
-def _predictive(curves, points, ours_run: RunSummary, floors: TraceFloors) -> dict[str, Any]:
+def _predictive(curves: dict[str, list[RunSummary]], points: dict[str, list[CurvePoint]],
+                ours_run: RunSummary, floors: TraceFloors) -> dict[str, Any]:
     pred = _one(curves, "turboserve_predictive")
     at_att = cost_at_latency(_attainment_curve(curves["turboserve"]), 1.0 - pred.attainment)
     at_p99 = cost_at_latency(points["turboserve"], pred.p99_ms)
@@ -241,7 +242,8 @@ def _predictive(curves, points, ours_run: RunSummary, floors: TraceFloors) -> di
     }
 
 
-def _sensitivity(curves, floors: TraceFloors, ours_run, clair, boot_delay_s) -> dict[str, Any]:
+def _sensitivity(curves: dict[str, list[RunSummary]], floors: TraceFloors,
+                 ours_run: RunSummary, clair: RunSummary, boot_delay_s: float) -> dict[str, Any]:
     boot: dict[str, Any] = {}
     for b, floor_h in sorted(floors.with_boot_h.items()):
         if b == float(boot_delay_s):
@@ -271,23 +273,23 @@ def _sensitivity(curves, floors: TraceFloors, ours_run, clair, boot_delay_s) -> 
         }
     migration: dict[str, Any] = {}
     nm = _one(curves, "no_migration")
-    for label, ts, nom in (("nvlink", ours_run, nm),
+    for label, run, nom in (("nvlink", ours_run, nm),
                            ("pcie", _get(curves, "sens_pcie"), nm)):
-        if ts is None or nom is None:
+        if run is None or nom is None:
             continue
         migration[label] = {
-            "turboserve_cost_gpu_hours": round(ts.cost_gpu_h, 4),
-            "turboserve_p99_ms": round(ts.p99_ms, 1),
-            "turboserve_attainment": round(ts.attainment, 5),
-            "migrations": ts.migrations,
+            "turboserve_cost_gpu_hours": round(run.cost_gpu_h, 4),
+            "turboserve_p99_ms": round(run.p99_ms, 1),
+            "turboserve_attainment": round(run.attainment, 5),
+            "migrations": run.migrations,
             "no_migration_cost_gpu_hours": round(nom.cost_gpu_h, 4),
             "no_migration_p99_ms": round(nom.p99_ms, 1),
-            "no_migration_cost_increase_pct": round(_increase(ts.cost_gpu_h, nom.cost_gpu_h), 3),
+            "no_migration_cost_increase_pct": round(_increase(run.cost_gpu_h, nom.cost_gpu_h), 3),
         }
     return {"boot_delay_s": boot, "migration": migration}
 
 
-def _get(curves, key):
+def _get(curves: dict[str, list[RunSummary]], key: str) -> RunSummary | None:
     return curves[key][0] if key in curves else None
 
 

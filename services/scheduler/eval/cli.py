@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 
-def register(sim_subparsers: argparse._SubParsersAction) -> None:
+def register(sim_subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sim_subparsers.add_parser(
         "evaluate",
         help="oracles, matched comparisons, ablations, sensitivity; tables, plots and JSON",

@@ -12,8 +12,8 @@ the first scale's document is the top level, every scale's profiles are under ``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,16 @@ from services.scheduler.eval.extend import (
     next_runs,
 )
 from services.scheduler.eval.plan import PlanConfig, TraceFacts, plan_trace
-from services.scheduler.eval.runs import RunSpec, RunSummary, prime_trace_cache, run_all
+from services.scheduler.eval.runs import (
+    DEFAULT_PROFILE,
+    RunSpec,
+    RunSummary,
+    prime_trace_cache,
+    run_all,
+)
 
-__all__ = ["DEFAULT_PROFILES", "Evaluation", "evaluate", "evaluate_profiles", "evaluate_scales",
-           "scaled_keys", "trace_keys_from_dir"]
+__all__ = ["DEFAULT_PROFILES", "Evaluation", "costs_at_slo", "evaluate", "evaluate_profiles",
+           "evaluate_scales", "scaled_keys", "trace_keys_from_dir"]
 
 # The paper's H20 (derived, batches well: K = 12) and our wan-1.3b on one H200 (measured,
 # batches hardly at all: K = 2).
@@ -102,14 +108,16 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     by_trace: dict[str, list[RunSummary]] = {n: [] for n in names.values()}
     for summary in run_all(specs, jobs=jobs, progress=progress):
         by_trace[names[summary.spec.trace]].append(summary)
-    added = _extend_sweeps(by_trace, floors, specs, names, capacity, jobs=jobs,
+    peaks = {name: fl.peak_active for name, fl in floors.items()}
+    added = _extend_sweeps(by_trace, peaks, specs, names, capacity, jobs=jobs,
                            progress=progress)
     if placement is None and placement_instances > 0:
-        placement = placement_gap(profile, instances=placement_instances).to_json()
+        measured: dict[str, Any] = placement_gap(profile, instances=placement_instances).to_json()
         # The same with K = 4, so that capacity binds on instances of at most 12 sessions.
-        placement["tight_capacity_4"] = placement_gap(
+        measured["tight_capacity_4"] = placement_gap(
             profile, instances=placement_instances, capacity=4).to_json()
-        placement["mixed_kinds"] = _mixed_placement(placement_instances)
+        measured["mixed_kinds"] = _mixed_placement(placement_instances)
+        placement = measured
     elif placement is None:  # measured once, with the first profile (evaluate_profiles)
         placement = {"instances": 0, "avg": None, "max": None}
 
@@ -154,11 +162,12 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     return Evaluation(document, by_trace, floors, names[plot_key])
 
 
-def _extend_sweeps(by_trace: dict[str, list[RunSummary]], floors: dict[str, TraceFloors],
+def _extend_sweeps(by_trace: dict[str, list[RunSummary]], peaks: dict[str, int],
                    specs: list[RunSpec], name_of: dict[str, str], capacity: int, *,
                    jobs: int | None, progress: bool) -> int:
     """Round after round, the runs ``extend.py`` asks for on curves that miss the service
-    level, until none is asked for; returns how many were run."""
+    level, until none is asked for; returns how many were run. ``peaks``: each trace's most
+    active sessions at once, by name."""
     from services.scheduler.eval.plan import STATIC_BASELINES
 
     planned_top = {name: 0 for name in by_trace}
@@ -169,13 +178,55 @@ def _extend_sweeps(by_trace: dict[str, list[RunSummary]], floors: dict[str, Trac
     added = 0
     while True:
         extra = [spec for name, runs in by_trace.items()
-                 for spec in next_runs(runs, floors[name].peak_active, capacity,
-                                       planned_top[name])]
+                 for spec in next_runs(runs, peaks[name], capacity, planned_top[name])]
         if not extra:
             return added
         added += len(extra)
         for summary in run_all(extra, jobs=jobs, progress=progress):
             by_trace[name_of[summary.spec.trace]].append(summary)
+
+
+def costs_at_slo(trace_key: str, policies: Sequence[str], *, profile: str = DEFAULT_PROFILE,
+                 boot_delay_s: float = 30.0, quick: bool = False, jobs: int | None = None,
+                 progress: bool = True) -> dict[str, dict[str, Any] | None]:
+    """What each policy pays to serve 99% of chunk periods on time on one trace, the figure
+    ``sim evaluate`` gives for it: the policy's sweep as the evaluation plans it (its main plan
+    for the first default profile at scale 1, the other plan otherwise: ``for_profile``),
+    extended as it extends it, read as ``service_level`` reads it (a static pool, and
+    ``no_autoscale``, at the smallest GPU count that serves it; an autoscaler on its curve).
+    Each entry carries ``runs``, the simulator runs behind it; None for a policy that the
+    evaluation does not sweep."""
+    from services.scheduler.eval.plan import STATIC_BASELINES
+    from services.scheduler.eval.service_level import curve_at_slo, static_at_slo
+    from services.scheduler.sim.simulator import WARM_START_MIN_WINDOW_S
+    from services.scheduler.sim.traceio import load_trace, scale_of
+    from shared.profile import load_profile
+
+    trace = load_trace(trace_key)
+    prime_trace_cache({trace_key: trace})
+    capacity = load_profile(profile).capacity
+    base = PlanConfig.quick() if quick else PlanConfig.full()
+    cfg = replace(base.for_profile(profile, main=(profile == DEFAULT_PROFILES[0]
+                                                  and scale_of(trace.name) == 1)),
+                  boot_delay_s=boot_delay_s)
+    initial = trace.initial_active(max(boot_delay_s, WARM_START_MIN_WINDOW_S))
+    facts = TraceFacts(trace_key, trace.name, trace.peak_active(), initial, capacity)
+    specs = plan_trace(facts, cfg)
+    wanted = [spec for spec in specs if spec.curve in policies]
+    runs = list(run_all(wanted, jobs=jobs, progress=progress))
+    by_trace = {trace.name: runs}
+    _extend_sweeps(by_trace, {trace.name: facts.peak_active}, specs, {trace_key: trace.name},
+                   capacity, jobs=jobs, progress=progress)
+    out: dict[str, dict[str, Any] | None] = {}
+    for policy in policies:
+        curve = [r for r in by_trace[trace.name] if r.spec.curve == policy]
+        if not curve:
+            out[policy] = None
+            continue
+        static = policy in STATIC_BASELINES or policy == "no_autoscale"
+        entry = static_at_slo(curve) if static else curve_at_slo(curve)
+        out[policy] = {**entry, "runs": len(curve)}
+    return out
 
 
 def _table_path(profile: str) -> Path:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from services.scheduler.eval.runs import DEFAULT_PROFILE, RunSpec
 from services.scheduler.sim.simulator import warm_pool
@@ -100,7 +101,7 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     specs: list[RunSpec] = []
     init = ("initial_gpus", _initial_gpus(facts))
 
-    def add(policy: str, curve: str, params: tuple = (), *, profile: str | None = None,
+    def add(policy: str, curve: str, params: tuple[tuple[str, Any], ...] = (), *, profile: str | None = None,
             boot: float | None = None, keep: bool = False) -> None:
         specs.append(RunSpec(
             trace=facts.key, policy=policy, curve=curve, params=tuple(params),
@@ -148,8 +149,9 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     for boot in cfg.boot_delays:
         if boot == cfg.boot_delay_s:
             continue  # the main runs above
-        for rho in (None, *(cfg.rho_hats if cfg.boot_sweep else ())):
-            fixed = () if rho is None else (("rho_hat", rho),)
+        for fixed_rho in (None, *(cfg.rho_hats if cfg.boot_sweep else ())):
+            fixed: tuple[tuple[str, Any], ...] = (
+                () if fixed_rho is None else (("rho_hat", fixed_rho),))
             add("turboserve", f"sens_boot_{boot:g}", (init, *fixed), boot=boot)
             add("clairvoyant", f"sens_boot_{boot:g}_clairvoyant",
                 (init, *fixed, ("future", True)), boot=boot)

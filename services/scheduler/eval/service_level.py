@@ -116,9 +116,9 @@ _OTHER_SIDE = {"cost_reduction_vs_best_baseline": "best_baseline",
 
 
 def _entry(v: dict[str, Any], name: str) -> dict[str, Any]:
-    if name == "turboserve":
-        return v["turboserve"]
-    return v["static"].get(name) or v["rivals"][name]
+    entry: dict[str, Any] = (v["turboserve"] if name == "turboserve" else
+                             v["static"].get(name) or v["rivals"][name])
+    return entry
 
 
 def comparison_sides_not_reached(v: dict[str, Any], comparison: str) -> list[str]:
@@ -135,7 +135,7 @@ def comparison_cell(v: dict[str, Any], comparison: str, sign: float = 1.0) -> fl
     who = comparison_sides_not_reached(v, comparison)
     if who:
         return f"not reached ({', '.join(who)})"
-    return sign * v[comparison + "_pct"]
+    return sign * float(v[comparison + "_pct"])
 
 
 def _increase(ours: float, theirs: float) -> float:
@@ -241,7 +241,8 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     gaps = [x for x in gap.values() if x is not None]
     costs = [x for x in cost.values() if x is not None]
     robusts = [x for x in robust.values() if x is not None]
-    worst = min((n for n in cost if cost[n] is not None), key=lambda n: cost[n], default=None)
+    reached = {n: x for n, x in cost.items() if x is not None}
+    worst = min(reached, key=lambda n: reached[n], default=None)
     return {
         "cost_reduction_at_matched_slo_pct": {
             "slo_attainment": SLO_ATTAINMENT,

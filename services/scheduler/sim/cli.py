@@ -10,6 +10,7 @@ import importlib
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ STATIC_POLICIES = ("round_robin", "least_loaded", "memory_aware")
 DEFAULT_BOOT_DELAY_S = 30.0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sim = subparsers.add_parser("sim", help="traces, the discrete-event simulator, the profiler")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SIM_COMMAND")
 
@@ -34,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = sim_sub.add_parser("run", help="simulate one policy (or all) on one trace")
     run.add_argument("--trace", required=True, help="a trace file, or a built-in trace name")
     run.add_argument("--policy", default="turboserve",
-                     help="a registered policy name, or 'all' (default: turboserve)")
+                     help="a registered policy name, several separated by commas, or 'all' "
+                          "(default: turboserve)")
     run.add_argument("--gpus", type=int, default=None,
                      help="GPU count for static policies (with --policy all the default is "
                           "turboserve's cost: each figure interpolated between the GPU counts "
@@ -58,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     run.add_argument("--timeline", action="store_true",
                      help="include (t, GPUs, active sessions) points in the JSON")
+    run.add_argument("--at-slo", action=argparse.BooleanOptionalAction, default=None,
+                     help="also print each policy's cost to serve 99%% of chunk periods on "
+                          "time: its setting swept on this trace as sim evaluate sweeps it "
+                          "(default: on with --policy all, off otherwise; about a minute per "
+                          "30-minute trace for all policies)")
+    run.add_argument("--jobs", type=int, default=1,
+                     help="worker processes for the --at-slo sweep (default 1)")
     run.set_defaults(func=run_sim)
 
     prof = sim_sub.add_parser("profile", help="build the adaptive rho_hat table offline")
@@ -187,6 +196,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--rho-hat must be in (0, 1], got {args.rho_hat:g}")
     if args.delta is not None and not (math.isfinite(args.delta) and args.delta >= 0):
         raise UsageError(f"--delta must be >= 0, got {args.delta:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
 
 
 def _run_sim(args: argparse.Namespace) -> int:
@@ -256,23 +267,105 @@ def _run_sim(args: argparse.Namespace) -> int:
         else:
             note = f"static pools at {args.gpus} GPUs (--gpus): not matched to any cost"
     else:
-        rows.append(one(args.policy, args.gpus, params))
+        for name in (p.strip() for p in args.policy.split(",") if p.strip()):
+            rows.append(one(name, args.gpus, params))
     print(f"trace {trace.name}: {trace.duration / 60:.0f} min, {trace.sessions} sessions, "
           f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
           f"deadline {profile.deadline_ms:g} ms); boot delay {args.boot_delay:g} s")
     print(markdown_table(rows, extra=["gpus"] if args.policy == "all" else ()))
     if note:
         print(note)
+    at_slo = args.at_slo if args.at_slo is not None else args.policy == "all"
     print("late ms: past each chunk's due time (0: on time); deadline % and stall-adj. %: the "
-          "periods served on time in these runs. The cost to serve 99% of periods (the README's "
-          "headline) needs a sweep of each policy's setting: turboserve sim evaluate "
-          "[--traces DIR]")
+          "periods served on time in these runs." + ("" if at_slo else
+          " The cost to serve 99% of periods (the README's headline) needs a sweep of each "
+          "policy's setting: --at-slo, or turboserve sim evaluate [--traces DIR]"))
     print(f"simulated {len(rows)} run(s) in {sum(r['wall_s'] for r in rows):.2f} s wall")
+    if at_slo:
+        _print_at_slo(args, rows, profile)
     if args.json is not None:
         doc: Any = rows[0] if len(rows) == 1 else {"trace": trace.name, "runs": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
+
+
+def _print_at_slo(args: argparse.Namespace, rows: list[dict[str, Any]], profile: Any) -> None:
+    """Each row's policy swept on the trace as ``sim evaluate`` sweeps it: its cost to serve
+    99% of chunk periods on time, printed and kept in the row (``cost_at_slo``)."""
+    from services.scheduler.eval.evaluate import costs_at_slo
+    from services.scheduler.eval.service_level import SLO_ATTAINMENT, cost_cell
+    from services.scheduler.eval.tables import markdown_table
+
+    started = time.perf_counter()
+    entries = costs_at_slo(args.trace, [row["policy"] for row in rows],
+                           profile=args.profile or profile.name, boot_delay_s=args.boot_delay,
+                           jobs=args.jobs, progress=sys.stderr.isatty())
+    price = profile.price_usd_per_gpu_hour
+    table = []
+    for row in rows:
+        entry = row["cost_at_slo"] = entries[row["policy"]]
+        if entry is None:
+            table.append([row["policy"], "not swept by the evaluation", None, None, None])
+            continue
+        cost = cost_cell(entry)
+        table.append([
+            row["policy"], cost,
+            entry["cost_gpu_hours"] * price if price is not None and entry["reached"] else None,
+            (f"none of its sweep (up to {entry['gpus']} GPUs)" if not entry["reached"]
+             and "gpus" in entry else "none of its sweep" if not entry["reached"] else
+             f"{entry['gpus']} GPUs" if "gpus" in entry else
+             "its curve, at most (its cheapest point serves more)" if entry.get("upper_bound")
+             else "its curve"),
+            entry["runs"]])
+    level = f"{100 * SLO_ATTAINMENT:g}%"
+    print()
+    print(f"cost to serve {level} of chunk periods on time (stall-adjusted), each policy's "
+          f"setting swept on {args.trace} as sim evaluate sweeps it:")
+    print(markdown_table(["policy", f"GPU-h @ {level}", f"$ @ {level}", "read at", "runs"],
+                         table, digits=2))
+    for line in _comparisons_at_slo(entries):
+        print(line)
+    ignored = [flag for flag, given in (
+        ("--rho-hat", args.rho_hat is not None), ("--delta", args.delta is not None),
+        ("--param", bool(args.param)), ("--gpus", args.gpus is not None),
+        ("--cold-start", args.cold_start), ("--tick", args.tick != 1.0),
+        ("--resume-ms", args.resume_ms != 0.0)) if given]
+    if ignored:
+        print(f"note: {', '.join(ignored)} apply to the runs above, not to the sweep (it uses "
+              f"the evaluation's settings)")
+    print(f"swept {sum(e['runs'] for e in entries.values() if e)} run(s) in "
+          f"{time.perf_counter() - started:.1f} s wall")
+
+
+def _comparisons_at_slo(entries: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Turboserve against the best static pool and against the clairvoyant at the service
+    level, as the evaluation compares them; who did not reach it, where one did not."""
+    ours = entries.get("turboserve")
+    if ours is None:
+        return []
+    out = []
+    static = {n: e for n in STATIC_POLICIES if (e := entries.get(n)) is not None}
+    if len(static) == len(STATIC_POLICIES):
+        reached = {n: e for n, e in static.items() if e["reached"]}
+        if reached and ours["reached"]:
+            best = min(reached, key=lambda n: reached[n]["cost_gpu_hours"])
+            theirs = reached[best]["cost_gpu_hours"]
+            out.append(f"turboserve against the best static pool ({best} x "
+                       f"{reached[best]['gpus']}): "
+                       f"{100 * (ours['cost_gpu_hours'] / theirs - 1):+.1f}% cost")
+        else:
+            who = ["turboserve"] if not ours["reached"] else list(STATIC_POLICIES)
+            out.append(f"turboserve against the best static pool: not reached "
+                       f"({', '.join(who)})")
+    clairvoyant = entries.get("clairvoyant")
+    if clairvoyant is not None:
+        who = [n for n, e in (("turboserve", ours), ("clairvoyant", clairvoyant))
+               if not e["reached"]]
+        gap = (f"not reached ({', '.join(who)})" if who else
+               f"{100 * (ours['cost_gpu_hours'] / clairvoyant['cost_gpu_hours'] - 1):+.1f}%")
+        out.append(f"gap to the clairvoyant (our cost over its, minus 1): {gap}")
+    return out
 
 
 def _at_equal_cost(name: str, mean_gpus: float, one: Any) -> dict[str, Any]:
@@ -293,7 +386,7 @@ def _at_equal_cost(name: str, mean_gpus: float, one: Any) -> dict[str, Any]:
             return a
         return a + (b - a) * f
 
-    row = mix(low, high)
+    row: dict[str, Any] = mix(low, high)
     row["policy"] = name
     for key in ("migrations", "scale_events", "chunks", "peak_gpus", "sessions"):
         if key in row:
@@ -311,7 +404,9 @@ def _all_policies() -> list[str]:
 
 def _default_static_gpus(trace: Any, profile: Any) -> int:
     """A static pool sized for the trace's peak at full capacity K (the least that fits)."""
-    return max(1, math.ceil(trace.peak_active() / profile.capacity))
+    peak: int = trace.peak_active()
+    capacity: int = profile.capacity
+    return max(1, math.ceil(peak / capacity))
 
 
 # ---- sim profile --------------------------------------------------------------------------

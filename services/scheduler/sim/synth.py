@@ -45,13 +45,17 @@ LIFETIME_MAX_S = 900.0
 DEFAULT_DURATION_S = 1800.0
 
 
+# A target active-session curve: t (s) -> target active sessions, given the trace's generator.
+Shape = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+
+
 @dataclass(frozen=True, slots=True)
 class TraceSpec:
     """One synthetic trace: a target active-session curve and its session behaviour."""
 
     name: str
     seed: int
-    shape: Callable[[np.ndarray, np.random.Generator], np.ndarray]  # t (s) -> target active
+    shape: Shape
     active_mean_s: float = 25.0
     idle_mean_s: float = 10.0
     storms_per_hour: float = 0.0  # activation storms (see module docstring, step 4)
@@ -66,12 +70,13 @@ class TraceSpec:
 
 def _calm(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     # One slow swell from a dozen to ~100 and back over the whole trace.
-    return 12 + 92 * np.sin(np.pi * t / t[-1]) ** 2
+    return np.asarray(12 + 92 * np.sin(np.pi * t / t[-1]) ** 2, dtype=float)
 
 
 def _diurnal(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     # Two 15-minute waves with a little wobble, 15..105.
-    return 60 + 42 * np.sin(2 * np.pi * t / 900 - np.pi / 2) + 4 * np.sin(2 * np.pi * t / 97)
+    return np.asarray(60 + 42 * np.sin(2 * np.pi * t / 900 - np.pi / 2)
+                      + 4 * np.sin(2 * np.pi * t / 97), dtype=float)
 
 
 def _steps(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -126,7 +131,7 @@ def _churny(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return 60 + 6 * np.sin(2 * np.pi * t / 420 + rng.uniform(0, 2 * np.pi))
 
 
-_SHAPES: dict[str, tuple[Callable, dict, str]] = {
+_SHAPES: dict[str, tuple[Shape, dict[str, float], str]] = {
     "calm": (_calm, {"active_mean_s": 40.0, "idle_mean_s": 8.0},
              "one slow swell 12 -> ~100 -> 12; long active spells"),
     "diurnal": (_diurnal, {"active_mean_s": 30.0, "idle_mean_s": 10.0},

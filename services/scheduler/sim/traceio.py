@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 HEADER = ("t", "session_id", "event")
 EVENTS = ("arrive", "active", "idle", "depart")
@@ -36,7 +36,8 @@ class TraceError(ValueError):
         self.line = line
         self.reason = reason
 
-    def __reduce__(self):  # picklable across worker processes despite the 3-argument init
+    def __reduce__(self) -> tuple[type[TraceError], tuple[str, int | None, str]]:
+        # picklable across worker processes despite the 3-argument init
         return (type(self), (self.source, self.line, self.reason))
 
 
@@ -83,7 +84,7 @@ class Trace:
 
 
 @contextlib.contextmanager
-def _open_text(path: Path, mode: str) -> Iterator[io.TextIOBase]:
+def _open_text(path: Path, mode: str) -> Iterator[IO[str]]:
     if path.suffix != ".gz":
         with open(path, mode, encoding="utf-8", newline="") as fh:
             yield fh
@@ -190,6 +191,12 @@ def load_trace(name_or_path: str | os.PathLike[str]) -> Trace:
     known = ", ".join(synth.BUILTIN_NAMES)
     raise FileNotFoundError(f"no trace file {str(p)!r} and no built-in trace of that name "
                             f"(built-in: {known}; at scale N: <name>_xN)")
+
+
+def scale_of(name: str) -> int:
+    """The scale a trace's name says (``bursty_x6``: 6); 1 for any other name."""
+    m = _SCALED.fullmatch(name)
+    return int(m["scale"]) if m is not None else 1
 
 
 def trace_name(path: Path) -> str:
