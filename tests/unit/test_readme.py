@@ -49,7 +49,7 @@ def test_every_documented_setting_exists() -> None:
 def test_every_up_flag_is_in_the_readme() -> None:
     parser = argparse.ArgumentParser()
     register_up(parser.add_subparsers())
-    up = parser._subparsers._group_actions[0].choices["up"]  # type: ignore[union-attr]  # noqa: SLF001
+    up = parser._subparsers._group_actions[0].choices["up"]  # type: ignore[union-attr,index]  # noqa: SLF001
     flags = {s for a in up._actions for s in a.option_strings if s.startswith("--")}
     missing = sorted(f for f in flags - {"--help"} if f"`{f}" not in README)
     assert not missing, f"`turboserve up` flags the README does not document: {missing}"
@@ -100,11 +100,12 @@ def test_the_readmes_map_lists_every_package() -> None:
     assert not missing, f"packages the README's map leaves out: {missing}"
 
 
-def test_every_path_the_readme_names_exists() -> None:
-    named = set(re.findall(r"`((?:shared|services|tools|tests|docs|scripts|deploy)/[\w./-]*)`",
-                           README))
-    missing = sorted(p for p in named if not (ROOT / p).exists())
-    assert not missing, f"the README names paths that do not exist: {missing}"
+def test_every_path_the_docs_name_exists() -> None:
+    missing = sorted(f"{path}: {named}" for path, text in DOCS.items()
+                     for named in set(re.findall(
+                         r"`((?:shared|services|tools|tests|docs|scripts|deploy)/[\w./-]*)`", text))
+                     if not (ROOT / named).exists())
+    assert not missing, f"the docs name paths that do not exist: {missing}"
 
 
 def test_the_maps_shared_row_names_every_shared_module() -> None:
