@@ -1,5 +1,6 @@
-"""The docs document what exists: every setting (docs/settings.md) and every `turboserve up`
-flag (README.md), and name no setting that does not exist."""
+"""The docs document what exists: every setting (docs/settings.md), every `turboserve up` flag
+and every package (README.md); and they name no setting, path, linked file or README anchor that
+does not exist."""
 
 from __future__ import annotations
 
