@@ -4,9 +4,9 @@
 compare-and-set guarded by the lease), ``Migrate`` through the migration protocol,
 ``RequestGpus``/``Release`` to the provisioner, ``Drain`` to the worker. Commands are retried
 until answered; a refused or failed one becomes the event the core expects (PLACEMENT_FAILED,
-MIGRATION_FAILED, GPU_GONE). A session a worker handed back is placed again
-(:meth:`Executor.replace_handed_back`); a release that does not go through is tried again
-(:class:`Releases`) for as long as the worker runs.
+MIGRATION_FAILED, GPU_GONE). Migrations run in the background (:class:`Migrations`); a
+session a worker handed back is placed again (:meth:`Executor.replace_handed_back`); a release
+that does not go through is tried again (:class:`Releases`) for as long as the worker runs.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from services.scheduler.core.types import (
 )
 from services.scheduler.pool import RELEASE_STOP_ATTEMPTS
 from shared.logging import get_logger
-from shared.registry import RegistryError, SessionRecord
+from shared.registry import Registry, RegistryError, SessionRecord
 from shared.states import IllegalTransition, SessionState
 from shared.wire import (
     MigrationReport,
@@ -60,12 +60,8 @@ class Executor:
         self.live = live
         self.registry = live.ctx.registry
         self.pool = live.pool
+        self.migrations = Migrations(self)
         self.releases = Releases(self)
-        self._reports: dict[str, asyncio.Future[MigrationReport]] = {}  # by command id
-        self.migrations_from: dict[str, set[asyncio.Task[Any]]] = {}
-        # Sessions with a Migrate in flight -> how many: the core already has them on the
-        # destination while the registry names the source until the commit.
-        self.moving: dict[str, int] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
 
     async def execute(self, decision: Decision) -> None:
@@ -78,7 +74,7 @@ class Executor:
             elif isinstance(decision, Suspend):
                 await self._suspend(decision.session_id, decision.gpu_id)
             elif isinstance(decision, Migrate):
-                self._start_migration(decision)
+                self.migrations.start(decision)
             elif isinstance(decision, RequestGpus):
                 self.pool.request(decision.gpu_ids, time.time())
                 live.spawn(self._request(list(decision.gpu_ids), decision.kind), "request-gpus")
@@ -144,7 +140,7 @@ class Executor:
         record = await self.registry.get_session(sid)
         if record is None:
             return
-        if sid in self.moving or record.state is SessionState.MIGRATING:
+        if sid in self.migrations.moving or record.state is SessionState.MIGRATING:
             # The core moved it when it decided; the registry names the source until the
             # handoff commits. Dropping the suspend would leave it running where it lands,
             # unwatched and holding a slot the core counts free: suspend it there instead.
@@ -171,7 +167,7 @@ class Executor:
         live = self.live
         deadline = time.monotonic() + live.handoff_timeout_s + REPORT_GRACE_S
         while time.monotonic() < deadline and not live.stopping.is_set():
-            if sid not in self.moving:  # then the registry: a parked state's move
+            if sid not in self.migrations.moving:  # then the registry: a parked state's move
                 record = await self.registry.get_session(sid)
                 if record is None or record.state is not SessionState.MIGRATING:
                     break
@@ -216,7 +212,7 @@ class Executor:
         """Move a suspended session's parked state from ``src`` to ``dst``, then resume it
         there (unless it was paused again meanwhile)."""
         live = self.live
-        report = await self.run_migration(sid, src, dst)
+        report = await self.migrations.run(sid, src, dst)
         if report is None or not report.ok:
             await live.feed_later(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid,
                                         gpu_id=dst))
@@ -241,7 +237,7 @@ class Executor:
         lock = self._session_locks.setdefault(sid, asyncio.Lock())
         async with lock:
             outcome = await self.live.sender.to_worker(
-                cmd, superseded=self._superseded(sid, cmd.epoch))
+                cmd, superseded=superseded_check(self.registry, sid, cmd.epoch))
         if outcome.ok or outcome.superseded:
             return
         log.warning("command_failed", kind=str(cmd.kind), worker_id=cmd.worker_id,
@@ -254,13 +250,6 @@ class Executor:
                 await self.requeue(record)
         await self.live.feed_later(Event(time.time(), on_failure, session_id=sid,
                                          gpu_id=cmd.worker_id))
-
-    def _superseded(self, sid: str, epoch: int) -> Callable[[], Awaitable[bool]]:
-        async def check() -> bool:
-            record = await self.registry.get_session(sid)
-            return record is None or record.epoch != epoch or record.state is SessionState.TERMINATED
-
-        return check
 
     async def stop_session(self, sid: str) -> None:
         """STOP to the worker of a session that closed."""
@@ -294,7 +283,7 @@ class Executor:
         async with live.lock:
             for sid in pending:
                 gpu = live.core.view.gpu_of(sid)
-                if gpu is None or sid in self.moving:
+                if gpu is None or sid in self.migrations.moving:
                     continue
                 record = await self.registry.get_session(sid)
                 if record is not None and record.state is SessionState.PENDING:
@@ -302,12 +291,43 @@ class Executor:
                     await live.step_locked(Event(time.time(), EventKind.PLACEMENT_FAILED,
                                                  session_id=sid, gpu_id=gpu))
 
-    # -- migrations -----------------------------------------------------------------------------
-    def _start_migration(self, decision: Migrate) -> None:
+    # -- the pool -------------------------------------------------------------------------------
+    async def _request(self, gpu_ids: list[str], kind: str) -> None:
+        reply = await self.live.sender.to_provisioner(ProvisionerCommand(
+            kind=ProvisionerCmdKind.START, count=len(gpu_ids), worker_ids=gpu_ids, gpu_kind=kind))
+        if reply is None:
+            log.warning("provisioner_unanswered", requested=gpu_ids)
+            return  # booting until they come, or time out
+        for refusal in reply.refused:
+            if refusal.worker_id and self.pool.refused(refusal.worker_id):
+                log.warning("gpu_refused", gpu_id=refusal.worker_id, code=refusal.code,
+                            detail=refusal.detail)
+                await self.live.feed_later(Event(time.time(), EventKind.GPU_GONE,
+                                                 gpu_id=refusal.worker_id))
+
+    async def _drain(self, gpu: str) -> None:
+        await self.live.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
+
+
+class Migrations:
+    """The migrations one leadership runs: MIGRATE to the source, the handoff's report awaited
+    (it comes on the migrations subject); a failed one becomes MIGRATION_FAILED."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.live = executor.live
+        self.registry = executor.registry
+        self._reports: dict[str, asyncio.Future[MigrationReport]] = {}  # by command id
+        self.from_gpu: dict[str, set[asyncio.Task[Any]]] = {}  # the Migrates off each GPU
+        # Sessions with a Migrate in flight -> how many: the core already has them on the
+        # destination while the registry names the source until the commit.
+        self.moving: dict[str, int] = {}
+
+    def start(self, decision: Migrate) -> None:
+        """Carry out a Migrate in the background."""
         sid, src = decision.session_id, decision.src
         self.moving[sid] = self.moving.get(sid, 0) + 1
         task = self.live.spawn(self._migrate(sid, src, decision.dst), f"migrate-{sid}")
-        off_src = self.migrations_from.setdefault(src, set())
+        off_src = self.from_gpu.setdefault(src, set())
         off_src.add(task)
         task.add_done_callback(off_src.discard)
         task.add_done_callback(lambda _task: self.moved(sid))
@@ -321,7 +341,7 @@ class Executor:
             self.moving.pop(sid, None)
 
     async def _migrate(self, sid: str, src: str, dst: str) -> None:
-        report = await self.run_migration(sid, src, dst)
+        report = await self.run(sid, src, dst)
         if report is not None and report.ok:
             return
         record = await self.registry.get_session(sid)
@@ -331,7 +351,7 @@ class Executor:
         await self.live.feed_later(Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid,
                                          gpu_id=where))
 
-    async def run_migration(self, sid: str, src: str, dst: str) -> MigrationReport | None:
+    async def run(self, sid: str, src: str, dst: str) -> MigrationReport | None:
         """MIGRATE to the source and the report of the handoff; None when the session was not
         there to move, the source refused, or no report came in time."""
         live = self.live
@@ -344,7 +364,8 @@ class Executor:
         waiter: asyncio.Future[MigrationReport] = asyncio.get_running_loop().create_future()
         self._reports[cmd.command_id] = waiter
         try:
-            outcome = await live.sender.to_worker(cmd, superseded=self._superseded(sid, cmd.epoch))
+            outcome = await live.sender.to_worker(
+                cmd, superseded=superseded_check(self.registry, sid, cmd.epoch))
             if not outcome.ok:
                 live.metrics.migrations.labels("refused").inc()
                 return None
@@ -363,23 +384,6 @@ class Executor:
         waiter = self._reports.get(report.command_id)
         if waiter is not None and not waiter.done():
             waiter.set_result(report)
-
-    # -- the pool -------------------------------------------------------------------------------
-    async def _request(self, gpu_ids: list[str], kind: str) -> None:
-        reply = await self.live.sender.to_provisioner(ProvisionerCommand(
-            kind=ProvisionerCmdKind.START, count=len(gpu_ids), worker_ids=gpu_ids, gpu_kind=kind))
-        if reply is None:
-            log.warning("provisioner_unanswered", requested=gpu_ids)
-            return  # booting until they come, or time out
-        for refusal in reply.refused:
-            if refusal.worker_id and self.pool.refused(refusal.worker_id):
-                log.warning("gpu_refused", gpu_id=refusal.worker_id, code=refusal.code,
-                            detail=refusal.detail)
-                await self.live.feed_later(Event(time.time(), EventKind.GPU_GONE,
-                                                 gpu_id=refusal.worker_id))
-
-    async def _drain(self, gpu: str) -> None:
-        await self.live.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
 
 
 class Releases:
@@ -442,7 +446,7 @@ class Releases:
         parked in its host memory to another worker; the provisioner stops it. True once the
         provisioner takes the stop; False while something holds it here (tried again)."""
         live, executor = self.live, self.executor
-        moving = list(executor.migrations_from.get(gpu, ()))
+        moving = list(executor.migrations.from_gpu.get(gpu, ()))
         if moving:
             await asyncio.wait(moving)
         registry = executor.registry
@@ -458,7 +462,7 @@ class Releases:
             if target is None:
                 log.warning("release_blocked", gpu_id=gpu, reason="nowhere to move idle sessions")
                 return False
-            report = await executor.run_migration(sid, gpu, target)
+            report = await executor.migrations.run(sid, gpu, target)
             if report is None or not report.ok:
                 log.warning("release_blocked", gpu_id=gpu, session_id=sid,
                             reason="an idle session could not move")
@@ -478,6 +482,15 @@ class Releases:
                 return False
             await asyncio.sleep(live.settings.tick_s * 2)
         return False
+
+
+def superseded_check(registry: Registry, sid: str, epoch: int) -> Callable[[], Awaitable[bool]]:
+    """Asked before each retry of a command at ``epoch``: whether the session moved on."""
+    async def check() -> bool:
+        record = await registry.get_session(sid)
+        return record is None or record.epoch != epoch or record.state is SessionState.TERMINATED
+
+    return check
 
 
 def describe(decision: Decision) -> str:

@@ -92,7 +92,7 @@ class Ingest:
     async def on_report(self, msg: Any) -> None:
         report = decode_or_drop(msg.subject, msg.data, MigrationReport, log)
         if report is not None:
-            self.executor.on_report(report)
+            self.executor.migrations.on_report(report)
 
     async def consume(self) -> None:
         """Session events from the durable consumer, each acked once the core has it."""
@@ -234,7 +234,7 @@ class Ingest:
                 await live.step(Event(time.time(), EventKind.IDLE, session_id=sid))
         for sid, gpu in view.placement.items():
             registered = placement.get(sid)
-            if sid in self.executor.moving:
+            if sid in self.executor.migrations.moving:
                 # Not a failure: the core moved it when it decided, the registry follows at the
                 # commit; the migration's own outcome corrects the core if it fails. Taking it
                 # back now would have the core move it (or others) again, then back.

@@ -47,7 +47,7 @@ async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_
             assert core.view.placement == {"s": "wa"} and set(core.view.gpus) == {"wa", "wb"}
             # An operator drains wa: the core moves s to wb at once (in its view) ...
             await live.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id="wa"))
-            assert core.view.placement.get("s") == "wb" and "s" in live.executor.moving
+            assert core.view.placement.get("s") == "wb" and "s" in live.executor.migrations.moving
             # ... and the viewer pauses before the handoff has committed.
             await live.step(Event(time.time(), EventKind.IDLE, session_id="s"))
             assert core.view.is_idle("s")

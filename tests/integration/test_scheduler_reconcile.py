@@ -45,11 +45,11 @@ async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
         record = await ctx.registry.create_session("s", "p", 0)
         await ctx.registry.claim("s", "a", record.epoch)  # the handoff a -> b has not committed
 
-        live.executor.moving["s"] = 1  # a Migrate a -> b in flight
+        live.executor.migrations.moving["s"] = 1  # a Migrate a -> b in flight
         await live.ingest.reconcile()
         assert core.view.placement["s"] == "b"
 
-        live.executor.moved("s")  # it ended, and the registry still says a: it failed
-        assert not live.executor.moving
+        live.executor.migrations.moved("s")  # it ended, and the registry still says a: it failed
+        assert not live.executor.migrations.moving
         await live.ingest.reconcile()
         assert core.view.placement["s"] == "a"
