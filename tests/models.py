@@ -60,7 +60,7 @@ def build_vae(seed: int = 0):  # -> diffusers.AutoencoderKLWan
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    return AutoencoderKLWan(base_dim=8, z_dim=16).eval()
+    return AutoencoderKLWan(base_dim=8, z_dim=16).eval()  # type: ignore[attr-defined]  # a Module
 
 
 def build_transformer(seed: int = 0):  # -> diffusers.WanTransformer3DModel
@@ -71,7 +71,7 @@ def build_transformer(seed: int = 0):  # -> diffusers.WanTransformer3DModel
         patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
         in_channels=16, out_channels=16, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64,
         num_layers=2, cross_attn_norm=True,
-    ).eval()
+    ).eval()  # type: ignore[attr-defined]  # a Module
     with torch.no_grad():  # diffusers zero-initialises nothing we rely on; make every weight count
         for param in model.parameters():
             param.normal_(0.0, 0.2)

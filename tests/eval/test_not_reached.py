@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,7 @@ def _plain() -> list[RunSummary]:
     return runs
 
 
-def _floors() -> SimpleNamespace:
+def _floors() -> Any:  # stands in for TraceFloors: only the fields analyse_trace reads
     return SimpleNamespace(capacity=2, floor_h=10.0, with_boot_h={30.0: 12.0},
                            with_boot_below_k_h={30.0: 14.0}, peak_active=90, steps=[])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import struct
 import time
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -36,12 +37,12 @@ async def publish(worker, sid: str, seq: int, *, fragment: bool = True, registry
     fps = count / PERIOD_S
     encoded = encode_chunk(_frames(seq, count), fps, chunk_start_s(seq, PERIOD_S))
     now = time.time()
+    fragment_fields: dict[str, Any] = (
+        {"fmp4": encoded.data, "fmp4_mime": encoded.mime, "start_s": encoded.start_s,
+         "duration_s": encoded.duration_s, "encode_ms": encoded.encode_ms} if fragment else {})
     msg = Chunk(session_id=sid, seq=seq, worker_id=worker.worker_id, epoch=1, encoding="jpeg",
                 frames=[jpeg(WIDTH, HEIGHT)] * count, width=WIDTH, height=HEIGHT, fps=fps,
-                gen_ms=10.0, batch=1, due_at=now, done_at=now,
-                **({"fmp4": encoded.data, "fmp4_mime": encoded.mime, "start_s": encoded.start_s,
-                    "duration_s": encoded.duration_s, "encode_ms": encoded.encode_ms}
-                   if fragment else {}))
+                gen_ms=10.0, batch=1, due_at=now, done_at=now, **fragment_fields)
     await worker.nc.publish(worker.subjects.chunks(sid), encode(msg))
     if registry is not None:
         assert await registry.record_progress(sid, worker.worker_id, 1, seq)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 async def kinds_seen(sub, n: int, within_s: float = 5.0) -> list[str]:
-    out = []
+    out: list[str] = []
     deadline = time.monotonic() + within_s
     while len(out) < n and time.monotonic() < deadline:
         try:

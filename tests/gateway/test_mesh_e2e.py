@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ from PIL import Image
 
 from shared.registry import Registry
 from shared.states import SessionState
+from tests.eventually import eventually
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, bearer, read_sse
 from tests.gateway.test_streams import decode_chunk
 from tools.launcher import Mesh, free_port
@@ -89,10 +89,13 @@ async def registry(infra, mesh_tag):
 
 
 async def wait_state(registry: Registry, sid: str, state: SessionState, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while (rec := await registry.get_session(sid)).state is not state:
-        assert time.monotonic() < deadline, f"session stayed {rec.state}, never {state}"
-        await asyncio.sleep(0.1)
+    async def reached() -> bool:
+        record = await registry.get_session(sid)
+        assert record is not None and record.state is state, \
+            f"the session is {record and record.state}"
+        return True
+
+    await eventually(reached, within_s, f"the session {state.value}")
 
 
 async def next_text(ws, kind: str, within_s: float = 60) -> dict:
@@ -222,14 +225,13 @@ async def test_an_abandoned_session_goes_idle_then_closes(mesh, registry):
 async def test_admission_refuses_when_the_pool_is_full(mesh, registry):
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
         # the worker is up and holds nothing (the sessions of the tests before are gone)
-        deadline = time.monotonic() + 60
-        while True:
+        async def up_and_empty() -> bool:
             cluster = await (await http.get("/v1/cluster", headers=bearer(OPERATOR_KEY))).json()
             ready = [w for w in cluster["workers"] if w["alive"] and w["status"] == "ready"]
-            if ready and not ready[0]["sessions"] and not cluster["pending"]:
-                break
-            assert time.monotonic() < deadline, f"the worker is not up and empty: {cluster['workers']}"
-            await asyncio.sleep(0.2)
+            assert ready and not ready[0]["sessions"] and not cluster["pending"], cluster["workers"]
+            return True
+
+        await eventually(up_and_empty, 60, "the worker up and empty")
         created = []
         for _ in range(2):  # the only worker has two slots and the pool cannot grow
             resp = await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(API_KEY))

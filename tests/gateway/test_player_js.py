@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(NODE is None, reason="no node to run the page's 
 
 def run_js(body: str) -> object:
     """Run ``body`` with ``player`` bound to player.js's exports; its last line prints JSON."""
+    assert NODE is not None  # the module is skipped without it
     script = f"const player = require({json.dumps(str(PLAYER))});\n{body}"
     out = subprocess.run([NODE, "-e", script], capture_output=True, text=True, timeout=30,
                          check=True).stdout

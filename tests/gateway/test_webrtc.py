@@ -38,7 +38,9 @@ class Client:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         video = self.pc.addTransceiver("video", direction="recvonly")
         if codec is not None:  # offer this codec only (and its retransmissions)
-            video.setCodecPreferences([c for c in RTCRtpReceiver.getCapabilities("video").codecs
+            capabilities = RTCRtpReceiver.getCapabilities("video")
+            assert capabilities is not None
+            video.setCodecPreferences([c for c in capabilities.codecs
                                        if c.mimeType in (codec, "video/rtx")])
         self.channel = self.pc.createDataChannel("control")
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

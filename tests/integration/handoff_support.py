@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import nats
 import torch
+from nats.aio.client import Client as NATS
 
 from services.gpu_worker.handoff import HandoffEndpoint
 from shared.registry import Registry
@@ -24,7 +25,7 @@ class Worker:
     id: str
     host: SyntheticHost
     ep: HandoffEndpoint
-    nc: nats.NATS
+    nc: NATS
 
     async def close(self) -> None:
         await self.ep.close()
@@ -53,6 +54,7 @@ async def place(registry: Registry, worker: Worker, session_id: str, seed: int =
     worker.host.add(session_id, seed, record.epoch)
     for _ in range(chunks):
         seq = worker.host.advance(session_id)
+        assert seq is not None
         assert await registry.record_progress(session_id, worker.id, record.epoch, seq)
     if suspended:
         record = await registry.transition(session_id, SessionState.SUSPENDED,

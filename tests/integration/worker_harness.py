@@ -10,7 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from services.gpu_worker.service import WorkerService
 from shared.runner import ServiceContext, running, subscriptions_live
@@ -47,7 +47,7 @@ async def worker_in_process(
     received = Received()
     async with running(service, settings) as ctx:
         async def on_msg(msg: Any) -> None:
-            item = decode(msg.subject, msg.data, ChunkStreamMsg)
+            item = decode(msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg))
             if isinstance(item, Chunk):
                 received.chunks[item.session_id].append((time.time(), item))
             elif isinstance(item, SessionNotice):
@@ -90,7 +90,7 @@ async def mesh_context(env: dict[str, str]) -> AsyncIterator[tuple[ServiceContex
     received = Received()
 
     async def on_msg(msg: Any) -> None:
-        item = decode(msg.subject, msg.data, ChunkStreamMsg)
+        item = decode(msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg))
         if isinstance(item, Chunk):
             received.chunks[item.session_id].append((time.time(), item))
         elif isinstance(item, SessionNotice):

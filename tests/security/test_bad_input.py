@@ -167,8 +167,7 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
         await eventually(lambda: len(stream.chunk_seqs()) >= 2, 30, "the live session streams")
 
         async def listed() -> bool:
-            sessions = await redis.hget(f"{tag}:worker:{WORKER}", "sessions")
-            return live["id"] in (sessions or b"").decode()
+            return live["id"] in text(await redis.hget(f"{tag}:worker:{WORKER}", "sessions"))
 
         await eventually(listed, 30, "the worker's record listing the live session")
         try:
@@ -191,6 +190,11 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
 # -- what is compared, what is sent -----------------------------------------------------------
 
 
+def text(reply: bytes | str | None) -> str:
+    """A Redis reply as text (this client answers bytes)."""
+    return reply.decode() if isinstance(reply, bytes) else reply or ""
+
+
 async def registry_state(m: BadInputMesh) -> dict[str, Any]:
     """The namespace's keys and values, less what changes on its own (see the constants)."""
     out: dict[str, Any] = {}
@@ -201,7 +205,7 @@ async def registry_state(m: BadInputMesh) -> dict[str, Any]:
             continue
         if name == f"session:{m.live_id}:recovery":
             continue  # the live session's recovery log, rewritten with every chunk
-        kind = (await m.redis.type(key)).decode()
+        kind = text(await m.redis.type(key))
         value: Any
         if kind == "hash":
             value = await m.redis.hgetall(key)
@@ -320,7 +324,7 @@ async def settle_closed(m: BadInputMesh, sid: str) -> None:
 
     async def record_rewritten() -> bool:
         record = await m.redis.hmget(f"{m.ns}:worker:{WORKER}", ["updated_at", "sessions"])
-        return float(record[0] or 0) > dropped_at and sid not in (record[1] or b"").decode()
+        return float(record[0] or 0) > dropped_at and sid not in text(record[1])
 
     await eventually(record_rewritten, 30, "the worker's record without the closed session",
                      interval=0.1)

@@ -59,8 +59,8 @@ def faults_in(source: str, where: str) -> list[str]:
         elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
               and _is_environ(node.value)):
             key = node.slice
-        if _names_a_setting(key):
-            faults.append(f"{where}:{node.lineno}: reads {ast.unparse(key)} from the environment "
+        if key is not None and _names_a_setting(key):
+            faults.append(f"{where}:{key.lineno}: reads {ast.unparse(key)} from the environment "
                           "(use shared.settings)")
         if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and DEFAULT_URL.search(node.value)):

@@ -63,25 +63,30 @@ class Env:
         if event.kind is EventKind.DEPART:
             # A departure needs no decision: the environment frees the slot itself. (An idle
             # flip is freed by the policy's Suspend.)
+            assert event.session_id is not None
             gpu = self.where.pop(event.session_id, None)
             if gpu is not None:
                 self.on_gpu[gpu].discard(event.session_id)
         if event.kind is EventKind.GPU_READY:
+            assert event.gpu_id is not None
             if event.gpu_id not in self.gpus:  # a GPU the policy did not ask for
                 self.on_gpu[event.gpu_id] = set()
                 self.kinds[event.gpu_id] = event.gpu_kind or self.policy.view.profile.gpu_kind
             self.gpus[event.gpu_id] = GpuState.READY
-        if (event.kind is EventKind.GPU_CORDON and event.gpu_id in self.policy.view.gpus
+        if (event.kind is EventKind.GPU_CORDON and event.gpu_id is not None
+                and event.gpu_id in self.policy.view.gpus
                 and self.gpus.get(event.gpu_id) in (GpuState.READY, GpuState.DRAINING)):
             # The operator drained the worker: it takes nothing new, and stays.
             self.gpus[event.gpu_id] = GpuState.DRAINING
             self.cordoned.add(event.gpu_id)
-        if event.kind is EventKind.GPU_UNCORDON and event.gpu_id in self.cordoned:
+        if (event.kind is EventKind.GPU_UNCORDON and event.gpu_id is not None
+                and event.gpu_id in self.cordoned):
             self.cordoned.discard(event.gpu_id)
             self.gpus[event.gpu_id] = GpuState.READY
         if event.kind is EventKind.GPU_DRAIN:
             self.cordoned.discard(event.gpu_id)  # to be given back once empty
         if event.kind is EventKind.GPU_GONE:
+            assert event.gpu_id is not None
             self.cordoned.discard(event.gpu_id)
             for sid in self.on_gpu.pop(event.gpu_id, set()):
                 self.where.pop(sid, None)
@@ -144,6 +149,7 @@ class Env:
                 return
             where = self.where.get(d.session_id)
             assert where == d.gpu_id or self._reported(d.session_id), f"{d} but on {where}"
+            assert where is not None
             self.on_gpu[where].discard(d.session_id)  # wherever it is in fact
             del self.where[d.session_id]
         elif isinstance(d, RequestGpus):

@@ -40,7 +40,7 @@ def _filled(config: ControllerConfig, loads: dict[str, int]) -> tuple[Controller
     env.gpus = dict(controller.view.gpus)
     env.kinds = {g: "H20" for g in loads}
     env.on_gpu = {g: {s.session_id for s in sessions if s.gpu_id == g} for g in loads}
-    env.where = {s.session_id: s.gpu_id for s in sessions}
+    env.where = {s.session_id: s.gpu_id for s in sessions if s.gpu_id is not None}
     return controller, env
 
 

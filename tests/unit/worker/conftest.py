@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ def _few_threads():
 
 
 def make_engine(**overrides) -> Engine:
-    settings = {"preset": "tiny", "device": "cpu", "max_sessions": 4, "seed": 0}
+    settings: dict[str, Any] = {"preset": "tiny", "device": "cpu", "max_sessions": 4, "seed": 0}
     settings.update(overrides)
     return Engine(EngineConfig(**settings))
 

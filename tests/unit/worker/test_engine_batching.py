@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from services.gpu_worker.engine import next_chunks
+from services.gpu_worker.model.load import FrameDecoder
 
 from .conftest import make_engine
 
@@ -16,7 +17,7 @@ class RecordingDecoder(nn.Module):
     A pass decodes a stream's first chunks (seq 0, ``fresh``) apart from the others;
     ``latents_for(results)`` gives the latents of a pass's results in their order."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: FrameDecoder) -> None:
         super().__init__()
         self.inner = inner
         self.kind = inner.kind
