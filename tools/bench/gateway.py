@@ -26,11 +26,18 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+
+if TYPE_CHECKING:
+    import aiohttp
+    from nats.aio.client import Client as NatsClient
+
+T = TypeVar("T")
 
 DONE_AT = re.compile(rb'"done_at":([0-9.eE+-]+)')
 OPENING_AT_ONCE = 32
@@ -57,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class DeliveryPlan:
+    """What ``bench gateway`` measures, from its options."""
+
     clients: int
     sessions: int
     seconds: float
@@ -88,7 +97,7 @@ class BenchError(Exception):
     """Bad options or an environment that cannot run the benchmark: said in one line."""
 
 
-def plan_of(args: argparse.Namespace) -> Plan:
+def plan_of(args: argparse.Namespace) -> DeliveryPlan:
     sessions = args.clients if args.sessions is None else args.sessions
     m = re.fullmatch(r"(\d+)x(\d+)", args.size)
     faults = []
@@ -107,7 +116,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     if faults:
         raise BenchError("; ".join(faults))
     assert m is not None
-    return Plan(args.clients, sessions, args.seconds, args.warmup, args.period, args.frames,
+    return DeliveryPlan(args.clients, sessions, args.seconds, args.warmup, args.period, args.frames,
                 int(m[1]), int(m[2]))
 
 
@@ -154,19 +163,38 @@ def _frame(width: int, height: int) -> bytes:
     return out.getvalue()
 
 
-async def bench(plan: Plan) -> dict[str, Any]:
-    from tools.launcher import Mesh, MeshStartError, free_port
+async def bench(plan: DeliveryPlan) -> dict[str, Any]:
+    from tools.launcher import Mesh, MeshStartError
 
     infra = Mesh.from_env(quiet=True)
     try:
         infra.start_infra()
     except MeshStartError as exc:
         raise BenchError(str(exc)) from None
-    tag = "bench" + uuid.uuid4().hex[:8]
-    port = free_port()
-    gateway = _start_gateway(infra.nats_url, infra.redis_url, tag, port)
     try:
-        return await _measure(plan, infra.nats_url, infra.redis_url, tag, port, gateway)
+        async with gateway_process(infra.nats_url, infra.redis_url, "bench") as (tag, port, url):
+            return await _measure(plan, infra.nats_url, tag, port, url)
+    finally:
+        infra.stop()
+
+
+@contextlib.asynccontextmanager
+async def gateway_process(nats_url: str, redis_url: str,
+                          prefix: str) -> AsyncIterator[tuple[str, int, str]]:
+    """A gateway process on its own subject prefix and Redis namespace, ready: yields
+    ``(tag, port, url)``; stopped and its streams and keys removed afterwards."""
+    import aiohttp
+
+    from tools.launcher import free_port
+
+    tag = prefix + uuid.uuid4().hex[:8]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    gateway = _start_gateway(nats_url, redis_url, tag, port)
+    try:
+        async with aiohttp.ClientSession(url) as http:
+            await _wait_ready(http, gateway)
+        yield tag, port, url
     finally:
         gateway.send_signal(signal.SIGTERM)
         try:
@@ -174,11 +202,58 @@ async def bench(plan: Plan) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             gateway.kill()
             gateway.wait()
-        await _clean(infra.nats_url, infra.redis_url, tag)
-        infra.stop()
+        await _clean(nats_url, redis_url, tag)
 
 
-def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subprocess.Popen:
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The measured span: its wall-clock start and end, and its length in seconds."""
+
+    started_at: float
+    ended_at: float
+    seconds: float
+
+
+async def measure_while(inject: Coroutine[Any, Any, T], warmup: float, seconds: float,
+                        measuring: asyncio.Event, stop: asyncio.Event) -> tuple[T, Window]:
+    """Run ``inject`` for ``warmup`` seconds unmeasured, then ``seconds`` with ``measuring``
+    set; then set ``stop`` (``inject`` ends on it) and return what it returned and the window."""
+    task = asyncio.create_task(inject)
+    try:
+        await asyncio.sleep(warmup)
+        measuring.set()
+        started_at, started = time.time(), time.monotonic()
+        await asyncio.sleep(seconds)
+        measuring.clear()
+        window = Window(started_at, time.time(), time.monotonic() - started)
+        stop.set()
+        return await task, window
+    finally:
+        stop.set()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def paced(period: float, sessions: int, stop: asyncio.Event,
+                publish: Callable[[int, int], Awaitable[None]]) -> int:
+    """Call ``publish(i, seq)`` once per session per ``period`` (session ``i``, its next
+    ``seq``), the sessions spread evenly over the period, until ``stop``; returns the calls."""
+    seqs = [0] * sessions
+    start, step, turn = time.monotonic(), period / sessions, 0
+    while not stop.is_set():
+        delay = start + turn * step - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        i = turn % sessions
+        await publish(i, seqs[i])
+        seqs[i] += 1
+        turn += 1
+    return turn
+
+
+def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subprocess.Popen[bytes]:
     env = {
         **os.environ, "TURBOSERVE_NATS_URL": nats_url, "TURBOSERVE_REDIS_URL": redis_url,
         "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
@@ -193,7 +268,7 @@ def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subpro
                             stderr=subprocess.DEVNULL)
 
 
-async def _wait_ready(http, gateway: subprocess.Popen) -> None:
+async def _wait_ready(http: aiohttp.ClientSession, gateway: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if gateway.poll() is not None:
@@ -206,13 +281,12 @@ async def _wait_ready(http, gateway: subprocess.Popen) -> None:
     raise BenchError("the gateway was not ready within 60 s")
 
 
-async def _measure(plan: Plan, nats_url: str, redis_url: str, tag: str, port: int,
-                   gateway: subprocess.Popen) -> dict[str, Any]:
+async def _measure(plan: DeliveryPlan, nats_url: str, tag: str, port: int,
+                   url: str) -> dict[str, Any]:
     import aiohttp
     import nats
 
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
-        await _wait_ready(http, gateway)
+    async with aiohttp.ClientSession(url) as http:
         sessions = await _create_sessions(http, plan.sessions)
     tally = Tally(plan.clients)
     measuring = asyncio.Event()
@@ -224,15 +298,9 @@ async def _measure(plan: Plan, nats_url: str, redis_url: str, tag: str, port: in
     nc = await nats.connect(nats_url)
     try:
         await asyncio.wait_for(tally.all_open.wait(), timeout=120)  # attached, or failed
-        injected = asyncio.create_task(_inject(nc, tag, plan, [s for s, _ in sessions], stop))
-        await asyncio.sleep(plan.warmup)
-        measuring.set()
-        started = time.monotonic()
-        await asyncio.sleep(plan.seconds)
-        measuring.clear()
-        elapsed = time.monotonic() - started
-        stop.set()
-        chunks, event_bytes = await injected
+        (chunks, event_bytes), window = await measure_while(
+            _inject(nc, tag, plan, [s for s, _ in sessions], stop), plan.warmup, plan.seconds,
+            measuring, stop)
     finally:
         stop.set()
         for task in clients:
@@ -255,7 +323,7 @@ async def _measure(plan: Plan, nats_url: str, redis_url: str, tag: str, port: in
         "frames": plan.frames,
         "size": f"{plan.width}x{plan.height}",
         "events": len(lat),
-        "events_per_s": round(len(lat) / elapsed, 1),
+        "events_per_s": round(len(lat) / window.seconds, 1),
         "chunks_per_s": round(chunks / total_time, 1),
         "event_kib": round(event_bytes / 1024, 1),
         "lags": tally.lags,
@@ -263,7 +331,7 @@ async def _measure(plan: Plan, nats_url: str, redis_url: str, tag: str, port: in
     }
 
 
-async def _create_sessions(http, n: int) -> list[tuple[str, str]]:
+async def _create_sessions(http: aiohttp.ClientSession, n: int) -> list[tuple[str, str]]:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     gate = asyncio.Semaphore(16)
 
@@ -378,7 +446,8 @@ async def _client(port: int, session: tuple[str, str], tally: Tally, measuring: 
             transport.close()
 
 
-async def _inject(nc, tag: str, plan: Plan, session_ids: list[str], stop: asyncio.Event) -> tuple[int, int]:
+async def _inject(nc: NatsClient, tag: str, plan: DeliveryPlan, session_ids: list[str],
+                  stop: asyncio.Event) -> tuple[int, int]:
     """Publish one chunk per session per period, the sessions spread evenly over the period.
     Returns the chunks published and the size of one SSE chunk event."""
     from services.gateway.chunkview import ChunkView
@@ -389,21 +458,12 @@ async def _inject(nc, tag: str, plan: Plan, session_ids: list[str], stop: asynci
     # The frames' JSON is made once: a worker encodes each chunk's frames once too, and the
     # injector should spend its time publishing, not encoding the same bytes again.
     frames = msgspec.Raw(msgspec.json.encode([_frame(plan.width, plan.height)] * plan.frames))
-    n = len(session_ids)
-    seqs = [0] * n
-    published = 0
-    start = time.monotonic()
-    step = plan.period / n
-    slot = 0
     event_bytes = 0
-    while not stop.is_set():
-        due = start + slot * step
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        i = slot % n
+
+    async def publish(i: int, seq: int) -> None:
+        nonlocal event_bytes
         now = time.time()
-        chunk = ChunkView(session_id=session_ids[i], seq=seqs[i], worker_id="bench", epoch=1,
+        chunk = ChunkView(session_id=session_ids[i], seq=seq, worker_id="bench", epoch=1,
                           encoding="jpeg", frames=frames, width=plan.width, height=plan.height,
                           fps=plan.frames / plan.period, gen_ms=0.0, batch=1, due_at=now,
                           done_at=now)
@@ -411,9 +471,8 @@ async def _inject(nc, tag: str, plan: Plan, session_ids: list[str], stop: asynci
         await nc.publish(subjects.chunks(session_ids[i]), data)
         if not event_bytes:
             event_bytes = len(chunk_event(decode("bench", data, ChunkView)))
-        seqs[i] += 1
-        published += 1
-        slot += 1
+
+    published = await paced(plan.period, len(session_ids), stop, publish)
     await nc.flush()
     return published, event_bytes
 

@@ -36,22 +36,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
-import signal
 import statistics
 import struct
-import subprocess
 import time
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from tools.bench.gateway import percentile
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+
+    from shared.wire import Subjects
 
 KINDS = ("standin", "textured")
 FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
@@ -84,7 +86,9 @@ class BenchError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class StreamPlan:
+    """What ``bench stream`` measures, from its options."""
+
     viewers: int
     sessions: int
     seconds: float
@@ -99,7 +103,7 @@ class Plan:
     webrtc_viewers: int = 4
 
 
-def plan_of(args: argparse.Namespace) -> Plan:
+def plan_of(args: argparse.Namespace) -> StreamPlan:
     m = re.fullmatch(r"(\d+)x(\d+)", args.size)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     faults = []
@@ -122,7 +126,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     if faults:
         raise BenchError("; ".join(faults))
     assert m is not None
-    return Plan(args.viewers, args.sessions, args.seconds, args.warmup, args.period, args.frames,
+    return StreamPlan(args.viewers, args.sessions, args.seconds, args.warmup, args.period, args.frames,
                 int(m[1]), int(m[2]), args.chunks, args.encode_runs, kinds, args.webrtc_viewers)
 
 
@@ -143,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 # -- frames ------------------------------------------------------------------------------------
 
 
-def textured(plan: Plan) -> list[np.ndarray]:
+def textured(plan: StreamPlan) -> list[np.ndarray]:
     """A texture at three scales panning across the picture (continuing across chunks)."""
     rng = np.random.default_rng(0)
     h, w = plan.height, plan.width
@@ -159,14 +163,14 @@ def textured(plan: Plan) -> list[np.ndarray]:
     return chunks
 
 
-def standin(plan: Plan) -> list[np.ndarray]:
+def standin(plan: StreamPlan) -> list[np.ndarray]:
     """The stand-in model's frames at the plan's resolution (one session, on the CPU)."""
     from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
 
     engine = Engine(EngineConfig(preset="tiny", device="cpu", max_sessions=1,
                                  resolution=(plan.height, plan.width)))
     engine.add_session("bench", "a red fox running through snow", 1)
-    chunks = []
+    chunks: list[np.ndarray] = []
     while len(chunks) < plan.chunks:
         for result in next_chunks(engine):
             chunks.append(result.frames.numpy()[: plan.frames])
@@ -184,7 +188,7 @@ class Encoded:
     fmp4_ms: list[float] = field(default_factory=list)
 
 
-def encode_all(chunks: list[np.ndarray], plan: Plan) -> Encoded:
+def encode_all(chunks: list[np.ndarray], plan: StreamPlan) -> Encoded:
     from services.gpu_worker.codec import encode_frames
     from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
 
@@ -214,7 +218,7 @@ class Tally:
     lags: int = 0
 
 
-def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: Plan) -> Any:
+def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: StreamPlan) -> Any:
     """The wire Chunk a worker would publish, with only this format's bytes."""
     from shared.wire import Chunk
 
@@ -242,7 +246,7 @@ def sent_bytes(fmt: str, data: bytes) -> int:
     return len(chunk_event(view, StreamFormat.FMP4 if fmt == "fmp4_sse" else StreamFormat.JPEG))
 
 
-async def deliver(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
+async def deliver(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     """One format's delivery through a gateway process: bytes/s per viewer, delivery p99."""
     from shared.wire import encode
 
@@ -283,46 +287,19 @@ async def _max_payload() -> int:
         await nc.close()
 
 
-@contextlib.asynccontextmanager
-async def gateway_process(settings: Any, prefix: str) -> AsyncIterator[tuple[str, int, str]]:
-    """A gateway process on its own subject prefix and Redis namespace, ready: yields
-    ``(tag, port, url)``; stopped and its streams and keys removed afterwards."""
-    import aiohttp
-
-    from tools.bench.gateway import _clean, _start_gateway, _wait_ready
-    from tools.launcher import free_port
-
-    tag = prefix + uuid.uuid4().hex[:8]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    gateway = _start_gateway(settings.nats_url, settings.redis_url, tag, port)
-    try:
-        async with aiohttp.ClientSession(url) as http:
-            await _wait_ready(http, gateway)
-        yield tag, port, url
-    finally:
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-            gateway.wait()
-        await _clean(settings.nats_url, settings.redis_url, tag)
-
-
-async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, Any]:
+async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     import aiohttp
     import msgspec
     import nats
 
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
-    from tools.bench.gateway import _create_sessions
+    from tools.bench.gateway import _create_sessions, gateway_process, measure_while
 
     settings = GatewaySettings.from_env()
     tally = Tally()
     measuring, stop = asyncio.Event(), asyncio.Event()
-    async with gateway_process(settings, "bstream") as (tag, port, url):
+    async with gateway_process(settings.nats_url, settings.redis_url, "bstream") as (tag, port, url):
         async with aiohttp.ClientSession(url) as http:
             sessions = await _create_sessions(http, plan.sessions)
             viewers = [asyncio.create_task(_viewer(fmt, port, sessions[i % len(sessions)], tally,
@@ -335,16 +312,9 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, 
                 # Each chunk made once per session, as a worker encodes it once.
                 messages = [[msgspec.to_builtins(chunk_message(fmt, encoded, c, sid, 0, plan))
                              for c in range(len(encoded.fmp4))] for sid, _ in sessions]
-                inject = asyncio.create_task(_inject(nc, subjects, plan, [s for s, _ in sessions],
-                                                     messages, stop))
-                await asyncio.sleep(plan.warmup)
-                measuring.set()
-                started = time.monotonic()
-                await asyncio.sleep(plan.seconds)
-                measuring.clear()
-                elapsed = time.monotonic() - started
-                stop.set()
-                await inject
+                _, window = await measure_while(
+                    _inject(nc, subjects, plan, [s for s, _ in sessions], messages, stop),
+                    plan.warmup, plan.seconds, measuring, stop)
             finally:
                 stop.set()
                 for task in viewers:
@@ -355,17 +325,17 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: Plan) -> dict[str, 
         raise BenchError(f"{fmt}: {len(tally.errors)} viewers failed, e.g. {tally.errors[0]}")
     if not tally.latencies_ms:
         raise BenchError(f"{fmt}: no chunk reached a viewer")
-    lat = sorted(tally.latencies_ms)
+    lat = tally.latencies_ms
     return {
-        "bytes_per_s": round(tally.bytes_received / elapsed / plan.viewers),
+        "bytes_per_s": round(tally.bytes_received / window.seconds / plan.viewers),
         "delivery_ms_p50": round(statistics.median(lat), 2),
-        "delivery_ms_p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
         "viewers": plan.viewers, "sessions": plan.sessions, "chunks_received": len(lat),
         "lags": tally.lags,
     }
 
 
-async def _inject(nc, subjects, plan: Plan, session_ids: list[str],
+async def _inject(nc: NatsClient, subjects: Subjects, plan: StreamPlan, session_ids: list[str],
                   messages: list[list[dict[str, Any]]], stop: asyncio.Event,
                   published: dict[tuple[str, int], float] | None = None) -> None:
     """One chunk per session per period, sessions spread over the period; each prepared
@@ -373,22 +343,17 @@ async def _inject(nc, subjects, plan: Plan, session_ids: list[str],
     ``published`` by (session, seq) where given."""
     import msgspec
 
-    n = len(session_ids)
-    seqs = [0] * n
-    start, step, slot = time.monotonic(), plan.period / n, 0
-    while not stop.is_set():
-        delay = start + slot * step - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        i = slot % n
-        chunk = messages[i][seqs[i] % len(messages[i])]
+    from tools.bench.gateway import paced
+
+    async def publish(i: int, seq: int) -> None:
+        chunk = messages[i][seq % len(messages[i])]
         now = time.time()
-        chunk.update(seq=seqs[i], due_at=now, done_at=now, start_s=seqs[i] * plan.period)
+        chunk.update(seq=seq, due_at=now, done_at=now, start_s=seq * plan.period)
         await nc.publish(subjects.chunks(session_ids[i]), msgspec.json.encode(chunk))
         if published is not None:
-            published[(session_ids[i], seqs[i])] = now
-        seqs[i] += 1
-        slot += 1
+            published[(session_ids[i], seq)] = now
+
+    await paced(plan.period, len(session_ids), stop, publish)
     await nc.flush()
 
 
@@ -459,12 +424,7 @@ async def _ws_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
 # -- the whole bench ---------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def bench(plan: Plan) -> dict[str, Any]:
+async def bench(plan: StreamPlan) -> dict[str, Any]:
     frames: dict[str, Any] = {}
     for kind in plan.kinds:
         chunks = await asyncio.to_thread(standin if kind == "standin" else textured, plan)
@@ -497,7 +457,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
     }
 
 
-async def webrtc_entry(encoded: Encoded, plan: Plan) -> dict[str, Any]:
+async def webrtc_entry(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     from tools.bench.stream_webrtc import pass_through_ms
 
     times = await asyncio.to_thread(pass_through_ms, encoded, plan)

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tools.bench.stream import Encoded, Plan
+    from tools.bench.stream import Encoded, StreamPlan
 
 # How long all viewers get to negotiate and connect before the first chunk.
 CONNECT_S = 30.0
 
 
-def pass_through_ms(encoded: Encoded, plan: Plan) -> list[float]:
+def pass_through_ms(encoded: Encoded, plan: StreamPlan) -> list[float]:
     """The gateway's work per chunk for an H.264 peer, ``plan.encode_runs`` chunks."""
     from services.gateway.chunktrack import annexb_packets
 
@@ -71,7 +71,9 @@ class WebRtcViewer:
 
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         video = self.pc.addTransceiver("video", direction="recvonly")
-        video.setCodecPreferences([c for c in RTCRtpReceiver.getCapabilities("video").codecs
+        capabilities = RTCRtpReceiver.getCapabilities("video")
+        assert capabilities is not None  # aiortc always has video codecs
+        video.setCodecPreferences([c for c in capabilities.codecs
                                    if c.mimeType in ("video/H264", "video/rtx")])
         self.receiver = video.receiver
         self.channel = self.pc.createDataChannel("control")
@@ -112,7 +114,8 @@ class WebRtcViewer:
         for media in SessionDescription.parse(body["sdp"]).media:
             if media.kind == "video":
                 self.h264_types = {c.payloadType for c in media.rtp.codecs
-                                   if c.mimeType.lower() == "video/h264"}
+                                   if c.mimeType.lower() == "video/h264"
+                                   and c.payloadType is not None}
         self._count_packets()
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="answer"))
 
@@ -150,7 +153,7 @@ class WebRtcViewer:
             await self.pc.close()
 
 
-async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
+async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     """``--webrtc-viewers`` aiortc viewers over ``min(--sessions, viewers)`` sessions of one
     gateway process; fMP4 chunks published at the period. Bytes/s per viewer, delivery p99."""
     import aiohttp
@@ -159,7 +162,8 @@ async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
 
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
-    from tools.bench.stream import BenchError, _inject, chunk_message, gateway_process
+    from tools.bench.gateway import _create_sessions, gateway_process, measure_while, percentile
+    from tools.bench.stream import BenchError, _inject, chunk_message
 
     settings = GatewaySettings.from_env()
     viewers_n = plan.webrtc_viewers
@@ -169,10 +173,9 @@ async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
     published: dict[tuple[str, int], float] = {}
     viewers: list[WebRtcViewer] = []
     drains: list[asyncio.Task[None]] = []
-    async with gateway_process(settings, "bwebrtc") as (tag, port, http_url):
+    async with gateway_process(settings.nats_url, settings.redis_url,
+                               "bwebrtc") as (tag, port, http_url):
         async with aiohttp.ClientSession(http_url) as http:
-            from tools.bench.gateway import _create_sessions
-
             sessions = await _create_sessions(http, min(plan.sessions, viewers_n))
             watching = [sessions[i % len(sessions)][0] for i in range(viewers_n)]
             try:
@@ -191,18 +194,10 @@ async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
                 try:
                     messages = [[msgspec.to_builtins(chunk_message("webrtc", encoded, c, sid, 0, plan))
                                  for c in range(len(encoded.fmp4))] for sid, _ in sessions]
-                    inject = asyncio.create_task(_inject(nc, Subjects(tag), plan, [s for s, _ in sessions],
-                                                         messages, stop, published))
-                    await asyncio.sleep(plan.warmup)
-                    measuring.set()
-                    window = time.time()
-                    started = time.monotonic()
-                    await asyncio.sleep(plan.seconds)
-                    measuring.clear()
-                    elapsed = time.monotonic() - started
-                    window_end = time.time()
-                    stop.set()
-                    await inject
+                    _, window = await measure_while(
+                        _inject(nc, Subjects(tag), plan, [s for s, _ in sessions], messages, stop,
+                                published),
+                        plan.warmup, plan.seconds, measuring, stop)
                 finally:
                     stop.set()
                     await nc.close()
@@ -216,15 +211,16 @@ async def deliver_webrtc(encoded: Encoded, plan: Plan) -> dict[str, Any]:
     for viewer, sid in zip(viewers, watching, strict=True):
         for seq, arrived in viewer.tally.first_frames.items():
             sent = published.get((sid, seq))
-            if sent is not None and window <= sent <= window_end:  # published while measuring
+            if sent is not None and window.started_at <= sent <= window.ended_at:  # measured
                 latencies.append((arrived - sent) * 1000.0)
     if not latencies:
         raise BenchError("webrtc: no chunk's first frame reached a viewer in the measured time")
-    lat = sorted(latencies)
+    lat = latencies
     return {
-        "bytes_per_s": round(sum(v.tally.payload_bytes for v in viewers) / elapsed / viewers_n),
+        "bytes_per_s": round(sum(v.tally.payload_bytes for v in viewers) / window.seconds
+                             / viewers_n),
         "delivery_ms_p50": round(statistics.median(lat), 2),
-        "delivery_ms_p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
         "viewers": viewers_n, "sessions": len(sessions), "chunks_received": len(lat),
         "lags": sum(v.tally.lags for v in viewers),
         "frames_decoded": sum(v.tally.decoded for v in viewers),
