@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -130,6 +130,10 @@ class LoopStatus:
     chunk_ms: Mapping[int, float] = field(default_factory=_empty_map)  # per batch size
     pass_ms: Mapping[int, float] = field(default_factory=_empty_map)  # per batch size
     prompt_switch_ms: float | None = None  # median time a prompt switch added to its pass
+    # When the pass in flight ends (wall clock: its start plus the measured time of a pass at
+    # its batch; None before the first timed one): heartbeats carry it to the scheduler, whose
+    # placement counts a joining session's wait for the next pass boundary.
+    pass_ends_at: float | None = None
 
 
 class PassTimes:
@@ -191,10 +195,7 @@ class GenerationLoop:
         self._waiting = 0
         self._slow_passes = 0  # consecutive emulated passes the real compute could not meet
         self.keeping_pace = True
-        # When the pass in flight ends (wall clock: its start plus the measured time of a pass
-        # at its batch; None before the first timed one): heartbeats carry it to the scheduler,
-        # whose placement counts a joining session's wait for the next pass boundary.
-        self.pass_ends_at: float | None = None
+        self._pass_ends_at: float | None = None  # see LoopStatus.pass_ends_at
 
     # -- the thread -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -501,7 +502,9 @@ class GenerationLoop:
         batch = len(participants)
         expected_ms = self.pass_times.snapshot().get(batch)
         if expected_ms is not None:
-            self.pass_ends_at = self.now() + expected_ms / 1000.0
+            self._pass_ends_at = self.now() + expected_ms / 1000.0
+            # Published before the pass runs: the event loop must see it during the pass.
+            self._status = replace(self._status, pass_ends_at=self._pass_ends_at)
         started = time.perf_counter()
         results = self.engine.pass_step(participants)
         pass_ms = (time.perf_counter() - started) * 1000.0
@@ -637,6 +640,7 @@ class GenerationLoop:
             chunk_ms=_frozen_map(self.chunk_times.snapshot()),
             pass_ms=_frozen_map(self.pass_times.snapshot()),
             prompt_switch_ms=engine.prompt_switch_ms(),
+            pass_ends_at=self._pass_ends_at,
         )
         self._status = status  # one reference swap: readers see the old or the new, whole
 

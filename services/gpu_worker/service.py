@@ -581,7 +581,7 @@ class WorkerService:
             handoff_fixed_ms=cost.fixed_ms if cost else None,
             handoff_ms_per_mib=cost.ms_per_mib if cost else None,
             prompt_switch_ms=loop_status.prompt_switch_ms if loop_status else None,
-            pass_ends_at=self.generation.pass_ends_at if self.generation is not None else None,
+            pass_ends_at=loop_status.pass_ends_at if loop_status else None,
         )
         # NATS first: the scheduler hears a worker whose Redis writes fail (Redis restarting).
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
