@@ -25,21 +25,13 @@ def start_nats(port: int, store) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL)
 
 
-async def wait_nats(url: str) -> None:
-    for _ in range(200):
-        if probe_nats(url):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("nats-server did not start")
-
-
 async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
         infra, isolation, redis_client, tmp_path):
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     nats = start_nats(port, tmp_path / "js")
     try:
-        await wait_nats(url)
+        await eventually(lambda: probe_nats(url), 10, "nats-server up")
         env = {"TURBOSERVE_NATS_URL": url, "TURBOSERVE_REDIS_URL": infra.redis_url,
                "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
         settings = SchedulerSettings.from_env(env, tick_s=0.25, worker_timeout_s=10.0)
@@ -51,7 +43,7 @@ async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
             await asyncio.to_thread(nats.wait)
             await asyncio.sleep(1.0)  # the outage is the test: the services see the server gone
             nats = start_nats(port, tmp_path / "js")
-            await wait_nats(url)
+            await eventually(lambda: probe_nats(url), 10, "nats-server up")
             # Published as soon as the server is back, before the scheduler has reconnected
             # (or while it does): JetStream keeps it for the scheduler's durable consumer.
             await ctx.registry.create_session("after", "p", 2)

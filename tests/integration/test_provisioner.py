@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from shared.wire import (
     decode,
     encode,
 )
+from tests.eventually import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -56,10 +56,8 @@ async def test_refuses_duplicate_ids_and_replaces_a_dead_worker(infra, isolation
         pids = [w.process.pid for w in service.backend.workers.values()]
         assert len(pids) == 1
     # stopped with the service: no worker process left
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, "worker outlived the provisioner"
-        await asyncio.sleep(0.1)
+    await eventually(lambda: not any(_alive(pid) for pid in pids), 30,
+                     "the worker gone with the provisioner")
 
 
 def _alive(pid: int) -> bool:

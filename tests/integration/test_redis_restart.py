@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from typing import Any
 
 import pytest
 
@@ -25,20 +26,12 @@ def start_redis(port: int, tmp_path) -> subprocess.Popen[bytes]:
     return proc
 
 
-async def wait_redis(url: str) -> None:
-    for _ in range(100):
-        if probe_redis(url):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("redis did not start")
-
-
 async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_client, tmp_path):
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     redis = start_redis(port, tmp_path)
     try:
-        await wait_redis(url)
+        await eventually(lambda: probe_redis(url), 10, "redis-server up")
         env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": url,
                "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
         async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (svc, ctx, rx):
@@ -50,13 +43,13 @@ async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_cl
             redis.terminate()
             await asyncio.to_thread(redis.wait)
             redis = start_redis(port, tmp_path)  # empty: no persistence
-            await wait_redis(url)
-            await eventually(lambda: True, 0.1, "")
-            for _ in range(100):  # the worker re-announces within a heartbeat or two
+            await eventually(lambda: probe_redis(url), 10, "redis-server up")
+
+            async def reannounced() -> dict[str, Any]:  # within a heartbeat or two
                 records = {sid: await _get(ctx, sid) for sid in ("a", "b")}
-                if all(records.values()):
-                    break
-                await asyncio.sleep(0.2)
+                return records if all(records.values()) else {}
+
+            records = await eventually(reannounced, 20, "both sessions re-announced")
             for sid, record in records.items():
                 assert record is not None, f"{sid} was not re-announced"
                 assert record.owner == "w1" and record.state is SessionState.EXECUTING
@@ -94,7 +87,7 @@ async def test_chunks_keep_coming_while_redis_is_paused(infra, isolation, nats_c
     url = f"redis://127.0.0.1:{port}/0"
     redis = start_redis(port, tmp_path)  # paused below: never the Redis other tests share
     try:
-        await wait_redis(url)
+        await eventually(lambda: probe_redis(url), 10, "redis-server up")
         env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": url,
                "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
         admin = aioredis.from_url(url)
@@ -125,14 +118,15 @@ async def test_chunks_keep_coming_while_redis_is_paused(infra, isolation, nats_c
             for sid in sids:
                 seqs = rx.seqs(sid)
                 assert sorted(set(seqs)) == list(range(max(seqs) + 1)), seqs
-            for _ in range(100):  # the records catch up once Redis answers again
+
+            async def caught_up() -> bool:  # the records catch up once Redis answers again
                 records = {sid: await ctx.registry.get_session(sid) for sid in sids}
-                if all(r is not None and r.last_seq >= last[r.id] for r in records.values()):
-                    break
-                await asyncio.sleep(0.1)
-            for sid, record in records.items():
-                assert record is not None and record.owner == "w1"
-                assert record.last_seq >= last[sid], (sid, record.last_seq, last[sid])
+                for sid, record in records.items():
+                    assert record is not None and record.owner == "w1"
+                    assert record.last_seq >= last[sid], (sid, record.last_seq, last[sid])
+                return True
+
+            await eventually(caught_up, 10, "the records caught up")
         await admin.aclose()
     finally:
         redis.terminate()

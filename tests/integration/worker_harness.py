@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pytest
+
 from services.gpu_worker.service import WorkerService
 from shared.runner import ServiceContext, running, subscriptions_live
 from shared.settings import WorkerSettings
@@ -25,6 +27,7 @@ from shared.wire import (
     decode,
     encode,
 )
+from tests.eventually import eventually
 
 
 @dataclass
@@ -125,16 +128,17 @@ async def worker_processes(
             procs[wid] = subprocess.Popen(  # noqa: ASYNC220 - returns at once
                 [sys.executable, "-m", "tools.cli", "worker"],
                 env=penv, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while True:
+
+        async def all_ready() -> bool:
+            for wid, proc in procs.items():
+                if proc.poll() is not None:
+                    pytest.fail(f"worker {wid} exited with {proc.returncode}")
             ready = {w.id for w in await ctx.registry.workers()
                      if w.alive and w.status.value == "ready"}
-            if ready >= set(ids):
-                break
-            for wid, proc in procs.items():
-                assert proc.poll() is None, f"worker {wid} exited with {proc.returncode}"
-            assert time.monotonic() < deadline, f"workers not ready: {set(ids) - ready}"
-            await asyncio.sleep(0.1)
+            assert ready >= set(ids), f"not ready: {sorted(set(ids) - ready)}"
+            return True
+
+        await eventually(all_ready, 120, "the workers ready", interval=0.1)
         yield procs
     finally:
         for proc in procs.values():

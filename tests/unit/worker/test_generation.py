@@ -11,6 +11,7 @@ from services.gpu_worker.generation import GenerationLoop
 from services.gpu_worker.inbox import CommandInbox, Control
 from services.gpu_worker.outbox import Forget, HandBack, OutChunk, Outgoing
 from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
+from tests.eventually import eventually_sync
 
 from .conftest import make_engine
 
@@ -79,11 +80,8 @@ def _assign(sid: str, epoch: int, seq: int = 0, seed: int = 1) -> WorkerCommand:
 def _run(loop: GenerationLoop, until, timeout: float = 30.0) -> None:
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + timeout
     try:
-        while not until():
-            assert time.monotonic() < deadline, "timed out"
-            time.sleep(0.01)
+        eventually_sync(until, timeout, "the loop's outcome", interval=0.01)
     finally:
         loop.inbox.close()
         thread.join(10)
@@ -301,23 +299,24 @@ def test_a_full_outbox_holds_back_passes_and_loses_no_chunk():
     thread.start()
     taken: list[Outgoing] = []
     try:
-        deadline = time.monotonic() + 30
-        while loop.status().facts.get("s") is None or loop.status().facts["s"].last_seq < 1:
-            assert time.monotonic() < deadline, "no chunks"
-            time.sleep(0.01)
-        time.sleep(0.5)  # time for many more passes, had they run
+
+        def two_chunks() -> bool:
+            facts = loop.status().facts.get("s")
+            return facts is not None and facts.last_seq >= 1
+
+        eventually_sync(two_chunks, 30, "two chunks", interval=0.01)
+        time.sleep(0.5)  # the wait is the test: time for many more passes, had they run
         assert loop.status().facts["s"].last_seq == 1
         assert len(loop.outbox) == 3  # the PLACED notice and two chunks
         answered = threading.Event()
         loop.inbox.put(Control("ping", lambda: None, lambda _: answered.set(), lambda _: None))
         assert answered.wait(10), "a command waited for the outbox"
-        while True:
-            taken += loop.outbox.take()
-            chunks = [i.chunk.seq for i in taken if isinstance(i, OutChunk)]
-            if len(chunks) >= 6:
-                break
-            assert time.monotonic() < deadline, "passes did not resume"
-            time.sleep(0.01)
+
+        def six_chunks_taken() -> bool:
+            taken.extend(loop.outbox.take())
+            return sum(isinstance(i, OutChunk) for i in taken) >= 6
+
+        eventually_sync(six_chunks_taken, 30, "passes resumed", interval=0.01)
     finally:
         loop.inbox.close()
         thread.join(10)
