@@ -236,6 +236,28 @@ async def measure_while(inject: Coroutine[Any, Any, T], warmup: float, seconds: 
                 await task
 
 
+async def watch_and_inject(viewers: list[Coroutine[Any, Any, None]], nats_url: str,
+                           attached: Awaitable[Any],
+                           inject: Callable[[NatsClient], Coroutine[Any, Any, T]],
+                           warmup: float, seconds: float, measuring: asyncio.Event,
+                           stop: asyncio.Event) -> tuple[T, Window]:
+    """The viewers running; once ``attached``, ``inject`` publishing on NATS through the
+    measured window (:func:`measure_while`); then the viewers cancelled and NATS closed."""
+    import nats
+
+    tasks = [asyncio.create_task(viewer) for viewer in viewers]
+    nc = await nats.connect(nats_url)
+    try:
+        await attached
+        return await measure_while(inject(nc), warmup, seconds, measuring, stop)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await nc.close()
+
+
 async def paced(period: float, sessions: int, stop: asyncio.Event,
                 publish: Callable[[int, int], Awaitable[None]]) -> int:
     """Call ``publish(i, seq)`` once per session per ``period`` (session ``i``, its next
@@ -284,7 +306,6 @@ async def _wait_ready(http: aiohttp.ClientSession, gateway: subprocess.Popen[byt
 async def _measure(plan: DeliveryPlan, nats_url: str, tag: str, port: int,
                    url: str) -> dict[str, Any]:
     import aiohttp
-    import nats
 
     async with aiohttp.ClientSession(url) as http:
         sessions = await _create_sessions(http, plan.sessions)
@@ -292,21 +313,12 @@ async def _measure(plan: DeliveryPlan, nats_url: str, tag: str, port: int,
     measuring = asyncio.Event()
     stop = asyncio.Event()
     opening = asyncio.Semaphore(OPENING_AT_ONCE)
-    clients = [asyncio.create_task(_client(port, sessions[i % len(sessions)], tally, measuring, stop,
-                                           opening))
+    clients = [_client(port, sessions[i % len(sessions)], tally, measuring, stop, opening)
                for i in range(plan.clients)]
-    nc = await nats.connect(nats_url)
-    try:
-        await asyncio.wait_for(tally.all_open.wait(), timeout=120)  # attached, or failed
-        (chunks, event_bytes), window = await measure_while(
-            _inject(nc, tag, plan, [s for s, _ in sessions], stop), plan.warmup, plan.seconds,
-            measuring, stop)
-    finally:
-        stop.set()
-        for task in clients:
-            task.cancel()
-        await asyncio.gather(*clients, return_exceptions=True)
-        await nc.close()
+    (chunks, event_bytes), window = await watch_and_inject(
+        clients, nats_url, asyncio.wait_for(tally.all_open.wait(), timeout=120),  # or failed
+        lambda nc: _inject(nc, tag, plan, [s for s, _ in sessions], stop),
+        plan.warmup, plan.seconds, measuring, stop)
     if tally.errors:
         raise BenchError(f"{len(tally.errors)} clients failed, e.g. {tally.errors[0]}")
     if not tally.latencies_ms:

@@ -290,11 +290,10 @@ async def _max_payload() -> int:
 async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     import aiohttp
     import msgspec
-    import nats
 
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
-    from tools.bench.gateway import _create_sessions, gateway_process, measure_while
+    from tools.bench.gateway import _create_sessions, gateway_process, watch_and_inject
 
     settings = GatewaySettings.from_env()
     tally = Tally()
@@ -302,25 +301,16 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
     async with gateway_process(settings.nats_url, settings.redis_url, "bstream") as (tag, port, url):
         async with aiohttp.ClientSession(url) as http:
             sessions = await _create_sessions(http, plan.sessions)
-            viewers = [asyncio.create_task(_viewer(fmt, port, sessions[i % len(sessions)], tally,
-                                                   measuring, stop))
+            viewers = [_viewer(fmt, port, sessions[i % len(sessions)], tally, measuring, stop)
                        for i in range(plan.viewers)]
-            nc = await nats.connect(settings.nats_url)
-            try:
-                await asyncio.sleep(1.0 + plan.viewers / 50)  # attached
-                subjects = Subjects(tag)
-                # Each chunk made once per session, as a worker encodes it once.
-                messages = [[msgspec.to_builtins(chunk_message(fmt, encoded, c, sid, 0, plan))
-                             for c in range(len(encoded.fmp4))] for sid, _ in sessions]
-                _, window = await measure_while(
-                    _inject(nc, subjects, plan, [s for s, _ in sessions], messages, stop),
-                    plan.warmup, plan.seconds, measuring, stop)
-            finally:
-                stop.set()
-                for task in viewers:
-                    task.cancel()
-                await asyncio.gather(*viewers, return_exceptions=True)
-                await nc.close()
+            # Each chunk made once per session, as a worker encodes it once.
+            messages = [[msgspec.to_builtins(chunk_message(fmt, encoded, c, sid, 0, plan))
+                         for c in range(len(encoded.fmp4))] for sid, _ in sessions]
+            _, window = await watch_and_inject(
+                viewers, settings.nats_url, asyncio.sleep(1.0 + plan.viewers / 50),  # attached
+                lambda nc: _inject(nc, Subjects(tag), plan, [s for s, _ in sessions], messages,
+                                   stop),
+                plan.warmup, plan.seconds, measuring, stop)
     if tally.errors:
         raise BenchError(f"{fmt}: {len(tally.errors)} viewers failed, e.g. {tally.errors[0]}")
     if not tally.latencies_ms:
