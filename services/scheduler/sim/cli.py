@@ -334,7 +334,7 @@ def _print_at_slo(args: argparse.Namespace, rows: list[dict[str, Any]], profile:
     if ignored:
         print(f"note: {', '.join(ignored)} apply to the runs above, not to the sweep (it uses "
               f"the evaluation's settings)")
-    print(f"swept {sum(e['runs'] for e in entries.values() if e)} run(s) in "
+    print(f"simulated {sum(e['runs'] for e in entries.values() if e)} run(s) for the sweep in "
           f"{time.perf_counter() - started:.1f} s wall")
 
 
