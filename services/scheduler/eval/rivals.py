@@ -1,5 +1,6 @@
 """The evaluation's rival policies, registered by name with the core's registry when this module
-is imported (``turboserve sim``, the evaluation and the replay tool import it).
+is imported (``turboserve sim``, the evaluation, the replay's comparison and the scheduler
+service import it; all but ``clairvoyant`` may run live).
 
 All are the core's :class:`Controller` (same cluster view, same placement, same scale-in by
 drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook):
@@ -32,9 +33,9 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     GPU exactly one boot delay (plus one tick) before it is needed and lets it go as soon as
     it is not needed within that horizon.  Needs ``future=`` (a trace: an object with
     ``events`` of ``(t, session_id, event)``, or a list of such rows), so the live scheduler
-    cannot run it (registered ``live=False``).  It takes no idle
-    reserve and no peak cap from the table (``idle_reserve=0``, ``peak_rho=0`` unless given):
-    it knows who comes back and how high the load goes.
+    cannot run it (registered ``live=False``).  It takes no idle reserve and no peak cap from
+    the table (``idle_reserve=0``, ``peak_rho=0`` unless given): it knows who comes back and
+    how high the load goes.
 ``turboserve_predictive``
     Our loop, with the GPU count sized for a short-horizon forecast of active sessions one
     boot delay ahead.  Default ``mode="sessions"``: Holt's linear trend (double exponential
