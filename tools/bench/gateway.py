@@ -125,9 +125,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         plan = plan_of(args)
-    except BenchError as exc:
-        return fail("bench gateway", exc)
-    try:
         result = asyncio.run(bench(plan))
     except BenchError as exc:
         return fail("bench gateway", exc)
@@ -143,14 +140,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def print_table(r: dict[str, Any]) -> None:
+    from tools.report import markdown_table
+
     print(f"gateway delivery, {r['clients']} SSE clients on {r['sessions']} sessions, a chunk per "
           f"session every {r['period_s']} s ({r['chunks_per_s']:.0f} chunks/s in, "
           f"{r['events_per_s']:.0f} events/s out, {r['event_kib']:.1f} KiB each)")
     print()
-    print("| clients | sessions | events | p50 ms | p99 ms | max ms | lags | bar (p99) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    print(f"| {r['clients']} | {r['sessions']} | {r['events']} | {r['delivery_ms_p50']:.1f} | "
-          f"{r['delivery_ms_p99']:.1f} | {r['delivery_ms_max']:.1f} | {r['lags']} | < 50 ms |")
+    print(markdown_table(
+        ("clients", "sessions", "events", "p50 ms", "p99 ms", "max ms", "lags", "bar (p99)"),
+        [(r["clients"], r["sessions"], r["events"], f"{r['delivery_ms_p50']:.1f}",
+          f"{r['delivery_ms_p99']:.1f}", f"{r['delivery_ms_max']:.1f}", r["lags"], "< 50 ms")],
+        align="rrrrrrrr"))
 
 
 def _frame(width: int, height: int) -> bytes:

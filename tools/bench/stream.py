@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tools.bench.gateway import percentile
+from tools.bench.gateway import BenchError, percentile
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -79,10 +79,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT",
                    help='write {"frames": {"standin": {...}, "textured": {...}}, ...} here')
     p.set_defaults(func=run)
-
-
-class BenchError(Exception):
-    """Bad options or an environment that cannot run the benchmark: said in one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +122,9 @@ def plan_of(args: argparse.Namespace) -> StreamPlan:
     if faults:
         raise BenchError("; ".join(faults))
     assert m is not None
-    return StreamPlan(args.viewers, args.sessions, args.seconds, args.warmup, args.period, args.frames,
-                int(m[1]), int(m[2]), args.chunks, args.encode_runs, kinds, args.webrtc_viewers)
+    return StreamPlan(args.viewers, args.sessions, args.seconds, args.warmup, args.period,
+                      args.frames, int(m[1]), int(m[2]), args.chunks, args.encode_runs, kinds,
+                      args.webrtc_viewers)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -100,7 +100,7 @@ class WebRtcViewer:
         from aiortc import RTCSessionDescription
         from aiortc.sdp import SessionDescription
 
-        from tools.bench.stream import BenchError
+        from tools.bench.gateway import BenchError
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = {"type": "offer", "sdp": self.pc.localDescription.sdp}
@@ -162,8 +162,14 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
 
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
-    from tools.bench.gateway import _create_sessions, gateway_process, measure_while, percentile
-    from tools.bench.stream import BenchError, _inject, chunk_message
+    from tools.bench.gateway import (
+        BenchError,
+        _create_sessions,
+        gateway_process,
+        measure_while,
+        percentile,
+    )
+    from tools.bench.stream import _inject, chunk_message
 
     settings = GatewaySettings.from_env()
     viewers_n = plan.webrtc_viewers
