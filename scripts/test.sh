@@ -2,8 +2,9 @@
 # Set up (first time) and run every test: lint, unit, integration (real NATS + Redis: the ones
 # at TURBOSERVE_NATS_URL / TURBOSERVE_REDIS_URL, else embedded ones) and end to end.
 #   scripts/test.sh [PYTEST ARGS]          everything (what CI runs)
-#   scripts/test.sh --fast [PYTEST ARGS]   lint and the quick unit tests: no NATS, Redis, mesh,
-#                                          browser or test marked slow (docs/testing.md)
+#   scripts/test.sh --fast [PYTEST ARGS]   lint, types and every test not marked integration,
+#                                          e2e or slow: no NATS, Redis, mesh or browser
+# docs/testing.md says how the tests are organised.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${TURBOSERVE_VENV:-.venv}"
@@ -20,7 +21,7 @@ fi
 "$venv/bin/ruff" check .
 "$venv/bin/mypy"  # the whole tree, strict (pyproject.toml [tool.mypy] lists the exceptions)
 if [ "$fast" = 1 ]; then
-  exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/sim tests/eval \
+  exec "$venv/bin/python" -m pytest -q -p no:cacheprovider \
     -m "not integration and not e2e and not slow" "$@"
 fi
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
