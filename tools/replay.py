@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -414,7 +415,7 @@ async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
         if log.id is not None:
             log.activate(now)
             task = asyncio.create_task(_read_stream(http, log))
-            task.add_done_callback(lambda t, log=log: _record_failure(t, log))
+            task.add_done_callback(functools.partial(_record_failure, log=log))
             readers.add(task)
             task.add_done_callback(readers.discard)
         return
@@ -442,8 +443,8 @@ def compare_with_sim(result: dict[str, Any], events: list[tuple[float, str, str]
     from services.scheduler.sim.traceio import make_trace
     from shared.profile import profile_from_dict
 
-    before = result.get("_before")
-    status = (before or {}).get("scheduler")
+    before: dict[str, Any] = result.get("_before") or {}
+    status = before.get("scheduler")
     if not status or not _has_account(before):
         raise ReplayError("--compare-sim needs the scheduler's account (give --operator-key to "
                           "a mesh whose scheduler runs)")
@@ -472,9 +473,10 @@ def format_comparison(result: dict[str, Any]) -> str:
     from services.scheduler.sim.compare import COMPARED
 
     def get(doc: dict[str, Any], key: str) -> Any:
+        value: Any = doc
         for part in key.split("."):
-            doc = doc.get(part) if isinstance(doc, dict) else None
-        return doc
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
 
     rows = [("figure", "live", "sim", "error %")]
     for key in COMPARED:
@@ -634,7 +636,8 @@ async def _cluster(http: Any, config: ReplayConfig) -> dict[str, Any] | None:
                                 headers=_bearer(config.operator_key)) as resp:
             if resp.status != 200:
                 return None
-            return await resp.json()
+            view: dict[str, Any] = await resp.json()
+            return view
     except Exception:  # noqa: BLE001 - the account is optional; the run goes on without it
         return None
 
