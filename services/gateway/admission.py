@@ -18,16 +18,17 @@ from shared.wire import WorkerStatus
 
 
 @dataclass(frozen=True, slots=True)
-class PoolVerdict:
+class PoolRoom:
+    """Whether the pool has room for another session, and the figures a refusal gives."""
+
     full: bool
     live_workers: int
     max_workers: int | None
-    free_slots: int
     pending: int
 
 
 def judge_pool(workers: list[WorkerRecord], limits: PoolLimits | None, pending: int,
-               placement: dict[str, str] | None = None) -> PoolVerdict:
+               placement: dict[str, str] | None = None) -> PoolRoom:
     """Full when the pool cannot grow (its live workers, booting ones included, reach
     ``max_workers``) and the ready workers have no slot left for another session after the
     sessions already waiting for one. A worker holds the sessions its heartbeat lists and those
@@ -40,24 +41,24 @@ def judge_pool(workers: list[WorkerRecord], limits: PoolLimits | None, pending: 
     free = sum(max(0, w.capacity - len(set(w.sessions) | placed.get(w.id, set())))
                for w in live if w.status is WorkerStatus.READY)
     if limits is None:
-        return PoolVerdict(False, len(live), None, free, pending)
+        return PoolRoom(False, len(live), None, pending)
     full = len(live) >= limits.max_workers and free - pending <= 0
-    return PoolVerdict(full, len(live), limits.max_workers, free, pending)
+    return PoolRoom(full, len(live), limits.max_workers, pending)
 
 
-async def check_pool(gw: Gateway) -> PoolVerdict:
+async def check_pool(gw: Gateway) -> None:
+    """Refuse a new session (:class:`errors.PoolFull`) when the pool has no room for it."""
     registry = gw.registry
     workers = await registry.workers()
     limits = await registry.pool_limits()
     pending = await gw.redis.zcard(registry.pending_key)
-    verdict = judge_pool(workers, limits, int(pending), await registry.placement())
-    if verdict.full:
+    room = judge_pool(workers, limits, int(pending), await registry.placement())
+    if room.full:
         raise errors.PoolFull(
             "every worker is at capacity and the pool is at its maximum; retry later",
-            retry_after_s=gw.settings.admission_retry_after_s, workers=verdict.live_workers,
-            max_workers=verdict.max_workers, pending=verdict.pending,
+            retry_after_s=gw.settings.admission_retry_after_s, workers=room.live_workers,
+            max_workers=room.max_workers, pending=room.pending,
         )
-    return verdict
 
 
 async def reserve_session(gw: Gateway, key_name: str, session_id: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from redis.exceptions import RedisError
 
 from services.gateway import cluster, errors, probes, sessions, sse, webrtc, ws
@@ -31,7 +32,7 @@ log = get_logger("turboserve.gateway")
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except errors.ApiError as exc:
@@ -110,7 +111,7 @@ def build_app(gw: Gateway) -> web.Application:
     r.add_get("/v1/sessions/{session_id}/stream", sse.stream_session)
     r.add_get("/v1/sessions/{session_id}/ws", ws.session_socket)
     r.add_post("/v1/sessions/{session_id}/webrtc", webrtc.peer_offer)
-    r.add_post("/v1/sessions/{session_id}/prompt", sessions.change_prompt)
+    r.add_post("/v1/sessions/{session_id}/prompt", sessions.change_session_prompt)
     r.add_post("/v1/sessions/{session_id}/pause", sessions.pause_session)
     r.add_post("/v1/sessions/{session_id}/resume", sessions.resume_session)
     r.add_get("/v1/cluster", cluster.get_cluster)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "gateway", help="run the gateway: HTTP API, SSE, WebSocket, playground, dashboard "
                         "(TURBOSERVE_* settings)")

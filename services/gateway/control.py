@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from services.gateway import errors
 from services.gateway.state import Gateway
@@ -38,13 +38,13 @@ log = get_logger("turboserve.gateway")
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a control did. ``confirmed``: the worker's notice came, ``next_seq`` is the first
-    chunk the change holds for; otherwise the change is accepted and will apply later."""
+class ControlAnswer:
+    """What a control did, the API's ``ControlAnswer``. ``confirmed``: the worker's notice
+    came, ``next_seq`` is the first chunk the change holds for; otherwise the change is
+    accepted and will apply later."""
 
     confirmed: bool
     next_seq: int | None = None
-    changed: bool = True
 
     def body(self, what: str) -> dict[str, Any]:
         body: dict[str, Any] = {"confirmed": self.confirmed, "next_seq": self.next_seq}
@@ -85,7 +85,8 @@ class NoticeWaiter:
     async def on_msg(self, msg: Any) -> None:
         if self.found.done():
             return
-        item = decode_or_drop(msg.subject, msg.data, ChunkStreamMsg, log)
+        # cast: mypy reads a union written as a value as a UnionType, not a type to decode as.
+        item = decode_or_drop(msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg), log)
         if isinstance(item, SessionNotice) and item.kind in self.kinds:
             self.found.set_result(item)
         elif isinstance(item, StreamEnd):
@@ -128,7 +129,7 @@ async def _activity_flip(gw: Gateway, record: SessionRecord, sources: tuple[Acti
     return before
 
 
-async def change_prompt(gw: Gateway, record: SessionRecord, prompt: str) -> Outcome:
+async def change_prompt(gw: Gateway, record: SessionRecord, prompt: str) -> ControlAnswer:
     _require_open(record, "steer")
     await gw.registry.set_prompt(record.id, prompt)
     async with notice_waiter(gw, record.id, NoticeKind.PROMPT) as waiter:
@@ -136,16 +137,16 @@ async def change_prompt(gw: Gateway, record: SessionRecord, prompt: str) -> Outc
         notice = await waiter.wait(gw.settings.control_wait_s)
     log.info("session_prompt_changed", session_id=record.id, prompt_chars=len(prompt),
              next_seq=notice.next_seq if notice else None)
-    return Outcome(notice is not None, notice.next_seq if notice else None)
+    return ControlAnswer(notice is not None, notice.next_seq if notice else None)
 
 
-async def pause(gw: Gateway, record: SessionRecord) -> Outcome:
+async def pause(gw: Gateway, record: SessionRecord) -> ControlAnswer:
     """Active or idle -> paused. Only an active session needs the scheduler: an idle one is
     suspended already, and stays so until its client resumes it."""
     _require_open(record, "pause")
     before = await _activity_flip(gw, record, (Activity.ACTIVE, Activity.IDLE), Activity.PAUSED)
     if before is not Activity.ACTIVE:
-        return Outcome(record.state is SessionState.SUSPENDED, None, changed=before is Activity.IDLE)
+        return ControlAnswer(record.state is SessionState.SUSPENDED)
     async with notice_waiter(gw, record.id, NoticeKind.SUSPENDED) as waiter:
         try:
             await publish_event(gw, record.id, SessionEventKind.IDLE)
@@ -157,14 +158,14 @@ async def pause(gw: Gateway, record: SessionRecord) -> Outcome:
         notice = (await waiter.wait(gw.settings.control_wait_s)
                   if record.state is not SessionState.PENDING else None)
     log.info("session_paused", session_id=record.id, confirmed=notice is not None)
-    return Outcome(notice is not None, notice.next_seq if notice else None)
+    return ControlAnswer(notice is not None, notice.next_seq if notice else None)
 
 
-async def resume(gw: Gateway, record: SessionRecord) -> Outcome:
+async def resume(gw: Gateway, record: SessionRecord) -> ControlAnswer:
     _require_open(record, "resume")
     before = await _activity_flip(gw, record, (Activity.PAUSED, Activity.IDLE), Activity.ACTIVE)
     if before is Activity.ACTIVE:
-        return Outcome(record.state is not SessionState.SUSPENDED, None, changed=False)
+        return ControlAnswer(record.state is not SessionState.SUSPENDED)
     # A suspended session resumes where it is (RESUMED); one on no worker is placed (PLACED).
     async with notice_waiter(gw, record.id, NoticeKind.RESUMED, NoticeKind.PLACED) as waiter:
         try:
@@ -174,7 +175,7 @@ async def resume(gw: Gateway, record: SessionRecord) -> Outcome:
             raise
         notice = await waiter.wait(gw.settings.control_wait_s)
     log.info("session_resumed", session_id=record.id, confirmed=notice is not None)
-    return Outcome(notice is not None, notice.next_seq if notice else None)
+    return ControlAnswer(notice is not None, notice.next_seq if notice else None)
 
 
 async def close(gw: Gateway, record: SessionRecord, reason: str = "closed") -> SessionRecord:

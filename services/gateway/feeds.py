@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
@@ -211,7 +211,8 @@ class Feed:
         catching_up = self.replaying
         if self.replaying and _pending(msg.reply) == 0:
             self.replaying = False  # the rest is live
-        item = decode_or_drop(msg.subject, msg.data, FeedMsg, log)
+        # cast: mypy reads a union written as a value as a UnionType, not a type to decode as.
+        item = decode_or_drop(msg.subject, msg.data, cast("type[FeedMsg]", FeedMsg), log)
         self.next_quiet_check = time.monotonic() + QUIET_CHECK_S
         self.quiet_checks = 0
         if item is None or self.end is not None:

@@ -26,7 +26,7 @@ class StreamFormat(enum.StrEnum):
 
 
 DEFAULT_FORMAT = StreamFormat.JPEG
-FORMATS = tuple(str(f) for f in StreamFormat)
+STREAM_FORMATS = tuple(str(f) for f in StreamFormat)
 
 
 def format_of(request: web.Request) -> StreamFormat:
@@ -34,5 +34,5 @@ def format_of(request: web.Request) -> StreamFormat:
     try:
         return StreamFormat(raw)
     except ValueError:
-        raise errors.InvalidRequest(f"'format' must be one of {', '.join(FORMATS)}",
-                                    field="format", value=raw, allowed=list(FORMATS)) from None
+        raise errors.InvalidRequest(f"'format' must be one of {', '.join(STREAM_FORMATS)}",
+                                    field="format", value=raw, allowed=list(STREAM_FORMATS)) from None

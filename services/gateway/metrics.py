@@ -12,7 +12,8 @@ from shared.states import SessionState
 
 # Seconds a chunk was done after it was due (0 when on time).
 LATENCY_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-TRANSPORTS = ("sse", "ws")
+# Transports whose client and lag-skip series exist (at 0) before their first client.
+CLIENT_TRANSPORTS = ("sse", "ws")
 
 
 class GatewayMetrics:
@@ -41,7 +42,7 @@ class GatewayMetrics:
             ["transport"], registry=r)
         self.refusals = Counter(
             "turboserve_refusals", "Requests refused, by error code", ["code"], registry=r)
-        for transport in TRANSPORTS:
+        for transport in CLIENT_TRANSPORTS:
             self.clients.labels(transport)
             self.lag_skips.labels(transport)
         for state in SessionState:

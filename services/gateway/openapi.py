@@ -63,7 +63,8 @@ FORMAT_QUERY = {"name": "format", "in": "query", "required": False,
                                "self-contained fragmented MP4, H.264, keyframe first (SSE "
                                "`fragment`, base64; WebSocket: its bytes after the header), with "
                                "`mime`, `start_s`, `duration_s`. Another value: 400 invalid_request"}
-SESSION_AUTH = [{"sessionToken": []}, {"sessionTokenQuery": []}, {"operatorKey": []}]
+SESSION_AUTH: list[dict[str, list[str]]] = [
+    {"sessionToken": []}, {"sessionTokenQuery": []}, {"operatorKey": []}]
 SESSION_ERRORS = {"401": E401, "403": E403, "404": E404, "429": E429}
 
 # From a created session to what can be done with it (its id and token): clients and tools that
@@ -174,7 +175,7 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
 
 
 def _session_op(op_id: str, summary: str, ok: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    op = {"operationId": op_id, "summary": summary, "parameters": [SESSION_ID, TOKEN_QUERY],
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "parameters": [SESSION_ID, TOKEN_QUERY],
           "security": SESSION_AUTH, "responses": {**ok, **SESSION_ERRORS}}
     for key, value in extra.items():
         if key == "parameters":

@@ -65,27 +65,27 @@ async def delete_session(request: web.Request) -> web.Response:
     return json_response(gw.session_body(record))
 
 
-async def change_prompt(request: web.Request) -> web.Response:
+async def change_session_prompt(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     record, _ = await authorized_session(gw, request)
     body = await bodies.read_object(request, PROMPT_FIELDS)
     prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
-    outcome = await control.change_prompt(gw, record, prompt)
-    return json_response({"id": record.id, "prompt": prompt, **outcome.body("prompt change")},
-                         status=outcome.status)
+    answer = await control.change_prompt(gw, record, prompt)
+    return json_response({"id": record.id, "prompt": prompt, **answer.body("prompt change")},
+                         status=answer.status)
 
 
 async def pause_session(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     record, _ = await authorized_session(gw, request)
-    outcome = await control.pause(gw, record)
-    return json_response({"id": record.id, "activity": "paused", **outcome.body("pause")},
-                         status=outcome.status)
+    answer = await control.pause(gw, record)
+    return json_response({"id": record.id, "activity": "paused", **answer.body("pause")},
+                         status=answer.status)
 
 
 async def resume_session(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     record, _ = await authorized_session(gw, request)
-    outcome = await control.resume(gw, record)
-    return json_response({"id": record.id, "activity": "active", **outcome.body("resume")},
-                         status=outcome.status)
+    answer = await control.resume(gw, record)
+    return json_response({"id": record.id, "activity": "active", **answer.body("resume")},
+                         status=answer.status)

@@ -19,6 +19,9 @@ from services.gateway.state import Gateway, check_rate, load_session
 from shared.registry import SessionRecord
 
 CONTROLS = frozenset({"prompt", "pause", "resume", "close"})
+# Controls a connection may have waiting to be applied; the WebSocket stops reading beyond it,
+# the data channel answers the next one with an error.
+CONTROLS_IN_FLIGHT = 8
 
 
 def error_message(kind: str | None, ident: Any, exc: errors.ApiError) -> dict[str, Any]:

@@ -54,7 +54,6 @@ log = get_logger("turboserve.gateway")
 CONNECT_S = 30.0
 # How long the last messages on the data channel (the end) get to leave before the close.
 FLUSH_S = 1.0
-CONTROLS_IN_FLIGHT = 8
 OFFER_FIELDS = frozenset({"type", "sdp"})
 MAX_SDP_CHARS = 64_000
 
@@ -75,7 +74,7 @@ class Peer:
         self.operator = operator
         self.pc = pc
         self.channel: RTCDataChannel | None = None
-        self.controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(CONTROLS_IN_FLIGHT)
+        self.controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(steering.CONTROLS_IN_FLIGHT)
         self.steering = asyncio.Lock()  # held while a control is applied and answered
         self.connected = asyncio.Event()
         self.done = asyncio.Event()
@@ -113,7 +112,7 @@ class Peer:
             self.controls.put_nowait(body)
         except asyncio.QueueFull:
             self.send(steering.error_message(body["type"], body.get("id"), errors.Unavailable(
-                "too many controls in flight; wait for their answers", limit=CONTROLS_IN_FLIGHT)))
+                "too many controls in flight; wait for their answers", limit=steering.CONTROLS_IN_FLIGHT)))
 
     def send(self, message: dict[str, Any]) -> None:
         channel = self.channel

@@ -49,10 +49,9 @@ from shared.registry import SessionRecord
 log = get_logger("turboserve.gateway")
 
 HEADER_LEN = struct.Struct(">I")
-CONTROLS_IN_FLIGHT = 8
 
 
-def chunk_message(chunk: ChunkView) -> bytes:
+def frames_message(chunk: ChunkView) -> bytes:
     frames = chunk.frame_bytes()
     header = orjson.dumps({
         "type": "chunk", "session_id": chunk.session_id, "seq": chunk.seq,
@@ -84,7 +83,7 @@ def entry_message(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes | s
         elif fmt is StreamFormat.FMP4:
             message = fragment_message(item)
         else:
-            message = chunk_message(item)
+            message = frames_message(item)
         entry.ws[key] = message
     return message
 
@@ -115,16 +114,16 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
     gw.metrics.clients.labels("ws").inc()
     try:
         await ws.prepare(request)
-        controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(CONTROLS_IN_FLIGHT)
+        controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(steering.CONTROLS_IN_FLIGHT)
         # Held while a control is applied and answered: the end of the stream waits for it, so
         # a client that sent "close" gets its ack before the end.
         steering_lock = asyncio.Lock()
         async with asyncio.TaskGroup() as tg:
             sender = tg.create_task(_send(gw, ws, record.id, viewer, last_seq, steering_lock, fmt))
-            steering = tg.create_task(_steer(gw, ws, record, operator, controls, steering_lock))
+            steering_task = tg.create_task(_steer(gw, ws, record, operator, controls, steering_lock))
             await _receive(ws, controls)
             sender.cancel()
-            steering.cancel()
+            steering_task.cancel()
     finally:
         gw.metrics.clients.labels("ws").dec()
         await gw.hub.leave(viewer)

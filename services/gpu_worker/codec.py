@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-FORMATS = ("jpeg", "png", "raw")
-MIME_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "raw": "application/octet-stream"}
+FRAME_FORMATS = ("jpeg", "png", "raw")
 
 
-def _as_array(frames: Any) -> np.ndarray:
+def frames_array(frames: Any) -> np.ndarray:
+    """Frames as a contiguous uint8 ``[T, H, W, 3]`` array, from a tensor or an array;
+    ``ValueError`` for anything else."""
     array = frames.numpy() if hasattr(frames, "numpy") else np.asarray(frames)
     if array.dtype != np.uint8 or array.ndim != 4 or array.shape[-1] != 3:
         raise ValueError(
@@ -32,11 +33,11 @@ def _as_array(frames: Any) -> np.ndarray:
 
 def encode_frames(frames: Any, fmt: str = "jpeg", quality: int = 80) -> list[bytes]:
     """One encoded image per frame, in order."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown frame format {fmt!r}; known: {', '.join(FORMATS)}")
+    if fmt not in FRAME_FORMATS:
+        raise ValueError(f"unknown frame format {fmt!r}; known: {', '.join(FRAME_FORMATS)}")
     if not 1 <= quality <= 95:
         raise ValueError(f"quality must be in 1..95, got {quality}")
-    array = _as_array(frames)
+    array = frames_array(frames)
     if fmt == "raw":
         return [frame.tobytes() for frame in array]
     from PIL import Image

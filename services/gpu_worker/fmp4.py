@@ -27,6 +27,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from services.gpu_worker.codec import frames_array
+
 TIMESCALE = 90_000  # ticks per second, the video norm: 16 fps and 12 fps are both whole ticks
 CODEC: Final = "libx264"  # Final keeps the literal, so PyAV's typing knows a video stream
 # ultrafast: on two shared CPU cores a 12-frame 480x832 chunk encodes in about 40-70 ms (a
@@ -59,7 +61,10 @@ def encode_chunk(frames: Any, fps: float, start_s: float, *, crf: int = CRF,
     """``frames``: uint8 ``[T, H, W, 3]`` RGB (a tensor or an array), played at ``fps``."""
     import av  # FFmpeg: imported where used, so contract code and tests need not load it
 
-    array = _even(_as_array(frames))
+    array = frames_array(frames)
+    if not len(array):
+        raise ValueError("a fragment needs at least one frame")
+    array = _even(array)
     count, height, width, _ = array.shape
     if fps <= 0:
         raise ValueError(f"fps must be positive, got {fps}")
@@ -107,13 +112,6 @@ def decode_fragment(data: bytes) -> tuple[np.ndarray, list[float]]:
             frames.append(frame.to_ndarray(format="rgb24"))
             times.append(float(frame.time) if frame.time is not None else float("nan"))
     return np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8), times
-
-
-def _as_array(frames: Any) -> np.ndarray:
-    array = frames.numpy() if hasattr(frames, "numpy") else np.asarray(frames)
-    if array.dtype != np.uint8 or array.ndim != 4 or array.shape[-1] != 3 or array.shape[0] == 0:
-        raise ValueError(f"frames must be uint8 [T>0, H, W, 3], got {array.dtype} {list(array.shape)}")
-    return np.ascontiguousarray(array)
 
 
 def _even(array: np.ndarray) -> np.ndarray:

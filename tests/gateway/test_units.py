@@ -18,7 +18,7 @@ from services.gateway.chunkview import ChunkView, FeedMsg, frames_fault
 from services.gateway.cluster import merge_latency, worker_load
 from services.gateway.feeds import End, Entry, Lag, Viewer
 from services.gateway.sse import chunk_event
-from services.gateway.ws import chunk_message
+from services.gateway.ws import frames_message
 from shared.registry import PoolLimits, WorkerRecord
 from shared.settings import GatewaySettings, SettingsError
 from shared.wire import (
@@ -202,7 +202,7 @@ def test_history_asked_for_is_delivered_whole_before_the_bound_applies():
 
 def test_websocket_chunk_framing():
     frames = [b"\xff\xd8one", b"\xff\xd8second"]
-    data = chunk_message(chunk(7, frames))
+    data = frames_message(chunk(7, frames))
     (n,) = struct.unpack(">I", data[:4])
     header = orjson.loads(data[4:4 + n])
     assert header["type"] == "chunk" and header["seq"] == 7 and header["frame_sizes"] == [5, 8]

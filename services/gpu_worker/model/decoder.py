@@ -103,9 +103,6 @@ class LatentDecoder(nn.Module):
     def state_numel(self) -> int:
         return int(torch.Size(self.context_shape).numel())
 
-    def video_frames(self, latent_frames: int, fresh: bool) -> int:
-        return self.time_stride * latent_frames
-
     def decode(self, latents: torch.Tensor, state: torch.Tensor, fresh: bool) -> torch.Tensor:
         """``forward`` with the context kept in ``state`` rows ``[B, state_numel]`` (zeros
         before a stream's first chunk, so ``fresh`` changes nothing)."""

@@ -36,8 +36,6 @@ if TYPE_CHECKING:  # diffusers is imported only when a real VAE is loaded
     # missing torch (a class without nn.Module's members).
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
-TIME_STRIDE = 4
-
 
 @dataclass(frozen=True, slots=True)
 class CacheLayout:
@@ -84,7 +82,6 @@ class WanVaeDecoder:
     docstring). ``state`` rows ``[B, state_numel]`` carry each session's feature cache."""
 
     kind = "wan-vae"
-    time_stride = TIME_STRIDE
 
     def __init__(self, vae: AutoencoderKLWan, latent_hw: tuple[int, int], chunk_frames: int) -> None:
         if chunk_frames < 2:
@@ -108,9 +105,6 @@ class WanVaeDecoder:
         """The weights decoding uses (the decoder and post_quant_conv; not the encoder)."""
         yield from self.vae.decoder.parameters()
         yield from self.vae.post_quant_conv.parameters()
-
-    def video_frames(self, latent_frames: int, fresh: bool) -> int:
-        return 1 + TIME_STRIDE * (latent_frames - 1) if fresh else TIME_STRIDE * latent_frames
 
     def _views(self, state: torch.Tensor) -> list[Any]:
         batch = state.shape[0]
