@@ -20,6 +20,7 @@ SUMMARY_KEYS = {
     "gap_to_boot_aware_floor_pct": {"avg"},
     "cost_reduction_at_matched_slo_pct": {"avg_vs_best_baseline", "slo_attainment"},
     "robustness": {"max_cost_above_best_of_least_loaded_and_hpa_pct", "bar_pct"},
+    "gap_to_clairvoyant_at_slo_pct": {"slo_attainment", "traces_averaged"},
 }
 PROFILES = ("h20-longlive-1.3b-nvlink", "h200-wan-1.3b-measured")
 
@@ -52,7 +53,9 @@ def test_the_json_has_its_documented_summary_keys(result):
     assert summary["oracle_is_lower_bound"] is True
     assert set(doc["traces"]) == {"short_bursty", "short_calm"}
     assert doc["placement"]["instances"] == 40
-    for key in ("cost_reduction_at_matched_slo_pct", "gap_to_boot_aware_floor_pct"):
+    assert summary["scale"] == 1 and doc["scale"] == 1  # --scale defaults to 1
+    for key in ("cost_reduction_at_matched_slo_pct", "gap_to_boot_aware_floor_pct",
+                "gap_to_clairvoyant_at_slo_pct"):
         assert set(summary[key]["per_trace"]) == {"short_bursty", "short_calm"}, key
     assert set(summary["placement_mixed_kinds"]) == {"h20_h200", "crossing", "crossing_eta_1"}
     # Sweeps that missed 99% were extended up to the stated caps, and the JSON says so.

@@ -9,6 +9,8 @@ from services.scheduler.eval.extend import (
     static_cap,
 )
 from services.scheduler.eval.runs import RunSpec, RunSummary
+from services.scheduler.sim.simulator import make_policy
+from shared.profile import load_profile
 
 
 def _run(curve: str, stall: float, **params) -> RunSummary:
@@ -71,3 +73,14 @@ def test_an_autoscaler_that_misses_gets_more_headroom_down_to_the_cap():
     # The clairvoyant keeps its future and its warm pool.
     extra = [r for r in runs if r.spec.curve == "clairvoyant" and r.spec.param("rho_hat") == 0.15]
     assert extra[0].spec.param("future") is True and extra[0].spec.param("initial_gpus") == 4
+
+
+def test_the_threshold_autoscaler_never_gets_a_negative_scale_in_threshold():
+    """least_loaded_autoscale scales in 0.3 below its threshold: below 0.3 that is 0 (it never
+    shrinks), not a threshold the policy refuses."""
+    runs = [_run("least_loaded_autoscale", 0.97, rho_hat=0.35)]
+    [spec] = next_runs(runs, peak_active=20, capacity=2, planned_top=12)
+    assert spec.param("rho_hat") == 0.25 and spec.param("low") == 0.0
+    # The policy takes it (it refuses a negative one).
+    policy = make_policy(spec.policy, load_profile(), boot_delay_s=30.0, **dict(spec.params))
+    assert policy.name == "least_loaded_autoscale"

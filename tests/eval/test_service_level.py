@@ -50,3 +50,26 @@ def test_each_policy_pays_for_99_percent():
     # Service at our cost (3.2 GPU-h = 6.4 GPUs): least_loaded between 6 and 7 GPUs.
     assert v["attainment_at_our_cost"]["least_loaded"]["attainment"] == pytest.approx(
         0.95 + 0.035 * 0.4)
+
+
+def test_the_gap_to_the_clairvoyant_is_our_cost_over_its_at_99_percent():
+    from services.scheduler.eval.service_level import slo_summary
+
+    curves = _curves()
+    # The clairvoyant's curve read at 1% missed: between 2.0 GPU-h (2%) and 3.0 (0%): 2.5.
+    curves["clairvoyant"] = [_run("clairvoyant", 2.0, 0.98, rho_hat=0.9),
+                             _run("clairvoyant", 3.0, 1.0, rho_hat=0.5)]
+    v = _service_level(curves, curves["turboserve"][1])
+    assert v["rivals"]["clairvoyant"]["cost_gpu_hours"] == pytest.approx(2.5)
+    assert v["gap_to_clairvoyant_at_slo_pct"] == pytest.approx(100 * (3.4 / 2.5 - 1))
+    assert v["gap_to_clairvoyant_at_slo_reached"] is True
+    # A clairvoyant that never serves 99%: no gap on that trace, and the summary says why.
+    short = _curves()
+    short["clairvoyant"] = [_run("clairvoyant", 2.0, 0.95, rho_hat=0.9)]
+    w = _service_level(short, short["turboserve"][1])
+    assert w["gap_to_clairvoyant_at_slo_reached"] is False
+    block = slo_summary({"a": {"service_level": v}, "b": {"service_level": w}})[
+        "gap_to_clairvoyant_at_slo_pct"]
+    assert block["per_trace"] == {"a": pytest.approx(36.0), "b": None}
+    assert block["avg"] == pytest.approx(36.0) and block["max"] == pytest.approx(36.0)
+    assert block["traces_averaged"] == 1 and block["left_out"] == {"b": ["clairvoyant"]}
