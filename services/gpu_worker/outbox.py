@@ -63,7 +63,8 @@ class Outbox:
         self._chunks = 0
         self._lock = threading.Lock()
         # Set by the two sides: ``on_put`` wakes the event loop's publisher (it must not
-        # block: call_soon_threadsafe), ``on_take`` wakes the generation thread.
+        # block: call_soon_threadsafe), ``on_take`` wakes the generation thread when a take
+        # made room.
         self.on_put: Callable[[], None] = _nothing
         self.on_take: Callable[[], None] = _nothing
 
@@ -80,12 +81,14 @@ class Outbox:
             return self._chunks < self.max_chunks
 
     def take(self) -> list[Outgoing]:
-        """Everything queued, oldest first."""
+        """Everything queued, oldest first; wakes the generation thread if it was holding
+        back passes."""
         with self._lock:
             items = list(self._items)
             self._items.clear()
+            held_back = self._chunks >= self.max_chunks
             self._chunks = 0
-        if items:
+        if held_back:
             self.on_take()
         return items
 

@@ -1,4 +1,5 @@
-"""The generation thread's inbox: waits that a command cuts short, stale commands dropped."""
+"""The generation thread's inbox (waits that a command or a wake cuts short, stale commands
+dropped) and its outbox (nothing dropped, room below its bound)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,43 @@ def test_close_wakes_a_waiter_and_controls_pass_through():
     started = time.monotonic()
     assert inbox.take(timeout=None) == [] and inbox.closed
     assert time.monotonic() - started < 5.0
+
+
+def test_a_wake_ends_a_wait_without_an_item_once():
+    inbox = CommandInbox()
+    inbox.wake()  # before the wait: the wait does not start
+    started = time.monotonic()
+    assert inbox.take(timeout=30) == []
+    assert time.monotonic() - started < 10
+    waker = threading.Timer(0.1, inbox.wake)
+    waker.start()
+    assert inbox.take(timeout=30) == []  # ended by the wake, not the timeout
+    assert time.monotonic() - started < 10
+    waker.join()
+
+
+def test_the_outbox_holds_every_item_and_has_room_below_its_bound():
+    from services.gpu_worker.outbox import Forget, Outbox, OutChunk
+    from shared.wire import Chunk, SessionNotice
+
+    outbox = Outbox(max_chunks=2)
+    wakes: list[int] = []
+    outbox.on_take = lambda: wakes.append(1)
+
+    def chunk(seq: int) -> OutChunk:
+        return OutChunk(Chunk(session_id="s", seq=seq, worker_id="w", epoch=1, encoding="jpeg",
+                              frames=[], width=8, height=8, fps=16.0, gen_ms=1.0, batch=1,
+                              due_at=0.0, done_at=0.0))
+
+    outbox.put(SessionNotice(session_id="s", kind="placed", worker_id="w", epoch=1,
+                             next_seq=0))
+    outbox.put(chunk(0))
+    assert outbox.has_room()
+    assert outbox.take()[1] == chunk(0) and wakes == []  # not held back: nobody to wake
+    for seq in range(1, 4):  # past the bound: kept all the same
+        outbox.put(chunk(seq))
+    outbox.put(Forget("s"))
+    assert not outbox.has_room() and len(outbox) == 4
+    taken = outbox.take()
+    assert [i.chunk.seq for i in taken if isinstance(i, OutChunk)] == [1, 2, 3]
+    assert wakes == [1] and outbox.has_room() and len(outbox) == 0
