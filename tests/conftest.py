@@ -12,14 +12,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from shared.settings import SuiteSettings
 from tools.launcher import Mesh
 
 
 @pytest.fixture(scope="session")
 def infra() -> Iterator[Mesh]:
-    settings = SuiteSettings.from_env()
-    mesh = Mesh(nats_url=settings.nats_url, redis_url=settings.redis_url, quiet=True)
+    mesh = Mesh.from_env(quiet=True)
     mesh.start_infra()
     yield mesh
     mesh.stop()
