@@ -1,7 +1,7 @@
 """The live scheduler: the policy core fed from NATS and Redis, its decisions carried out.
 
 While this scheduler leads, :class:`LiveScheduler` is the thin adapter of the design around the
-core's ``step``, in three parts:
+policy's ``step``, in three parts:
 
 - :class:`~services.scheduler.ingest.Ingest`: what it hears becomes the core's events (session
   events from the durable JetStream consumer, worker heartbeats, provisioner events, the
@@ -31,7 +31,7 @@ from nats.errors import Error as NatsError
 from redis.exceptions import RedisError
 
 from services.scheduler.commands import CommandSender
-from services.scheduler.core.loop import Controller
+from services.scheduler.core.policies import Policy
 from services.scheduler.core.types import (
     Event,
     EventKind,
@@ -63,7 +63,7 @@ class LiveScheduler:
         ctx: ServiceContext,
         settings: SchedulerSettings,
         lease: Lease,
-        core: Controller,
+        core: Policy,
         fallback: dict[str, LatencyProfile],
         default_kind: str,
         metrics: SchedulerMetrics,
@@ -77,7 +77,6 @@ class LiveScheduler:
         self.default_kind = default_kind
         self.metrics = metrics
         self.handoff_timeout_s = handoff_timeout_s
-        self.core_boot_delay_s = float(getattr(getattr(core, "config", None), "boot_delay_s", 0.0))
         self.sender = CommandSender(ctx, term=lease.term, reply_timeout_s=settings.command_timeout_s)
         self.lock = asyncio.Lock()  # one step of the core at a time
         self.stopping = asyncio.Event()
@@ -292,7 +291,7 @@ class LiveScheduler:
         # model per kind (as measured), the default kind, the boot delay, the limits, the tick.
         status["profiles"] = {kind: p.to_dict() for kind, p in view.profiles.items()}
         status["gpu_kind"] = self.default_kind
-        status["boot_delay_s"] = self.core_boot_delay_s
+        status["boot_delay_s"] = self.core.boot_delay_s
         status["tick_s"] = self.settings.tick_s
         self.metrics.observe_view(status)
         await self.ctx.registry.raise_counter("peak_gpus", view.billed_gpus)
