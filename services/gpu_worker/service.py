@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from nats.errors import Error as NatsError
 from redis.exceptions import RedisError
 
 from services.gpu_worker import telemetry
@@ -195,21 +196,21 @@ class MeshSink:
         return refused is not None and epoch <= refused
 
     async def _publish(self, item: Outgoing) -> None:
-        ctx = self.ctx
         if isinstance(item, OutChunk):
             chunk = item.chunk
             sid = chunk.session_id
             if self._is_fenced(sid, chunk.epoch):
                 return
             data = encode(chunk)
-            await ctx.nc.publish(ctx.subjects.chunks(sid), data)
+            # Kept first: a chunk NATS would not take now goes out again after reconnection.
             self._recent.setdefault(sid, deque(maxlen=RECENT_CHUNKS)).append(data)
-            self._unrecorded[sid] = item
-            self._to_record.set()
+            if await self._send(sid, data, seq=chunk.seq):
+                self._unrecorded[sid] = item
+                self._to_record.set()
         elif isinstance(item, SessionNotice):
             if self._is_fenced(item.session_id, item.epoch) or not await self._owns(item):
                 return
-            await ctx.nc.publish(ctx.subjects.chunks(item.session_id), encode(item))
+            await self._send(item.session_id, encode(item), notice=str(item.kind))
         elif isinstance(item, HandBack):
             task = asyncio.create_task(self.release(item.session_id, item.epoch))
             self._releases.add(task)
@@ -219,6 +220,16 @@ class MeshSink:
             self._recent.pop(item.session_id, None)
             self._fenced.pop(item.session_id, None)
             self._unrecorded.pop(item.session_id, None)
+
+    async def _send(self, session_id: str, data: bytes, **what: object) -> bool:
+        """Publish on the session's chunk subject; False (logged) when NATS refuses it now
+        (reconnecting, its buffer full): the publisher goes on with the next item."""
+        try:
+            await self.ctx.nc.publish(self.ctx.subjects.chunks(session_id), data)
+        except NatsError as exc:
+            log.warning("not_published", session_id=session_id, error=repr(exc), **what)
+            return False
+        return True
 
     async def _record(self, item: OutChunk) -> None:
         chunk = item.chunk
