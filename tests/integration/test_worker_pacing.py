@@ -28,9 +28,9 @@ async def test_sessions_started_at_different_moments_each_play_at_the_playback_r
         for sid in sids:
             await start_session(ctx, "w1", sid)
             await asyncio.sleep(0.25)  # each at its own phase
-        # enough of each to judge its pace: two buffered, then eight in steady state
-        await eventually(lambda: all(len(rx.chunks[s]) >= 10 for s in sids), 30,
-                         "ten chunks of each session")
+        # enough of each to judge its pace: two buffered, then twelve in steady state
+        await eventually(lambda: all(len(rx.chunks[s]) >= 14 for s in sids), 30,
+                         "fourteen chunks of each session")
     for sid in sids:
         chunks = [c for _, c in rx.chunks[sid]]
         assert [c.seq for c in chunks] == list(range(len(chunks))), sid
