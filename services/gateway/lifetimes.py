@@ -23,11 +23,13 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.gateway import control
+from services.gateway.feeds import Viewer
 from services.gateway.state import Gateway
 from services.gateway.store import Activity
 from shared.logging import get_logger
@@ -51,6 +53,26 @@ async def detach(gw: Gateway, attachment_id: str) -> None:
     session_id = gw.attachments.pop(attachment_id, None)
     if session_id is not None:
         await gw.store.detach(session_id, attachment_id)
+
+
+@contextlib.asynccontextmanager
+async def watching(gw: Gateway, session_id: str, last_seq: int,
+                   transport: str) -> AsyncIterator[Viewer]:
+    """A viewer of the session's chunks after ``last_seq`` for as long as the block runs:
+    attached (the session counts as watched) and counted among ``transport``'s clients."""
+    viewer = await gw.hub.join(session_id, last_seq)
+    try:
+        attachment = await attach(gw, session_id)
+    except BaseException:
+        await gw.hub.leave(viewer)
+        raise
+    gw.metrics.clients.labels(transport).inc()
+    try:
+        yield viewer
+    finally:
+        gw.metrics.clients.labels(transport).dec()
+        await gw.hub.leave(viewer)
+        await detach(gw, attachment)
 
 
 async def alive(gw: Gateway) -> None:

@@ -126,24 +126,14 @@ async def stream_session(request: web.Request) -> web.StreamResponse:
         return await _ended(request, end_event(record.id, record.last_seq, "closed"))
     if gw.closing.is_set():
         return await _ended(request, end_event(record.id, last_seq, "gateway_shutdown"))
-    viewer = await gw.hub.join(record.id, last_seq)
-    try:
-        attachment = await lifetimes.attach(gw, record.id)
-    except BaseException:
-        await gw.hub.leave(viewer)
-        raise
-    gw.metrics.clients.labels("sse").inc()
-    try:
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
-        await resp.write(b"retry: 2000\n\n")
-        await _pump(request, resp, record.id, viewer, last_seq, fmt)
-    except ConnectionResetError:
-        log.info("stream_client_gone", session_id=record.id)
-    finally:
-        gw.metrics.clients.labels("sse").dec()
-        await gw.hub.leave(viewer)
-        await lifetimes.detach(gw, attachment)
+    async with lifetimes.watching(gw, record.id, last_seq, "sse") as viewer:
+        try:
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            await resp.prepare(request)
+            await resp.write(b"retry: 2000\n\n")
+            await _pump(request, resp, record.id, viewer, last_seq, fmt)
+        except ConnectionResetError:
+            log.info("stream_client_gone", session_id=record.id)
     return resp
 
 

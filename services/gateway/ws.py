@@ -105,29 +105,22 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
         raise errors.InvalidRequest("this route takes a WebSocket upgrade (GET with Upgrade: websocket)")
     if gw.closing.is_set():
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
-    viewer = await gw.hub.join(record.id, last_seq)
     try:
-        attachment = await lifetimes.attach(gw, record.id)
-    except BaseException:
-        await gw.hub.leave(viewer)
-        raise
-    gw.metrics.clients.labels("ws").inc()
-    try:
-        await ws.prepare(request)
-        controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(steering.CONTROLS_IN_FLIGHT)
-        # Held while a control is applied and answered: the end of the stream waits for it, so
-        # a client that sent "close" gets its ack before the end.
-        steering_lock = asyncio.Lock()
-        async with asyncio.TaskGroup() as tg:
-            sender = tg.create_task(_send(gw, ws, record.id, viewer, last_seq, steering_lock, fmt))
-            steering_task = tg.create_task(_steer(gw, ws, record, operator, controls, steering_lock))
-            await _receive(ws, controls)
-            sender.cancel()
-            steering_task.cancel()
+        async with lifetimes.watching(gw, record.id, last_seq, "ws") as viewer:
+            await ws.prepare(request)
+            controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(steering.CONTROLS_IN_FLIGHT)
+            # Held while a control is applied and answered: the end of the stream waits for it,
+            # so a client that sent "close" gets its ack before the end.
+            steering_lock = asyncio.Lock()
+            async with asyncio.TaskGroup() as tg:
+                sender = tg.create_task(
+                    _send(gw, ws, record.id, viewer, last_seq, steering_lock, fmt))
+                steering_task = tg.create_task(
+                    _steer(gw, ws, record, operator, controls, steering_lock))
+                await _receive(ws, controls)
+                sender.cancel()
+                steering_task.cancel()
     finally:
-        gw.metrics.clients.labels("ws").dec()
-        await gw.hub.leave(viewer)
-        await lifetimes.detach(gw, attachment)
         if not ws.closed:
             with contextlib.suppress(Exception):
                 await ws.close()

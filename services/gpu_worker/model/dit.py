@@ -112,7 +112,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2).type_as(x)
 
 
-class SelfAttention(nn.Module):
+class _Attention(nn.Module):
+    """Wan's attention weights: q, k, v, o projections and RMS norms of queries and keys."""
+
     def __init__(self, dim: int, num_heads: int, eps: float) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -123,6 +125,8 @@ class SelfAttention(nn.Module):
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
 
+
+class SelfAttention(_Attention):
     def forward(
         self,
         x: torch.Tensor,
@@ -146,17 +150,7 @@ class SelfAttention(nn.Module):
         return projected
 
 
-class CrossAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, eps: float) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-
+class CrossAttention(_Attention):
     def compute_kv(self, context: torch.Tensor) -> torch.Tensor:
         """``[B, 2, H, text_len, d]`` from embedded context ``[B, text_len, dim]``."""
         batch, length, dim = context.shape
