@@ -7,7 +7,7 @@ Three parts that meet only through thread-safe hand-offs, none waiting on anothe
 - the generation loop (:mod:`generation`, its own thread, the engine's only user): applies what
   the inbox holds at pass boundaries, paces every session to playback, runs the batched passes,
   puts chunks and notices in the outbox and publishes an immutable status after every pass;
-- the publisher (event loop, :class:`MeshSink`): publishes what the outbox holds, in order, and
+- the publisher (event loop, :class:`Publisher`): publishes what the outbox holds, in order, and
   records each chunk's progress with a compare-and-set on (owner, epoch) on a task of its own,
   so a slow or paused Redis never holds chunks back; a worker whose session was taken away
   hears it there and drops it at the next boundary. Heartbeats report the loop's status.
@@ -125,7 +125,7 @@ RECENT_CHUNKS = 16
 NOTICE_CHECK_S = 0.5
 
 
-class MeshSink:
+class Publisher:
     """The event loop's side of the outbox: publishes, in order, what the generation thread
     made, and records each chunk's progress on a task of its own.
 
@@ -286,7 +286,7 @@ class WorkerService:
         self.status = WorkerStatus.BOOTING
         self.inbox = CommandInbox()
         self.generation: GenerationLoop | None = None
-        self.sink: MeshSink | None = None
+        self.publisher: Publisher | None = None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._thread_done: asyncio.Future[None] | None = None
@@ -331,10 +331,10 @@ class WorkerService:
             on_chunk=self.metrics.lateness.observe,
             recovery_log=self.settings.recovery_log,
         )
-        self.sink = MeshSink(ctx, self.worker_id, self.generation.outbox, self.generation.fence)
-        ctx.reconnect_hooks.append(self.sink.republish)  # after the streams are declared again
-        ctx.spawn(self.sink.publish_forever(), name="worker-publish")
-        ctx.spawn(self.sink.record_forever(), name="worker-progress")
+        self.publisher = Publisher(ctx, self.worker_id, self.generation.outbox, self.generation.fence)
+        ctx.reconnect_hooks.append(self.publisher.republish)  # after the streams are declared again
+        ctx.spawn(self.publisher.publish_forever(), name="worker-publish")
+        ctx.spawn(self.publisher.record_forever(), name="worker-progress")
         if self.pace.emulated is not None:
             log.info("emulating", gpu_kind=self.pace.kind, profile=self.pace.emulated.name,
                      slots=self.pace.slots, chunk_period_s=self.pace.period_s)
@@ -368,9 +368,9 @@ class WorkerService:
         self.inbox.close()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
-        if self.sink is not None:  # what the generation thread made last goes out
-            await self.sink.publish_queued()
-            await self.sink.record_queued()
+        if self.publisher is not None:  # what the generation thread made last goes out
+            await self.publisher.publish_queued()
+            await self.publisher.record_queued()
         await self._release_sessions()
         if self._heartbeat_task is not None:  # else a late beat would re-register us
             self._heartbeat_task.cancel()
@@ -399,10 +399,10 @@ class WorkerService:
 
     async def _release_sessions(self) -> None:
         """Put the sessions this worker still owns back to pending, to continue elsewhere."""
-        if self.generation is None or self.sink is None:
+        if self.generation is None or self.publisher is None:
             return
         for session_id, facts in self.generation.status().facts.items():
-            await self.sink.release(session_id, facts.epoch)
+            await self.publisher.release(session_id, facts.epoch)
             log.info("session_released", session_id=session_id)
 
     # -- commands (event loop) ------------------------------------------------------------------
@@ -518,8 +518,8 @@ class WorkerService:
         return ""
 
     async def _release_assignment(self, cmd: WorkerCommand) -> None:
-        assert self.sink is not None and cmd.session_id is not None
-        await self.sink.release(cmd.session_id, cmd.epoch)
+        assert self.publisher is not None and cmd.session_id is not None
+        await self.publisher.release(cmd.session_id, cmd.epoch)
 
     def _set_draining(self, draining: bool) -> None:
         if self.status is WorkerStatus.BOOTING:
