@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from services.gpu_worker.model.config import get_preset
 from services.gpu_worker.model.dit import build_model
 from services.gpu_worker.recovery import from_fields, to_fields
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
+from tests.eventually import eventually_sync
 
 from .conftest import make_engine
 from .test_generation import RecordingSink
@@ -103,10 +103,7 @@ def test_the_loop_rebuilds_an_offered_session_and_announces_it():
                                  session_id="s", prompt="a fox", seed=3, seq=10))
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while len(sink.chunks("s")) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    eventually_sync(lambda: len(sink.chunks("s")) >= 3, 30, "three chunks", interval=0.01)
     loop.inbox.close()
     thread.join(10)
     assert [c.seq for c in sink.chunks("s")][:3] == [10, 11, 12]
