@@ -57,7 +57,8 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             placement = await ctx.registry.placement()
             assert all(placement[s] == "wb" for s in SIDS)
 
-            # Held: ticks of the closed loop pass; wa stays up, empty, cordoned, uncounted.
+            # Held: ticks of the closed loop pass; wa stays up, empty, cordoned, uncounted. The
+            # wait is the test: fifteen ticks in which nothing may change.
             await asyncio.sleep(3.0)
             assert core.view.state_of("wa") is GpuState.DRAINING and core.view.cordoned == ("wa",)
             assert "wa" not in live.pool.unreleased
