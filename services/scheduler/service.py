@@ -19,8 +19,8 @@ from redis.exceptions import RedisError
 
 import services.scheduler.eval.rivals  # noqa: F401  (registers the rivals it may run)
 from services.scheduler.core.autoscale import RhoTable, RhoTableError
-from services.scheduler.core.loop import Controller
 from services.scheduler.core.policies import (
+    Policy,
     get_policy,
     live_policies,
     policy_spec,
@@ -130,7 +130,7 @@ class SchedulerService:
             with contextlib.suppress(Exception):
                 await self._election.resign(lease)
 
-    async def _controller(self) -> Controller:
+    async def _controller(self) -> Policy:
         """A fresh core for a new leadership, its pool limits from the provisioner's record."""
         assert self.ctx is not None
         settings = self.settings
@@ -143,7 +143,7 @@ class SchedulerService:
 
 def live_policy(settings: SchedulerSettings, profiles: dict[str, LatencyProfile],
                 default_kind: str, rho_table: RhoTable | None, min_gpus: int,
-                max_gpus: int) -> Controller:
+                max_gpus: int) -> Policy:
     """The policy ``settings`` name, set for the live pool: it starts with no GPU of its own
     (it finds the workers that run); an autoscaler sizes the pool between ``min_gpus`` and
     ``max_gpus`` with the rho table, a static policy keeps the pool it finds."""
@@ -158,9 +158,7 @@ def live_policy(settings: SchedulerSettings, profiles: dict[str, LatencyProfile]
     else:
         params = {"gpus": 0, "gpu_kind": default_kind, "boot_delay_s": boot,
                   "gpu_id_prefix": prefix}
-    policy = get_policy(settings.policy, profiles, spec.config(params))
-    assert isinstance(policy, Controller)  # every registered policy is one
-    return policy
+    return get_policy(settings.policy, profiles, spec.config(params))
 
 
 def load_inputs(
