@@ -240,6 +240,9 @@ def test_one_policy_points_to_the_flag_for_the_cost_at_99_percent(small_trace_di
     assert main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"),
                  "--jobs", "0"]) == 2
     assert "--jobs must be >= 1" in capsys.readouterr().err
+    assert main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"),
+                 "--policy", ","]) == 2
+    assert "--policy needs a policy name" in capsys.readouterr().err
 
 
 def test_unknown_trace_name_lists_the_builtins():
