@@ -15,8 +15,14 @@ import argparse
 import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # from their own modules: the names the packages re-export are untyped
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+    from transformers.models.umt5.modeling_umt5 import UMT5EncoderModel
 
 CORPUS = [
     "a red fox running through snow", "a blue whale in the deep ocean", "a wolf at night",
@@ -46,7 +52,7 @@ def build_tokenizer(out: Path) -> None:
     T5Tokenizer(vocab=vocab, extra_ids=0).save_pretrained(str(out))
 
 
-def build_text_encoder(seed: int = 0):  # -> transformers.UMT5EncoderModel
+def build_text_encoder(seed: int = 0) -> UMT5EncoderModel:
     from transformers import UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(seed)
@@ -56,22 +62,24 @@ def build_text_encoder(seed: int = 0):  # -> transformers.UMT5EncoderModel
     return UMT5EncoderModel(config).eval()
 
 
-def build_vae(seed: int = 0):  # -> diffusers.AutoencoderKLWan
-    from diffusers import AutoencoderKLWan
+def build_vae(seed: int = 0) -> AutoencoderKLWan:
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    return AutoencoderKLWan(base_dim=8, z_dim=16).eval()  # type: ignore[attr-defined]  # a Module
+    vae: AutoencoderKLWan = AutoencoderKLWan(base_dim=8, z_dim=16)
+    return vae.eval()
 
 
-def build_transformer(seed: int = 0):  # -> diffusers.WanTransformer3DModel
-    from diffusers import WanTransformer3DModel
+def build_transformer(seed: int = 0) -> WanTransformer3DModel:
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
     torch.manual_seed(seed)
-    model = WanTransformer3DModel(
+    model: WanTransformer3DModel = WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
         in_channels=16, out_channels=16, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64,
         num_layers=2, cross_attn_norm=True,
-    ).eval()  # type: ignore[attr-defined]  # a Module
+    )
+    model.eval()
     with torch.no_grad():  # diffusers zero-initialises nothing we rely on; make every weight count
         for param in model.parameters():
             param.normal_(0.0, 0.2)
