@@ -21,7 +21,7 @@ from services.gateway.feeds import FeedHub
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_json
 from services.gateway.pages import PAGES, Pages
-from services.gateway.state import GATEWAY, Gateway
+from services.gateway.state import GATEWAY_STATE, Gateway
 from services.gateway.store import GatewayStore
 from shared.logging import get_logger
 from shared.registry import Registry
@@ -43,7 +43,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error = errors.MethodNotAllowed(f"{request.method} not allowed on {request.path}",
                                         allowed=sorted(exc.allowed_methods))
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[GATEWAY].settings.max_body_bytes
+        limit = request.app[GATEWAY_STATE].settings.max_body_bytes
         error = errors.PayloadTooLarge(f"request body over {limit} bytes", limit=limit)
     except web.HTTPException:
         raise
@@ -55,7 +55,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("request_failed", method=request.method, path=request.path)
         error = errors.ApiError("internal error")
-    request.app[GATEWAY].metrics.refusals.labels(error.code).inc()
+    request.app[GATEWAY_STATE].metrics.refusals.labels(error.code).inc()
     return error.response()
 
 
@@ -93,7 +93,7 @@ def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
 
 def build_app(gw: Gateway) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=gw.settings.max_body_bytes)
-    app[GATEWAY] = gw
+    app[GATEWAY_STATE] = gw
     peers = app[webrtc.PEERS] = webrtc.PeerSet()
     app.on_shutdown.append(peers.close_all)  # after the hub closed: every peer ends, then the site
     pages = Pages()

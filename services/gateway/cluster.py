@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.auth import require_operator
-from services.gateway.state import GATEWAY, Gateway, json_response
+from services.gateway.state import GATEWAY_STATE, Gateway, json_response
 from shared.meter import Meter
 from shared.registry import WorkerRecord
 
@@ -108,6 +108,6 @@ async def cluster_view(gw: Gateway, now: float | None = None) -> dict[str, Any]:
 
 
 async def get_cluster(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     require_operator(gw.keys, request)
     return json_response(await cluster_view(gw))

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.bodies import SEED_LIMIT
-from services.gateway.state import GATEWAY, json_response
+from services.gateway.state import GATEWAY_STATE, json_response
 from services.gateway.webrtc import MAX_SDP_CHARS
 
 
@@ -293,4 +293,4 @@ def document(max_prompt_chars: int) -> dict[str, Any]:
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    return json_response(document(request.app[GATEWAY].settings.max_prompt_chars))
+    return json_response(document(request.app[GATEWAY_STATE].settings.max_prompt_chars))

@@ -9,7 +9,7 @@ from collections import Counter
 
 from aiohttp import web
 
-from services.gateway.state import GATEWAY, Gateway, json_response
+from services.gateway.state import GATEWAY_STATE, Gateway, json_response
 from shared.wire import WorkerStatus
 
 
@@ -34,7 +34,7 @@ async def _workers_ready(gw: Gateway) -> int:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     nats_ok = gw.ctx.nc.is_connected
     redis_ok = await _redis_ok(gw)
     closing = gw.closing.is_set()
@@ -64,6 +64,6 @@ async def session_counts(gw: Gateway) -> tuple[dict[str, int], dict[str, int]]:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     gw.metrics.set_sessions(*await session_counts(gw))
     return web.Response(body=gw.metrics.render(), headers={"Content-Type": gw.metrics.content_type})

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from services.gateway import admission, bodies, control, errors
 from services.gateway.auth import new_session_token, require_api_key
-from services.gateway.state import GATEWAY, authorized_session, check_rate, json_response
+from services.gateway.state import GATEWAY_STATE, authorized_session, check_rate, json_response
 from shared.logging import get_logger
 from shared.wire import SessionEventKind
 
@@ -19,7 +19,7 @@ PROMPT_FIELDS = frozenset({"prompt"})
 
 
 async def create_session(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     key_name = require_api_key(gw.keys, request)
     if gw.closing.is_set():
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
@@ -49,7 +49,7 @@ async def create_session(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     activity = await gw.store.activity(record.id)
     viewers = await gw.store.viewers(record.id)
@@ -59,14 +59,14 @@ async def get_session(request: web.Request) -> web.Response:
 
 async def delete_session(request: web.Request) -> web.Response:
     """Close a session. Idempotent: a second (or concurrent) DELETE answers 200 with the record."""
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     record = await control.close(gw, record)
     return json_response(gw.session_body(record))
 
 
 async def change_session_prompt(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     body = await bodies.read_object(request, PROMPT_FIELDS)
     prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
@@ -76,7 +76,7 @@ async def change_session_prompt(request: web.Request) -> web.Response:
 
 
 async def pause_session(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     answer = await control.pause(gw, record)
     return json_response({"id": record.id, "activity": "paused", **answer.body("pause")},
@@ -84,7 +84,7 @@ async def pause_session(request: web.Request) -> web.Response:
 
 
 async def resume_session(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     answer = await control.resume(gw, record)
     return json_response({"id": record.id, "activity": "active", **answer.body("resume")},

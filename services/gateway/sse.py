@@ -21,7 +21,7 @@ from services.gateway import bodies, lifetimes
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
 from services.gateway.formats import DEFAULT_FORMAT, StreamFormat, format_of
-from services.gateway.state import GATEWAY, authorized_session
+from services.gateway.state import GATEWAY_STATE, authorized_session
 from shared.logging import get_logger
 from shared.states import SessionState
 from shared.wire import SessionNotice
@@ -118,7 +118,7 @@ def end_event(session_id: str, last_seq: int, reason: str) -> bytes:
 
 
 async def stream_session(request: web.Request) -> web.StreamResponse:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     last_seq = bodies.start_of(request, record.last_seq)
     fmt = format_of(request)
@@ -146,7 +146,7 @@ async def _ended(request: web.Request, event: bytes) -> web.StreamResponse:
 
 async def _pump(request: web.Request, resp: web.StreamResponse, session_id: str, viewer: Viewer,
                 sent: int, fmt: StreamFormat) -> None:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     keepalive_s = gw.settings.sse_keepalive_s
     quiet_s = 0.0
     while True:

@@ -1,4 +1,4 @@
-"""The gateway's state: one :class:`Gateway` per app, reached by handlers as ``app[GATEWAY]``.
+"""The gateway's state: one :class:`Gateway` per app, reached by handlers as ``app[GATEWAY_STATE]``.
 
 The gateway keeps no session state of its own: the registry (Redis) is the truth, the keys all
 replicas share are in :mod:`services.gateway.store`, and chunks come from JetStream. What lives
@@ -68,7 +68,7 @@ class Gateway:
         }
 
 
-GATEWAY = web.AppKey("gateway", Gateway)
+GATEWAY_STATE = web.AppKey("gateway", Gateway)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -43,7 +43,7 @@ from aiortc.sdp import SessionDescription
 from services.gateway import bodies, errors, lifetimes, steering
 from services.gateway.chunktrack import ChunkTrack
 from services.gateway.feeds import End
-from services.gateway.state import GATEWAY, Gateway, authorized_session, json_response
+from services.gateway.state import GATEWAY_STATE, Gateway, authorized_session, json_response
 from shared.logging import get_logger
 from shared.registry import SessionRecord
 from shared.states import SessionState
@@ -245,7 +245,7 @@ async def _answer(pc: RTCPeerConnection, offer: RTCSessionDescription,
 
 
 async def peer_offer(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     peers = request.app[PEERS]
     record, operator = await authorized_session(gw, request)
     offer = offer_of(await bodies.read_object(request, OFFER_FIELDS))

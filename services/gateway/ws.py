@@ -42,7 +42,7 @@ from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
 from services.gateway.formats import DEFAULT_FORMAT, StreamFormat, format_of
 from services.gateway.sse import fragment_header, notice_data, timing
-from services.gateway.state import GATEWAY, Gateway, check_rate, load_session
+from services.gateway.state import GATEWAY_STATE, Gateway, check_rate, load_session
 from shared.logging import get_logger
 from shared.registry import SessionRecord
 
@@ -93,7 +93,7 @@ def _text(body: dict[str, Any]) -> str:
 
 
 async def session_socket(request: web.Request) -> web.StreamResponse:
-    gw = request.app[GATEWAY]
+    gw = request.app[GATEWAY_STATE]
     record = await load_session(gw, request.match_info["session_id"])
     operator = authorize_session(gw.keys, request, record)
     if not operator:
