@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # from their own modules: the names the packages re-export are untyped
+if TYPE_CHECKING:  # from their own modules: to mypy, the names the packages re-export are placeholders
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
     from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
     from transformers.models.umt5.modeling_umt5 import UMT5EncoderModel

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:  # diffusers is imported only when a real VAE is loaded
-    # From its own module: the name diffusers re-exports is, to mypy, its stand-in for a
-    # missing torch (a class without nn.Module's members).
+    # From its own module: to mypy, the name the package re-exports is diffusers' placeholder
+    # for a missing torch (utils.dummy_pt_objects, without nn.Module's members).
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
 
@@ -194,6 +194,7 @@ def fit_original_vae(path: str) -> tuple[dict[str, torch.Tensor], AutoencoderKLW
         raw = raw["state_dict"]
     if not isinstance(raw, dict):
         raise ValueError(f"VAE {path}: not a state dict")
+    # diffusers leaves its key conversion without types.
     state: dict[str, torch.Tensor] = convert_wan_vae_to_diffusers(raw)  # type: ignore[no-untyped-call]
     try:
         base_dim = int(state["decoder.conv_in.weight"].shape[0]) // WAN21_DIM_MULT[-1]
