@@ -73,3 +73,18 @@ def test_the_gap_to_the_clairvoyant_is_our_cost_over_its_at_99_percent():
     assert block["per_trace"] == {"a": pytest.approx(36.0), "b": None}
     assert block["avg"] == pytest.approx(36.0) and block["max"] == pytest.approx(36.0)
     assert block["traces_averaged"] == 1 and block["left_out"] == {"b": ["clairvoyant"]}
+
+
+def test_a_gap_read_where_a_cheapest_run_serves_more_is_a_bound():
+    from services.scheduler.eval.service_level import slo_summary
+
+    curves = _curves()
+    # Every run of the clairvoyant serves more than 99%: its cost there is at most 2.0 GPU-h,
+    # so our gap to it is at least what the figure says.
+    curves["clairvoyant"] = [_run("clairvoyant", 2.0, 0.995, rho_hat=0.9),
+                             _run("clairvoyant", 3.0, 1.0, rho_hat=0.5)]
+    v = _service_level(curves, curves["turboserve"][1])
+    assert v["rivals"]["clairvoyant"]["upper_bound"] is True
+    assert v["gap_to_clairvoyant_at_slo_bound"] == "at least"
+    block = slo_summary({"a": {"service_level": v}})["gap_to_clairvoyant_at_slo_pct"]
+    assert block["bounds"] == {"a": "at least"} and block["traces_averaged"] == 1

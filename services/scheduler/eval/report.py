@@ -101,6 +101,13 @@ def _gap_text(block: dict[str, Any]) -> str:
     return text + "; " + averaged_text(block, "traces_averaged")
 
 
+def _per_trace_gap(name: str, gap: float | None, block: dict[str, Any]) -> str:
+    if gap is None:
+        return f"{name} not reached"
+    bound = block.get("bounds", {}).get(name)
+    return f"{name} {_signed(gap)}" + (f" ({bound})" if bound else "")
+
+
 def _gap_by_scale_table(by_scale: dict[str, Any]) -> str:
     """The gap to the clairvoyant at the service level for every scale and profile."""
     rows = []
@@ -111,8 +118,7 @@ def _gap_by_scale_table(by_scale: dict[str, Any]) -> str:
                 continue
             rows.append([entry["scale"], name, block["avg"], block["max"],
                          f"{block['traces_averaged']} of {len(block['per_trace'])}",
-                         ", ".join(f"{t} {_signed(v)}" if v is not None
-                                   else f"{t} not reached" for t, v in
+                         ", ".join(_per_trace_gap(t, v, block) for t, v in
                                    block["per_trace"].items())])
     return markdown_table(["scale", "profile", "avg %", "max %", "traces averaged",
                            "per trace %"], rows)
@@ -156,7 +162,9 @@ def _gap_cell(v: dict[str, Any]) -> float | str | None:
            if not entry["reached"]]
     if who:
         return f"not reached ({', '.join(who)})"
-    return float(v["gap_to_clairvoyant_at_slo_pct"])
+    bound = v.get("gap_to_clairvoyant_at_slo_bound")
+    gap = float(v["gap_to_clairvoyant_at_slo_pct"])
+    return f"{gap:+.1f} ({bound})" if bound else gap
 
 
 def _oracle_text(og: dict[str, Any], total: int) -> str:

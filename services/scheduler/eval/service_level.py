@@ -35,6 +35,7 @@ __all__ = [
     "comparison_sides_not_reached",
     "cost_cell",
     "curve_at_slo",
+    "gap_bound",
     "left_out_text",
     "not_reached_text",
     "reaches",
@@ -94,6 +95,15 @@ def curve_at_slo(runs: Sequence[RunSummary]) -> dict[str, Any]:
         return {"cost_gpu_hours": round(m.value, 4), "reached": True,
                 **({} if m.reached else {"upper_bound": True})}
     return {"cost_gpu_hours": round(m.value, 4), "reached": False, **_best_service(runs)}
+
+
+def gap_bound(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """What a gap ours / theirs - 1 is when a side's cheapest run already served more than the
+    level (its cost there is at most that run's, ``upper_bound``): "at least" when it is
+    theirs, "at most" when ours, "unknown" when both; None when both costs are read on their
+    curves."""
+    return {(False, True): "at least", (True, False): "at most", (True, True): "unknown"}.get(
+        (bool(ours.get("upper_bound")), bool(theirs.get("upper_bound"))))
 
 
 def not_reached_text(entry: dict[str, Any]) -> str:
@@ -179,6 +189,7 @@ def service_level(curves: dict[str, list[RunSummary]], ours_run: RunSummary) -> 
         "gap_to_clairvoyant_at_slo_pct": round(
             _increase(clairvoyant["cost_gpu_hours"], ours["cost_gpu_hours"]), 3),
         "gap_to_clairvoyant_at_slo_reached": ours["reached"] and clairvoyant["reached"],
+        "gap_to_clairvoyant_at_slo_bound": gap_bound(ours, clairvoyant),
     }
     return {
         "slo_attainment": SLO_ATTAINMENT,
@@ -228,6 +239,7 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             robust_lost.append(name)  # a rival serves the level, we do not
     gap: dict[str, float | None] = {}
     gap_out: dict[str, list[str]] = {}
+    gap_bounds: dict[str, str] = {}
     for name, t in traces.items():
         v = t["service_level"]
         if "gap_to_clairvoyant_at_slo_pct" not in v:
@@ -238,6 +250,8 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         gap[name] = None if missing else v["gap_to_clairvoyant_at_slo_pct"]
         if missing:
             gap_out[name] = missing
+        elif v.get("gap_to_clairvoyant_at_slo_bound"):
+            gap_bounds[name] = v["gap_to_clairvoyant_at_slo_bound"]
     gaps = [x for x in gap.values() if x is not None]
     costs = [x for x in cost.values() if x is not None]
     robusts = [x for x in robust.values() if x is not None]
@@ -260,6 +274,8 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "per_trace": gap,
             "traces_averaged": len(gaps),
             "left_out": gap_out,
+            # Traces whose gap is a bound: a side's cheapest run served more than the level.
+            "bounds": gap_bounds,
         },
         "robustness": {
             "bar_pct": ROBUST_BAR_PCT,

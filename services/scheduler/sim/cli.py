@@ -343,6 +343,8 @@ def _print_at_slo(args: argparse.Namespace, rows: list[dict[str, Any]], profile:
 def _comparisons_at_slo(entries: dict[str, dict[str, Any] | None]) -> list[str]:
     """Turboserve against the best static pool and against the clairvoyant at the service
     level, as the evaluation compares them; who did not reach it, where one did not."""
+    from services.scheduler.eval.service_level import gap_bound
+
     ours = entries.get("turboserve")
     if ours is None:
         return []
@@ -364,8 +366,10 @@ def _comparisons_at_slo(entries: dict[str, dict[str, Any] | None]) -> list[str]:
     if clairvoyant is not None:
         who = [n for n, e in (("turboserve", ours), ("clairvoyant", clairvoyant))
                if not e["reached"]]
+        bound = gap_bound(ours, clairvoyant)
         gap = (f"not reached ({', '.join(who)})" if who else
-               f"{100 * (ours['cost_gpu_hours'] / clairvoyant['cost_gpu_hours'] - 1):+.1f}%")
+               f"{100 * (ours['cost_gpu_hours'] / clairvoyant['cost_gpu_hours'] - 1):+.1f}%"
+               + (f" ({bound}: a cheapest run served more than the level)" if bound else ""))
         out.append(f"gap to the clairvoyant (our cost over its, minus 1): {gap}")
     return out
 
