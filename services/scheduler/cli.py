@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("scheduler", help="run the live scheduler (TURBOSERVE_* settings)")
     p.set_defaults(func=run)
 
