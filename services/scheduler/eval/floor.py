@@ -174,7 +174,8 @@ def floor_with_boot_lp(
         return 0.0
     t0 = need[0].t
     n = len(need)
-    h = highspy.Highs()
+    # highspy leaves the constructor unannotated; the solver's methods are typed.
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
     inf = highspy.kHighsInf
     # Columns: x_0..x_{n-1}, then s_0..s_{n-1}.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.scheduler.eval.placement_oracle import (
@@ -26,6 +27,7 @@ from services.scheduler.eval.placement_oracle import (
     random_instance,
     random_mixed_instance,
 )
+from shared.profile import LatencyProfile
 
 __all__ = ["PlacementGap", "core_objective", "placement_gap", "placement_gap_mixed"]
 
@@ -50,8 +52,9 @@ class PlacementGap:
         }
 
 
-def core_objective(inst: PlacementInstance, profile, kind_of: tuple[int, ...] | None = None,
-                   ) -> tuple[float, float]:
+def core_objective(inst: PlacementInstance,
+                   profile: LatencyProfile | Sequence[LatencyProfile],
+                   kind_of: tuple[int, ...] | None = None) -> tuple[float, float]:
     """(J, worst latency) of the core's ``place`` on this instance. ``profile`` is one
     profile, or with ``kind_of`` (each GPU's kind) a list of profiles, one per kind."""
     from services.scheduler.core.cluster import Cluster
@@ -60,14 +63,18 @@ def core_objective(inst: PlacementInstance, profile, kind_of: tuple[int, ...] | 
 
     gpu_ids = [f"g{g}" for g in range(inst.gpus)]
     if kind_of is None:
+        if not isinstance(profile, LatencyProfile):
+            raise TypeError("core_objective: several profiles need kind_of (each GPU's kind)")
         cluster = Cluster(profile)
         kinds = [profile.gpu_kind] * inst.gpus
     else:
+        if isinstance(profile, LatencyProfile):
+            raise TypeError("core_objective: with kind_of, profile is one profile per kind")
         cluster = Cluster({f"kind{k}": p for k, p in enumerate(profile)})
         kinds = [f"kind{k}" for k in kind_of]
     for gpu_id, kind in zip(gpu_ids, kinds, strict=True):
         cluster.add_gpu(gpu_id, kind, GpuState.READY, 0.0)
-    kappa_of = {}
+    kappa_of: dict[str, float] = {}
     for i, g in enumerate(inst.current):
         sid = f"s{i:02d}"
         session = cluster.add_session(sid)
@@ -83,8 +90,8 @@ def core_objective(inst: PlacementInstance, profile, kind_of: tuple[int, ...] | 
     return worst + inst.eta * moved, worst
 
 
-def placement_gap(profile, instances: int = 1000, seed: int = 0, eta: float = 0.1,
-                  max_gpus: int = 4, max_sessions: int = 12,
+def placement_gap(profile: LatencyProfile, instances: int = 1000, seed: int = 0,
+                  eta: float = 0.1, max_gpus: int = 4, max_sessions: int = 12,
                   capacity: int | None = None) -> PlacementGap:
     """Average and maximum gap of the core's placement to the optimum over random instances.
 
@@ -96,7 +103,8 @@ def placement_gap(profile, instances: int = 1000, seed: int = 0, eta: float = 0.
     rng = random.Random(seed)
     chunk = tuple(profile.chunk_ms(b) for b in range(1, profile.capacity + 1))
     base_kappa = profile.migration_ms()
-    gaps, lat_gaps = [], []
+    gaps: list[float] = []
+    lat_gaps: list[float] = []
     for _ in range(instances):
         # Sessions' states differ in size (shorter or longer context): kappa varies +-50%.
         inst = random_instance(rng, chunk, (0.5 * base_kappa, 1.5 * base_kappa), eta,
@@ -118,14 +126,16 @@ def placement_gap(profile, instances: int = 1000, seed: int = 0, eta: float = 0.
     )
 
 
-def placement_gap_mixed(profiles, instances: int = 1000, seed: int = 0, eta: float = 0.1,
-                        max_gpus: int = 4, max_sessions: int = 12) -> PlacementGap:
+def placement_gap_mixed(profiles: Sequence[LatencyProfile], instances: int = 1000,
+                        seed: int = 0, eta: float = 0.1, max_gpus: int = 4,
+                        max_sessions: int = 12) -> PlacementGap:
     """The same as :func:`placement_gap` on GPUs of several kinds, one profile per kind (each
     instance has at least two kinds). The kappa range is the first profile's."""
     rng = random.Random(seed)
     kinds = [tuple(p.chunk_ms(b) for b in range(1, p.capacity + 1)) for p in profiles]
     base_kappa = profiles[0].migration_ms()
-    gaps, lat_gaps = [], []
+    gaps: list[float] = []
+    lat_gaps: list[float] = []
     for _ in range(instances):
         inst, kind_of = random_mixed_instance(rng, kinds, (0.5 * base_kappa, 1.5 * base_kappa),
                                               eta, max_gpus=max_gpus, max_sessions=max_sessions)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -78,7 +78,7 @@ def objective(inst: PlacementInstance, assignment: Sequence[int]) -> float:
 
 def brute_force(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
     """Every assignment, one at a time (G**S of them): the reference for tests."""
-    best = (float("inf"), ())
+    best: tuple[float, tuple[int, ...]] = (float("inf"), ())
     for assignment in itertools.product(range(inst.gpus), repeat=len(inst.current)):
         j = objective(inst, assignment)
         if j < best[0]:
@@ -86,7 +86,7 @@ def brute_force(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
     return best
 
 
-def _count_vectors(total: int, caps: Sequence[int]):
+def _count_vectors(total: int, caps: Sequence[int]) -> Iterator[tuple[int, ...]]:
     if len(caps) == 1:
         if total <= caps[0]:
             yield (total,)
@@ -100,20 +100,21 @@ def optimum(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
     """The exact optimum of J, by count vectors (see the module docstring)."""
     sessions = len(inst.current)
     residents: list[list[int]] = [[] for _ in range(inst.gpus)]
-    newcomers = []
+    newcomers: list[int] = []
     for i, g in enumerate(inst.current):
         (newcomers if g is None else residents[g]).append(i)
     for row in residents:
         row.sort(key=lambda i: inst.kappa[i])
     # prefix[g][k]: migration cost of moving the k cheapest residents off GPU g.
-    prefix = []
+    prefix: list[list[float]] = []
     for row in residents:
         sums = [0.0]
         for i in row:
             sums.append(sums[-1] + inst.kappa[i])
         prefix.append(sums)
 
-    best_j, best_counts = float("inf"), None
+    best_j = float("inf")
+    best_counts: tuple[int, ...] | None = None
     for counts in _count_vectors(sessions, inst.capacities):
         worst = max(inst.latency[g][n] for g, n in enumerate(counts))
         if worst >= best_j:
@@ -131,7 +132,8 @@ def optimum(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
     return best_j, _realise(inst, residents, newcomers, best_counts)
 
 
-def _realise(inst, residents, newcomers, counts) -> tuple[int, ...]:
+def _realise(inst: PlacementInstance, residents: Sequence[Sequence[int]],
+             newcomers: Sequence[int], counts: Sequence[int]) -> tuple[int, ...]:
     """An assignment with these counts that moves only the cheapest surplus residents."""
     assignment = [-1] * len(inst.current)
     pool = list(newcomers)

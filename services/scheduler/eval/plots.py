@@ -14,13 +14,11 @@ from services.scheduler.eval.matched import CurvePoint, pareto_envelope
 __all__ = ["plot_cost_latency", "plot_gpus_over_time", "plot_latency_cdf"]
 
 
-def _pyplot():
+def _use_agg() -> None:
+    """Select the Agg backend; call before importing ``matplotlib.pyplot``."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_cost_latency(
@@ -32,7 +30,9 @@ def plot_cost_latency(
     floor_cost: float | None = None,
 ) -> Path:
     """One line per policy (its Pareto envelope, all points dotted); stars for highlights."""
-    plt = _pyplot()
+    _use_agg()
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, points in curves.items():
         finite = [p for p in points if p.cost > 0 and p.latency > 0]
@@ -69,7 +69,9 @@ def plot_gpus_over_time(
     title: str,
 ) -> Path:
     """GPUs held (step lines) per policy against the GPUs the demand needs at capacity K."""
-    plt = _pyplot()
+    _use_agg()
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.step(demand[0], demand[1], where="post", color="black", lw=1.2,
             label="demand: ceil(active / K)")
@@ -98,7 +100,9 @@ def plot_latency_cdf(
     (1 - CDF, log scale), so p99 is where a curve crosses 0.01."""
     import numpy as np
 
-    plt = _pyplot()
+    _use_agg()
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, values in latencies.items():
         xs = np.sort(np.asarray(values, dtype=float))

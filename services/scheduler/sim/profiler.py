@@ -33,10 +33,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from services.scheduler.core.autoscale import (
     DEFAULT_BIN_S,
@@ -48,6 +48,7 @@ from services.scheduler.core.autoscale import (
 )
 from services.scheduler.shipped import save_rho_table
 from services.scheduler.sim.traceio import Trace
+from shared.profile import LatencyProfile
 
 FULL_GRID = {"rho_hat": (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), "delta": (0.1,)}
 QUICK_GRID = {"rho_hat": (0.6, 0.75, 0.9), "delta": (0.1,)}
@@ -76,6 +77,38 @@ class LevelStats:
     missed: int  # chunk periods missed: by late chunks, and by spells that ended overdue
     stream_p99_ms: float
     first_p99_ms: float
+
+
+class GridPoint(TypedDict):
+    """One training run at one fixed grid point (``_run_point``); ``--json`` writes it
+    without ``levels``. A point without a reserve, delay or cap counts as 0 for it."""
+
+    rho_hat: float
+    delta: float
+    idle_reserve: NotRequired[float]
+    scale_in_delay_s: NotRequired[float]
+    peak_rho: NotRequired[float]
+    trace: str
+    levels: dict[int, LevelStats]
+    cost_gpu_seconds: float
+    stall_adjusted_attainment: float
+    p99_ms: float
+
+
+class CheckRow(TypedDict):
+    """One trace's line of :func:`check_table`: ``margin_pct`` is ``turboserve``'s p99 over
+    each static baseline's at matched cost, in percent above it."""
+
+    trace: str
+    mean_gpus: float
+    p99_ms: float
+    margin_pct: dict[str, float]
+
+
+# (trace, rho_hat, delta, idle reserve, scale-in delay, peak cap, each bin's level, bin
+# seconds, boot delay, profile): the arguments of one grid run.
+PointArgs = tuple[Trace, float, float, float, float, float, list[int | None], float, float,
+                  LatencyProfile]
 
 
 def volatility_levels(trace: Trace, window_s: float = DEFAULT_WINDOW_S,
@@ -169,8 +202,7 @@ def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float
     return out
 
 
-def _run_point(args: tuple[Trace, float, float, float, float, float, list[int | None], float,
-                            float, Any]) -> dict:
+def _run_point(args: PointArgs) -> GridPoint:
     from services.scheduler.sim.simulator import simulate
 
     trace, rho, delta, reserve, delay, peak, bin_levels, bin_s, boot_delay_s, profile = args
@@ -189,7 +221,7 @@ DEFAULT_RULE = "stall"
 DEFAULT_POOL = 1
 
 
-def choose(points: list[dict], level: int, target: float, rule: str = DEFAULT_RULE,
+def choose(points: list[GridPoint], level: int, target: float, rule: str = DEFAULT_RULE,
            pool: int = 0, max_rho: float | None = None
            ) -> tuple[float, float, bool, dict[str, float]]:
     """The cheapest (rho_hat, delta, idle reserve, scale-in delay, peak cap) at ``level``
@@ -236,7 +268,7 @@ def choose(points: list[dict], level: int, target: float, rule: str = DEFAULT_RU
                                         "scale_in_delay_s": delay, "peak_rho": peak}
 
 
-def choose_table(points: list[dict], target: float, rule: str = DEFAULT_RULE,
+def choose_table(points: list[GridPoint], target: float, rule: str = DEFAULT_RULE,
                  pool: int = DEFAULT_POOL, monotone: bool = True
                  ) -> list[tuple[float, float, bool, dict[str, float]]]:
     """:func:`choose` at every level, calmest first. With ``monotone`` a level never gets a
@@ -346,9 +378,10 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     return table
 
 
-def _map(tasks: list, jobs: int, log: Callable[[str], None]) -> list[dict]:
+def _map(tasks: list[PointArgs], jobs: int, log: Callable[[str], None]) -> list[GridPoint]:
     """Run the grid in order (serially, or in ``jobs`` forked workers), logging every 10%."""
     step = max(1, len(tasks) // 10)
+    results: Iterator[GridPoint]
     if jobs <= 1:
         results = map(_run_point, tasks)
         pool = None
@@ -357,7 +390,7 @@ def _map(tasks: list, jobs: int, log: Callable[[str], None]) -> list[dict]:
 
         pool = multiprocessing.get_context("fork").Pool(jobs)
         results = pool.imap(_run_point, tasks)
-    out = []
+    out: list[GridPoint] = []
     try:
         for i, point in enumerate(results, start=1):
             out.append(point)
@@ -390,7 +423,7 @@ def static_p99_at_cost(trace: Trace, policy: str, cost_gpu_seconds: float, profi
 
 def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s: float = 30.0,
                 profile_name: str | None = None, log: Callable[[str], None] = print
-                ) -> list[dict]:
+                ) -> list[CheckRow]:
     """``turboserve sim profile --check``: with the table at ``table`` (default: the shipped
     one), ``turboserve``'s p99 against each static baseline at matched cost, on the six
     built-in traces (``eval``), the training traces at 30 minutes (``train``) or both. A
@@ -404,6 +437,8 @@ def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s:
     profile = load_profile() if profile_name is None else load_profile(profile_name)
     path = Path(table) if table is not None else DEFAULT_TABLE_PATH
     rho_table = load_rho_table(path)
+    if rho_table is None:  # only the default path may be absent, and ``path`` is explicit
+        raise FileNotFoundError(f"rho table {path}: no such file")
     traces: list[Trace] = []
     if which in ("eval", "both"):
         traces += [load_trace(name) for name in synth.BUILTIN_NAMES]
@@ -413,7 +448,7 @@ def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s:
     log("| trace | turboserve mean GPUs | p99 ms | "
         + " | ".join(f"vs {p}" for p in STATIC_BASELINES) + " |")
     log("|---|---|---|" + "---|" * len(STATIC_BASELINES))
-    rows = []
+    rows: list[CheckRow] = []
     for trace in traces:
         ours = simulate(trace, "turboserve", profile, boot_delay_s=boot_delay_s,
                         rho_table=rho_table)
@@ -421,12 +456,12 @@ def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s:
         margins = {p: 100.0 * (p99 / static_p99_at_cost(trace, p, ours.cost_gpu_seconds, profile,
                                                         boot_delay_s) - 1.0)
                    for p in STATIC_BASELINES}
-        row = {"trace": trace.name, "mean_gpus": ours.cost_gpu_seconds / trace.duration,
+        row: CheckRow = {"trace": trace.name, "mean_gpus": ours.cost_gpu_seconds / trace.duration,
                "p99_ms": p99, "margin_pct": margins}
         rows.append(row)
         log(f"| {trace.name} | {row['mean_gpus']:.2f} | {p99:.0f} | "
             + " | ".join(f"{margins[p]:+.1f}%" for p in STATIC_BASELINES) + " |")
     worst = max(rows, key=lambda r: max(r["margin_pct"].values()))
-    policy = max(worst["margin_pct"], key=worst["margin_pct"].get)
+    policy = max(worst["margin_pct"], key=worst["margin_pct"].__getitem__)
     log(f"least margin: {worst['margin_pct'][policy]:+.1f}% ({worst['trace']} vs {policy})")
     return rows
