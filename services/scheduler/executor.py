@@ -32,7 +32,7 @@ from services.scheduler.core.types import (
     Resume,
     Suspend,
 )
-from services.scheduler.pool import RELEASE_STOP_ATTEMPTS
+from services.scheduler.ledger import RELEASE_STOP_ATTEMPTS
 from shared.logging import get_logger
 from shared.registry import Registry, RegistryError, SessionRecord
 from shared.states import IllegalTransition, SessionState
@@ -59,7 +59,7 @@ class Executor:
     def __init__(self, live: LiveScheduler) -> None:
         self.live = live
         self.registry = live.ctx.registry
-        self.pool = live.pool
+        self.ledger = live.ledger
         self.migrations = Migrations(self)
         self.releases = Releases(self)
         self._session_locks: dict[str, asyncio.Lock] = {}
@@ -76,17 +76,17 @@ class Executor:
             elif isinstance(decision, Migrate):
                 self.migrations.start(decision)
             elif isinstance(decision, RequestGpus):
-                self.pool.request(decision.gpu_ids, time.time())
+                self.ledger.request(decision.gpu_ids, time.time())
                 live.spawn(self._request(list(decision.gpu_ids), decision.kind), "request-gpus")
                 live.metrics.scale_events.labels("out").inc()
                 # Counted as decisions, as the simulator counts them; the provisioner records
                 # each worker it starts or stops as a cluster event.
                 await self.registry.bump_counters(scale_out_events=1)
             elif isinstance(decision, Drain):
-                self.pool.our_drains.add(decision.gpu_id)
+                self.ledger.our_drains.add(decision.gpu_id)
                 live.spawn(self._drain(decision.gpu_id), f"drain-{decision.gpu_id}")
             elif isinstance(decision, Release):
-                self.pool.release(decision.gpu_id)
+                self.ledger.release(decision.gpu_id)
                 self.releases.start(decision.gpu_id)
                 live.metrics.scale_events.labels("in").inc()
                 await self.registry.bump_counters(scale_in_events=1)
@@ -100,13 +100,13 @@ class Executor:
         if record is None or record.state is SessionState.TERMINATED:
             live.feed(Event(time.time(), EventKind.DEPART, session_id=sid))
             return
-        if record.state is SessionState.SUSPENDED and self.pool.knows(record.owner):
+        if record.state is SessionState.SUSPENDED and self.ledger.knows(record.owner):
             await self._resume(sid, gpu)  # its state is parked on a worker: resume it there
             return
         if record.state is not SessionState.PENDING:
             if record.owner == gpu and record.state is SessionState.EXECUTING:
                 return  # already there
-            if self.pool.knows(record.owner):
+            if self.ledger.knows(record.owner):
                 # The core's view was behind: the session runs elsewhere. Repair the view.
                 live.feed(Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid,
                                 gpu_id=record.owner))
@@ -177,7 +177,7 @@ class Executor:
                 return
             found = await self.registry.get_session(sid)
             if (found is None or found.state is not SessionState.EXECUTING
-                    or not self.pool.knows(found.owner)):
+                    or not self.ledger.knows(found.owner)):
                 return
             cmd = await self._suspend_command(found)
         await self._deliver(sid, cmd)
@@ -191,7 +191,7 @@ class Executor:
         if record.state is SessionState.EXECUTING and record.owner == gpu:
             return
         holder = record.owner
-        if record.state is SessionState.SUSPENDED and holder is not None and self.pool.knows(holder):
+        if record.state is SessionState.SUSPENDED and holder is not None and self.ledger.knows(holder):
             if holder == gpu:
                 record = await self.registry.transition(
                     sid, SessionState.EXECUTING, expected_epoch=record.epoch, bump_epoch=False,
@@ -299,7 +299,7 @@ class Executor:
             log.warning("provisioner_unanswered", requested=gpu_ids)
             return  # booting until they come, or time out
         for refusal in reply.refused:
-            if refusal.worker_id and self.pool.refused(refusal.worker_id):
+            if refusal.worker_id and self.ledger.refused(refusal.worker_id):
                 log.warning("gpu_refused", gpu_id=refusal.worker_id, code=refusal.code,
                             detail=refusal.detail)
                 await self.live.feed_later(Event(time.time(), EventKind.GPU_GONE,
@@ -394,7 +394,7 @@ class Releases:
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
         self.live = executor.live
-        self.pool = executor.pool
+        self.ledger = executor.ledger
         self.in_flight: dict[str, asyncio.Task[Any]] = {}  # the release under way per GPU
 
     def start(self, gpu: str) -> None:
@@ -408,8 +408,8 @@ class Releases:
     def retry_due(self, now: float) -> None:
         """Start the releases whose pause is over."""
         view = self.live.core.view
-        held = [gpu for gpu in self.pool.unreleased if view.state_of(gpu) is not None]
-        for gpu in self.pool.releases_due(now, held, self.in_flight):
+        held = [gpu for gpu in self.ledger.unreleased if view.state_of(gpu) is not None]
+        for gpu in self.ledger.releases_due(now, held, self.in_flight):
             self.start(gpu)
 
     async def _give_back(self, gpu: str) -> None:
@@ -418,10 +418,10 @@ class Releases:
         core has already left it out of the pool: a release given up on would leave a worker
         running, paid for and used by nobody."""
         if await self._patiently(self._release, gpu):
-            self.pool.released(gpu)
+            self.ledger.released(gpu)
             return
-        attempts_before = self.pool.unreleased.get(gpu)
-        pause = self.pool.release_failed(gpu, time.time())
+        attempts_before = self.ledger.unreleased.get(gpu)
+        pause = self.ledger.release_failed(gpu, time.time())
         if pause is not None and attempts_before is not None:
             log.warning("release_pending", gpu_id=gpu, attempts=attempts_before.attempts + 1,
                         retry_in_s=round(pause, 1))
@@ -458,7 +458,7 @@ class Releases:
                 continue
             view = live.core.view
             ready = [g for g, state in view.gpus.items() if state is GpuState.READY]
-            target = self.pool.parking_for(gpu, ready)
+            target = self.ledger.parking_for(gpu, ready)
             if target is None:
                 log.warning("release_blocked", gpu_id=gpu, reason="nowhere to move idle sessions")
                 return False

@@ -55,7 +55,7 @@ class Ingest:
     def __init__(self, live: LiveScheduler) -> None:
         self.live = live
         self.registry = live.ctx.registry
-        self.pool = live.pool
+        self.ledger = live.ledger
         self.executor = live.executor
         self.rebuilt = False  # until then, heartbeats are only recorded (restore comes first)
 
@@ -64,7 +64,7 @@ class Ingest:
         beat = decode_or_drop(msg.subject, msg.data, Heartbeat, log)
         if beat is None:
             return
-        known = self.pool.hear(beat, time.time())
+        known = self.ledger.hear(beat, time.time())
         if not self.rebuilt:
             return
         wid = beat.worker_id
@@ -72,7 +72,7 @@ class Ingest:
         if known:
             if beat.pass_ends_at is not None:
                 core.note_step(wid, beat.pass_ends_at)
-            if (beat.status is WorkerStatus.DRAINING and wid not in self.pool.our_drains
+            if (beat.status is WorkerStatus.DRAINING and wid not in self.ledger.our_drains
                     and core.view.state_of(wid) is GpuState.READY):
                 mode = (await self.registry.operator_drains()).get(wid, "hold")
                 await self._follow_operator_drain(wid, mode)
@@ -84,7 +84,7 @@ class Ingest:
         event = decode_or_drop(msg.subject, msg.data, ProvisionerEvent, log)
         if event is None or not self.rebuilt:
             return  # a worker that came meanwhile is in the registry, which rebuild reads
-        if event.status is WorkerStatus.READY and not self.pool.knows(event.worker_id):
+        if event.status is WorkerStatus.READY and not self.ledger.knows(event.worker_id):
             await self.ready(event.worker_id, event.gpu_kind or self.live.default_kind)
         elif event.status is WorkerStatus.GONE:
             await self.gone(event.worker_id, reason=event.code or "gone")
@@ -135,19 +135,19 @@ class Ingest:
     # -- workers joining and leaving ------------------------------------------------------------
     async def ready(self, wid: str, kind: str) -> None:
         live = self.live
-        if not self.pool.join(wid, kind, time.time()):
+        if not self.ledger.join(wid, kind, time.time()):
             return
         live.refresh_profiles(force=True)
         await live.step(Event(time.time(), EventKind.GPU_READY, gpu_id=wid, gpu_kind=kind))
-        if self.pool.knows(wid) and live.core.view.state_of(wid) is None:
+        if self.ledger.knows(wid) and live.core.view.state_of(wid) is None:
             # The core does not take it: one it gave back (or gave up on) while it booted,
             # which came up all the same. Stop it rather than pay for it unused.
             log.warning("gpu_ready_after_release", gpu_id=wid)
-            self.pool.release_unwanted(wid)
+            self.ledger.release_unwanted(wid)
             self.executor.releases.start(wid)
 
     async def gone(self, wid: str, reason: str) -> None:
-        if not self.pool.leave(wid):
+        if not self.ledger.leave(wid):
             return
         log.warning("gpu_gone", gpu_id=wid, reason=reason)
         registry = self.registry
@@ -169,12 +169,12 @@ class Ingest:
         records = {w.id: w for w in await self.registry.workers()}
         await self._follow_operator_drains(records)
         now = time.time()
-        for wid in self.pool.expired(records, now):
+        for wid in self.ledger.expired(records, now):
             await self.gone(wid, reason="expired")
-        for wid in self.pool.lost_records(records, now):
+        for wid in self.ledger.lost_records(records, now):
             log.warning("worker_record_lost", gpu_id=wid, status=str(records[wid].status))
             await self.registry.mark_worker_lost(wid, self.live.settings.lost_worker_shown_s)
-        for wid, kind in self.pool.joining(records):
+        for wid, kind in self.ledger.joining(records):
             await self.ready(wid, kind)
 
     async def _follow_operator_drains(self, records: dict[str, WorkerRecord]) -> None:
@@ -184,9 +184,9 @@ class Ingest:
         held (``ctl undrain``) is uncordoned."""
         drains = await self.registry.operator_drains()
         view = self.live.core.view
-        for wid in list(self.pool.workers):
+        for wid in list(self.ledger.workers):
             record = records.get(wid)
-            mode = self.pool.drain_mode(wid, record, drains)
+            mode = self.ledger.drain_mode(wid, record, drains)
             if mode is not None:
                 await self._follow_operator_drain(wid, mode)
             elif (wid in view.cordoned and record is not None
@@ -200,18 +200,18 @@ class Ingest:
         cordoned = wid in view.cordoned
         if mode == "stop" and (state is GpuState.READY or cordoned):
             log.info("operator_drain", gpu_id=wid, mode=mode)
-            self.pool.our_drains.add(wid)  # the core gives it back once empty
+            self.ledger.our_drains.add(wid)  # the core gives it back once empty
             await self.live.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id=wid))
         elif mode == "hold" and not cordoned and state in (GpuState.READY, GpuState.DRAINING):
             log.info("operator_drain", gpu_id=wid, mode=mode)
-            self.pool.our_drains.discard(wid)  # the operator's now, even if a scale-in began it
+            self.ledger.our_drains.discard(wid)  # the operator's now, even if a scale-in began it
             await self.live.step(Event(time.time(), EventKind.GPU_CORDON, gpu_id=wid))
 
     # -- the registry, every few ticks ----------------------------------------------------------
     async def reconcile(self) -> None:
         """Repair the core's view where the registry says otherwise: sessions it never heard
         of (a lost event), and sessions placed elsewhere than it thinks."""
-        live, registry, pool = self.live, self.registry, self.pool
+        live, registry, pool = self.live, self.registry, self.ledger
         view = live.core.view
         known = set(view.placement) | set(view.pending) | set(view.idle_sessions)
         pending = await registry.pending_sessions()
@@ -251,8 +251,8 @@ class Ingest:
         lost): the session goes back to pending and is placed again."""
         grace = self.live.settings.worker_timeout_s
         for sid, owner in placement.items():
-            beat = self.pool.beats.get(owner)
-            if beat is None or not self.pool.knows(owner) or sid in beat.sessions:
+            beat = self.ledger.beats.get(owner)
+            if beat is None or not self.ledger.knows(owner) or sid in beat.sessions:
                 continue
             record = await self.registry.get_session(sid)
             if (record is None or record.owner != owner or record.state is not SessionState.EXECUTING

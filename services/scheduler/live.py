@@ -8,7 +8,7 @@ policy's ``step``, in three parts:
   registry), and when each worker's pass ends becomes the policy's ``note_step``;
 - :class:`~services.scheduler.executor.Executor`: every decision becomes commands, retried until
   answered; a refused or failed one becomes the event the core expects;
-- :class:`~services.scheduler.pool.Pool`: the book of the pool (workers known and when last
+- :class:`~services.scheduler.ledger.PoolLedger`: the book of the pool (workers known and when last
   heard, GPUs booting, GPUs given back that still run), pure.
 
 Here: the lifecycle of a leadership, one step of the core at a time (and the events its
@@ -41,9 +41,9 @@ from services.scheduler.core.types import (
 )
 from services.scheduler.executor import Executor, describe
 from services.scheduler.ingest import Ingest
+from services.scheduler.ledger import PoolLedger
 from services.scheduler.measured import differs, live_profile
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.pool import Pool
 from shared.leader import Lease
 from shared.logging import get_logger
 from shared.profile import LatencyProfile, ProfileError
@@ -81,7 +81,7 @@ class LiveScheduler:
         self.lock = asyncio.Lock()  # one step of the core at a time
         self.stopping = asyncio.Event()
         self.psub: Any = None  # the durable consumer of session events
-        self.pool = Pool(settings.worker_timeout_s, settings.boot_timeout_s, settings.tick_s)
+        self.ledger = PoolLedger(settings.worker_timeout_s, settings.boot_timeout_s, settings.tick_s)
         self.executor = Executor(self)
         self.ingest = Ingest(self)
         self._followups: deque[Event] = deque()
@@ -108,7 +108,7 @@ class LiveScheduler:
         # (a standby takes over) rather than leaving a leader that no longer decides.
         self._loops = [ctx.spawn(ingest.consume(), name="scheduler-events"),
                        ctx.spawn(self._tick_forever(), name="scheduler-tick")]
-        log.info("scheduler_leading", term=self.lease.term, gpus=len(self.pool.workers))
+        log.info("scheduler_leading", term=self.lease.term, gpus=len(self.ledger.workers))
 
     async def stop(self) -> None:
         """Stop deciding (leadership lost or shutdown); commands in flight end or are dropped."""
@@ -162,7 +162,7 @@ class LiveScheduler:
                 continue
             state = GpuState.READY if w.status is WorkerStatus.READY else GpuState.DRAINING
             gpus.append(RestoredGpu(w.id, w.gpu_kind, state, cordoned=held.get(w.id) == "hold"))
-            self.pool.join(w.id, w.gpu_kind, now)
+            self.ledger.join(w.id, w.gpu_kind, now)
         live = {g.gpu_id for g in gpus}
         sessions = []
         for sid, owner in (await registry.placement()).items():
@@ -234,9 +234,9 @@ class LiveScheduler:
         self._ticks += 1
         ingest = self.ingest
         await ingest.scan_registry()
-        for wid in self.pool.silent(now):
+        for wid in self.ledger.silent(now):
             await ingest.gone(wid, reason="silent")
-        for gpu_id in self.pool.boot_overdue(now):
+        for gpu_id in self.ledger.boot_overdue(now):
             await ingest.gone(gpu_id, reason="boot_timeout")
         self.executor.releases.retry_due(now)
         if now - self._profiles_at > self.settings.profile_refresh_s:
@@ -250,7 +250,7 @@ class LiveScheduler:
         """The latency model per kind from what the workers of that kind measure."""
         self._profiles_at = time.time()
         current = self.core.view.profiles
-        for kind, beats in self.pool.beats_by_kind().items():
+        for kind, beats in self.ledger.beats_by_kind().items():
             fallback = self.fallback.get(kind) or self.fallback[self.default_kind]
             try:
                 profile = live_profile(kind, beats, fallback)
@@ -282,7 +282,7 @@ class LiveScheduler:
             "active_sessions": view.active_sessions, "pending": len(view.pending),
             "idle_sessions": len(view.idle_sessions), "updated_at": now,
             # Given back by the core, still running: a release being retried.
-            "releasing": len(self.pool.unreleased),
+            "releasing": len(self.ledger.unreleased),
         }
         status["rho"] = {gpu: round(view.load(gpu) / max(1, view.capacity_of(gpu)), 4)
                          for gpu in view.gpus}

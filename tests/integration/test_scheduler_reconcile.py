@@ -40,8 +40,8 @@ async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
         core.restore([RestoredGpu("a", kind, GpuState.READY), RestoredGpu("b", kind, GpuState.READY)],
                      [RestoredSession("s", active=True, gpu_id="b")], now)
         live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        live.pool.join("a", kind, now)
-        live.pool.join("b", kind, now)
+        live.ledger.join("a", kind, now)
+        live.ledger.join("b", kind, now)
         record = await ctx.registry.create_session("s", "p", 0)
         await ctx.registry.claim("s", "a", record.epoch)  # the handoff a -> b has not committed
 

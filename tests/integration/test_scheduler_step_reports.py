@@ -30,7 +30,7 @@ async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
             await ctx.registry.register_worker(
                 WorkerRecord(wid, WorkerStatus.READY, capacity=4, gpu_kind=core.gpu_kind),
                 ttl_s=30.0)
-        await eventually(lambda: {"wa", "wb"} <= set(live.pool.workers), 5,
+        await eventually(lambda: {"wa", "wb"} <= set(live.ledger.workers), 5,
                          "the scheduler takes both workers in")
         # Both empty: without step reports the first to join would get the session. Its
         # pass in flight ends a minute from now, the other's in a few seconds.
@@ -43,7 +43,7 @@ async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
             await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
 
         def heard() -> bool:
-            beats = live.pool.beats
+            beats = live.ledger.beats
             return all(w in beats and beats[w].pass_ends_at == ends[w] for w in ends)
 
         await eventually(heard, 5, "both heartbeats heard")

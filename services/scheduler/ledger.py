@@ -43,7 +43,7 @@ class PendingRelease(NamedTuple):
     attempts: int  # attempts that did not go through
 
 
-class Pool:
+class PoolLedger:
     """What the live scheduler knows of its workers, beyond the core's view of them as GPUs."""
 
     def __init__(self, worker_timeout_s: float, boot_timeout_s: float, tick_s: float) -> None:

@@ -1,15 +1,15 @@
-"""The live scheduler's book of its pool (services/scheduler/pool.py): pure, time passed in."""
+"""The live scheduler's book of its pool (services/scheduler/ledger.py): pure, time passed in."""
 
 from __future__ import annotations
 
 import math
 
-from services.scheduler.pool import (
+from services.scheduler.ledger import (
     RELEASE_RETRY_MAX_S,
     RELEASE_RETRY_MIN_S,
     RELEASE_RETRY_TICKS,
     PendingRelease,
-    Pool,
+    PoolLedger,
 )
 from shared.registry import WorkerRecord
 from shared.wire import Heartbeat, WorkerStatus
@@ -19,9 +19,9 @@ BOOT_TIMEOUT_S = 60.0
 TICK_S = 0.5
 
 
-def pool(**known: str) -> Pool:
+def pool(**known: str) -> PoolLedger:
     """A pool that knows the workers ``known`` (id -> kind), joined at t = 0."""
-    p = Pool(TIMEOUT_S, BOOT_TIMEOUT_S, TICK_S)
+    p = PoolLedger(TIMEOUT_S, BOOT_TIMEOUT_S, TICK_S)
     for wid, kind in known.items():
         p.join(wid, kind, 0.0)
     return p
