@@ -20,7 +20,7 @@ from PIL import Image
 
 from shared.wire import WorkerStatus
 from tests.eventually import eventually
-from tests.integration.worker_harness import mesh_context
+from tests.gpu_worker.worker_harness import mesh_context
 from tests.models import RESOLUTION, build_folder
 from tools.ctl import Ctl
 from tools.launcher import Mesh, free_port

@@ -19,7 +19,7 @@ from shared.security import inbox_prefix
 from shared.streams import ensure_streams
 from shared.wire import SessionEvent, SessionEventKind, Subjects, encode
 from tests.eventually import eventually_sync
-from tests.unit.test_compose import PASSWORDS, ROOT, compose_auth, interpolate
+from tests.repo.test_compose import PASSWORDS, ROOT, compose_auth, interpolate
 from tools.launcher import (
     free_port,
     nats_server_binary,

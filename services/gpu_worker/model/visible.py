@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 VISIBLE_DIMS = 3  # latent directions the decoder shows: one colour each
 _BASIS_SEED = 0x5EED  # fixed: the DiT and the decoder must agree on the subspace
 
-# The dynamics, tuned by eye on strips of frames (tests/unit/worker/test_visible.py).
+# The dynamics, tuned by eye on strips of frames (tests/gpu_worker/test_visible.py).
 HISTORY = 0.9  # weight of the cached frames in a chunk's mean; the prompt's colour has the rest
 GLOBAL_PULL = 0.4  # taken off HISTORY for the frame-wide mean: its colour returns to the prompt's
 DETAIL = 0.5  # standard deviation of a chunk's fresh detail, per visible direction

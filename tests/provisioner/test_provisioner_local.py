@@ -22,7 +22,7 @@ from shared.settings import ProvisionerSettings
 from shared.states import SessionState
 from shared.wire import ProvisionerCmdKind, ProvisionerCommand, WorkerStatus, encode
 from tests.eventually import eventually
-from tests.unit.provisioner.support import EventLog, refused, request
+from tests.provisioner.support import EventLog, refused, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

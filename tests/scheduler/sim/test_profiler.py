@@ -12,7 +12,7 @@ from services.scheduler.sim import profiler, synth
 from services.scheduler.sim.profiler import LevelStats, choose, level_edges, per_level_stats
 from services.scheduler.sim.traceio import make_trace
 from shared.profile import load_profile
-from tests.unit.scheduler_core.harness import build
+from tests.scheduler.core.harness import build
 
 PROFILE = load_profile()
 

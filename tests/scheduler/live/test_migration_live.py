@@ -16,7 +16,7 @@ import pytest
 from shared.states import SessionState
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
 from tests.eventually import eventually
-from tests.integration.worker_harness import (
+from tests.gpu_worker.worker_harness import (
     Received,
     mesh_context,
     send,

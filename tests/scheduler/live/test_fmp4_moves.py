@@ -9,13 +9,13 @@ import pytest
 
 from services.gpu_worker.fmp4 import decode_fragment
 from tests.eventually import eventually
-from tests.integration.test_migration_live import PERIOD, assert_consecutive, stop
-from tests.integration.test_worker_crash import by_seq, run_crash
-from tests.integration.worker_harness import (
+from tests.gpu_worker.test_worker_crash import by_seq, run_crash
+from tests.gpu_worker.worker_harness import (
     mesh_context,
     start_session,
     worker_processes,
 )
+from tests.scheduler.live.test_migration_live import PERIOD, assert_consecutive, stop
 from tools.ctl import Ctl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

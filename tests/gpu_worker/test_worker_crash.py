@@ -15,7 +15,7 @@ from shared.runner import running
 from shared.settings import SchedulerSettings
 from shared.wire import NoticeKind, SessionEvent, SessionEventKind, encode
 from tests.eventually import eventually
-from tests.integration.worker_harness import Received, mesh_context, worker_processes
+from tests.gpu_worker.worker_harness import Received, mesh_context, worker_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

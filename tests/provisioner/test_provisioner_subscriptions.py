@@ -14,7 +14,7 @@ from services.provisioner.service import ProvisionerService
 from shared.runner import running, subscriptions_live
 from shared.settings import ProvisionerSettings
 from shared.wire import ProvisionerCmdKind, ProvisionerCommand, WorkerStatus, encode
-from tests.unit.provisioner.support import EventLog
+from tests.provisioner.support import EventLog
 
 pytestmark = pytest.mark.integration
 

@@ -13,13 +13,13 @@ import pytest
 
 from services.scheduler.core.types import GpuState
 from tests.eventually import eventually
-from tests.integration.scheduler_harness import leading
-from tests.integration.worker_harness import (
+from tests.gpu_worker.worker_harness import (
     Received,
     mesh_context,
     start_session,
     worker_processes,
 )
+from tests.scheduler.live.scheduler_harness import leading
 from tools.ctl import Ctl, CtlError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -99,7 +99,7 @@ async def test_ctl_stop_without_a_scheduler_asks_the_provisioner(env, nats_clien
     from shared.runner import running
     from shared.settings import ProvisionerSettings
     from shared.wire import ProvisionerCmdKind, WorkerStatus
-    from tests.unit.provisioner.support import EventLog, request
+    from tests.provisioner.support import EventLog, request
 
     settings = ProvisionerSettings.from_env({**env, "TURBOSERVE_GPUS": "none"}, min_workers=0,
                                             max_workers=1)

@@ -11,8 +11,8 @@ import pytest
 from shared.registry import WorkerRecord
 from shared.wire import WorkerStatus
 from tests.eventually import eventually
-from tests.integration.scheduler_harness import leading
-from tests.integration.worker_harness import mesh_context
+from tests.gpu_worker.worker_harness import mesh_context
+from tests.scheduler.live.scheduler_harness import leading
 from tools.ctl import Ctl, format_status
 
 pytestmark = pytest.mark.integration

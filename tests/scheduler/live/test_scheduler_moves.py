@@ -17,13 +17,13 @@ from services.scheduler.core.types import Event, EventKind
 from shared.states import SessionState
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
 from tests.eventually import eventually
-from tests.integration.scheduler_harness import leading
-from tests.integration.worker_harness import (
+from tests.gpu_worker.worker_harness import (
     mesh_context,
     send,
     start_session,
     worker_processes,
 )
+from tests.scheduler.live.scheduler_harness import leading
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

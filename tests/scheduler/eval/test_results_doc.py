@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from services.scheduler.eval import results
-from tests.eval.test_not_reached import document  # noqa: F401  (the fixture)
+from tests.scheduler.eval.test_not_reached import document  # noqa: F401  (the fixture)
 from tools.cli import main
 
-RESULTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "results.md"
+RESULTS_DOC = Path(__file__).resolve().parents[3] / "docs" / "results.md"
 
 
 def _markers(names: list[str]) -> str:

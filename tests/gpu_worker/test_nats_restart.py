@@ -13,7 +13,7 @@ from shared.runner import running
 from shared.settings import SchedulerSettings
 from shared.wire import SessionEvent, SessionEventKind, encode
 from tests.eventually import eventually
-from tests.integration.worker_harness import worker_in_process
+from tests.gpu_worker.worker_harness import worker_in_process
 from tools.launcher import free_port, nats_server_binary, probe_nats
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

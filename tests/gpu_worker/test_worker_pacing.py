@@ -10,7 +10,7 @@ import pytest
 
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand, encode
 from tests.eventually import eventually
-from tests.integration.worker_harness import send, start_session, worker_in_process
+from tests.gpu_worker.worker_harness import send, start_session, worker_in_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

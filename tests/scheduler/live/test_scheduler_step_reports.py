@@ -12,8 +12,8 @@ from services.scheduler.core.types import Event, EventKind
 from shared.registry import WorkerRecord
 from shared.wire import Heartbeat, WorkerStatus, encode
 from tests.eventually import eventually
-from tests.integration.scheduler_harness import leading
-from tests.integration.worker_harness import mesh_context
+from tests.gpu_worker.worker_harness import mesh_context
+from tests.scheduler.live.scheduler_harness import leading
 
 pytestmark = pytest.mark.integration
 

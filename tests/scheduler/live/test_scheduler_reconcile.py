@@ -16,7 +16,7 @@ from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import LeaderElection
 from shared.profile import DEFAULT_PROFILE, load_profile
 from shared.settings import SchedulerSettings
-from tests.integration.worker_harness import mesh_context
+from tests.gpu_worker.worker_harness import mesh_context
 
 pytestmark = pytest.mark.integration
 

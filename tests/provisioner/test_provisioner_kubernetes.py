@@ -26,8 +26,8 @@ from shared.runner import running
 from shared.settings import ProvisionerSettings
 from shared.wire import Heartbeat, ProvisionerCmdKind, WorkerStatus, encode
 from tests.eventually import eventually
-from tests.unit.provisioner.kube_fake import FakeKube
-from tests.unit.provisioner.support import EventLog, refused, request
+from tests.provisioner.kube_fake import FakeKube
+from tests.provisioner.support import EventLog, refused, request
 
 pytestmark = pytest.mark.integration
 

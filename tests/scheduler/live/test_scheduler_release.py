@@ -19,8 +19,8 @@ from shared.profile import DEFAULT_PROFILE, load_profile
 from shared.runner import running
 from shared.settings import ProvisionerSettings
 from tests.eventually import eventually
-from tests.integration.scheduler_harness import leading
-from tests.integration.worker_harness import mesh_context
+from tests.gpu_worker.worker_harness import mesh_context
+from tests.scheduler.live.scheduler_harness import leading
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

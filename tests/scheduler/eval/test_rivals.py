@@ -9,7 +9,7 @@ import services.scheduler.eval.rivals  # noqa: F401  (registers them)
 from services.scheduler.core.policies import available_policies
 from services.scheduler.core.types import Drain, Event, EventKind, Migrate, Release, RequestGpus
 from shared.profile import load_profile
-from tests.unit.scheduler_core.harness import build
+from tests.scheduler.core.harness import build
 
 PROFILE = load_profile()
 

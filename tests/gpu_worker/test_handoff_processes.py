@@ -53,7 +53,7 @@ def procs():
 async def start_peer(procs, nats_client, isolation, env, worker_id, fault=None):
     if fault:
         proc = harness.spawn_peer(worker_id, env, checksum=True,
-                                  module="tests.integration.handoff_child",
+                                  module="tests.gpu_worker.handoff_child",
                                   extra=("--fault", fault))
     else:
         proc = harness.spawn_peer(worker_id, env, checksum=True)

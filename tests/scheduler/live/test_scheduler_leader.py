@@ -26,7 +26,7 @@ from shared.wire import (
     encode,
 )
 from tests.eventually import eventually
-from tests.integration.worker_harness import mesh_context, worker_processes
+from tests.gpu_worker.worker_harness import mesh_context, worker_processes
 from tools.launcher import free_port
 
 pytestmark = pytest.mark.integration
