@@ -30,7 +30,7 @@ class Subcommand:
 
 
 # To add a subcommand: one row here, and ``register(subparsers)`` in its module, adding a
-# parser of the same name (tests/unit/test_cli.py holds the two to each other).
+# parser of the same name (tests/tools/test_cli.py holds the two to each other).
 TOP_LEVEL = (
     Subcommand("up", "tools.launcher",
                "run the whole mesh locally (embedded NATS/Redis if none)"),
@@ -67,6 +67,8 @@ BENCH = (
                "SSE delivery latency (NATS publish to client receipt) with N clients"),
     Subcommand("stream", "tools.bench.stream",
                "JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery"),
+    Subcommand("webrtc-cost", "tools.bench.webrtc_cost",
+               "one WebRTC viewer's CPU cost to the gateway: re-encoded vs passed through"),
     Subcommand("provisioner", "tools.bench.provisioner",
                "provisioner: command round trips, worker boots"),
 )

@@ -11,7 +11,7 @@ Two ways a chunk becomes video, chosen per peer and per chunk:
   most a period away) or follow its bandwidth estimate (the stream is the worker's bitrate);
 - **re-encode** (a VP8 peer, or a chunk without a fragment): the chunk's JPEG frames decoded to
   ``av.VideoFrame`` and encoded by aiortc for that peer, at a CPU cost per viewer
-  (``python -m services.gateway.webrtc_cost``; docs/gateway.md has the figures).
+  (``turboserve bench webrtc-cost``; docs/gateway.md has the figures).
 
 Timestamps: one 90 kHz clock per track, continuous across chunks (a frame lasts ``1/fps`` of
 its chunk); :class:`FrameClock` is the pure part, tested without sockets.

@@ -29,11 +29,7 @@ NOT_IN_PURE = ("torch", "nats", "redis", "aiohttp", "aiortc", "av", "msgspec", "
 
 # (importing file, imported module) -> why it is allowed for now. Each entry names the owner's
 # move that removes it.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("services/gateway/webrtc_cost.py", "services.gpu_worker.fmp4"):
-        "the WebRTC cost measure encodes a chunk with the worker's fMP4 encoder to have a "
-        "fragment to demux; it is a benchmark and belongs in tools/bench",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def run_benchmark(
         if checkpoint and type(exc).__name__ == "SafetensorError":
             raise BenchUsageError(f"checkpoint {checkpoint!r} is not a safetensors file: {exc}") from None
         raise
-    print(f"# {telemetry.describe(engine._device)}; model {engine.model_config.name}; "
+    print(f"# {telemetry.describe(engine.torch_device)}; model {engine.model_config.name}; "
           f"dtype {engine.dtype}")
     if warmup is None:
         # Time the steady state: every session's window full, so attention runs unmasked.
@@ -182,7 +182,7 @@ def run_benchmark(
         _set_batch(engine, batch)
         for _ in range(warmup):
             next_chunks(engine)
-        engine._decode_ms.clear()
+        engine.forget_decode_times()
         times = []
         for _ in range(chunks):  # the wall time of one chunk of every session, in phase
             started = time.perf_counter()
@@ -239,8 +239,8 @@ def run_benchmark(
         "text_encode_ms": round(text_ms, 3),
         "decoder_state_bytes": engine.pool.decoder_numel * engine.pool.misc.element_size(),
     }
-    if engine._device.type == "cuda":
-        report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(engine._device)
+    if engine.torch_device.type == "cuda":
+        report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(engine.torch_device)
     return report
 
 

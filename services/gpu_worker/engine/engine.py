@@ -152,6 +152,10 @@ class Engine:
         return str(self._device)
 
     @property
+    def torch_device(self) -> torch.device:
+        return self._device
+
+    @property
     def capacity(self) -> int:
         return self.config.max_sessions
 
@@ -718,6 +722,10 @@ class Engine:
         the KV re-cache, the cached frames recomputed)."""
         samples = list(self._switch_ms)
         return statistics.median(samples) if samples else None
+
+    def forget_decode_times(self) -> None:
+        """Start :meth:`decode_ms_by_batch` afresh (a bench's warm-up passes are not counted)."""
+        self._decode_ms.clear()
 
     def decode_ms_by_batch(self) -> dict[int, float]:
         """Median wall time of the frame decoder per number of chunks it decoded in a pass

@@ -4,7 +4,7 @@ own encoders (``vp8``, ``h264``, at aiortc's default bitrates, as a peer without
 feedback gets them); passed through (``h264-pass``), each chunk's fMP4 fragment demuxed to
 Annex B packets (:func:`chunktrack.annexb_packets`; "decode" in the table).
 
-``python -m services.gateway.webrtc_cost [--size 480x832] [--fps 16] [--seconds 6]`` prints,
+``turboserve bench webrtc-cost [--size 480x832] [--fps 16] [--seconds 6]`` prints,
 per content and codec, the CPU milliseconds (process time: every thread the encoder uses) per
 second of video and per chunk, what share of one core a viewer takes, and the bitrate sent.
 Every viewer of a session pays it again: aiortc encodes per peer (its encoder follows that
@@ -109,13 +109,26 @@ def measure(content: str, codec: str, height: int, width: int, fps: float, secon
             "kbit_per_s": 8 * sent / video_s / 1000}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", default="480x832", help="HEIGHTxWIDTH (Wan2.1's: 480x832)")
-    parser.add_argument("--fps", type=float, default=16.0)
-    parser.add_argument("--seconds", type=float, default=6.0)
-    args = parser.parse_args(argv)
-    height, width = (int(v) for v in args.size.split("x"))
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("webrtc-cost", help="one WebRTC viewer's CPU cost to the gateway: "
+                                                    "re-encoded vs passed through",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="480x832", help="HEIGHTxWIDTH (Wan2.1's: 480x832)")
+    p.add_argument("--fps", type=float, default=16.0)
+    p.add_argument("--seconds", type=float, default=6.0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shared.cli import fail
+
+    try:
+        height, width = (int(v) for v in args.size.split("x"))
+    except ValueError:
+        return fail("bench webrtc-cost", f"--size must be HEIGHTxWIDTH, got {args.size!r}")
+    if height <= 0 or width <= 0 or args.fps <= 0 or args.seconds <= 0:
+        return fail("bench webrtc-cost", "--size, --fps and --seconds must be positive")
     print(f"one WebRTC viewer, {height}x{width} at {args.fps:g} fps, {CHUNK_FRAMES}-frame chunks; "
           "CPU = process time (all threads)")
     print(f"{'content':<9} {'codec':<9} {'decode ms/s':>11} {'encode ms/s':>11} {'CPU ms/s':>9} "
@@ -126,7 +139,4 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{content:<9} {codec:<9} {m['decode_ms_per_s']:>11.1f} {m['encode_ms_per_s']:>11.1f} "
                   f"{m['cpu_ms_per_s']:>9.1f} {m['cpu_ms_per_chunk']:>9.1f} "
                   f"{m['cpu_ms_per_s'] / 10:>7.1f} {m['kbit_per_s']:>7.0f}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0
