@@ -141,7 +141,7 @@ class Pool:
         gpu_kind: str | None = None,
         command_id: str = "",
     ) -> PoolVerdict:
-        """Add BOOTING slots for ``worker_ids`` (or ``count`` new ids when none is named)."""
+        """Add BOOTING managed workers for ``worker_ids`` (or ``count`` new ids when none is named)."""
         verdict = PoolVerdict()
         if gpu_kind and self.emulated and gpu_kind.lower() != self.emulated.lower():
             detail = f"this pool emulates {self.emulated!r}, not {gpu_kind!r}"

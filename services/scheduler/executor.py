@@ -210,7 +210,7 @@ class Executor:
 
     async def move_then_resume(self, sid: str, src: str, dst: str) -> None:
         """Move a suspended session's parked state from ``src`` to ``dst``, then resume it
-        there (unless it was paused again meanwhile)."""
+        there (unless it went idle again meanwhile)."""
         live = self.live
         report = await self.migrations.run(sid, src, dst)
         if report is None or not report.ok:
@@ -219,7 +219,7 @@ class Executor:
             return
         async with live.lock:
             if live.core.view.is_idle(sid):
-                return  # paused again while its state moved: it stays suspended where it is
+                return  # idle again while its state moved: it stays suspended where it is
             record = await self.registry.get_session(sid)
             if record is None or record.owner != dst or record.state is not SessionState.SUSPENDED:
                 return

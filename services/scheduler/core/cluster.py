@@ -403,7 +403,8 @@ class Cluster:
         return best
 
     def fullest_with_room(self) -> str | None:
-        """A placeable GPU with the fewest free slots that still has one (best fit)."""
+        """A placeable GPU with the least room left (fewest sessions to K) that still has some (best
+        fit)."""
         best: str | None = None
         best_free = 0
         for pool in self.live_pools():

@@ -280,7 +280,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     at_slo = args.at_slo if args.at_slo is not None else args.policy == "all"
     print("late ms: past each chunk's due time (0: on time); deadline % and stall-adj. %: the "
           "periods served on time in these runs." + ("" if at_slo else
-          " The cost to serve 99% of periods (the README's headline) needs a sweep of each "
+          " The cost to serve 99% of periods (the headline figure) needs a sweep of each "
           "policy's setting: --at-slo, or turboserve sim evaluate [--traces DIR]"))
     print(f"simulated {len(rows)} run(s) in {sum(r['wall_s'] for r in rows):.2f} s wall")
     if at_slo:
