@@ -124,7 +124,8 @@ def write_sections(text: str, tables: dict[str, str]) -> str:
 
 
 def _policy_all() -> str:
-    """The ``sim run --trace bursty --policy all`` table, run now (a few minutes: it includes each policy's cost at 99%)."""
+    """The ``sim run --trace bursty --policy all`` table, run now (a few minutes: it includes
+    each policy's cost to serve 99% of periods)."""
     import contextlib
     import io
 
