@@ -19,6 +19,7 @@ if [ "$fast" = 0 ] || ! "$venv/bin/python" -c 'import tools.cli' >/dev/null 2>&1
   bash scripts/setup.sh test
 fi
 "$venv/bin/ruff" check .
+"$venv/bin/ruff" format --check .  # the tree is formatted by `ruff format`
 "$venv/bin/mypy"  # the whole tree, strict (pyproject.toml [tool.mypy] lists the exceptions)
 if [ "$fast" = 1 ]; then
   exec "$venv/bin/python" -m pytest -q -p no:cacheprovider \

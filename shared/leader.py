@@ -70,7 +70,9 @@ def parse_term(value: bytes | str | None) -> int | None:
 
 
 class LeaderElection:
-    def __init__(self, client: aioredis.Redis, namespace: str, candidate: str, ttl_s: float) -> None:
+    def __init__(
+        self, client: aioredis.Redis, namespace: str, candidate: str, ttl_s: float
+    ) -> None:
         self.r = client
         self.key = f"{namespace}:scheduler:leader"
         self.term_key = f"{namespace}:scheduler:term"
@@ -82,8 +84,10 @@ class LeaderElection:
 
     async def try_acquire(self) -> Lease | None:
         """The lease, if nobody holds it now."""
-        value = await self._acquire(keys=[self.key, self.term_key],
-                                    args=[self.candidate, self.ttl_ms, int(time.time() * 1000)])
+        value = await self._acquire(
+            keys=[self.key, self.term_key],
+            args=[self.candidate, self.ttl_ms, int(time.time() * 1000)],
+        )
         text = value.decode() if isinstance(value, bytes) else value
         return Lease(self.key, text) if text else None
 

@@ -8,7 +8,12 @@ import sys
 
 import structlog
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def configure_logging(level: str = "info", fmt: str = "auto", service: str | None = None) -> None:
@@ -24,10 +29,14 @@ def configure_logging(level: str = "info", fmt: str = "auto", service: str | Non
     ]
     if use_console:
         # Tracebacks without the frames' local variables: a local may hold a key or a token.
-        formatter = (structlog.dev.RichTracebackFormatter(show_locals=False)
-                     if importlib.util.find_spec("rich") else structlog.dev.plain_traceback)
+        formatter = (
+            structlog.dev.RichTracebackFormatter(show_locals=False)
+            if importlib.util.find_spec("rich")
+            else structlog.dev.plain_traceback
+        )
         renderer: structlog.types.Processor = structlog.dev.ConsoleRenderer(
-            exception_formatter=formatter)
+            exception_formatter=formatter
+        )
     else:
         shared.append(structlog.processors.format_exc_info)
         renderer = structlog.processors.JSONRenderer()
@@ -37,8 +46,12 @@ def configure_logging(level: str = "info", fmt: str = "auto", service: str | Non
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(_LEVELS[level], logging.INFO), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(
+        level=max(_LEVELS[level], logging.INFO),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
     structlog.contextvars.clear_contextvars()
     if service:
         structlog.contextvars.bind_contextvars(service=service)
@@ -46,5 +59,6 @@ def configure_logging(level: str = "info", fmt: str = "auto", service: str | Non
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
     logger: structlog.stdlib.BoundLogger = (
-        structlog.get_logger(name) if name else structlog.get_logger())
+        structlog.get_logger(name) if name else structlog.get_logger()
+    )
     return logger

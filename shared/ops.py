@@ -86,8 +86,14 @@ class OpsServer:
             raise
         self._runner = runner
         self.port = runner.addresses[0][1]  # the port the OS picked when asked for 0
-        log.info("ops_listening", service=self.service, host=self.host, port=self.port,
-                 healthz=f"{self.url}/healthz", metrics=f"{self.url}/metrics")
+        log.info(
+            "ops_listening",
+            service=self.service,
+            host=self.host,
+            port=self.port,
+            healthz=f"{self.url}/healthz",
+            metrics=f"{self.url}/metrics",
+        )
 
     async def close(self) -> None:
         """Stop listening (idempotent)."""
@@ -99,10 +105,15 @@ class OpsServer:
         """Run every check; ``(healthy, body)``. A check that raises counts as failed."""
         names = list(self.checks)
         results = await asyncio.gather(*(self.checks[n]() for n in names), return_exceptions=True)
-        checks = {n: ("ok" if r is True else _failure(r)) for n, r in zip(names, results, strict=True)}
+        checks = {
+            n: ("ok" if r is True else _failure(r)) for n, r in zip(names, results, strict=True)
+        }
         healthy = all(v == "ok" for v in checks.values())
-        body: dict[str, Any] = {"status": "ok" if healthy else "unavailable",
-                                "service": self.service, "checks": checks}
+        body: dict[str, Any] = {
+            "status": "ok" if healthy else "unavailable",
+            "service": self.service,
+            "checks": checks,
+        }
         if self.details is not None:
             body.update(self.details())
         return healthy, body
@@ -112,8 +123,9 @@ class OpsServer:
         return web.json_response(body, status=200 if healthy else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
 
 def _failure(result: object) -> str:
@@ -150,8 +162,9 @@ async def start_ops(
     if port == METRICS_OFF:
         log.info("ops_off", service=service)
         return None
-    server = OpsServer(service, registry, {**context_checks(ctx), **(checks or {})},
-                       port=port, details=details)
+    server = OpsServer(
+        service, registry, {**context_checks(ctx), **(checks or {})}, port=port, details=details
+    )
     await server.start()
     return server
 

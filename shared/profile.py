@@ -179,6 +179,7 @@ class LatencyProfile:
 
 # ---- loading and validation -----------------------------------------------------------------
 
+
 def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
     if not isinstance(raw, dict):
         raise ProfileError(source, "top level must be a JSON object")
@@ -206,13 +207,17 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
         migration_fixed_ms=mig.non_negative("fixed_ms") if mig.present("fixed_ms") else 0.0,
         gpu_memory_bytes=int(mem.positive("gpu_bytes")) if mem else None,
         reserved_memory_bytes=int(mem.non_negative("reserved_bytes"))
-        if mem and mem.present("reserved_bytes") else 0,
+        if mem and mem.present("reserved_bytes")
+        else 0,
         price_usd_per_gpu_hour=get.positive("price_usd_per_gpu_hour")
-        if get.present("price_usd_per_gpu_hour") else None,
+        if get.present("price_usd_per_gpu_hour")
+        else None,
         passes_per_chunk=get.positive_int("passes_per_chunk")
-        if get.present("passes_per_chunk") else 1,
+        if get.present("passes_per_chunk")
+        else 1,
         prompt_switch_ms=get.non_negative("prompt_switch_ms")
-        if get.present("prompt_switch_ms") else 0.0,
+        if get.present("prompt_switch_ms")
+        else 0.0,
         sources=get.sources(),
     )
     if profile.migration_fixed_ms > profile.migration_per_session_ms:
@@ -223,11 +228,15 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
         )
     if profile.capacity < 1:
         if profile.deadline_capacity < 1:
-            why = (f"no batch meets the deadline: chunk_ms[0] = {chunk[0]} ms > "
-                   f"deadline_ms = {profile.deadline_ms} ms")
+            why = (
+                f"no batch meets the deadline: chunk_ms[0] = {chunk[0]} ms > "
+                f"deadline_ms = {profile.deadline_ms} ms"
+            )
         else:
-            why = (f"not one session's state ({state_bytes} bytes) fits in "
-                   f"memory.gpu_bytes - memory.reserved_bytes")
+            why = (
+                f"not one session's state ({state_bytes} bytes) fits in "
+                f"memory.gpu_bytes - memory.reserved_bytes"
+            )
         raise ProfileError(source, f"capacity K would be 0: {why}")
     return profile
 
@@ -252,44 +261,61 @@ class _Fields:
     def text(self, key: str) -> str:
         value = self._get(key)
         if not isinstance(value, str) or not value:
-            raise ProfileError(self.source, f"field {self.prefix + key!r} must be a non-empty string")
+            raise ProfileError(
+                self.source, f"field {self.prefix + key!r} must be a non-empty string"
+            )
         return value
 
     def _number(self, key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ProfileError(self.source, f"field {self.prefix + key!r} must be a finite number, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ProfileError(
+                self.source, f"field {self.prefix + key!r} must be a finite number, got {value!r}"
+            )
         return float(value)
 
     def positive(self, key: str) -> float:
         value = self._get(key)
         number = self._number(key, value)
         if number <= 0:
-            raise ProfileError(self.source, f"field {self.prefix + key!r} must be > 0, got {value!r}")
+            raise ProfileError(
+                self.source, f"field {self.prefix + key!r} must be > 0, got {value!r}"
+            )
         return number
 
     def positive_int(self, key: str) -> int:
         value = self._get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ProfileError(self.source,
-                               f"field {self.prefix + key!r} must be an integer >= 1, got {value!r}")
+            raise ProfileError(
+                self.source, f"field {self.prefix + key!r} must be an integer >= 1, got {value!r}"
+            )
         return value
 
     def non_negative(self, key: str) -> float:
         value = self._get(key)
         number = self._number(key, value)
         if number < 0:
-            raise ProfileError(self.source, f"field {self.prefix + key!r} must be >= 0, got {value!r}")
+            raise ProfileError(
+                self.source, f"field {self.prefix + key!r} must be >= 0, got {value!r}"
+            )
         return number
 
     def list_of_positive(self, key: str) -> list[float]:
         value = self._get(key)
         if not isinstance(value, list) or not value:
-            raise ProfileError(self.source, f"field {self.prefix + key!r} must be a non-empty list of numbers")
+            raise ProfileError(
+                self.source, f"field {self.prefix + key!r} must be a non-empty list of numbers"
+            )
         out = []
         for i, item in enumerate(value):
             number = self._number(f"{key}[{i}]", item)
             if number <= 0:
-                raise ProfileError(self.source, f"field {self.prefix}{key}[{i}] must be > 0, got {item!r}")
+                raise ProfileError(
+                    self.source, f"field {self.prefix}{key}[{i}] must be > 0, got {item!r}"
+                )
             out.append(number)
         return out
 
@@ -308,9 +334,13 @@ class _Fields:
 
 # ---- measured profiles ----------------------------------------------------------------------
 
-def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyProfile,
-                              name: str | None = None,
-                              pass_ms: Mapping[int, float] | None = None) -> LatencyProfile:
+
+def profile_from_measurements(
+    measured: Mapping[int, float],
+    fallback: LatencyProfile,
+    name: str | None = None,
+    pass_ms: Mapping[int, float] | None = None,
+) -> LatencyProfile:
     """``fallback`` with its chunk times replaced by measured ones: what a worker kind does,
     as far as it has been seen to do it.
 
@@ -380,30 +410,44 @@ def profile_from_measurements(measured: Mapping[int, float], fallback: LatencyPr
             ms = m1 + (m2 - m1) * (batch - b1) / (b2 - b1)
         table.append(max(ms, table[-1]) if table else ms)
     shown = ", ".join(f"{b}: {m:.1f}" for b, m in points)
-    sources = {**fallback.sources,
-               "chunk_ms": f"measured at batch {{{shown}}} ms; other batches from "
-                           f"{fallback.name} (profile_from_measurements)"}
-    profile = replace(fallback, name=name or f"{fallback.name}+measured",
-                      chunk_ms_table=tuple(table), sources=sources)
+    sources = {
+        **fallback.sources,
+        "chunk_ms": f"measured at batch {{{shown}}} ms; other batches from "
+        f"{fallback.name} (profile_from_measurements)",
+    }
+    profile = replace(
+        fallback,
+        name=name or f"{fallback.name}+measured",
+        chunk_ms_table=tuple(table),
+        sources=sources,
+    )
     if profile.capacity < 1:
-        raise ProfileError(source, f"no batch meets the deadline: batch 1 takes {table[0]:.1f} ms "
-                                   f"> deadline_ms = {fallback.deadline_ms} ms")
+        raise ProfileError(
+            source,
+            f"no batch meets the deadline: batch 1 takes {table[0]:.1f} ms "
+            f"> deadline_ms = {fallback.deadline_ms} ms",
+        )
     return profile
 
 
-def _check_measured(source: str, measured: Mapping[int, float],
-                    what: str = "chunk time") -> None:
+def _check_measured(source: str, measured: Mapping[int, float], what: str = "chunk time") -> None:
     for batch, ms in measured.items():
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ProfileError(source, f"batch sizes must be integers >= 1, got {batch!r}")
-        if isinstance(ms, bool) or not isinstance(ms, int | float) or not math.isfinite(ms) \
-                or ms <= 0:
-            raise ProfileError(source, f"{what} at batch {batch} must be a finite number > 0, "
-                                       f"got {ms!r}")
+        if (
+            isinstance(ms, bool)
+            or not isinstance(ms, int | float)
+            or not math.isfinite(ms)
+            or ms <= 0
+        ):
+            raise ProfileError(
+                source, f"{what} at batch {batch} must be a finite number > 0, got {ms!r}"
+            )
 
 
-def _with_pass_times(chunk_ms: Mapping[int, float], pass_ms: Mapping[int, float],
-                     passes_per_chunk: int) -> dict[int, float]:
+def _with_pass_times(
+    chunk_ms: Mapping[int, float], pass_ms: Mapping[int, float], passes_per_chunk: int
+) -> dict[int, float]:
     """Chunk times per batch, with the batches timed only by their passes filled in (see
     :func:`profile_from_measurements`)."""
     # A bigger batch is never faster: a pass time above a bigger batch's is a pass that
@@ -422,8 +466,9 @@ def _with_pass_times(chunk_ms: Mapping[int, float], pass_ms: Mapping[int, float]
     out = {int(b): float(ms) for b, ms in chunk_ms.items()}
     if not both:
         return out
-    overhead = max(0.0, statistics.median(
-        chunk_ms[b] - passes_per_chunk * pass_ms[b] for b in both))
+    overhead = max(
+        0.0, statistics.median(chunk_ms[b] - passes_per_chunk * pass_ms[b] for b in both)
+    )
     for batch, ms in pass_ms.items():
         if batch not in out:
             out[int(batch)] = passes_per_chunk * float(ms) + overhead

@@ -160,7 +160,9 @@ class StaleEpoch(RegistryError):
     """The session moved on (another owner or state change) since the caller last read it."""
 
     def __init__(self, session_id: str, expected: int, actual: int) -> None:
-        super().__init__(f"session {session_id!r}: expected epoch {expected}, registry has {actual}")
+        super().__init__(
+            f"session {session_id!r}: expected epoch {expected}, registry has {actual}"
+        )
         self.session_id = session_id
         self.expected = expected
         self.actual = actual
@@ -273,9 +275,17 @@ class Registry:
         stored); ``owner_key``: the name of the API key that created it."""
         now = time.time()
         record = {
-            "id": session_id, "state": SessionState.PENDING.value, "owner": "", "epoch": 0,
-            "prompt": prompt, "seed": seed, "last_seq": -1, "created_at": now, "updated_at": now,
-            "token_hash": token_hash, "owner_key": owner_key,
+            "id": session_id,
+            "state": SessionState.PENDING.value,
+            "owner": "",
+            "epoch": 0,
+            "prompt": prompt,
+            "seed": seed,
+            "last_seq": -1,
+            "created_at": now,
+            "updated_at": now,
+            "token_hash": token_hash,
+            "owner_key": owner_key,
         }
         flat = [str(x) for kv in record.items() for x in kv]
         created = await self._create(
@@ -313,8 +323,13 @@ class Registry:
         owner_arg = "\0keep" if owner is KEEP else str(owner or "")
         guard_key, guard_value = guard if guard is not None else (self.pending_key, "")
         status, epoch, state = await self._transition(
-            keys=[self.session_key(session_id), self.placement_key, self.pending_key, guard_key,
-                  self.recovery_key(session_id)],
+            keys=[
+                self.session_key(session_id),
+                self.placement_key,
+                self.pending_key,
+                guard_key,
+                self.recovery_key(session_id),
+            ],
             args=[
                 session_id,
                 "" if expected_epoch is None else str(expected_epoch),
@@ -341,16 +356,28 @@ class Registry:
             raise SessionNotFound(session_id)
         return record
 
-    async def claim(self, session_id: str, worker_id: str, expected_epoch: int,
-                    guard: tuple[str, str] | None = None) -> SessionRecord:
+    async def claim(
+        self,
+        session_id: str,
+        worker_id: str,
+        expected_epoch: int,
+        guard: tuple[str, str] | None = None,
+    ) -> SessionRecord:
         """Give a pending (or re-placed) session to ``worker_id``; exactly one claimant wins."""
         return await self.transition(
-            session_id, SessionState.EXECUTING, expected_epoch=expected_epoch, owner=worker_id,
+            session_id,
+            SessionState.EXECUTING,
+            expected_epoch=expected_epoch,
+            owner=worker_id,
             guard=guard,
         )
 
     async def record_progress(
-        self, session_id: str, worker_id: str, epoch: int, seq: int,
+        self,
+        session_id: str,
+        worker_id: str,
+        epoch: int,
+        seq: int,
         recovery: Mapping[str, bytes | str] | None = None,
     ) -> bool:
         """Record ``seq`` as generated; False when the worker no longer owns the session.
@@ -363,7 +390,8 @@ class Registry:
             for key, value in recovery.items():
                 args += [key, value]
         ok = await self._progress(
-            keys=[self.session_key(session_id), self.recovery_key(session_id)], args=args,
+            keys=[self.session_key(session_id), self.recovery_key(session_id)],
+            args=args,
         )
         if ok == -1:
             # No record at all: Redis lost it (restarted empty), not another owner. The owner
@@ -382,15 +410,32 @@ class Registry:
         return [sid for sid, there in zip(session_ids, found, strict=True) if not there]
 
     async def reannounce_session(
-        self, session_id: str, *, owner: str, epoch: int, state: SessionState, prompt: str,
-        seed: int, last_seq: int, token_hash: str = "", owner_key: str = "",
+        self,
+        session_id: str,
+        *,
+        owner: str,
+        epoch: int,
+        state: SessionState,
+        prompt: str,
+        seed: int,
+        last_seq: int,
+        token_hash: str = "",
+        owner_key: str = "",
     ) -> bool:
         """Write back a session its owner holds but the registry lost (True when written)."""
         now = time.time()
         record = {
-            "id": session_id, "state": state.value, "owner": owner, "epoch": epoch,
-            "prompt": prompt, "seed": seed, "last_seq": last_seq, "created_at": now,
-            "updated_at": now, "token_hash": token_hash, "owner_key": owner_key,
+            "id": session_id,
+            "state": state.value,
+            "owner": owner,
+            "epoch": epoch,
+            "prompt": prompt,
+            "seed": seed,
+            "last_seq": last_seq,
+            "created_at": now,
+            "updated_at": now,
+            "token_hash": token_hash,
+            "owner_key": owner_key,
         }
         flat = [str(x) for kv in record.items() for x in kv]
         written = await self._reannounce(
@@ -405,7 +450,9 @@ class Registry:
         return {_str(k): v for k, v in raw.items()} if raw else None
 
     async def set_prompt(self, session_id: str, prompt: str) -> None:
-        await self.r.hset(self.session_key(session_id), mapping={"prompt": prompt, "updated_at": time.time()})
+        await self.r.hset(
+            self.session_key(session_id), mapping={"prompt": prompt, "updated_at": time.time()}
+        )
 
     async def placement(self) -> dict[str, str]:
         raw = await self.r.hgetall(self.placement_key)
@@ -430,8 +477,9 @@ class Registry:
         await self.register_worker(worker, ttl_s)
 
     async def set_worker_status(self, worker_id: str, status: WorkerStatus) -> None:
-        await self.r.hset(self.worker_key(worker_id),
-                          mapping={"status": status.value, "updated_at": time.time()})
+        await self.r.hset(
+            self.worker_key(worker_id), mapping={"status": status.value, "updated_at": time.time()}
+        )
 
     async def mark_worker_lost(self, worker_id: str, shown_s: float) -> bool:
         """The scheduler declared ``worker_id`` lost: its record says ``lost``, holds no
@@ -439,8 +487,14 @@ class Registry:
         to a record that is already gone (a worker that removed itself on a clean stop);
         False then."""
         marked = await self.r.eval(
-            _MARK_LOST, 2, self.worker_key(worker_id), self.alive_key(worker_id),
-            WorkerStatus.LOST.value, repr(time.time()), str(max(1, int(shown_s * 1000))))
+            _MARK_LOST,
+            2,
+            self.worker_key(worker_id),
+            self.alive_key(worker_id),
+            WorkerStatus.LOST.value,
+            repr(time.time()),
+            str(max(1, int(shown_s * 1000))),
+        )
         return bool(marked)
 
     @property
@@ -477,10 +531,14 @@ class Registry:
         return f"{self.ns}:cluster_events"
 
     async def set_pool_limits(self, limits: PoolLimits) -> None:
-        await self.r.hset(self.pool_key, mapping={
-            "min_workers": limits.min_workers, "max_workers": limits.max_workers,
-            "backend": limits.backend,
-        })
+        await self.r.hset(
+            self.pool_key,
+            mapping={
+                "min_workers": limits.min_workers,
+                "max_workers": limits.max_workers,
+                "backend": limits.backend,
+            },
+        )
 
     async def pool_limits(self) -> PoolLimits | None:
         raw = await self.r.hgetall(self.pool_key)
@@ -518,7 +576,12 @@ class Registry:
         await self.r.eval(
             "local v = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1') "
             "if tonumber(ARGV[2]) > v then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end "
-            "return 1", 1, self.counters_key, name, value)
+            "return 1",
+            1,
+            self.counters_key,
+            name,
+            value,
+        )
 
     async def counters(self) -> dict[str, int]:
         raw = await self.r.hgetall(self.counters_key)
@@ -549,7 +612,9 @@ class Registry:
         out, expired = [], []
         for wid, fields_, alive in zip(ids, raw[0::2], raw[1::2], strict=True):
             if fields_:
-                out.append(_worker_from(wid, {_str(k): _str(v) for k, v in fields_.items()}, bool(alive)))
+                out.append(
+                    _worker_from(wid, {_str(k): _str(v) for k, v in fields_.items()}, bool(alive))
+                )
             else:
                 expired.append(wid)
         for wid in expired:  # a lost worker's record expired: its id goes too

@@ -108,14 +108,17 @@ async def retry(
             if time.monotonic() + delay > deadline:
                 # A timeout's text is empty: say what it was rather than nothing.
                 why = str(exc) or type(exc).__name__
-                raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {why}") from exc
+                raise ConnectError(
+                    f"could not connect to {what} within {timeout_s:.0f}s: {why}"
+                ) from exc
             log.warning("connect_retry", target=what, error=str(exc), retry_in_s=round(delay, 2))
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
 
 async def connect_nats(
-    settings: CommonSettings, name: str,
+    settings: CommonSettings,
+    name: str,
     reconnect_hooks: list[Callable[[], Awaitable[None]]] | None = None,
 ) -> NATS:
     # A user/password URL connects as that user, whose replies arrive under its own inbox
@@ -136,8 +139,9 @@ async def connect_nats(
             try:
                 await hook()
             except Exception as exc:  # noqa: BLE001 - one hook's failure must not stop the others
-                log.warning("reconnect_hook_failed", hook=getattr(hook, "__name__", "?"),
-                            error=repr(exc))
+                log.warning(
+                    "reconnect_hook_failed", hook=getattr(hook, "__name__", "?"), error=repr(exc)
+                )
 
     async def _attempt() -> NATS:
         # With reconnects allowed, nats-py retries a *first* connect forever; bound each attempt
@@ -184,8 +188,10 @@ def _refused(server: str, url: str, detail: str) -> CredentialsRefused:
         who = "the credentials in the URL"
     else:
         who = "a client without credentials"
-    return CredentialsRefused(f"{server} at {mask_url(url)} refused {who} ({detail}): check "
-                              f"TURBOSERVE_{server.upper()}_URL")
+    return CredentialsRefused(
+        f"{server} at {mask_url(url)} refused {who} ({detail}): check "
+        f"TURBOSERVE_{server.upper()}_URL"
+    )
 
 
 async def subscriptions_live(nc: NATS, timeout_s: float = 10.0) -> None:
@@ -209,8 +215,12 @@ REDIS_MAX_CONNECTIONS = 64
 
 async def connect_redis(settings: CommonSettings) -> aioredis.Redis:
     pool = aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=REDIS_MAX_CONNECTIONS, timeout=10,
-        socket_connect_timeout=2, health_check_interval=10)
+        settings.redis_url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=10,
+        socket_connect_timeout=2,
+        health_check_interval=10,
+    )
     client = aioredis.Redis.from_pool(pool)  # it owns the pool: aclose() closes it
 
     async def _attempt() -> aioredis.Redis:

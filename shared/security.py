@@ -68,9 +68,11 @@ def inbox_prefix(user: str) -> str:
 def _stream_admin(subjects: Subjects) -> tuple[str, ...]:
     """Create or bring up to date the two streams: every service declares them when it connects
     and again after each reconnection (a NATS that restarted lost its memory streams)."""
-    return tuple(f"$JS.API.STREAM.{op}.{stream}"
-                 for stream in (subjects.sessions_stream, subjects.chunks_stream)
-                 for op in ("CREATE", "UPDATE"))
+    return tuple(
+        f"$JS.API.STREAM.{op}.{stream}"
+        for stream in (subjects.sessions_stream, subjects.chunks_stream)
+        for op in ("CREATE", "UPDATE")
+    )
 
 
 def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
@@ -85,7 +87,8 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
                 subjects.chunks_wildcard,  # the StreamEnd of a session it closes
                 *_stream_admin(subjects),
                 # an ephemeral push consumer per watched session, deleted when nobody watches
-                f"$JS.API.CONSUMER.CREATE.{chunks}", f"$JS.API.CONSUMER.DELETE.{chunks}.*",
+                f"$JS.API.CONSUMER.CREATE.{chunks}",
+                f"$JS.API.CONSUMER.DELETE.{chunks}.*",
                 inbox,
             ),
             subscribe=(subjects.chunks_wildcard, inbox),
@@ -94,30 +97,43 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
         durable = f"{sessions}.{_SCHEDULER_DURABLE}"
         return NatsPermissions(
             publish=(
-                f"{p}.worker.*.cmd", subjects.provisioner_cmd,
+                f"{p}.worker.*.cmd",
+                subjects.provisioner_cmd,
                 *_stream_admin(subjects),
                 # its durable pull consumer: looked up, created (with or without a subject
                 # filter token), fetched from, acknowledged
                 f"$JS.API.CONSUMER.INFO.{durable}",
-                f"$JS.API.CONSUMER.CREATE.{durable}", f"$JS.API.CONSUMER.CREATE.{durable}.>",
-                f"$JS.API.CONSUMER.MSG.NEXT.{durable}", f"$JS.ACK.{durable}.>",
+                f"$JS.API.CONSUMER.CREATE.{durable}",
+                f"$JS.API.CONSUMER.CREATE.{durable}.>",
+                f"$JS.API.CONSUMER.MSG.NEXT.{durable}",
+                f"$JS.ACK.{durable}.>",
                 inbox,
             ),
-            subscribe=(subjects.worker_heartbeat, subjects.provisioner_events,
-                       subjects.migrations, inbox),
+            subscribe=(
+                subjects.worker_heartbeat,
+                subjects.provisioner_events,
+                subjects.migrations,
+                inbox,
+            ),
         )
     if role == WORKER:
         return NatsPermissions(
             publish=(
-                subjects.chunks_wildcard, subjects.worker_heartbeat, subjects.migrations,
+                subjects.chunks_wildcard,
+                subjects.worker_heartbeat,
+                subjects.migrations,
                 f"{p}.worker.*.handoff",  # offers and outcomes to the peer of a migration
                 *_stream_admin(subjects),
                 inbox,
             ),
             # One user for every worker (ids are chosen at launch): a worker could read another
             # worker's commands, but only the scheduler and the operator may send them.
-            subscribe=(f"{p}.worker.*.cmd", f"{p}.worker.*.handoff",
-                       subjects.provisioner_events, inbox),
+            subscribe=(
+                f"{p}.worker.*.cmd",
+                f"{p}.worker.*.handoff",
+                subjects.provisioner_events,
+                inbox,
+            ),
             allow_responses=True,
         )
     if role == PROVISIONER:
@@ -134,7 +150,8 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
 def check_secret(secret: str, what: str) -> None:
     if not _SECRET_RE.fullmatch(secret):
         raise SecurityConfigError(
-            f"{what}: 1-256 printable characters without spaces, quotes or backslashes")
+            f"{what}: 1-256 printable characters without spaces, quotes or backslashes"
+        )
 
 
 def _allow(values: tuple[str, ...], indent: str) -> list[str]:
@@ -156,8 +173,10 @@ def nats_authorization(subjects: Subjects, passwords: Mapping[str, str]) -> str:
         publish, subscribe = _allow(perms.publish, " " * 6), _allow(perms.subscribe, " " * 6)
         lines += [
             entry + ", permissions: {",
-            "      publish: " + publish[0], *publish[1:],
-            "      subscribe: " + subscribe[0], *subscribe[1:],
+            "      publish: " + publish[0],
+            *publish[1:],
+            "      subscribe: " + subscribe[0],
+            *subscribe[1:],
         ]
         if perms.allow_responses:
             lines.append("      allow_responses: true")
@@ -166,12 +185,14 @@ def nats_authorization(subjects: Subjects, passwords: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def nats_server_config(subjects: Subjects, passwords: Mapping[str, str], *, host: str,
-                       port: int, store_dir: str) -> str:
+def nats_server_config(
+    subjects: Subjects, passwords: Mapping[str, str], *, host: str, port: int, store_dir: str
+) -> str:
     """A whole nats-server config: listen address, JetStream store, authorization."""
-    return (f'listen: "{host}:{port}"\n'
-            f'jetstream {{ store_dir: "{store_dir}" }}\n'
-            + nats_authorization(subjects, passwords))
+    return (
+        f'listen: "{host}:{port}"\n'
+        f'jetstream {{ store_dir: "{store_dir}" }}\n' + nats_authorization(subjects, passwords)
+    )
 
 
 def redis_users(namespace: str, passwords: Mapping[str, str]) -> list[str]:
@@ -200,8 +221,10 @@ class Credentials:
 
     @classmethod
     def generate(cls) -> Credentials:
-        return cls({role: secrets.token_urlsafe(24) for role in ROLES},
-                   {role: secrets.token_urlsafe(24) for role in ROLES})
+        return cls(
+            {role: secrets.token_urlsafe(24) for role in ROLES},
+            {role: secrets.token_urlsafe(24) for role in ROLES},
+        )
 
     def __repr__(self) -> str:
         return f"Credentials(roles={list(self.nats)})"

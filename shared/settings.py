@@ -115,7 +115,9 @@ class CommonSettings:
         if not self.nats_url.startswith(("nats://", "tls://", "ws://", "wss://")):
             faults.append(f"TURBOSERVE_NATS_URL={mask_url(self.nats_url)!r}: must be a nats:// URL")
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            faults.append(f"TURBOSERVE_REDIS_URL={mask_url(self.redis_url)!r}: must be a redis:// URL")
+            faults.append(
+                f"TURBOSERVE_REDIS_URL={mask_url(self.redis_url)!r}: must be a redis:// URL"
+            )
         try:
             Subjects(self.subject_prefix)
         except ValueError as exc:
@@ -123,15 +125,20 @@ class CommonSettings:
         if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", self.redis_namespace):
             faults.append("TURBOSERVE_REDIS_NAMESPACE: 1-64 characters of [A-Za-z0-9_.:-]")
         if self.log_level not in _LOG_LEVELS:
-            faults.append(f"TURBOSERVE_LOG_LEVEL={self.log_level!r}: one of {', '.join(_LOG_LEVELS)}")
+            faults.append(
+                f"TURBOSERVE_LOG_LEVEL={self.log_level!r}: one of {', '.join(_LOG_LEVELS)}"
+            )
         if self.log_format not in _LOG_FORMATS:
-            faults.append(f"TURBOSERVE_LOG_FORMAT={self.log_format!r}: one of {', '.join(_LOG_FORMATS)}")
+            faults.append(
+                f"TURBOSERVE_LOG_FORMAT={self.log_format!r}: one of {', '.join(_LOG_FORMATS)}"
+            )
         for name in ("connect_timeout_s", "shutdown_grace_s"):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
         if not -1 <= self.metrics_port <= 65535:
-            faults.append(f"TURBOSERVE_METRICS_PORT={self.metrics_port}: -1 (off), 0 (a free "
-                          "port) or 1-65535")
+            faults.append(
+                f"TURBOSERVE_METRICS_PORT={self.metrics_port}: -1 (off), 0 (a free port) or 1-65535"
+            )
         return faults
 
     @property
@@ -266,12 +273,23 @@ class GatewaySettings(CommonSettings):
             faults.append("TURBOSERVE_MAX_PROMPT_CHARS: must be >= 1")
         if self.max_body_bytes < 256:
             faults.append("TURBOSERVE_MAX_BODY_BYTES: must be >= 256")
-        for name in ("sse_keepalive_s", "idle_after_s", "close_after_s", "attach_ttl_s",
-                     "reap_interval_s", "rate_per_key_s", "control_wait_s"):
+        for name in (
+            "sse_keepalive_s",
+            "idle_after_s",
+            "close_after_s",
+            "attach_ttl_s",
+            "reap_interval_s",
+            "rate_per_key_s",
+            "control_wait_s",
+        ):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
-        for name in ("max_sessions_per_key", "rate_burst", "admission_retry_after_s",
-                     "client_queue_chunks"):
+        for name in (
+            "max_sessions_per_key",
+            "rate_burst",
+            "admission_retry_after_s",
+            "client_queue_chunks",
+        ):
             if getattr(self, name) < 1:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be >= 1")
         if any(c.isspace() for c in self.operator_key):
@@ -356,9 +374,16 @@ class SchedulerSettings(CommonSettings):
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
-        for name in ("tick_s", "worker_timeout_s", "leader_ttl_s", "command_timeout_s",
-                     "handoff_timeout_s", "boot_timeout_s", "lost_worker_shown_s",
-                     "profile_refresh_s"):
+        for name in (
+            "tick_s",
+            "worker_timeout_s",
+            "leader_ttl_s",
+            "command_timeout_s",
+            "handoff_timeout_s",
+            "boot_timeout_s",
+            "lost_worker_shown_s",
+            "profile_refresh_s",
+        ):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
         if self.reconcile_ticks < 1:
@@ -371,14 +396,18 @@ class SchedulerSettings(CommonSettings):
             faults.append("TURBOSERVE_MAX_WORKERS: must be >= max(1, TURBOSERVE_MIN_WORKERS)")
         if not valid_id(self.scheduler_id):
             faults.append(f"TURBOSERVE_SCHEDULER_ID={self.scheduler_id!r}: 1-128 of [A-Za-z0-9_-]")
-        if self.gpu_id_prefix and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,40}",
-                                                   self.gpu_id_prefix):
-            faults.append(f"TURBOSERVE_GPU_ID_PREFIX={self.gpu_id_prefix!r}: letters, digits, "
-                          "'-' or '_'")
+        if self.gpu_id_prefix and not re.fullmatch(
+            r"[A-Za-z0-9][A-Za-z0-9_-]{0,40}", self.gpu_id_prefix
+        ):
+            faults.append(
+                f"TURBOSERVE_GPU_ID_PREFIX={self.gpu_id_prefix!r}: letters, digits, '-' or '_'"
+            )
         if self.policy not in LIVE_POLICIES:
-            faults.append(f"TURBOSERVE_POLICY={self.policy!r}: not a policy the live scheduler "
-                          f"runs; one of {', '.join(LIVE_POLICIES)} (one that needs the future, "
-                          "as the evaluation's clairvoyant, runs only in the simulator)")
+            faults.append(
+                f"TURBOSERVE_POLICY={self.policy!r}: not a policy the live scheduler "
+                f"runs; one of {', '.join(LIVE_POLICIES)} (one that needs the future, "
+                "as the evaluation's clairvoyant, runs only in the simulator)"
+            )
         return faults
 
 
@@ -455,11 +484,14 @@ class WorkerSettings(CommonSettings):
         if self.chunk_period_s is not None and not 0 <= self.chunk_period_s < math.inf:
             faults.append("TURBOSERVE_CHUNK_PERIOD_S: must be a finite number >= 0")
         if self.resolution is not None and parse_resolution(self.resolution) is None:
-            faults.append(f"TURBOSERVE_RESOLUTION={self.resolution!r}: HEIGHTxWIDTH, multiples "
-                          "of 16 (e.g. 480x832)")
+            faults.append(
+                f"TURBOSERVE_RESOLUTION={self.resolution!r}: HEIGHTxWIDTH, multiples "
+                "of 16 (e.g. 480x832)"
+            )
         if self.prompt_recache not in ("auto", "kv", "cross"):
-            faults.append(f"TURBOSERVE_PROMPT_RECACHE={self.prompt_recache!r}: one of auto, kv, "
-                          "cross")
+            faults.append(
+                f"TURBOSERVE_PROMPT_RECACHE={self.prompt_recache!r}: one of auto, kv, cross"
+            )
         if not 1 <= self.jpeg_quality <= 100:
             faults.append("TURBOSERVE_JPEG_QUALITY: must be 1-100")
         if self.pace_lead_s is not None and not 0 <= self.pace_lead_s < math.inf:
@@ -467,8 +499,10 @@ class WorkerSettings(CommonSettings):
         if not 0 <= self.handoff_port <= 65535:
             faults.append(f"TURBOSERVE_HANDOFF_PORT={self.handoff_port}: must be 0-65535")
         if self.handoff_transport not in ("auto", "gloo", "nccl", "cuda_ipc"):
-            faults.append(f"TURBOSERVE_HANDOFF_TRANSPORT={self.handoff_transport!r}: one of auto, "
-                          "gloo, nccl, cuda_ipc")
+            faults.append(
+                f"TURBOSERVE_HANDOFF_TRANSPORT={self.handoff_transport!r}: one of auto, "
+                "gloo, nccl, cuda_ipc"
+            )
         if not 0 < self.handoff_timeout_s < math.inf:
             faults.append("TURBOSERVE_HANDOFF_TIMEOUT_S: must be a finite number > 0")
         return faults
@@ -497,7 +531,8 @@ class ProvisionerSettings(CommonSettings):
     environment: a local worker inherits the provisioner's, a pod gets its template's."""
 
     URL_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"nats_url", "redis_url", "worker_nats_url", "worker_redis_url"})
+        {"nats_url", "redis_url", "worker_nats_url", "worker_redis_url"}
+    )
 
     backend: str = "local"  # local | kubernetes
     # The pool never shrinks below min_workers (kept running from the start, replaced when
@@ -531,13 +566,19 @@ class ProvisionerSettings(CommonSettings):
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
         if self.worker_nats_url and not self.worker_nats_url.startswith(
-                ("nats://", "tls://", "ws://", "wss://")):
-            faults.append(f"TURBOSERVE_WORKER_NATS_URL={mask_url(self.worker_nats_url)!r}: "
-                          "must be a nats:// URL")
+            ("nats://", "tls://", "ws://", "wss://")
+        ):
+            faults.append(
+                f"TURBOSERVE_WORKER_NATS_URL={mask_url(self.worker_nats_url)!r}: "
+                "must be a nats:// URL"
+            )
         if self.worker_redis_url and not self.worker_redis_url.startswith(
-                ("redis://", "rediss://", "unix://")):
-            faults.append(f"TURBOSERVE_WORKER_REDIS_URL={mask_url(self.worker_redis_url)!r}: "
-                          "must be a redis:// URL")
+            ("redis://", "rediss://", "unix://")
+        ):
+            faults.append(
+                f"TURBOSERVE_WORKER_REDIS_URL={mask_url(self.worker_redis_url)!r}: "
+                "must be a redis:// URL"
+            )
         if self.backend not in ("local", "kubernetes"):
             faults.append(f"TURBOSERVE_BACKEND={self.backend!r}: one of local, kubernetes")
         if self.min_workers < 0:
@@ -550,18 +591,25 @@ class ProvisionerSettings(CommonSettings):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
         if self.boot_timeout_s <= self.boot_delay_s:
-            faults.append("TURBOSERVE_BOOT_TIMEOUT_S: must be longer than TURBOSERVE_BOOT_DELAY_S "
-                          "(both count from the request)")
+            faults.append(
+                "TURBOSERVE_BOOT_TIMEOUT_S: must be longer than TURBOSERVE_BOOT_DELAY_S "
+                "(both count from the request)"
+            )
         if not re.fullmatch(r"auto|none|[A-Za-z0-9_:-]+(,[A-Za-z0-9_:-]+)*", self.gpus):
-            faults.append(f"TURBOSERVE_GPUS={self.gpus!r}: auto, none, or a comma-separated "
-                          "list of GPU UUIDs or indices")
+            faults.append(
+                f"TURBOSERVE_GPUS={self.gpus!r}: auto, none, or a comma-separated "
+                "list of GPU UUIDs or indices"
+            )
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", self.k8s_pod_template):
-            faults.append(f"TURBOSERVE_K8S_POD_TEMPLATE={self.k8s_pod_template!r}: a Kubernetes "
-                          "object name")
-        if self.k8s_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
-                                                   self.k8s_namespace):
-            faults.append(f"TURBOSERVE_K8S_NAMESPACE={self.k8s_namespace!r}: a Kubernetes "
-                          "namespace name")
+            faults.append(
+                f"TURBOSERVE_K8S_POD_TEMPLATE={self.k8s_pod_template!r}: a Kubernetes object name"
+            )
+        if self.k8s_namespace and not re.fullmatch(
+            r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", self.k8s_namespace
+        ):
+            faults.append(
+                f"TURBOSERVE_K8S_NAMESPACE={self.k8s_namespace!r}: a Kubernetes namespace name"
+            )
         return faults
 
 
@@ -571,7 +619,8 @@ class ToolSettings(CommonSettings):
     the mesh's settings, and those of the services ``up`` starts that it reports itself."""
 
     SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"api_key", "api_keys", "api_token", "operator_key"})
+        {"api_key", "api_keys", "api_token", "operator_key"}
+    )
 
     # Where ``turboserve up`` keeps its state file and logs; empty: ~/.turboserve.
     state_dir: str = ""

@@ -52,7 +52,9 @@ class Subjects:
         # One token of a strict alphabet: it is also the start of the stream names, which must be
         # valid and distinct for distinct prefixes (so deployments never share a stream).
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", self.prefix):
-            raise ValueError(f"invalid subject prefix {self.prefix!r}: 1-32 characters of [A-Za-z0-9_-]")
+            raise ValueError(
+                f"invalid subject prefix {self.prefix!r}: 1-32 characters of [A-Za-z0-9_-]"
+            )
 
     # Gateway -> scheduler (JetStream stream ``sessions_stream``).
     @property
@@ -395,7 +397,8 @@ class ProvisionerCommand(_Msg, tag="provisioner_cmd"):
     kind: ProvisionerCmdKind
     count: Annotated[int, msgspec.Meta(ge=0, le=MAX_WORKERS_PER_COMMAND)] = 1
     worker_ids: Annotated[list[Id], msgspec.Meta(max_length=MAX_WORKERS_PER_COMMAND)] = (
-        msgspec.field(default_factory=list))
+        msgspec.field(default_factory=list)
+    )
     # START: the GPU kind wanted; refused (``kind_unavailable``) when the pool emulates another.
     gpu_kind: str | None = None
     # Chosen by the requester; echoed in the reply and in the events the command causes.
@@ -450,9 +453,20 @@ _ID_RE = re.compile(ID_PATTERN)
 ChunkStreamMsg = Chunk | StreamEnd | SessionNotice
 HandoffMsg = HandoffOffer | HandoffOutcome
 Message = (
-    SessionEvent | WorkerCommand | CommandReply | Heartbeat | Chunk | StreamEnd | SessionNotice
-    | ProvisionerCommand | ProvisionerReply | ProvisionerEvent | HandoffOffer | HandoffAnswer
-    | HandoffOutcome | MigrationReport
+    SessionEvent
+    | WorkerCommand
+    | CommandReply
+    | Heartbeat
+    | Chunk
+    | StreamEnd
+    | SessionNotice
+    | ProvisionerCommand
+    | ProvisionerReply
+    | ProvisionerEvent
+    | HandoffOffer
+    | HandoffAnswer
+    | HandoffOutcome
+    | MigrationReport
 )
 
 M = TypeVar("M")
@@ -479,7 +493,9 @@ def decode(subject: str, data: bytes, type_: type[M]) -> M:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireError(subject, str(exc)) from None
     if msg.v != PROTOCOL_VERSION:
-        raise WireError(subject, f"protocol version {msg.v} unsupported (speaks {PROTOCOL_VERSION})")
+        raise WireError(
+            subject, f"protocol version {msg.v} unsupported (speaks {PROTOCOL_VERSION})"
+        )
     return cast(M, msg)
 
 

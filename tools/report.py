@@ -7,11 +7,10 @@ import sys
 from collections.abc import Iterable, Sequence
 
 
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]],
-                   align: str = "") -> str:
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:
     """A Markdown table: ``header``, then one line per row. ``align`` has a letter per column,
     ``l`` (the default for a column it does not reach) or ``r`` (numbers)."""
-    marks = ["---:" if align[i:i + 1] == "r" else "---" for i in range(len(header))]
+    marks = ["---:" if align[i : i + 1] == "r" else "---" for i in range(len(header))]
     lines = [_row(header), _row(marks)]
     for row in rows:
         if len(row) != len(header):

@@ -27,8 +27,12 @@ class PoolRoom:
     pending: int
 
 
-def judge_pool(workers: list[WorkerRecord], limits: PoolLimits | None, pending: int,
-               placement: dict[str, str] | None = None) -> PoolRoom:
+def judge_pool(
+    workers: list[WorkerRecord],
+    limits: PoolLimits | None,
+    pending: int,
+    placement: dict[str, str] | None = None,
+) -> PoolRoom:
     """Full when the pool cannot grow (its live workers, booting ones included, reach
     ``max_workers``) and the ready workers have no slot left for another session after the
     sessions already waiting for one. A worker holds the sessions its heartbeat lists and those
@@ -38,8 +42,11 @@ def judge_pool(workers: list[WorkerRecord], limits: PoolLimits | None, pending: 
     for session_id, worker_id in (placement or {}).items():
         placed.setdefault(worker_id, set()).add(session_id)
     live = [w for w in workers if w.alive and w.status is not WorkerStatus.GONE]
-    free = sum(max(0, w.capacity - len(set(w.sessions) | placed.get(w.id, set())))
-               for w in live if w.status is WorkerStatus.READY)
+    free = sum(
+        max(0, w.capacity - len(set(w.sessions) | placed.get(w.id, set())))
+        for w in live
+        if w.status is WorkerStatus.READY
+    )
     if limits is None:
         return PoolRoom(False, len(live), None, pending)
     full = len(live) >= limits.max_workers and free - pending <= 0
@@ -56,8 +63,10 @@ async def check_pool(gw: Gateway) -> None:
     if room.full:
         raise errors.PoolFull(
             "every worker is at capacity and the pool is at its maximum; retry later",
-            retry_after_s=gw.settings.admission_retry_after_s, workers=room.live_workers,
-            max_workers=room.max_workers, pending=room.pending,
+            retry_after_s=gw.settings.admission_retry_after_s,
+            workers=room.live_workers,
+            max_workers=room.max_workers,
+            pending=room.pending,
         )
 
 
@@ -73,7 +82,8 @@ async def reserve_session(gw: Gateway, key_name: str, session_id: str) -> None:
         return
     raise errors.TooManySessions(
         f"this key has {limit} open sessions, its limit; close one first",
-        retry_after_s=gw.settings.admission_retry_after_s, limit=limit,
+        retry_after_s=gw.settings.admission_retry_after_s,
+        limit=limit,
     )
 
 

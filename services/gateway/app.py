@@ -40,8 +40,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPNotFound:
         error = errors.RouteNotFound(f"no route for {request.method} {request.path}")
     except web.HTTPMethodNotAllowed as exc:
-        error = errors.MethodNotAllowed(f"{request.method} not allowed on {request.path}",
-                                        allowed=sorted(exc.allowed_methods))
+        error = errors.MethodNotAllowed(
+            f"{request.method} not allowed on {request.path}", allowed=sorted(exc.allowed_methods)
+        )
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[GATEWAY_STATE].settings.max_body_bytes
         error = errors.PayloadTooLarge(f"request body over {limit} bytes", limit=limit)
@@ -66,10 +67,15 @@ REDIS_WAIT_S = 10.0
 
 def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
     metrics = GatewayMetrics()
-    redis = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=REDIS_CONNECTIONS, timeout=REDIS_WAIT_S,
-        socket_connect_timeout=2, health_check_interval=10,
-    ))
+    redis = aioredis.Redis(
+        connection_pool=aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url,
+            max_connections=REDIS_CONNECTIONS,
+            timeout=REDIS_WAIT_S,
+            socket_connect_timeout=2,
+            health_check_interval=10,
+        )
+    )
     registry = Registry(redis, settings.redis_namespace)
     gw: Gateway
 
@@ -92,7 +98,9 @@ def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
 
 
 def build_app(gw: Gateway) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=gw.settings.max_body_bytes)
+    app = web.Application(
+        middlewares=[error_middleware], client_max_size=gw.settings.max_body_bytes
+    )
     app[GATEWAY_STATE] = gw
     peers = app[webrtc.PEERS] = webrtc.PeerSet()
     app.on_shutdown.append(peers.close_all)  # after the hub closed: every peer ends, then the site

@@ -46,8 +46,10 @@ class KeyRing:
 
     @classmethod
     def from_secrets(cls, api_keys: dict[str, str], operator_key: str) -> KeyRing:
-        return cls({name: digest(key) for name, key in api_keys.items()},
-                   digest(operator_key) if operator_key else None)
+        return cls(
+            {name: digest(key) for name, key in api_keys.items()},
+            digest(operator_key) if operator_key else None,
+        )
 
     @property
     def open(self) -> bool:
@@ -108,8 +110,9 @@ def authorize_session(keys: KeyRing, request: web.Request, record: SessionRecord
     when none of those given opens this session."""
     given = [s for s in (bearer(request), request.query.get("token")) if s]
     if not given:
-        raise errors.Unauthorized("this session's token is needed: Authorization: Bearer <token> "
-                                  "or ?token=<token>")
+        raise errors.Unauthorized(
+            "this session's token is needed: Authorization: Bearer <token> or ?token=<token>"
+        )
     if any(keys.is_operator(secret) for secret in given):
         return True
     if record.token_hash and any(_matches(digest(secret), record.token_hash) for secret in given):

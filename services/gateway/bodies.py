@@ -48,13 +48,19 @@ def seed_of(body: dict[str, Any]) -> int:
         return secrets.randbits(31)
     if isinstance(seed, float) and seed.is_integer() and abs(seed) >= 2**63:
         # orjson reads an integer beyond 64 bits as a float: it is an integer, out of range.
-        raise errors.OutOfRange(f"'seed' must be in [0, {SEED_LIMIT})", field="seed",
-                                minimum=0, maximum=SEED_LIMIT - 1)
+        raise errors.OutOfRange(
+            f"'seed' must be in [0, {SEED_LIMIT})", field="seed", minimum=0, maximum=SEED_LIMIT - 1
+        )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise errors.InvalidRequest("'seed' must be an integer", field="seed")
     if not 0 <= seed < SEED_LIMIT:
-        raise errors.OutOfRange(f"'seed' must be in [0, {SEED_LIMIT})", field="seed", value=seed,
-                                minimum=0, maximum=SEED_LIMIT - 1)
+        raise errors.OutOfRange(
+            f"'seed' must be in [0, {SEED_LIMIT})",
+            field="seed",
+            value=seed,
+            minimum=0,
+            maximum=SEED_LIMIT - 1,
+        )
     return seed
 
 
@@ -68,8 +74,9 @@ def start_of(request: web.Request, newest_seq: int) -> int:
     client that wants the backlog the chunk stream still holds asks ``?from=start``."""
     start = request.query.get("from", "live")
     if start not in STREAM_FROM:
-        raise errors.InvalidRequest(f"'from' must be one of {', '.join(STREAM_FROM)}",
-                                    field="from", value=start)
+        raise errors.InvalidRequest(
+            f"'from' must be one of {', '.join(STREAM_FROM)}", field="from", value=start
+        )
     if request.headers.get("Last-Event-ID") or request.query.get("last_event_id"):
         return last_seq_of(request)
     return -1 if start == "start" else max(-1, newest_seq - 1)
@@ -83,7 +90,9 @@ def last_seq_of(request: web.Request) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise errors.InvalidRequest("Last-Event-ID must be an integer chunk seq", value=raw) from None
+        raise errors.InvalidRequest(
+            "Last-Event-ID must be an integer chunk seq", value=raw
+        ) from None
     if value < -1:
         raise errors.OutOfRange("Last-Event-ID must be >= -1", value=value, minimum=-1)
     return value

@@ -105,8 +105,12 @@ class ChunkTrack(MediaStreamTrack):
 
     kind = "video"
 
-    def __init__(self, viewer: Viewer, on_text: Callable[[dict[str, Any]], None],
-                 on_end: Callable[[End], None]) -> None:
+    def __init__(
+        self,
+        viewer: Viewer,
+        on_text: Callable[[dict[str, Any]], None],
+        on_end: Callable[[End], None],
+    ) -> None:
         super().__init__()
         self.viewer = viewer
         self.on_text = on_text
@@ -138,8 +142,11 @@ class ChunkTrack(MediaStreamTrack):
             chunk = item.item
             if isinstance(chunk, ChunkView):
                 passing = self.pass_through and chunk.has_fragment
-                frames, cpu_s = await asyncio.to_thread(_timed, annexb_packets if passing else decode_jpegs,
-                                                        chunk.fragment_bytes() if passing else chunk.frame_bytes())
+                frames, cpu_s = await asyncio.to_thread(
+                    _timed,
+                    annexb_packets if passing else decode_jpegs,
+                    chunk.fragment_bytes() if passing else chunk.frame_bytes(),
+                )
                 self.decode_s += cpu_s
                 self.chunks["passed" if passing else "reencoded"] += 1
                 self.frames.extend((f, chunk.fps) for f in frames)
@@ -147,9 +154,15 @@ class ChunkTrack(MediaStreamTrack):
             else:
                 self.on_text({"type": "state", **notice_data(chunk)})
         elif isinstance(item, Lag):
-            self.on_text({"type": "lag", "session_id": self.viewer.feed.session_id,
-                          "skipped": item.skipped, "first_skipped": item.first_skipped,
-                          "last_skipped": item.last_skipped})
+            self.on_text(
+                {
+                    "type": "lag",
+                    "session_id": self.viewer.feed.session_id,
+                    "skipped": item.skipped,
+                    "first_skipped": item.first_skipped,
+                    "last_skipped": item.last_skipped,
+                }
+            )
         elif isinstance(item, End):
             self.on_end(item)
             self.stop()

@@ -65,8 +65,9 @@ def fragment_fault(fragment: msgspec.Raw) -> str | None:
     return _relay_fault(fragment, _FRAGMENT, "fmp4", "holds")
 
 
-def _relay_fault(value: msgspec.Raw, decoder: msgspec.json.Decoder[Any], what: str,
-                 verb: str) -> str | None:
+def _relay_fault(
+    value: msgspec.Raw, decoder: msgspec.json.Decoder[Any], what: str, verb: str
+) -> str | None:
     raw = bytes(value)
     if b"\n" in raw or b"\r" in raw:
         return f"{what} {verb} a line break"

@@ -7,8 +7,10 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "gateway", help="run the gateway: HTTP API, SSE, WebSocket, playground, dashboard "
-                        "(TURBOSERVE_* settings)")
+        "gateway",
+        help="run the gateway: HTTP API, SSE, WebSocket, playground, dashboard "
+        "(TURBOSERVE_* settings)",
+    )
     p.add_argument("--host", help="bind address (TURBOSERVE_HOST)")
     p.add_argument("--port", type=int, help="port (TURBOSERVE_PORT)")
     p.set_defaults(func=run)

@@ -37,8 +37,13 @@ def worker_load(worker: WorkerRecord, scheduler: dict[str, Any] | None) -> float
     return (len(worker.sessions) - len(worker.suspended)) / worker.capacity
 
 
-def worker_card(worker: WorkerRecord, scheduler: dict[str, Any] | None, sessions: list[dict[str, Any]],
-                latency: list[tuple[int, float]], now: float) -> dict[str, Any]:
+def worker_card(
+    worker: WorkerRecord,
+    scheduler: dict[str, Any] | None,
+    sessions: list[dict[str, Any]],
+    latency: list[tuple[int, float]],
+    now: float,
+) -> dict[str, Any]:
     recent = [ms for t, ms in latency if t >= now - RECENT_S]
     return {
         "id": worker.id,
@@ -93,9 +98,13 @@ async def cluster_view(gw: Gateway, now: float | None = None) -> dict[str, Any]:
         "at": now,
         "workers": cards,
         "target": target,
-        "pool": None if limits is None else {"min_workers": limits.min_workers,
-                                             "max_workers": limits.max_workers,
-                                             "backend": limits.backend},
+        "pool": None
+        if limits is None
+        else {
+            "min_workers": limits.min_workers,
+            "max_workers": limits.max_workers,
+            "backend": limits.backend,
+        },
         "scheduler": scheduler,
         "pending": pending,
         "events": events,

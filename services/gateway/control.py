@@ -49,8 +49,10 @@ class ControlAnswer:
     def body(self, what: str) -> dict[str, Any]:
         body: dict[str, Any] = {"confirmed": self.confirmed, "next_seq": self.next_seq}
         if not self.confirmed:
-            body["message"] = (f"{what} accepted; the worker has not confirmed it yet, so the seq "
-                               "it applies from is unknown")
+            body["message"] = (
+                f"{what} accepted; the worker has not confirmed it yet, so the seq "
+                "it applies from is unknown"
+            )
         return body
 
     @property
@@ -58,18 +60,28 @@ class ControlAnswer:
         return 200 if self.confirmed else 202
 
 
-async def publish_event(gw: Gateway, session_id: str, kind: SessionEventKind, *,
-                        prompt: str | None = None, seed: int | None = None,
-                        required: bool = True) -> bool:
+async def publish_event(
+    gw: Gateway,
+    session_id: str,
+    kind: SessionEventKind,
+    *,
+    prompt: str | None = None,
+    seed: int | None = None,
+    required: bool = True,
+) -> bool:
     """Send a session event to the scheduler. ``required``: a failure is a 503 (the scheduler
     would never learn of the change); otherwise it is logged (the registry is enough)."""
     event = SessionEvent(session_id=session_id, kind=kind, prompt=prompt, seed=seed)
     try:
         await gw.ctx.js.publish(gw.ctx.subjects.session_events, encode(event), timeout=2)
     except Exception as exc:  # noqa: BLE001 - NATS errors of every kind end the same way
-        log.warning("session_event_publish_failed", session_id=session_id, kind=str(kind), error=str(exc))
+        log.warning(
+            "session_event_publish_failed", session_id=session_id, kind=str(kind), error=str(exc)
+        )
         if required:
-            raise errors.Unavailable("could not reach the scheduler; retry", session_id=session_id) from None
+            raise errors.Unavailable(
+                "could not reach the scheduler; retry", session_id=session_id
+            ) from None
         return False
     return True
 
@@ -80,13 +92,17 @@ class NoticeWaiter:
 
     def __init__(self, kinds: frozenset[NoticeKind]) -> None:
         self.kinds = kinds
-        self.found: asyncio.Future[SessionNotice | None] = asyncio.get_running_loop().create_future()
+        self.found: asyncio.Future[SessionNotice | None] = (
+            asyncio.get_running_loop().create_future()
+        )
 
     async def on_msg(self, msg: Any) -> None:
         if self.found.done():
             return
         # cast: mypy reads a union written as a value as a UnionType, not a type to decode as.
-        item = decode_or_drop(msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg), log)
+        item = decode_or_drop(
+            msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg), log
+        )
         if isinstance(item, SessionNotice) and item.kind in self.kinds:
             self.found.set_result(item)
         elif isinstance(item, StreamEnd):
@@ -100,7 +116,9 @@ class NoticeWaiter:
 
 
 @contextlib.asynccontextmanager
-async def notice_waiter(gw: Gateway, session_id: str, *kinds: NoticeKind) -> AsyncIterator[NoticeWaiter]:
+async def notice_waiter(
+    gw: Gateway, session_id: str, *kinds: NoticeKind
+) -> AsyncIterator[NoticeWaiter]:
     waiter = NoticeWaiter(frozenset(kinds))
     sub = await gw.ctx.nc.subscribe(gw.ctx.subjects.chunks(session_id), cb=waiter.on_msg)
     try:
@@ -116,12 +134,16 @@ async def notice_waiter(gw: Gateway, session_id: str, *kinds: NoticeKind) -> Asy
 
 def _require_open(record: SessionRecord, action: str) -> None:
     if record.state is SessionState.TERMINATED:
-        raise errors.SessionClosed(f"session {record.id} is closed; cannot {action} it",
-                                   session_id=record.id, state=str(record.state))
+        raise errors.SessionClosed(
+            f"session {record.id} is closed; cannot {action} it",
+            session_id=record.id,
+            state=str(record.state),
+        )
 
 
-async def _activity_flip(gw: Gateway, record: SessionRecord, sources: tuple[Activity, ...],
-                         target: Activity) -> Activity:
+async def _activity_flip(
+    gw: Gateway, record: SessionRecord, sources: tuple[Activity, ...], target: Activity
+) -> Activity:
     before = await gw.store.flip(record.id, sources, target)
     if before is None:  # created before this store knew it (another tool, an upgrade): track it
         await gw.store.track(record.id)
@@ -135,8 +157,12 @@ async def change_prompt(gw: Gateway, record: SessionRecord, prompt: str) -> Cont
     async with notice_waiter(gw, record.id, NoticeKind.PROMPT) as waiter:
         await publish_event(gw, record.id, SessionEventKind.PROMPT, prompt=prompt)
         notice = await waiter.wait(gw.settings.control_wait_s)
-    log.info("session_prompt_changed", session_id=record.id, prompt_chars=len(prompt),
-             next_seq=notice.next_seq if notice else None)
+    log.info(
+        "session_prompt_changed",
+        session_id=record.id,
+        prompt_chars=len(prompt),
+        next_seq=notice.next_seq if notice else None,
+    )
     return ControlAnswer(notice is not None, notice.next_seq if notice else None)
 
 
@@ -155,8 +181,11 @@ async def pause(gw: Gateway, record: SessionRecord) -> ControlAnswer:
             raise
         # A session on no worker (waiting for a GPU) has nothing to suspend: no notice comes,
         # and the scheduler simply does not place it while it is paused.
-        notice = (await waiter.wait(gw.settings.control_wait_s)
-                  if record.state is not SessionState.PENDING else None)
+        notice = (
+            await waiter.wait(gw.settings.control_wait_s)
+            if record.state is not SessionState.PENDING
+            else None
+        )
     log.info("session_paused", session_id=record.id, confirmed=notice is not None)
     return ControlAnswer(notice is not None, notice.next_seq if notice else None)
 
@@ -197,6 +226,8 @@ async def close(gw: Gateway, record: SessionRecord, reason: str = "closed") -> S
             end = StreamEnd(session_id=record.id, last_seq=record.last_seq, reason=reason)
             await ctx.nc.publish(ctx.subjects.chunks(record.id), encode(end))
             await publish_event(gw, record.id, SessionEventKind.CLOSED, required=False)
-            log.info("session_closed", session_id=record.id, last_seq=record.last_seq, reason=reason)
+            log.info(
+                "session_closed", session_id=record.id, last_seq=record.last_seq, reason=reason
+            )
     await gw.store.forget(record.id, record.owner_key)
     return record

@@ -24,7 +24,11 @@ class ApiError(Exception):
         self.details = details
 
     def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message, "retryable": self.retryable}
+        body: dict[str, Any] = {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+        }
         if self.details:
             body["details"] = self.details
         return body
@@ -33,8 +37,12 @@ class ApiError(Exception):
         return {}
 
     def response(self) -> web.Response:
-        return web.Response(status=self.status, body=orjson.dumps({"error": self.body()}),
-                            content_type="application/json", headers=self.headers())
+        return web.Response(
+            status=self.status,
+            body=orjson.dumps({"error": self.body()}),
+            content_type="application/json",
+            headers=self.headers(),
+        )
 
 
 class InvalidJson(ApiError):
@@ -49,7 +57,9 @@ class PromptTooLong(ApiError):
     status, code = 400, "prompt_too_long"
 
     def __init__(self, length: int, limit: int) -> None:
-        super().__init__(f"prompt is {length} characters; the limit is {limit}", length=length, limit=limit)
+        super().__init__(
+            f"prompt is {length} characters; the limit is {limit}", length=length, limit=limit
+        )
 
 
 class Unauthorized(ApiError):

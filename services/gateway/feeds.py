@@ -115,13 +115,16 @@ class Viewer:
             self.cursor = item.seq
             self.queued_chunks += 1
         elif item.next_seq <= self.cursor and (
-                catching_up or self.epoch is None or item.epoch <= self.epoch):
+            catching_up or self.epoch is None or item.epoch <= self.epoch
+        ):
             return  # it happened before what the client has
         self.items.append(entry)
         self._wake.set()
 
     def _skip(self) -> None:
-        dropped = [e.item.seq for e in self.items if isinstance(e, Entry) and isinstance(e.item, ChunkView)]
+        dropped = [
+            e.item.seq for e in self.items if isinstance(e, Entry) and isinstance(e.item, ChunkView)
+        ]
         kept: deque[Entry | Lag | End] = deque(
             e for e in self.items if not (isinstance(e, Entry) and isinstance(e.item, ChunkView))
         )
@@ -189,7 +192,9 @@ class Feed:
                 stream=hub.subjects.chunks_stream,
                 cb=self._on_msg,
                 config=js_api.ConsumerConfig(
-                    ack_policy=js_api.AckPolicy.NONE, mem_storage=True, num_replicas=1,
+                    ack_policy=js_api.AckPolicy.NONE,
+                    mem_storage=True,
+                    num_replicas=1,
                 ),
                 deliver_policy=js_api.DeliverPolicy.ALL,
                 inactive_threshold=CONSUMER_INACTIVE_S,
@@ -233,8 +238,13 @@ class Feed:
 
     def _admit(self, subject: str, item: ChunkView | SessionNotice) -> bool:
         if item.epoch < self.top_epoch:
-            log.warning("stale_owner_dropped", subject=subject, epoch=item.epoch,
-                        current_epoch=self.top_epoch, worker_id=item.worker_id)
+            log.warning(
+                "stale_owner_dropped",
+                subject=subject,
+                epoch=item.epoch,
+                current_epoch=self.top_epoch,
+                worker_id=item.worker_id,
+            )
             return False
         if isinstance(item, ChunkView):
             fault = frames_fault(item.frames) or fragment_fault(item.fmp4)
@@ -297,8 +307,14 @@ def _pending(reply: str | None) -> int:
 class FeedHub:
     """This gateway's feeds: one shared feed per watched session, and the private ones."""
 
-    def __init__(self, js: JetStreamContext, subjects: Subjects, registry: Registry,
-                 queue_chunks: int, on_chunk: Callable[[ChunkView], None]) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        registry: Registry,
+        queue_chunks: int,
+        on_chunk: Callable[[ChunkView], None],
+    ) -> None:
         self.js = js
         self.subjects = subjects
         self.registry = registry
@@ -378,7 +394,9 @@ class FeedHub:
             found = await pipe.execute()
         for feed, (state, last_seq) in zip(quiet, found, strict=True):
             feed.quiet_checks += 1
-            feed.next_quiet_check = now + min(QUIET_CHECK_MAX_S, QUIET_CHECK_S * 2 ** feed.quiet_checks)
+            feed.next_quiet_check = now + min(
+                QUIET_CHECK_MAX_S, QUIET_CHECK_S * 2**feed.quiet_checks
+            )
             if state is None:  # gone from the registry: over, or Redis restarted empty
                 if feed.missing_since is None:
                     feed.missing_since = now
@@ -412,4 +430,3 @@ class FeedHub:
             for viewer in feed.viewers:
                 viewer.finish(end)
             await feed.close()
-

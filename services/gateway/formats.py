@@ -34,5 +34,9 @@ def format_of(request: web.Request) -> StreamFormat:
     try:
         return StreamFormat(raw)
     except ValueError:
-        raise errors.InvalidRequest(f"'format' must be one of {', '.join(STREAM_FORMATS)}",
-                                    field="format", value=raw, allowed=list(STREAM_FORMATS)) from None
+        raise errors.InvalidRequest(
+            f"'format' must be one of {', '.join(STREAM_FORMATS)}",
+            field="format",
+            value=raw,
+            allowed=list(STREAM_FORMATS),
+        ) from None

@@ -56,8 +56,9 @@ async def detach(gw: Gateway, attachment_id: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def watching(gw: Gateway, session_id: str, last_seq: int,
-                   transport: str) -> AsyncIterator[Viewer]:
+async def watching(
+    gw: Gateway, session_id: str, last_seq: int, transport: str
+) -> AsyncIterator[Viewer]:
     """A viewer of the session's chunks after ``last_seq`` for as long as the block runs:
     attached (the session counts as watched) and counted among ``transport``'s clients."""
     viewer = await gw.hub.join(session_id, last_seq)
@@ -102,9 +103,12 @@ async def reap_once(gw: Gateway, now: float | None = None) -> dict[str, list[str
                     if record is not None:
                         await control.close(gw, record, reason="abandoned")
                     closed.append(session_id)
-            elif activity is Activity.ACTIVE and await gw.store.go_idle_if_unwatched(session_id, now):
-                log.info("session_idle", session_id=session_id,
-                         unwatched_s=round(now - last_watched, 1))
+            elif activity is Activity.ACTIVE and await gw.store.go_idle_if_unwatched(
+                session_id, now
+            ):
+                log.info(
+                    "session_idle", session_id=session_id, unwatched_s=round(now - last_watched, 1)
+                )
                 await control.publish_event(gw, session_id, SessionEventKind.IDLE, required=False)
                 idled.append(session_id)
         except RegistryError as exc:  # this session only (it vanished meanwhile, say)

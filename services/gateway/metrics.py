@@ -23,25 +23,43 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.sessions = Gauge(
-            "turboserve_sessions", "Open sessions, by registry state", ["state"], registry=r)
+            "turboserve_sessions", "Open sessions, by registry state", ["state"], registry=r
+        )
         self.activity = Gauge(
-            "turboserve_session_activity", "Open sessions, by activity: active, idle (no viewer), "
-            "paused (by its client)", ["activity"], registry=r)
+            "turboserve_session_activity",
+            "Open sessions, by activity: active, idle (no viewer), paused (by its client)",
+            ["activity"],
+            registry=r,
+        )
         self.chunks = Counter(
-            "turboserve_gateway_chunks", "Live chunks this gateway relayed (each once, however "
-            "many clients watch)", registry=r)
+            "turboserve_gateway_chunks",
+            "Live chunks this gateway relayed (each once, however many clients watch)",
+            registry=r,
+        )
         self.chunk_latency = Histogram(
-            "turboserve_chunk_latency_seconds", "How late a relayed chunk was done (done_at - "
-            "due_at, 0 when on time)", buckets=LATENCY_BUCKETS, registry=r)
+            "turboserve_chunk_latency_seconds",
+            "How late a relayed chunk was done (done_at - due_at, 0 when on time)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.deadline_misses = Counter(
-            "turboserve_deadline_misses", "Relayed chunks done after their due time", registry=r)
+            "turboserve_deadline_misses", "Relayed chunks done after their due time", registry=r
+        )
         self.clients = Gauge(
-            "turboserve_stream_clients", "Clients attached to this gateway", ["transport"], registry=r)
+            "turboserve_stream_clients",
+            "Clients attached to this gateway",
+            ["transport"],
+            registry=r,
+        )
         self.lag_skips = Counter(
-            "turboserve_lag_skips", "Times a slow client was skipped to the live edge",
-            ["transport"], registry=r)
+            "turboserve_lag_skips",
+            "Times a slow client was skipped to the live edge",
+            ["transport"],
+            registry=r,
+        )
         self.refusals = Counter(
-            "turboserve_refusals", "Requests refused, by error code", ["code"], registry=r)
+            "turboserve_refusals", "Requests refused, by error code", ["code"], registry=r
+        )
         for transport in CLIENT_TRANSPORTS:
             self.clients.labels(transport)
             self.lag_skips.labels(transport)

@@ -16,8 +16,8 @@ PAGES = {"/": "index.html", "/dashboard": "dashboard.html"}
 SECURITY_HEADERS = {
     # media-src blob: the playground's <video> plays a MediaSource through an object URL.
     "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
-                               "media-src 'self' blob:; connect-src 'self'; "
-                               "frame-ancestors 'none'",
+    "media-src 'self' blob:; connect-src 'self'; "
+    "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
@@ -42,8 +42,9 @@ class Pages:
         if found is None:
             raise errors.RouteNotFound(f"no static file {name!r}")
         body, content_type = found
-        return web.Response(body=body, content_type=content_type, charset="utf-8",
-                            headers=SECURITY_HEADERS)
+        return web.Response(
+            body=body, content_type=content_type, charset="utf-8", headers=SECURITY_HEADERS
+        )
 
     async def page(self, request: web.Request) -> web.Response:
         return self._serve(PAGES[request.path])

@@ -41,8 +41,14 @@ async def readyz(request: web.Request) -> web.Response:
     workers = await _workers_ready(gw) if redis_ok else 0
     needs_worker = not gw.settings.ready_without_workers
     ok = nats_ok and redis_ok and not closing and (workers > 0 or not needs_worker)
-    body = {"status": "ok" if ok else "unavailable", "nats": nats_ok, "redis": redis_ok,
-            "closing": closing, "workers_ready": workers, "needs_worker": needs_worker}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "nats": nats_ok,
+        "redis": redis_ok,
+        "closing": closing,
+        "workers_ready": workers,
+        "needs_worker": needs_worker,
+    }
     return json_response(body, status=200 if ok else 503)
 
 

@@ -35,9 +35,11 @@ class GatewayService:
         gw = self.gateway = build_gateway(ctx, self.settings)
         await lifetimes.alive(gw)  # before any viewer attaches
         if gw.keys.open:
-            log.warning("no_api_key_configured",
-                        detail="anyone who reaches this gateway may create sessions; set "
-                               "TURBOSERVE_API_KEYS or TURBOSERVE_API_KEYS_FILE")
+            log.warning(
+                "no_api_key_configured",
+                detail="anyone who reaches this gateway may create sessions; set "
+                "TURBOSERVE_API_KEYS or TURBOSERVE_API_KEYS_FILE",
+            )
         self._loops = [
             ctx.spawn(lifetimes.run(gw, self._loops_stop), name="gateway-lifetimes"),
             ctx.spawn(gw.hub.run_quiet_checks(self._loops_stop), name="gateway-feed-ends"),
@@ -47,8 +49,12 @@ class GatewayService:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
-        log.info("gateway_listening", addresses=[f"http://{h}:{p}" for h, p, *_ in self._runner.addresses],
-                 api_keys=sorted(gw.keys.api_keys), operator_key=gw.keys.operator is not None)
+        log.info(
+            "gateway_listening",
+            addresses=[f"http://{h}:{p}" for h, p, *_ in self._runner.addresses],
+            api_keys=sorted(gw.keys.api_keys),
+            operator_key=gw.keys.operator is not None,
+        )
 
     async def stop(self) -> None:
         """Refuse new sessions, end open streams and sockets, stop the site (idempotent)."""

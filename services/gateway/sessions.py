@@ -41,11 +41,15 @@ async def create_session(request: web.Request) -> web.Response:
         raise
     # The registry's pending set is the source of truth; the event only wakes the scheduler
     # at once (it also scans pending sessions on every tick), so a failed publish loses nothing.
-    await control.publish_event(gw, session_id, SessionEventKind.CREATED, prompt=prompt, seed=seed,
-                                required=False)
+    await control.publish_event(
+        gw, session_id, SessionEventKind.CREATED, prompt=prompt, seed=seed, required=False
+    )
     log.info("session_created", session_id=session_id, key=key_name, prompt_chars=len(prompt))
-    return json_response(gw.session_body(record, token=token), status=201,
-                         headers={"Location": f"/v1/sessions/{session_id}"})
+    return json_response(
+        gw.session_body(record, token=token),
+        status=201,
+        headers={"Location": f"/v1/sessions/{session_id}"},
+    )
 
 
 async def get_session(request: web.Request) -> web.Response:
@@ -53,8 +57,9 @@ async def get_session(request: web.Request) -> web.Response:
     record, _ = await authorized_session(gw, request)
     activity = await gw.store.activity(record.id)
     viewers = await gw.store.viewers(record.id)
-    return json_response(gw.session_body(
-        record, activity=activity.value if activity else None, viewers=viewers))
+    return json_response(
+        gw.session_body(record, activity=activity.value if activity else None, viewers=viewers)
+    )
 
 
 async def delete_session(request: web.Request) -> web.Response:
@@ -71,21 +76,24 @@ async def change_session_prompt(request: web.Request) -> web.Response:
     body = await bodies.read_object(request, PROMPT_FIELDS)
     prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
     answer = await control.change_prompt(gw, record, prompt)
-    return json_response({"id": record.id, "prompt": prompt, **answer.body("prompt change")},
-                         status=answer.status)
+    return json_response(
+        {"id": record.id, "prompt": prompt, **answer.body("prompt change")}, status=answer.status
+    )
 
 
 async def pause_session(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     answer = await control.pause(gw, record)
-    return json_response({"id": record.id, "activity": "paused", **answer.body("pause")},
-                         status=answer.status)
+    return json_response(
+        {"id": record.id, "activity": "paused", **answer.body("pause")}, status=answer.status
+    )
 
 
 async def resume_session(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY_STATE]
     record, _ = await authorized_session(gw, request)
     answer = await control.resume(gw, record)
-    return json_response({"id": record.id, "activity": "active", **answer.body("resume")},
-                         status=answer.status)
+    return json_response(
+        {"id": record.id, "activity": "active", **answer.body("resume")}, status=answer.status
+    )

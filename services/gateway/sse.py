@@ -49,29 +49,41 @@ def timing(chunk: ChunkView) -> dict[str, float | int]:
 
 
 def notice_data(notice: SessionNotice) -> dict[str, object]:
-    return {"session_id": notice.session_id, "kind": str(notice.kind), "worker_id": notice.worker_id,
-            "epoch": notice.epoch, "next_seq": notice.next_seq, "detail": notice.detail,
-            "at": notice.at}
+    return {
+        "session_id": notice.session_id,
+        "kind": str(notice.kind),
+        "worker_id": notice.worker_id,
+        "epoch": notice.epoch,
+        "next_seq": notice.next_seq,
+        "detail": notice.detail,
+        "at": notice.at,
+    }
 
 
 def chunk_event(chunk: ChunkView, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
     if fmt is StreamFormat.FMP4 and chunk.has_fragment:
         return fragment_event(chunk)
     # The frames go out as the base64 text they came in: spliced in, never decoded.
-    head = orjson.dumps({
-        "session_id": chunk.session_id,
-        "seq": chunk.seq,
-        "encoding": f"{chunk.encoding}/base64",
-        "width": chunk.width,
-        "height": chunk.height,
-        "fps": chunk.fps,
-        "timing": timing(chunk),
-        "worker_id": chunk.worker_id,
-        # The owner's epoch: a new one is always announced first by an `event: state`
-        # (placed, migrated, recovered, restarted).
-        "epoch": chunk.epoch,
-    })
-    return b"event: chunk\nid: %d\ndata: %s,\"frames\":%s}\n\n" % (chunk.seq, head[:-1], bytes(chunk.frames))
+    head = orjson.dumps(
+        {
+            "session_id": chunk.session_id,
+            "seq": chunk.seq,
+            "encoding": f"{chunk.encoding}/base64",
+            "width": chunk.width,
+            "height": chunk.height,
+            "fps": chunk.fps,
+            "timing": timing(chunk),
+            "worker_id": chunk.worker_id,
+            # The owner's epoch: a new one is always announced first by an `event: state`
+            # (placed, migrated, recovered, restarted).
+            "epoch": chunk.epoch,
+        }
+    )
+    return b'event: chunk\nid: %d\ndata: %s,"frames":%s}\n\n' % (
+        chunk.seq,
+        head[:-1],
+        bytes(chunk.frames),
+    )
 
 
 def fragment_header(chunk: ChunkView) -> dict[str, object]:
@@ -95,8 +107,11 @@ def fragment_header(chunk: ChunkView) -> dict[str, object]:
 def fragment_event(chunk: ChunkView) -> bytes:
     # The fragment goes out as the base64 text it came in, as the JPEG frames do.
     head = orjson.dumps({**fragment_header(chunk), "encoding": "fmp4/base64"})
-    return b"event: chunk\nid: %d\ndata: %s,\"fragment\":%s}\n\n" % (chunk.seq, head[:-1],
-                                                                      bytes(chunk.fmp4))
+    return b'event: chunk\nid: %d\ndata: %s,"fragment":%s}\n\n' % (
+        chunk.seq,
+        head[:-1],
+        bytes(chunk.fmp4),
+    )
 
 
 def entry_event(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
@@ -107,8 +122,12 @@ def entry_event(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
 
 
 def lag_event(session_id: str, lag: Lag) -> bytes:
-    data = {"session_id": session_id, "skipped": lag.skipped, "first_skipped": lag.first_skipped,
-            "last_skipped": lag.last_skipped}
+    data = {
+        "session_id": session_id,
+        "skipped": lag.skipped,
+        "first_skipped": lag.first_skipped,
+        "last_skipped": lag.last_skipped,
+    }
     return b"event: lag\ndata: %s\n\n" % orjson.dumps(data)
 
 
@@ -144,8 +163,14 @@ async def _ended(request: web.Request, event: bytes) -> web.StreamResponse:
     return resp
 
 
-async def _pump(request: web.Request, resp: web.StreamResponse, session_id: str, viewer: Viewer,
-                sent: int, fmt: StreamFormat) -> None:
+async def _pump(
+    request: web.Request,
+    resp: web.StreamResponse,
+    session_id: str,
+    viewer: Viewer,
+    sent: int,
+    fmt: StreamFormat,
+) -> None:
     gw = request.app[GATEWAY_STATE]
     keepalive_s = gw.settings.sse_keepalive_s
     quiet_s = 0.0

@@ -71,9 +71,12 @@ class Gateway:
 GATEWAY_STATE = web.AppKey("gateway", Gateway)
 
 
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json",
-                        headers=headers)
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status, body=orjson.dumps(body), content_type="application/json", headers=headers
+    )
 
 
 async def load_session(gw: Gateway, session_id: str) -> SessionRecord:
@@ -99,5 +102,7 @@ async def check_rate(gw: Gateway, key_name: str) -> None:
     if not verdict.allowed:
         raise errors.RateLimited(
             f"over {s.rate_per_key_s:g} requests/s (burst {s.rate_burst}) for this key",
-            retry_after_s=verdict.retry_after_s, limit_per_s=s.rate_per_key_s, burst=s.rate_burst,
+            retry_after_s=verdict.retry_after_s,
+            limit_per_s=s.rate_per_key_s,
+            burst=s.rate_burst,
         )

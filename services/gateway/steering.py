@@ -45,12 +45,20 @@ def parse_control(data: str | bytes) -> dict[str, Any]:
     if not isinstance(body, dict) or body.get("type") not in CONTROLS:
         kind = body.get("type") if isinstance(body, dict) else None
         ident = body.get("id") if isinstance(body, dict) else None
-        raise ControlRefused(None, ident, errors.InvalidRequest(
-            f"a control is a JSON object with 'type' one of {', '.join(sorted(CONTROLS))}", type=kind))
+        raise ControlRefused(
+            None,
+            ident,
+            errors.InvalidRequest(
+                f"a control is a JSON object with 'type' one of {', '.join(sorted(CONTROLS))}",
+                type=kind,
+            ),
+        )
     return body
 
 
-async def answer(gw: Gateway, record: SessionRecord, operator: bool, body: dict[str, Any]) -> dict[str, Any]:
+async def answer(
+    gw: Gateway, record: SessionRecord, operator: bool, body: dict[str, Any]
+) -> dict[str, Any]:
     """Apply one parsed control to the session (as it is now in the registry); the ``ack`` or
     ``error`` message to send back."""
     kind, ident = body["type"], body.get("id")
@@ -65,17 +73,26 @@ async def answer(gw: Gateway, record: SessionRecord, operator: bool, body: dict[
     return {"type": "ack", "control": kind, "id": ident, **result}
 
 
-async def _apply(gw: Gateway, record: SessionRecord, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _apply(
+    gw: Gateway, record: SessionRecord, kind: str, body: dict[str, Any]
+) -> dict[str, Any]:
     if kind == "prompt":
         unknown = sorted(set(body) - {"type", "id", "prompt"})
         if unknown:
             raise errors.InvalidRequest(f"unknown field(s): {', '.join(unknown)}", fields=unknown)
         prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
-        return {"prompt": prompt, **(await control.change_prompt(gw, record, prompt)).body("prompt change")}
+        return {
+            "prompt": prompt,
+            **(await control.change_prompt(gw, record, prompt)).body("prompt change"),
+        }
     if kind == "pause":
         return (await control.pause(gw, record)).body("pause")
     if kind == "resume":
         return (await control.resume(gw, record)).body("resume")
     closed = await control.close(gw, record)
-    return {"confirmed": True, "next_seq": None, "state": str(closed.state),
-            "last_seq": closed.last_seq}
+    return {
+        "confirmed": True,
+        "next_seq": None,
+        "state": str(closed.state),
+        "last_seq": closed.last_seq,
+    }

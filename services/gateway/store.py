@@ -54,7 +54,9 @@ end
 """
 
 # KEYS: viewers, replicas, sessions, activity. ARGV: session id, now.
-_IDLE_IF_UNWATCHED_LUA = _LIVE_VIEWERS + """
+_IDLE_IF_UNWATCHED_LUA = (
+    _LIVE_VIEWERS
+    + """
 local seen = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if live_viewers(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]) > 0 then return 0 end
 if redis.call('ZSCORE', KEYS[3], ARGV[1]) ~= seen then return 0 end  -- its clock restarted
@@ -62,6 +64,7 @@ if redis.call('HGET', KEYS[4], ARGV[1]) ~= 'active' then return 0 end
 redis.call('HSET', KEYS[4], ARGV[1], 'idle')
 return 1
 """
+)
 
 # KEYS: viewers, replicas, sessions, activity. ARGV: session id, now, attachment id, replica.
 _ATTACH_LUA = """
@@ -76,7 +79,9 @@ return 0
 
 # Claim the close of an abandoned session: exactly one replica gets 1.
 # KEYS: viewers, replicas, sessions. ARGV: session id, now, unwatched before.
-_CLAIM_CLOSE_LUA = _LIVE_VIEWERS + """
+_CLAIM_CLOSE_LUA = (
+    _LIVE_VIEWERS
+    + """
 if live_viewers(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]) > 0 then return 0 end
 local seen = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if not seen or tonumber(seen) > tonumber(ARGV[3]) then return 0 end
@@ -84,6 +89,7 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[1])
 return 1
 """
+)
 
 # KEYS: viewers, replicas. ARGV: now.
 _COUNT_LUA = """
@@ -190,7 +196,12 @@ class GatewayStore:
         return f"{self.ns}:gw:latency:{worker_id}"
 
     def _lifetime_keys(self, session_id: str) -> list[str]:
-        return [self.viewers_key(session_id), self.replicas_key, self.sessions_key, self.activity_key]
+        return [
+            self.viewers_key(session_id),
+            self.replicas_key,
+            self.sessions_key,
+            self.activity_key,
+        ]
 
     # -- replicas, sessions and their lifetimes ---------------------------------------------------
     async def replica_alive(self, replica_id: str, ttl_s: float, now: float | None = None) -> bool:
@@ -235,21 +246,28 @@ class GatewayStore:
         raw = cast(list[bytes | None], await self.r.hmget(self.activity_key, session_ids))
         return [None if v is None else Activity(_text(v)) for v in raw]
 
-    async def flip(self, session_id: str, sources: tuple[Activity, ...], target: Activity) -> Activity | None:
+    async def flip(
+        self, session_id: str, sources: tuple[Activity, ...], target: Activity
+    ) -> Activity | None:
         """Set the activity to ``target`` if it is one of ``sources``; returns what it was
         (None when the session is not tracked). It changed iff the result is in ``sources``."""
-        raw = await self._flip(keys=[self.activity_key],
-                               args=[session_id, ",".join(s.value for s in sources), target.value])
+        raw = await self._flip(
+            keys=[self.activity_key],
+            args=[session_id, ",".join(s.value for s in sources), target.value],
+        )
         value = raw.decode() if isinstance(raw, bytes) else raw
         return Activity(value) if value else None
 
-    async def attach(self, session_id: str, attachment_id: str, replica_id: str,
-                     now: float | None = None) -> bool:
+    async def attach(
+        self, session_id: str, attachment_id: str, replica_id: str, now: float | None = None
+    ) -> bool:
         """Record a viewer held by ``replica_id``; True when this brought an idle session back
         to active (a paused one stays paused)."""
         now = time.time() if now is None else now
-        flipped = await self._attach(keys=self._lifetime_keys(session_id),
-                                     args=[session_id, repr(now), attachment_id, replica_id])
+        flipped = await self._attach(
+            keys=self._lifetime_keys(session_id),
+            args=[session_id, repr(now), attachment_id, replica_id],
+        )
         return bool(flipped)
 
     async def detach(self, session_id: str, attachment_id: str, now: float | None = None) -> None:
@@ -262,30 +280,41 @@ class GatewayStore:
     async def viewers(self, session_id: str, now: float | None = None) -> int:
         """Viewers attached now, on every replica."""
         now = time.time() if now is None else now
-        return int(await self._count(keys=[self.viewers_key(session_id), self.replicas_key],
-                                     args=[repr(now)]))
+        return int(
+            await self._count(
+                keys=[self.viewers_key(session_id), self.replicas_key], args=[repr(now)]
+            )
+        )
 
     async def unwatched_since(self, cutoff: float, limit: int = 1000) -> list[tuple[str, float]]:
         """Sessions not seen watched since ``cutoff`` (oldest first), with that time."""
-        raw = cast(list[tuple[bytes, float]], await self.r.zrangebyscore(
-            self.sessions_key, "-inf", cutoff, start=0, num=limit, withscores=True))
+        raw = cast(
+            list[tuple[bytes, float]],
+            await self.r.zrangebyscore(
+                self.sessions_key, "-inf", cutoff, start=0, num=limit, withscores=True
+            ),
+        )
         return [(_text(member), float(score)) for member, score in raw]
 
     async def go_idle_if_unwatched(self, session_id: str, now: float | None = None) -> bool:
         """Flip an active session to idle if no viewer is attached; True if it flipped. A
         session found watched (or whose viewers just died) is marked seen now instead."""
         now = time.time() if now is None else now
-        flipped = await self._idle_if_unwatched(keys=self._lifetime_keys(session_id),
-                                                args=[session_id, repr(now)])
+        flipped = await self._idle_if_unwatched(
+            keys=self._lifetime_keys(session_id), args=[session_id, repr(now)]
+        )
         return bool(flipped)
 
-    async def claim_close(self, session_id: str, unwatched_before: float,
-                          now: float | None = None) -> bool:
+    async def claim_close(
+        self, session_id: str, unwatched_before: float, now: float | None = None
+    ) -> bool:
         """True for exactly one caller when the session has had no viewer since
         ``unwatched_before`` (it leaves the lifetime index)."""
         now = time.time() if now is None else now
-        claimed = await self._claim_close(keys=self._lifetime_keys(session_id)[:3],
-                                          args=[session_id, repr(now), repr(unwatched_before)])
+        claimed = await self._claim_close(
+            keys=self._lifetime_keys(session_id)[:3],
+            args=[session_id, repr(now), repr(unwatched_before)],
+        )
         return bool(claimed)
 
     async def tracked(self) -> list[str]:
@@ -303,14 +332,18 @@ class GatewayStore:
         await self.r.srem(self.key_sessions_key(key_name), session_id)
 
     async def key_sessions(self, key_name: str) -> list[str]:
-        return sorted(m.decode() if isinstance(m, bytes) else m
-                      for m in await self.r.smembers(self.key_sessions_key(key_name)))
+        return sorted(
+            m.decode() if isinstance(m, bytes) else m
+            for m in await self.r.smembers(self.key_sessions_key(key_name))
+        )
 
-    async def take_request(self, key_name: str, per_s: float, burst: int,
-                           now: float | None = None) -> RateVerdict:
+    async def take_request(
+        self, key_name: str, per_s: float, burst: int, now: float | None = None
+    ) -> RateVerdict:
         now = time.time() if now is None else now
-        allowed, wait_ms = await self._rate(keys=[self.rate_key(key_name)],
-                                            args=[repr(now), repr(1.0 / per_s), burst])
+        allowed, wait_ms = await self._rate(
+            keys=[self.rate_key(key_name)], args=[repr(now), repr(1.0 / per_s), burst]
+        )
         return RateVerdict(bool(allowed), int(wait_ms) / 1000.0)
 
     # -- chunk latency, for the dashboard ---------------------------------------------------------
@@ -325,7 +358,9 @@ class GatewayStore:
                 pipe.expire(self.latency_key(worker_id), _LATENCY_KEEP_S)
             await pipe.execute()
 
-    async def latency_series(self, worker_ids: list[str], since: int) -> dict[str, list[tuple[int, float]]]:
+    async def latency_series(
+        self, worker_ids: list[str], since: int
+    ) -> dict[str, list[tuple[int, float]]]:
         """Per worker: (unix second, worst ms) from ``since`` on, oldest first."""
         if not worker_ids:
             return {}

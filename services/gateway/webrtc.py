@@ -67,8 +67,9 @@ class InvalidOffer(errors.InvalidRequest):
 class Peer:
     """One viewer's peer connection, its viewer of the session's feed and its steering."""
 
-    def __init__(self, gw: Gateway, record: SessionRecord, operator: bool,
-                 pc: RTCPeerConnection) -> None:
+    def __init__(
+        self, gw: Gateway, record: SessionRecord, operator: bool, pc: RTCPeerConnection
+    ) -> None:
         self.gw = gw
         self.record = record
         self.operator = operator
@@ -100,8 +101,11 @@ class Peer:
 
     def _on_message(self, data: str | bytes) -> None:
         if isinstance(data, bytes):
-            self.send(steering.error_message(
-                None, None, errors.InvalidRequest("controls are text (JSON) messages")))
+            self.send(
+                steering.error_message(
+                    None, None, errors.InvalidRequest("controls are text (JSON) messages")
+                )
+            )
             return
         try:
             body = steering.parse_control(data)
@@ -111,8 +115,16 @@ class Peer:
         try:
             self.controls.put_nowait(body)
         except asyncio.QueueFull:
-            self.send(steering.error_message(body["type"], body.get("id"), errors.Unavailable(
-                "too many controls in flight; wait for their answers", limit=steering.CONTROLS_IN_FLIGHT)))
+            self.send(
+                steering.error_message(
+                    body["type"],
+                    body.get("id"),
+                    errors.Unavailable(
+                        "too many controls in flight; wait for their answers",
+                        limit=steering.CONTROLS_IN_FLIGHT,
+                    ),
+                )
+            )
 
     def send(self, message: dict[str, Any]) -> None:
         channel = self.channel
@@ -157,14 +169,20 @@ class Peer:
             self.done.set()
 
     async def _say_end(self, end: End) -> None:
-        last = self.track.sent_seq if self.track and end.reason == "gateway_shutdown" else end.last_seq
-        self.send({"type": "end", "session_id": self.record.id, "last_seq": last, "reason": end.reason})
+        last = (
+            self.track.sent_seq if self.track and end.reason == "gateway_shutdown" else end.last_seq
+        )
+        self.send(
+            {"type": "end", "session_id": self.record.id, "last_seq": last, "reason": end.reason}
+        )
         channel = self.channel
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(FLUSH_S):
                 # aiortc signals only a drop below a threshold, not an empty queue
-                while channel is not None and channel.readyState == "open" and channel.bufferedAmount:  # noqa: ASYNC110
+                open_ = channel is not None and channel.readyState == "open"
+                while open_ and channel is not None and channel.bufferedAmount:  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
+                    open_ = channel.readyState == "open"
                 await asyncio.sleep(0.05)  # out of the SCTP queue is not yet on the wire
 
 
@@ -211,8 +229,9 @@ def offer_of(body: dict[str, Any]) -> RTCSessionDescription:
     if not isinstance(sdp, str) or not sdp.strip():
         raise InvalidOffer("'sdp' must be a non-empty string (an SDP offer)", field="sdp")
     if len(sdp) > MAX_SDP_CHARS:
-        raise InvalidOffer(f"'sdp' is over {MAX_SDP_CHARS} characters", field="sdp",
-                           limit=MAX_SDP_CHARS)
+        raise InvalidOffer(
+            f"'sdp' is over {MAX_SDP_CHARS} characters", field="sdp", limit=MAX_SDP_CHARS
+        )
     return RTCSessionDescription(sdp=sdp, type="offer")
 
 
@@ -231,17 +250,21 @@ def negotiated_codec(sdp: str) -> str | None:
     return None
 
 
-async def _answer(pc: RTCPeerConnection, offer: RTCSessionDescription,
-                  video: RTCRtpTransceiver) -> None:
+async def _answer(
+    pc: RTCPeerConnection, offer: RTCSessionDescription, video: RTCRtpTransceiver
+) -> None:
     try:
         await pc.setRemoteDescription(offer)
     except RuntimeError:
         raise  # not the offer's fault: a 500 (logged), not a 400
     except Exception as exc:  # noqa: BLE001 - aiortc's parser raises ValueError, KeyError, ...
-        raise InvalidOffer(f"not an SDP offer aiortc can answer: {exc!r}"[:300], field="sdp") from None
+        raise InvalidOffer(
+            f"not an SDP offer aiortc can answer: {exc!r}"[:300], field="sdp"
+        ) from None
     if video.mid is None:
-        raise InvalidOffer("the offer receives no video (add a recvonly video transceiver)",
-                           field="sdp")
+        raise InvalidOffer(
+            "the offer receives no video (add a recvonly video transceiver)", field="sdp"
+        )
 
 
 async def peer_offer(request: web.Request) -> web.Response:
@@ -250,8 +273,9 @@ async def peer_offer(request: web.Request) -> web.Response:
     record, operator = await authorized_session(gw, request)
     offer = offer_of(await bodies.read_object(request, OFFER_FIELDS))
     if record.state is SessionState.TERMINATED:
-        raise errors.SessionClosed(f"session {record.id} is closed", session_id=record.id,
-                                   state=str(record.state))
+        raise errors.SessionClosed(
+            f"session {record.id} is closed", session_id=record.id, state=str(record.state)
+        )
     if gw.closing.is_set() or peers.closed:
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
     # Host candidates only: no STUN server (aiortc's default is a public one) and no TURN.
@@ -293,7 +317,17 @@ async def peer_offer(request: web.Request) -> web.Response:
     peer.release = release
     peers.start(peer)
     local = pc.localDescription
-    log.info("webrtc_peer_answered", session_id=record.id, codec=codec,
-             pass_through=peer.track.pass_through)
-    return json_response({"type": local.type, "sdp": local.sdp, "session_id": record.id,
-                          "video": {"codec": codec, "pass_through": peer.track.pass_through}})
+    log.info(
+        "webrtc_peer_answered",
+        session_id=record.id,
+        codec=codec,
+        pass_through=peer.track.pass_through,
+    )
+    return json_response(
+        {
+            "type": local.type,
+            "sdp": local.sdp,
+            "session_id": record.id,
+            "video": {"codec": codec, "pass_through": peer.track.pass_through},
+        }
+    )

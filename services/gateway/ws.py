@@ -53,18 +53,29 @@ HEADER_LEN = struct.Struct(">I")
 
 def frames_message(chunk: ChunkView) -> bytes:
     frames = chunk.frame_bytes()
-    header = orjson.dumps({
-        "type": "chunk", "session_id": chunk.session_id, "seq": chunk.seq,
-        "encoding": chunk.encoding, "width": chunk.width, "height": chunk.height, "fps": chunk.fps,
-        "frame_sizes": [len(f) for f in frames], "timing": timing(chunk),
-        "worker_id": chunk.worker_id, "epoch": chunk.epoch,
-    })
+    header = orjson.dumps(
+        {
+            "type": "chunk",
+            "session_id": chunk.session_id,
+            "seq": chunk.seq,
+            "encoding": chunk.encoding,
+            "width": chunk.width,
+            "height": chunk.height,
+            "fps": chunk.fps,
+            "frame_sizes": [len(f) for f in frames],
+            "timing": timing(chunk),
+            "worker_id": chunk.worker_id,
+            "epoch": chunk.epoch,
+        }
+    )
     return b"".join([HEADER_LEN.pack(len(header)), header, *frames])
 
 
 def fragment_message(chunk: ChunkView) -> bytes:
     fragment = chunk.fragment_bytes()
-    header = orjson.dumps({"type": "chunk", **fragment_header(chunk), "fragment_size": len(fragment)})
+    header = orjson.dumps(
+        {"type": "chunk", **fragment_header(chunk), "fragment_size": len(fragment)}
+    )
     return b"".join([HEADER_LEN.pack(len(header)), header, fragment])
 
 
@@ -102,7 +113,9 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
     fmt = format_of(request)
     ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=gw.settings.max_body_bytes)
     if not ws.can_prepare(request).ok:
-        raise errors.InvalidRequest("this route takes a WebSocket upgrade (GET with Upgrade: websocket)")
+        raise errors.InvalidRequest(
+            "this route takes a WebSocket upgrade (GET with Upgrade: websocket)"
+        )
     if gw.closing.is_set():
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
     try:
@@ -114,9 +127,11 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
             steering_lock = asyncio.Lock()
             async with asyncio.TaskGroup() as tg:
                 sender = tg.create_task(
-                    _send(gw, ws, record.id, viewer, last_seq, steering_lock, fmt))
+                    _send(gw, ws, record.id, viewer, last_seq, steering_lock, fmt)
+                )
                 steering_task = tg.create_task(
-                    _steer(gw, ws, record, operator, controls, steering_lock))
+                    _steer(gw, ws, record, operator, controls, steering_lock)
+                )
                 await _receive(ws, controls)
                 sender.cancel()
                 steering_task.cancel()
@@ -138,8 +153,12 @@ async def _receive(ws: web.WebSocketResponse, controls: asyncio.Queue[dict[str, 
                 continue
             await controls.put(body)
         elif msg.type is WSMsgType.BINARY:
-            await _send_text(ws, steering.error_message(
-                None, None, errors.InvalidRequest("controls are text (JSON) messages")))
+            await _send_text(
+                ws,
+                steering.error_message(
+                    None, None, errors.InvalidRequest("controls are text (JSON) messages")
+                ),
+            )
         else:  # ERROR; CLOSE and CLOSING end the iteration themselves
             break
 
@@ -149,16 +168,29 @@ async def _send_text(ws: web.WebSocketResponse, body: dict[str, Any]) -> None:
         await ws.send_str(_text(body))
 
 
-async def _steer(gw: Gateway, ws: web.WebSocketResponse, record: SessionRecord, operator: bool,
-                 controls: asyncio.Queue[dict[str, Any]], lock: asyncio.Lock) -> None:
+async def _steer(
+    gw: Gateway,
+    ws: web.WebSocketResponse,
+    record: SessionRecord,
+    operator: bool,
+    controls: asyncio.Queue[dict[str, Any]],
+    lock: asyncio.Lock,
+) -> None:
     while True:
         body = await controls.get()
         async with lock:
             await _send_text(ws, await steering.answer(gw, record, operator, body))
 
 
-async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer: Viewer,
-                sent: int, steering: asyncio.Lock, fmt: StreamFormat) -> None:
+async def _send(
+    gw: Gateway,
+    ws: web.WebSocketResponse,
+    session_id: str,
+    viewer: Viewer,
+    sent: int,
+    steering: asyncio.Lock,
+    fmt: StreamFormat,
+) -> None:
     keepalive_s = gw.settings.sse_keepalive_s
     try:
         while True:
@@ -175,15 +207,31 @@ async def _send(gw: Gateway, ws: web.WebSocketResponse, session_id: str, viewer:
                     sent = item.item.seq
             elif isinstance(item, Lag):
                 gw.metrics.lag_skips.labels("ws").inc()
-                await ws.send_str(_text({"type": "lag", "session_id": session_id, "skipped": item.skipped,
-                                         "first_skipped": item.first_skipped,
-                                         "last_skipped": item.last_skipped}))
+                await ws.send_str(
+                    _text(
+                        {
+                            "type": "lag",
+                            "session_id": session_id,
+                            "skipped": item.skipped,
+                            "first_skipped": item.first_skipped,
+                            "last_skipped": item.last_skipped,
+                        }
+                    )
+                )
             elif isinstance(item, End):
                 last = sent if item.reason == "gateway_shutdown" else item.last_seq
                 async with steering:  # the answer to a control in flight goes first
                     pass
-                await ws.send_str(_text({"type": "end", "session_id": session_id, "last_seq": last,
-                                         "reason": item.reason}))
+                await ws.send_str(
+                    _text(
+                        {
+                            "type": "end",
+                            "session_id": session_id,
+                            "last_seq": last,
+                            "reason": item.reason,
+                        }
+                    )
+                )
                 await ws.close(code=1001 if item.reason == "gateway_shutdown" else 1000)
                 return
     except ConnectionResetError:

@@ -21,7 +21,11 @@ def describe_device(requested: str) -> dict[str, object]:
 
     has_cuda = torch.cuda.is_available()
     device = ("cuda:0" if has_cuda else "cpu") if requested == "auto" else requested
-    return {"device": device, "gpu": device.startswith("cuda"), "note": describe(torch.device(device))}
+    return {
+        "device": device,
+        "gpu": device.startswith("cuda"),
+        "note": describe(torch.device(device)),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,11 +36,16 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {
         k: v
-        for k, v in (("worker_id", args.worker_id), ("preset", args.preset), ("device", args.device))
+        for k, v in (
+            ("worker_id", args.worker_id),
+            ("preset", args.preset),
+            ("device", args.device),
+        )
         if v is not None
     }
     settings = WorkerSettings.from_env(**overrides)
     configure_logging(settings.log_level, settings.log_format, service="worker")
-    get_logger("turboserve.worker").info("worker_starting", worker_id=settings.worker_id,
-                                         **describe_device(settings.device))
+    get_logger("turboserve.worker").info(
+        "worker_starting", worker_id=settings.worker_id, **describe_device(settings.device)
+    )
     return run_service(lambda: WorkerService(settings), settings, "worker")

@@ -54,7 +54,9 @@ def encode_frames(frames: Any, fmt: str = "jpeg", quality: int = 80) -> list[byt
     return out
 
 
-def decode_frame(data: bytes, fmt: str = "jpeg", shape: tuple[int, int] | None = None) -> np.ndarray:
+def decode_frame(
+    data: bytes, fmt: str = "jpeg", shape: tuple[int, int] | None = None
+) -> np.ndarray:
     """``[H, W, 3]`` uint8 from one encoded frame (``shape`` = (H, W) is needed for raw)."""
     if fmt == "raw":
         if shape is None:

@@ -51,8 +51,11 @@ class EngineHost:
 
     # -- source ---------------------------------------------------------------------------------
     async def freeze(self, session_id: str, epoch: int, *, on_device: bool) -> FrozenSession:
-        task = asyncio.ensure_future(self._call(
-            "freeze", lambda: self.generation.freeze(session_id, epoch), session_id=session_id))
+        task = asyncio.ensure_future(
+            self._call(
+                "freeze", lambda: self.generation.freeze(session_id, epoch), session_id=session_id
+            )
+        )
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -60,10 +63,18 @@ class EngineHost:
             task.add_done_callback(lambda t: self._unfreeze_after_cancel(t, session_id, epoch))
             raise
 
-    def _unfreeze_after_cancel(self, task: asyncio.Future[Any], session_id: str, epoch: int) -> None:
+    def _unfreeze_after_cancel(
+        self, task: asyncio.Future[Any], session_id: str, epoch: int
+    ) -> None:
         if not task.cancelled() and task.exception() is None:
-            self.inbox.put(Control("unfreeze", lambda: self.generation.unfreeze(session_id, epoch),
-                                   _ignore, _ignore))
+            self.inbox.put(
+                Control(
+                    "unfreeze",
+                    lambda: self.generation.unfreeze(session_id, epoch),
+                    _ignore,
+                    _ignore,
+                )
+            )
 
     async def unfreeze(self, session_id: str, epoch: int) -> None:
         await self._call("unfreeze", lambda: self.generation.unfreeze(session_id, epoch))
@@ -82,8 +93,9 @@ class EngineHost:
         if not incoming.suspended:
             taken = len(status.active) + sum(1 for s in self._reserved.values() if not s)
             if taken >= self.capacity:
-                return HandoffRefusal(HandoffCode.FULL,
-                                      f"all {self.capacity} slots of {self.worker_id} are taken")
+                return HandoffRefusal(
+                    HandoffCode.FULL, f"all {self.capacity} slots of {self.worker_id} are taken"
+                )
         try:
             self.layout.check(incoming.snapshot)
         except EngineError as exc:
@@ -108,8 +120,9 @@ class EngineHost:
         token_hash = record.token_hash if record is not None else ""
         owner_key = record.owner_key if record is not None else ""
         try:
-            await self._call("adopt", lambda: self.generation.adopt(frozen, epoch, token_hash,
-                                                                    owner_key))
+            await self._call(
+                "adopt", lambda: self.generation.adopt(frozen, epoch, token_hash, owner_key)
+            )
         finally:
             self.unreserve(frozen.snapshot.session_id)
 

@@ -56,8 +56,9 @@ def chunk_start_s(seq: int, duration_s: float) -> float:
     return seq * duration_s
 
 
-def encode_chunk(frames: Any, fps: float, start_s: float, *, crf: int = CRF,
-                 preset: str = PRESET) -> Fragment:
+def encode_chunk(
+    frames: Any, fps: float, start_s: float, *, crf: int = CRF, preset: str = PRESET
+) -> Fragment:
     """``frames``: uint8 ``[T, H, W, 3]`` RGB (a tensor or an array), played at ``fps``."""
     import av  # FFmpeg: imported where used, so contract code and tests need not load it
 
@@ -71,15 +72,21 @@ def encode_chunk(frames: Any, fps: float, start_s: float, *, crf: int = CRF,
     started = time.perf_counter()
     buffer = io.BytesIO()
     tick = Fraction(1, TIMESCALE)
-    with av.open(buffer, "w", format="mp4",
-                 options={"movflags": MOVFLAGS, "avoid_negative_ts": "disabled"}) as out:
+    with av.open(
+        buffer, "w", format="mp4", options={"movflags": MOVFLAGS, "avoid_negative_ts": "disabled"}
+    ) as out:
         stream = out.add_stream(CODEC, rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.time_base = tick
         stream.codec_context.time_base = tick
         # One GOP per chunk: the keyframe is the chunk's first frame, no other.
-        stream.options = {"preset": preset, "tune": "zerolatency", "crf": str(crf),
-                          "g": str(max(count, 1)), "keyint_min": str(max(count, 1))}
+        stream.options = {
+            "preset": preset,
+            "tune": "zerolatency",
+            "crf": str(crf),
+            "g": str(max(count, 1)),
+            "keyint_min": str(max(count, 1)),
+        }
         for i, frame in enumerate(array):
             picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
             picture.pts = round((start_s + i / fps) * TIMESCALE)
@@ -89,8 +96,13 @@ def encode_chunk(frames: Any, fps: float, start_s: float, *, crf: int = CRF,
         for packet in stream.encode():
             out.mux(packet)
     data = buffer.getvalue()
-    return Fragment(data=data, mime=mime_of(data), start_s=start_s, duration_s=count / fps,
-                    encode_ms=(time.perf_counter() - started) * 1000.0)
+    return Fragment(
+        data=data,
+        mime=mime_of(data),
+        start_s=start_s,
+        duration_s=count / fps,
+        encode_ms=(time.perf_counter() - started) * 1000.0,
+    )
 
 
 def mime_of(data: bytes) -> str:
@@ -98,7 +110,7 @@ def mime_of(data: bytes) -> str:
     at = data.find(b"avcC")
     if at < 0 or len(data) < at + 8:
         return "video/mp4"
-    return f'video/mp4; codecs="avc1.{data[at + 5:at + 8].hex().upper()}"'
+    return f'video/mp4; codecs="avc1.{data[at + 5 : at + 8].hex().upper()}"'
 
 
 def decode_fragment(data: bytes) -> tuple[np.ndarray, list[float]]:

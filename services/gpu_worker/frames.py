@@ -23,8 +23,11 @@ SESSIONS = ((FOX, 1), (FOX, 2), (WHALE, 1))
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "frames", help="write a strip of the model's frames as a PNG (no services needed)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "frames",
+        help="write a strip of the model's frames as a PNG (no services needed)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("out", nargs="?", default="/tmp/alive.png", help="the PNG to write")
     p.add_argument("--preset", default="tiny", help="model preset: tiny, small, wan-1.3b")
     p.add_argument("--chunks", type=int, default=8, help="chunks per session (default 8)")
@@ -80,11 +83,15 @@ def run(args: argparse.Namespace) -> int:
     rows = [torch.cat(chunks) for chunks in clips]
     path = save_strip(rows, args.out, args.every)
     counts = sorted({len(c) for c in clips[0]})
-    print(f"{path}: rows {FOX!r} seed 1, seed 2, {WHALE!r} seed 1; one frame in {args.every} "
-          f"of {args.chunks} chunks ({'/'.join(map(str, counts))} frames each), left to right")
+    print(
+        f"{path}: rows {FOX!r} seed 1, seed 2, {WHALE!r} seed 1; one frame in {args.every} "
+        f"of {args.chunks} chunks ({'/'.join(map(str, counts))} frames each), left to right"
+    )
     for (prompt, seed), chunks, row in zip(SESSIONS, clips, rows, strict=True):
-        contrast = float(row[len(chunks[0]):].std(dim=(1, 2)).mean(dim=1).median())
+        contrast = float(row[len(chunks[0]) :].std(dim=(1, 2)).mean(dim=1).median())
         within, across = motion(chunks)
-        print(f"  {prompt!r} seed {seed}: spatial std {contrast:.1f}, frame-to-frame change "
-              f"{within:.1f} in a chunk / {across:.1f} across chunks (levels of 255)")
+        print(
+            f"  {prompt!r} seed {seed}: spatial std {contrast:.1f}, frame-to-frame change "
+            f"{within:.1f} in a chunk / {across:.1f} across chunks (levels of 255)"
+        )
     return 0

@@ -259,8 +259,9 @@ class GenerationLoop:
         try:
             self._apply_command(item, self.now() if arrived is None else min(arrived, self.now()))
         except EngineError as exc:  # refused by the engine: logged, never fatal
-            log.warning("command_refused", session_id=item.session_id, kind=str(item.kind),
-                        error=str(exc))
+            log.warning(
+                "command_refused", session_id=item.session_id, kind=str(item.kind), error=str(exc)
+            )
 
     def _apply_command(self, cmd: WorkerCommand, arrived: float) -> None:
         sid = cmd.session_id
@@ -271,8 +272,13 @@ class GenerationLoop:
             self.drop(sid, reason="stopped")
             return
         if owned is not None and cmd.epoch < owned.epoch:
-            log.info("command_stale", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch,
-                     current=owned.epoch)
+            log.info(
+                "command_stale",
+                session_id=sid,
+                kind=str(cmd.kind),
+                epoch=cmd.epoch,
+                current=owned.epoch,
+            )
             return
         if cmd.kind is WorkerCmdKind.ASSIGN:
             self._assign(cmd, owned, arrived)
@@ -292,8 +298,13 @@ class GenerationLoop:
             self.engine.set_prompt(sid, cmd.prompt or "")
             if self.engine.prompts.ready(cmd.prompt or "") is None:
                 owned.prompt_unannounced = cmd.prompt or ""  # announced when it applies
-                log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch,
-                         encoding=True)
+                log.info(
+                    "command_applied",
+                    session_id=sid,
+                    kind=str(cmd.kind),
+                    epoch=cmd.epoch,
+                    encoding=True,
+                )
                 return
             owned.prompt_unannounced = None
             mid_chunk = self.engine.phases().get(sid, 0) > 0
@@ -307,8 +318,12 @@ class GenerationLoop:
         engine = self.engine
         if owned is not None and cmd.epoch == owned.epoch:
             return  # the same assignment again: already applied
-        if (owned is not None and engine.has_session(sid) and not owned.frozen
-                and owned.seq_base + engine.next_seq(sid) == cmd.seq):
+        if (
+            owned is not None
+            and engine.has_session(sid)
+            and not owned.frozen
+            and owned.seq_base + engine.next_seq(sid) == cmd.seq
+        ):
             # Re-placed on the worker that still holds its state, at the seq it is at: keep
             # the state (the video continues), take the new epoch.
             owned.epoch = cmd.epoch
@@ -317,8 +332,13 @@ class GenerationLoop:
             if sid in engine.suspended_sessions():
                 self._resume(sid, owned, arrived)  # announced (resumed, at the new epoch)
             else:  # viewers hear of the new epoch before its next chunk
-                self._notify(sid, owned, NoticeKind.PLACED, cmd.seq,
-                             detail=f"placed again on {self.worker_id}, which holds its state")
+                self._notify(
+                    sid,
+                    owned,
+                    NoticeKind.PLACED,
+                    cmd.seq,
+                    detail=f"placed again on {self.worker_id}, which holds its state",
+                )
             log.info("session_reassigned_in_place", session_id=sid, epoch=cmd.epoch, seq=cmd.seq)
             return
         if owned is not None:
@@ -340,21 +360,41 @@ class GenerationLoop:
         base = cmd.seq - point.seq if point is not None else cmd.seq
         # Playback starts when the assignment reached the worker: the wait for this pass
         # boundary is part of the first chunk's lateness.
-        owned = OwnedSession(epoch=cmd.epoch, seq_base=base, clock=PlaybackClock(arrived),
-                             token_hash=cmd.token_hash, owner_key=cmd.owner_key)
+        owned = OwnedSession(
+            epoch=cmd.epoch,
+            seq_base=base,
+            clock=PlaybackClock(arrived),
+            token_hash=cmd.token_hash,
+            owner_key=cmd.owner_key,
+        )
         self.owned[sid] = owned
         if cmd.seq == 0:
             self._notify(sid, owned, NoticeKind.PLACED, cmd.seq)
         elif point is not None:
-            self._notify(sid, owned, NoticeKind.RECOVERED, cmd.seq,
-                         detail=f"its worker was lost; rebuilt on {self.worker_id}")
+            self._notify(
+                sid,
+                owned,
+                NoticeKind.RECOVERED,
+                cmd.seq,
+                detail=f"its worker was lost; rebuilt on {self.worker_id}",
+            )
         else:
             # This worker has no state for it (its previous worker is gone, and no log): the
             # video starts over from the prompt, and the viewer is told so.
-            self._notify(sid, owned, NoticeKind.RESTARTED, cmd.seq,
-                         detail="session state lost; restarted from the prompt")
-        log.info("session_assigned", session_id=sid, epoch=cmd.epoch, seq=cmd.seq,
-                 recovered=point is not None)
+            self._notify(
+                sid,
+                owned,
+                NoticeKind.RESTARTED,
+                cmd.seq,
+                detail="session state lost; restarted from the prompt",
+            )
+        log.info(
+            "session_assigned",
+            session_id=sid,
+            epoch=cmd.epoch,
+            seq=cmd.seq,
+            recovered=point is not None,
+        )
 
     def _suspend(self, sid: str, owned: OwnedSession) -> None:
         owned.resume_waiting = None  # paused again before it could resume
@@ -410,16 +450,21 @@ class GenerationLoop:
         if owned is None or not self.engine.has_session(session_id):
             raise HostRefused(HandoffCode.UNKNOWN_SESSION, f"{session_id} is not on this worker")
         if owned.epoch != epoch:
-            raise HostRefused(HandoffCode.STALE_EPOCH,
-                              f"{session_id} is here at epoch {owned.epoch}, not {epoch}")
+            raise HostRefused(
+                HandoffCode.STALE_EPOCH, f"{session_id} is here at epoch {owned.epoch}, not {epoch}"
+            )
         if owned.frozen:
             raise HostRefused(HandoffCode.BUSY, f"{session_id} is already being handed off")
         snapshot = self.engine.export_state(session_id)
         owned.frozen = True
         owned.suspend_pending = False
         suspended = session_id in self.engine.suspended_sessions()
-        return FrozenSession(snapshot=snapshot, next_seq=owned.seq_base + snapshot.seq,
-                             due_at=owned.clock.due, suspended=suspended)
+        return FrozenSession(
+            snapshot=snapshot,
+            next_seq=owned.seq_base + snapshot.seq,
+            due_at=owned.clock.due,
+            suspended=suspended,
+        )
 
     def unfreeze(self, session_id: str, epoch: int) -> None:
         """The handoff was aborted: the session continues here, now at ``epoch``."""
@@ -432,25 +477,40 @@ class GenerationLoop:
         if moved_on and self.engine.has_session(session_id):
             # The handoff failed after the registry moved the epoch: the session stays here
             # under a new epoch, and its viewers hear so before its next chunk.
-            self._notify(session_id, owned, NoticeKind.PLACED,
-                         owned.seq_base + self.engine.next_seq(session_id),
-                         detail=f"a migration did not complete; continues on {self.worker_id}")
+            self._notify(
+                session_id,
+                owned,
+                NoticeKind.PLACED,
+                owned.seq_base + self.engine.next_seq(session_id),
+                detail=f"a migration did not complete; continues on {self.worker_id}",
+            )
 
-    def adopt(self, frozen: FrozenSession, epoch: int, token_hash: str = "",
-              owner_key: str = "") -> None:
+    def adopt(
+        self, frozen: FrozenSession, epoch: int, token_hash: str = "", owner_key: str = ""
+    ) -> None:
         """A session handed to this worker (ownership already moved here at ``epoch``): its
         state into the engine, generated from ``frozen.next_seq`` (or parked, if suspended)."""
         snapshot = frozen.snapshot
         sid = snapshot.session_id
         self.engine.import_state(snapshot, suspended=frozen.suspended)
-        owned = OwnedSession(epoch=epoch, seq_base=frozen.next_seq - snapshot.seq,
-                             clock=PlaybackClock(frozen.due_at), token_hash=token_hash,
-                             owner_key=owner_key)
+        owned = OwnedSession(
+            epoch=epoch,
+            seq_base=frozen.next_seq - snapshot.seq,
+            clock=PlaybackClock(frozen.due_at),
+            token_hash=token_hash,
+            owner_key=owner_key,
+        )
         self.owned[sid] = owned
-        self._notify(sid, owned, NoticeKind.MIGRATED, frozen.next_seq,
-                     detail=f"now on {self.worker_id}")
-        log.info("session_adopted", session_id=sid, epoch=epoch, next_seq=frozen.next_seq,
-                 suspended=frozen.suspended)
+        self._notify(
+            sid, owned, NoticeKind.MIGRATED, frozen.next_seq, detail=f"now on {self.worker_id}"
+        )
+        log.info(
+            "session_adopted",
+            session_id=sid,
+            epoch=epoch,
+            next_seq=frozen.next_seq,
+            suspended=frozen.suspended,
+        )
 
     def _settle_boundaries(self) -> None:
         """What waits for a chunk boundary: deferred suspends, then deferred resumes (into the
@@ -533,8 +593,9 @@ class GenerationLoop:
                 continue
             if self.engine.prompt_applied(sid, owned.prompt_unannounced):
                 owned.prompt_unannounced = None
-                self._notify(sid, owned, NoticeKind.PROMPT,
-                             owned.seq_base + self.engine.next_seq(sid))
+                self._notify(
+                    sid, owned, NoticeKind.PROMPT, owned.seq_base + self.engine.next_seq(sid)
+                )
 
     def _pace_to_floor(self, batch: int, real_ms: float) -> float:
         """Emulation: stretch the pass to the emulated GPU's time for this batch."""
@@ -548,8 +609,13 @@ class GenerationLoop:
         keeping = self._slow_passes < 3  # a few slow passes in a row: say so
         if keeping != self.keeping_pace:
             self.keeping_pace = keeping
-            log.warning("emulation_pace", keeping_pace=keeping, batch=batch,
-                        real_pass_ms=round(real_ms, 2), emulated_pass_ms=round(floor, 2))
+            log.warning(
+                "emulation_pace",
+                keeping_pace=keeping,
+                batch=batch,
+                real_pass_ms=round(real_ms, 2),
+                emulated_pass_ms=round(floor, 2),
+            )
         return max(real_ms, floor)
 
     def _deliver(self, results: list[ChunkResult]) -> None:
@@ -607,17 +673,37 @@ class GenerationLoop:
         if wire_bytes > WIRE_BUDGET_BYTES:
             # Both would not fit one NATS message: the chunk goes out as JPEG alone, as before
             # there was a fragment, and fMP4 viewers get it as JPEG ("encoding" says so).
-            log.warning("fragment_left_out", seq=seq, wire_bytes=wire_bytes,
-                        limit=WIRE_BUDGET_BYTES, fragment_bytes=len(fragment.data))
-            fragment = Fragment(data=b"", mime="", start_s=fragment.start_s,
-                                duration_s=fragment.duration_s, encode_ms=fragment.encode_ms)
-        return EncodedChunk(jpeg=jpeg, fmp4=fragment, fps=fps,
-                            encode_ms=(time.perf_counter() - started) * 1000.0)
+            log.warning(
+                "fragment_left_out",
+                seq=seq,
+                wire_bytes=wire_bytes,
+                limit=WIRE_BUDGET_BYTES,
+                fragment_bytes=len(fragment.data),
+            )
+            fragment = Fragment(
+                data=b"",
+                mime="",
+                start_s=fragment.start_s,
+                duration_s=fragment.duration_s,
+                encode_ms=fragment.encode_ms,
+            )
+        return EncodedChunk(
+            jpeg=jpeg, fmp4=fragment, fps=fps, encode_ms=(time.perf_counter() - started) * 1000.0
+        )
 
-    def _notify(self, sid: str, owned: OwnedSession, kind: NoticeKind, next_seq: int,
-                detail: str = "") -> None:
-        self.outbox.put(SessionNotice(session_id=sid, kind=kind, worker_id=self.worker_id,
-                                      epoch=owned.epoch, next_seq=next_seq, detail=detail))
+    def _notify(
+        self, sid: str, owned: OwnedSession, kind: NoticeKind, next_seq: int, detail: str = ""
+    ) -> None:
+        self.outbox.put(
+            SessionNotice(
+                session_id=sid,
+                kind=kind,
+                worker_id=self.worker_id,
+                epoch=owned.epoch,
+                next_seq=next_seq,
+                detail=detail,
+            )
+        )
 
     def _publish_status(self) -> None:
         engine = self.engine
@@ -628,15 +714,29 @@ class GenerationLoop:
             suspended=suspended,
             frozen=tuple(sid for sid, o in self.owned.items() if o.frozen),
             waiting=self._waiting,
-            lead_ms=_frozen_map({sid: round(o.clock.last_lead_ms, 1)
-                                 for sid, o in self.owned.items()
-                                 if o.clock.last_lead_ms is not None}),
+            lead_ms=_frozen_map(
+                {
+                    sid: round(o.clock.last_lead_ms, 1)
+                    for sid, o in self.owned.items()
+                    if o.clock.last_lead_ms is not None
+                }
+            ),
             keeping_pace=self.keeping_pace,
-            facts=_frozen_map({sid: SessionFacts(
-                epoch=o.epoch, last_seq=o.seq_base + engine.next_seq(sid) - 1,
-                prompt=engine.prompt_of(sid), seed=engine.seed_of(sid),
-                suspended=sid in suspended, token_hash=o.token_hash, owner_key=o.owner_key)
-                for sid, o in self.owned.items() if engine.has_session(sid)}),
+            facts=_frozen_map(
+                {
+                    sid: SessionFacts(
+                        epoch=o.epoch,
+                        last_seq=o.seq_base + engine.next_seq(sid) - 1,
+                        prompt=engine.prompt_of(sid),
+                        seed=engine.seed_of(sid),
+                        suspended=sid in suspended,
+                        token_hash=o.token_hash,
+                        owner_key=o.owner_key,
+                    )
+                    for sid, o in self.owned.items()
+                    if engine.has_session(sid)
+                }
+            ),
             chunk_ms=_frozen_map(self.chunk_times.snapshot()),
             pass_ms=_frozen_map(self.pass_times.snapshot()),
             prompt_switch_ms=engine.prompt_switch_ms(),

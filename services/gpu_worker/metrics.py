@@ -11,21 +11,35 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else metrics_registry()
         r = self.registry
-        self.chunk_ms = Gauge("turboserve_worker_chunk_ms",
-                              "Measured chunk time by batch size (moving average)", ["batch"],
-                              registry=r)
-        self.pass_ms = Gauge("turboserve_worker_pass_ms",
-                             "Measured time of one batched pass by batch size", ["batch"],
-                             registry=r)
-        self.sessions = Gauge("turboserve_worker_sessions", "Sessions by state", ["state"],
-                              registry=r)
+        self.chunk_ms = Gauge(
+            "turboserve_worker_chunk_ms",
+            "Measured chunk time by batch size (moving average)",
+            ["batch"],
+            registry=r,
+        )
+        self.pass_ms = Gauge(
+            "turboserve_worker_pass_ms",
+            "Measured time of one batched pass by batch size",
+            ["batch"],
+            registry=r,
+        )
+        self.sessions = Gauge(
+            "turboserve_worker_sessions", "Sessions by state", ["state"], registry=r
+        )
         self.lateness = Histogram(
             "turboserve_worker_chunk_lateness_seconds",
             "How late each chunk was done against its due time (0 when on time)",
-            buckets=(0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r)
-        self.handoffs = Counter("turboserve_worker_handoffs",
-                                "Migrations this worker started, by outcome", ["outcome"],
-                                registry=r)
-        self.keeping_pace = Gauge("turboserve_worker_keeping_pace",
-                                  "0 while the real compute cannot keep an emulated GPU's pace",
-                                  registry=r)
+            buckets=(0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+        self.handoffs = Counter(
+            "turboserve_worker_handoffs",
+            "Migrations this worker started, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.keeping_pace = Gauge(
+            "turboserve_worker_keeping_pace",
+            "0 while the real compute cannot keep an emulated GPU's pace",
+            registry=r,
+        )

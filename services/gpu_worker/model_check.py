@@ -99,17 +99,28 @@ def human_count(n: float) -> str:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "model", help="inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]")
+        "model", help="inspect a Wan2.1 model folder: model check FOLDER [--checkpoint FILE]"
+    )
     sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    check = sub.add_parser("check", help="one line per component: found, format, dtype, "
-                                         "parameters, memory; exit 1 if a worker could not run it")
-    check.add_argument("folder", type=Path, help="a Wan2.1 text-to-video folder (diffusers or "
-                                                 "original layout)")
-    check.add_argument("--checkpoint", type=Path, default=None,
-                       help="the causal DiT (Self-Forcing/LongLive .pt, safetensors); default: "
-                            "the folder's")
-    check.add_argument("--resolution", default="480x832",
-                       help="video HEIGHTxWIDTH the per-session memory is given for (480x832)")
+    check = sub.add_parser(
+        "check",
+        help="one line per component: found, format, dtype, "
+        "parameters, memory; exit 1 if a worker could not run it",
+    )
+    check.add_argument(
+        "folder", type=Path, help="a Wan2.1 text-to-video folder (diffusers or original layout)"
+    )
+    check.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="the causal DiT (Self-Forcing/LongLive .pt, safetensors); default: the folder's",
+    )
+    check.add_argument(
+        "--resolution",
+        default="480x832",
+        help="video HEIGHTxWIDTH the per-session memory is given for (480x832)",
+    )
     check.set_defaults(func=run)
 
 
@@ -118,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
 
     resolution = parse_resolution(args.resolution)
     if resolution is None:
-        print(f"model check: --resolution {args.resolution!r}: HEIGHTxWIDTH, multiples of 16",
-              file=sys.stderr)
+        print(
+            f"model check: --resolution {args.resolution!r}: HEIGHTxWIDTH, multiples of 16",
+            file=sys.stderr,
+        )
         return 2
     try:
         folder = find_components(args.folder, args.checkpoint)
@@ -139,7 +152,11 @@ def run(args: argparse.Namespace) -> int:
 def check(folder: ModelFolder, resolution: tuple[int, int]) -> list[Report]:
     facts: dict[str, int | None] = {}
     checks: dict[str, Callable[[Component, dict[str, int | None], tuple[int, int]], str]] = {
-        "text encoder": _text_encoder, "tokenizer": _tokenizer, "VAE": _vae, "DiT": _dit}
+        "text encoder": _text_encoder,
+        "tokenizer": _tokenizer,
+        "VAE": _vae,
+        "DiT": _dit,
+    }
     reports = []
     for name in COMPONENTS:
         part = folder.get(name)
@@ -161,8 +178,10 @@ def _where(part: Component) -> str:
 
 def _weights(files: list[Path]) -> tuple[str, int]:
     params, dtype, _ = tensor_summary(files)
-    return (f"{dtype}, {human_count(params)} parameters, {human_bytes(params * BF16)} in bf16",
-            params)
+    return (
+        f"{dtype}, {human_count(params)} parameters, {human_bytes(params * BF16)} in bf16",
+        params,
+    )
 
 
 def _text_encoder(part: Component, facts: dict[str, int | None], _: tuple[int, int]) -> str:
@@ -177,8 +196,10 @@ def _text_encoder(part: Component, facts: dict[str, int | None], _: tuple[int, i
         config = UMT5Config.from_pretrained(str(part.path))
     facts["text_dim"] = int(config.d_model)
     weights = _weights(weight_files(part))[0]
-    return (f"{_where(part)}: umT5 encoder, d_model {config.d_model}, {config.num_layers} "
-            f"layers, {weights}")
+    return (
+        f"{_where(part)}: umT5 encoder, d_model {config.d_model}, {config.num_layers} "
+        f"layers, {weights}"
+    )
 
 
 def _tokenizer(part: Component, facts: dict[str, int | None], _: tuple[int, int]) -> str:
@@ -206,9 +227,11 @@ def _vae(part: Component, facts: dict[str, int | None], resolution: tuple[int, i
     latent = (resolution[0] // 8, resolution[1] // 8)
     cache = cache_layout(vae, latent).numel * BF16
     weights, _ = _weights(weight_files(part))
-    return (f"{_where(part)}: AutoencoderKLWan z_dim {z_dim}, base {base_dim}, "
-            f"{weights}; decoder cache {human_bytes(cache)} per session at "
-            f"{resolution[0]}x{resolution[1]}")
+    return (
+        f"{_where(part)}: AutoencoderKLWan z_dim {z_dim}, base {base_dim}, "
+        f"{weights}; decoder cache {human_bytes(cache)} per session at "
+        f"{resolution[0]}x{resolution[1]}"
+    )
 
 
 def _dit(part: Component, facts: dict[str, int | None], resolution: tuple[int, int]) -> str:
@@ -233,18 +256,24 @@ def _dit(part: Component, facts: dict[str, int | None], resolution: tuple[int, i
         load_tensors(CausalWanModel(config), tensors, str(part.path))  # CheckpointMismatch
     problems = []
     if facts.get("text_dim") not in (None, config.text_dim):
-        problems.append(f"takes text of width {config.text_dim} (text_embedding.0.weight), the "
-                        f"text encoder gives {facts['text_dim']}")
+        problems.append(
+            f"takes text of width {config.text_dim} (text_embedding.0.weight), the "
+            f"text encoder gives {facts['text_dim']}"
+        )
     if facts.get("z_dim") not in (None, config.out_dim):
-        problems.append(f"makes {config.out_dim} latent channels (head.head.weight), the VAE "
-                        f"takes {facts['z_dim']}")
+        problems.append(
+            f"makes {config.out_dim} latent channels (head.head.weight), the VAE "
+            f"takes {facts['z_dim']}"
+        )
     if problems:
         raise ValueError("; ".join(problems))
     with torch.device("meta"):
         pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16, 0)
     params = sum(math.prod(t.shape) for t in tensors.values())
     dtypes = "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}))
-    return (f"{_where(part)}: dim {config.dim}, {config.num_layers} layers, {config.num_heads} "
-            f"heads, {dtypes}, {human_count(params)} parameters, "
-            f"{human_bytes(params * BF16)} in bf16; KV state {human_bytes(pool.bytes_per_slot)} "
-            f"per session at {resolution[0]}x{resolution[1]}")
+    return (
+        f"{_where(part)}: dim {config.dim}, {config.num_layers} layers, {config.num_heads} "
+        f"heads, {dtypes}, {human_count(params)} parameters, "
+        f"{human_bytes(params * BF16)} in bf16; KV state {human_bytes(pool.bytes_per_slot)} "
+        f"per session at {resolution[0]}x{resolution[1]}"
+    )

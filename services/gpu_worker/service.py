@@ -82,11 +82,18 @@ class Pace:
     def of(cls, settings: WorkerSettings) -> Pace:
         profile = emulated_profile(settings)
         if profile is None:
-            period = DEFAULT_CHUNK_PERIOD_S if settings.chunk_period_s is None else settings.chunk_period_s
+            period = (
+                DEFAULT_CHUNK_PERIOD_S
+                if settings.chunk_period_s is None
+                else settings.chunk_period_s
+            )
             slots, kind = settings.slots, settings.gpu_kind
         else:
-            period = (profile.deadline_ms / 1000.0 if settings.chunk_period_s is None
-                      else settings.chunk_period_s)
+            period = (
+                profile.deadline_ms / 1000.0
+                if settings.chunk_period_s is None
+                else settings.chunk_period_s
+            )
             slots = profile.capacity if settings.max_sessions is None else settings.max_sessions
             kind = profile.gpu_kind
         lead = period if settings.pace_lead_s is None else settings.pace_lead_s
@@ -109,8 +116,12 @@ def emulated_profile(settings: WorkerSettings) -> LatencyProfile | None:
     except (ProfileError, OSError) as exc:
         raise SettingsError([f"TURBOSERVE_EMULATE_PROFILE: {exc}"]) from None
     if profile.gpu_kind.lower() != settings.emulate.lower():
-        raise SettingsError([f"TURBOSERVE_EMULATE={settings.emulate!r}: the profile "
-                             f"{profile.name!r} describes {profile.gpu_kind}"])
+        raise SettingsError(
+            [
+                f"TURBOSERVE_EMULATE={settings.emulate!r}: the profile "
+                f"{profile.name!r} describes {profile.gpu_kind}"
+            ]
+        )
     return profile
 
 
@@ -137,8 +148,9 @@ class Publisher:
     epoch): a worker whose session moved on learns it there, publishes nothing more of that
     session at that epoch, and tells the generation thread to drop it."""
 
-    def __init__(self, ctx: ServiceContext, worker_id: str, outbox: Outbox,
-                 fence: Callable[[str, int], None]) -> None:
+    def __init__(
+        self, ctx: ServiceContext, worker_id: str, outbox: Outbox, fence: Callable[[str, int], None]
+    ) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
         self.outbox = outbox
@@ -239,8 +251,9 @@ class Publisher:
         point = item.recovery
         fields = to_fields(point, chunk.seq + 1) if point is not None else None
         try:
-            owner = await self.ctx.registry.record_progress(sid, self.worker_id, chunk.epoch,
-                                                            chunk.seq, fields)
+            owner = await self.ctx.registry.record_progress(
+                sid, self.worker_id, chunk.epoch, chunk.seq, fields
+            )
         except RedisError as exc:
             # Redis away (restarting): keep generating; the next chunk's record catches up,
             # and the heartbeat puts back what a restart lost.
@@ -252,12 +265,17 @@ class Publisher:
 
     async def _owns(self, notice: SessionNotice) -> bool:
         try:
-            record = await asyncio.wait_for(self.ctx.registry.get_session(notice.session_id),
-                                            NOTICE_CHECK_S)
+            record = await asyncio.wait_for(
+                self.ctx.registry.get_session(notice.session_id), NOTICE_CHECK_S
+            )
         except (RedisError, TimeoutError):
             return True  # cannot check now: a notice is informative, never a fencing decision
-        return (record is not None and record.owner == self.worker_id
-                and record.epoch == notice.epoch and record.state is not SessionState.TERMINATED)
+        return (
+            record is not None
+            and record.owner == self.worker_id
+            and record.epoch == notice.epoch
+            and record.state is not SessionState.TERMINATED
+        )
 
     async def release(self, session_id: str, epoch: int) -> None:
         """Put a session back to pending (to be placed elsewhere), if still ours at ``epoch``."""
@@ -300,8 +318,12 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         self.ctx = ctx
         await ensure_streams(ctx.js, ctx.subjects)
-        self.ops = await start_ops(ctx, self.metrics.registry, service="worker",
-                                   details=lambda: {"status": str(self.status)})
+        self.ops = await start_ops(
+            ctx,
+            self.metrics.registry,
+            service="worker",
+            details=lambda: {"status": str(self.status)},
+        )
         await self._heartbeat_once()  # visible as booting while the model loads
         config = EngineConfig(
             preset=self.settings.preset,
@@ -310,19 +332,27 @@ class WorkerService:
             seed=self.settings.seed,
             checkpoint=self.settings.checkpoint,
             model=self.settings.model,
-            resolution=(parse_resolution(self.settings.resolution)
-                        if self.settings.resolution else None),
+            resolution=(
+                parse_resolution(self.settings.resolution) if self.settings.resolution else None
+            ),
             text_device=self.settings.text_device,
             prompt_recache=self.settings.prompt_recache,
         )
         engine = await asyncio.to_thread(Engine, config)
-        log.info("engine_ready", device=engine.device, capacity=engine.capacity,
-                 model=engine.model_config.name, state_bytes=engine.state_bytes,
-                 prompt_recache=engine.prompt_recache, **engine.sources)
+        log.info(
+            "engine_ready",
+            device=engine.device,
+            capacity=engine.capacity,
+            model=engine.model_config.name,
+            state_bytes=engine.state_bytes,
+            prompt_recache=engine.prompt_recache,
+            **engine.sources,
+        )
         self.capacity, self.state_bytes = engine.capacity, engine.state_bytes
         self.device, self.prompts = torch.device(engine.device), engine.prompts
         self.generation = GenerationLoop(
-            engine, self.inbox,
+            engine,
+            self.inbox,
             worker_id=self.worker_id,
             period_s=self.pace.period_s,
             lead_s=self.pace.lead_s,
@@ -331,17 +361,30 @@ class WorkerService:
             on_chunk=self.metrics.lateness.observe,
             recovery_log=self.settings.recovery_log,
         )
-        self.publisher = Publisher(ctx, self.worker_id, self.generation.outbox, self.generation.fence)
+        self.publisher = Publisher(
+            ctx, self.worker_id, self.generation.outbox, self.generation.fence
+        )
         ctx.reconnect_hooks.append(self.publisher.republish)  # after the streams are declared again
         ctx.spawn(self.publisher.publish_forever(), name="worker-publish")
         ctx.spawn(self.publisher.record_forever(), name="worker-progress")
         if self.pace.emulated is not None:
-            log.info("emulating", gpu_kind=self.pace.kind, profile=self.pace.emulated.name,
-                     slots=self.pace.slots, chunk_period_s=self.pace.period_s)
-        host = EngineHost(self.worker_id, self.generation, self.inbox,
-                          is_draining=lambda: self.status is not WorkerStatus.READY,
-                          device=engine.device, capacity=engine.capacity, layout=engine.layout,
-                          registry=ctx.registry)
+            log.info(
+                "emulating",
+                gpu_kind=self.pace.kind,
+                profile=self.pace.emulated.name,
+                slots=self.pace.slots,
+                chunk_period_s=self.pace.period_s,
+            )
+        host = EngineHost(
+            self.worker_id,
+            self.generation,
+            self.inbox,
+            is_draining=lambda: self.status is not WorkerStatus.READY,
+            device=engine.device,
+            capacity=engine.capacity,
+            layout=engine.layout,
+            registry=ctx.registry,
+        )
         del engine  # from here on the generation thread's alone
         self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)
         await self.handoff.start()
@@ -419,10 +462,20 @@ class WorkerService:
         """Validate a command and queue it for the generation loop; the answer to send."""
 
         def refuse(code: str, detail: str) -> CommandReply:
-            log.warning("command_refused", kind=str(cmd.kind), session_id=cmd.session_id,
-                        code=code, detail=detail)
-            return CommandReply(worker_id=self.worker_id, ok=False, command_id=cmd.command_id,
-                                code=code, detail=detail)
+            log.warning(
+                "command_refused",
+                kind=str(cmd.kind),
+                session_id=cmd.session_id,
+                code=code,
+                detail=detail,
+            )
+            return CommandReply(
+                worker_id=self.worker_id,
+                ok=False,
+                command_id=cmd.command_id,
+                code=code,
+                detail=detail,
+            )
 
         ok = CommandReply(worker_id=self.worker_id, ok=True, command_id=cmd.command_id)
         if cmd.worker_id != self.worker_id:
@@ -447,10 +500,15 @@ class WorkerService:
             # checked against the registry; one older than what this worker holds is stale.
             held = self.generation.status().facts.get(cmd.session_id) if self.generation else None
             if held is not None and cmd.epoch < held.epoch:
-                return refuse("stale_epoch", f"held at epoch {held.epoch}, command epoch "
-                                             f"{cmd.epoch}")
-        if (cmd.kind is WorkerCmdKind.ASSIGN and cmd.seq > 0 and self.settings.recovery_log
-                and self.generation is not None):
+                return refuse(
+                    "stale_epoch", f"held at epoch {held.epoch}, command epoch {cmd.epoch}"
+                )
+        if (
+            cmd.kind is WorkerCmdKind.ASSIGN
+            and cmd.seq > 0
+            and self.settings.recovery_log
+            and self.generation is not None
+        ):
             await self._find_recovery(cmd)
         if cmd.prompt and cmd.kind in (WorkerCmdKind.ASSIGN, WorkerCmdKind.PROMPT) and self.prompts:
             # Start encoding now, off the generation pass; the engine takes the embedding at a
@@ -473,8 +531,14 @@ class WorkerService:
             log.error("migration_failed", session_id=cmd.session_id, error=repr(exc))
             return
         self.metrics.handoffs.labels("ok" if report.ok else report.code or "failed").inc()
-        log.info("migration_done", session_id=cmd.session_id, dst=cmd.target, ok=report.ok,
-                 code=report.code, transfer_ms=round(report.transfer_ms, 2))
+        log.info(
+            "migration_done",
+            session_id=cmd.session_id,
+            dst=cmd.target,
+            ok=report.ok,
+            code=report.code,
+            transfer_ms=round(report.transfer_ms, 2),
+        )
 
     async def _find_recovery(self, cmd: WorkerCommand) -> None:
         """A session given to us at ``seq`` > 0 whose previous owner was lost: its log, if it
@@ -487,8 +551,9 @@ class WorkerService:
             return
         point, next_seq = found
         if next_seq != cmd.seq:
-            log.warning("recovery_log_out_of_step", session_id=cmd.session_id, seq=cmd.seq,
-                        log_seq=next_seq)
+            log.warning(
+                "recovery_log_out_of_step", session_id=cmd.session_id, seq=cmd.seq, log_seq=next_seq
+            )
             return
         self.generation.offer_recovery(cmd.session_id, cmd.epoch, point)
 
@@ -513,8 +578,10 @@ class WorkerService:
         if record is None:
             return "no such session"
         if record.owner != self.worker_id or record.epoch != cmd.epoch:
-            return (f"registry has owner {record.owner} at epoch {record.epoch}, command "
-                    f"epoch {cmd.epoch}")
+            return (
+                f"registry has owner {record.owner} at epoch {record.epoch}, command "
+                f"epoch {cmd.epoch}"
+            )
         return ""
 
     async def _release_assignment(self, cmd: WorkerCommand) -> None:
@@ -608,12 +675,20 @@ class WorkerService:
         for sid in await registry.missing_sessions(sorted(facts)):
             f = facts[sid]
             state = SessionState.SUSPENDED if f.suspended else SessionState.EXECUTING
-            if await registry.reannounce_session(sid, owner=self.worker_id, epoch=f.epoch,
-                                                 state=state, prompt=f.prompt, seed=f.seed,
-                                                 last_seq=f.last_seq, token_hash=f.token_hash,
-                                                 owner_key=f.owner_key):
-                log.warning("session_reannounced", session_id=sid, epoch=f.epoch,
-                            last_seq=f.last_seq)
+            if await registry.reannounce_session(
+                sid,
+                owner=self.worker_id,
+                epoch=f.epoch,
+                state=state,
+                prompt=f.prompt,
+                seed=f.seed,
+                last_seq=f.last_seq,
+                token_hash=f.token_hash,
+                owner_key=f.owner_key,
+            ):
+                log.warning(
+                    "session_reannounced", session_id=sid, epoch=f.epoch, last_seq=f.last_seq
+                )
 
     def _observe(self, record: WorkerRecord) -> None:
         m = self.metrics

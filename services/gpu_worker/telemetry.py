@@ -56,7 +56,9 @@ def _gpu_report(device: torch.device) -> dict[str, Any]:
             handle = _nvml_handle(pynvml, device)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             report.update(
-                source="nvml", mem_total_bytes=int(memory.total), mem_free_bytes=int(memory.free),
+                source="nvml",
+                mem_total_bytes=int(memory.total),
+                mem_free_bytes=int(memory.free),
             )
             try:
                 util = pynvml.nvmlDeviceGetUtilizationRates(handle)
@@ -69,7 +71,9 @@ def _gpu_report(device: torch.device) -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info(device)
         report.update(
             source=f"torch (nvml unavailable: {type(exc).__name__})",
-            mem_total_bytes=total, mem_free_bytes=free, util_percent=None,
+            mem_total_bytes=total,
+            mem_free_bytes=free,
+            util_percent=None,
         )
     return report
 

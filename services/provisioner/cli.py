@@ -9,10 +9,15 @@ from services.provisioner.backend import BACKENDS, BackendUnavailable, make_back
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("provisioner", help="run the provisioner (TURBOSERVE_* settings)")
-    p.add_argument("--min-workers", type=int, help="workers to keep running (TURBOSERVE_MIN_WORKERS)")
+    p.add_argument(
+        "--min-workers", type=int, help="workers to keep running (TURBOSERVE_MIN_WORKERS)"
+    )
     p.add_argument("--max-workers", type=int, help="most workers at once (TURBOSERVE_MAX_WORKERS)")
-    p.add_argument("--backend", choices=BACKENDS,
-                   help="where workers run: local processes or Kubernetes pods (TURBOSERVE_BACKEND)")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="where workers run: local processes or Kubernetes pods (TURBOSERVE_BACKEND)",
+    )
     p.set_defaults(func=run)
 
 
@@ -23,8 +28,11 @@ def run(args: argparse.Namespace) -> int:
     from shared.runner import run_service
     from shared.settings import ProvisionerSettings
 
-    flags = {"min_workers": args.min_workers, "max_workers": args.max_workers,
-             "backend": args.backend}
+    flags = {
+        "min_workers": args.min_workers,
+        "max_workers": args.max_workers,
+        "backend": args.backend,
+    }
     settings = ProvisionerSettings.from_env(**{k: v for k, v in flags.items() if v is not None})
     # The backend logs as it is made (the GPUs it finds): in the service's format already.
     configure_logging(settings.log_level, settings.log_format, service="provisioner")

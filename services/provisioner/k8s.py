@@ -84,15 +84,18 @@ class KubernetesBackend:
         try:
             from kubernetes import client, config
         except ImportError:
-            raise BackendUnavailable("the kubernetes backend needs the kubernetes package: "
-                                     "pip install 'turboserve[k8s]'") from None
+            raise BackendUnavailable(
+                "the kubernetes backend needs the kubernetes package: pip install 'turboserve[k8s]'"
+            ) from None
         self.settings = settings
         self._client = client
         try:
             configuration, namespace = _load_configuration()
         except (config.ConfigException, OSError) as exc:
-            raise BackendUnavailable(f"no Kubernetes configuration: {exc} (in a pod: a service "
-                                     "account; elsewhere: KUBECONFIG or ~/.kube/config)") from None
+            raise BackendUnavailable(
+                f"no Kubernetes configuration: {exc} (in a pod: a service "
+                "account; elsewhere: KUBECONFIG or ~/.kube/config)"
+            ) from None
         # The client is untyped: its objects are Any here.
         self.api_client: Any = client.ApiClient(configuration)
         self.api = client.CoreV1Api(self.api_client)
@@ -112,8 +115,12 @@ class KubernetesBackend:
 
     # -- the Backend interface --------------------------------------------------------------------
     async def open(self, spawn: Spawn, on_exit: OnExit) -> dict[str, float]:
-        log.info("kubernetes_backend", host=self.api_client.configuration.host,
-                 namespace=self.namespace, pod_template=self.settings.k8s_pod_template)
+        log.info(
+            "kubernetes_backend",
+            host=self.api_client.configuration.host,
+            namespace=self.namespace,
+            pod_template=self.settings.k8s_pod_template,
+        )
         self._on_exit = on_exit
         adopted: dict[str, float] = {}
         for pod in await self._list_pods():
@@ -165,9 +172,12 @@ class KubernetesBackend:
 
     # -- pods -------------------------------------------------------------------------------------
     async def _create(self, worker_id: str, name: str) -> None:
-        template = await self._call(self.api.read_namespaced_pod_template,
-                                    self.settings.k8s_pod_template, self.namespace)
-        body = self.pod_body(worker_id, self.api_client.sanitize_for_serialization(template.template))
+        template = await self._call(
+            self.api.read_namespaced_pod_template, self.settings.k8s_pod_template, self.namespace
+        )
+        body = self.pod_body(
+            worker_id, self.api_client.sanitize_for_serialization(template.template)
+        )
         try:
             await self._call(self.api.create_namespaced_pod, self.namespace, body)
         except self._client.ApiException as exc:
@@ -230,8 +240,9 @@ class KubernetesBackend:
             self._on_exit(worker_id, detail)
 
     async def _list_pods(self) -> list[dict[str, Any]]:
-        result = await self._call(self.api.list_namespaced_pod, self.namespace,
-                                  label_selector=self.selector)
+        result = await self._call(
+            self.api.list_namespaced_pod, self.namespace, label_selector=self.selector
+        )
         return [self.api_client.sanitize_for_serialization(p) for p in result.items]
 
     async def _read_pod(self, name: str) -> dict[str, Any] | None:
@@ -247,8 +258,12 @@ class KubernetesBackend:
     async def _delete(self, name: str, grace_s: float) -> bool:
         """Delete a pod; False when it was not there."""
         try:
-            await self._call(self.api.delete_namespaced_pod, name, self.namespace,
-                             grace_period_seconds=math.ceil(grace_s))
+            await self._call(
+                self.api.delete_namespaced_pod,
+                name,
+                self.namespace,
+                grace_period_seconds=math.ceil(grace_s),
+            )
         except self._client.ApiException as exc:
             if exc.status == 404:
                 return False
@@ -274,8 +289,9 @@ def _load_configuration() -> tuple[Any, str]:
         namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
         return configuration, namespace or "default"
     config_file = os.environ.get("KUBECONFIG") or None
-    config.load_kube_config(config_file=config_file, client_configuration=configuration,
-                            persist_config=False)
+    config.load_kube_config(
+        config_file=config_file, client_configuration=configuration, persist_config=False
+    )
     _, active = config.list_kube_config_contexts(config_file=config_file)
     return configuration, (active.get("context") or {}).get("namespace") or "default"
 

@@ -60,9 +60,13 @@ class LocalBackend:
 
     def worker_env(self, worker_id: str, gpu: GpuDevice | None) -> dict[str, str]:
         s = self.settings
-        env = {**os.environ, **mesh_env(s), "TURBOSERVE_NATS_URL": s.worker_nats_url or s.nats_url,
-               "TURBOSERVE_REDIS_URL": s.worker_redis_url or s.redis_url,
-               "TURBOSERVE_WORKER_ID": worker_id}
+        env = {
+            **os.environ,
+            **mesh_env(s),
+            "TURBOSERVE_NATS_URL": s.worker_nats_url or s.nats_url,
+            "TURBOSERVE_REDIS_URL": s.worker_redis_url or s.redis_url,
+            "TURBOSERVE_WORKER_ID": worker_id,
+        }
         # The worker needs its own credentials, never the provisioner's.
         env.pop("TURBOSERVE_WORKER_NATS_URL", None)
         env.pop("TURBOSERVE_WORKER_REDIS_URL", None)
@@ -86,9 +90,14 @@ class LocalBackend:
         try:
             with self._log_file(worker_id) as out:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "tools.cli", "worker",
-                    env=self.worker_env(worker_id, gpu), preexec_fn=die_with_parent,
-                    stdout=out, stderr=out,
+                    sys.executable,
+                    "-m",
+                    "tools.cli",
+                    "worker",
+                    env=self.worker_env(worker_id, gpu),
+                    preexec_fn=die_with_parent,
+                    stdout=out,
+                    stderr=out,
                 )
         except OSError as exc:
             raise LaunchError(f"could not start a worker process: {exc}") from exc
@@ -96,8 +105,12 @@ class LocalBackend:
         self.workers[worker_id] = worker
         assert self._spawn is not None, "open() first"
         self._spawn(self._watch(worker), f"watch-{worker_id}")
-        log.info("worker_process_started", worker_id=worker_id, pid=process.pid,
-                 gpu=str(gpu) if gpu else "cpu")
+        log.info(
+            "worker_process_started",
+            worker_id=worker_id,
+            pid=process.pid,
+            gpu=str(gpu) if gpu else "cpu",
+        )
         return _where(worker)
 
     def _log_file(self, worker_id: str) -> contextlib.AbstractContextManager[IO[bytes] | None]:

@@ -29,17 +29,31 @@ class ProvisionerMetrics:
         r = self.registry
         labels = ["kind", "emulated"]
         self.boots = Counter(
-            "turboserve_provisioner_boots", "Workers whose request was accepted (they boot)",
-            labels, registry=r)
+            "turboserve_provisioner_boots",
+            "Workers whose request was accepted (they boot)",
+            labels,
+            registry=r,
+        )
         self.boot_seconds = Histogram(
-            "turboserve_provisioner_boot_seconds", "From a worker's request to its first READY "
-            "heartbeat", labels, buckets=BOOT_BUCKETS, registry=r)
+            "turboserve_provisioner_boot_seconds",
+            "From a worker's request to its first READY heartbeat",
+            labels,
+            buckets=BOOT_BUCKETS,
+            registry=r,
+        )
         self.gone = Counter(
-            "turboserve_provisioner_gone", "Workers gone, by why (stopped, exited, boot_timeout, "
-            "launch_failed, provisioner_stopped)", ["code"], registry=r)
+            "turboserve_provisioner_gone",
+            "Workers gone, by why (stopped, exited, boot_timeout, "
+            "launch_failed, provisioner_stopped)",
+            ["code"],
+            registry=r,
+        )
         self.refused = Counter(
-            "turboserve_provisioner_refused", "Workers a command asked for and did not get, by "
-            "command and code", ["command", "code"], registry=r)
+            "turboserve_provisioner_refused",
+            "Workers a command asked for and did not get, by command and code",
+            ["command", "code"],
+            registry=r,
+        )
         r.register(_PoolCollector(self))
 
     @property
@@ -70,23 +84,29 @@ class _PoolCollector(Collector):
         kind, emulated = self.m.kind_labels
         running = sum(max(0.0, now - s.requested_at) for s in pool.workers.values())
         seconds = CounterMetricFamily(
-            "turboserve_provisioner_gpu_seconds", "GPU-seconds of the workers this provisioner "
+            "turboserve_provisioner_gpu_seconds",
+            "GPU-seconds of the workers this provisioner "
             "ran, booting included (the shared figure is in Redis: shared.meter)",
-            labels=["kind", "emulated"])
+            labels=["kind", "emulated"],
+        )
         seconds.add_metric([kind, emulated], self.m.closed_gpu_seconds + running)
         yield seconds
         workers = GaugeMetricFamily(
-            "turboserve_provisioner_workers", "Workers by state", labels=["state", "kind", "emulated"])
+            "turboserve_provisioner_workers",
+            "Workers by state",
+            labels=["state", "kind", "emulated"],
+        )
         for state, n in pool.counts().items():
             workers.add_metric([state.value, kind, emulated], n)
         yield workers
         limits = GaugeMetricFamily(
-            "turboserve_provisioner_pool_limit", "The pool's bounds (max: max_workers, or the "
-            "host's GPUs when fewer)", labels=["bound", "backend"])
+            "turboserve_provisioner_pool_limit",
+            "The pool's bounds (max: max_workers, or the host's GPUs when fewer)",
+            labels=["bound", "backend"],
+        )
         limits.add_metric(["min", self.m.backend], pool.min_workers)
         limits.add_metric(["max", self.m.backend], pool.max_size)
         yield limits
 
     def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         return iter(())
-

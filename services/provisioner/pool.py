@@ -91,8 +91,9 @@ class PoolVerdict:
 
 
 class Pool:
-    def __init__(self, min_workers: int, max_workers: int, capacity: int | None = None,
-                 emulated: str = "") -> None:
+    def __init__(
+        self, min_workers: int, max_workers: int, capacity: int | None = None, emulated: str = ""
+    ) -> None:
         self.min_workers = min_workers
         self.max_workers = max_workers
         self.capacity = capacity  # what the backend can host (local GPUs); None: no own limit
@@ -153,7 +154,9 @@ class Pool:
         for wid in wanted:
             managed = self.workers.get(wid)
             if managed is not None and managed.state is ManagedState.STOPPING:
-                verdict.refused.append(PoolRefusal(ID_IN_USE, wid, "still stopping: ask again once gone"))
+                verdict.refused.append(
+                    PoolRefusal(ID_IN_USE, wid, "still stopping: ask again once gone")
+                )
             elif managed is not None:
                 verdict.unchanged.append(wid)
             elif wid in taken:
@@ -167,7 +170,9 @@ class Pool:
 
     def _full(self, worker_id: str) -> PoolRefusal:
         if self.capacity is not None and self.capacity < self.max_workers:
-            return PoolRefusal(NO_GPU, worker_id, f"all {self.capacity} GPUs of this host are in use")
+            return PoolRefusal(
+                NO_GPU, worker_id, f"all {self.capacity} GPUs of this host are in use"
+            )
         return PoolRefusal(MAX_WORKERS, worker_id, f"the pool is at max_workers={self.max_workers}")
 
     # -- STOP ---------------------------------------------------------------------------------
@@ -183,10 +188,17 @@ class Pool:
             held = holdings.get(wid, ())
             if held:
                 shown = ", ".join(sorted(held)[:5]) + (", ..." if len(held) > 5 else "")
-                verdict.refused.append(PoolRefusal(NOT_DRAINED, wid, f"holds {len(held)} session(s): {shown}"))
+                verdict.refused.append(
+                    PoolRefusal(NOT_DRAINED, wid, f"holds {len(held)} session(s): {shown}")
+                )
             elif self.live <= self.min_workers:
-                verdict.refused.append(PoolRefusal(
-                    MIN_WORKERS, wid, f"the pool would fall below min_workers={self.min_workers}"))
+                verdict.refused.append(
+                    PoolRefusal(
+                        MIN_WORKERS,
+                        wid,
+                        f"the pool would fall below min_workers={self.min_workers}",
+                    )
+                )
             else:
                 managed.state = ManagedState.STOPPING
                 verdict.accepted.append(wid)

@@ -65,8 +65,9 @@ class ProvisionerService:
     def __init__(self, settings: ProvisionerSettings, backend: Backend | None = None) -> None:
         self.settings = settings
         self.backend = backend if backend is not None else make_backend(settings)
-        self.pool = Pool(settings.min_workers, settings.max_workers, self.backend.capacity,
-                         settings.emulate)
+        self.pool = Pool(
+            settings.min_workers, settings.max_workers, self.backend.capacity, settings.emulate
+        )
         self.metrics = ProvisionerMetrics(self.pool, self.backend.name)
         self.ctx: ServiceContext | None = None
         self.meter: Meter | None = None
@@ -84,17 +85,24 @@ class ProvisionerService:
         adopted = await self.backend.open(ctx.spawn, self._on_exit)
         await self._take_over(adopted)
         await ctx.registry.set_pool_limits(
-            PoolLimits(self.pool.min_workers, self.pool.max_size, self.backend.name))
+            PoolLimits(self.pool.min_workers, self.pool.max_size, self.backend.name)
+        )
         await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=self._on_heartbeat)
         await ctx.nc.subscribe(ctx.subjects.provisioner_cmd, cb=self._on_command)
         # A command published (from another connection) before the server holds our SUB would
         # be dropped: started means listening.
         await subscriptions_live(ctx.nc)
-        self.ops = await start_ops(ctx, self.metrics.registry, service=self.name,
-                                   details=self._health_details)
-        log.info("provisioner_ready", backend=self.backend.name, min_workers=self.pool.min_workers,
-                 max_workers=self.pool.max_size, emulate=self.settings.emulate or None,
-                 boot_delay_s=self.settings.boot_delay_s)
+        self.ops = await start_ops(
+            ctx, self.metrics.registry, service=self.name, details=self._health_details
+        )
+        log.info(
+            "provisioner_ready",
+            backend=self.backend.name,
+            min_workers=self.pool.min_workers,
+            max_workers=self.pool.max_size,
+            emulate=self.settings.emulate or None,
+            boot_delay_s=self.settings.boot_delay_s,
+        )
         await self._fill()
 
     async def stop(self) -> None:
@@ -139,31 +147,52 @@ class ProvisionerService:
         if cmd is None:
             return
         if cmd.kind is ProvisionerCmdKind.START:
-            reply = await self.start_workers(cmd.worker_ids, cmd.count, gpu_kind=cmd.gpu_kind,
-                                             command_id=cmd.command_id)
+            reply = await self.start_workers(
+                cmd.worker_ids, cmd.count, gpu_kind=cmd.gpu_kind, command_id=cmd.command_id
+            )
         else:
             reply = await self.stop_workers(cmd.worker_ids, command_id=cmd.command_id)
-        log.info("provisioner_command", kind=str(cmd.kind), command_id=cmd.command_id or None,
-                 started=reply.started, stopping=reply.stopping, unchanged=reply.unchanged,
-                 refused=[f"{r.worker_id or '-'}:{r.code}" for r in reply.refused])
+        log.info(
+            "provisioner_command",
+            kind=str(cmd.kind),
+            command_id=cmd.command_id or None,
+            started=reply.started,
+            stopping=reply.stopping,
+            unchanged=reply.unchanged,
+            refused=[f"{r.worker_id or '-'}:{r.code}" for r in reply.refused],
+        )
         if msg.reply:
             await msg.respond(encode(reply))
 
-    async def start_workers(self, worker_ids: list[str], count: int, *, gpu_kind: str | None = None,
-                            command_id: str = "") -> ProvisionerReply:
+    async def start_workers(
+        self,
+        worker_ids: list[str],
+        count: int,
+        *,
+        gpu_kind: str | None = None,
+        command_id: str = "",
+    ) -> ProvisionerReply:
         """START: the named workers (or ``count`` new ones) boot, unless refused."""
         async with self._lock:
             verdict = await self._start_locked(worker_ids, count, gpu_kind, command_id)
         return _reply(ProvisionerCmdKind.START, verdict, command_id, started=True)
 
-    async def _start_locked(self, worker_ids: list[str], count: int, gpu_kind: str | None,
-                            command_id: str) -> PoolVerdict:
+    async def _start_locked(
+        self, worker_ids: list[str], count: int, gpu_kind: str | None, command_id: str
+    ) -> PoolVerdict:
         if self._stopping:
             verdict = _refuse_all(worker_ids, count, SHUTTING_DOWN, "the provisioner is stopping")
         else:
             in_use = await self._live_worker_ids()
-            verdict = self.pool.start(worker_ids, count, now=time.time(), new_id=new_worker_id,
-                                   in_use=in_use, gpu_kind=gpu_kind, command_id=command_id)
+            verdict = self.pool.start(
+                worker_ids,
+                count,
+                now=time.time(),
+                new_id=new_worker_id,
+                in_use=in_use,
+                gpu_kind=gpu_kind,
+                command_id=command_id,
+            )
         for wid in verdict.accepted:
             await self._boot(self.pool.workers[wid])
         for refusal in verdict.refused:
@@ -171,11 +200,18 @@ class ProvisionerService:
             # A refused request is a GPU that will not come: say so for the named ones. Not for
             # an id in use: that worker is alive, and "gone" would be a lie about it.
             if refusal.worker_id and refusal.code != ID_IN_USE:
-                await self._event(refusal.worker_id, WorkerStatus.GONE, code=refusal.code,
-                                  detail=refusal.detail, command_id=command_id)
+                await self._event(
+                    refusal.worker_id,
+                    WorkerStatus.GONE,
+                    code=refusal.code,
+                    detail=refusal.detail,
+                    command_id=command_id,
+                )
         return verdict
 
-    async def stop_workers(self, worker_ids: list[str], *, command_id: str = "") -> ProvisionerReply:
+    async def stop_workers(
+        self, worker_ids: list[str], *, command_id: str = ""
+    ) -> ProvisionerReply:
         """STOP: the named workers are released, unless one still holds sessions (the scheduler
         drains first) or the pool would fall below ``min_workers``."""
         async with self._lock:
@@ -193,8 +229,13 @@ class ProvisionerService:
                 self.metrics.refusal("stop", refusal.code)
                 kept = self.pool.get(refusal.worker_id)
                 if kept is not None:
-                    await self._event(refusal.worker_id, STATUS_OF[kept.state], code=refusal.code,
-                                      detail=refusal.detail, command_id=command_id)
+                    await self._event(
+                        refusal.worker_id,
+                        STATUS_OF[kept.state],
+                        code=refusal.code,
+                        detail=refusal.detail,
+                        command_id=command_id,
+                    )
         return _reply(ProvisionerCmdKind.STOP, verdict, command_id, started=False)
 
     async def _live_worker_ids(self) -> set[str]:
@@ -222,13 +263,24 @@ class ProvisionerService:
         assert self.ctx is not None and self.meter is not None
         managed.requested_at = await self.meter.open(managed.worker_id, at=managed.requested_at)
         self.metrics.booted()
-        await self._event(managed.worker_id, WorkerStatus.BOOTING, command_id=managed.command_id,
-                          detail=f"boot delay {self.settings.boot_delay_s:g}s"
-                          if self.settings.boot_delay_s else "")
+        await self._event(
+            managed.worker_id,
+            WorkerStatus.BOOTING,
+            command_id=managed.command_id,
+            detail=f"boot delay {self.settings.boot_delay_s:g}s"
+            if self.settings.boot_delay_s
+            else "",
+        )
         await self.ctx.registry.record_cluster_event(
-            "scale_out", worker_id=managed.worker_id, backend=self.backend.name,
-            emulated=self.settings.emulate or None, command_id=managed.command_id or None)
-        self._boots[managed.worker_id] = self.ctx.spawn(self._launch(managed), name=f"boot-{managed.worker_id}")
+            "scale_out",
+            worker_id=managed.worker_id,
+            backend=self.backend.name,
+            emulated=self.settings.emulate or None,
+            command_id=managed.command_id or None,
+        )
+        self._boots[managed.worker_id] = self.ctx.spawn(
+            self._launch(managed), name=f"boot-{managed.worker_id}"
+        )
 
     async def _launch(self, managed: ManagedWorker) -> None:
         if self.settings.boot_delay_s:
@@ -255,9 +307,15 @@ class ProvisionerService:
         try:
             await asyncio.wait_for(managed.ready.wait(), timeout=max(0.0, remaining))
         except TimeoutError:
-            if managed.state is ManagedState.BOOTING and self.pool.get(managed.worker_id) is managed:
-                log.warning("worker_boot_timeout", worker_id=managed.worker_id,
-                            boot_timeout_s=self.settings.boot_timeout_s)
+            if (
+                managed.state is ManagedState.BOOTING
+                and self.pool.get(managed.worker_id) is managed
+            ):
+                log.warning(
+                    "worker_boot_timeout",
+                    worker_id=managed.worker_id,
+                    boot_timeout_s=self.settings.boot_timeout_s,
+                )
                 managed.state = ManagedState.STOPPING
                 self._boots.pop(managed.worker_id, None)
                 await self._release(managed, "boot_timeout")
@@ -280,8 +338,12 @@ class ProvisionerService:
             try:
                 return await self.backend.terminate(managed.worker_id, self._worker_grace_s)
             except BackendError as exc:
-                log.warning("worker_terminate_failed", worker_id=managed.worker_id, error=str(exc),
-                            retry_in_s=delay)
+                log.warning(
+                    "worker_terminate_failed",
+                    worker_id=managed.worker_id,
+                    error=str(exc),
+                    retry_in_s=delay,
+                )
             try:
                 await asyncio.wait_for(self._stop_requested.wait(), timeout=delay)
                 return None
@@ -320,12 +382,23 @@ class ProvisionerService:
         if seconds is None:
             seconds = max(0.0, time.time() - managed.requested_at)
         self.metrics.departed(code, seconds)
-        await self._event(managed.worker_id, WorkerStatus.GONE, code=code, detail=detail,
-                          command_id=managed.command_id, gpu_seconds=round(seconds, 3))
+        await self._event(
+            managed.worker_id,
+            WorkerStatus.GONE,
+            code=code,
+            detail=detail,
+            command_id=managed.command_id,
+            gpu_seconds=round(seconds, 3),
+        )
         with contextlib.suppress(RedisError):
             await self.ctx.registry.record_cluster_event(
-                kind, worker_id=managed.worker_id, code=code, detail=detail,
-                gpu_seconds=round(seconds, 3), backend=self.backend.name)
+                kind,
+                worker_id=managed.worker_id,
+                code=code,
+                detail=detail,
+                gpu_seconds=round(seconds, 3),
+                backend=self.backend.name,
+            )
         if kind == "worker_lost" and code != "provisioner_stopped" and self.pool.deficit:
             self.ctx.spawn(self._replace_lost(), name=f"replace-{managed.worker_id}")
 
@@ -345,11 +418,18 @@ class ProvisionerService:
         """Workers the backend already runs (pods after a provisioner restart) join the pool;
         meters left open by workers that died unwatched are closed."""
         assert self.ctx is not None and self.meter is not None
-        ready = {w.id for w in await self.ctx.registry.workers()
-                 if w.alive and w.status in (WorkerStatus.READY, WorkerStatus.DRAINING)}
+        ready = {
+            w.id
+            for w in await self.ctx.registry.workers()
+            if w.alive and w.status in (WorkerStatus.READY, WorkerStatus.DRAINING)
+        }
         for wid, created_at in adopted.items():
-            managed = ManagedWorker(wid, requested_at=await self.meter.open(wid, at=created_at),
-                        launched=True, command_id="adopted")
+            managed = ManagedWorker(
+                wid,
+                requested_at=await self.meter.open(wid, at=created_at),
+                launched=True,
+                command_id="adopted",
+            )
             self.pool.workers[wid] = managed
             if wid in ready:
                 self.pool.mark_ready(wid, time.time())
@@ -358,8 +438,12 @@ class ProvisionerService:
         for wid in set((await self.meter.read()).open) - set(adopted):
             seconds = await self.meter.close(wid)
             log.warning("stale_meter_closed", worker_id=wid, gpu_seconds=seconds)
-            await self._event(wid, WorkerStatus.GONE, code="exited",
-                              detail="not running when the provisioner started")
+            await self._event(
+                wid,
+                WorkerStatus.GONE,
+                code="exited",
+                detail="not running when the provisioner started",
+            )
 
     # -- heartbeats -------------------------------------------------------------------------------
     async def _on_heartbeat(self, msg: Any) -> None:
@@ -373,23 +457,50 @@ class ProvisionerService:
                 boot_s = now - managed.requested_at
                 self.metrics.ready(boot_s)
                 self._restart_backoff_s = 1.0
-                log.info("worker_ready", worker_id=managed.worker_id, boot_s=round(boot_s, 2),
-                         where=managed.where, emulated=beat.emulated or None)
-                await self._event(managed.worker_id, WorkerStatus.READY, detail=managed.where,
-                                  command_id=managed.command_id, boot_s=round(boot_s, 3),
-                                  gpu_kind=beat.gpu_kind, emulated=beat.emulated or None)
+                log.info(
+                    "worker_ready",
+                    worker_id=managed.worker_id,
+                    boot_s=round(boot_s, 2),
+                    where=managed.where,
+                    emulated=beat.emulated or None,
+                )
+                await self._event(
+                    managed.worker_id,
+                    WorkerStatus.READY,
+                    detail=managed.where,
+                    command_id=managed.command_id,
+                    boot_s=round(boot_s, 3),
+                    gpu_kind=beat.gpu_kind,
+                    emulated=beat.emulated or None,
+                )
                 return
         self.pool.mark_status(beat.worker_id, beat.status)
 
-    async def _event(self, worker_id: str, status: WorkerStatus, *, code: str = "",
-                     detail: str = "", command_id: str = "", boot_s: float | None = None,
-                     gpu_seconds: float | None = None, gpu_kind: str = "",
-                     emulated: str | None = None) -> None:
+    async def _event(
+        self,
+        worker_id: str,
+        status: WorkerStatus,
+        *,
+        code: str = "",
+        detail: str = "",
+        command_id: str = "",
+        boot_s: float | None = None,
+        gpu_seconds: float | None = None,
+        gpu_kind: str = "",
+        emulated: str | None = None,
+    ) -> None:
         assert self.ctx is not None
         event = ProvisionerEvent(
-            worker_id=worker_id, status=status, code=code, detail=detail, command_id=command_id,
+            worker_id=worker_id,
+            status=status,
+            code=code,
+            detail=detail,
+            command_id=command_id,
             emulated=self.settings.emulate if emulated is None else emulated,
-            gpu_kind=gpu_kind, boot_s=boot_s, gpu_seconds=gpu_seconds)
+            gpu_kind=gpu_kind,
+            boot_s=boot_s,
+            gpu_seconds=gpu_seconds,
+        )
         await self.ctx.nc.publish(self.ctx.subjects.provisioner_events, encode(event))
 
 
@@ -398,10 +509,19 @@ def _refuse_all(worker_ids: list[str], count: int, code: str, detail: str) -> Po
     return PoolVerdict(refused=[PoolRefusal(code, wid, detail) for wid in ids])
 
 
-def _reply(kind: ProvisionerCmdKind, verdict: PoolVerdict, command_id: str, *, started: bool) -> ProvisionerReply:
-    refused = [ProvisionerRefusal(code=r.code, worker_id=r.worker_id, detail=r.detail)
-               for r in verdict.refused]
+def _reply(
+    kind: ProvisionerCmdKind, verdict: PoolVerdict, command_id: str, *, started: bool
+) -> ProvisionerReply:
+    refused = [
+        ProvisionerRefusal(code=r.code, worker_id=r.worker_id, detail=r.detail)
+        for r in verdict.refused
+    ]
     return ProvisionerReply(
-        kind=kind, ok=not refused, command_id=command_id,
-        started=verdict.accepted if started else [], stopping=[] if started else verdict.accepted,
-        unchanged=verdict.unchanged, refused=refused)
+        kind=kind,
+        ok=not refused,
+        command_id=command_id,
+        started=verdict.accepted if started else [],
+        stopping=[] if started else verdict.accepted,
+        unchanged=verdict.unchanged,
+        refused=refused,
+    )

@@ -76,8 +76,9 @@ class CommandSender:
 
     def stamp(self, cmd: WorkerCommand) -> WorkerCommand:
         """The command with this scheduler's term and a command id."""
-        return msgspec.structs.replace(cmd, term=self.term,
-                                       command_id=cmd.command_id or f"s{self.term}-{next(self._ids)}")
+        return msgspec.structs.replace(
+            cmd, term=self.term, command_id=cmd.command_id or f"s{self.term}-{next(self._ids)}"
+        )
 
     async def to_worker(
         self, cmd: WorkerCommand, superseded: Callable[[], Awaitable[bool]] | None = None
@@ -101,8 +102,14 @@ class CommandSender:
                     return CommandOutcome(decode(msg.subject, msg.data, CommandReply))
                 except WireError as exc:
                     why = str(exc)
-            log.info("command_retry", kind=str(cmd.kind), worker_id=cmd.worker_id,
-                     session_id=cmd.session_id, attempt=attempt + 1, why=why)
+            log.info(
+                "command_retry",
+                kind=str(cmd.kind),
+                worker_id=cmd.worker_id,
+                session_id=cmd.session_id,
+                attempt=attempt + 1,
+                why=why,
+            )
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
         return CommandOutcome(None, why)
@@ -115,12 +122,17 @@ class CommandSender:
         delay = self.backoff_s
         for attempt in range(self.attempts):
             try:
-                msg = await self.ctx.nc.request(self.ctx.subjects.provisioner_cmd, encode(cmd),
-                                                timeout=self.reply_timeout_s)
+                msg = await self.ctx.nc.request(
+                    self.ctx.subjects.provisioner_cmd, encode(cmd), timeout=self.reply_timeout_s
+                )
                 return decode(msg.subject, msg.data, ProvisionerReply)
             except (NoRespondersError, NatsTimeout, WireError) as exc:
-                log.info("provisioner_retry", kind=str(cmd.kind), attempt=attempt + 1,
-                         why=type(exc).__name__)
+                log.info(
+                    "provisioner_retry",
+                    kind=str(cmd.kind),
+                    attempt=attempt + 1,
+                    why=type(exc).__name__,
+                )
             await asyncio.sleep(delay)
             delay = min(2 * delay, 2.0)
         return None

@@ -108,8 +108,11 @@ class Executor:
                 return  # already there
             if self.ledger.knows(record.owner):
                 # The core's view was behind: the session runs elsewhere. Repair the view.
-                live.feed(Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid,
-                                gpu_id=record.owner))
+                live.feed(
+                    Event(
+                        time.time(), EventKind.MIGRATION_FAILED, session_id=sid, gpu_id=record.owner
+                    )
+                )
                 return
             requeued = await self.requeue(record)
             if requeued is None:
@@ -120,18 +123,29 @@ class Executor:
         except (IllegalTransition, RegistryError) as exc:
             log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
             return
-        cmd = WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id=gpu, epoch=claimed.epoch,
-                            session_id=sid, prompt=claimed.prompt, seed=claimed.seed,
-                            seq=claimed.last_seq + 1, token_hash=claimed.token_hash,
-                            owner_key=claimed.owner_key)
+        cmd = WorkerCommand(
+            kind=WorkerCmdKind.ASSIGN,
+            worker_id=gpu,
+            epoch=claimed.epoch,
+            session_id=sid,
+            prompt=claimed.prompt,
+            seed=claimed.seed,
+            seq=claimed.last_seq + 1,
+            token_hash=claimed.token_hash,
+            owner_key=claimed.owner_key,
+        )
         live.spawn(self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}")
 
     async def requeue(self, record: SessionRecord) -> SessionRecord | None:
         """Back to pending (its worker is gone): the registry's half of a re-placement."""
         try:
             return await self.registry.transition(
-                record.id, SessionState.PENDING, expected_epoch=record.epoch, owner=None,
-                guard=self.live.guard)
+                record.id,
+                SessionState.PENDING,
+                expected_epoch=record.epoch,
+                owner=None,
+                guard=self.live.guard,
+            )
         except (IllegalTransition, RegistryError) as exc:
             log.info("requeue_skipped", session_id=record.id, reason=str(exc))
             return None
@@ -155,11 +169,19 @@ class Executor:
         keep the epoch: the worker keeps the session (no fencing needed), and the commands to
         it are sent in order."""
         record = await self.registry.transition(
-            record.id, SessionState.SUSPENDED, expected_epoch=record.epoch, bump_epoch=False,
-            guard=self.live.guard)
+            record.id,
+            SessionState.SUSPENDED,
+            expected_epoch=record.epoch,
+            bump_epoch=False,
+            guard=self.live.guard,
+        )
         assert record.owner is not None
-        return WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id=record.owner,
-                             epoch=record.epoch, session_id=record.id)
+        return WorkerCommand(
+            kind=WorkerCmdKind.SUSPEND,
+            worker_id=record.owner,
+            epoch=record.epoch,
+            session_id=record.id,
+        )
 
     async def _suspend_after_move(self, sid: str) -> None:
         """The suspend of a session whose migration was in flight, once that has ended, on
@@ -176,8 +198,11 @@ class Executor:
             if not live.core.view.is_idle(sid):
                 return
             found = await self.registry.get_session(sid)
-            if (found is None or found.state is not SessionState.EXECUTING
-                    or not self.ledger.knows(found.owner)):
+            if (
+                found is None
+                or found.state is not SessionState.EXECUTING
+                or not self.ledger.knows(found.owner)
+            ):
                 return
             cmd = await self._suspend_command(found)
         await self._deliver(sid, cmd)
@@ -191,15 +216,25 @@ class Executor:
         if record.state is SessionState.EXECUTING and record.owner == gpu:
             return
         holder = record.owner
-        if record.state is SessionState.SUSPENDED and holder is not None and self.ledger.knows(holder):
+        if (
+            record.state is SessionState.SUSPENDED
+            and holder is not None
+            and self.ledger.knows(holder)
+        ):
             if holder == gpu:
                 record = await self.registry.transition(
-                    sid, SessionState.EXECUTING, expected_epoch=record.epoch, bump_epoch=False,
-                    guard=live.guard)
-                cmd = WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id=gpu, epoch=record.epoch,
-                                    session_id=sid)
-                live.spawn(self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED),
-                           f"resume-{sid}")
+                    sid,
+                    SessionState.EXECUTING,
+                    expected_epoch=record.epoch,
+                    bump_epoch=False,
+                    guard=live.guard,
+                )
+                cmd = WorkerCommand(
+                    kind=WorkerCmdKind.RESUME, worker_id=gpu, epoch=record.epoch, session_id=sid
+                )
+                live.spawn(
+                    self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"resume-{sid}"
+                )
             else:  # its state is parked on another worker: move it there, then resume
                 live.spawn(self.move_then_resume(sid, holder, gpu), f"resume-{sid}")
             return
@@ -214,8 +249,9 @@ class Executor:
         live = self.live
         report = await self.migrations.run(sid, src, dst)
         if report is None or not report.ok:
-            await live.feed_later(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid,
-                                        gpu_id=dst))
+            await live.feed_later(
+                Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=dst)
+            )
             return
         async with live.lock:
             if live.core.view.is_idle(sid):
@@ -224,51 +260,74 @@ class Executor:
             if record is None or record.owner != dst or record.state is not SessionState.SUSPENDED:
                 return
             record = await self.registry.transition(
-                sid, SessionState.EXECUTING, expected_epoch=record.epoch, bump_epoch=False,
-                guard=live.guard)
-        cmd = WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id=dst, epoch=record.epoch,
-                            session_id=sid)
+                sid,
+                SessionState.EXECUTING,
+                expected_epoch=record.epoch,
+                bump_epoch=False,
+                guard=live.guard,
+            )
+        cmd = WorkerCommand(
+            kind=WorkerCmdKind.RESUME, worker_id=dst, epoch=record.epoch, session_id=sid
+        )
         await self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED)
 
-    async def _deliver(self, sid: str, cmd: WorkerCommand,
-                       on_failure: EventKind | None = None) -> None:
+    async def _deliver(
+        self, sid: str, cmd: WorkerCommand, on_failure: EventKind | None = None
+    ) -> None:
         """Send one session's command, in order with its others; a refusal or silence that
         leaves the session nowhere becomes ``on_failure`` (with the registry put right)."""
         lock = self._session_locks.setdefault(sid, asyncio.Lock())
         async with lock:
             outcome = await self.live.sender.to_worker(
-                cmd, superseded=superseded_check(self.registry, sid, cmd.epoch))
+                cmd, superseded=superseded_check(self.registry, sid, cmd.epoch)
+            )
         if outcome.ok or outcome.superseded:
             return
-        log.warning("command_failed", kind=str(cmd.kind), worker_id=cmd.worker_id,
-                    session_id=sid, code=outcome.code, why=outcome.why)
+        log.warning(
+            "command_failed",
+            kind=str(cmd.kind),
+            worker_id=cmd.worker_id,
+            session_id=sid,
+            code=outcome.code,
+            why=outcome.why,
+        )
         if on_failure is None or outcome.code == "stale_epoch":
             return
         if cmd.kind is WorkerCmdKind.ASSIGN:
             record = await self.registry.get_session(sid)
             if record is not None and record.owner == cmd.worker_id and record.epoch == cmd.epoch:
                 await self.requeue(record)
-        await self.live.feed_later(Event(time.time(), on_failure, session_id=sid,
-                                         gpu_id=cmd.worker_id))
+        await self.live.feed_later(
+            Event(time.time(), on_failure, session_id=sid, gpu_id=cmd.worker_id)
+        )
 
     async def stop_session(self, sid: str) -> None:
         """STOP to the worker of a session that closed."""
         record = await self.registry.get_session(sid)
         if record is None or record.owner is None:
             return
-        cmd = WorkerCommand(kind=WorkerCmdKind.STOP, worker_id=record.owner, epoch=record.epoch,
-                            session_id=sid)
+        cmd = WorkerCommand(
+            kind=WorkerCmdKind.STOP, worker_id=record.owner, epoch=record.epoch, session_id=sid
+        )
         await self.live.sender.to_worker(cmd)
         self._session_locks.pop(sid, None)
 
     async def forward_prompt(self, sid: str, prompt: str | None) -> None:
         """A viewer's new prompt to the worker that runs (or holds) the session."""
         record = await self.registry.get_session(sid)
-        if record is None or record.owner is None or record.state not in (
-                SessionState.EXECUTING, SessionState.SUSPENDED):
+        if (
+            record is None
+            or record.owner is None
+            or record.state not in (SessionState.EXECUTING, SessionState.SUSPENDED)
+        ):
             return  # a pending session starts with the registry's (new) prompt
-        cmd = WorkerCommand(kind=WorkerCmdKind.PROMPT, worker_id=record.owner, epoch=record.epoch,
-                            session_id=sid, prompt=prompt or record.prompt)
+        cmd = WorkerCommand(
+            kind=WorkerCmdKind.PROMPT,
+            worker_id=record.owner,
+            epoch=record.epoch,
+            session_id=sid,
+            prompt=prompt or record.prompt,
+        )
         await self._deliver(sid, cmd)
 
     async def replace_handed_back(self, pending: list[str]) -> None:
@@ -288,22 +347,31 @@ class Executor:
                 record = await self.registry.get_session(sid)
                 if record is not None and record.state is SessionState.PENDING:
                     log.warning("session_handed_back", session_id=sid, gpu_id=gpu)
-                    await live.step_locked(Event(time.time(), EventKind.PLACEMENT_FAILED,
-                                                 session_id=sid, gpu_id=gpu))
+                    await live.step_locked(
+                        Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=gpu)
+                    )
 
     # -- the pool -------------------------------------------------------------------------------
     async def _request(self, gpu_ids: list[str], kind: str) -> None:
-        reply = await self.live.sender.to_provisioner(ProvisionerCommand(
-            kind=ProvisionerCmdKind.START, count=len(gpu_ids), worker_ids=gpu_ids, gpu_kind=kind))
+        reply = await self.live.sender.to_provisioner(
+            ProvisionerCommand(
+                kind=ProvisionerCmdKind.START, count=len(gpu_ids), worker_ids=gpu_ids, gpu_kind=kind
+            )
+        )
         if reply is None:
             log.warning("provisioner_unanswered", requested=gpu_ids)
             return  # booting until they come, or time out
         for refusal in reply.refused:
             if refusal.worker_id and self.ledger.refused(refusal.worker_id):
-                log.warning("gpu_refused", gpu_id=refusal.worker_id, code=refusal.code,
-                            detail=refusal.detail)
-                await self.live.feed_later(Event(time.time(), EventKind.GPU_GONE,
-                                                 gpu_id=refusal.worker_id))
+                log.warning(
+                    "gpu_refused",
+                    gpu_id=refusal.worker_id,
+                    code=refusal.code,
+                    detail=refusal.detail,
+                )
+                await self.live.feed_later(
+                    Event(time.time(), EventKind.GPU_GONE, gpu_id=refusal.worker_id)
+                )
 
     async def _drain(self, gpu: str) -> None:
         await self.live.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
@@ -348,24 +416,36 @@ class Migrations:
         where = record.owner if record is not None and record.owner else src
         if record is not None and record.owner == dst:
             return  # the report was lost, the migration was not
-        await self.live.feed_later(Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid,
-                                         gpu_id=where))
+        await self.live.feed_later(
+            Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid, gpu_id=where)
+        )
 
     async def run(self, sid: str, src: str, dst: str) -> MigrationReport | None:
         """MIGRATE to the source and the report of the handoff; None when the session was not
         there to move, the source refused, or no report came in time."""
         live = self.live
         record = await self.registry.get_session(sid)
-        if record is None or record.owner != src or record.state not in (
-                SessionState.EXECUTING, SessionState.SUSPENDED):
+        if (
+            record is None
+            or record.owner != src
+            or record.state not in (SessionState.EXECUTING, SessionState.SUSPENDED)
+        ):
             return None
-        cmd = live.sender.stamp(WorkerCommand(kind=WorkerCmdKind.MIGRATE, worker_id=src,
-                                              session_id=sid, epoch=record.epoch, target=dst))
+        cmd = live.sender.stamp(
+            WorkerCommand(
+                kind=WorkerCmdKind.MIGRATE,
+                worker_id=src,
+                session_id=sid,
+                epoch=record.epoch,
+                target=dst,
+            )
+        )
         waiter: asyncio.Future[MigrationReport] = asyncio.get_running_loop().create_future()
         self._reports[cmd.command_id] = waiter
         try:
             outcome = await live.sender.to_worker(
-                cmd, superseded=superseded_check(self.registry, sid, cmd.epoch))
+                cmd, superseded=superseded_check(self.registry, sid, cmd.epoch)
+            )
             if not outcome.ok:
                 live.metrics.migrations.labels("refused").inc()
                 return None
@@ -423,11 +503,16 @@ class Releases:
         attempts_before = self.ledger.unreleased.get(gpu)
         pause = self.ledger.release_failed(gpu, time.time())
         if pause is not None and attempts_before is not None:
-            log.warning("release_pending", gpu_id=gpu, attempts=attempts_before.attempts + 1,
-                        retry_in_s=round(pause, 1))
+            log.warning(
+                "release_pending",
+                gpu_id=gpu,
+                attempts=attempts_before.attempts + 1,
+                retry_in_s=round(pause, 1),
+            )
 
-    async def _patiently(self, action: Callable[[str], Awaitable[bool]], arg: str,
-                         attempts: int = 10) -> bool:
+    async def _patiently(
+        self, action: Callable[[str], Awaitable[bool]], arg: str, attempts: int = 10
+    ) -> bool:
         """Carry out ``action(arg)`` through Redis or NATS being away for a while (a release
         must not be lost: the worker would run on, known to nobody); what it returned, or
         False when it never got through."""
@@ -435,9 +520,14 @@ class Releases:
             try:
                 return await action(arg)
             except (RedisError, NatsError) as exc:
-                log.warning("action_retry", action=action.__name__, arg=arg, attempt=attempt + 1,
-                            error=str(exc))
-                await asyncio.sleep(min(5.0, 0.5 * 2 ** attempt))
+                log.warning(
+                    "action_retry",
+                    action=action.__name__,
+                    arg=arg,
+                    attempt=attempt + 1,
+                    error=str(exc),
+                )
+                await asyncio.sleep(min(5.0, 0.5 * 2**attempt))
         log.error("action_abandoned", action=action.__name__, arg=arg)
         return False
 
@@ -464,16 +554,21 @@ class Releases:
                 return False
             report = await executor.migrations.run(sid, gpu, target)
             if report is None or not report.ok:
-                log.warning("release_blocked", gpu_id=gpu, session_id=sid,
-                            reason="an idle session could not move")
+                log.warning(
+                    "release_blocked",
+                    gpu_id=gpu,
+                    session_id=sid,
+                    reason="an idle session could not move",
+                )
                 return False
         left = [sid for sid, owner in (await registry.placement()).items() if owner == gpu]
         if left:
             log.warning("release_blocked", gpu_id=gpu, sessions=left)
             return False
         for _ in range(RELEASE_STOP_ATTEMPTS):
-            reply = await live.sender.to_provisioner(ProvisionerCommand(
-                kind=ProvisionerCmdKind.STOP, worker_ids=[gpu]))
+            reply = await live.sender.to_provisioner(
+                ProvisionerCommand(kind=ProvisionerCmdKind.STOP, worker_ids=[gpu])
+            )
             codes = [] if reply is None else [r.code for r in reply.refused]
             if reply is not None and reply.ok:
                 return True
@@ -486,6 +581,7 @@ class Releases:
 
 def superseded_check(registry: Registry, sid: str, epoch: int) -> Callable[[], Awaitable[bool]]:
     """Asked before each retry of a command at ``epoch``: whether the session moved on."""
+
     async def check() -> bool:
         record = await registry.get_session(sid)
         return record is None or record.epoch != epoch or record.state is SessionState.TERMINATED

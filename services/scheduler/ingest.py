@@ -72,8 +72,11 @@ class Ingest:
         if known:
             if beat.pass_ends_at is not None:
                 core.note_step(wid, beat.pass_ends_at)
-            if (beat.status is WorkerStatus.DRAINING and wid not in self.ledger.our_drains
-                    and core.view.state_of(wid) is GpuState.READY):
+            if (
+                beat.status is WorkerStatus.DRAINING
+                and wid not in self.ledger.our_drains
+                and core.view.state_of(wid) is GpuState.READY
+            ):
                 mode = (await self.registry.operator_drains()).get(wid, "hold")
                 await self._follow_operator_drain(wid, mode)
             return
@@ -120,8 +123,9 @@ class Ingest:
                 except (RedisError, NatsError) as exc:
                     # Not acked: JetStream delivers the event again (the core tolerates a
                     # repeated event), and the registry's pending set backs it up.
-                    log.warning("event_not_handled", session_id=event and event.session_id,
-                                error=repr(exc))
+                    log.warning(
+                        "event_not_handled", session_id=event and event.session_id, error=repr(exc)
+                    )
 
     async def on_session_event(self, event: SessionEvent) -> None:
         live, sid = self.live, event.session_id
@@ -189,8 +193,9 @@ class Ingest:
             mode = self.ledger.drain_mode(wid, record, drains)
             if mode is not None:
                 await self._follow_operator_drain(wid, mode)
-            elif (wid in view.cordoned and record is not None
-                    and record.status is WorkerStatus.READY):
+            elif (
+                wid in view.cordoned and record is not None and record.status is WorkerStatus.READY
+            ):
                 log.info("operator_undrain", gpu_id=wid)
                 await self.live.step(Event(time.time(), EventKind.GPU_UNCORDON, gpu_id=wid))
 
@@ -226,8 +231,10 @@ class Ingest:
             # A session the core never heard of runs on a worker (written back after Redis
             # restarted empty, say): the core learns it; placing it finds where it is.
             record = await registry.get_session(sid)
-            if record is None or record.state not in (SessionState.EXECUTING,
-                                                      SessionState.SUSPENDED):
+            if record is None or record.state not in (
+                SessionState.EXECUTING,
+                SessionState.SUSPENDED,
+            ):
                 continue
             await live.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
             if record.state is SessionState.SUSPENDED:
@@ -242,8 +249,14 @@ class Ingest:
             if registered is not None and registered != gpu and pool.knows(registered):
                 record = await registry.get_session(sid)
                 if record is not None and record.state is SessionState.EXECUTING:
-                    await live.step(Event(time.time(), EventKind.MIGRATION_FAILED,
-                                          session_id=sid, gpu_id=registered))
+                    await live.step(
+                        Event(
+                            time.time(),
+                            EventKind.MIGRATION_FAILED,
+                            session_id=sid,
+                            gpu_id=registered,
+                        )
+                    )
         await self._requeue_lost_by_workers(placement)
 
     async def _requeue_lost_by_workers(self, placement: dict[str, str]) -> None:
@@ -255,10 +268,15 @@ class Ingest:
             if beat is None or not self.ledger.knows(owner) or sid in beat.sessions:
                 continue
             record = await self.registry.get_session(sid)
-            if (record is None or record.owner != owner or record.state is not SessionState.EXECUTING
-                    or beat.at - record.updated_at < grace):
+            if (
+                record is None
+                or record.owner != owner
+                or record.state is not SessionState.EXECUTING
+                or beat.at - record.updated_at < grace
+            ):
                 continue
             log.warning("session_lost_by_worker", session_id=sid, gpu_id=owner)
             if await self.executor.requeue(record) is not None:
-                await self.live.step(Event(time.time(), EventKind.PLACEMENT_FAILED,
-                                           session_id=sid, gpu_id=owner))
+                await self.live.step(
+                    Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=owner)
+                )

@@ -119,10 +119,12 @@ class PoolLedger:
         They are to be shown lost, then forgotten."""
         out = []
         for wid, record in records.items():
-            if (wid not in self.workers and not record.alive
-                    and record.status is not WorkerStatus.LOST
-                    and now - max(record.updated_at, self.heard.get(wid, 0.0))
-                    > self.worker_timeout_s):
+            if (
+                wid not in self.workers
+                and not record.alive
+                and record.status is not WorkerStatus.LOST
+                and now - max(record.updated_at, self.heard.get(wid, 0.0)) > self.worker_timeout_s
+            ):
                 out.append(wid)
         return out
 
@@ -136,10 +138,16 @@ class PoolLedger:
                 continue
             if wid not in self.beats:
                 self.beats[wid] = Heartbeat(
-                    worker_id=wid, status=record.status, capacity=record.capacity,
-                    active=record.active, sessions=list(record.sessions), device=record.device,
-                    chunk_ms=dict(record.chunk_ms), gpu_kind=record.gpu_kind,
-                    at=record.updated_at)
+                    worker_id=wid,
+                    status=record.status,
+                    capacity=record.capacity,
+                    active=record.active,
+                    sessions=list(record.sessions),
+                    device=record.device,
+                    chunk_ms=dict(record.chunk_ms),
+                    gpu_kind=record.gpu_kind,
+                    at=record.updated_at,
+                )
             out.append((wid, record.gpu_kind))
         return out
 
@@ -166,14 +174,19 @@ class PoolLedger:
         return None if best is None else best[1]
 
     # -- drains ---------------------------------------------------------------------------------
-    def drain_mode(self, wid: str, record: WorkerRecord | None,
-                   operator_drains: Mapping[str, str]) -> str | None:
+    def drain_mode(
+        self, wid: str, record: WorkerRecord | None, operator_drains: Mapping[str, str]
+    ) -> str | None:
         """How an operator drains ``wid`` (``hold`` or ``stop``), None when nobody does. A
         worker found draining that nobody recorded and this scheduler did not drain is an
         operator's too: held."""
         mode = operator_drains.get(wid)
-        if (mode is None and record is not None and record.status is WorkerStatus.DRAINING
-                and wid not in self.our_drains):
+        if (
+            mode is None
+            and record is not None
+            and record.status is WorkerStatus.DRAINING
+            and wid not in self.our_drains
+        ):
             return "hold"
         return mode
 
@@ -219,8 +232,9 @@ class PoolLedger:
         self.unreleased[gpu_id] = PendingRelease(now + pause, attempts)
         return pause
 
-    def releases_due(self, now: float, held: Collection[str], in_flight: Collection[str]
-                     ) -> list[str]:
+    def releases_due(
+        self, now: float, held: Collection[str], in_flight: Collection[str]
+    ) -> list[str]:
         """The releases to try again now. One whose worker is gone (or not up: it is given back
         if it comes), or that the core ``held`` again (a failed evacuation), is no longer a
         release to finish and is forgotten, unless an attempt is ``in_flight``."""

@@ -77,11 +77,15 @@ class LiveScheduler:
         self.default_kind = default_kind
         self.metrics = metrics
         self.handoff_timeout_s = handoff_timeout_s
-        self.sender = CommandSender(ctx, term=lease.term, reply_timeout_s=settings.command_timeout_s)
+        self.sender = CommandSender(
+            ctx, term=lease.term, reply_timeout_s=settings.command_timeout_s
+        )
         self.lock = asyncio.Lock()  # one step of the core at a time
         self.stopping = asyncio.Event()
         self.psub: Any = None  # the durable consumer of session events
-        self.ledger = PoolLedger(settings.worker_timeout_s, settings.boot_timeout_s, settings.tick_s)
+        self.ledger = PoolLedger(
+            settings.worker_timeout_s, settings.boot_timeout_s, settings.tick_s
+        )
         self.executor = Executor(self)
         self.ingest = Ingest(self)
         self._followups: deque[Event] = deque()
@@ -95,19 +99,24 @@ class LiveScheduler:
     async def start(self) -> None:
         ctx, ingest = self.ctx, self.ingest
         self._subs.append(await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=ingest.on_beat))
-        self._subs.append(await ctx.nc.subscribe(ctx.subjects.provisioner_events,
-                                                 cb=ingest.on_pool_event))
+        self._subs.append(
+            await ctx.nc.subscribe(ctx.subjects.provisioner_events, cb=ingest.on_pool_event)
+        )
         self._subs.append(await ctx.nc.subscribe(ctx.subjects.migrations, cb=ingest.on_report))
         await subscriptions_live(ctx.nc)
         await asyncio.sleep(min(1.5, self.settings.worker_timeout_s / 2))  # hear the heartbeats
         await self.rebuild()
         self.psub = await ctx.js.pull_subscribe(
-            ctx.subjects.session_events, durable=SCHEDULER_DURABLE,
-            stream=ctx.subjects.sessions_stream)
+            ctx.subjects.session_events,
+            durable=SCHEDULER_DURABLE,
+            stream=ctx.subjects.sessions_stream,
+        )
         # The two loops are supervised by the service: one that fails takes the scheduler down
         # (a standby takes over) rather than leaving a leader that no longer decides.
-        self._loops = [ctx.spawn(ingest.consume(), name="scheduler-events"),
-                       ctx.spawn(self._tick_forever(), name="scheduler-tick")]
+        self._loops = [
+            ctx.spawn(ingest.consume(), name="scheduler-events"),
+            ctx.spawn(self._tick_forever(), name="scheduler-tick"),
+        ]
         log.info("scheduler_leading", term=self.lease.term, gpus=len(self.ledger.workers))
 
     async def stop(self) -> None:
@@ -143,8 +152,12 @@ class LiveScheduler:
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("scheduler_task_failed", task=task.get_name(), error=repr(task.exception()),
-                      exc_info=task.exception())
+            log.error(
+                "scheduler_task_failed",
+                task=task.get_name(),
+                error=repr(task.exception()),
+                exc_info=task.exception(),
+            )
 
     @property
     def guard(self) -> tuple[str, str]:
@@ -172,8 +185,9 @@ class LiveScheduler:
             if record.state is SessionState.SUSPENDED:
                 sessions.append(RestoredSession(sid, active=False, in_host_ram=owner in live))
             else:
-                sessions.append(RestoredSession(sid, active=True,
-                                                gpu_id=owner if owner in live else None))
+                sessions.append(
+                    RestoredSession(sid, active=True, gpu_id=owner if owner in live else None)
+                )
         for sid in await registry.pending_sessions():
             sessions.append(RestoredSession(sid, active=True))
         self.refresh_profiles(force=True)
@@ -201,9 +215,16 @@ class LiveScheduler:
                 gpus = self.core.view.billed_gpus
                 for decision in decisions:
                     self.metrics.decisions.labels(type(decision).__name__).inc()
-                    log.info("decision", trigger=str(current.kind), session_id=current.session_id,
-                             gpu_id=current.gpu_id, decision=describe(decision),
-                             rho_max=round(rho_max, 3), rho_hat=rho_hat, gpus=gpus)
+                    log.info(
+                        "decision",
+                        trigger=str(current.kind),
+                        session_id=current.session_id,
+                        gpu_id=current.gpu_id,
+                        decision=describe(decision),
+                        rho_max=round(rho_max, 3),
+                        rho_hat=rho_hat,
+                        gpus=gpus,
+                    )
                     await self.executor.execute(decision)
 
     def feed(self, event: Event) -> None:
@@ -260,32 +281,43 @@ class LiveScheduler:
             old = current.get(kind)
             if force or old is None or differs(old, profile):
                 self.core.set_profile(kind, profile)
-                log.info("profile_set", gpu_kind=kind, name=profile.name, k=profile.capacity,
-                         chunk_ms_1=round(profile.chunk_ms(1), 1),
-                         deadline_ms=profile.deadline_ms,
-                         migration_ms=round(profile.migration_per_session_ms, 2))
+                log.info(
+                    "profile_set",
+                    gpu_kind=kind,
+                    name=profile.name,
+                    k=profile.capacity,
+                    chunk_ms_1=round(profile.chunk_ms(1), 1),
+                    deadline_ms=profile.deadline_ms,
+                    migration_ms=round(profile.migration_per_session_ms, 2),
+                )
 
     async def _publish_status(self, now: float) -> None:
         view = self.core.view
         states = list(view.gpus.values())
         rho_hat, delta = self.core.current_rho_hat(now)
         status: dict[str, Any] = {
-            "leader": self.settings.scheduler_id, "term": self.lease.term,
+            "leader": self.settings.scheduler_id,
+            "term": self.lease.term,
             "policy": self.settings.policy,
-            "rho_max": round(self.core.rho_max(), 4), "rho_hat": rho_hat, "delta": delta,
+            "rho_max": round(self.core.rho_max(), 4),
+            "rho_hat": rho_hat,
+            "delta": delta,
             "gpus": view.billed_gpus,
             "ready": sum(1 for s in states if s is GpuState.READY),
             "booting": sum(1 for s in states if s is GpuState.BOOTING),
             "draining": sum(1 for s in states if s is GpuState.DRAINING),
             # Drained by an operator and kept: not in the autoscaler's count, never released.
             "cordoned": sorted(view.cordoned),
-            "active_sessions": view.active_sessions, "pending": len(view.pending),
-            "idle_sessions": len(view.idle_sessions), "updated_at": now,
+            "active_sessions": view.active_sessions,
+            "pending": len(view.pending),
+            "idle_sessions": len(view.idle_sessions),
+            "updated_at": now,
             # Given back by the core, still running: a release being retried.
             "releasing": len(self.ledger.unreleased),
         }
-        status["rho"] = {gpu: round(view.load(gpu) / max(1, view.capacity_of(gpu)), 4)
-                         for gpu in view.gpus}
+        status["rho"] = {
+            gpu: round(view.load(gpu) / max(1, view.capacity_of(gpu)), 4) for gpu in view.gpus
+        }
         status["deadline_ms"] = view.profile.deadline_ms
         # What `turboserve replay --compare-sim` needs to simulate the same pool: the latency
         # model per kind (as measured), the default kind, the boot delay, the limits, the tick.
@@ -295,4 +327,6 @@ class LiveScheduler:
         status["tick_s"] = self.settings.tick_s
         self.metrics.observe_view(status)
         await self.ctx.registry.raise_counter("peak_gpus", view.billed_gpus)
-        await self.ctx.registry.set_scheduler_status(status, ttl_s=max(3.0, 4 * self.settings.tick_s))
+        await self.ctx.registry.set_scheduler_status(
+            status, ttl_s=max(3.0, 4 * self.settings.tick_s)
+        )

@@ -105,4 +105,5 @@ def differs(a: LatencyProfile, b: LatencyProfile, rel: float = 0.1) -> bool:
         if abs(x - y) > rel * max(x, y):
             return True
     return abs(a.migration_per_session_ms - b.migration_per_session_ms) > rel * max(
-        a.migration_per_session_ms, b.migration_per_session_ms, 1e-9)
+        a.migration_per_session_ms, b.migration_per_session_ms, 1e-9
+    )

@@ -59,16 +59,19 @@ class SchedulerService:
         except (ProfileError, RhoTableError, OSError) as exc:
             raise SettingsError([f"scheduler inputs: {exc}"]) from None
         if settings.policy not in live_policies():
-            raise SettingsError([f"TURBOSERVE_POLICY={settings.policy!r}: one of "
-                                 f"{', '.join(live_policies())}"])
+            raise SettingsError(
+                [f"TURBOSERVE_POLICY={settings.policy!r}: one of {', '.join(live_policies())}"]
+            )
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
         await ensure_streams(ctx.js, ctx.subjects)
-        self._election = LeaderElection(ctx.redis, ctx.registry.ns, self.settings.scheduler_id,
-                                        self.settings.leader_ttl_s)
-        self.ops = await start_ops(ctx, self.metrics.registry, service="scheduler",
-                                   details=self._details)
+        self._election = LeaderElection(
+            ctx.redis, ctx.registry.ns, self.settings.scheduler_id, self.settings.leader_ttl_s
+        )
+        self.ops = await start_ops(
+            ctx, self.metrics.registry, service="scheduler", details=self._details
+        )
         ctx.spawn(self._lead(), name="scheduler-leadership")
 
     async def stop(self) -> None:
@@ -77,8 +80,10 @@ class SchedulerService:
         await close_ops(self.ops)
 
     def _details(self) -> dict[str, Any]:
-        return {"leader": self.lease is not None,
-                "term": self.lease.term if self.lease is not None else None}
+        return {
+            "leader": self.lease is not None,
+            "term": self.lease.term if self.lease is not None else None,
+        }
 
     # -- leadership -----------------------------------------------------------------------------
     async def _lead(self) -> None:
@@ -92,8 +97,9 @@ class SchedulerService:
                     lease = await self._election.try_acquire()
                     if lease is not None:
                         self.lease = lease
-                        self._starting = self.ctx.spawn(self._take_over(lease),
-                                                        name="scheduler-takeover")
+                        self._starting = self.ctx.spawn(
+                            self._take_over(lease), name="scheduler-takeover"
+                        )
                 elif not await self._election.renew(self.lease):
                     log.warning("scheduler_deposed", term=self.lease.term)
                     await self._step_down(resign=False)
@@ -111,8 +117,15 @@ class SchedulerService:
         self.metrics.leader.set(1)
         log.info("scheduler_elected", term=lease.term, scheduler_id=self.settings.scheduler_id)
         live = LiveScheduler(
-            self.ctx, self.settings, lease, await self._controller(), self.profiles,
-            self.default_kind, self.metrics, handoff_timeout_s=self.settings.handoff_timeout_s)
+            self.ctx,
+            self.settings,
+            lease,
+            await self._controller(),
+            self.profiles,
+            self.default_kind,
+            self.metrics,
+            handoff_timeout_s=self.settings.handoff_timeout_s,
+        )
         self.live = live
         await live.start()
 
@@ -137,13 +150,19 @@ class SchedulerService:
         limits = await self.ctx.registry.pool_limits()
         min_gpus = limits.min_workers if limits is not None else settings.min_workers
         max_gpus = limits.max_workers if limits is not None else settings.max_workers
-        return live_policy(settings, self.profiles, self.default_kind, self.rho_table,
-                           min_gpus, max_gpus)
+        return live_policy(
+            settings, self.profiles, self.default_kind, self.rho_table, min_gpus, max_gpus
+        )
 
 
-def live_policy(settings: SchedulerSettings, profiles: dict[str, LatencyProfile],
-                default_kind: str, rho_table: RhoTable | None, min_gpus: int,
-                max_gpus: int) -> Policy:
+def live_policy(
+    settings: SchedulerSettings,
+    profiles: dict[str, LatencyProfile],
+    default_kind: str,
+    rho_table: RhoTable | None,
+    min_gpus: int,
+    max_gpus: int,
+) -> Policy:
     """The policy ``settings`` name, set for the live pool: it starts with no GPU of its own
     (it finds the workers that run); an autoscaler sizes the pool between ``min_gpus`` and
     ``max_gpus`` with the rho table, a static policy keeps the pool it finds."""
@@ -152,17 +171,28 @@ def live_policy(settings: SchedulerSettings, profiles: dict[str, LatencyProfile]
     spec = policy_spec(settings.policy)
     params: dict[str, object]
     if spec.autoscales:
-        params = {"rho_table": rho_table, "boot_delay_s": boot, "initial_gpus": 0,
-                  "min_gpus": min_gpus, "max_gpus": max_gpus, "gpu_kind": default_kind,
-                  "gpu_id_prefix": prefix}
+        params = {
+            "rho_table": rho_table,
+            "boot_delay_s": boot,
+            "initial_gpus": 0,
+            "min_gpus": min_gpus,
+            "max_gpus": max_gpus,
+            "gpu_kind": default_kind,
+            "gpu_id_prefix": prefix,
+        }
     else:
-        params = {"gpus": 0, "gpu_kind": default_kind, "boot_delay_s": boot,
-                  "gpu_id_prefix": prefix}
+        params = {
+            "gpus": 0,
+            "gpu_kind": default_kind,
+            "boot_delay_s": boot,
+            "gpu_id_prefix": prefix,
+        }
     return get_policy(settings.policy, profiles, spec.config(params))
 
 
 def load_inputs(
-        settings: SchedulerSettings) -> tuple[dict[str, LatencyProfile], str, RhoTable | None]:
+    settings: SchedulerSettings,
+) -> tuple[dict[str, LatencyProfile], str, RhoTable | None]:
     """The files the core is given as values: the latency profile of the default GPU kind and
     the adaptive rho_hat table (the core itself reads no files)."""
     from services.scheduler.shipped import load_rho_table

@@ -20,8 +20,7 @@ def test_the_trace_is_bounded_and_seeded():
 
 
 async def test_nothing_is_lost_while_components_die():
-    result = await chaos(duration_s=75.0, seed=7, sessions=6, actions=len(ACTIONS),
-                         kinds=ACTIONS)
+    result = await chaos(duration_s=75.0, seed=7, sessions=6, actions=len(ACTIONS), kinds=ACTIONS)
     assert {a["action"] for a in result["actions"]} >= {"redis", "nats"}, result["actions"]
     assert result["sessions_started"] == 6 and result["refused"] == 0
     assert result["chunks"] > 6 * 10

@@ -70,7 +70,9 @@ async def test_session_streams_end_to_end(mesh, redis_client, isolation):
 
     registry = Registry(redis_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
-        resp = await http.post("/v1/sessions", json={"prompt": "a paper boat on a river", "seed": 11})
+        resp = await http.post(
+            "/v1/sessions", json={"prompt": "a paper boat on a river", "seed": 11}
+        )
         assert resp.status == 201
         session = await resp.json()
         sid = session["id"]
@@ -91,7 +93,9 @@ async def test_session_streams_end_to_end(mesh, redis_client, isolation):
         assert image.format == "JPEG" and image.size == (data["width"], data["height"])
 
         # Reconnecting with Last-Event-ID resumes after what the client has.
-        async with http.get(session["stream_url"], headers={**auth, "Last-Event-ID": str(seqs[-1])}) as again:
+        async with http.get(
+            session["stream_url"], headers={**auth, "Last-Event-ID": str(seqs[-1])}
+        ) as again:
             resumed = [e for e in await read_sse(again, want=1) if e.get("event") == "chunk"]
         assert int(resumed[0]["id"]) == seqs[-1] + 1
 
@@ -112,15 +116,18 @@ async def test_session_streams_end_to_end(mesh, redis_client, isolation):
         assert sid not in await registry.placement()
 
         # A stream of a closed session ends at once.
-        async with http.get(session["stream_url"],
-                            headers={**auth, "Last-Event-ID": str(record.last_seq)}) as closed:
+        async with http.get(
+            session["stream_url"], headers={**auth, "Last-Event-ID": str(record.last_seq)}
+        ) as closed:
             tail = await read_sse(closed, want=1, timeout=10)
         assert tail[-1]["event"] == "end"
 
 
 async def test_bad_requests_get_stable_codes(mesh):
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
-        resp = await http.post("/v1/sessions", data=b"{not json", headers={"Content-Type": "application/json"})
+        resp = await http.post(
+            "/v1/sessions", data=b"{not json", headers={"Content-Type": "application/json"}
+        )
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_json"
         resp = await http.post("/v1/sessions", json={"prompt": ""})
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_request"
@@ -132,7 +139,9 @@ async def test_bad_requests_get_stable_codes(mesh):
         assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_json"
         for path in ("/v1/sessions/0123456789abcdef", "/v1/sessions/bad.id/stream"):
             resp = await http.get(path)
-            assert resp.status == 404 and (await resp.json())["error"]["code"] == "session_not_found"
+            assert (
+                resp.status == 404 and (await resp.json())["error"]["code"] == "session_not_found"
+            )
         resp = await http.delete("/v1/sessions/missing")
         assert resp.status == 404
         resp = await http.get("/v1/nothing")
@@ -156,7 +165,11 @@ async def test_garbage_to_worker_is_dropped_and_it_keeps_serving(mesh, nats_clie
 
         rec = await eventually(first_placed, 60, "the first session on a worker")
         worker_id = rec["worker_id"]
-        for junk in (b"garbage", b"{}", b'{"type":"worker_cmd","kind":"assign","worker_id":"../x"}'):
+        for junk in (
+            b"garbage",
+            b"{}",
+            b'{"type":"worker_cmd","kind":"assign","worker_id":"../x"}',
+        ):
             await nats_client.publish(subjects.worker_cmd(worker_id), junk)
             await nats_client.publish(subjects.session_events, junk)
             await nats_client.publish(subjects.provisioner_cmd, junk)
@@ -164,12 +177,21 @@ async def test_garbage_to_worker_is_dropped_and_it_keeps_serving(mesh, nats_clie
         # session): logged and dropped, never fatal.
         from shared.wire import WorkerCmdKind, WorkerCommand, encode
 
-        for kind in (WorkerCmdKind.SUSPEND, WorkerCmdKind.SUSPEND, WorkerCmdKind.RESUME, WorkerCmdKind.RESUME):
-            cmd = WorkerCommand(kind=kind, worker_id=worker_id, epoch=rec["epoch"], session_id=first["id"])
+        for kind in (
+            WorkerCmdKind.SUSPEND,
+            WorkerCmdKind.SUSPEND,
+            WorkerCmdKind.RESUME,
+            WorkerCmdKind.RESUME,
+        ):
+            cmd = WorkerCommand(
+                kind=kind, worker_id=worker_id, epoch=rec["epoch"], session_id=first["id"]
+            )
             await nats_client.publish(subjects.worker_cmd(worker_id), encode(cmd))
         await nats_client.flush()
         second = await (await http.post("/v1/sessions", json={"prompt": "two"})).json()
-        async with http.get(second["stream_url"], headers={"Authorization": f"Bearer {second['token']}"}) as stream:
+        async with http.get(
+            second["stream_url"], headers={"Authorization": f"Bearer {second['token']}"}
+        ) as stream:
             events = [e for e in await read_sse(stream, want=2) if e.get("event") == "chunk"]
         assert [int(e["id"]) for e in events] == [0, 1]
         assert not mesh.exited()
@@ -180,13 +202,23 @@ async def test_garbage_to_worker_is_dropped_and_it_keeps_serving(mesh, nats_clie
 def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_path):
     """`turboserve up` as a user runs it; SIGINT stops every process it started."""
     port = free_port()
-    env = {**os.environ, **isolation, "TURBOSERVE_NATS_URL": infra.nats_url,
-           "TURBOSERVE_REDIS_URL": infra.redis_url, "TURBOSERVE_LOG_LEVEL": "warning",
-           "TURBOSERVE_STATE_DIR": str(tmp_path / "state")}
+    env = {
+        **os.environ,
+        **isolation,
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_STATE_DIR": str(tmp_path / "state"),
+    }
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "up", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", "up", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def banner_shown() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"turboserve up exited: {(tmp_path / 'up.log').read_text()}")
@@ -198,6 +230,7 @@ def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_pat
             ready = json.loads(resp.read())
         assert resp.status == 200 and ready["workers_ready"] >= 1
         assert "Workers: the first one is ready (" in (tmp_path / "up.log").read_text()
+
         # gateway, scheduler, provisioner, and the worker the provisioner starts
         def four_processes() -> list[int]:
             children = _descendants(proc.pid)
@@ -225,7 +258,9 @@ def test_up_then_sigint_leaves_no_process(infra, isolation, nats_client, tmp_pat
 
 
 def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True
+    ).stdout
     parent_of = {int(a): int(b) for a, b in (line.split() for line in out.strip().splitlines())}
     found, frontier = [], [pid]
     while frontier:

@@ -47,9 +47,14 @@ class Stream:
             if event.get("event") == "chunk":
                 data = orjson.loads(event["data"])
                 image = Image.open(io.BytesIO(base64.b64decode(data["frames"][0])))
-                self.chunks.append({"seq": data["seq"], "frames": len(data["frames"]),
-                                    "size": (data["height"], data["width"]),
-                                    "image": (image.height, image.width)})
+                self.chunks.append(
+                    {
+                        "seq": data["seq"],
+                        "frames": len(data["frames"]),
+                        "size": (data["height"], data["width"]),
+                        "image": (image.height, image.width),
+                    }
+                )
             elif event.get("event") == "state":
                 self.notices.append(orjson.loads(event["data"]).get("kind", ""))
             elif event.get("event") == "end":
@@ -80,56 +85,91 @@ def _logs(folder: Path) -> str:
 
 @pytest.mark.parametrize("layout", ["diffusers", "original"])
 async def test_a_model_folder_streams_across_prompt_migration_and_a_killed_worker(
-        layout, infra, isolation, nats_client, tmp_path):
+    layout, infra, isolation, nats_client, tmp_path
+):
     folder = build_folder(tmp_path / layout, layout)
-    env = {**isolation, "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_MODEL": str(folder),
-           "TURBOSERVE_RESOLUTION": f"{RESOLUTION[0]}x{RESOLUTION[1]}",
-           "TURBOSERVE_CHUNK_PERIOD_S": "0.8", "TURBOSERVE_MAX_WORKERS": "2"}
+    env = {
+        **isolation,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_MODEL": str(folder),
+        "TURBOSERVE_RESOLUTION": f"{RESOLUTION[0]}x{RESOLUTION[1]}",
+        "TURBOSERVE_CHUNK_PERIOD_S": "0.8",
+        "TURBOSERVE_MAX_WORKERS": "2",
+    }
     (tmp_path / "logs").mkdir()
-    mesh = Mesh(nats_url=infra.nats_url, redis_url=infra.redis_url, port=free_port(), workers=2,
-                embedded="never", env=env, quiet=True, log_dir=tmp_path / "logs")
+    mesh = Mesh(
+        nats_url=infra.nats_url,
+        redis_url=infra.redis_url,
+        port=free_port(),
+        workers=2,
+        embedded="never",
+        env=env,
+        quiet=True,
+        log_dir=tmp_path / "logs",
+    )
     mesh.start(ready_timeout=180)
-    conn = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            **isolation}
+    conn = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        **isolation,
+    }
     try:
         async with mesh_context(conn) as (ctx, _), aiohttp.ClientSession(mesh.gateway_url) as http:
+
             async def two_ready() -> bool:
-                ready = [w for w in await ctx.registry.workers()
-                         if w.alive and w.status is WorkerStatus.READY]
+                ready = [
+                    w
+                    for w in await ctx.registry.workers()
+                    if w.alive and w.status is WorkerStatus.READY
+                ]
                 assert len(ready) >= 2, _logs(tmp_path / "logs")
                 return True
 
             await eventually(two_ready, 180, "two workers ready", interval=0.5)
-            resp = await http.post("/v1/sessions", json={"prompt": "a red fox running through snow",
-                                                         "seed": 5})
+            resp = await http.post(
+                "/v1/sessions", json={"prompt": "a red fox running through snow", "seed": 5}
+            )
             assert resp.status == 201, await resp.text()
             session = await resp.json()
             sid, auth = session["id"], {"Authorization": f"Bearer {session['token']}"}
             stream = Stream()
-            async with http.get(session["stream_url"], params={"from": "start"},
-                                headers=auth, timeout=aiohttp.ClientTimeout(total=None)) as sse:
+            async with http.get(
+                session["stream_url"],
+                params={"from": "start"},
+                headers=auth,
+                timeout=aiohttp.ClientTimeout(total=None),
+            ) as sse:
                 reader = asyncio.ensure_future(stream.read(sse))
                 try:
                     await eventually(lambda: len(stream.chunks) >= 3, 120, "first chunks")
-                    resp = await http.post(f"/v1/sessions/{sid}/prompt", headers=auth,
-                                           json={"prompt": "a blue whale in the deep ocean"})
+                    resp = await http.post(
+                        f"/v1/sessions/{sid}/prompt",
+                        headers=auth,
+                        json={"prompt": "a blue whale in the deep ocean"},
+                    )
                     assert resp.status == 200 and (await resp.json())["confirmed"]
-                    await eventually(lambda: len(stream.chunks) >= 6, 60,
-                                     "chunks after the prompt change")
+                    await eventually(
+                        lambda: len(stream.chunks) >= 6, 60, "chunks after the prompt change"
+                    )
 
                     owner = (await ctx.registry.get_session(sid)).owner
-                    others = [w.id for w in await ctx.registry.workers()
-                              if w.alive and w.id != owner]
+                    others = [
+                        w.id for w in await ctx.registry.workers() if w.alive and w.id != owner
+                    ]
                     report = await Ctl(ctx).migrate(sid, others[0], 60)
                     assert report["ok"] and report["dst"] == others[0]
                     moved_at = len(stream.chunks)
-                    await eventually(lambda: len(stream.chunks) >= moved_at + 3, 60,
-                                     "chunks after the migration")
+                    await eventually(
+                        lambda: len(stream.chunks) >= moved_at + 3, 60, "chunks after the migration"
+                    )
 
                     os.kill(_worker_pid(mesh, others[0]), signal.SIGKILL)
                     killed_at = len(stream.chunks)
-                    await eventually(lambda: len(stream.chunks) >= killed_at + 3, 120,
-                                     "chunks after the worker was killed")
+                    await eventually(
+                        lambda: len(stream.chunks) >= killed_at + 3,
+                        120,
+                        "chunks after the worker was killed",
+                    )
                 finally:
                     reader.cancel()
             await http.delete(f"/v1/sessions/{sid}", headers=auth)

@@ -34,8 +34,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 @contextlib.asynccontextmanager
@@ -44,8 +48,10 @@ async def mesh_core(env):
     gw_settings = GatewaySettings.from_env(env, port=port)
     # Test "workers" are registry entries that never heartbeat: keep them for the whole test.
     sch_settings = SchedulerSettings.from_env(env, tick_s=0.2, worker_timeout_s=60.0)
-    async with running(SchedulerService(sch_settings), sch_settings) as sch_ctx, \
-            running(GatewayService(gw_settings), gw_settings):
+    async with (
+        running(SchedulerService(sch_settings), sch_settings) as sch_ctx,
+        running(GatewayService(gw_settings), gw_settings),
+    ):
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
             yield http, sch_ctx
 
@@ -63,8 +69,9 @@ class _Answering:
         msg = await self.sub.next_msg(timeout=timeout)
         if msg.reply:
             cmd = decode(msg.subject, msg.data, WorkerCommand)
-            await msg.respond(encode(CommandReply(worker_id=cmd.worker_id, ok=True,
-                                                  command_id=cmd.command_id)))
+            await msg.respond(
+                encode(CommandReply(worker_id=cmd.worker_id, ok=True, command_id=cmd.command_id))
+            )
         return msg
 
 
@@ -79,7 +86,9 @@ async def _next_command(sub, timeout=10.0) -> WorkerCommand:
     return decode(msg.subject, msg.data, WorkerCommand)
 
 
-async def test_session_event_reaches_scheduler_and_worker_command_is_decoded(env, nats_client, redis_client):
+async def test_session_event_reaches_scheduler_and_worker_command_is_decoded(
+    env, nats_client, redis_client
+):
     async with mesh_core(env) as (http, ctx):
         worker = WorkerRecord(id="wtest", status=WorkerStatus.READY, capacity=4)
         await ctx.registry.register_worker(worker, ttl_s=60)
@@ -97,8 +106,9 @@ async def test_session_event_reaches_scheduler_and_worker_command_is_decoded(env
         assert record.owner == "wtest" and record.epoch == cmd.epoch == 1
         assert (await ctx.registry.placement())[body["id"]] == "wtest"
 
-        resp = await http.delete(f"/v1/sessions/{body['id']}",
-                                 headers={"Authorization": f"Bearer {body['token']}"})
+        resp = await http.delete(
+            f"/v1/sessions/{body['id']}", headers={"Authorization": f"Bearer {body['token']}"}
+        )
         assert resp.status == 200 and (await resp.json())["state"] == "terminated"
         stop = await _next_command(sub)
         assert stop.kind is WorkerCmdKind.STOP and stop.session_id == body["id"]
@@ -107,11 +117,17 @@ async def test_session_event_reaches_scheduler_and_worker_command_is_decoded(env
 async def test_garbage_on_subjects_is_dropped_and_service_keeps_serving(env, nats_client):
     async with mesh_core(env) as (http, ctx):
         js = nats_client.jetstream()
-        for junk in (b"\x00\xffgarbage", b"{}", b'{"type":"session_event","session_id":"x y","kind":"created"}'):
+        for junk in (
+            b"\x00\xffgarbage",
+            b"{}",
+            b'{"type":"session_event","session_id":"x y","kind":"created"}',
+        ):
             await js.publish(ctx.subjects.session_events, junk)
         await nats_client.publish(ctx.subjects.provisioner_cmd, b"nonsense")
         # A valid event after the garbage is still handled: the scheduler places the session.
-        await ctx.registry.register_worker(WorkerRecord(id="wg", status=WorkerStatus.READY, capacity=2), 60)
+        await ctx.registry.register_worker(
+            WorkerRecord(id="wg", status=WorkerStatus.READY, capacity=2), 60
+        )
         sub = await _worker_sub(nats_client, ctx.subjects.worker_cmd("wg"))
         resp = await http.post("/v1/sessions", json={"prompt": "after garbage"})
         assert resp.status == 201
@@ -127,14 +143,18 @@ async def test_pending_session_placed_when_a_worker_appears(env, nats_client):
         sid = (await resp.json())["id"]
         assert (await ctx.registry.get_session(sid)).state.value == "pending"
         sub = await _worker_sub(nats_client, ctx.subjects.worker_cmd("late"))
-        await ctx.registry.register_worker(WorkerRecord(id="late", status=WorkerStatus.READY, capacity=1), 60)
+        await ctx.registry.register_worker(
+            WorkerRecord(id="late", status=WorkerStatus.READY, capacity=1), 60
+        )
         cmd = await _next_command(sub)
         assert cmd.session_id == sid
 
 
 async def test_dead_worker_sessions_are_requeued_and_continue_at_next_seq(env, nats_client):
     async with mesh_core(env) as (http, ctx):
-        await ctx.registry.register_worker(WorkerRecord(id="dies", status=WorkerStatus.READY, capacity=4), 60)
+        await ctx.registry.register_worker(
+            WorkerRecord(id="dies", status=WorkerStatus.READY, capacity=4), 60
+        )
         sub_dead = await _worker_sub(nats_client, ctx.subjects.worker_cmd("dies"))
         sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
         first = await _next_command(sub_dead)
@@ -142,7 +162,9 @@ async def test_dead_worker_sessions_are_requeued_and_continue_at_next_seq(env, n
         # "dies" stops heartbeating (its liveness key expires); a healthy worker takes over at seq 5
         await ctx.redis.delete(ctx.registry.alive_key("dies"))
         sub_new = await _worker_sub(nats_client, ctx.subjects.worker_cmd("heir"))
-        await ctx.registry.register_worker(WorkerRecord(id="heir", status=WorkerStatus.READY, capacity=4), 60)
+        await ctx.registry.register_worker(
+            WorkerRecord(id="heir", status=WorkerStatus.READY, capacity=4), 60
+        )
         cmd = await _next_command(sub_new)
         assert cmd.session_id == sid and cmd.seq == 5 and cmd.epoch > first.epoch
         assert not await ctx.registry.record_progress(sid, "dies", first.epoch, 5)
@@ -153,17 +175,27 @@ async def test_worker_alive_without_its_session_gets_it_requeued(env, nats_clien
     from shared.wire import Heartbeat
 
     async with mesh_core(env) as (http, ctx):
-        await ctx.registry.register_worker(WorkerRecord(id="deaf", status=WorkerStatus.READY, capacity=1), 60)
+        await ctx.registry.register_worker(
+            WorkerRecord(id="deaf", status=WorkerStatus.READY, capacity=1), 60
+        )
         sub_deaf = await _worker_sub(nats_client, ctx.subjects.worker_cmd("deaf"))
         sid = (await (await http.post("/v1/sessions", json={"prompt": "p"})).json())["id"]
         first = await _next_command(sub_deaf)
         # "deaf" keeps beating without the session, long after the assignment
         await ctx.registry.set_worker_status("deaf", WorkerStatus.DRAINING)  # take no more
         record = await ctx.registry.get_session(sid)
-        beat = Heartbeat(worker_id="deaf", status=WorkerStatus.DRAINING, capacity=1, active=0,
-                         sessions=[], at=record.updated_at + 120)
+        beat = Heartbeat(
+            worker_id="deaf",
+            status=WorkerStatus.DRAINING,
+            capacity=1,
+            active=0,
+            sessions=[],
+            at=record.updated_at + 120,
+        )
         sub_new = await _worker_sub(nats_client, ctx.subjects.worker_cmd("good"))
-        await ctx.registry.register_worker(WorkerRecord(id="good", status=WorkerStatus.READY, capacity=2), 60)
+        await ctx.registry.register_worker(
+            WorkerRecord(id="good", status=WorkerStatus.READY, capacity=2), 60
+        )
         await nats_client.publish(ctx.subjects.worker_heartbeat, encode(beat))
         cmd = await _next_command(sub_new)
         assert cmd.session_id == sid and cmd.epoch > first.epoch
@@ -172,7 +204,9 @@ async def test_worker_alive_without_its_session_gets_it_requeued(env, nats_clien
 async def test_scheduler_decodes_events_published_by_another_client(env, nats_client):
     async with mesh_core(env) as (http, ctx):
         await ctx.registry.create_session("extern1", "p", 1)
-        await ctx.registry.register_worker(WorkerRecord(id="wx", status=WorkerStatus.READY, capacity=1), 60)
+        await ctx.registry.register_worker(
+            WorkerRecord(id="wx", status=WorkerStatus.READY, capacity=1), 60
+        )
         sub = await _worker_sub(nats_client, ctx.subjects.worker_cmd("wx"))
         ev = SessionEvent(session_id="extern1", kind=SessionEventKind.CREATED)
         await nats_client.jetstream().publish(ctx.subjects.session_events, encode(ev))
@@ -187,8 +221,9 @@ async def test_concurrent_deletes_are_idempotent(env, nats_client):
     async with mesh_core(env) as (http, ctx):
         created = await (await http.post("/v1/sessions", json={"prompt": "p"})).json()
         sid, auth = created["id"], {"Authorization": f"Bearer {created['token']}"}
-        responses = await asyncio.gather(*(http.delete(f"/v1/sessions/{sid}", headers=auth)
-                                           for _ in range(4)))
+        responses = await asyncio.gather(
+            *(http.delete(f"/v1/sessions/{sid}", headers=auth) for _ in range(4))
+        )
         assert [r.status for r in responses] == [200] * 4
         bodies = [await r.json() for r in responses]
         assert {b["state"] for b in bodies} == {"terminated"}
@@ -206,7 +241,9 @@ async def test_stream_of_terminated_session_ends_without_stream_end_message(env,
         rec = await ctx.registry.claim("gone1", "wz", rec.epoch)
         await ctx.registry.record_progress("gone1", "wz", rec.epoch, 3)
         await ctx.registry.transition("gone1", SessionState.TERMINATED)
-        async with http.get("/v1/sessions/gone1/stream", headers={"Authorization": "Bearer t0ken"}) as resp:
+        async with http.get(
+            "/v1/sessions/gone1/stream", headers={"Authorization": "Bearer t0ken"}
+        ) as resp:
             async with asyncio.timeout(15):
                 text = (await resp.read()).decode()
         assert "event: end" in text and '"reason":"closed"' in text
@@ -217,9 +254,14 @@ def test_service_gives_up_connecting_with_exit_code_2(tmp_path):
     import subprocess
     import sys
 
-    env = {**os.environ, "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1", "TURBOSERVE_CONNECT_TIMEOUT_S": "1.5"}
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "scheduler"], env=env,
-                          capture_output=True, timeout=60)
+    env = {
+        **os.environ,
+        "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1",
+        "TURBOSERVE_CONNECT_TIMEOUT_S": "1.5",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "scheduler"], env=env, capture_output=True, timeout=60
+    )
     assert proc.returncode == 2
     assert b"startup_failed" in proc.stderr
 
@@ -231,9 +273,14 @@ def test_sigterm_while_connecting_exits_0():
     import sys
     import time
 
-    env = {**os.environ, "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1", "TURBOSERVE_CONNECT_TIMEOUT_S": "300"}
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "scheduler"], env=env,
-                            stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "TURBOSERVE_NATS_URL": "nats://127.0.0.1:1",
+        "TURBOSERVE_CONNECT_TIMEOUT_S": "300",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", "scheduler"], env=env, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 60
     line = b""
     while b"connect_retry" not in line:  # it is in its retry loop

@@ -29,8 +29,10 @@ OPERATOR_KEY = "op-test-0123456789abcdef"
 @pytest.fixture
 def gw_env(infra, isolation) -> dict[str, str]:
     return {
-        "TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning", **isolation,
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
         "TURBOSERVE_API_KEYS": f"alice:{API_KEY},bob:{OTHER_KEY}",
         "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
         "TURBOSERVE_CONTROL_WAIT_S": "3",
@@ -101,23 +103,53 @@ class FakeWorker:
         self.subjects = subjects
         self.worker_id = worker_id
 
-    async def chunk(self, session_id: str, seq: int, *, late_s: float = 0.0, frames: int = 2,
-                    epoch: int = 1, frame: bytes | None = None) -> None:
+    async def chunk(
+        self,
+        session_id: str,
+        seq: int,
+        *,
+        late_s: float = 0.0,
+        frames: int = 2,
+        epoch: int = 1,
+        frame: bytes | None = None,
+    ) -> None:
         now = time.time()
         frame = jpeg(shade=seq % 255) if frame is None else frame
-        msg = Chunk(session_id=session_id, seq=seq, worker_id=self.worker_id, epoch=epoch,
-                    encoding="jpeg", frames=[frame] * frames, width=16, height=16,
-                    fps=16.0, gen_ms=12.5, batch=1, due_at=now - late_s, done_at=now)
+        msg = Chunk(
+            session_id=session_id,
+            seq=seq,
+            worker_id=self.worker_id,
+            epoch=epoch,
+            encoding="jpeg",
+            frames=[frame] * frames,
+            width=16,
+            height=16,
+            fps=16.0,
+            gen_ms=12.5,
+            batch=1,
+            due_at=now - late_s,
+            done_at=now,
+        )
         await self.nc.publish(self.subjects.chunks(session_id), encode(msg))
 
-    async def notice(self, session_id: str, kind: NoticeKind, next_seq: int, detail: str = "") -> None:
-        msg = SessionNotice(session_id=session_id, kind=kind, worker_id=self.worker_id, epoch=1,
-                            next_seq=next_seq, detail=detail)
+    async def notice(
+        self, session_id: str, kind: NoticeKind, next_seq: int, detail: str = ""
+    ) -> None:
+        msg = SessionNotice(
+            session_id=session_id,
+            kind=kind,
+            worker_id=self.worker_id,
+            epoch=1,
+            next_seq=next_seq,
+            detail=detail,
+        )
         await self.nc.publish(self.subjects.chunks(session_id), encode(msg))
 
     async def end(self, session_id: str, last_seq: int) -> None:
-        await self.nc.publish(self.subjects.chunks(session_id),
-                              encode(StreamEnd(session_id=session_id, last_seq=last_seq)))
+        await self.nc.publish(
+            self.subjects.chunks(session_id),
+            encode(StreamEnd(session_id=session_id, last_seq=last_seq)),
+        )
 
 
 @pytest.fixture
@@ -125,8 +157,13 @@ def worker(nats_client, isolation) -> FakeWorker:
     return FakeWorker(nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]))
 
 
-async def read_sse(resp: aiohttp.ClientResponse, want: int, timeout: float = 20.0,
-                   until: str | None = "end", until_id: str | None = None) -> list[dict[str, str]]:
+async def read_sse(
+    resp: aiohttp.ClientResponse,
+    want: int,
+    timeout: float = 20.0,
+    until: str | None = "end",
+    until_id: str | None = None,
+) -> list[dict[str, str]]:
     """Parse SSE events (event/id/data) until ``want`` events, an ``until`` event or the event
     with id ``until_id``."""
     events: list[dict[str, str]] = []
@@ -137,8 +174,11 @@ async def read_sse(resp: aiohttp.ClientResponse, want: int, timeout: float = 20.
             if not line:
                 if "event" in current or "data" in current:
                     events.append(current)
-                    if (len(events) >= want or current.get("event") == until
-                            or (until_id is not None and current.get("id") == until_id)):
+                    if (
+                        len(events) >= want
+                        or current.get("event") == until
+                        or (until_id is not None and current.get("id") == until_id)
+                    ):
                         return events
                 current = {}
                 continue

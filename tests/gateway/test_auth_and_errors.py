@@ -16,8 +16,13 @@ from tests.gateway.conftest import API_KEY, OPERATOR_KEY, OTHER_KEY, bearer, cre
 pytestmark = pytest.mark.integration
 
 SESSION_ROUTES = [
-    ("GET", ""), ("DELETE", ""), ("POST", "/prompt"), ("POST", "/pause"), ("POST", "/resume"),
-    ("GET", "/stream"), ("GET", "/ws"),
+    ("GET", ""),
+    ("DELETE", ""),
+    ("POST", "/prompt"),
+    ("POST", "/pause"),
+    ("POST", "/resume"),
+    ("GET", "/stream"),
+    ("GET", "/ws"),
 ]
 
 
@@ -34,8 +39,10 @@ async def test_create_answers_token_and_urls_and_stores_only_a_digest(http, gw, 
     async for key in redis_client.scan_iter(match=f"{ns}:*"):
         kind = await redis_client.type(key)
         values = {
-            b"hash": lambda k: redis_client.hvals(k), b"string": lambda k: redis_client.mget([k]),
-            b"set": lambda k: redis_client.smembers(k), b"zset": lambda k: redis_client.zrange(k, 0, -1),
+            b"hash": lambda k: redis_client.hvals(k),
+            b"string": lambda k: redis_client.mget([k]),
+            b"set": lambda k: redis_client.smembers(k),
+            b"zset": lambda k: redis_client.zrange(k, 0, -1),
             b"list": lambda k: redis_client.lrange(k, 0, -1),
         }[kind](key)
         assert not any(token.encode() in (v or b"") for v in await values), key
@@ -58,11 +65,18 @@ async def test_a_client_can_never_touch_another_clients_session(http, gw, method
     mine = await create(http)
     theirs = await create(http, key=OTHER_KEY)
     path = f"/v1/sessions/{mine['id']}{suffix}"
-    for headers, status in (({}, 401), (bearer(theirs["token"]), 403), (bearer(API_KEY), 403),
-                            (bearer(OTHER_KEY), 403), (bearer("x" * 43), 403)):
+    for headers, status in (
+        ({}, 401),
+        (bearer(theirs["token"]), 403),
+        (bearer(API_KEY), 403),
+        (bearer(OTHER_KEY), 403),
+        (bearer("x" * 43), 403),
+    ):
         resp = await http.request(method, path, headers=headers, json={"prompt": "steer"})
         assert resp.status == status, (headers, await resp.text())
-        assert (await resp.json())["error"]["code"] == ("unauthorized" if status == 401 else "forbidden")
+        assert (await resp.json())["error"]["code"] == (
+            "unauthorized" if status == 401 else "forbidden"
+        )
     # the same with the token in the query string
     resp = await http.request(method, path, params={"token": theirs["token"]}, json={"prompt": "x"})
     assert resp.status == 403
@@ -72,8 +86,11 @@ async def test_a_client_can_never_touch_another_clients_session(http, gw, method
 
 async def test_own_token_header_or_query_and_operator_key_open_a_session(http):
     s = await create(http)
-    for kwargs in ({"headers": bearer(s["token"])}, {"params": {"token": s["token"]}},
-                   {"headers": bearer(OPERATOR_KEY)}):
+    for kwargs in (
+        {"headers": bearer(s["token"])},
+        {"params": {"token": s["token"]}},
+        {"headers": bearer(OPERATOR_KEY)},
+    ):
         resp = await http.get(f"/v1/sessions/{s['id']}", **kwargs)
         assert resp.status == 200
         body = await resp.json()
@@ -92,21 +109,56 @@ async def test_bad_bodies_get_stable_codes(http):
         (post("/v1/sessions", json={"prompt": "x" * 2001}), 400, "prompt_too_long"),
         (post("/v1/sessions", json={"prompt": "p", "seed": -1}), 422, "out_of_range"),
         (post("/v1/sessions", json={"prompt": "p", "seed": 2**31}), 422, "out_of_range"),
-        (post("/v1/sessions", data=b'{"prompt": "p", "seed": 99999999999999999999999999}'), 422,
-         "out_of_range"),
-        (post("/v1/sessions", data=b'{"prompt": "p", "seed": -18446744073709551617}'), 422,
-         "out_of_range"),
+        (
+            post("/v1/sessions", data=b'{"prompt": "p", "seed": 99999999999999999999999999}'),
+            422,
+            "out_of_range",
+        ),
+        (
+            post("/v1/sessions", data=b'{"prompt": "p", "seed": -18446744073709551617}'),
+            422,
+            "out_of_range",
+        ),
         (post("/v1/sessions", json={"prompt": "p", "seed": 7.5}), 400, "invalid_request"),
         (post("/v1/sessions", data=b"x" * 70_000), 413, "payload_too_large"),
-        (http.post(f"/v1/sessions/{s['id']}/prompt", json={"prompt": 3}, headers=bearer(s["token"])),
-         400, "invalid_request"),
-        (http.get(f"/v1/sessions/{s['id']}/stream", headers={**bearer(s["token"]), "Last-Event-ID": "x"}),
-         400, "invalid_request"),
-        (http.get(f"/v1/sessions/{s['id']}/stream", headers={**bearer(s["token"]), "Last-Event-ID": "-3"}),
-         422, "out_of_range"),
-        (http.get(f"/v1/sessions/{s['id']}/ws", headers=bearer(s["token"])), 400, "invalid_request"),
-        (http.get("/v1/sessions/0123456789abcdef", headers=bearer(OPERATOR_KEY)), 404, "session_not_found"),
-        (http.get("/v1/sessions/bad.id/stream", headers=bearer(OPERATOR_KEY)), 404, "session_not_found"),
+        (
+            http.post(
+                f"/v1/sessions/{s['id']}/prompt", json={"prompt": 3}, headers=bearer(s["token"])
+            ),
+            400,
+            "invalid_request",
+        ),
+        (
+            http.get(
+                f"/v1/sessions/{s['id']}/stream",
+                headers={**bearer(s["token"]), "Last-Event-ID": "x"},
+            ),
+            400,
+            "invalid_request",
+        ),
+        (
+            http.get(
+                f"/v1/sessions/{s['id']}/stream",
+                headers={**bearer(s["token"]), "Last-Event-ID": "-3"},
+            ),
+            422,
+            "out_of_range",
+        ),
+        (
+            http.get(f"/v1/sessions/{s['id']}/ws", headers=bearer(s["token"])),
+            400,
+            "invalid_request",
+        ),
+        (
+            http.get("/v1/sessions/0123456789abcdef", headers=bearer(OPERATOR_KEY)),
+            404,
+            "session_not_found",
+        ),
+        (
+            http.get("/v1/sessions/bad.id/stream", headers=bearer(OPERATOR_KEY)),
+            404,
+            "session_not_found",
+        ),
         (http.get("/v1/nothing"), 404, "not_found"),
         (http.get("/static/nothing.js"), 404, "not_found"),
         (http.put("/v1/sessions"), 405, "method_not_allowed"),
@@ -120,12 +172,18 @@ async def test_bad_bodies_get_stable_codes(http):
     assert body["error"]["details"] == {"length": 2001, "limit": 2000}
 
 
-@pytest.mark.parametrize(("method", "suffix"), [("POST", "/prompt"), ("POST", "/pause"), ("POST", "/resume")])
+@pytest.mark.parametrize(
+    ("method", "suffix"), [("POST", "/prompt"), ("POST", "/pause"), ("POST", "/resume")]
+)
 async def test_steering_a_closed_session_is_a_conflict(http, method, suffix):
     s = await create(http)
     assert (await http.delete(f"/v1/sessions/{s['id']}", headers=bearer(s["token"]))).status == 200
-    resp = await http.request(method, f"/v1/sessions/{s['id']}{suffix}", headers=bearer(s["token"]),
-                              json={"prompt": "too late"})
+    resp = await http.request(
+        method,
+        f"/v1/sessions/{s['id']}{suffix}",
+        headers=bearer(s["token"]),
+        json={"prompt": "too late"},
+    )
     body = await resp.json()
     assert resp.status == 409 and body["error"]["code"] == "session_closed"
 
@@ -133,8 +191,10 @@ async def test_steering_a_closed_session_is_a_conflict(http, method, suffix):
 async def test_rate_limit_per_key_answers_429_with_retry_after(gw_env, nats_client, redis_client):
     import aiohttp
 
-    async with run_gateway(gw_env, rate_per_key_s=0.5, rate_burst=2) as g, \
-            aiohttp.ClientSession(g.url) as http:
+    async with (
+        run_gateway(gw_env, rate_per_key_s=0.5, rate_burst=2) as g,
+        aiohttp.ClientSession(g.url) as http,
+    ):
         assert (await create(http))["id"]
         assert (await create(http))["id"]
         resp = await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(API_KEY))
@@ -149,7 +209,10 @@ async def test_rate_limit_per_key_answers_429_with_retry_after(gw_env, nats_clie
 async def test_per_key_session_limit(gw_env, nats_client, redis_client):
     import aiohttp
 
-    async with run_gateway(gw_env, max_sessions_per_key=2) as g, aiohttp.ClientSession(g.url) as http:
+    async with (
+        run_gateway(gw_env, max_sessions_per_key=2) as g,
+        aiohttp.ClientSession(g.url) as http,
+    ):
         first = await create(http)
         await create(http)
         resp = await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(API_KEY))
@@ -161,12 +224,17 @@ async def test_per_key_session_limit(gw_env, nats_client, redis_client):
         assert (await create(http))["id"]  # a closed session frees its place
 
 
-async def test_per_key_limit_prunes_sessions_closed_behind_the_gateways_back(gw_env, nats_client, redis_client):
+async def test_per_key_limit_prunes_sessions_closed_behind_the_gateways_back(
+    gw_env, nats_client, redis_client
+):
     import aiohttp
 
     from shared.states import SessionState
 
-    async with run_gateway(gw_env, max_sessions_per_key=1) as g, aiohttp.ClientSession(g.url) as http:
+    async with (
+        run_gateway(gw_env, max_sessions_per_key=1) as g,
+        aiohttp.ClientSession(g.url) as http,
+    ):
         first = await create(http)
         await g.ctx.registry.transition(first["id"], SessionState.TERMINATED)
         assert (await create(http))["id"]
@@ -174,8 +242,9 @@ async def test_per_key_limit_prunes_sessions_closed_behind_the_gateways_back(gw_
 
 async def test_concurrent_deletes_are_idempotent(http, gw):
     s = await create(http)
-    responses = await asyncio.gather(*(http.delete(f"/v1/sessions/{s['id']}", headers=bearer(s["token"]))
-                                       for _ in range(4)))
+    responses = await asyncio.gather(
+        *(http.delete(f"/v1/sessions/{s['id']}", headers=bearer(s["token"])) for _ in range(4))
+    )
     assert [r.status for r in responses] == [200] * 4
     assert {(await r.json())["state"] for r in responses} == {"terminated"}
     assert (await gw.ctx.registry.get_session(s["id"])).epoch == 1  # terminated exactly once
@@ -191,7 +260,9 @@ async def test_openapi_names_exactly_the_routes_served(http, gw):
     documented = {(m, p) for p, ops in document(2000)["paths"].items() for m in ops}
     assert served == documented
     body = await (await http.get("/openapi.json")).json()
-    assert body["openapi"].startswith("3.") and body["paths"].keys() == document(2000)["paths"].keys()
+    assert (
+        body["openapi"].startswith("3.") and body["paths"].keys() == document(2000)["paths"].keys()
+    )
 
 
 async def test_probes(http, gw):
@@ -199,8 +270,13 @@ async def test_probes(http, gw):
     # Up, but nothing can serve a session yet: not ready.
     resp = await http.get("/readyz")
     assert resp.status == 503 and (await resp.json()) == {
-        "status": "unavailable", "nats": True, "redis": True, "closing": False,
-        "workers_ready": 0, "needs_worker": True}
+        "status": "unavailable",
+        "nats": True,
+        "redis": True,
+        "closing": False,
+        "workers_ready": 0,
+        "needs_worker": True,
+    }
     registry = gw.ctx.registry
     await registry.register_worker(WorkerRecord("w-booting", WorkerStatus.BOOTING, 4), ttl_s=30)
     await registry.register_worker(WorkerRecord("w-silent", WorkerStatus.READY, 4), ttl_s=0.05)
@@ -210,8 +286,13 @@ async def test_probes(http, gw):
     await registry.register_worker(WorkerRecord("w-ready", WorkerStatus.READY, 4), ttl_s=30)
     resp = await http.get("/readyz")
     assert resp.status == 200 and (await resp.json()) == {
-        "status": "ok", "nats": True, "redis": True, "closing": False,
-        "workers_ready": 1, "needs_worker": True}
+        "status": "ok",
+        "nats": True,
+        "redis": True,
+        "closing": False,
+        "workers_ready": 1,
+        "needs_worker": True,
+    }
     gw.gateway.closing.set()
     resp = await http.get("/readyz")
     assert resp.status == 503 and (await resp.json())["closing"] is True
@@ -245,10 +326,13 @@ async def test_secrets_are_never_logged(gw_env, nats_client, redis_client):
         assert secret not in text
 
 
-async def test_a_pool_that_starts_at_zero_is_ready_without_workers(gw_env, nats_client,
-                                                                     redis_client):
-    async with run_gateway(gw_env, ready_without_workers=True) as gw, \
-            aiohttp.ClientSession(gw.url) as http:
+async def test_a_pool_that_starts_at_zero_is_ready_without_workers(
+    gw_env, nats_client, redis_client
+):
+    async with (
+        run_gateway(gw_env, ready_without_workers=True) as gw,
+        aiohttp.ClientSession(gw.url) as http,
+    ):
         resp = await http.get("/readyz")
         body = await resp.json()
     assert resp.status == 200 and body["workers_ready"] == 0 and body["needs_worker"] is False

@@ -99,5 +99,7 @@ async def test_chromium_plays_the_fmp4_stream_joined_mid_stream(driver, http, gw
     assert result["supported"] and result["mimes"][0].startswith('video/mp4; codecs="avc1.')
     assert result["seqs"] == [1, 2, 3]  # the live edge, then what follows
     # one range, from the first fragment's start to the last's end: the timeline is continuous
-    assert result["ranges"] == [[pytest.approx(1 * PERIOD_S, abs=0.02), pytest.approx(4 * PERIOD_S, abs=0.02)]]
+    assert result["ranges"] == [
+        [pytest.approx(1 * PERIOD_S, abs=0.02), pytest.approx(4 * PERIOD_S, abs=0.02)]
+    ]
     assert result["readyState"] >= 2 and result["size"] == [WIDTH, HEIGHT]

@@ -27,7 +27,9 @@ HEIGHT, WIDTH, PERIOD_S = 48, 80, 0.75
 def _frames(seq: int, count: int) -> np.ndarray:
     rng = np.random.default_rng(seq)
     cells = rng.integers(0, 256, (HEIGHT // 8, WIDTH // 8, 3), dtype=np.uint8)
-    return np.stack([np.roll(np.repeat(np.repeat(cells, 8, 0), 8, 1), i, axis=1) for i in range(count)])
+    return np.stack(
+        [np.roll(np.repeat(np.repeat(cells, 8, 0), 8, 1), i, axis=1) for i in range(count)]
+    )
 
 
 async def publish(worker, sid: str, seq: int, *, fragment: bool = True, registry=None) -> None:
@@ -38,11 +40,32 @@ async def publish(worker, sid: str, seq: int, *, fragment: bool = True, registry
     encoded = encode_chunk(_frames(seq, count), fps, chunk_start_s(seq, PERIOD_S))
     now = time.time()
     fragment_fields: dict[str, Any] = (
-        {"fmp4": encoded.data, "fmp4_mime": encoded.mime, "start_s": encoded.start_s,
-         "duration_s": encoded.duration_s, "encode_ms": encoded.encode_ms} if fragment else {})
-    msg = Chunk(session_id=sid, seq=seq, worker_id=worker.worker_id, epoch=1, encoding="jpeg",
-                frames=[jpeg(WIDTH, HEIGHT)] * count, width=WIDTH, height=HEIGHT, fps=fps,
-                gen_ms=10.0, batch=1, due_at=now, done_at=now, **fragment_fields)
+        {
+            "fmp4": encoded.data,
+            "fmp4_mime": encoded.mime,
+            "start_s": encoded.start_s,
+            "duration_s": encoded.duration_s,
+            "encode_ms": encoded.encode_ms,
+        }
+        if fragment
+        else {}
+    )
+    msg = Chunk(
+        session_id=sid,
+        seq=seq,
+        worker_id=worker.worker_id,
+        epoch=1,
+        encoding="jpeg",
+        frames=[jpeg(WIDTH, HEIGHT)] * count,
+        width=WIDTH,
+        height=HEIGHT,
+        fps=fps,
+        gen_ms=10.0,
+        batch=1,
+        due_at=now,
+        done_at=now,
+        **fragment_fields,
+    )
     await worker.nc.publish(worker.subjects.chunks(sid), encode(msg))
     if registry is not None:
         assert await registry.record_progress(sid, worker.worker_id, 1, seq)
@@ -59,8 +82,8 @@ def check_fragment(data: bytes, header: dict) -> None:
 
 def ws_chunk(data: bytes) -> tuple[dict, bytes]:
     (n,) = struct.unpack(">I", data[:4])
-    header = orjson.loads(data[4:4 + n])
-    body = data[4 + n:]
+    header = orjson.loads(data[4 : 4 + n])
+    body = data[4 + n :]
     assert header["fragment_size"] == len(body)
     return header, body
 
@@ -72,7 +95,9 @@ async def _viewers(gw, sid: str, n: int) -> bool:
 async def test_sse_fmp4_delivers_fragments_that_decode_alone_in_seq_order(http, gw, worker):
     s = await create(http)
     sid = s["id"]
-    async with http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as stream:
+    async with http.get(
+        s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])
+    ) as stream:
         assert stream.status == 200
         await eventually(lambda: _viewers(gw, sid, 1))
         for seq in range(3):
@@ -86,13 +111,17 @@ async def test_sse_fmp4_delivers_fragments_that_decode_alone_in_seq_order(http, 
         check_fragment(base64.b64decode(chunk["fragment"]), chunk)
 
 
-async def test_ws_fmp4_delivers_fragments_and_a_mid_stream_joiner_decodes_its_first(http, gw, worker):
+async def test_ws_fmp4_delivers_fragments_and_a_mid_stream_joiner_decodes_its_first(
+    http, gw, worker
+):
     s = await create(http)
     sid = s["id"]
     registry = await _claimed(gw, sid, worker)
     url = f"{gw.url}/v1/sessions/{sid}/ws"
     async with aiohttp.ClientSession() as client:
-        async with client.ws_connect(url, params={"format": "fmp4"}, headers=bearer(s["token"])) as ws:
+        async with client.ws_connect(
+            url, params={"format": "fmp4"}, headers=bearer(s["token"])
+        ) as ws:
             await eventually(lambda: _viewers(gw, sid, 1))
             for seq in range(3):
                 await publish(worker, sid, seq, registry=registry)
@@ -102,7 +131,9 @@ async def test_ws_fmp4_delivers_fragments_and_a_mid_stream_joiner_decodes_its_fi
             assert header["type"] == "chunk" and header["encoding"] == "fmp4"
             check_fragment(body, header)
         # A viewer joining now starts at the live edge (seq 2), then gets what follows.
-        async with client.ws_connect(url, params={"format": "fmp4"}, headers=bearer(s["token"])) as late:
+        async with client.ws_connect(
+            url, params={"format": "fmp4"}, headers=bearer(s["token"])
+        ) as late:
             header, body = ws_chunk((await late.receive(timeout=10)).data)
             assert header["seq"] == 2
             check_fragment(body, header)
@@ -119,7 +150,9 @@ async def test_sse_joiner_at_the_live_edge_decodes_its_first_fragment(http, gw, 
     for seq in range(4):
         await publish(worker, sid, seq, registry=registry)
     await worker.nc.flush()
-    async with http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as stream:
+    async with http.get(
+        s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])
+    ) as stream:
         event = (await read_sse(stream, want=1))[0]
     chunk = orjson.loads(event["data"])
     assert chunk["seq"] == 3
@@ -132,11 +165,15 @@ async def _claimed(gw, sid: str, worker):
     return gw.ctx.registry
 
 
-async def test_jpeg_stays_the_default_and_a_chunk_without_a_fragment_goes_out_as_jpeg(http, gw, worker):
+async def test_jpeg_stays_the_default_and_a_chunk_without_a_fragment_goes_out_as_jpeg(
+    http, gw, worker
+):
     s = await create(http)
     sid = s["id"]
-    async with http.get(s["stream_url"], headers=bearer(s["token"])) as plain, \
-            http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as video:
+    async with (
+        http.get(s["stream_url"], headers=bearer(s["token"])) as plain,
+        http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as video,
+    ):
         await eventually(lambda: _viewers(gw, sid, 2))
         await publish(worker, sid, 0)
         await publish(worker, sid, 1, fragment=False)
@@ -153,9 +190,14 @@ async def test_a_bad_format_is_refused_with_a_stable_code(http, gw):
         async with http.get(path, params={"format": "h265"}, headers=bearer(s["token"])) as resp:
             body = await resp.json()
         assert resp.status == 400 and body["error"]["code"] == "invalid_request"
-        assert body["error"]["details"] == {"field": "format", "value": "h265", "allowed": ["jpeg", "fmp4"]}
+        assert body["error"]["details"] == {
+            "field": "format",
+            "value": "h265",
+            "allowed": ["jpeg", "fmp4"],
+        }
     async with aiohttp.ClientSession() as client:
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-            await client.ws_connect(f"{gw.url}{s['ws_url']}", params={"format": "gif"},
-                                    headers=bearer(s["token"]))
+            await client.ws_connect(
+                f"{gw.url}{s['ws_url']}", params={"format": "gif"}, headers=bearer(s["token"])
+            )
     assert refused.value.status == 400

@@ -51,10 +51,13 @@ async def test_reaper_idles_then_closes_an_unwatched_session(http, gw, nats_clie
 
 
 async def test_an_attached_viewer_keeps_a_session_active_and_brings_an_idle_one_back(
-        gw_env, nats_client, redis_client):
+    gw_env, nats_client, redis_client
+):
     # The clock is simulated ahead of the attachment refreshes: the TTL covers the jump.
-    async with run_gateway(gw_env, idle_after_s=2.0, close_after_s=3.0, attach_ttl_s=60.0) as gw, \
-            aiohttp.ClientSession(gw.url) as http:
+    async with (
+        run_gateway(gw_env, idle_after_s=2.0, close_after_s=3.0, attach_ttl_s=60.0) as gw,
+        aiohttp.ClientSession(gw.url) as http,
+    ):
         g = gw.gateway
         s = await create(http)
         sid = s["id"]
@@ -91,16 +94,29 @@ async def test_a_paused_session_stays_paused_when_a_viewer_attaches(http, gw):
 async def test_lifetimes_on_the_clock_with_two_replicas(gw_env, nats_client, redis_client, worker):
     """Short lifetimes, the reaper running for real on two replicas: a viewer on one keeps the
     session alive for both; once it leaves, the session goes idle and closes exactly once."""
-    settings = {"idle_after_s": 1.0, "close_after_s": 1.5, "attach_ttl_s": 1.5, "reap_interval_s": 0.2}
+    settings = {
+        "idle_after_s": 1.0,
+        "close_after_s": 1.5,
+        "attach_ttl_s": 1.5,
+        "reap_interval_s": 0.2,
+    }
     events = await nats_client.subscribe(f"{gw_env['TURBOSERVE_SUBJECT_PREFIX']}.session.events")
-    async with run_gateway(gw_env, **settings) as a, run_gateway(gw_env, **settings) as b, \
-            aiohttp.ClientSession() as client:
-        resp = await client.post(f"{a.url}/v1/sessions", json={"prompt": "p"},
-                                 headers=bearer("k-test-0123456789abcdef"))
+    async with (
+        run_gateway(gw_env, **settings) as a,
+        run_gateway(gw_env, **settings) as b,
+        aiohttp.ClientSession() as client,
+    ):
+        resp = await client.post(
+            f"{a.url}/v1/sessions", json={"prompt": "p"}, headers=bearer("k-test-0123456789abcdef")
+        )
         s = await resp.json()
         sid = s["id"]
-        async with client.get(f"{b.url}/v1/sessions/{sid}/stream", headers=bearer(s["token"])) as stream:
-            await asyncio.sleep(3.5)  # the wait is the test: past idle_after_s + close_after_s and the TTL
+        async with client.get(
+            f"{b.url}/v1/sessions/{sid}/stream", headers=bearer(s["token"])
+        ) as stream:
+            await asyncio.sleep(
+                3.5
+            )  # the wait is the test: past idle_after_s + close_after_s and the TTL
             assert await a.store.activity(sid) is Activity.ACTIVE
             await worker.chunk(sid, 0)
             assert (await read_sse(stream, want=1))[0]["id"] == "0"
@@ -136,10 +152,13 @@ async def test_a_dead_replicas_viewers_expire(gw, http):
 
 async def test_a_stopping_replica_takes_its_viewers_with_it(gw_env, nats_client, redis_client, gw):
     async with run_gateway(gw_env) as other, aiohttp.ClientSession() as client:
-        resp = await client.post(f"{gw.url}/v1/sessions", json={"prompt": "p"},
-                                 headers=bearer("k-test-0123456789abcdef"))
+        resp = await client.post(
+            f"{gw.url}/v1/sessions", json={"prompt": "p"}, headers=bearer("k-test-0123456789abcdef")
+        )
         s = await resp.json()
-        async with client.get(f"{other.url}/v1/sessions/{s['id']}/stream", headers=bearer(s["token"])):
+        async with client.get(
+            f"{other.url}/v1/sessions/{s['id']}/stream", headers=bearer(s["token"])
+        ):
             await eventually(lambda: gw.store.viewers(s["id"]))
             await other.service.stop()
             assert await gw.store.viewers(s["id"]) == 0

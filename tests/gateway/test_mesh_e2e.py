@@ -40,15 +40,25 @@ def mesh_tag() -> str:
 @pytest.fixture(scope="module")
 def mesh(infra, mesh_tag) -> Iterator[Mesh]:
     m = Mesh(
-        nats_url=infra.nats_url, redis_url=infra.redis_url, port=free_port(), workers=1,
-        embedded="never", quiet=True,
+        nats_url=infra.nats_url,
+        redis_url=infra.redis_url,
+        port=free_port(),
+        workers=1,
+        embedded="never",
+        quiet=True,
         env={
-            "TURBOSERVE_SUBJECT_PREFIX": mesh_tag, "TURBOSERVE_REDIS_NAMESPACE": mesh_tag,
-            "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_CHUNK_PERIOD_S": "0.3",
-            "TURBOSERVE_API_KEYS": f"alice:{API_KEY}", "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
-            "TURBOSERVE_MAX_WORKERS": "1", "TURBOSERVE_MAX_SESSIONS": "2",
-            "TURBOSERVE_IDLE_AFTER_S": str(IDLE_AFTER_S), "TURBOSERVE_CLOSE_AFTER_S": str(CLOSE_AFTER_S),
-            "TURBOSERVE_ATTACH_TTL_S": "3", "TURBOSERVE_REAP_INTERVAL_S": "0.3",
+            "TURBOSERVE_SUBJECT_PREFIX": mesh_tag,
+            "TURBOSERVE_REDIS_NAMESPACE": mesh_tag,
+            "TURBOSERVE_LOG_LEVEL": "warning",
+            "TURBOSERVE_CHUNK_PERIOD_S": "0.3",
+            "TURBOSERVE_API_KEYS": f"alice:{API_KEY}",
+            "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
+            "TURBOSERVE_MAX_WORKERS": "1",
+            "TURBOSERVE_MAX_SESSIONS": "2",
+            "TURBOSERVE_IDLE_AFTER_S": str(IDLE_AFTER_S),
+            "TURBOSERVE_CLOSE_AFTER_S": str(CLOSE_AFTER_S),
+            "TURBOSERVE_ATTACH_TTL_S": "3",
+            "TURBOSERVE_REAP_INTERVAL_S": "0.3",
             "TURBOSERVE_CONTROL_WAIT_S": "20",
         },
     )
@@ -88,11 +98,14 @@ async def registry(infra, mesh_tag):
     await client.aclose()
 
 
-async def wait_state(registry: Registry, sid: str, state: SessionState, within_s: float = 60) -> None:
+async def wait_state(
+    registry: Registry, sid: str, state: SessionState, within_s: float = 60
+) -> None:
     async def reached() -> bool:
         record = await registry.get_session(sid)
-        assert record is not None and record.state is state, \
+        assert record is not None and record.state is state, (
             f"the session is {record and record.state}"
+        )
         return True
 
     await eventually(reached, within_s, f"the session {state.value}")
@@ -103,7 +116,10 @@ async def next_text(ws, kind: str, within_s: float = 60) -> dict:
         while True:
             msg = await ws.receive()
             assert msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY), msg
-            if msg.type is aiohttp.WSMsgType.TEXT and (body := orjson.loads(msg.data))["type"] == kind:
+            if (
+                msg.type is aiohttp.WSMsgType.TEXT
+                and (body := orjson.loads(msg.data))["type"] == kind
+            ):
                 return body
 
 
@@ -121,8 +137,9 @@ async def next_chunk(ws, within_s: float = 60) -> dict:
 
 async def test_steer_a_live_session_over_a_websocket(mesh, registry):
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
-        resp = await http.post("/v1/sessions", json={"prompt": "a paper boat", "seed": 3},
-                               headers=bearer(API_KEY))
+        resp = await http.post(
+            "/v1/sessions", json={"prompt": "a paper boat", "seed": 3}, headers=bearer(API_KEY)
+        )
         assert resp.status == 201
         s = await resp.json()
         async with http.ws_connect(s["ws_url"], params={"token": s["token"]}) as ws:
@@ -131,7 +148,9 @@ async def test_steer_a_live_session_over_a_websocket(mesh, registry):
             first = await next_chunk(ws)
             assert first["seq"] == 0 and first["timing"]["gen_ms"] > 0
 
-            await ws.send_str(orjson.dumps({"type": "prompt", "prompt": "a storm", "id": 1}).decode())
+            await ws.send_str(
+                orjson.dumps({"type": "prompt", "prompt": "a storm", "id": 1}).decode()
+            )
             ack = await next_text(ws, "ack")
             assert ack["control"] == "prompt" and ack["confirmed"], ack
             assert ack["next_seq"] >= 1
@@ -157,15 +176,23 @@ async def test_steer_a_live_session_over_a_websocket(mesh, registry):
 
 async def test_sse_state_events_and_the_cluster_view(mesh, registry):
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
-        s = await (await http.post("/v1/sessions", json={"prompt": "a fox"}, headers=bearer(API_KEY))).json()
+        s = await (
+            await http.post("/v1/sessions", json={"prompt": "a fox"}, headers=bearer(API_KEY))
+        ).json()
         auth = bearer(s["token"])
         async with http.get(s["stream_url"], headers=auth) as stream:
             events = await read_sse(stream, want=3, timeout=90)
             assert [e["event"] for e in events] == ["state", "chunk", "chunk"]
             assert orjson.loads(events[0]["data"])["kind"] == "placed"
-            resp = await http.post(f"/v1/sessions/{s['id']}/prompt", json={"prompt": "a wolf"}, headers=auth)
+            resp = await http.post(
+                f"/v1/sessions/{s['id']}/prompt", json={"prompt": "a wolf"}, headers=auth
+            )
             body = await resp.json()
-            assert resp.status == 200 and body["confirmed"] and body["next_seq"] > int(events[-1]["id"])
+            assert (
+                resp.status == 200
+                and body["confirmed"]
+                and body["next_seq"] > int(events[-1]["id"])
+            )
             more = await read_sse(stream, want=20, timeout=90, until="state")
             notice = orjson.loads(more[-1]["data"])
             assert notice["kind"] == "prompt" and notice["next_seq"] == body["next_seq"]
@@ -173,7 +200,11 @@ async def test_sse_state_events_and_the_cluster_view(mesh, registry):
             cluster = await (await http.get("/v1/cluster", headers=bearer(OPERATOR_KEY))).json()
             (worker,) = [w for w in cluster["workers"] if w["alive"]]
             assert s["id"] in [x["id"] for x in worker["sessions"]]
-            assert worker["status"] == "ready" and worker["capacity"] == 2 and worker["load"] is not None
+            assert (
+                worker["status"] == "ready"
+                and worker["capacity"] == 2
+                and worker["load"] is not None
+            )
             assert cluster["pool"]["max_workers"] == 1
             metrics = await (await http.get("/metrics")).text()
             assert 'turboserve_stream_clients{transport="sse"} 1.0' in metrics
@@ -187,11 +218,17 @@ async def test_the_encoded_stream_from_a_real_worker_over_sse_and_the_websocket(
     from tests.gateway.test_fmp4_stream import ws_chunk
 
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
-        s = await (await http.post("/v1/sessions", json={"prompt": "a kite"}, headers=bearer(API_KEY))).json()
+        s = await (
+            await http.post("/v1/sessions", json={"prompt": "a kite"}, headers=bearer(API_KEY))
+        ).json()
         auth = bearer(s["token"])
-        async with http.get(s["stream_url"], params={"format": "fmp4"}, headers=auth) as stream, \
-                http.ws_connect(s["ws_url"], params={"token": s["token"], "format": "fmp4"}) as ws:
-            events = [e for e in await read_sse(stream, want=4, timeout=90) if e["event"] == "chunk"]
+        async with (
+            http.get(s["stream_url"], params={"format": "fmp4"}, headers=auth) as stream,
+            http.ws_connect(s["ws_url"], params={"token": s["token"], "format": "fmp4"}) as ws,
+        ):
+            events = [
+                e for e in await read_sse(stream, want=4, timeout=90) if e["event"] == "chunk"
+            ]
             got = []
             async with asyncio.timeout(90):
                 while len(got) < 3:
@@ -213,8 +250,11 @@ async def test_the_encoded_stream_from_a_real_worker_over_sse_and_the_websocket(
 
 async def test_an_abandoned_session_goes_idle_then_closes(mesh, registry):
     async with aiohttp.ClientSession(mesh.gateway_url) as http:
-        s = await (await http.post("/v1/sessions", json={"prompt": "nobody watches"},
-                                   headers=bearer(API_KEY))).json()
+        s = await (
+            await http.post(
+                "/v1/sessions", json={"prompt": "nobody watches"}, headers=bearer(API_KEY)
+            )
+        ).json()
         await wait_state(registry, s["id"], SessionState.EXECUTING)
         # nobody attaches: idle after IDLE_AFTER_S (suspended by the scheduler), closed after
         # CLOSE_AFTER_S more
@@ -237,7 +277,9 @@ async def test_admission_refuses_when_the_pool_is_full(mesh, registry):
             resp = await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(API_KEY))
             assert resp.status == 201
             created.append(await resp.json())
-        resp = await http.post("/v1/sessions", json={"prompt": "one too many"}, headers=bearer(API_KEY))
+        resp = await http.post(
+            "/v1/sessions", json={"prompt": "one too many"}, headers=bearer(API_KEY)
+        )
         body = await resp.json()
         assert resp.status == 429 and body["error"]["code"] == "pool_full", body
         assert int(resp.headers["Retry-After"]) >= 1

@@ -21,8 +21,9 @@ def run_js(body: str) -> object:
     """Run ``body`` with ``player`` bound to player.js's exports; its last line prints JSON."""
     assert NODE is not None  # the module is skipped without it
     script = f"const player = require({json.dumps(str(PLAYER))});\n{body}"
-    out = subprocess.run([NODE, "-e", script], capture_output=True, text=True, timeout=30,
-                         check=True).stdout
+    out = subprocess.run(
+        [NODE, "-e", script], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -34,8 +35,12 @@ def test_ack_texts_never_say_a_close_is_unconfirmed():
           player.ackText({control: "prompt", confirmed: true, next_seq: 14}),
           player.ackText({control: "pause", confirmed: false, next_seq: null}),
         ]));""")
-    assert texts == ["closed after seq 41", "closed", "done, from seq 14",
-                     "accepted; the worker has not confirmed it yet"]
+    assert texts == [
+        "closed after seq 41",
+        "closed",
+        "done, from seq 14",
+        "accepted; the worker has not confirmed it yet",
+    ]
 
 
 # A simulated viewer: chunks of the worker's period arrive with a delivery jitter (and some
@@ -78,16 +83,20 @@ def gaps_after_first_second(draws: list[list[float]]) -> list[tuple[float, float
     """(gap, nominal interval of the frame before it) between consecutive draws, after the
     first second of playback."""
     start = draws[0][0]
-    return [(b[0] - a[0], a[1]) for a, b in zip(draws, draws[1:], strict=False)
-            if a[0] - start >= 1.0]
+    return [
+        (b[0] - a[0], a[1]) for a, b in zip(draws, draws[1:], strict=False) if a[0] - start >= 1.0
+    ]
 
 
 @pytest.mark.parametrize("skew", [0.0, -3.7, 42.0])  # the page's clock against the server's
 def test_paced_playback_has_no_gap_with_chunks_on_time(skew):
-    result = run_js(SIMULATE + f"""
+    result = run_js(
+        SIMULATE
+        + f"""
         const r = simulate({{period: 1.25, counts: [9, 12], early: 1.0, late: 0.15,
                              seconds: 30, skew: {skew}, lateChunk: -1}});
-        console.log(JSON.stringify(r));""")
+        console.log(JSON.stringify(r));"""
+    )
     draws, order = result["draws"], result["order"]
     assert order == sorted(order)  # every frame, in order, none twice
     gaps = gaps_after_first_second(draws)
@@ -99,10 +108,13 @@ def test_paced_playback_has_no_gap_with_chunks_on_time(skew):
 
 
 def test_a_late_chunk_leaves_one_gap_then_playback_is_back_to_back():
-    result = run_js(SIMULATE + """
+    result = run_js(
+        SIMULATE
+        + """
         const r = simulate({period: 1.25, counts: [12], early: 0.0, late: 0.05, seconds: 20,
                             skew: 0, lateChunk: 6});
-        console.log(JSON.stringify(r));""")
+        console.log(JSON.stringify(r));"""
+    )
     gaps = gaps_after_first_second(result["draws"])
     stalls = [gap for gap, nominal in gaps if gap > 2 * nominal]
     assert len(stalls) == 1 and 0.5 < stalls[0] < 0.9  # the late chunk's 0.6 s, once
@@ -126,6 +138,7 @@ def test_without_timing_chunks_follow_each_other_and_the_backlog_is_bounded():
 
 
 # Media Source Extensions playback (?format=fmp4): the pure decisions around the <video>.
+
 
 def test_video_plays_only_a_codec_the_browser_says_it_supports():
     result = run_js("""
@@ -168,9 +181,18 @@ def test_the_playhead_joins_at_the_first_fragment_jumps_gaps_and_backlogs():
           backlogAhead: player.liveEdgeSeek([[37.5, 38.75], [40.0, 50.0]], 39.0, opts),
           past: player.liveEdgeSeek([[37.5, 38.75]], 39.0, opts),
         }));""")
-    assert result == {"join": 37.5, "empty": None, "playing": None, "rounding": None,
-                      "gapEnd": 45.0, "gapMid": None, "inGap": 45.0, "backlog": 48.5,
-                      "backlogAhead": 48.5, "past": None}
+    assert result == {
+        "join": 37.5,
+        "empty": None,
+        "playing": None,
+        "rounding": None,
+        "gapEnd": 45.0,
+        "gapMid": None,
+        "inGap": 45.0,
+        "backlog": 48.5,
+        "backlogAhead": 48.5,
+        "past": None,
+    }
 
 
 def test_played_video_is_trimmed_and_a_played_fragment_is_not_appended_again():
@@ -183,8 +205,14 @@ def test_played_video_is_trimmed_and_a_played_fragment_is_not_appended_again():
           playing: player.isPlayed(30, 1.25, 31.0),
           unknown: player.isPlayed(undefined, 1.25, 31.0),
         }));""")
-    assert result == {"young": None, "old": [30, 31.5], "none": None, "played": True,
-                      "playing": False, "unknown": False}
+    assert result == {
+        "young": None,
+        "old": [30, 31.5],
+        "none": None,
+        "played": True,
+        "playing": False,
+        "unknown": False,
+    }
 
 
 # A SourceBuffer stand-in: each operation takes until `finish()` fires its "updateend".
@@ -208,7 +236,9 @@ class FakeBuffer {
 
 
 def test_the_append_queue_runs_one_operation_at_a_time_in_order():
-    result = run_js(FAKE_BUFFER + """
+    result = run_js(
+        FAKE_BUFFER
+        + """
         const buffer = new FakeBuffer();
         const errors = [];
         const queue = new player.AppendQueue(buffer, "video/mp4; a", (e) => errors.push(String(e)));
@@ -220,16 +250,27 @@ def test_the_append_queue_runs_one_operation_at_a_time_in_order():
         const busy = queue.busy;
         while (buffer.updating) buffer.finish();
         console.log(JSON.stringify({log: buffer.log, errors, busy, idle: !queue.busy,
-                                    appended: queue.appended}));""")
+                                    appended: queue.appended}));"""
+    )
     assert result == {
-        "log": [["append", "f1"], ["append", "f2"], ["remove", 0, 10],
-                ["changeType", "video/mp4; b"], ["append", "f3"]],
-        "errors": [], "busy": True, "idle": True, "appended": 3,
+        "log": [
+            ["append", "f1"],
+            ["append", "f2"],
+            ["remove", 0, 10],
+            ["changeType", "video/mp4; b"],
+            ["append", "f3"],
+        ],
+        "errors": [],
+        "busy": True,
+        "idle": True,
+        "appended": 3,
     }
 
 
 def test_an_append_the_buffer_refuses_stops_the_queue_and_says_why():
-    result = run_js(FAKE_BUFFER + """
+    result = run_js(
+        FAKE_BUFFER
+        + """
         const buffer = new FakeBuffer({failOn: "f2"});
         const errors = [];
         const queue = new player.AppendQueue(buffer, "m", (e) => errors.push(String(e)));
@@ -238,6 +279,10 @@ def test_an_append_the_buffer_refuses_stops_the_queue_and_says_why():
         queue.append("f3", "m");
         buffer.finish();
         queue.append("f4", "m");
-        console.log(JSON.stringify({log: buffer.log, errors, pending: queue.pending.length}));""")
-    assert result == {"log": [["append", "f1"]], "errors": ["Error: QuotaExceededError"],
-                      "pending": 0}
+        console.log(JSON.stringify({log: buffer.log, errors, pending: queue.pending.length}));"""
+    )
+    assert result == {
+        "log": [["append", "f1"]],
+        "errors": ["Error: QuotaExceededError"],
+        "pending": 0,
+    }

@@ -43,9 +43,14 @@ async def answering_worker(nats_client, gw, worker, answers: dict[str, tuple[Not
 
 async def test_prompt_change_answers_the_seq_it_applies_from(http, gw, worker, nats_client):
     s = await create(http)
-    async with answering_worker(nats_client, gw, worker, {"prompt": (NoticeKind.PROMPT, 12)}) as seen:
-        resp = await http.post(f"/v1/sessions/{s['id']}/prompt", json={"prompt": "a storm at sea"},
-                               headers=bearer(s["token"]))
+    async with answering_worker(
+        nats_client, gw, worker, {"prompt": (NoticeKind.PROMPT, 12)}
+    ) as seen:
+        resp = await http.post(
+            f"/v1/sessions/{s['id']}/prompt",
+            json={"prompt": "a storm at sea"},
+            headers=bearer(s["token"]),
+        )
         body = await resp.json()
     assert resp.status == 200
     assert body == {"id": s["id"], "prompt": "a storm at sea", "confirmed": True, "next_seq": 12}
@@ -53,12 +58,15 @@ async def test_prompt_change_answers_the_seq_it_applies_from(http, gw, worker, n
     assert [e["kind"] for e in seen] == ["prompt"] and seen[0]["prompt"] == "a storm at sea"
 
 
-async def test_prompt_change_without_confirmation_is_accepted_with_202(gw_env, nats_client, redis_client):
+async def test_prompt_change_without_confirmation_is_accepted_with_202(
+    gw_env, nats_client, redis_client
+):
     async with run_gateway(gw_env, control_wait_s=0.3) as g, aiohttp.ClientSession(g.url) as http:
         s = await create(http)
         started = time.monotonic()
-        resp = await http.post(f"/v1/sessions/{s['id']}/prompt", json={"prompt": "later"},
-                               headers=bearer(s["token"]))
+        resp = await http.post(
+            f"/v1/sessions/{s['id']}/prompt", json={"prompt": "later"}, headers=bearer(s["token"])
+        )
         body = await resp.json()
         assert resp.status == 202 and body["confirmed"] is False and body["next_seq"] is None
         assert "unknown" in body["message"] and time.monotonic() - started < 5
@@ -73,7 +81,12 @@ async def test_pause_and_resume_flip_activity_and_tell_the_scheduler(http, gw, w
     async with answering_worker(nats_client, gw, worker, answers) as seen:
         resp = await http.post(f"{path}/pause", headers=bearer(s["token"]))
         assert resp.status == 200
-        assert await resp.json() == {"id": s["id"], "activity": "paused", "confirmed": True, "next_seq": 4}
+        assert await resp.json() == {
+            "id": s["id"],
+            "activity": "paused",
+            "confirmed": True,
+            "next_seq": 4,
+        }
         assert (await gw.store.activity(s["id"])).value == "paused"
         # pausing again changes nothing and sends nothing
         resp = await http.post(f"{path}/pause", headers=bearer(s["token"]))
@@ -87,7 +100,8 @@ async def test_pause_and_resume_flip_activity_and_tell_the_scheduler(http, gw, w
 
 
 async def test_a_session_waiting_for_a_gpu_pauses_at_once_and_its_placement_confirms_a_resume(
-        gw_env, nats_client, redis_client, worker):
+    gw_env, nats_client, redis_client, worker
+):
     """Pending (on no worker): nothing to suspend, so a pause answers without waiting for a
     notice; a resume is confirmed by the notice of the placement it leads to."""
     async with run_gateway(gw_env, control_wait_s=5.0) as g, aiohttp.ClientSession(g.url) as http:
@@ -108,15 +122,17 @@ async def test_admission_refuses_when_the_pool_is_full(http, gw):
     registry = gw.ctx.registry
     await registry.set_pool_limits(PoolLimits(min_workers=1, max_workers=2))
     for wid, held in (("w1", ("a", "b")), ("w2", ("c", "d"))):
-        await registry.register_worker(WorkerRecord(id=wid, status=WorkerStatus.READY, capacity=2,
-                                                    sessions=held), ttl_s=60)
+        await registry.register_worker(
+            WorkerRecord(id=wid, status=WorkerStatus.READY, capacity=2, sessions=held), ttl_s=60
+        )
     resp = await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(API_KEY))
     body = await resp.json()
     assert resp.status == 429 and body["error"]["code"] == "pool_full"
     assert resp.headers["Retry-After"] == "10" and body["error"]["details"]["max_workers"] == 2
     # a free slot admits one session; the pending one then takes it, and the next is refused
-    await registry.register_worker(WorkerRecord(id="w2", status=WorkerStatus.READY, capacity=3,
-                                                sessions=("c", "d")), ttl_s=60)
+    await registry.register_worker(
+        WorkerRecord(id="w2", status=WorkerStatus.READY, capacity=3, sessions=("c", "d")), ttl_s=60
+    )
     assert (await create(http))["id"]
     resp = await http.post("/v1/sessions", json={"prompt": "p"}, headers=bearer(API_KEY))
     assert resp.status == 429
@@ -138,11 +154,22 @@ async def test_cluster_view_for_the_operator(http, gw):
 
     rec = await registry.get_session(s["id"])
     await registry.claim(s["id"], "w1", rec.epoch)
-    await registry.register_worker(WorkerRecord(id="w1", status=WorkerStatus.READY, capacity=4,
-                                                sessions=(s["id"], "x"), suspended=("x",),
-                                                gpu_kind="h20", emulated="h20"), ttl_s=60)
+    await registry.register_worker(
+        WorkerRecord(
+            id="w1",
+            status=WorkerStatus.READY,
+            capacity=4,
+            sessions=(s["id"], "x"),
+            suspended=("x",),
+            gpu_kind="h20",
+            emulated="h20",
+        ),
+        ttl_s=60,
+    )
     await registry.set_pool_limits(PoolLimits(min_workers=1, max_workers=4))
-    await registry.set_scheduler_status({"rho_max": 0.5, "rho_hat": 0.7, "target_gpus": 2}, ttl_s=60)
+    await registry.set_scheduler_status(
+        {"rho_max": 0.5, "rho_hat": 0.7, "target_gpus": 2}, ttl_s=60
+    )
     await registry.record_cluster_event("migration", session_id=s["id"], src="w0", dst="w1")
     await registry.record_cluster_event("scale_out", count=1)
     now = int(time.time())

@@ -19,7 +19,6 @@ from tests.gateway.conftest import bearer, create, read_sse, run_gateway
 pytestmark = pytest.mark.integration
 
 
-
 async def _count(gw, sid: str, n: int) -> bool:
     return await gw.store.viewers(sid) >= n
 
@@ -28,7 +27,9 @@ async def test_sse_relays_chunks_and_state_in_order(http, gw, worker):
     s = await create(http)
     sid = s["id"]
     async with http.get(s["stream_url"], headers=bearer(s["token"])) as stream:
-        assert stream.status == 200 and stream.headers["Content-Type"].startswith("text/event-stream")
+        assert stream.status == 200 and stream.headers["Content-Type"].startswith(
+            "text/event-stream"
+        )
         await eventually(lambda: _count(gw, sid, 1))
         await worker.notice(sid, NoticeKind.PLACED, 0)
         for seq in range(3):
@@ -37,10 +38,22 @@ async def test_sse_relays_chunks_and_state_in_order(http, gw, worker):
         await worker.chunk(sid, 3)
         events = await read_sse(stream, want=6)
     kinds = [(e["event"], e.get("id")) for e in events]
-    assert kinds == [("state", None), ("chunk", "0"), ("chunk", "1"), ("chunk", "2"), ("state", None),
-                     ("chunk", "3")]
+    assert kinds == [
+        ("state", None),
+        ("chunk", "0"),
+        ("chunk", "1"),
+        ("chunk", "2"),
+        ("state", None),
+        ("chunk", "3"),
+    ]
     placed = orjson.loads(events[0]["data"])
-    assert placed == {**placed, "kind": "placed", "next_seq": 0, "worker_id": "wfake", "session_id": sid}
+    assert placed == {
+        **placed,
+        "kind": "placed",
+        "next_seq": 0,
+        "worker_id": "wfake",
+        "session_id": sid,
+    }
     chunk = orjson.loads(events[3]["data"])
     assert chunk["encoding"] == "jpeg/base64" and len(chunk["frames"]) == 2
     assert chunk["timing"]["latency_ms"] >= 199 and chunk["timing"]["batch"] == 1
@@ -62,17 +75,27 @@ async def test_last_event_id_resumes_after_what_the_client_has(http, gw, worker)
         events = await read_sse(stream, want=4)
     # the placed notice (before seq 0) is old news; the prompt notice (from seq 5) is not
     assert [(e["event"], e.get("id")) for e in events] == [
-        ("chunk", "3"), ("chunk", "4"), ("state", None), ("chunk", "5")]
+        ("chunk", "3"),
+        ("chunk", "4"),
+        ("state", None),
+        ("chunk", "5"),
+    ]
     # the same with the query parameter, through the WebSocket
-    async with aiohttp.ClientSession() as client, client.ws_connect(
-            f"{gw.url}/v1/sessions/{sid}/ws", params={"token": s["token"], "last_event_id": "4"}) as ws:
+    async with (
+        aiohttp.ClientSession() as client,
+        client.ws_connect(
+            f"{gw.url}/v1/sessions/{sid}/ws", params={"token": s["token"], "last_event_id": "4"}
+        ) as ws,
+    ):
         first = await ws.receive(timeout=10)
         assert first.type is aiohttp.WSMsgType.TEXT and orjson.loads(first.data)["kind"] == "prompt"
         second = await ws.receive(timeout=10)
         assert second.type is aiohttp.WSMsgType.BINARY and decode_chunk(second.data)[0]["seq"] == 5
 
 
-async def test_a_new_stream_starts_at_the_live_edge_unless_it_asks_for_the_backlog(http, gw, worker):
+async def test_a_new_stream_starts_at_the_live_edge_unless_it_asks_for_the_backlog(
+    http, gw, worker
+):
     s = await create(http)
     sid = s["id"]
     record = await gw.ctx.registry.claim(sid, worker.worker_id, 0)
@@ -88,33 +111,44 @@ async def test_a_new_stream_starts_at_the_live_edge_unless_it_asks_for_the_backl
         assert await gw.ctx.registry.record_progress(sid, worker.worker_id, record.epoch, 10)
         second = await read_sse(stream, want=1)
     assert [(e["event"], e.get("id")) for e in first + second] == [("chunk", "9"), ("chunk", "10")]
-    async with http.get(s["stream_url"], params={"from": "start"}, headers=bearer(s["token"])) as stream:
+    async with http.get(
+        s["stream_url"], params={"from": "start"}, headers=bearer(s["token"])
+    ) as stream:
         events = await read_sse(stream, want=3)
-    assert [(e["event"], e.get("id")) for e in events] == [("state", None), ("chunk", "0"), ("chunk", "1")]
+    assert [(e["event"], e.get("id")) for e in events] == [
+        ("state", None),
+        ("chunk", "0"),
+        ("chunk", "1"),
+    ]
     # Last-Event-ID wins over both
     headers = {**bearer(s["token"]), "Last-Event-ID": "6"}
     async with http.get(s["stream_url"], params={"from": "live"}, headers=headers) as stream:
         assert (await read_sse(stream, want=1))[0]["id"] == "7"
 
     async with aiohttp.ClientSession() as client:
-        async with client.ws_connect(f"{gw.url}/v1/sessions/{sid}/ws", params={"token": s["token"]}) as ws:
+        async with client.ws_connect(
+            f"{gw.url}/v1/sessions/{sid}/ws", params={"token": s["token"]}
+        ) as ws:
             msg = await ws.receive(timeout=10)
             assert decode_chunk(msg.data)[0]["seq"] == 10
-        async with client.ws_connect(f"{gw.url}/v1/sessions/{sid}/ws",
-                                     params={"token": s["token"], "from": "start"}) as ws:
+        async with client.ws_connect(
+            f"{gw.url}/v1/sessions/{sid}/ws", params={"token": s["token"], "from": "start"}
+        ) as ws:
             assert orjson.loads((await ws.receive(timeout=10)).data)["kind"] == "placed"
             assert decode_chunk((await ws.receive(timeout=10)).data)[0]["seq"] == 0
-    async with http.get(s["stream_url"], params={"from": "yesterday"}, headers=bearer(s["token"])) as bad:
+    async with http.get(
+        s["stream_url"], params={"from": "yesterday"}, headers=bearer(s["token"])
+    ) as bad:
         body = await bad.json()
     assert bad.status == 400 and body["error"]["code"] == "invalid_request"
 
 
 def decode_chunk(data: bytes) -> tuple[dict, list[bytes]]:
     (n,) = struct.unpack(">I", data[:4])
-    header = orjson.loads(data[4:4 + n])
+    header = orjson.loads(data[4 : 4 + n])
     frames, offset = [], 4 + n
     for size in header["frame_sizes"]:
-        frames.append(data[offset:offset + size])
+        frames.append(data[offset : offset + size])
         offset += size
     assert offset == len(data)
     return header, frames
@@ -139,15 +173,19 @@ async def test_websocket_binary_chunks_state_and_controls(http, gw, worker, nats
 
     answering = asyncio.create_task(worker_answers())
     try:
-        async with aiohttp.ClientSession() as client, client.ws_connect(
-                f"{gw.url}/v1/sessions/{sid}/ws", headers=bearer(s["token"])) as ws:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.ws_connect(f"{gw.url}/v1/sessions/{sid}/ws", headers=bearer(s["token"])) as ws,
+        ):
             await eventually(lambda: _count(gw, sid, 1))
             await worker.chunk(sid, 0, frames=3)
             msg = await ws.receive(timeout=10)
             header, frames = decode_chunk(msg.data)
             assert header["type"] == "chunk" and header["seq"] == 0 and header["fps"] == 16.0
             assert len(frames) == 3 and all(f.startswith(b"\xff\xd8") for f in frames)  # JPEG SOI
-            await ws.send_str(orjson.dumps({"type": "prompt", "prompt": "a storm", "id": 1}).decode())
+            await ws.send_str(
+                orjson.dumps({"type": "prompt", "prompt": "a storm", "id": 1}).decode()
+            )
             ack = await receive_json(ws, "ack")
             assert ack == {**ack, "control": "prompt", "id": 1, "confirmed": True, "next_seq": 7}
             await ws.send_str('{"type": "pause", "id": "p"}')
@@ -169,7 +207,10 @@ async def test_websocket_binary_chunks_state_and_controls(http, gw, worker, nats
             assert ack["next_seq"] is None and ack["last_seq"] == -1  # no chunk was recorded
             end = await receive_json(ws, "end")
             assert end["reason"] == "closed"
-            assert (await ws.receive(timeout=10)).type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            assert (await ws.receive(timeout=10)).type in (
+                aiohttp.WSMsgType.CLOSE,
+                aiohttp.WSMsgType.CLOSED,
+            )
     finally:
         answering.cancel()
     record = await gw.ctx.registry.get_session(sid)
@@ -187,15 +228,20 @@ async def receive_json(ws, kind: str) -> dict:
         while True:
             msg = await ws.receive()
             assert msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY), msg
-            if msg.type is aiohttp.WSMsgType.TEXT and (body := orjson.loads(msg.data))["type"] == kind:
+            if (
+                msg.type is aiohttp.WSMsgType.TEXT
+                and (body := orjson.loads(msg.data))["type"] == kind
+            ):
                 return body
 
 
 async def test_stream_end_ends_every_client_and_a_closed_session_ends_at_once(http, gw, worker):
     s = await create(http)
     sid = s["id"]
-    async with http.get(s["stream_url"], headers=bearer(s["token"])) as a, \
-            http.get(s["stream_url"], headers=bearer(s["token"])) as b:
+    async with (
+        http.get(s["stream_url"], headers=bearer(s["token"])) as a,
+        http.get(s["stream_url"], headers=bearer(s["token"])) as b,
+    ):
         await eventually(lambda: _count(gw, sid, 2))
         assert len(gw.gateway.hub.feeds) == 1  # one subscription for both clients
         await worker.chunk(sid, 0)
@@ -206,7 +252,9 @@ async def test_stream_end_ends_every_client_and_a_closed_session_ends_at_once(ht
             assert [e["event"] for e in events] == ["chunk", "end"]
             assert orjson.loads(events[-1]["data"])["reason"] == "closed"
     await eventually(lambda: not gw.gateway.hub.feeds)  # the feed closed with its last client
-    async with http.get(s["stream_url"], headers={**bearer(s["token"]), "Last-Event-ID": "0"}) as again:
+    async with http.get(
+        s["stream_url"], headers={**bearer(s["token"]), "Last-Event-ID": "0"}
+    ) as again:
         events = await read_sse(again, want=1, timeout=10)
     assert events[-1]["event"] == "end"
 
@@ -223,16 +271,22 @@ async def test_stream_of_a_session_terminated_without_stream_end_ends(http, gw, 
     assert [e["event"] for e in events] == ["chunk", "end"]
 
 
-async def test_a_slow_client_skips_to_the_live_edge_and_never_holds_up_others(gw_env, nats_client,
-                                                                            redis_client, worker):
+async def test_a_slow_client_skips_to_the_live_edge_and_never_holds_up_others(
+    gw_env, nats_client, redis_client, worker
+):
     import os
 
-    async with run_gateway(gw_env, client_queue_chunks=16) as g, aiohttp.ClientSession(g.url) as http:
+    async with (
+        run_gateway(gw_env, client_queue_chunks=16) as g,
+        aiohttp.ClientSession(g.url) as http,
+    ):
         s = await create(http)
         sid = s["id"]
         big = os.urandom(64_000)  # ~256 KB per SSE event: the slow client's socket fills up
-        async with http.get(s["stream_url"], headers=bearer(s["token"])) as fast, \
-                http.get(s["stream_url"], headers=bearer(s["token"])) as slow:
+        async with (
+            http.get(s["stream_url"], headers=bearer(s["token"])) as fast,
+            http.get(s["stream_url"], headers=bearer(s["token"])) as slow,
+        ):
             await eventually(lambda: _count(g, sid, 2))
             feed = g.gateway.hub.feeds[sid]
 
@@ -264,11 +318,14 @@ async def test_a_slow_client_skips_to_the_live_edge_and_never_holds_up_others(gw
 async def test_any_replica_serves_any_session(gw, gw_env, worker):
     """Created on one gateway, watched and steered on another; viewers seen by both."""
     async with run_gateway(gw_env) as other, aiohttp.ClientSession() as client:
-        resp = await client.post(f"{gw.url}/v1/sessions", json={"prompt": "p"},
-                                 headers=bearer("k-test-0123456789abcdef"))
+        resp = await client.post(
+            f"{gw.url}/v1/sessions", json={"prompt": "p"}, headers=bearer("k-test-0123456789abcdef")
+        )
         s = await resp.json()
         sid = s["id"]
-        async with client.get(f"{other.url}/v1/sessions/{sid}/stream", headers=bearer(s["token"])) as stream:
+        async with client.get(
+            f"{other.url}/v1/sessions/{sid}/stream", headers=bearer(s["token"])
+        ) as stream:
             await eventually(lambda: _count(gw, sid, 1))  # the first replica sees the viewer
             await worker.chunk(sid, 0)
             events = await read_sse(stream, want=1)
@@ -278,7 +335,9 @@ async def test_any_replica_serves_any_session(gw, gw_env, worker):
             assert (await read_sse(stream, want=3))[-1]["event"] == "end"
 
 
-async def test_gateway_shutdown_ends_streams_with_a_reason(gw_env, nats_client, redis_client, worker):
+async def test_gateway_shutdown_ends_streams_with_a_reason(
+    gw_env, nats_client, redis_client, worker
+):
     async with run_gateway(gw_env) as g, aiohttp.ClientSession(g.url) as http:
         s = await create(http)
         async with http.get(s["stream_url"], headers=bearer(s["token"])) as stream:
@@ -288,7 +347,11 @@ async def test_gateway_shutdown_ends_streams_with_a_reason(gw_env, nats_client, 
             await g.service.stop()
             end = (await read_sse(stream, want=2))[-1]
     assert end["event"] == "end"
-    assert orjson.loads(end["data"]) == {"session_id": s["id"], "last_seq": 0, "reason": "gateway_shutdown"}
+    assert orjson.loads(end["data"]) == {
+        "session_id": s["id"],
+        "last_seq": 0,
+        "reason": "gateway_shutdown",
+    }
 
 
 async def test_notice_waiter_ignores_other_kinds(gw, worker, http):
@@ -305,8 +368,10 @@ async def test_a_feed_leaves_no_consumer_behind(http, gw, nats_client):
     s = await create(http)
     js = nats_client.jetstream()
     stream = gw.ctx.subjects.chunks_stream
-    async with http.get(s["stream_url"], headers=bearer(s["token"])), \
-            http.get(s["stream_url"], headers=bearer(s["token"])):
+    async with (
+        http.get(s["stream_url"], headers=bearer(s["token"])),
+        http.get(s["stream_url"], headers=bearer(s["token"])),
+    ):
         await eventually(lambda: _count(gw, s["id"], 2))
         assert (await js.stream_info(stream)).state.consumer_count == 1  # shared by both
     await eventually(lambda: not gw.gateway.hub.feeds)
@@ -340,18 +405,35 @@ async def _encoded_chunk(worker, sid: str, seq: int) -> bytes:
     from shared.wire import Chunk, encode
 
     now = time.time()
-    return encode(Chunk(session_id=sid, seq=seq, worker_id=worker.worker_id, epoch=2,
-                        encoding="jpeg", frames=[b"\xff\xd8x"], width=16, height=16, fps=16.0,
-                        gen_ms=1.0, batch=1, due_at=now, done_at=now))
+    return encode(
+        Chunk(
+            session_id=sid,
+            seq=seq,
+            worker_id=worker.worker_id,
+            epoch=2,
+            encoding="jpeg",
+            frames=[b"\xff\xd8x"],
+            width=16,
+            height=16,
+            fps=16.0,
+            gen_ms=1.0,
+            batch=1,
+            due_at=now,
+            done_at=now,
+        )
+    )
 
 
-async def test_a_deep_resume_gets_a_feed_of_its_own_and_every_chunk(gw_env, nats_client,
-                                                                    redis_client, worker):
+async def test_a_deep_resume_gets_a_feed_of_its_own_and_every_chunk(
+    gw_env, nats_client, redis_client, worker
+):
     from services.gateway.feeds import RING_CHUNKS
 
     # a queue as long as the burst: the live client must not skip (that is another test)
-    async with run_gateway(gw_env, client_queue_chunks=64) as gw, \
-            aiohttp.ClientSession(gw.url) as http:
+    async with (
+        run_gateway(gw_env, client_queue_chunks=64) as gw,
+        aiohttp.ClientSession(gw.url) as http,
+    ):
         await _deep_resume(gw, http, worker, RING_CHUNKS)
 
 

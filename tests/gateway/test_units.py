@@ -35,25 +35,37 @@ from shared.wire import (
 def test_api_keys_from_the_list_the_file_and_the_legacy_token(tmp_path):
     keys_file = tmp_path / "keys"
     keys_file.write_text("# one per line\nops:k-ops-1\n\nci: k-ci-2 \n")
-    s = GatewaySettings.from_env({"TURBOSERVE_API_KEYS": "alice:k-a, bob:k-b",
-                                  "TURBOSERVE_API_KEYS_FILE": str(keys_file),
-                                  "TURBOSERVE_API_TOKEN": "legacy"})
-    assert s.api_key_map() == {"alice": "k-a", "bob": "k-b", "ops": "k-ops-1", "ci": "k-ci-2",
-                               "default": "legacy"}
+    s = GatewaySettings.from_env(
+        {
+            "TURBOSERVE_API_KEYS": "alice:k-a, bob:k-b",
+            "TURBOSERVE_API_KEYS_FILE": str(keys_file),
+            "TURBOSERVE_API_TOKEN": "legacy",
+        }
+    )
+    assert s.api_key_map() == {
+        "alice": "k-a",
+        "bob": "k-b",
+        "ops": "k-ops-1",
+        "ci": "k-ci-2",
+        "default": "legacy",
+    }
     text = str(s)
     assert "k-a" not in text and "legacy" not in text  # masked when printed
 
 
-@pytest.mark.parametrize(("env", "fault"), [
-    ({"TURBOSERVE_API_KEYS": "nokey"}, "expected name:key"),
-    ({"TURBOSERVE_API_KEYS": "a:1,a:2"}, "given twice"),
-    ({"TURBOSERVE_API_KEYS": "bad name:1"}, "key name"),
-    ({"TURBOSERVE_API_KEYS": "default:x", "TURBOSERVE_API_TOKEN": "y"}, "'default'"),
-    ({"TURBOSERVE_API_KEYS_FILE": "/nonexistent/keys"}, "TURBOSERVE_API_KEYS_FILE"),
-    ({"TURBOSERVE_IDLE_AFTER_S": "0"}, "TURBOSERVE_IDLE_AFTER_S"),
-    ({"TURBOSERVE_CLIENT_QUEUE_CHUNKS": "0"}, "TURBOSERVE_CLIENT_QUEUE_CHUNKS"),
-    ({"TURBOSERVE_OPERATOR_KEY": "a b"}, "TURBOSERVE_OPERATOR_KEY"),
-])
+@pytest.mark.parametrize(
+    ("env", "fault"),
+    [
+        ({"TURBOSERVE_API_KEYS": "nokey"}, "expected name:key"),
+        ({"TURBOSERVE_API_KEYS": "a:1,a:2"}, "given twice"),
+        ({"TURBOSERVE_API_KEYS": "bad name:1"}, "key name"),
+        ({"TURBOSERVE_API_KEYS": "default:x", "TURBOSERVE_API_TOKEN": "y"}, "'default'"),
+        ({"TURBOSERVE_API_KEYS_FILE": "/nonexistent/keys"}, "TURBOSERVE_API_KEYS_FILE"),
+        ({"TURBOSERVE_IDLE_AFTER_S": "0"}, "TURBOSERVE_IDLE_AFTER_S"),
+        ({"TURBOSERVE_CLIENT_QUEUE_CHUNKS": "0"}, "TURBOSERVE_CLIENT_QUEUE_CHUNKS"),
+        ({"TURBOSERVE_OPERATOR_KEY": "a b"}, "TURBOSERVE_OPERATOR_KEY"),
+    ],
+)
 def test_bad_key_and_lifetime_settings_are_named(env, fault):
     with pytest.raises(SettingsError, match=fault):
         GatewaySettings.from_env(env)
@@ -74,9 +86,16 @@ def test_session_tokens_are_unguessable_and_stored_as_digests():
     assert stored == digest(token) and token not in stored and len(token) >= 40
 
 
-def worker(wid: str, capacity: int, held: int, status=WorkerStatus.READY, alive=True) -> WorkerRecord:
-    return WorkerRecord(id=wid, status=status, capacity=capacity, alive=alive,
-                        sessions=tuple(f"{wid}-s{i}" for i in range(held)))
+def worker(
+    wid: str, capacity: int, held: int, status=WorkerStatus.READY, alive=True
+) -> WorkerRecord:
+    return WorkerRecord(
+        id=wid,
+        status=status,
+        capacity=capacity,
+        alive=alive,
+        sessions=tuple(f"{wid}-s{i}" for i in range(held)),
+    )
 
 
 def test_pool_is_full_only_at_its_maximum_with_no_free_slot():
@@ -101,14 +120,30 @@ def test_429_carries_retry_after_in_whole_seconds():
     resp = errors.PoolFull("full", retry_after_s=2.2).response()
     assert resp.status == 429 and resp.headers["Retry-After"] == "3"
     body = orjson.loads(resp.body)["error"]
-    assert body["code"] == "pool_full" and body["retryable"] and body["details"]["retry_after_s"] == 2.2
+    assert (
+        body["code"] == "pool_full"
+        and body["retryable"]
+        and body["details"]["retry_after_s"] == 2.2
+    )
     assert errors.RateLimited("x", retry_after_s=0.01).response().headers["Retry-After"] == "1"
 
 
 def wire_chunk(seq: int, frames: list[bytes] | None = None, epoch: int = 1) -> Chunk:
-    return Chunk(session_id="s", seq=seq, worker_id="w", epoch=epoch, encoding="jpeg",
-                 frames=frames or [b"\xff\xd8a", b"\xff\xd8bc"], width=4, height=2, fps=16.0,
-                 gen_ms=1.0, batch=1, due_at=10.0, done_at=10.5)
+    return Chunk(
+        session_id="s",
+        seq=seq,
+        worker_id="w",
+        epoch=epoch,
+        encoding="jpeg",
+        frames=frames or [b"\xff\xd8a", b"\xff\xd8bc"],
+        width=4,
+        height=2,
+        fps=16.0,
+        gen_ms=1.0,
+        batch=1,
+        due_at=10.0,
+        done_at=10.5,
+    )
 
 
 def chunk(seq: int, frames: list[bytes] | None = None, epoch: int = 1) -> ChunkView:
@@ -133,7 +168,10 @@ def test_chunk_view_is_the_wires_chunk_with_frames_kept_as_text():
     assert [base64.b64decode(x) for x in data["frames"]] == original.frames
     assert data["timing"]["latency_ms"] == 500.0 and data["seq"] == 3
     # a malformed message on the subject is dropped, never raised
-    assert decode_or_drop("s.chunks", b'{"type":"chunk","seq":"x"}', FeedMsg, structlog.get_logger()) is None
+    assert (
+        decode_or_drop("s.chunks", b'{"type":"chunk","seq":"x"}', FeedMsg, structlog.get_logger())
+        is None
+    )
 
 
 def notice(next_seq: int, kind: NoticeKind = NoticeKind.PROMPT, epoch: int = 1) -> SessionNotice:
@@ -146,6 +184,7 @@ def drain(viewer: Viewer) -> list:
         while (item := await viewer.next(0.0)) is not None:
             out.append(item)
         return out
+
     return asyncio.run(run())
 
 
@@ -163,15 +202,27 @@ def test_viewer_skips_to_the_live_edge_when_it_falls_behind():
 
 def test_viewer_never_repeats_a_chunk_nor_replays_old_notices():
     v = Viewer(feed=None, last_seq=4, queue_chunks=8)  # type: ignore[arg-type]
-    for entry in (Entry(notice(2)), Entry(chunk(3)), Entry(chunk(5)), Entry(notice(6)), Entry(chunk(6))):
+    for entry in (
+        Entry(notice(2)),
+        Entry(chunk(3)),
+        Entry(chunk(5)),
+        Entry(notice(6)),
+        Entry(chunk(6)),
+    ):
         v.offer(entry, catching_up=True)
     v.offer(Entry(chunk(6)))  # a fenced worker's leftover
     v.finish(End(6, "closed"))
     v.offer(Entry(chunk(7)))  # nothing after the end
     items = drain(v)
     assert [type(i.item).__name__ if isinstance(i, Entry) else i for i in items] == [
-        "ChunkView", "SessionNotice", "ChunkView", End(6, "closed")]
-    assert [i.item.seq for i in items if isinstance(i, Entry) and isinstance(i.item, ChunkView)] == [5, 6]
+        "ChunkView",
+        "SessionNotice",
+        "ChunkView",
+        End(6, "closed"),
+    ]
+    assert [
+        i.item.seq for i in items if isinstance(i, Entry) and isinstance(i.item, ChunkView)
+    ] == [5, 6]
 
 
 def test_a_new_owner_is_announced_even_from_a_seq_the_client_has():
@@ -204,15 +255,16 @@ def test_websocket_chunk_framing():
     frames = [b"\xff\xd8one", b"\xff\xd8second"]
     data = frames_message(chunk(7, frames))
     (n,) = struct.unpack(">I", data[:4])
-    header = orjson.loads(data[4:4 + n])
+    header = orjson.loads(data[4 : 4 + n])
     assert header["type"] == "chunk" and header["seq"] == 7 and header["frame_sizes"] == [5, 8]
     assert header["timing"]["latency_ms"] == 500.0
-    assert data[4 + n:] == b"".join(frames)
+    assert data[4 + n :] == b"".join(frames)
 
 
 def test_worker_load_and_latency_merge():
-    w = WorkerRecord(id="w1", status=WorkerStatus.READY, capacity=4, sessions=("a", "b", "c"),
-                     suspended=("c",))
+    w = WorkerRecord(
+        id="w1", status=WorkerStatus.READY, capacity=4, sessions=("a", "b", "c"), suspended=("c",)
+    )
     assert worker_load(w, None) == 0.5
     assert worker_load(w, {"rho": {"w1": 0.9}}) == 0.9
     assert worker_load(w, {"rho": {"w1": "high"}}) == 0.5

@@ -40,8 +40,9 @@ class Client:
         if codec is not None:  # offer this codec only (and its retransmissions)
             capabilities = RTCRtpReceiver.getCapabilities("video")
             assert capabilities is not None
-            video.setCodecPreferences([c for c in capabilities.codecs
-                                       if c.mimeType in (codec, "video/rtx")])
+            video.setCodecPreferences(
+                [c for c in capabilities.codecs if c.mimeType in (codec, "video/rtx")]
+            )
         self.channel = self.pc.createDataChannel("control")
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.channel.on("message", lambda data: self.messages.put_nowait(orjson.loads(data)))
@@ -58,7 +59,9 @@ class Client:
         resp = await http.post(url, json=await self.offer(), headers=bearer(token))
         body = await resp.json()
         assert resp.status == 200, body
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
+        await self.pc.setRemoteDescription(
+            RTCSessionDescription(sdp=body["sdp"], type=body["type"])
+        )
         return body
 
     async def message(self, kind: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -86,7 +89,8 @@ async def _viewers(gw, sid: str, n: int) -> bool:
 
 
 async def test_a_loopback_peer_gets_decoded_frames_and_steers_over_the_data_channel(
-        http, gw, worker, nats_client):
+    http, gw, worker, nats_client
+):
     s = await create(http)
     sid = s["id"]
     await gw.ctx.registry.claim(sid, worker.worker_id, 0)  # on a worker: its notices confirm
@@ -108,7 +112,9 @@ async def test_a_loopback_peer_gets_decoded_frames_and_steers_over_the_data_chan
             await asyncio.wait_for(c.opened.wait(), 10)
             await eventually(lambda: _viewers(gw, sid, 1))
             for seq in range(3):
-                await worker.chunk(sid, seq, frames=FRAMES, frame=jpeg(WIDTH, HEIGHT, shade=40 * seq))
+                await worker.chunk(
+                    sid, seq, frames=FRAMES, frame=jpeg(WIDTH, HEIGHT, shade=40 * seq)
+                )
             frames = [await asyncio.wait_for(track.recv(), 10) for _ in range(FRAMES)]
             assert all((f.width, f.height) == (WIDTH, HEIGHT) for f in frames)
             pts = [f.pts for f in frames]
@@ -135,8 +141,9 @@ async def test_a_loopback_peer_gets_decoded_frames_and_steers_over_the_data_chan
     assert record.state is SessionState.TERMINATED and record.prompt == "a storm"
 
 
-async def _watch(gw, http, worker, sid: str, token: str, codec: str | None,
-                 fmp4: bool) -> tuple[dict, list, Any]:
+async def _watch(
+    gw, http, worker, sid: str, token: str, codec: str | None, fmp4: bool
+) -> tuple[dict, list, Any]:
     """Connect a client offering ``codec`` (None: aiortc's all), publish three chunks (with
     their fMP4 fragments or not), receive the first chunk's frames."""
     async with client(codec) as c:
@@ -154,13 +161,17 @@ async def _watch(gw, http, worker, sid: str, token: str, codec: str | None,
         return answer, frames, dict(peer.track.chunks)
 
 
-@pytest.mark.parametrize(("codec", "fmp4", "passed"), [
-    (None, True, True),             # H.264 preferred: the worker's packets, not re-encoded
-    ("video/VP8", True, False),     # a VP8 peer: the JPEG frames, re-encoded
-    ("video/H264", False, False),   # H.264, a chunk without a fragment: re-encoded
-])
+@pytest.mark.parametrize(
+    ("codec", "fmp4", "passed"),
+    [
+        (None, True, True),  # H.264 preferred: the worker's packets, not re-encoded
+        ("video/VP8", True, False),  # a VP8 peer: the JPEG frames, re-encoded
+        ("video/H264", False, False),  # H.264, a chunk without a fragment: re-encoded
+    ],
+)
 async def test_the_worker_h264_passes_through_where_negotiated_else_it_is_reencoded(
-        http, gw, worker, codec, fmp4, passed):
+    http, gw, worker, codec, fmp4, passed
+):
     s = await create(http)
     answer, frames, chunks = await _watch(gw, http, worker, s["id"], s["token"], codec, fmp4)
     expected = "video/VP8" if codec == "video/VP8" else "video/H264"
@@ -201,8 +212,9 @@ async def test_what_is_no_offer_is_refused_with_a_stable_code(http, gw):
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.createDataChannel("control")
     await pc.setLocalDescription(await pc.createOffer())
-    resp = await http.post(url, json={"type": "offer", "sdp": pc.localDescription.sdp},
-                           headers=bearer(s["token"]))
+    resp = await http.post(
+        url, json={"type": "offer", "sdp": pc.localDescription.sdp}, headers=bearer(s["token"])
+    )
     await pc.close()
     assert resp.status == 400 and (await resp.json())["error"]["code"] == "invalid_offer"
     # Authentication as the stream and the socket: no token 401, another session's 403.
@@ -218,7 +230,8 @@ async def test_what_is_no_offer_is_refused_with_a_stable_code(http, gw):
 
 
 async def test_shutdown_ends_every_peer_and_a_new_offer_to_a_new_gateway_plays_again(
-        gw_env, nats_client, redis_client, worker):
+    gw_env, nats_client, redis_client, worker
+):
     async with run_gateway(gw_env) as g, aiohttp.ClientSession(g.url) as http:
         s = await create(http)
         sid = s["id"]
@@ -280,9 +293,15 @@ async def _viewers_are(gw, sid: str, n: int) -> bool:
 def test_a_fragment_becomes_annex_b_packets_with_the_parameter_sets_before_the_keyframe():
     fragment = encode_chunk(_frames(3, 12), 16.0, chunk_start_s(3, 0.75)).data
     packets = annexb_packets(fragment)
-    assert len(packets) == 12 and packets[0].is_keyframe and not any(p.is_keyframe for p in packets[1:])
+    assert (
+        len(packets) == 12
+        and packets[0].is_keyframe
+        and not any(p.is_keyframe for p in packets[1:])
+    )
     first = bytes(packets[0])
-    nal_types = [unit[0] & 0x1F for unit in first.split(b"\0\0\1")[1:] if unit]  # 3- or 4-byte codes
+    nal_types = [
+        unit[0] & 0x1F for unit in first.split(b"\0\0\1")[1:] if unit
+    ]  # 3- or 4-byte codes
     assert {7, 8, 5} <= set(nal_types)  # SPS, PPS, then the IDR slice
     assert nal_types.index(7) < nal_types.index(5) and nal_types.index(8) < nal_types.index(5)
     assert all(bytes(p)[:3] in (b"\0\0\0", b"\0\0\1") for p in packets)  # start codes, not lengths

@@ -96,7 +96,8 @@ def _play(browser, page: str, url: str, token: str, only: str | None) -> dict:
 
 @pytest.mark.parametrize("only", [None, "video/VP8"])  # H.264 passed through; VP8 re-encoded
 async def test_chromium_plays_the_session_over_webrtc_and_steers_on_the_data_channel(
-        driver, http, gw, worker, nats_client, only):
+    driver, http, gw, worker, nats_client, only
+):
     s = await create(http)
     sid = s["id"]
     registry = await _claimed(gw, sid, worker)
@@ -115,8 +116,12 @@ async def test_chromium_plays_the_session_over_webrtc_and_steers_on_the_data_cha
     running = asyncio.create_task(worker_runs())
     try:
         # The browser blocks its thread, not the loop this gateway runs on.
-        result = await asyncio.wait_for(asyncio.to_thread(
-            _play, driver, f"{gw.url}/healthz", f"/v1/sessions/{sid}/webrtc", s["token"], only), 90)
+        result = await asyncio.wait_for(
+            asyncio.to_thread(
+                _play, driver, f"{gw.url}/healthz", f"/v1/sessions/{sid}/webrtc", s["token"], only
+            ),
+            90,
+        )
     finally:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -127,8 +132,13 @@ async def test_chromium_plays_the_session_over_webrtc_and_steers_on_the_data_cha
     assert result["video"] == {"codec": expected, "pass_through": expected == "video/H264"}, result
     assert result["codec"] and result["codec"].lower() == expected.lower(), result
     assert result["framesDecoded"] >= 9 and result["size"] == [WIDTH, HEIGHT], result
-    assert result["reply"] == {**result["reply"], "type": "ack", "control": "prompt", "id": "b1",
-                               "confirmed": True}, result
+    assert result["reply"] == {
+        **result["reply"],
+        "type": "ack",
+        "control": "prompt",
+        "id": "b1",
+        "confirmed": True,
+    }, result
     await eventually(lambda: _viewers_gone(gw, sid), timeout=40)
 
 

@@ -32,8 +32,9 @@ def run_chunks(engine: Engine, session_id: str, count: int) -> list[torch.Tensor
     return frames
 
 
-def solo(prompt_seed: tuple[str, int], count: int, prompts: dict[int, str] | None = None,
-         **overrides) -> list[torch.Tensor]:
+def solo(
+    prompt_seed: tuple[str, int], count: int, prompts: dict[int, str] | None = None, **overrides
+) -> list[torch.Tensor]:
     """The frames of one session generated alone on a fresh engine; ``prompts`` maps a
     chunk index to a prompt set just before that chunk."""
     prompt, seed = prompt_seed

@@ -28,7 +28,7 @@ def main() -> int:
     args = sys.argv[1:]
     at = args.index("--fault")
     fault = args[at + 1]
-    del args[at:at + 2]
+    del args[at : at + 2]
     gloo = transports.GlooTransport
     if fault == "die_in_recv":
         recv = gloo.recv
@@ -40,6 +40,7 @@ def main() -> int:
 
         gloo.recv = dying_recv  # type: ignore[method-assign]  # the fault this child plays
     elif fault == "die_in_send":
+
         def dying_send(self, *a, **kw):
             os._exit(EXIT_CODE)
 

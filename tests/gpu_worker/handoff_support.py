@@ -32,22 +32,46 @@ class Worker:
         await self.nc.close()
 
 
-async def start_worker(infra, isolation, registry: Registry, worker_id: str, *,
-                       layout: Layout = LAYOUT, timeout_s: float = 10.0, checksum: bool = True,
-                       capacity: int = 8) -> Worker:
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+async def start_worker(
+    infra,
+    isolation,
+    registry: Registry,
+    worker_id: str,
+    *,
+    layout: Layout = LAYOUT,
+    timeout_s: float = 10.0,
+    checksum: bool = True,
+    capacity: int = 8,
+) -> Worker:
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
     settings = WorkerSettings.from_env(env, worker_id=worker_id, handoff_timeout_s=timeout_s)
     nc = await nats.connect(infra.nats_url)
     host = SyntheticHost(worker_id, layout, capacity=capacity)
-    endpoint = HandoffEndpoint(nc, registry, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]),
-                               host, settings, checksum=checksum)
+    endpoint = HandoffEndpoint(
+        nc,
+        registry,
+        Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]),
+        host,
+        settings,
+        checksum=checksum,
+    )
     await endpoint.start()
     return Worker(worker_id, host, endpoint, nc)
 
 
-async def place(registry: Registry, worker: Worker, session_id: str, seed: int = 0,
-                chunks: int = 3, suspended: bool = False) -> int:
+async def place(
+    registry: Registry,
+    worker: Worker,
+    session_id: str,
+    seed: int = 0,
+    chunks: int = 3,
+    suspended: bool = False,
+) -> int:
     """A session owned by ``worker`` that has played ``chunks`` chunks; returns its epoch."""
     await registry.create_session(session_id, "synthetic", seed)
     record = await registry.claim(session_id, worker.id, 0)
@@ -57,8 +81,9 @@ async def place(registry: Registry, worker: Worker, session_id: str, seed: int =
         assert seq is not None
         assert await registry.record_progress(session_id, worker.id, record.epoch, seq)
     if suspended:
-        record = await registry.transition(session_id, SessionState.SUSPENDED,
-                                           expected_epoch=record.epoch)
+        record = await registry.transition(
+            session_id, SessionState.SUSPENDED, expected_epoch=record.epoch
+        )
         held = worker.host.sessions[session_id]
         held.suspended, held.epoch = True, record.epoch
     return record.epoch
@@ -66,12 +91,19 @@ async def place(registry: Registry, worker: Worker, session_id: str, seed: int =
 
 def migrate(src: Worker, dst: Worker | str, session_id: str, epoch: int) -> WorkerCommand:
     target = dst if isinstance(dst, str) else dst.id
-    return WorkerCommand(kind=WorkerCmdKind.MIGRATE, worker_id=src.id, session_id=session_id,
-                         target=target, epoch=epoch, command_id=f"c-{session_id}-{epoch}")
+    return WorkerCommand(
+        kind=WorkerCmdKind.MIGRATE,
+        worker_id=src.id,
+        session_id=session_id,
+        target=target,
+        epoch=epoch,
+        command_id=f"c-{session_id}-{epoch}",
+    )
 
 
-def assert_state(worker: Worker, session_id: str, seed: int, chunks: int,
-                 layout: Layout = LAYOUT) -> None:
+def assert_state(
+    worker: Worker, session_id: str, seed: int, chunks: int, layout: Layout = LAYOUT
+) -> None:
     """The session is on ``worker``, bit for bit what ``chunks`` chunks make of its seed."""
     got = worker.host.state(session_id)
     want = expected_state(layout, seed, chunks)

@@ -87,7 +87,9 @@ def test_mismatches_are_named(tmp_path):
     config = get_preset("tiny")
     path = tmp_path / "bad.safetensors"
     write_checkpoint(
-        path, config, drop={"head.modulation"},
+        path,
+        config,
+        drop={"head.modulation"},
         extra={"model.img_emb.proj.0.weight": torch.zeros(3)},
     )
     with pytest.raises(CheckpointMismatch) as err:
@@ -101,8 +103,9 @@ def test_mismatches_are_named(tmp_path):
 def test_misshapen_weights_are_refused_even_when_not_strict(tmp_path):
     config = get_preset("tiny")
     path = tmp_path / "shape.safetensors"
-    write_checkpoint(path, config, drop={"head.head.bias"},
-                     extra={"model.head.head.bias": torch.zeros(5)})
+    write_checkpoint(
+        path, config, drop={"head.head.bias"}, extra={"model.head.head.bias": torch.zeros(5)}
+    )
     with pytest.raises(CheckpointMismatch) as err:
         load_checkpoint(build_model(config), path, strict=False)
     assert err.value.misshapen and "head.head.bias" in err.value.misshapen[0]
@@ -120,7 +123,9 @@ def test_engine_generates_from_a_checkpoint(tmp_path):
         frames.append(next_chunks(engine)[0].frames)
     # The checkpoint, not the weight seed, decides the DiT; the decoder is still seeded.
     assert not torch.equal(frames[0], frames[2])
-    assert torch.equal(loaded[0].model.blocks[0].ffn[0].weight, loaded[1].model.blocks[0].ffn[0].weight)
+    assert torch.equal(
+        loaded[0].model.blocks[0].ffn[0].weight, loaded[1].model.blocks[0].ffn[0].weight
+    )
 
 
 def test_a_self_forcing_pt_is_read_directly_with_its_generator_ema(tmp_path):
@@ -130,8 +135,14 @@ def test_a_self_forcing_pt_is_read_directly_with_its_generator_ema(tmp_path):
     ema = {k: torch.randn(shape) for k, shape in wan_layout(config).items()}
     plain = {k: torch.zeros(shape) for k, shape in wan_layout(config).items()}
     path = tmp_path / "self_forcing_dmd.pt"
-    torch.save({"generator": plain, "generator_ema": {f"model.{k}": v for k, v in ema.items()},
-                "step": torch.tensor(600)}, path)
+    torch.save(
+        {
+            "generator": plain,
+            "generator_ema": {f"model.{k}": v for k, v in ema.items()},
+            "step": torch.tensor(600),
+        },
+        path,
+    )
     tensors = read_checkpoint(path)
     assert set(tensors) == set(ema) and all(torch.equal(tensors[k], ema[k]) for k in ema)
 
@@ -148,8 +159,10 @@ def test_lora_pairs_are_merged_into_their_base_weights(tmp_path):
     config = get_preset("tiny")
     base = {k: torch.randn(shape) for k, shape in wan_layout(config).items()}
     down, up = torch.randn(4, config.dim), torch.randn(config.dim, 4)
-    peft = {f"base_model.model.{k}".replace(".q.weight", ".q.base_layer.weight"): v
-            for k, v in base.items()}
+    peft = {
+        f"base_model.model.{k}".replace(".q.weight", ".q.base_layer.weight"): v
+        for k, v in base.items()
+    }
     peft["base_model.model.blocks.0.self_attn.q.lora_A.default.weight"] = down
     peft["base_model.model.blocks.0.self_attn.q.lora_B.default.weight"] = up
     save_file({k: v.contiguous() for k, v in peft.items()}, str(tmp_path / "longlive.safetensors"))
@@ -177,8 +190,12 @@ def test_geometry_comes_from_the_checkpoint_not_the_preset(tmp_path):
     path = tmp_path / "wide.safetensors"
     write_checkpoint(path, wider)
     engine = make_engine(checkpoint=str(path))
-    assert (engine.model_config.dim, engine.model_config.num_layers,
-            engine.model_config.ffn_dim, engine.model_config.num_heads) == (128, 3, 96, 1)
+    assert (
+        engine.model_config.dim,
+        engine.model_config.num_layers,
+        engine.model_config.ffn_dim,
+        engine.model_config.num_heads,
+    ) == (128, 3, 96, 1)
     engine.add_session("s", "a lake", 1)
     assert next_chunks(engine)[0].frames.shape == (12, config.height, config.width, 3)
 
@@ -189,14 +206,27 @@ def test_the_kv_recache_is_on_for_longlive_and_off_for_other_checkpoints(tmp_pat
     write_checkpoint(tmp_path / "longlive_base.safetensors", config)
     lora = {k: v for k, v in write_checkpoint(tmp_path / "x.safetensors", config).items()}
     lora["model.blocks.0.ffn.0.lora_A.weight"] = torch.zeros(2, config.dim, dtype=torch.bfloat16)
-    lora["model.blocks.0.ffn.0.lora_B.weight"] = torch.zeros(config.ffn_dim, 2,
-                                                             dtype=torch.bfloat16)
+    lora["model.blocks.0.ffn.0.lora_B.weight"] = torch.zeros(
+        config.ffn_dim, 2, dtype=torch.bfloat16
+    )
     save_file(lora, str(tmp_path / "adapter_merged.safetensors"))
-    recache = {name: make_engine(checkpoint=str(tmp_path / name)).prompt_recache
-               for name in ("self_forcing.safetensors", "longlive_base.safetensors",
-                            "adapter_merged.safetensors")}
-    assert recache == {"self_forcing.safetensors": "cross", "longlive_base.safetensors": "kv",
-                       "adapter_merged.safetensors": "kv"}
+    recache = {
+        name: make_engine(checkpoint=str(tmp_path / name)).prompt_recache
+        for name in (
+            "self_forcing.safetensors",
+            "longlive_base.safetensors",
+            "adapter_merged.safetensors",
+        )
+    }
+    assert recache == {
+        "self_forcing.safetensors": "cross",
+        "longlive_base.safetensors": "kv",
+        "adapter_merged.safetensors": "kv",
+    }
     assert make_engine().prompt_recache == "kv"  # the stand-in, as before
-    assert make_engine(checkpoint=str(tmp_path / "self_forcing.safetensors"),
-                       prompt_recache="kv").prompt_recache == "kv"
+    assert (
+        make_engine(
+            checkpoint=str(tmp_path / "self_forcing.safetensors"), prompt_recache="kv"
+        ).prompt_recache
+        == "kv"
+    )

@@ -30,7 +30,9 @@ class RecordingDecoder(nn.Module):
 
     def latents_for(self, results) -> list[torch.Tensor]:
         calls, self.calls = self.calls, []
-        queues = {fresh: [row for c, f in calls if f is fresh for row in c] for fresh in (True, False)}
+        queues = {
+            fresh: [row for c, f in calls if f is fresh for row in c] for fresh in (True, False)
+        }
         return [queues[r.seq == 0].pop(0) for r in results]
 
 
@@ -40,8 +42,12 @@ def _recording_engine(**overrides):
     return engine
 
 
-JOINS = {0: ("s0", "a red fox", 1), 1: ("s1", "a city at night", 2),
-         3: ("s2", "rain on glass", 3), 4: ("s3", "a red fox", 4)}
+JOINS = {
+    0: ("s0", "a red fox", 1),
+    1: ("s1", "a city at night", 2),
+    3: ("s2", "rain on glass", 3),
+    4: ("s3", "a red fox", 4),
+}
 
 
 def _batched_run(steps: int):
@@ -69,7 +75,10 @@ def test_batched_step_equals_per_session_steps():
             (result,) = next_chunks(solo)
             assert result.seq == seq
             torch.testing.assert_close(
-                latents[(session_id, seq)], solo.decoder.latents_for([result])[0], rtol=1e-4, atol=1e-4
+                latents[(session_id, seq)],
+                solo.decoder.latents_for([result])[0],
+                rtol=1e-4,
+                atol=1e-4,
             )
             diff = (frames[(session_id, seq)].int() - result.frames.int()).abs()
             assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3

@@ -28,7 +28,10 @@ def test_chunk_shape_seq_and_batch():
         assert result.frames.dtype == torch.uint8
         assert result.frames.device.type == "cpu"
         assert tuple(result.frames.shape) == (
-            config.video_frames_per_chunk, config.height, config.width, 3
+            config.video_frames_per_chunk,
+            config.height,
+            config.width,
+            3,
         )
         assert result.batch == 2 and result.gen_ms > 0
     assert not torch.equal(first[0].frames, first[1].frames)

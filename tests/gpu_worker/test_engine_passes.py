@@ -234,8 +234,11 @@ def test_a_session_sitting_out_passes_makes_the_frames_it_makes_alone():
             got[r.session_id].append(r.frames)
         passes += 1
         assert passes < 200
-    for sid, prompt, seed in (("a", "a red fox", 1), ("b", "rain on glass", 2),
-                              ("c", "a lighthouse", 3)):
+    for sid, prompt, seed in (
+        ("a", "a red fox", 1),
+        ("b", "rain on glass", 2),
+        ("c", "a lighthouse", 3),
+    ):
         for mine, alone in zip(got[sid][:3], solo((prompt, seed), 3), strict=True):
             _close_frames(mine, alone)
     with pytest.raises(EngineError):

@@ -15,7 +15,9 @@ def _moving(count: int, height: int = 64, width: int = 96, shift: int = 0) -> np
     rng = np.random.default_rng(7)
     cells = rng.integers(0, 256, ((height + 64) // 8 + 1, (width + 64) // 8 + 1, 3), dtype=np.uint8)
     texture = np.repeat(np.repeat(cells, 8, 0), 8, 1)  # 8-pixel blocks: 4:2:0 keeps their colour
-    return np.stack([texture[i + shift:i + shift + height, 2 * i:2 * i + width] for i in range(count)])
+    return np.stack(
+        [texture[i + shift : i + shift + height, 2 * i : 2 * i + width] for i in range(count)]
+    )
 
 
 @pytest.mark.parametrize("count", [9, 12])
@@ -27,8 +29,12 @@ def test_a_fragment_decodes_alone_into_its_frames_at_its_time(count):
     assert times[0] == pytest.approx(3.0, abs=1e-4) and times[-1] < 3.75
     assert np.diff(times) == pytest.approx([1 / fps] * (count - 1), abs=1e-4)
     assert fragment.start_s == 3.0 and fragment.duration_s == pytest.approx(0.75)
-    assert fragment.mime.startswith('video/mp4; codecs="avc1.') and fragment.mime == mime_of(fragment.data)
-    assert fragment.data[4:8] == b"ftyp" and b"moof" in fragment.data and b"mfra" not in fragment.data
+    assert fragment.mime.startswith('video/mp4; codecs="avc1.') and fragment.mime == mime_of(
+        fragment.data
+    )
+    assert (
+        fragment.data[4:8] == b"ftyp" and b"moof" in fragment.data and b"mfra" not in fragment.data
+    )
     # lossy, but the picture is the one given (mean error a few levels on a busy texture)
     assert np.abs(frames.astype(int) - _moving(count).astype(int)).mean() < 12
 
@@ -50,15 +56,22 @@ def test_the_generation_loop_sends_every_chunk_as_jpeg_and_as_a_fragment_on_one_
     chunks = sink.chunks("s")[:3]
     for chunk in chunks:
         frames, times = decode_fragment(chunk.fmp4)  # each alone: a viewer may join at any chunk
-        assert frames.shape == (len(chunk.frames), chunk.height + chunk.height % 2,
-                                chunk.width + chunk.width % 2, 3)
+        assert frames.shape == (
+            len(chunk.frames),
+            chunk.height + chunk.height % 2,
+            chunk.width + chunk.width % 2,
+            3,
+        )
         assert times[0] == pytest.approx(chunk.start_s, abs=1e-4)
         assert chunk.duration_s == pytest.approx(len(chunk.frames) / chunk.fps)
         assert chunk.encode_ms > 0 and chunk.fmp4_mime.startswith("video/mp4")
     for before, after in zip(chunks, chunks[1:], strict=False):
         assert after.start_s == pytest.approx(before.start_s + before.duration_s)
     # the worker's measured chunk time holds the encoding
-    assert max(loop.chunk_times.snapshot().values()) >= min(c.gen_ms + c.encode_ms for c in chunks) * 0.5
+    assert (
+        max(loop.chunk_times.snapshot().values())
+        >= min(c.gen_ms + c.encode_ms for c in chunks) * 0.5
+    )
 
 
 def test_a_session_moved_to_a_new_worker_goes_on_along_the_same_timeline():

@@ -43,8 +43,9 @@ class RecordingSink:
     def chunks(self, sid: str) -> list[Chunk]:
         self.pump()
         with self.lock:
-            return [i.chunk for i in self.items
-                    if isinstance(i, OutChunk) and i.chunk.session_id == sid]
+            return [
+                i.chunk for i in self.items if isinstance(i, OutChunk) and i.chunk.session_id == sid
+            ]
 
     def notices(self, sid: str) -> list[SessionNotice]:
         self.pump()
@@ -62,8 +63,11 @@ class RecordingSink:
         """Per session, the recovery point of its latest chunk that carried one."""
         self.pump()
         with self.lock:
-            return {i.chunk.session_id: i.recovery for i in self.items
-                    if isinstance(i, OutChunk) and i.recovery is not None}
+            return {
+                i.chunk.session_id: i.recovery
+                for i in self.items
+                if isinstance(i, OutChunk) and i.recovery is not None
+            }
 
     @property
     def forgotten(self) -> list[str]:
@@ -73,8 +77,15 @@ class RecordingSink:
 
 
 def _assign(sid: str, epoch: int, seq: int = 0, seed: int = 1) -> WorkerCommand:
-    return WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="w", epoch=epoch, session_id=sid,
-                         prompt="a fox", seed=seed, seq=seq)
+    return WorkerCommand(
+        kind=WorkerCmdKind.ASSIGN,
+        worker_id="w",
+        epoch=epoch,
+        session_id=sid,
+        prompt="a fox",
+        seed=seed,
+        seq=seq,
+    )
 
 
 def _run(loop: GenerationLoop, until, timeout: float = 30.0) -> None:
@@ -128,8 +139,10 @@ def test_a_reassignment_at_its_own_seq_keeps_the_state():
     seqs = [c.seq for c in sink.chunks("s")]
     assert seqs == list(range(len(seqs)))
     # no restart; the new epoch is announced before its first chunk, from that chunk's seq
-    assert [(n.kind, n.epoch) for n in sink.notices("s")] == [(NoticeKind.PLACED, 1),
-                                                              (NoticeKind.PLACED, 2)]
+    assert [(n.kind, n.epoch) for n in sink.notices("s")] == [
+        (NoticeKind.PLACED, 1),
+        (NoticeKind.PLACED, 2),
+    ]
     assert sink.notices("s")[-1].next_seq == next_seq
     assert sink.chunks("s")[-1].epoch == 2
 
@@ -167,8 +180,14 @@ def test_a_control_is_answered_only_once_the_status_shows_its_effect():
             return False
         if not loop.inbox.closed and not done.is_set() and not seen:
             seen.append(("asked",))
-            loop.inbox.put(Control("release", lambda: loop.drop("s", reason="migrated"),
-                                   answered, lambda exc: done.set()))
+            loop.inbox.put(
+                Control(
+                    "release",
+                    lambda: loop.drop("s", reason="migrated"),
+                    answered,
+                    lambda exc: done.set(),
+                )
+            )
         return done.is_set()
 
     _run(loop, drop_once_playing)
@@ -188,11 +207,25 @@ def test_playback_starts_when_the_assignment_or_resume_reached_the_worker():
         loop._apply(item, arrived)  # noqa: SLF001 - the step the thread takes at a boundary
     assert loop.owned["s"].clock.due == 100.0
 
-    loop._apply(WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="w", epoch=1,  # noqa: SLF001
-                              session_id="s"), 101.0)
+    loop._apply(
+        WorkerCommand(
+            kind=WorkerCmdKind.SUSPEND,
+            worker_id="w",
+            epoch=1,  # noqa: SLF001
+            session_id="s",
+        ),
+        101.0,
+    )
     now[0] = 105.4
-    loop._apply(WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id="w", epoch=1,  # noqa: SLF001
-                              session_id="s"), 105.2)
+    loop._apply(
+        WorkerCommand(
+            kind=WorkerCmdKind.RESUME,
+            worker_id="w",
+            epoch=1,  # noqa: SLF001
+            session_id="s",
+        ),
+        105.2,
+    )
     assert loop.owned["s"].clock.due == 105.2
 
 
@@ -277,8 +310,15 @@ def test_a_prompt_still_encoding_is_announced_at_the_chunk_it_really_starts():
         if len(chunks) >= 2 and state["asked_at"] is None:
             gated.gate.clear()
             state["asked_at"] = len(chunks)
-            loop.inbox.put(WorkerCommand(kind=WorkerCmdKind.PROMPT, worker_id="w", epoch=1,
-                                         session_id="s", prompt="a whale"))
+            loop.inbox.put(
+                WorkerCommand(
+                    kind=WorkerCmdKind.PROMPT,
+                    worker_id="w",
+                    epoch=1,
+                    session_id="s",
+                    prompt="a whale",
+                )
+            )
         if state["asked_at"] is not None and len(chunks) >= state["asked_at"] + 3:
             gated.gate.set()  # the encoding finishes three chunks later
         return any(n.kind is NoticeKind.PROMPT for n in sink.notices("s"))

@@ -31,8 +31,13 @@ def registry(redis_client, isolation):
 
 @pytest.fixture
 def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_HANDOFF_TIMEOUT_S": "8", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_HANDOFF_TIMEOUT_S": "8",
+        **isolation,
+    }
 
 
 @pytest.fixture
@@ -52,14 +57,19 @@ def procs():
 
 async def start_peer(procs, nats_client, isolation, env, worker_id, fault=None):
     if fault:
-        proc = harness.spawn_peer(worker_id, env, checksum=True,
-                                  module="tests.gpu_worker.handoff_child",
-                                  extra=("--fault", fault))
+        proc = harness.spawn_peer(
+            worker_id,
+            env,
+            checksum=True,
+            module="tests.gpu_worker.handoff_child",
+            extra=("--fault", fault),
+        )
     else:
         proc = harness.spawn_peer(worker_id, env, checksum=True)
     procs.append(proc)
-    await harness.wait_ready(nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]),
-                             worker_id, proc)
+    await harness.wait_ready(
+        nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]), worker_id, proc
+    )
     return proc
 
 
@@ -81,7 +91,8 @@ async def test_a_handoff_between_two_worker_processes(procs, nats_client, isolat
 
 
 async def test_destination_killed_during_the_transfer(
-        procs, nats_client, isolation, env, infra, registry):
+    procs, nats_client, isolation, env, infra, registry
+):
     proc = await start_peer(procs, nats_client, isolation, env, "pdst", fault="die_in_recv")
     src = await start_worker(infra, isolation, registry, "wsrc", layout=BIG, timeout_s=8.0)
     try:
@@ -93,7 +104,10 @@ async def test_destination_killed_during_the_transfer(
         assert report.code in (HandoffCode.TRANSFER_FAILED, HandoffCode.TIMEOUT), report
         record = await registry.get_session("s1")
         assert (record.state, record.owner, record.epoch) == (
-            SessionState.EXECUTING, "wsrc", epoch + 2)
+            SessionState.EXECUTING,
+            "wsrc",
+            epoch + 2,
+        )
         held = src.host.sessions["s1"]
         assert not held.frozen and held.epoch == epoch + 2
         assert_state(src, "s1", seed=6, chunks=2, layout=BIG)
@@ -105,27 +119,43 @@ async def test_destination_killed_during_the_transfer(
 
 
 async def test_source_killed_once_its_offer_was_accepted(
-        procs, nats_client, isolation, env, infra, registry):
+    procs, nats_client, isolation, env, infra, registry
+):
     subjects = Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"])
     proc = await start_peer(procs, nats_client, isolation, env, "psrc", fault="die_in_send")
     dst = await start_worker(infra, isolation, registry, "wdst", layout=BIG, timeout_s=8.0)
     try:
-        epoch = await harness.place(registry, nats_client, subjects, "s1", "psrc",
-                                    BIG.describe(), seed=1)
-        reply = await harness.command(nats_client, subjects, WorkerCommand(
-            kind=WorkerCmdKind.MIGRATE, worker_id="psrc", session_id="s1", target="wdst",
-            epoch=epoch))
+        epoch = await harness.place(
+            registry, nats_client, subjects, "s1", "psrc", BIG.describe(), seed=1
+        )
+        reply = await harness.command(
+            nats_client,
+            subjects,
+            WorkerCommand(
+                kind=WorkerCmdKind.MIGRATE,
+                worker_id="psrc",
+                session_id="s1",
+                target="wdst",
+                epoch=epoch,
+            ),
+        )
         assert reply.ok
         await eventually(lambda: proc.poll() is not None, timeout=20, what="the source to die")
         assert proc.returncode == EXIT_CODE
         # The destination accepted, then its transfer broke: it discards and frees the room.
-        await eventually(lambda: not dst.ep._tasks and not dst.host.reserved, timeout=20,
-                         what="the destination to discard")
+        await eventually(
+            lambda: not dst.ep._tasks and not dst.host.reserved,
+            timeout=20,
+            what="the destination to discard",
+        )
         assert "s1" not in dst.host.sessions
         # The registry still names the dead source, mid-migration: the scheduler requeues
         # sessions whose owner stopped heartbeating; nobody else may take it before that.
         record = await registry.get_session("s1")
         assert (record.state, record.owner, record.epoch) == (
-            SessionState.MIGRATING, "psrc", epoch + 1)
+            SessionState.MIGRATING,
+            "psrc",
+            epoch + 1,
+        )
     finally:
         await dst.close()

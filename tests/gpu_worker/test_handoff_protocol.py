@@ -50,7 +50,8 @@ async def assert_back_on_source(registry, src, dst, sid, epoch, seed=0, chunks=3
 
 
 async def test_handoff_moves_the_state_bit_for_bit_and_ownership_with_it(
-        pair, registry, nats_client, isolation):
+    pair, registry, nats_client, isolation
+):
     a, b = pair
     reports = await nats_client.subscribe(f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.migrations")
     epoch = await place(registry, a, "s1", seed=7, chunks=5)
@@ -170,11 +171,15 @@ async def test_an_absent_destination_or_a_bad_command_is_reported(pair, registry
 
 
 async def test_garbage_on_the_handoff_subject_is_refused_and_harmless(
-        pair, registry, nats_client, isolation):
+    pair, registry, nats_client, isolation
+):
     a, b = pair
     subject = f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.worker.wb.handoff"
-    for garbage in (b"not json", b'{"type": "handoff_offer", "v": 1}',
-                    b'{"type": "handoff_offer", "v": 99, "transfer_id": "x"}'):
+    for garbage in (
+        b"not json",
+        b'{"type": "handoff_offer", "v": 1}',
+        b'{"type": "handoff_offer", "v": 99, "transfer_id": "x"}',
+    ):
         reply = await nats_client.request(subject, garbage, timeout=5)
         answer = decode(subject, reply.data, HandoffAnswer)
         assert not answer.accepted and answer.code == HandoffCode.INVALID_OFFER
@@ -184,7 +189,8 @@ async def test_garbage_on_the_handoff_subject_is_refused_and_harmless(
 
 
 async def test_source_timing_out_loses_to_a_destination_commit(
-        infra, isolation, registry, monkeypatch):
+    infra, isolation, registry, monkeypatch
+):
     """The outcome never reaches the source: its abort CAS loses to the destination's commit
     (both expect e+1), the registry says so, and the source releases. Owned once."""
     a = await start_worker(infra, isolation, registry, "wa", timeout_s=4.0)
@@ -200,7 +206,10 @@ async def test_source_timing_out_loses_to_a_destination_commit(
         assert report.ok and report.epoch == epoch + 2 and "did not reach us" in report.detail
         record = await registry.get_session("s1")
         assert (record.state, record.owner, record.epoch) == (
-            SessionState.EXECUTING, "wb", epoch + 2)
+            SessionState.EXECUTING,
+            "wb",
+            epoch + 2,
+        )
         assert "s1" not in a.host.sessions and "s1" in b.host.sessions
         assert_state(b, "s1", seed=9, chunks=3)
     finally:
@@ -263,8 +272,10 @@ async def test_many_handoffs_back_and_forth_under_load_leave_every_session_intac
     a, b = pair
     workers = {"wa": a, "wb": b}
     sessions = {f"s{i}": i for i in range(4)}
-    epochs = {sid: await place(registry, a if i % 2 else b, sid, seed=i, chunks=0)
-              for sid, i in sessions.items()}
+    epochs = {
+        sid: await place(registry, a if i % 2 else b, sid, seed=i, chunks=0)
+        for sid, i in sessions.items()
+    }
     fenced: list[tuple[str, str, int]] = []
     produced: dict[str, list[int]] = {sid: [] for sid in sessions}
     playing = True
@@ -315,7 +326,8 @@ async def test_many_handoffs_back_and_forth_under_load_leave_every_session_intac
 
 
 async def test_the_source_giving_up_makes_the_destination_discard_at_once(
-        infra, isolation, registry, monkeypatch):
+    infra, isolation, registry, monkeypatch
+):
     """The source cannot build its side of a new link (say its store broke): it aborts and
     tells the destination, which is waiting for the source to join the link, and which frees
     the room it reserved now, not at its own (much later) deadline."""
@@ -331,8 +343,11 @@ async def test_the_source_giving_up_makes_the_destination_discard_at_once(
         monkeypatch.setattr(a.ep.links, "open", broken_open)
         report = await a.ep.migrate(migrate(a, b, "s1", epoch))
         assert not report.ok and report.code == HandoffCode.TRANSFER_FAILED
-        await eventually(lambda: not b.host.reserved and not b.ep.reception.incoming,
-                         timeout=10, what="the destination to discard")
+        await eventually(
+            lambda: not b.host.reserved and not b.ep.reception.incoming,
+            timeout=10,
+            what="the destination to discard",
+        )
         await assert_back_on_source(registry, a, b, "s1", epoch)
     finally:
         await a.close()

@@ -20,39 +20,48 @@ GPU_B = Place("cuda:1", "GPU-bbbb")
 GPU_UNKNOWN = Place("cuda:0", "")
 
 
-@pytest.mark.parametrize(("state", "dst", "expected"), [
-    (HOST, HOST, GLOO),  # CPU workers, or a suspended session between anything
-    (HOST, GPU_A, GLOO),  # suspended state moves host to host even between GPU workers
-    (GPU_A, GPU_B, NCCL),
-    (GPU_A, GPU_A_OTHER_INDEX, CUDA_IPC),  # same UUID: same physical GPU, whatever the index
-    (GPU_A, HOST, GLOO),  # a CPU destination: the sender copies to host memory
-    (GPU_UNKNOWN, GPU_B, GLOO),  # without UUIDs we cannot tell one GPU from two
-    (GPU_A, GPU_UNKNOWN, GLOO),
-])
+@pytest.mark.parametrize(
+    ("state", "dst", "expected"),
+    [
+        (HOST, HOST, GLOO),  # CPU workers, or a suspended session between anything
+        (HOST, GPU_A, GLOO),  # suspended state moves host to host even between GPU workers
+        (GPU_A, GPU_B, NCCL),
+        (GPU_A, GPU_A_OTHER_INDEX, CUDA_IPC),  # same UUID: same physical GPU, whatever the index
+        (GPU_A, HOST, GLOO),  # a CPU destination: the sender copies to host memory
+        (GPU_UNKNOWN, GPU_B, GLOO),  # without UUIDs we cannot tell one GPU from two
+        (GPU_A, GPU_UNKNOWN, GLOO),
+    ],
+)
 def test_auto(state, dst, expected):
     assert select_transport(state, dst) == expected
 
 
-@pytest.mark.parametrize(("forced", "state", "dst"), [
-    (GLOO, GPU_A, GPU_B),
-    (GLOO, GPU_A, GPU_A),
-    (NCCL, GPU_A, GPU_B),
-    (CUDA_IPC, GPU_A, GPU_A_OTHER_INDEX),
-])
+@pytest.mark.parametrize(
+    ("forced", "state", "dst"),
+    [
+        (GLOO, GPU_A, GPU_B),
+        (GLOO, GPU_A, GPU_A),
+        (NCCL, GPU_A, GPU_B),
+        (CUDA_IPC, GPU_A, GPU_A_OTHER_INDEX),
+    ],
+)
 def test_forced_transport_that_fits_is_used_from_either_side(forced, state, dst):
     assert select_transport(state, dst, src_asks=forced) == forced
     assert select_transport(state, dst, dst_asks=forced) == forced
     assert select_transport(state, dst, src_asks=forced, dst_asks=forced) == forced
 
 
-@pytest.mark.parametrize(("forced", "state", "dst", "why"), [
-    (NCCL, HOST, GPU_B, "host memory"),
-    (NCCL, GPU_A, HOST, "no CUDA device"),
-    (NCCL, GPU_A, GPU_A_OTHER_INDEX, "same GPU"),
-    (CUDA_IPC, GPU_A, GPU_B, "different GPUs"),
-    (CUDA_IPC, HOST, HOST, "host memory"),
-    (NCCL, GPU_UNKNOWN, GPU_B, "UUID is unknown"),
-])
+@pytest.mark.parametrize(
+    ("forced", "state", "dst", "why"),
+    [
+        (NCCL, HOST, GPU_B, "host memory"),
+        (NCCL, GPU_A, HOST, "no CUDA device"),
+        (NCCL, GPU_A, GPU_A_OTHER_INDEX, "same GPU"),
+        (CUDA_IPC, GPU_A, GPU_B, "different GPUs"),
+        (CUDA_IPC, HOST, HOST, "host memory"),
+        (NCCL, GPU_UNKNOWN, GPU_B, "UUID is unknown"),
+    ],
+)
 def test_forced_transport_that_cannot_carry_the_state_is_refused(forced, state, dst, why):
     with pytest.raises(NoTransport, match=why):
         select_transport(state, dst, src_asks=forced)

@@ -8,8 +8,13 @@ from services.gpu_worker.handoff.stats import MIB, HandoffSample, HandoffStats
 
 
 def sample(mib: float, offer: float, transfer: float, commit: float, connect: float = 0.0):
-    return HandoffSample(nbytes=int(mib * MIB), offer_ms=offer, transfer_ms=transfer,
-                         commit_ms=commit, connect_ms=connect)
+    return HandoffSample(
+        nbytes=int(mib * MIB),
+        offer_ms=offer,
+        transfer_ms=transfer,
+        commit_ms=commit,
+        connect_ms=connect,
+    )
 
 
 def test_no_samples_no_figures():

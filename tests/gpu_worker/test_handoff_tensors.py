@@ -36,8 +36,11 @@ from tools.handoff.synthetic import (
 
 def state() -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
-    return [torch.randn(3, 5, generator=gen).to(torch.bfloat16), torch.randn(7, generator=gen),
-            torch.empty(0)]
+    return [
+        torch.randn(3, 5, generator=gen).to(torch.bfloat16),
+        torch.randn(7, generator=gen),
+        torch.empty(0),
+    ]
 
 
 def nbytes(tensors):
@@ -52,15 +55,18 @@ def test_specs_describe_shape_and_dtype_and_add_up():
     check_specs(specs, nbytes(tensors))
 
 
-@pytest.mark.parametrize(("specs", "total", "fault"), [
-    ([], 0, "0 tensors"),
-    ([TensorSpec([4], "float32")], 15, "add up to 16 bytes, the offer says 15"),
-    ([TensorSpec([4], "floaty")], 16, "unknown dtype 'floaty'"),
-    ([TensorSpec([4], "Tensor")], 16, "unknown dtype 'Tensor'"),
-    ([TensorSpec([4], "__class__")], 16, "unknown dtype"),
-    ([TensorSpec([-4], "float32")], -16, "negative dimension"),
-    ([TensorSpec([1], "uint8")] * 1025, 1025, "1025 tensors"),
-])
+@pytest.mark.parametrize(
+    ("specs", "total", "fault"),
+    [
+        ([], 0, "0 tensors"),
+        ([TensorSpec([4], "float32")], 15, "add up to 16 bytes, the offer says 15"),
+        ([TensorSpec([4], "floaty")], 16, "unknown dtype 'floaty'"),
+        ([TensorSpec([4], "Tensor")], 16, "unknown dtype 'Tensor'"),
+        ([TensorSpec([4], "__class__")], 16, "unknown dtype"),
+        ([TensorSpec([-4], "float32")], -16, "negative dimension"),
+        ([TensorSpec([1], "uint8")] * 1025, 1025, "1025 tensors"),
+    ],
+)
 def test_bad_specs_are_named(specs, total, fault):
     with pytest.raises(BadSpec, match=fault):
         check_specs(specs, total)
@@ -102,10 +108,12 @@ def test_receive_buffers_are_used_only_when_they_fit():
     cpu = torch.device("cpu")
     fitting = [torch.empty(2, 3), torch.empty(4, dtype=torch.bfloat16)]
     assert buffers(specs, cpu, fitting) is fitting
-    for wrong in ([torch.empty(3, 2), fitting[1]],  # shape
-                  [fitting[0], torch.empty(4)],  # dtype
-                  [torch.empty(3, 2).t(), fitting[1]],  # not contiguous
-                  fitting[:1]):  # count
+    for wrong in (
+        [torch.empty(3, 2), fitting[1]],  # shape
+        [fitting[0], torch.empty(4)],  # dtype
+        [torch.empty(3, 2).t(), fitting[1]],  # not contiguous
+        fitting[:1],
+    ):  # count
         got = buffers(specs, cpu, wrong)
         assert got is not wrong and [spec_of(t) for t in got] == specs
     assert [spec_of(t) for t in buffers(specs, cpu, None)] == specs
@@ -113,10 +121,25 @@ def test_receive_buffers_are_used_only_when_they_fit():
 
 def offer_for(tensors, **fields) -> HandoffOffer:
     base = dict(
-        transfer_id="t1", session_id="s1", epoch=4, src="wa", dst="wb", transport="auto",
-        tensors=[spec_of(t) for t in tensors], nbytes=nbytes(tensors), next_seq=9, engine_seq=9,
-        position=27, prompt="a fox", pending_prompt="a wolf", seed=5, preset="tiny",
-        dtype="float32", meta={"weights_seed": "0"}, due_at=123.5, suspended=True,
+        transfer_id="t1",
+        session_id="s1",
+        epoch=4,
+        src="wa",
+        dst="wb",
+        transport="auto",
+        tensors=[spec_of(t) for t in tensors],
+        nbytes=nbytes(tensors),
+        next_seq=9,
+        engine_seq=9,
+        position=27,
+        prompt="a fox",
+        pending_prompt="a wolf",
+        seed=5,
+        preset="tiny",
+        dtype="float32",
+        meta={"weights_seed": "0"},
+        due_at=123.5,
+        suspended=True,
     )
     base.update(fields)
     return HandoffOffer(**base)
@@ -129,7 +152,12 @@ def test_offer_maps_back_to_the_session_and_its_skeleton_has_no_bytes():
     snap = frozen.snapshot
     assert (frozen.next_seq, frozen.due_at, frozen.suspended) == (9, 123.5, True)
     assert (snap.seq, snap.position, snap.prompt, snap.pending_prompt, snap.seed) == (
-        9, 27, "a fox", "a wolf", 5)
+        9,
+        27,
+        "a fox",
+        "a wolf",
+        5,
+    )
     assert snap.layers == tensors[:2] and snap.misc is tensors[2]
     assert snap.meta == {"weights_seed": "0"} and snap.meta is not offer.meta
     bare = skeleton(offer)
@@ -138,26 +166,52 @@ def test_offer_maps_back_to_the_session_and_its_skeleton_has_no_bytes():
 
 
 def test_ipc_handles_travel_as_json_not_pickle():
-    share = (torch.Tensor, torch.Size([2, 3]), (3, 1), 0, object, torch.bfloat16, 0,
-             b"\x00handle\xff", 4096, 512, False, b"refcounter", 8, b"\x01event", True)
+    share = (
+        torch.Tensor,
+        torch.Size([2, 3]),
+        (3, 1),
+        0,
+        object,
+        torch.bfloat16,
+        0,
+        b"\x00handle\xff",
+        4096,
+        512,
+        False,
+        b"refcounter",
+        8,
+        b"\x01event",
+        True,
+    )
     payload = encode_ipc([share])
     assert payload.startswith(b"[{")
     (entry,) = decode_ipc(payload)
     assert entry["size"] == torch.Size([2, 3]) and entry["stride"] == (3, 1)
     assert entry["offset"] == 0 and entry["dtype"] is torch.bfloat16
-    assert entry["share"] == [b"\x00handle\xff", 4096, 512, False, b"refcounter", 8,
-                              b"\x01event", True]
+    assert entry["share"] == [
+        b"\x00handle\xff",
+        4096,
+        512,
+        False,
+        b"refcounter",
+        8,
+        b"\x01event",
+        True,
+    ]
     with pytest.raises(ValueError, match="cannot encode"):
         encode_ipc([(*share[:7], object(), *share[8:])])
     with pytest.raises(ValueError):
         decode_ipc(b'{"not": "a list"}')
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("127.0.0.1:4000", ("127.0.0.1", 4000)),
-    ("[::1]:65535", ("::1", 65535)),
-    ("worker-3.internal:29500", ("worker-3.internal", 29500)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:4000", ("127.0.0.1", 4000)),
+        ("[::1]:65535", ("::1", 65535)),
+        ("worker-3.internal:29500", ("worker-3.internal", 29500)),
+    ],
+)
 def test_addresses(text, expected):
     assert parse_address(text) == expected
 
@@ -190,10 +244,14 @@ def test_synthetic_state_follows_its_chunks_and_seed():
     host.add("s", seed=3, epoch=1)
     for _ in range(7):
         host.advance("s")
-    assert all(torch.equal(a, b)
-               for a, b in zip(host.state("s"), expected_state(LAYOUT, 3, 7), strict=True))
-    assert not all(torch.equal(a, b)
-                   for a, b in zip(host.state("s"), expected_state(LAYOUT, 3, 6), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(host.state("s"), expected_state(LAYOUT, 3, 7), strict=True)
+    )
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(host.state("s"), expected_state(LAYOUT, 3, 6), strict=True)
+    )
     assert not torch.equal(expected_state(LAYOUT, 4, 7)[0], host.state("s")[0])
     assert host.sessions["s"].produced == list(range(7))
 
@@ -217,10 +275,15 @@ def test_synthetic_freeze_refusals_and_admission():
         asyncio.run(freeze("s", 2))
     assert refused.value.code is HandoffCode.BUSY
 
-    incoming = frozen_from(offer_for([*frozen.snapshot.layers, frozen.snapshot.misc],
-                                     session_id="other", preset="synthetic",
-                                     meta=dict(frozen.snapshot.meta)),
-                           [*frozen.snapshot.layers, frozen.snapshot.misc])
+    incoming = frozen_from(
+        offer_for(
+            [*frozen.snapshot.layers, frozen.snapshot.misc],
+            session_id="other",
+            preset="synthetic",
+            meta=dict(frozen.snapshot.meta),
+        ),
+        [*frozen.snapshot.layers, frozen.snapshot.misc],
+    )
     assert host.admission(incoming) is None
     host.reserve("r1")
     assert host.admission(incoming).code is HandoffCode.FULL

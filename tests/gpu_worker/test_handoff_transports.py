@@ -24,9 +24,13 @@ CPU = torch.device("cpu")
 
 def state() -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(3)
-    return [torch.randn(3, 5, generator=gen), torch.randn(7, generator=gen).to(torch.bfloat16),
-            torch.empty(0), torch.randint(-9, 9, (2, 2), generator=gen),
-            torch.randn(1 << 16, generator=gen).to(torch.float16)]
+    return [
+        torch.randn(3, 5, generator=gen),
+        torch.randn(7, generator=gen).to(torch.bfloat16),
+        torch.empty(0),
+        torch.randint(-9, 9, (2, 2), generator=gen),
+        torch.randn(1 << 16, generator=gen).to(torch.float16),
+    ]
 
 
 def both(fn0, fn1):
@@ -58,7 +62,8 @@ def link():
     deadline = time.monotonic() + 20
     sender, receiver = both(
         lambda: gloo.connect(server.scoped(link_id), 0, CPU, deadline),
-        lambda: gloo.connect(clients.scoped(server.address, link_id), 1, CPU, deadline))
+        lambda: gloo.connect(clients.scoped(server.address, link_id), 1, CPU, deadline),
+    )
     ranks = {"sender": sender, "receiver": receiver}
     del sender, receiver
     yield gloo, ranks
@@ -72,13 +77,16 @@ def test_gloo_moves_every_dtype_bit_for_bit_and_reuses_the_link(link):
     specs = [spec_of(t) for t in tensors]
     for tag in (1024, 2048):  # two transfers over one link
         deadline = time.monotonic() + 20
-        sent, got = both(lambda: gloo.send(sender, tensors, tag, deadline),  # noqa: B023
-                         lambda: gloo.recv(receiver, specs, tag, CPU, deadline))  # noqa: B023
+        sent, got = both(
+            lambda: gloo.send(sender, tensors, tag, deadline),  # noqa: B023
+            lambda: gloo.recv(receiver, specs, tag, CPU, deadline),  # noqa: B023
+        )
         assert sent is None
         assert [spec_of(t) for t in got] == specs
         for a, b in zip(tensors, got, strict=True):
-            assert torch.equal(a.view(torch.uint8) if a.numel() else a,
-                               b.view(torch.uint8) if b.numel() else b)
+            assert torch.equal(
+                a.view(torch.uint8) if a.numel() else a, b.view(torch.uint8) if b.numel() else b
+            )
 
 
 def test_gloo_receives_into_buffers_that_fit(link):
@@ -88,8 +96,10 @@ def test_gloo_receives_into_buffers_that_fit(link):
     specs = [spec_of(t) for t in tensors]
     into = [torch.empty_like(t) for t in tensors]
     deadline = time.monotonic() + 20
-    _, got = both(lambda: gloo.send(sender, tensors, 0, deadline),
-                  lambda: gloo.recv(receiver, specs, 0, CPU, deadline, into))
+    _, got = both(
+        lambda: gloo.send(sender, tensors, 0, deadline),
+        lambda: gloo.recv(receiver, specs, 0, CPU, deadline, into),
+    )
     assert all(g is i for g, i in zip(got, into, strict=True))
     assert torch.equal(into[0], tensors[0])
 
@@ -124,22 +134,29 @@ def test_a_link_to_a_store_that_is_not_there_fails():
     from tools.launcher import free_port
 
     with pytest.raises(RuntimeError):
-        gloo.connect(clients.scoped(f"127.0.0.1:{free_port()}", new_link_id()), 1, CPU,
-                     time.monotonic() + 2)
+        gloo.connect(
+            clients.scoped(f"127.0.0.1:{free_port()}", new_link_id()), 1, CPU, time.monotonic() + 2
+        )
 
 
 # -- CUDA: two worker processes, on one GPU (CUDA IPC) or two (NCCL) ------------------------
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="CUDA IPC and NCCL need a CUDA GPU; none here")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA IPC and NCCL need a CUDA GPU; none here"
+)
 needs_two_gpus = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-    reason="NCCL between workers needs two CUDA GPUs")
+    reason="NCCL between workers needs two CUDA GPUs",
+)
 
 
 async def _handoff_between_processes(infra, isolation, redis_client, nats_client, devices):
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
     subjects = Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"])
     registry = Registry(redis_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
     procs: list[subprocess.Popen] = []
@@ -164,9 +181,11 @@ async def _handoff_between_processes(infra, isolation, redis_client, nats_client
 @pytest.mark.integration
 @needs_cuda
 async def test_cuda_ipc_between_two_processes_on_one_gpu(
-        infra, isolation, redis_client, nats_client):
+    infra, isolation, redis_client, nats_client
+):
     there, back = await _handoff_between_processes(
-        infra, isolation, redis_client, nats_client, ("cuda:0", "cuda:0"))
+        infra, isolation, redis_client, nats_client, ("cuda:0", "cuda:0")
+    )
     assert there.ok and back.ok, (there, back)  # checksummed on arrival
     assert there.transport == back.transport == "cuda_ipc"
 
@@ -175,6 +194,7 @@ async def test_cuda_ipc_between_two_processes_on_one_gpu(
 @needs_two_gpus
 async def test_nccl_between_two_gpus(infra, isolation, redis_client, nats_client):
     there, back = await _handoff_between_processes(
-        infra, isolation, redis_client, nats_client, ("cuda:0", "cuda:1"))
+        infra, isolation, redis_client, nats_client, ("cuda:0", "cuda:1")
+    )
     assert there.ok and back.ok, (there, back)
     assert there.transport == back.transport == "nccl"

@@ -23,8 +23,10 @@ def test_superseded_commands_are_dropped_in_order_the_rest_kept():
     inbox.put(_cmd(WorkerCmdKind.STOP, 1))  # a STOP is never stale
     taken = inbox.take(timeout=0)
     assert [(c.kind, c.epoch, c.session_id) for c in taken] == [
-        (WorkerCmdKind.ASSIGN, 38, "s"), (WorkerCmdKind.PROMPT, 38, "s"),
-        (WorkerCmdKind.ASSIGN, 5, "other"), (WorkerCmdKind.STOP, 1, "s"),
+        (WorkerCmdKind.ASSIGN, 38, "s"),
+        (WorkerCmdKind.PROMPT, 38, "s"),
+        (WorkerCmdKind.ASSIGN, 5, "other"),
+        (WorkerCmdKind.STOP, 1, "s"),
     ]
     assert inbox.dropped_stale == 37
     # A command for an older epoch arriving later is dropped too.
@@ -77,12 +79,25 @@ def test_the_outbox_holds_every_item_and_has_room_below_its_bound():
     outbox.on_take = lambda: wakes.append(1)
 
     def chunk(seq: int) -> OutChunk:
-        return OutChunk(Chunk(session_id="s", seq=seq, worker_id="w", epoch=1, encoding="jpeg",
-                              frames=[], width=8, height=8, fps=16.0, gen_ms=1.0, batch=1,
-                              due_at=0.0, done_at=0.0))
+        return OutChunk(
+            Chunk(
+                session_id="s",
+                seq=seq,
+                worker_id="w",
+                epoch=1,
+                encoding="jpeg",
+                frames=[],
+                width=8,
+                height=8,
+                fps=16.0,
+                gen_ms=1.0,
+                batch=1,
+                due_at=0.0,
+                done_at=0.0,
+            )
+        )
 
-    outbox.put(SessionNotice(session_id="s", kind="placed", worker_id="w", epoch=1,
-                             next_seq=0))
+    outbox.put(SessionNotice(session_id="s", kind="placed", worker_id="w", epoch=1, next_seq=0))
     outbox.put(chunk(0))
     assert outbox.has_room()
     assert outbox.take()[1] == chunk(0) and wakes == []  # not held back: nobody to wake

@@ -89,8 +89,9 @@ def test_wan_state_per_session_matches_the_scheduler_estimate():
 
     config = get_preset("wan-1.3b")
     with torch.device("meta"):
-        pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16,
-                        decoder_state_numel=16 * 2 * 60 * 104)  # the stand-in's context
+        pool = SlotPool(
+            config, 1, torch.device("meta"), torch.bfloat16, decoder_state_numel=16 * 2 * 60 * 104
+        )  # the stand-in's context
     kv = 30 * 2 * 1536 * 2 * (12 * 1560)
     cross = 30 * 2 * 1536 * 2 * 512
     assert kv + cross <= pool.bytes_per_slot < kv + cross + 5_000_000
@@ -178,8 +179,17 @@ def test_streaming_decode_equals_whole_decode():
     config = get_preset("tiny")
     decoder = build_decoder(config, seed=0)
     gen = torch.Generator().manual_seed(1)
-    chunks = [torch.randn(1, config.out_dim, config.chunk_frames, config.latent_height,
-                          config.latent_width, generator=gen) for _ in range(3)]
+    chunks = [
+        torch.randn(
+            1,
+            config.out_dim,
+            config.chunk_frames,
+            config.latent_height,
+            config.latent_width,
+            generator=gen,
+        )
+        for _ in range(3)
+    ]
     context = torch.zeros(1, config.out_dim, 2, config.latent_height, config.latent_width)
     streamed = torch.cat([decoder(chunk, context) for chunk in chunks], dim=1)
     whole = decoder(torch.cat(chunks, dim=2), torch.zeros_like(context))

@@ -21,8 +21,12 @@ def folders(tmp_path_factory):
 
 
 def check(*args: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "model", "check", *args],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "model", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -20,23 +20,33 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def start_nats(port: int, store) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
-                             "-sd", str(store)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
-        infra, isolation, redis_client, tmp_path):
+    infra, isolation, redis_client, tmp_path
+):
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     nats = start_nats(port, tmp_path / "js")
     try:
         await eventually(lambda: probe_nats(url), 10, "nats-server up")
-        env = {"TURBOSERVE_NATS_URL": url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-               "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
+        env = {
+            "TURBOSERVE_NATS_URL": url,
+            "TURBOSERVE_REDIS_URL": infra.redis_url,
+            "TURBOSERVE_LOG_LEVEL": "warning",
+            "TURBOSERVE_METRICS_PORT": "-1",
+            **isolation,
+        }
         settings = SchedulerSettings.from_env(env, tick_s=0.25, worker_timeout_s=10.0)
-        async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (_, ctx, rx), \
-                running(SchedulerService(settings), settings):
+        async with (
+            worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (_, ctx, rx),
+            running(SchedulerService(settings), settings),
+        ):
             await create(ctx, "before")
             await eventually(lambda: len(rx.chunks["before"]) >= 3, 30, "chunks")
             nats.terminate()
@@ -49,16 +59,21 @@ async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
             await ctx.registry.create_session("after", "p", 2)
             for _ in range(100):
                 try:
-                    await ctx.js.publish(ctx.subjects.session_events, encode(SessionEvent(
-                        session_id="after", kind=SessionEventKind.CREATED)), timeout=1)
+                    await ctx.js.publish(
+                        ctx.subjects.session_events,
+                        encode(SessionEvent(session_id="after", kind=SessionEventKind.CREATED)),
+                        timeout=1,
+                    )
                     break
                 except Exception:  # noqa: BLE001 - our own connection is still reconnecting
                     await asyncio.sleep(0.2)
             count = len(rx.chunks["before"])
-            await eventually(lambda: len(rx.chunks["before"]) >= count + 4, 60,
-                             "the stream to resume")
-            await eventually(lambda: len(rx.chunks["after"]) >= 2, 60,
-                             "the session created after the restart")
+            await eventually(
+                lambda: len(rx.chunks["before"]) >= count + 4, 60, "the stream to resume"
+            )
+            await eventually(
+                lambda: len(rx.chunks["after"]) >= 2, 60, "the session created after the restart"
+            )
         for sid in ("before", "after"):
             seqs = rx.seqs(sid)
             assert sorted(set(seqs)) == list(range(max(seqs) + 1)), (sid, seqs)
@@ -69,5 +84,7 @@ async def test_services_reconnect_and_streams_resume_after_a_nats_restart(
 
 async def create(ctx, sid: str) -> None:
     await ctx.registry.create_session(sid, "p", 1)
-    await ctx.js.publish(ctx.subjects.session_events,
-                         encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)))
+    await ctx.js.publish(
+        ctx.subjects.session_events,
+        encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)),
+    )

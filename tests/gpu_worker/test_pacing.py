@@ -24,9 +24,14 @@ def test_clock_moves_by_the_period_and_slips_after_a_late_chunk():
 def test_mid_chunk_and_due_sessions_take_the_pass_early_ones_wait():
     plan = plan_pass(
         now=100.0,
-        sessions=[("mid", False, 200.0), ("late", True, 99.0), ("ahead", True, 101.0),
-                  ("just", True, 100.75)],
-        lead_s=0.75, chunk_estimate_s=0.1,
+        sessions=[
+            ("mid", False, 200.0),
+            ("late", True, 99.0),
+            ("ahead", True, 101.0),
+            ("just", True, 100.75),
+        ],
+        lead_s=0.75,
+        chunk_estimate_s=0.1,
     )
     assert plan.participants == ["mid", "late", "just"]
     assert plan.waiting == ["ahead"]

@@ -21,8 +21,18 @@ from services.gpu_worker.model.dit import CausalWanModel, ChunkCaches
 from services.gpu_worker.model.vae import WanVaeDecoder, to_uint8
 from tests.models import HEAD_DIM, HEADS, TEXT_DIM, build_folder, build_transformer, build_vae
 
-CONFIG = ModelConfig(name="t", dim=HEADS * HEAD_DIM, ffn_dim=64, num_heads=HEADS, num_layers=2,
-                     text_dim=TEXT_DIM, text_len=20, height=32, width=48, freq_dim=32)
+CONFIG = ModelConfig(
+    name="t",
+    dim=HEADS * HEAD_DIM,
+    ffn_dim=64,
+    num_heads=HEADS,
+    num_layers=2,
+    text_dim=TEXT_DIM,
+    text_len=20,
+    height=32,
+    width=48,
+    freq_dim=32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +55,10 @@ def _empty_caches(model: CausalWanModel, text: torch.Tensor) -> ChunkCaches:
     start = (c.sink_frames + c.window_frames) * c.tokens_per_frame
     return ChunkCaches(
         self_kv=[torch.zeros(1, 2, c.num_heads, tokens, c.head_dim) for _ in range(c.num_layers)],
-        cross_kv=model.encode_context(text), key_mask=None, scratch=(start, start + c.chunk_tokens))
+        cross_kv=model.encode_context(text),
+        key_mask=None,
+        scratch=(start, start + c.chunk_tokens),
+    )
 
 
 def _mask(valid_frames: torch.Tensor) -> torch.Tensor:
@@ -55,9 +68,17 @@ def _mask(valid_frames: torch.Tensor) -> torch.Tensor:
 def test_geometry_is_read_off_the_weights(dit_pair):
     reference, _ = dit_pair
     geometry = dit_geometry(from_diffusers(dict(reference.state_dict())))
-    assert geometry == {"dim": 32, "in_dim": 16, "patch": (1, 2, 2), "text_dim": TEXT_DIM,
-                        "freq_dim": 32, "ffn_dim": 64, "num_layers": 2, "out_dim": 16,
-                        "cross_attn_norm": True}
+    assert geometry == {
+        "dim": 32,
+        "in_dim": 16,
+        "patch": (1, 2, 2),
+        "text_dim": TEXT_DIM,
+        "freq_dim": 32,
+        "ffn_dim": 64,
+        "num_layers": 2,
+        "out_dim": 16,
+        "cross_attn_norm": True,
+    }
 
 
 @torch.no_grad()
@@ -71,7 +92,7 @@ def test_first_chunk_equals_diffusers_forward(dit_pair):
         expected = reference(latents, timestep, text).sample
         caches = _empty_caches(ours, text)
         valid = torch.zeros(c.cache_frames, dtype=torch.bool)
-        valid[c.sink_frames + c.window_frames:] = True  # only the chunk itself
+        valid[c.sink_frames + c.window_frames :] = True  # only the chunk itself
         caches.key_mask = _mask(valid)
         got = ours(latents, timestep, torch.tensor([0]), caches)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
@@ -84,8 +105,9 @@ class _BlockCausal:
     def __init__(self, inner, mask: torch.Tensor) -> None:
         self.inner, self.mask = inner, mask
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 rotary_emb=None):
+    def __call__(
+        self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None
+    ):
         return self.inner(attn, hidden_states, encoder_hidden_states, self.mask, rotary_emb)
 
 
@@ -95,15 +117,18 @@ def test_chunked_rollout_with_the_kv_cache_equals_a_block_causal_full_forward(di
     c = CONFIG
     chunks = (c.sink_frames + c.window_frames) // c.chunk_frames + 1  # everything stays cached
     frames = chunks * c.chunk_frames
-    latents = torch.randn(1, 16, frames, c.latent_height, c.latent_width,
-                          generator=torch.Generator().manual_seed(2))
+    latents = torch.randn(
+        1, 16, frames, c.latent_height, c.latent_width, generator=torch.Generator().manual_seed(2)
+    )
     text = _text()
     # The reference: one diffusers forward over every frame, each chunk's tokens seeing only
     # their own and earlier chunks (all at t = 0, as the cache-writing pass runs them).
     chunk_of = torch.arange(frames).repeat_interleave(c.tokens_per_frame) // c.chunk_frames
     mask = chunk_of[None, :] <= chunk_of[:, None]
-    processors = {name: _BlockCausal(proc, mask) if name.endswith("attn1.processor") else proc
-                  for name, proc in reference.attn_processors.items()}
+    processors = {
+        name: _BlockCausal(proc, mask) if name.endswith("attn1.processor") else proc
+        for name, proc in reference.attn_processors.items()
+    }
     original = reference.attn_processors
     reference.set_attn_processor(processors)
     try:
@@ -113,19 +138,20 @@ def test_chunked_rollout_with_the_kv_cache_equals_a_block_causal_full_forward(di
     # Ours: chunk by chunk, each chunk's keys committed into the cache after its pass.
     caches = _empty_caches(ours, text)
     valid = torch.zeros(c.cache_frames, dtype=torch.bool)
-    valid[c.sink_frames + c.window_frames:] = True
+    valid[c.sink_frames + c.window_frames :] = True
     start, end = caches.scratch
     for k in range(chunks):
         position = k * c.chunk_frames
         caches.key_mask = _mask(valid)
-        chunk = latents[:, :, position:position + c.chunk_frames]
+        chunk = latents[:, :, position : position + c.chunk_frames]
         got = ours(chunk, torch.tensor([0.0]), torch.tensor([position]), caches)
         torch.testing.assert_close(
-            got, expected[:, :, position:position + c.chunk_frames], rtol=1e-4, atol=1e-4)
+            got, expected[:, :, position : position + c.chunk_frames], rtol=1e-4, atol=1e-4
+        )
         dst = position * c.tokens_per_frame  # no eviction: frame slot = position here
         for kv in caches.self_kv:
-            kv[:, :, :, dst:dst + end - start] = kv[:, :, :, start:end]
-        valid[position:position + c.chunk_frames] = True
+            kv[:, :, :, dst : dst + end - start] = kv[:, :, :, start:end]
+        valid[position : position + c.chunk_frames] = True
 
 
 @pytest.mark.slow
@@ -138,7 +164,9 @@ def test_vae_chunk_by_chunk_equals_decoding_everything_at_once():
     with torch.no_grad():
         expected = to_uint8(vae.decode(latents * std + mean).sample)  # diffusers' own decode
     state = torch.zeros(2, decoder.state_numel)
-    chunks = [decoder.decode(latents[:, :, i:i + 3], state, fresh=i == 0) for i in range(0, 12, 3)]
+    chunks = [
+        decoder.decode(latents[:, :, i : i + 3], state, fresh=i == 0) for i in range(0, 12, 3)
+    ]
     assert [c.shape[1] for c in chunks] == [9, 12, 12, 12]  # 1 + 4 * 11 = 45 frames in all
     assert torch.equal(torch.cat(chunks, dim=1), expected)  # bitwise, on the CPU
 
@@ -149,8 +177,9 @@ def folder(tmp_path_factory):
 
 
 def _engine(folder) -> Engine:
-    return Engine(EngineConfig(model=str(folder), resolution=(64, 64), device="cpu",
-                               max_sessions=2, seed=0))
+    return Engine(
+        EngineConfig(model=str(folder), resolution=(64, 64), device="cpu", max_sessions=2, seed=0)
+    )
 
 
 @pytest.mark.slow
@@ -166,7 +195,7 @@ def test_a_session_migrated_mid_stream_decodes_the_frames_of_one_that_never_move
     # The decoder's feature cache travels with the session and is counted in its bytes.
     decoder_bytes = source.pool.decoder_numel * state.misc.element_size()
     assert decoder_bytes > 0 and state.nbytes >= decoder_bytes
-    assert state.misc[source.pool.history_numel:].abs().sum() > 0
+    assert state.misc[source.pool.history_numel :].abs().sum() > 0
     source.remove_session("s")
     destination.import_state(state)
     got += [next_chunks(destination)[0].frames for _ in range(3)]

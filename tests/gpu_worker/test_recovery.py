@@ -95,12 +95,22 @@ def test_the_loop_rebuilds_an_offered_session_and_announces_it():
     for _ in range(4):
         next_chunks(e)
     point = e.recovery_point("s")  # engine seq 4; on the wire it was at seq 10 (seq_base 6)
-    loop = GenerationLoop(make_engine(), CommandInbox(), worker_id="heir", period_s=0.0,
-                          lead_s=0.0, recovery_log=True)
+    loop = GenerationLoop(
+        make_engine(), CommandInbox(), worker_id="heir", period_s=0.0, lead_s=0.0, recovery_log=True
+    )
     sink = RecordingSink(loop)
     loop.offer_recovery("s", 7, point)
-    loop.inbox.put(WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="heir", epoch=7,
-                                 session_id="s", prompt="a fox", seed=3, seq=10))
+    loop.inbox.put(
+        WorkerCommand(
+            kind=WorkerCmdKind.ASSIGN,
+            worker_id="heir",
+            epoch=7,
+            session_id="s",
+            prompt="a fox",
+            seed=3,
+            seq=10,
+        )
+    )
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
     eventually_sync(lambda: len(sink.chunks("s")) >= 3, 30, "three chunks", interval=0.01)

@@ -20,9 +20,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def start_redis(port: int, tmp_path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            redis_server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return proc
 
 
@@ -32,13 +46,19 @@ async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_cl
     redis = start_redis(port, tmp_path)
     try:
         await eventually(lambda: probe_redis(url), 10, "redis-server up")
-        env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": url,
-               "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
+        env = {
+            "TURBOSERVE_NATS_URL": infra.nats_url,
+            "TURBOSERVE_REDIS_URL": url,
+            "TURBOSERVE_LOG_LEVEL": "warning",
+            "TURBOSERVE_METRICS_PORT": "-1",
+            **isolation,
+        }
         async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (svc, ctx, rx):
             for sid in ("a", "b"):
                 await start_session(ctx, "w1", sid, token_hash=f"digest-of-{sid}")
-            await eventually(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
-                             "chunks")
+            await eventually(
+                lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30, "chunks"
+            )
             before = {sid: await ctx.registry.get_session(sid) for sid in ("a", "b")}
             redis.terminate()
             await asyncio.to_thread(redis.wait)
@@ -57,8 +77,11 @@ async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_cl
                 assert record.token_hash == f"digest-of-{sid}"  # its viewer's token still opens it
             assert (await ctx.registry.placement()) == {"a": "w1", "b": "w1"}
             counts = {sid: len(rx.chunks[sid]) for sid in ("a", "b")}
-            await eventually(lambda: all(len(rx.chunks[s]) >= counts[s] + 4 for s in counts), 30,
-                             "chunks after the restart")
+            await eventually(
+                lambda: all(len(rx.chunks[s]) >= counts[s] + 4 for s in counts),
+                30,
+                "chunks after the restart",
+            )
             for sid in ("a", "b"):
                 seqs = rx.seqs(sid)
                 assert sorted(set(seqs)) == list(range(max(seqs) + 1)), seqs
@@ -94,8 +117,13 @@ async def test_chunks_keep_coming_while_redis_is_paused(infra, isolation, nats_c
     redis = start_redis(port, tmp_path)  # paused below: never the Redis other tests share
     try:
         await eventually(lambda: probe_redis(url), 10, "redis-server up")
-        env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": url,
-               "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
+        env = {
+            "TURBOSERVE_NATS_URL": infra.nats_url,
+            "TURBOSERVE_REDIS_URL": url,
+            "TURBOSERVE_LOG_LEVEL": "warning",
+            "TURBOSERVE_METRICS_PORT": "-1",
+            **isolation,
+        }
         admin = aioredis.from_url(url)
         async with worker_in_process(env, worker_id="w1", chunk_period_s=0.25) as (svc, ctx, rx):
             sids = ("a", "b")
@@ -115,8 +143,10 @@ async def test_chunks_keep_coming_while_redis_is_paused(infra, isolation, nats_c
             assert await probe - paused_at >= 2.5
             # Chunks already on their way when it began are not counted: from 0.5 s in.
             window = (paused_at + 0.5, paused_at + 2.8)
-            during = {sid: [c.seq for at, c in rx.chunks[sid] if window[0] <= at <= window[1]]
-                      for sid in sids}
+            during = {
+                sid: [c.seq for at, c in rx.chunks[sid] if window[0] <= at <= window[1]]
+                for sid in sids
+            }
             # 2.3 s at one chunk per 0.25 s is 9 chunks a session; a worker that waits on
             # Redis gets none out.
             assert all(len(seqs) >= 4 for seqs in during.values()), during

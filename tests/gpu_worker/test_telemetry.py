@@ -52,9 +52,14 @@ def test_nvml_uuid_spellings():
 @pytest.mark.parametrize(
     ("visible", "index", "expected"),
     [
-        (None, 0, 0), (None, 1, 1), ("3,1", 0, 3), ("3,1", 1, 1), (" 2 , 0", 1, 0),
+        (None, 0, 0),
+        (None, 1, 1),
+        ("3,1", 0, 3),
+        ("3,1", 1, 1),
+        (" 2 , 0", 1, 0),
         (f"GPU-{UUID_B}", 0, 0),  # not an index: torch's index, as a last resort
-        ("MIG-GPU-aaaa/1/0", 0, 0), ("0", 5, 5),
+        ("MIG-GPU-aaaa/1/0", 0, 0),
+        ("0", 5, 5),
     ],
 )
 def test_physical_index_from_index_lists(monkeypatch, visible, index, expected):
@@ -78,7 +83,9 @@ def test_handle_of_a_mig_instance(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"MIG-{mig}")
     _cuda_uuid(monkeypatch, mig)
     assert telemetry._nvml_handle(FakeNVML(mig=[mig]), torch.device("cuda", 0)) == (
-        "uuid", f"MIG-{mig}")
+        "uuid",
+        f"MIG-{mig}",
+    )
 
 
 def test_handle_from_a_full_uuid_in_visible_devices(monkeypatch):

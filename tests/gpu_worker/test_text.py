@@ -56,9 +56,15 @@ def _reference(root, model, prompt: str, max_len: int) -> torch.Tensor:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
-    tokens = tokenizer([clean_prompt(prompt)], padding="max_length", max_length=max_len,
-                       truncation=True, add_special_tokens=True, return_attention_mask=True,
-                       return_tensors="pt")
+    tokens = tokenizer(
+        [clean_prompt(prompt)],
+        padding="max_length",
+        max_length=max_len,
+        truncation=True,
+        add_special_tokens=True,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         states = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
     length = int(tokens.attention_mask.sum())
@@ -72,11 +78,13 @@ def test_umt5_path_equals_transformers_own_encoder(tiny_umt5, layout):
     root, model = tiny_umt5
     cpu = torch.device("cpu")
     if layout == "diffusers":
-        ours = UMT5TextEncoder.from_folders(root / "text_encoder", root / "tokenizer", cpu,
-                                            torch.float32, max_len=32)
+        ours = UMT5TextEncoder.from_folders(
+            root / "text_encoder", root / "tokenizer", cpu, torch.float32, max_len=32
+        )
     else:
-        ours = UMT5TextEncoder.from_original(root / "umt5-enc.pth", root / "tokenizer", cpu,
-                                             torch.float32, max_len=32)
+        ours = UMT5TextEncoder.from_original(
+            root / "umt5-enc.pth", root / "tokenizer", cpu, torch.float32, max_len=32
+        )
     assert ours.dim == 24
     for prompt in ["a red fox running through snow", "a  wolf &amp; the   night"]:
         got = ours.encode(prompt)
@@ -94,5 +102,6 @@ def test_original_umt5_with_a_wrong_key_is_one_clear_error(tiny_umt5, tmp_path):
     state["blocks.1.attn.oo.weight"] = state.pop("blocks.1.attn.o.weight")
     torch.save(state, tmp_path / "bad.pth")
     with pytest.raises(ValueError, match=r"text encoder .*bad.pth: 1 missing keys .*1 unexpected"):
-        UMT5TextEncoder.from_original(tmp_path / "bad.pth", root / "tokenizer",
-                                      torch.device("cpu"), torch.float32, max_len=8)
+        UMT5TextEncoder.from_original(
+            tmp_path / "bad.pth", root / "tokenizer", torch.device("cpu"), torch.float32, max_len=8
+        )

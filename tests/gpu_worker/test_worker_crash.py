@@ -24,14 +24,21 @@ PERIOD = 0.25
 
 @pytest.fixture
 def env(infra, isolation, nats_client, redis_client):
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_METRICS_PORT": "-1",
+        **isolation,
+    }
 
 
 async def create(ctx, sid: str, prompt: str, seed: int) -> None:
     await ctx.registry.create_session(sid, prompt, seed)
-    await ctx.js.publish(ctx.subjects.session_events,
-                         encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)))
+    await ctx.js.publish(
+        ctx.subjects.session_events,
+        encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)),
+    )
 
 
 def by_seq(rx: Received, sid: str) -> dict[int, list]:
@@ -44,12 +51,16 @@ def by_seq(rx: Received, sid: str) -> dict[int, list]:
 
 
 async def run_crash(env, recovery: bool) -> tuple[Received, float, str, str]:
-    settings = SchedulerSettings.from_env(env, tick_s=0.25, worker_timeout_s=3.0,
-                                          min_workers=2, max_workers=2)
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD,
-                             recovery_log=str(recovery).lower()) as procs, \
-            running(SchedulerService(settings), settings):
+    settings = SchedulerSettings.from_env(
+        env, tick_s=0.25, worker_timeout_s=3.0, min_workers=2, max_workers=2
+    )
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(
+            ctx, env, ["wa", "wb"], chunk_period_s=PERIOD, recovery_log=str(recovery).lower()
+        ) as procs,
+        running(SchedulerService(settings), settings),
+    ):
         await create(ctx, "s", "a paper boat on a river", 7)
         await eventually(lambda: len(rx.chunks["s"]) >= 8, 30, "chunks before the crash")
         victim = rx.chunks["s"][-1][1].worker_id
@@ -57,8 +68,11 @@ async def run_crash(env, recovery: bool) -> tuple[Received, float, str, str]:
         os.kill(procs[victim].pid, signal.SIGKILL)
         await asyncio.to_thread(procs[victim].wait)
         last_before = rx.chunks["s"][-1][0]
-        await eventually(lambda: rx.chunks["s"][-1][1].worker_id == survivor, 30,
-                         "the session on the other worker")
+        await eventually(
+            lambda: rx.chunks["s"][-1][1].worker_id == survivor,
+            30,
+            "the session on the other worker",
+        )
         first_after = next(t for t, c in rx.chunks["s"] if c.worker_id == survivor)
         count = len(rx.chunks["s"])
         await eventually(lambda: len(rx.chunks["s"]) >= count + 6, 30, "chunks after")
@@ -71,7 +85,9 @@ async def test_a_killed_workers_session_continues_exactly_on_another(env):
     seqs = sorted(chunks)
     assert seqs == list(range(len(seqs))), seqs  # no seq missing
     for seq, copies in chunks.items():
-        assert all(c.frames == copies[0].frames for c in copies), f"seq {seq} made twice, differently"
+        assert all(c.frames == copies[0].frames for c in copies), (
+            f"seq {seq} made twice, differently"
+        )
     kinds = [n.kind for n in rx.notices["s"]]
     assert kinds[0] is NoticeKind.PLACED and NoticeKind.RECOVERED in kinds
     assert NoticeKind.RESTARTED not in kinds
@@ -88,12 +104,17 @@ async def test_a_killed_workers_session_continues_exactly_on_another(env):
 
 async def reference_frames(env, count: int) -> dict[int, list[bytes]]:
     """The same session (prompt, seed) generated with no failure, alone on one worker."""
-    ref_env = {**env, "TURBOSERVE_SUBJECT_PREFIX": env["TURBOSERVE_SUBJECT_PREFIX"] + "r",
-               "TURBOSERVE_REDIS_NAMESPACE": env["TURBOSERVE_REDIS_NAMESPACE"] + "r"}
+    ref_env = {
+        **env,
+        "TURBOSERVE_SUBJECT_PREFIX": env["TURBOSERVE_SUBJECT_PREFIX"] + "r",
+        "TURBOSERVE_REDIS_NAMESPACE": env["TURBOSERVE_REDIS_NAMESPACE"] + "r",
+    }
     settings = SchedulerSettings.from_env(ref_env, tick_s=0.25, min_workers=1, max_workers=1)
-    async with mesh_context(ref_env) as (ctx, rx), \
-            worker_processes(ctx, ref_env, ["wr"], chunk_period_s=PERIOD), \
-            running(SchedulerService(settings), settings):
+    async with (
+        mesh_context(ref_env) as (ctx, rx),
+        worker_processes(ctx, ref_env, ["wr"], chunk_period_s=PERIOD),
+        running(SchedulerService(settings), settings),
+    ):
         await create(ctx, "s", "a paper boat on a river", 7)
         await eventually(lambda: len(rx.chunks["s"]) >= count, 60, "reference chunks")
         out = {c.seq: c.frames for _, c in rx.chunks["s"][:count]}

@@ -17,8 +17,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture
 def env(infra, isolation, nats_client, redis_client):
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 async def test_sessions_started_at_different_moments_each_play_at_the_playback_rate(env):
@@ -29,8 +33,11 @@ async def test_sessions_started_at_different_moments_each_play_at_the_playback_r
             await start_session(ctx, "w1", sid)
             await asyncio.sleep(0.25)  # each at its own phase
         # enough of each to judge its pace: two buffered, then twelve in steady state
-        await eventually(lambda: all(len(rx.chunks[s]) >= 14 for s in sids), 30,
-                         "fourteen chunks of each session")
+        await eventually(
+            lambda: all(len(rx.chunks[s]) >= 14 for s in sids),
+            30,
+            "fourteen chunks of each session",
+        )
     for sid in sids:
         chunks = [c for _, c in rx.chunks[sid]]
         assert [c.seq for c in chunks] == list(range(len(chunks))), sid
@@ -53,8 +60,11 @@ async def test_sessions_started_at_different_moments_each_play_at_the_playback_r
 
 async def test_a_new_session_is_heard_while_others_wait_far_ahead(env):
     # A long period: the first session is soon far ahead and the loop waits on its inbox.
-    async with worker_in_process(env, worker_id="w2", chunk_period_s=30.0,
-                                 pace_lead_s=0.0) as (service, ctx, rx):
+    async with worker_in_process(env, worker_id="w2", chunk_period_s=30.0, pace_lead_s=0.0) as (
+        service,
+        ctx,
+        rx,
+    ):
         await start_session(ctx, "w2", "early")
         await eventually(lambda: len(rx.chunks["early"]) >= 1, 20, "the first chunk")
         assert service.generation is not None
@@ -73,10 +83,15 @@ async def test_a_new_session_is_heard_while_others_wait_far_ahead(env):
 
         # STOP takes effect at the next pass: the session leaves the worker.
         record = await ctx.registry.get_session("late")
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="w2",
-                                      epoch=record.epoch, session_id="late"))
-        await eventually(lambda: "late" not in service.generation.status().sessions, 2.0,
-                         "the STOP to apply")
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.STOP, worker_id="w2", epoch=record.epoch, session_id="late"
+            ),
+        )
+        await eventually(
+            lambda: "late" not in service.generation.status().sessions, 2.0, "the STOP to apply"
+        )
         assert "early" in service.generation.status().sessions
 
 
@@ -86,14 +101,30 @@ async def test_a_backlog_of_stale_assigns_ends_in_one_generation_at_the_latest_e
         assigns = []
         for _ in range(38):  # requeued and re-placed again and again, as a stuck worker saw it
             record = await ctx.registry.claim("churn", "w3", record.epoch)
-            assigns.append(WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="w3",
-                                         epoch=record.epoch, session_id="churn", prompt="p",
-                                         seed=3, seq=0))
+            assigns.append(
+                WorkerCommand(
+                    kind=WorkerCmdKind.ASSIGN,
+                    worker_id="w3",
+                    epoch=record.epoch,
+                    session_id="churn",
+                    prompt="p",
+                    seed=3,
+                    seq=0,
+                )
+            )
             record = await ctx.registry.transition(
-                "churn", record_state("pending"), expected_epoch=record.epoch, owner=None)
+                "churn", record_state("pending"), expected_epoch=record.epoch, owner=None
+            )
         record = await ctx.registry.claim("churn", "w3", record.epoch)
-        latest = WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="w3", epoch=record.epoch,
-                               session_id="churn", prompt="p", seed=3, seq=0)
+        latest = WorkerCommand(
+            kind=WorkerCmdKind.ASSIGN,
+            worker_id="w3",
+            epoch=record.epoch,
+            session_id="churn",
+            prompt="p",
+            seed=3,
+            seq=0,
+        )
         for cmd in [*assigns, latest]:
             await ctx.nc.publish(ctx.subjects.worker_cmd("w3"), encode(cmd))
         await ctx.nc.flush()
@@ -110,32 +141,68 @@ async def test_commands_sent_as_requests_are_answered(env):
 
     async with worker_in_process(env, worker_id="w4", chunk_period_s=0.2) as (service, ctx, rx):
         epoch = await start_session(ctx, "w4", "s")
-        stale = WorkerCommand(kind=WorkerCmdKind.PROMPT, worker_id="w4", epoch=epoch - 1,
-                              session_id="s", prompt="q", command_id="c1")
-        reply = decode("r", (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(stale),
-                                                  timeout=5)).data, CommandReply)
+        stale = WorkerCommand(
+            kind=WorkerCmdKind.PROMPT,
+            worker_id="w4",
+            epoch=epoch - 1,
+            session_id="s",
+            prompt="q",
+            command_id="c1",
+        )
+        reply = decode(
+            "r",
+            (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(stale), timeout=5)).data,
+            CommandReply,
+        )
         assert not reply.ok and reply.code == "stale_epoch" and reply.command_id == "c1"
-        good = WorkerCommand(kind=WorkerCmdKind.PROMPT, worker_id="w4", epoch=epoch,
-                             session_id="s", prompt="a new prompt", command_id="c2")
-        reply = decode("r", (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(good),
-                                                  timeout=5)).data, CommandReply)
+        good = WorkerCommand(
+            kind=WorkerCmdKind.PROMPT,
+            worker_id="w4",
+            epoch=epoch,
+            session_id="s",
+            prompt="a new prompt",
+            command_id="c2",
+        )
+        reply = decode(
+            "r",
+            (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(good), timeout=5)).data,
+            CommandReply,
+        )
         assert reply.ok and reply.command_id == "c2"
-        await eventually(lambda: any(n.kind is NoticeKind.PROMPT for n in rx.notices["s"]), 5,
-                         "the prompt notice")
+        await eventually(
+            lambda: any(n.kind is NoticeKind.PROMPT for n in rx.notices["s"]),
+            5,
+            "the prompt notice",
+        )
         notice = next(n for n in rx.notices["s"] if n.kind is NoticeKind.PROMPT)
-        await eventually(lambda: rx.seqs("s") and rx.seqs("s")[-1] >= notice.next_seq, 10,
-                         "the chunk the prompt applies to")
+        await eventually(
+            lambda: rx.seqs("s") and rx.seqs("s")[-1] >= notice.next_seq,
+            10,
+            "the chunk the prompt applies to",
+        )
         drain = WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id="w4")
-        reply = decode("r", (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(drain),
-                                                  timeout=5)).data, CommandReply)
+        reply = decode(
+            "r",
+            (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(drain), timeout=5)).data,
+            CommandReply,
+        )
         assert reply.ok and service.status.value == "draining"
         # A draining worker refuses new sessions and hands them back to pending.
         record = await ctx.registry.create_session("refused", "p", 1)
         record = await ctx.registry.claim("refused", "w4", record.epoch)
-        assign = WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="w4", epoch=record.epoch,
-                               session_id="refused", prompt="p", seed=1)
-        reply = decode("r", (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(assign),
-                                                  timeout=5)).data, CommandReply)
+        assign = WorkerCommand(
+            kind=WorkerCmdKind.ASSIGN,
+            worker_id="w4",
+            epoch=record.epoch,
+            session_id="refused",
+            prompt="p",
+            seed=1,
+        )
+        reply = decode(
+            "r",
+            (await ctx.nc.request(ctx.subjects.worker_cmd("w4"), encode(assign), timeout=5)).data,
+            CommandReply,
+        )
         assert not reply.ok and reply.code == "draining"
         assert (await ctx.registry.get_session("refused")).state.value == "pending"
 
@@ -145,15 +212,23 @@ async def test_suspend_and_resume_are_announced_and_the_stream_continues(env):
         await start_session(ctx, "w5", "s")
         await eventually(lambda: len(rx.chunks["s"]) >= 3, 20, "chunks")
         record = await ctx.registry.transition("s", record_state("suspended"))
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="w5",
-                                      epoch=record.epoch, session_id="s"))
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.SUSPEND, worker_id="w5", epoch=record.epoch, session_id="s"
+            ),
+        )
         await eventually(lambda: "s" in service.generation.status().suspended, 5, "suspend")
         count = len(rx.chunks["s"])
         await asyncio.sleep(0.6)
         assert len(rx.chunks["s"]) == count  # no chunk while suspended
         record = await ctx.registry.transition("s", record_state("executing"))
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id="w5",
-                                      epoch=record.epoch, session_id="s"))
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.RESUME, worker_id="w5", epoch=record.epoch, session_id="s"
+            ),
+        )
         await eventually(lambda: len(rx.chunks["s"]) >= count + 3, 10, "chunks after resume")
     seqs = rx.seqs("s")
     assert seqs == list(range(len(seqs)))
@@ -178,8 +253,9 @@ async def test_an_emulated_gpu_paces_each_pass_to_its_profile(env):
         assert service.pace.period_s == h20.deadline_ms / 1000
         for sid in ("a", "b"):
             await start_session(ctx, "emu", sid)
-        await eventually(lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30,
-                         "chunks")
+        await eventually(
+            lambda: len(rx.chunks["a"]) >= 3 and len(rx.chunks["b"]) >= 3, 30, "chunks"
+        )
         beat = {w.id: w for w in await ctx.registry.workers()}["emu"]
     assert beat.gpu_kind == "H20" and beat.emulated == "H20" and beat.capacity == 12
     chunks = [c for sid in ("a", "b") for _, c in rx.chunks[sid][1:]]

@@ -49,6 +49,7 @@ async def worker_in_process(
     service = WorkerService(settings)
     received = Received()
     async with running(service, settings) as ctx:
+
         async def on_msg(msg: Any) -> None:
             item = decode(msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg))
             if isinstance(item, Chunk):
@@ -66,14 +67,30 @@ async def worker_in_process(
             await sub.unsubscribe()
 
 
-async def start_session(ctx: ServiceContext, worker_id: str, sid: str, prompt: str = "p",
-                        seed: int = 1, token_hash: str = "") -> int:
+async def start_session(
+    ctx: ServiceContext,
+    worker_id: str,
+    sid: str,
+    prompt: str = "p",
+    seed: int = 1,
+    token_hash: str = "",
+) -> int:
     """Create ``sid`` in the registry, claim it for the worker, send ASSIGN; its epoch."""
     record = await ctx.registry.create_session(sid, prompt, seed, token_hash=token_hash)
     record = await ctx.registry.claim(sid, worker_id, record.epoch)
-    await send(ctx, WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id=worker_id,
-                                  epoch=record.epoch, session_id=sid, prompt=prompt, seed=seed,
-                                  seq=record.last_seq + 1, token_hash=token_hash))
+    await send(
+        ctx,
+        WorkerCommand(
+            kind=WorkerCmdKind.ASSIGN,
+            worker_id=worker_id,
+            epoch=record.epoch,
+            session_id=sid,
+            prompt=prompt,
+            seed=seed,
+            seq=record.last_seq + 1,
+            token_hash=token_hash,
+        ),
+    )
     return record.epoch
 
 
@@ -110,8 +127,11 @@ async def mesh_context(env: dict[str, str]) -> AsyncIterator[tuple[ServiceContex
 
 @contextlib.asynccontextmanager
 async def worker_processes(
-    ctx: ServiceContext, env: dict[str, str], ids: list[str],
-    per_worker: dict[str, dict[str, str]] | None = None, **settings: Any,
+    ctx: ServiceContext,
+    env: dict[str, str],
+    ids: list[str],
+    per_worker: dict[str, dict[str, str]] | None = None,
+    **settings: Any,
 ) -> AsyncIterator[dict[str, Any]]:
     """``turboserve worker`` processes with these ids, READY in the registry when this yields;
     ``settings`` become ``TURBOSERVE_*`` variables (``per_worker`` adds some for one worker)."""
@@ -122,19 +142,24 @@ async def worker_processes(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for wid in ids:
-            penv = {**os.environ, **env, "TURBOSERVE_WORKER_ID": wid,
-                    **{f"TURBOSERVE_{k.upper()}": str(v) for k, v in settings.items()},
-                    **(per_worker or {}).get(wid, {})}
+            penv = {
+                **os.environ,
+                **env,
+                "TURBOSERVE_WORKER_ID": wid,
+                **{f"TURBOSERVE_{k.upper()}": str(v) for k, v in settings.items()},
+                **(per_worker or {}).get(wid, {}),
+            }
             procs[wid] = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-                [sys.executable, "-m", "tools.cli", "worker"],
-                env=penv, stdin=subprocess.DEVNULL)
+                [sys.executable, "-m", "tools.cli", "worker"], env=penv, stdin=subprocess.DEVNULL
+            )
 
         async def all_ready() -> bool:
             for wid, proc in procs.items():
                 if proc.poll() is not None:
                     pytest.fail(f"worker {wid} exited with {proc.returncode}")
-            ready = {w.id for w in await ctx.registry.workers()
-                     if w.alive and w.status.value == "ready"}
+            ready = {
+                w.id for w in await ctx.registry.workers() if w.alive and w.status.value == "ready"
+            }
             assert ready >= set(ids), f"not ready: {sorted(set(ids) - ready)}"
             return True
 

@@ -19,8 +19,15 @@ from aiohttp import web
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     return web.json_response(body, status=code)
 
 
@@ -65,11 +72,17 @@ class FakeKube:
 
     def write_kubeconfig(self, path: Path, namespace: str = "gpu") -> Path:
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "fake",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
             "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake",
-                                                     "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "fake",
+                    "context": {"cluster": "fake", "user": "fake", "namespace": namespace},
+                }
+            ],
         }
         path.write_text(json.dumps(config))  # JSON is YAML
         return path
@@ -77,20 +90,35 @@ class FakeKube:
     # -- the kubelet, by hand --------------------------------------------------------------------
     def add_template(self, namespace: str, name: str, template: dict[str, Any]) -> None:
         self.templates[(namespace, name)] = {
-            "apiVersion": "v1", "kind": "PodTemplate",
-            "metadata": {"name": name, "namespace": namespace}, "template": template,
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "template": template,
         }
 
-    def set_phase(self, namespace: str, name: str, phase: str, *, reason: str = "",
-                  exit_code: int | None = None) -> None:
+    def set_phase(
+        self,
+        namespace: str,
+        name: str,
+        phase: str,
+        *,
+        reason: str = "",
+        exit_code: int | None = None,
+    ) -> None:
         pod = self.pods[(namespace, name)]
         pod["status"] = {"phase": phase}
         if exit_code is not None:
             container = pod["spec"]["containers"][0]["name"]
-            pod["status"]["containerStatuses"] = [{
-                "name": container, "ready": False, "restartCount": 0, "image": "x", "imageID": "",
-                "state": {"terminated": {"exitCode": exit_code, "reason": reason or "Error"}},
-            }]
+            pod["status"]["containerStatuses"] = [
+                {
+                    "name": container,
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"terminated": {"exitCode": exit_code, "reason": reason or "Error"}},
+                }
+            ]
 
     def vanish(self, namespace: str, name: str) -> None:
         del self.pods[(namespace, name)]
@@ -124,10 +152,19 @@ class FakeKube:
 
     async def _list_pods(self, request: web.Request) -> web.Response:
         ns, selector = request.match_info["ns"], request.query.get("labelSelector", "")
-        items = [pod for (pod_ns, _), pod in sorted(self.pods.items())
-                 if pod_ns == ns and _matches(pod["metadata"].get("labels") or {}, selector)]
-        return web.json_response({"kind": "PodList", "apiVersion": "v1",
-                                  "metadata": {"resourceVersion": "1"}, "items": items})
+        items = [
+            pod
+            for (pod_ns, _), pod in sorted(self.pods.items())
+            if pod_ns == ns and _matches(pod["metadata"].get("labels") or {}, selector)
+        ]
+        return web.json_response(
+            {
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": "1"},
+                "items": items,
+            }
+        )
 
     async def _create_pod(self, request: web.Request) -> web.Response:
         ns = request.match_info["ns"]
@@ -139,8 +176,11 @@ class FakeKube:
         if (ns, name) in self.pods:
             return _status(409, "AlreadyExists", f'pods "{name}" already exists')
         pod = copy.deepcopy(pod)
-        pod["metadata"].update(namespace=ns, uid=f"uid-{len(self.pods)}",
-                               creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        pod["metadata"].update(
+            namespace=ns,
+            uid=f"uid-{len(self.pods)}",
+            creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
         pod["status"] = {"phase": "Pending"}
         self.pods[(ns, name)] = pod
         return web.json_response(pod, status=201)
@@ -160,5 +200,6 @@ class FakeKube:
         if pod is None:
             return _status(404, "NotFound", f'pods "{key[1]}" not found')
         pod["metadata"]["deletionGracePeriodSeconds"] = int(
-            request.query.get("gracePeriodSeconds", "30"))
+            request.query.get("gracePeriodSeconds", "30")
+        )
         return web.json_response(pod)

@@ -44,14 +44,22 @@ class EventLog:
     def statuses(self, worker_id: str) -> list[WorkerStatus]:
         return [e.status for e in self.of(worker_id)]
 
-    async def wait(self, worker_id: str | None, status: WorkerStatus, timeout: float = 30.0,
-                   code: str | None = None) -> ProvisionerEvent:
+    async def wait(
+        self,
+        worker_id: str | None,
+        status: WorkerStatus,
+        timeout: float = 30.0,
+        code: str | None = None,
+    ) -> ProvisionerEvent:
         """The first event of ``worker_id`` (any worker: None) with ``status`` (and ``code``)."""
         deadline = time.monotonic() + timeout
         while True:
             for event in self.events:
-                if (worker_id in (None, event.worker_id) and event.status is status
-                        and code in (None, event.code)):
+                if (
+                    worker_id in (None, event.worker_id)
+                    and event.status is status
+                    and code in (None, event.code)
+                ):
                     return event
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"no {status} event for {worker_id} in {timeout}s: {self.events}"
@@ -62,8 +70,15 @@ class EventLog:
                 pass
 
 
-async def request(nc, subjects, kind: ProvisionerCmdKind, worker_ids=(), count: int = 1,
-                  timeout: float = 10.0, **fields) -> ProvisionerReply:
+async def request(
+    nc,
+    subjects,
+    kind: ProvisionerCmdKind,
+    worker_ids=(),
+    count: int = 1,
+    timeout: float = 10.0,
+    **fields,
+) -> ProvisionerReply:
     """Send a command as a NATS request and decode the reply."""
     cmd = ProvisionerCommand(kind=kind, worker_ids=list(worker_ids), count=count, **fields)
     msg = await nc.request(subjects.provisioner_cmd, encode(cmd), timeout=timeout)

@@ -19,8 +19,12 @@ class FakeNvml:
     NVMLError = NVMLError
     NVML_DEVICE_MIG_ENABLE = 1
 
-    def __init__(self, gpus: list[tuple[str, bytes]], migs: dict[int, list[str | None]] | None = None,
-                 fail_init: bool = False) -> None:
+    def __init__(
+        self,
+        gpus: list[tuple[str, bytes]],
+        migs: dict[int, list[str | None]] | None = None,
+        fail_init: bool = False,
+    ) -> None:
         self.gpus = gpus
         self.migs = migs or {}
         self.fail_init = fail_init
@@ -67,7 +71,8 @@ def test_every_gpu_by_uuid_and_mig_instances_as_gpus():
         migs={1: ["MIG-aaaa", None, "MIG-bbbb"]},
     )
     assert discover("auto", nvml) == [
-        GpuDevice("GPU-1111", "NVIDIA H200"), GpuDevice("MIG-aaaa", "NVIDIA A100 MIG"),
+        GpuDevice("GPU-1111", "NVIDIA H200"),
+        GpuDevice("MIG-aaaa", "NVIDIA A100 MIG"),
         GpuDevice("MIG-bbbb", "NVIDIA A100 MIG"),
     ]
     assert nvml.shut_down
@@ -91,5 +96,9 @@ def test_this_host_has_no_gpu_for_the_real_nvml():
 
 def test_named_gpus_and_none():
     assert discover("none", FakeNvml([("GPU-1", b"x")])) == []
-    assert discover("GPU-aaaa, 3,MIG-x") == [GpuDevice("GPU-aaaa"), GpuDevice("3"), GpuDevice("MIG-x")]
+    assert discover("GPU-aaaa, 3,MIG-x") == [
+        GpuDevice("GPU-aaaa"),
+        GpuDevice("3"),
+        GpuDevice("MIG-x"),
+    ]
     assert str(GpuDevice("GPU-1", "H200")) == "GPU-1 (H200)" and str(GpuDevice("3")) == "3"

@@ -43,7 +43,10 @@ def test_start_by_count_makes_new_ids_up_to_max_workers():
     start(pool, ["a"])
     verdict = start(pool, count=4, new_id=ids("w"))
     assert verdict.accepted == ["w0", "w1"]
-    assert [(r.code, r.worker_id) for r in verdict.refused] == [(MAX_WORKERS, ""), (MAX_WORKERS, "")]
+    assert [(r.code, r.worker_id) for r in verdict.refused] == [
+        (MAX_WORKERS, ""),
+        (MAX_WORKERS, ""),
+    ]
     assert pool.size == 3
 
 
@@ -64,7 +67,9 @@ def test_gpus_of_the_host_bound_the_pool():
 def test_an_id_another_live_worker_has_is_refused():
     pool = Pool(min_workers=0, max_workers=4)
     verdict = start(pool, ["a", "x"], in_use={"x"})
-    assert verdict.accepted == ["a"] and [(r.code, r.worker_id) for r in verdict.refused] == [(ID_IN_USE, "x")]
+    assert verdict.accepted == ["a"] and [(r.code, r.worker_id) for r in verdict.refused] == [
+        (ID_IN_USE, "x")
+    ]
     # our own workers are alive in the registry too: that is no clash
     assert start(pool, ["a"], in_use={"a"}).unchanged == ["a"]
 

@@ -24,10 +24,18 @@ from tests.eventually import eventually
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-async def test_refuses_duplicate_ids_and_replaces_a_dead_worker(infra, isolation, nats_client, redis_client):
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
-    settings = ProvisionerSettings.from_env(env, min_workers=0, max_workers=2, shutdown_grace_s=10.0)
+async def test_refuses_duplicate_ids_and_replaces_a_dead_worker(
+    infra, isolation, nats_client, redis_client
+):
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
+    settings = ProvisionerSettings.from_env(
+        env, min_workers=0, max_workers=2, shutdown_grace_s=10.0
+    )
     service = ProvisionerService(settings)
     async with running(service, settings) as ctx:
         events = await nats_client.subscribe(ctx.subjects.provisioner_events)
@@ -47,7 +55,9 @@ async def test_refuses_duplicate_ids_and_replaces_a_dead_worker(infra, isolation
         service.pool.min_workers = 1
         os.kill(service.backend.workers["dup"].process.pid, signal.SIGKILL)
         gone = decode("e", (await events.next_msg(timeout=20)).data, ProvisionerEvent)
-        assert gone.worker_id == "dup" and gone.status is WorkerStatus.GONE and gone.code == "exited"
+        assert (
+            gone.worker_id == "dup" and gone.status is WorkerStatus.GONE and gone.code == "exited"
+        )
         assert gone.gpu_seconds is not None and gone.gpu_seconds > 0
         booting = decode("e", (await events.next_msg(timeout=20)).data, ProvisionerEvent)
         assert booting.status is WorkerStatus.BOOTING and booting.worker_id != "dup"
@@ -56,8 +66,9 @@ async def test_refuses_duplicate_ids_and_replaces_a_dead_worker(infra, isolation
         pids = [w.process.pid for w in service.backend.workers.values()]
         assert len(pids) == 1
     # stopped with the service: no worker process left
-    await eventually(lambda: not any(_alive(pid) for pid in pids), 30,
-                     "the worker gone with the provisioner")
+    await eventually(
+        lambda: not any(_alive(pid) for pid in pids), 30, "the worker gone with the provisioner"
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -37,10 +37,16 @@ TEMPLATE = {
     "spec": {
         "containers": [
             {"name": "sidecar", "image": "busybox"},
-            {"name": "worker", "image": "turboserve:latest", "args": ["worker"],
-             "env": [{"name": "TURBOSERVE_PRESET", "value": "wan-1.3b"},
-                     {"name": "TURBOSERVE_WORKER_ID", "value": "wrong"}],
-             "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            {
+                "name": "worker",
+                "image": "turboserve:latest",
+                "args": ["worker"],
+                "env": [
+                    {"name": "TURBOSERVE_PRESET", "value": "wan-1.3b"},
+                    {"name": "TURBOSERVE_WORKER_ID", "value": "wrong"},
+                ],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            },
         ],
         "restartPolicy": "Always",
     },
@@ -59,8 +65,12 @@ async def kube(tmp_path, monkeypatch):
 
 
 def k8s_settings(env=None, **overrides) -> ProvisionerSettings:
-    base = {"TURBOSERVE_BACKEND": "kubernetes", "TURBOSERVE_K8S_POLL_S": "0.1",
-            "TURBOSERVE_LOG_LEVEL": "warning", **(env or {})}
+    base = {
+        "TURBOSERVE_BACKEND": "kubernetes",
+        "TURBOSERVE_K8S_POLL_S": "0.1",
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **(env or {}),
+    }
     return ProvisionerSettings.from_env(base, **overrides)
 
 
@@ -101,9 +111,13 @@ async def test_launch_makes_a_pod_from_the_template(kube):
         sidecar, worker = pod["spec"]["containers"]
         assert "env" not in sidecar
         env = {e["name"]: e["value"] for e in worker["env"]}
-        assert env == {"TURBOSERVE_PRESET": "wan-1.3b", "TURBOSERVE_WORKER_ID": "Gpu_7",
-                       "TURBOSERVE_SUBJECT_PREFIX": "Pool_1", "TURBOSERVE_REDIS_NAMESPACE": "ts",
-                       "TURBOSERVE_EMULATE": "H20"}
+        assert env == {
+            "TURBOSERVE_PRESET": "wan-1.3b",
+            "TURBOSERVE_WORKER_ID": "Gpu_7",
+            "TURBOSERVE_SUBJECT_PREFIX": "Pool_1",
+            "TURBOSERVE_REDIS_NAMESPACE": "ts",
+            "TURBOSERVE_EMULATE": "H20",
+        }
         # a second launch of the same worker is the same pod (409 from the API)
         assert await backend.launch("Gpu_7") == where and len(kube.pods) == 1
     finally:
@@ -136,8 +150,9 @@ async def test_poll_reports_failed_and_vanished_pods(kube):
         kube.set_phase(NS, pod_name("ts", "a"), "Failed", reason="OOMKilled", exit_code=137)
         await eventually(lambda: exits.seen, what="the failed pod reported")
         assert exits.seen == [("a", f"pod {pod_name('ts', 'a')} Failed: OOMKilled (exit code 137)")]
-        await eventually(lambda: (NS, pod_name("ts", "a")) not in kube.pods,
-                         what="the failed pod cleaned up")
+        await eventually(
+            lambda: (NS, pod_name("ts", "a")) not in kube.pods, what="the failed pod cleaned up"
+        )
         kube.vanish(NS, pod_name("ts", "b"))
         await eventually(lambda: len(exits.seen) == 2, what="the vanished pod reported")
         assert exits.seen[1] == ("b", f"pod {pod_name('ts', 'b')} deleted")
@@ -189,17 +204,23 @@ async def test_launch_errors_name_the_pod_and_the_api_answer(kube):
 
 # -- the service with the Kubernetes backend, the real NATS and Redis -------------------------------
 
+
 async def _ready(nc, subjects, worker_id: str) -> None:
     """The heartbeat the worker in the pod would send once its model is loaded."""
-    beat = Heartbeat(worker_id=worker_id, status=WorkerStatus.READY, capacity=12, active=0,
-                     gpu_kind="H100")
+    beat = Heartbeat(
+        worker_id=worker_id, status=WorkerStatus.READY, capacity=12, active=0, gpu_kind="H100"
+    )
     await nc.publish(subjects.worker_heartbeat, encode(beat))
 
 
 async def test_service_scales_pods_by_name_and_survives_its_own_restart(
-        kube, infra, isolation, nats_client, redis_client):
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           **isolation}
+    kube, infra, isolation, nats_client, redis_client
+):
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        **isolation,
+    }
     settings = k8s_settings(env, min_workers=1, max_workers=3)
     prefix = settings.subject_prefix
     service = ProvisionerService(settings)
@@ -225,7 +246,8 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
         assert refused(held) == [("g1", "not_drained")]
         assert (NS, pod_name(prefix, "g1")) in kube.pods
         await ctx.registry.register_worker(
-            WorkerRecord(id="g1", status=WorkerStatus.READY, capacity=12), ttl_s=30)
+            WorkerRecord(id="g1", status=WorkerStatus.READY, capacity=12), ttl_s=30
+        )
         released = await request(nats_client, ctx.subjects, ProvisionerCmdKind.STOP, ["g1"])
         assert released.stopping == ["g1"]
         gone = await events.wait("g1", WorkerStatus.GONE)

@@ -31,8 +31,13 @@ START, STOP = ProvisionerCmdKind.START, ProvisionerCmdKind.STOP
 
 @pytest.fixture
 def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_GPUS": "none", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_GPUS": "none",
+        **isolation,
+    }
 
 
 async def test_rules_replies_events_meter_and_scale_events(env, nats_client, redis_client):
@@ -74,7 +79,9 @@ async def test_rules_replies_events_meter_and_scale_events(env, nats_client, red
         stopped = await request(nats_client, ctx.subjects, STOP, ["a", "b"], command_id="c3")
         assert stopped.ok and stopped.stopping == ["a", "b"]
         gone = await events.wait("a", WorkerStatus.GONE)
-        assert gone.code == "stopped" and gone.detail == "never launched" and gone.command_id == "c3"
+        assert (
+            gone.code == "stopped" and gone.detail == "never launched" and gone.command_id == "c3"
+        )
         assert gone.gpu_seconds is not None and gone.gpu_seconds > 0
         await events.wait("b", WorkerStatus.GONE)
         repeat = await request(nats_client, ctx.subjects, STOP, ["a", "b"])
@@ -91,7 +98,10 @@ async def test_rules_replies_events_meter_and_scale_events(env, nats_client, red
 
         # a malformed command is dropped; the next one is served
         await nats_client.publish(ctx.subjects.provisioner_cmd, b"\x00not a command")
-        await nats_client.publish(ctx.subjects.provisioner_cmd, b'{"type":"provisioner_cmd","kind":"start","worker_ids":["bad id"]}')
+        await nats_client.publish(
+            ctx.subjects.provisioner_cmd,
+            b'{"type":"provisioner_cmd","kind":"start","worker_ids":["bad id"]}',
+        )
         ok = await request(nats_client, ctx.subjects, START, ["d"])
         assert ok.started == ["d"]
     # the provisioner stopped: "d" never launched, and says so
@@ -100,8 +110,9 @@ async def test_rules_replies_events_meter_and_scale_events(env, nats_client, red
 
 
 async def test_boot_delay_emulation_metrics_and_release(env, nats_client, redis_client):
-    settings = ProvisionerSettings.from_env(env, min_workers=0, max_workers=2, boot_delay_s=1.0,
-                                            emulate="H20")
+    settings = ProvisionerSettings.from_env(
+        env, min_workers=0, max_workers=2, boot_delay_s=1.0, emulate="H20"
+    )
     service = ProvisionerService(settings)
     async with running(service, settings) as ctx:
         events = await EventLog.listen(nats_client, ctx.subjects)
@@ -129,10 +140,13 @@ async def test_boot_delay_emulation_metrics_and_release(env, nats_client, redis_
             text = await (await http.get("/metrics")).text()
         labels = 'emulated="true",kind="H20"'
         assert f'turboserve_provisioner_workers{{{labels},state="ready"}} 1.0' in text
-        assert f'turboserve_provisioner_boots_total{{{labels}}} 1.0' in text
-        assert f'turboserve_provisioner_boot_seconds_count{{{labels}}} 1.0' in text
+        assert f"turboserve_provisioner_boots_total{{{labels}}} 1.0" in text
+        assert f"turboserve_provisioner_boot_seconds_count{{{labels}}} 1.0" in text
         assert _metric(text, f"turboserve_provisioner_gpu_seconds_total{{{labels}}}") >= 1.0
-        assert 'turboserve_provisioner_refused_total{code="kind_unavailable",command="start"} 1.0' in text
+        assert (
+            'turboserve_provisioner_refused_total{code="kind_unavailable",command="start"} 1.0'
+            in text
+        )
         assert 'turboserve_provisioner_pool_limit{backend="local",bound="max"} 2.0' in text
 
         pid = service.backend.workers["e1"].process.pid
@@ -149,8 +163,9 @@ async def test_boot_delay_emulation_metrics_and_release(env, nats_client, redis_
 async def test_one_worker_per_gpu_pinned_by_uuid(env, nats_client, monkeypatch):
     # CUDA_VISIBLE_DEVICES naming GPUs this CPU host lacks: the workers run on the CPU, and
     # what matters here is what each was given.
-    settings = ProvisionerSettings.from_env({**env, "TURBOSERVE_GPUS": "GPU-aaaa,GPU-bbbb"},
-                                            min_workers=0, max_workers=8)
+    settings = ProvisionerSettings.from_env(
+        {**env, "TURBOSERVE_GPUS": "GPU-aaaa,GPU-bbbb"}, min_workers=0, max_workers=8
+    )
     service = ProvisionerService(settings)
     async with running(service, settings) as ctx:
         events = await EventLog.listen(nats_client, ctx.subjects)
@@ -158,8 +173,10 @@ async def test_one_worker_per_gpu_pinned_by_uuid(env, nats_client, monkeypatch):
         reply = await request(nats_client, ctx.subjects, START, ["g1", "g2", "g3"])
         assert reply.started == ["g1", "g2"] and refused(reply) == [("g3", "no_gpu")]
         await eventually(lambda: len(service.backend.workers) == 2)
-        pinned = {wid: _environ(w.process.pid).get("CUDA_VISIBLE_DEVICES")
-                  for wid, w in service.backend.workers.items()}
+        pinned = {
+            wid: _environ(w.process.pid).get("CUDA_VISIBLE_DEVICES")
+            for wid, w in service.backend.workers.items()
+        }
         assert sorted(pinned.values()) == ["GPU-aaaa", "GPU-bbbb"]
         env_g1 = _environ(service.backend.workers["g1"].process.pid)
         assert env_g1["TURBOSERVE_WORKER_ID"] == "g1"
@@ -170,7 +187,10 @@ async def test_one_worker_per_gpu_pinned_by_uuid(env, nats_client, monkeypatch):
         again = await request(nats_client, ctx.subjects, START, ["g3"])
         assert again.started == ["g3"]
         await eventually(lambda: "g3" in service.backend.workers)
-        assert _environ(service.backend.workers["g3"].process.pid)["CUDA_VISIBLE_DEVICES"] == pinned["g1"]
+        assert (
+            _environ(service.backend.workers["g3"].process.pid)["CUDA_VISIBLE_DEVICES"]
+            == pinned["g1"]
+        )
 
 
 async def test_a_worker_that_does_not_boot_in_time_is_stopped(env, nats_client):
@@ -186,7 +206,9 @@ async def test_a_worker_that_does_not_boot_in_time_is_stopped(env, nats_client):
         assert WorkerStatus.READY not in events.statuses("slow")
 
 
-async def test_min_workers_are_started_and_stop_with_the_provisioner(env, nats_client, redis_client):
+async def test_min_workers_are_started_and_stop_with_the_provisioner(
+    env, nats_client, redis_client
+):
     settings = ProvisionerSettings.from_env(env, min_workers=1, max_workers=2)
     service = ProvisionerService(settings)
     async with running(service, settings) as ctx:
@@ -201,7 +223,9 @@ async def test_min_workers_are_started_and_stop_with_the_provisioner(env, nats_c
     assert (await Meter(redis_client, settings.redis_namespace).read()).open == {}
 
 
-async def test_a_second_provisioner_closes_meters_of_workers_it_does_not_run(env, nats_client, redis_client):
+async def test_a_second_provisioner_closes_meters_of_workers_it_does_not_run(
+    env, nats_client, redis_client
+):
     settings = ProvisionerSettings.from_env(env, min_workers=0, max_workers=2)
     meter = Meter(redis_client, settings.redis_namespace)
     await meter.open("orphan", at=time.time() - 5.0)  # a worker whose provisioner was killed
@@ -217,7 +241,8 @@ async def test_refuses_an_id_a_live_worker_already_has(env, nats_client):
     async with running(service, settings) as ctx:
         events = await EventLog.listen(nats_client, ctx.subjects)
         await ctx.registry.register_worker(
-            WorkerRecord(id="taken", status=WorkerStatus.READY, capacity=8), ttl_s=30)
+            WorkerRecord(id="taken", status=WorkerStatus.READY, capacity=8), ttl_s=30
+        )
         reply = await request(nats_client, ctx.subjects, START, ["taken"])
         assert refused(reply) == [("taken", "id_in_use")]
         await asyncio.sleep(0.3)
@@ -247,8 +272,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(env, tmp_path,
-                                                                               redis_client):
+async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(
+    env, tmp_path, redis_client
+):
     """As ``turboserve up --logs file`` runs it: the provisioner's output, piped, is JSON from
     its first line (the GPUs it looks for included); each worker it starts writes its own
     ``worker-<id>.log``."""
@@ -259,17 +285,29 @@ async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(en
 
     from shared.registry import Registry
 
-    penv = {**os.environ, **env, "TURBOSERVE_LOG_LEVEL": "info", "TURBOSERVE_GPUS": "auto",
-            "TURBOSERVE_MIN_WORKERS": "1", "TURBOSERVE_MAX_WORKERS": "1",
-            "TURBOSERVE_WORKER_LOG_DIR": str(tmp_path / "logs"), "TURBOSERVE_LOG_FORMAT": "auto"}
+    penv = {
+        **os.environ,
+        **env,
+        "TURBOSERVE_LOG_LEVEL": "info",
+        "TURBOSERVE_GPUS": "auto",
+        "TURBOSERVE_MIN_WORKERS": "1",
+        "TURBOSERVE_MAX_WORKERS": "1",
+        "TURBOSERVE_WORKER_LOG_DIR": str(tmp_path / "logs"),
+        "TURBOSERVE_LOG_FORMAT": "auto",
+    }
     penv.pop("TURBOSERVE_EMULATE", None)
     out_path = tmp_path / "provisioner.log"
     with open(out_path, "wb") as out:  # noqa: ASYNC230 - a local file, opened once
         proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-            [sys.executable, "-m", "tools.cli", "provisioner"], env=penv,
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [sys.executable, "-m", "tools.cli", "provisioner"],
+            env=penv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     registry = Registry(redis_client, env["TURBOSERVE_REDIS_NAMESPACE"])
     try:
+
         async def a_worker_ready() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"the provisioner exited: {out_path.read_text()}")
@@ -282,7 +320,8 @@ async def test_each_worker_logs_to_its_own_file_and_the_provisioner_only_json(en
         proc.wait(timeout=60)
     lines = out_path.read_text().splitlines()
     assert lines and all(line.startswith("{") for line in lines), [
-        line for line in lines if not line.startswith("{")]
+        line for line in lines if not line.startswith("{")
+    ]
     events = [json.loads(line)["event"] for line in lines]
     assert "no_gpu" in events or "gpus_found" in events or "local_backend" in events
     assert "worker_starting" not in events  # the worker's lines are in its own file

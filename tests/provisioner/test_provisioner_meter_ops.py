@@ -58,8 +58,13 @@ async def test_an_empty_meter_reads_zero(meter):
 
 @pytest.fixture
 async def ctx(infra, isolation):
-    settings = CommonSettings.from_env({"TURBOSERVE_NATS_URL": infra.nats_url,
-                                        "TURBOSERVE_REDIS_URL": infra.redis_url, **isolation})
+    settings = CommonSettings.from_env(
+        {
+            "TURBOSERVE_NATS_URL": infra.nats_url,
+            "TURBOSERVE_REDIS_URL": infra.redis_url,
+            **isolation,
+        }
+    )
     context = await open_context(settings, "ops-test")
     yield context
     await close_context(context)
@@ -74,8 +79,12 @@ async def test_healthz_and_metrics_on_a_free_loopback_port(ctx):
         async with aiohttp.ClientSession(ops.url) as http:
             resp = await http.get("/healthz")
             assert resp.status == 200
-            assert await resp.json() == {"status": "ok", "service": "test", "workers": 2,
-                                         "checks": {"nats": "ok", "redis": "ok"}}
+            assert await resp.json() == {
+                "status": "ok",
+                "service": "test",
+                "workers": 2,
+                "checks": {"nats": "ok", "redis": "ok"},
+            }
             resp = await http.get("/metrics")
             text = await resp.text()
             assert resp.status == 200 and resp.content_type == "text/plain"
@@ -89,8 +98,14 @@ async def test_healthz_and_metrics_on_a_free_loopback_port(ctx):
 
 async def test_a_failing_check_makes_healthz_503(ctx, infra):
     dead_redis = aioredis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.5)
-    broken = ServiceContext(settings=ctx.settings, nc=ctx.nc, js=ctx.js, redis=dead_redis,
-                            registry=Registry(dead_redis), subjects=ctx.subjects)
+    broken = ServiceContext(
+        settings=ctx.settings,
+        nc=ctx.nc,
+        js=ctx.js,
+        redis=dead_redis,
+        registry=Registry(dead_redis),
+        subjects=ctx.subjects,
+    )
 
     async def flaky() -> bool:
         return False
@@ -113,13 +128,19 @@ async def test_port_settings(ctx):
     assert await start_ops(_with(ctx, off), metrics_registry(), service="test") is None
 
     port = free_port()
-    fixed = await start_ops(_with(ctx, ctx.settings.replace(metrics_port=port)), metrics_registry(),
-                            service="test")
+    fixed = await start_ops(
+        _with(ctx, ctx.settings.replace(metrics_port=port)), metrics_registry(), service="test"
+    )
     try:
-        assert fixed.host == "0.0.0.0" and fixed.port == port  # a deployment's scrapers come from outside
+        assert (
+            fixed.host == "0.0.0.0" and fixed.port == port
+        )  # a deployment's scrapers come from outside
         with pytest.raises(OSError):  # a named port that is taken is an error, not another port
-            await start_ops(_with(ctx, ctx.settings.replace(metrics_port=port)), metrics_registry(),
-                            service="test")
+            await start_ops(
+                _with(ctx, ctx.settings.replace(metrics_port=port)),
+                metrics_registry(),
+                service="test",
+            )
     finally:
         await fixed.close()
     with pytest.raises(ValueError, match="-1"):
@@ -127,5 +148,11 @@ async def test_port_settings(ctx):
 
 
 def _with(ctx: ServiceContext, settings: CommonSettings) -> ServiceContext:
-    return ServiceContext(settings=settings, nc=ctx.nc, js=ctx.js, redis=ctx.redis,
-                          registry=ctx.registry, subjects=ctx.subjects)
+    return ServiceContext(
+        settings=settings,
+        nc=ctx.nc,
+        js=ctx.js,
+        redis=ctx.redis,
+        registry=ctx.registry,
+        subjects=ctx.subjects,
+    )

@@ -47,10 +47,15 @@ async def test_subscriptions_are_live_when_it_returns(infra):
 
 
 async def test_a_command_right_after_start_is_served(infra, isolation, nats_client):
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           "TURBOSERVE_GPUS": "none", **isolation}
-    settings = ProvisionerSettings.from_env(env, min_workers=0, max_workers=1, boot_delay_s=60,
-                                            metrics_port=-1)
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_GPUS": "none",
+        **isolation,
+    }
+    settings = ProvisionerSettings.from_env(
+        env, min_workers=0, max_workers=1, boot_delay_s=60, metrics_port=-1
+    )
     for round_ in range(20):
         async with running(ProvisionerService(settings), settings) as ctx:
             events = await EventLog.listen(nats_client, ctx.subjects)

@@ -17,18 +17,26 @@ from shared.settings import GatewaySettings, ProvisionerSettings, SchedulerSetti
 from shared.wire import Subjects
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS = {"gateway": GatewaySettings, "scheduler": SchedulerSettings, "worker": WorkerSettings,
-            "provisioner": ProvisionerSettings}
+SETTINGS = {
+    "gateway": GatewaySettings,
+    "scheduler": SchedulerSettings,
+    "worker": WorkerSettings,
+    "provisioner": ProvisionerSettings,
+}
 
 
 # What an operator sets before `docker compose up` (docs/security.md).
-PASSWORDS = {f"{server}_{role.upper()}_PASSWORD": f"{server.lower()}-{role}-pw"
-             for server in ("NATS", "REDIS") for role in ROLES}
+PASSWORDS = {
+    f"{server}_{role.upper()}_PASSWORD": f"{server.lower()}-{role}-pw"
+    for server in ("NATS", "REDIS")
+    for role in ROLES
+}
 _VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
     """Compose's interpolation of one value; a missing required variable raises KeyError."""
+
     def value(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
             return "$"
@@ -40,6 +48,7 @@ def interpolate(text: str, env: dict[str, str]) -> str:
         if op in (":?", "?"):
             raise KeyError(f"required variable {name} is missing a value")
         return ""
+
     return _VARIABLE.sub(value, text)
 
 
@@ -63,10 +72,15 @@ def test_infrastructure(compose):
 def test_service_image_command_and_dependencies(compose, name):
     svc = compose["services"][name]
     assert svc["image"] == "turboserve:latest"
-    assert svc["build"]["dockerfile"] == "Dockerfile" and (ROOT / svc["build"]["context"] / "Dockerfile").exists()
+    assert (
+        svc["build"]["dockerfile"] == "Dockerfile"
+        and (ROOT / svc["build"]["context"] / "Dockerfile").exists()
+    )
     assert svc["command"] == [name]
-    assert svc["depends_on"] == {"nats": {"condition": "service_healthy"},
-                                 "redis": {"condition": "service_healthy"}}
+    assert svc["depends_on"] == {
+        "nats": {"condition": "service_healthy"},
+        "redis": {"condition": "service_healthy"},
+    }
     assert "container_name" not in svc, "a fixed container name prevents --scale"
 
 
@@ -81,7 +95,8 @@ def test_environment_names_real_settings(compose, name):
     upper = name.upper()
     assert env["TURBOSERVE_NATS_URL"] == f"nats://{name}:${{NATS_{upper}_PASSWORD:?}}@nats:4222"
     assert env["TURBOSERVE_REDIS_URL"] == (
-        f"redis://{name}:${{REDIS_{upper}_PASSWORD:?}}@redis:6379/0")
+        f"redis://{name}:${{REDIS_{upper}_PASSWORD:?}}@redis:6379/0"
+    )
     with pytest.raises(KeyError, match=f"NATS_{upper}_PASSWORD"):
         interpolate(env["TURBOSERVE_NATS_URL"], {})
     # the values as the container sees them must pass the service's own validation
@@ -94,7 +109,8 @@ def test_provisioner_starts_workers_with_the_workers_credentials(compose):
     env = compose["services"]["provisioner"]["environment"]
     assert env["TURBOSERVE_WORKER_NATS_URL"] == "nats://worker:${NATS_WORKER_PASSWORD:?}@nats:4222"
     assert env["TURBOSERVE_WORKER_REDIS_URL"] == (
-        "redis://worker:${REDIS_WORKER_PASSWORD:?}@redis:6379/0")
+        "redis://worker:${REDIS_WORKER_PASSWORD:?}@redis:6379/0"
+    )
 
 
 def compose_auth(compose: dict) -> tuple[str, str]:

@@ -23,9 +23,24 @@ SERVICES = ("gateway", "gpu_worker", "provisioner", "scheduler")
 # The policy core and the simulator stay pure: no torch, no messaging, no storage, no HTTP and
 # none of the heavy libraries only the worker, the gateway or the evaluation's plots use.
 PURE = ("services.scheduler.core", "services.scheduler.sim")
-NOT_IN_PURE = ("torch", "nats", "redis", "aiohttp", "aiortc", "av", "msgspec", "structlog",
-               "transformers", "diffusers", "safetensors", "matplotlib", "scipy", "pandas",
-               "kubernetes", "PIL")
+NOT_IN_PURE = (
+    "torch",
+    "nats",
+    "redis",
+    "aiohttp",
+    "aiortc",
+    "av",
+    "msgspec",
+    "structlog",
+    "transformers",
+    "diffusers",
+    "safetensors",
+    "matplotlib",
+    "scipy",
+    "pandas",
+    "kubernetes",
+    "PIL",
+)
 
 # (importing file, imported module) -> why it is allowed for now. Each entry names the owner's
 # move that removes it.
@@ -64,9 +79,13 @@ def imports_in(path: str, source: str) -> Iterator[Import]:
     importer = module_name(path)
     package = importer if path.endswith("__init__.py") else importer.rpartition(".")[0]
     tree = ast.parse(source, path)
-    deferred = {id(inner) for node in ast.walk(tree)
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-                for inner in ast.walk(node) if inner is not node}
+    deferred = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for inner in ast.walk(node)
+        if inner is not node
+    }
     for node in ast.walk(tree):
         later = id(node) in deferred
         if isinstance(node, ast.Import):
@@ -85,9 +104,14 @@ def imports_in(path: str, source: str) -> Iterator[Import]:
                     yield Import(path, node.lineno, importer, f"{module}.{name}", deferred=later)
             else:
                 yield Import(path, node.lineno, importer, module, names, later)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr == "import_module" and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             yield Import(path, node.lineno, importer, node.args[0].value, deferred=later)
 
 
@@ -106,8 +130,12 @@ def private_attributes(path: str, source: str) -> Iterator[Import]:
                 ours[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     importer = module_name(path)
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in ours and _private(node.attr)):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ours
+            and _private(node.attr)
+        ):
             yield Import(path, node.lineno, importer, ours[node.value.id], (node.attr,))
 
 
@@ -141,9 +169,14 @@ def breaches(imp: Import) -> list[Breach]:
         found.append("services and shared never import tools")
     if _within(imp.importer, "shared") and top == "services":
         found.append("shared imports no service")
-    if (_within(imp.importer, "tools") and top in ("services", "shared")
-            and (any(_private(part) for part in imp.module.split("."))
-                 or any(_private(name) for name in imp.names))):
+    if (
+        _within(imp.importer, "tools")
+        and top in ("services", "shared")
+        and (
+            any(_private(part) for part in imp.module.split("."))
+            or any(_private(name) for name in imp.names)
+        )
+    ):
         found.append("tools use only public names of services and shared")
     if any(_within(imp.importer, p) for p in PURE) and top in NOT_IN_PURE:
         found.append("the policy core and the simulator stay pure")
@@ -179,10 +212,17 @@ def pure_closure(imports: list[Import]) -> list[Breach]:
                     if target in by_importer and target not in seen:
                         seen.add(target)
                         todo.append(target)
-                if (imp.importer != start and imp.module.partition(".")[0] in NOT_IN_PURE
-                        and not any(_within(imp.importer, p) for p in PURE)):
-                    found.append(Breach(f"the policy core and the simulator stay pure "
-                                        f"(reached from {start})", imp))
+                if (
+                    imp.importer != start
+                    and imp.module.partition(".")[0] in NOT_IN_PURE
+                    and not any(_within(imp.importer, p) for p in PURE)
+                ):
+                    found.append(
+                        Breach(
+                            f"the policy core and the simulator stay pure (reached from {start})",
+                            imp,
+                        )
+                    )
     return found
 
 
@@ -193,17 +233,17 @@ def test_the_tree_keeps_the_import_rules() -> None:
     imports = tree_imports()
     assert len(imports) > 500, "the walk found too few imports: is ROOT right?"
     broken = [b for imp in imports for b in breaches(imp)] + pure_closure(imports)
-    unexplained = sorted({str(b) for b in broken
-                          if (b.imp.path, b.imp.module) not in ALLOWED})
+    unexplained = sorted({str(b) for b in broken if (b.imp.path, b.imp.module) not in ALLOWED})
     assert not unexplained, "imports that break docs/architecture.md's rules:\n" + "\n".join(
-        unexplained)
+        unexplained
+    )
 
 
 def test_every_allowed_breach_is_still_there() -> None:
     imports = tree_imports()
-    broken = {(b.imp.path, b.imp.module)
-              for imp in imports for b in breaches(imp)} | {
-        (b.imp.path, b.imp.module) for b in pure_closure(imports)}
+    broken = {(b.imp.path, b.imp.module) for imp in imports for b in breaches(imp)} | {
+        (b.imp.path, b.imp.module) for b in pure_closure(imports)
+    }
     stale = sorted(set(ALLOWED) - broken)
     assert not stale, f"ALLOWED entries nothing needs any more (remove them): {stale}"
 
@@ -218,81 +258,147 @@ def _check(path: str, source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("path", "source", "rule"), [
-    ("services/gpu_worker/service.py", "from services.scheduler.core.types import Gpu\n",
-     "the worker imports no other service"),
-    ("services/gpu_worker/engine/engine.py", "from ...gateway import sse\n",
-     "the worker imports no other service"),
-    ("services/gpu_worker/pacing.py", "import services.provisioner.pool\n",
-     "the worker imports no other service"),
-    ("services/gateway/app.py", "def f():\n    from services.gpu_worker import fmp4\n",
-     "a service imports only its own package and shared"),
-    ("services/scheduler/service.py",
-     "import importlib\nimportlib.import_module('services.provisioner.pool')\n",
-     "a service imports only its own package and shared"),
-    ("services/provisioner/pool.py", "from services.gateway.store import Store\n",
-     "a service imports only its own package and shared"),
-    ("services/scheduler/eval/results.py", "from tools.bench.scheduler import bench_one\n",
-     "services and shared never import tools"),
-    ("shared/wire.py", "import tools.cli\n", "services and shared never import tools"),
-    ("shared/registry.py", "from services.scheduler import live\n", "shared imports no service"),
-    ("shared/__init__.py", "import services\n", "shared imports no service"),
-    ("tools/ctl.py", "from services.gateway.service import _private_helper\n",
-     "tools use only public names of services and shared"),
-    ("tools/bench/worker.py", "from services.gpu_worker import _internal\n",
-     "tools use only public names of services and shared"),
-    ("tools/bench/worker.py", "import services.gpu_worker._internal.x\n",
-     "tools use only public names of services and shared"),
-    ("tools/replay.py", "from shared import wire\nwire._decode(b'')\n",
-     "tools use only public names of services and shared"),
-    ("services/scheduler/core/loop.py", "import torch\n",
-     "the policy core and the simulator stay pure"),
-    ("services/scheduler/sim/simulator.py", "def f():\n    import nats.js\n",
-     "the policy core and the simulator stay pure"),
-    ("services/scheduler/sim/synth.py", "from redis.asyncio import Redis\n",
-     "the policy core and the simulator stay pure"),
-    ("services/scheduler/core/__init__.py", "from aiohttp import web\n",
-     "the policy core and the simulator stay pure"),
-])
+@pytest.mark.parametrize(
+    ("path", "source", "rule"),
+    [
+        (
+            "services/gpu_worker/service.py",
+            "from services.scheduler.core.types import Gpu\n",
+            "the worker imports no other service",
+        ),
+        (
+            "services/gpu_worker/engine/engine.py",
+            "from ...gateway import sse\n",
+            "the worker imports no other service",
+        ),
+        (
+            "services/gpu_worker/pacing.py",
+            "import services.provisioner.pool\n",
+            "the worker imports no other service",
+        ),
+        (
+            "services/gateway/app.py",
+            "def f():\n    from services.gpu_worker import fmp4\n",
+            "a service imports only its own package and shared",
+        ),
+        (
+            "services/scheduler/service.py",
+            "import importlib\nimportlib.import_module('services.provisioner.pool')\n",
+            "a service imports only its own package and shared",
+        ),
+        (
+            "services/provisioner/pool.py",
+            "from services.gateway.store import Store\n",
+            "a service imports only its own package and shared",
+        ),
+        (
+            "services/scheduler/eval/results.py",
+            "from tools.bench.scheduler import bench_one\n",
+            "services and shared never import tools",
+        ),
+        ("shared/wire.py", "import tools.cli\n", "services and shared never import tools"),
+        (
+            "shared/registry.py",
+            "from services.scheduler import live\n",
+            "shared imports no service",
+        ),
+        ("shared/__init__.py", "import services\n", "shared imports no service"),
+        (
+            "tools/ctl.py",
+            "from services.gateway.service import _private_helper\n",
+            "tools use only public names of services and shared",
+        ),
+        (
+            "tools/bench/worker.py",
+            "from services.gpu_worker import _internal\n",
+            "tools use only public names of services and shared",
+        ),
+        (
+            "tools/bench/worker.py",
+            "import services.gpu_worker._internal.x\n",
+            "tools use only public names of services and shared",
+        ),
+        (
+            "tools/replay.py",
+            "from shared import wire\nwire._decode(b'')\n",
+            "tools use only public names of services and shared",
+        ),
+        (
+            "services/scheduler/core/loop.py",
+            "import torch\n",
+            "the policy core and the simulator stay pure",
+        ),
+        (
+            "services/scheduler/sim/simulator.py",
+            "def f():\n    import nats.js\n",
+            "the policy core and the simulator stay pure",
+        ),
+        (
+            "services/scheduler/sim/synth.py",
+            "from redis.asyncio import Redis\n",
+            "the policy core and the simulator stay pure",
+        ),
+        (
+            "services/scheduler/core/__init__.py",
+            "from aiohttp import web\n",
+            "the policy core and the simulator stay pure",
+        ),
+    ],
+)
 def test_the_checker_flags_a_made_up_breach(path: str, source: str, rule: str) -> None:
     assert rule in _check(path, source)
 
 
-@pytest.mark.parametrize(("path", "source"), [
-    ("services/gpu_worker/service.py", "from shared.wire import Assign\nfrom . import inbox\n"),
-    ("services/gpu_worker/engine/engine.py", "from ..model.config import ModelConfig\n"),
-    ("services/scheduler/eval/plots.py", "import matplotlib.pyplot\n"),
-    ("services/scheduler/core/loop.py", "from shared.profile import LatencyProfile\n"),
-    ("tools/ctl.py", "from services.gateway.service import GatewayService\n"
-                     "from shared import wire\nwire.__name__\n"),
-    ("tools/bench/worker.py", "import torch\ntorch._C\n"),
-])
+@pytest.mark.parametrize(
+    ("path", "source"),
+    [
+        ("services/gpu_worker/service.py", "from shared.wire import Assign\nfrom . import inbox\n"),
+        ("services/gpu_worker/engine/engine.py", "from ..model.config import ModelConfig\n"),
+        ("services/scheduler/eval/plots.py", "import matplotlib.pyplot\n"),
+        ("services/scheduler/core/loop.py", "from shared.profile import LatencyProfile\n"),
+        (
+            "tools/ctl.py",
+            "from services.gateway.service import GatewayService\n"
+            "from shared import wire\nwire.__name__\n",
+        ),
+        ("tools/bench/worker.py", "import torch\ntorch._C\n"),
+    ],
+)
 def test_the_checker_passes_what_the_rules_allow(path: str, source: str) -> None:
     assert _check(path, source) == []
 
 
 def test_a_pure_module_reaching_torch_through_another_is_flagged() -> None:
-    imports = (list(imports_in("services/scheduler/core/loop.py",
-                               "from shared.helper import f\n"))
-               + list(imports_in("shared/helper.py", "import torch\n")))
+    imports = list(
+        imports_in("services/scheduler/core/loop.py", "from shared.helper import f\n")
+    ) + list(imports_in("shared/helper.py", "import torch\n"))
     found = pure_closure(imports)
     assert [str(b) for b in found] == [
         "shared/helper.py:1: the policy core and the simulator stay pure "
-        "(reached from services.scheduler.core.loop): imports torch"]
+        "(reached from services.scheduler.core.loop): imports torch"
+    ]
 
 
 def test_relative_imports_are_made_absolute() -> None:
-    found = list(imports_in("services/gpu_worker/engine/engine.py",
-                            "from .. import telemetry\nfrom ..model.dit import ChunkCaches\n"
-                            "from .slots import SlotPool\n"))
+    found = list(
+        imports_in(
+            "services/gpu_worker/engine/engine.py",
+            "from .. import telemetry\nfrom ..model.dit import ChunkCaches\n"
+            "from .slots import SlotPool\n",
+        )
+    )
     assert [(i.module, i.names) for i in found] == [
         ("services.gpu_worker.telemetry", ()),
         ("services.gpu_worker.model.dit", ("ChunkCaches",)),
-        ("services.gpu_worker.engine.slots", ("SlotPool",))]
+        ("services.gpu_worker.engine.slots", ("SlotPool",)),
+    ]
 
 
 def test_an_import_inside_a_function_is_not_followed_from_a_pure_module() -> None:
-    imports = (list(imports_in("services/scheduler/sim/cli.py",
-                               "def evaluate():\n    from services.scheduler.eval import plots\n"))
-               + list(imports_in("services/scheduler/eval/plots.py", "import matplotlib\n")))
+    imports = list(
+        imports_in(
+            "services/scheduler/sim/cli.py",
+            "def evaluate():\n    from services.scheduler.eval import plots\n",
+        )
+    ) + list(imports_in("services/scheduler/eval/plots.py", "import matplotlib\n"))
     assert pure_closure(imports) == []

@@ -22,8 +22,12 @@ from shared.settings import (
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.37.0"
-SETTINGS = {"gateway": GatewaySettings, "scheduler": SchedulerSettings,
-            "provisioner": ProvisionerSettings, "worker": WorkerSettings}
+SETTINGS = {
+    "gateway": GatewaySettings,
+    "scheduler": SchedulerSettings,
+    "provisioner": ProvisionerSettings,
+    "worker": WorkerSettings,
+}
 
 
 def _documents() -> list[tuple[str, dict]]:
@@ -43,16 +47,23 @@ def _one(kind: str, name: str) -> dict:
     return doc
 
 
-@pytest.mark.parametrize(("file", "doc"), DOCS, ids=[f"{f}:{d['kind']}/{d['metadata']['name']}"
-                                                      for f, d in DOCS])
+@pytest.mark.parametrize(
+    ("file", "doc"), DOCS, ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in DOCS]
+)
 def test_every_object_is_valid_against_the_schema(file, doc):
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-    assert doc["metadata"].get("namespace", "turboserve") == "turboserve" or doc["kind"] == "Namespace"
+    assert (
+        doc["metadata"].get("namespace", "turboserve") == "turboserve" or doc["kind"] == "Namespace"
+    )
 
 
 def test_invalid_objects_are_caught():
-    bad = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"},
-           "template": {"spec": {"containers": [{"name": "worker", "imag": "typo"}]}}}
+    bad = {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {"name": "x"},
+        "template": {"spec": {"containers": [{"name": "worker", "imag": "typo"}]}},
+    }
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
 
@@ -87,7 +98,9 @@ def test_environment_names_real_settings_with_valid_values(service):
         assert spec["containers"][0]["args"] == [service]
     fields = {f.name for f in dataclasses.fields(SETTINGS[service])}
     for var in env:
-        assert var.startswith("TURBOSERVE_") and var.removeprefix("TURBOSERVE_").lower() in fields, var
+        assert (
+            var.startswith("TURBOSERVE_") and var.removeprefix("TURBOSERVE_").lower() in fields
+        ), var
     try:
         SETTINGS[service].from_env(env)
     except SettingsError as exc:  # pragma: no cover - the message is the point
@@ -96,7 +109,9 @@ def test_environment_names_real_settings_with_valid_values(service):
 
 def test_probes_use_the_ops_port_the_config_sets():
     port = int(_one("ConfigMap", "turboserve-config")["data"]["TURBOSERVE_METRICS_PORT"])
-    specs = [_one("Deployment", n)["spec"]["template"]["spec"] for n in ("scheduler", "provisioner")]
+    specs = [
+        _one("Deployment", n)["spec"]["template"]["spec"] for n in ("scheduler", "provisioner")
+    ]
     specs.append(_one("PodTemplate", "turboserve-worker")["template"]["spec"])
     for spec in specs:
         [container] = spec["containers"]
@@ -107,15 +122,21 @@ def test_probes_use_the_ops_port_the_config_sets():
 
 def test_provisioner_rbac_grants_exactly_what_the_backend_calls():
     role = _one("Role", "turboserve-provisioner")
-    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"]
-               for verb in rule["verbs"]}
+    granted = {
+        (res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]
+    }
     assert all(rule["apiGroups"] == [""] for rule in role["rules"])
     assert granted == {(res, verb) for res, verbs in API_USE.items() for verb in verbs}
     binding = _one("RoleBinding", "turboserve-provisioner")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     deployment = _one("Deployment", "provisioner")
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == binding["subjects"][0]["name"]
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert (
+        deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        == binding["subjects"][0]["name"]
+    )
+    assert (
+        deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    )
 
 
 def test_worker_pod_template_is_what_the_provisioner_expects():

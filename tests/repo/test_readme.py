@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 SETTINGS_DOC = (ROOT / "docs" / "settings.md").read_text()
 SETUP = (ROOT / "scripts" / "setup.sh").read_text()
-DOCS = {path.relative_to(ROOT).as_posix(): path.read_text()
-        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+DOCS = {
+    path.relative_to(ROOT).as_posix(): path.read_text()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+}
 
 
 def setting_names() -> set[str]:
@@ -34,16 +36,20 @@ def setup_names() -> set[str]:
 
 
 def test_every_setting_is_in_the_settings_doc() -> None:
-    missing = sorted(name for name in setting_names() | setup_names()
-                     if f"`{name}`" not in SETTINGS_DOC)
+    missing = sorted(
+        name for name in setting_names() | setup_names() if f"`{name}`" not in SETTINGS_DOC
+    )
     assert not missing, f"settings docs/settings.md does not document: {missing}"
 
 
 def test_every_documented_setting_exists() -> None:
     known = setting_names() | setup_names()
-    unknown = sorted(f"{path}: {name}" for path, text in DOCS.items()
-                     for name in set(re.findall(r"TURBOSERVE_[A-Z0-9_]+", text))
-                     if name not in known)
+    unknown = sorted(
+        f"{path}: {name}"
+        for path, text in DOCS.items()
+        for name in set(re.findall(r"TURBOSERVE_[A-Z0-9_]+", text))
+        if name not in known
+    )
     assert not unknown, f"the docs name settings that do not exist: {unknown}"
 
 
@@ -88,24 +94,34 @@ def test_the_readmes_links_into_the_docs_land_on_a_heading() -> None:
 
 def test_slug_is_githubs() -> None:
     assert slug("GPU cost to serve 99% of chunk periods on time, per trace") == (
-        "gpu-cost-to-serve-99-of-chunk-periods-on-time-per-trace")
+        "gpu-cost-to-serve-99-of-chunk-periods-on-time-per-trace"
+    )
     assert slug("WebRTC in bench stream") == "webrtc-in-bench-stream"
     assert slug("The stand-in model's frames") == "the-stand-in-models-frames"
 
 
 def test_the_readmes_map_lists_every_package() -> None:
-    packages = sorted({init.parent.relative_to(ROOT).as_posix() + "/"
-                       for top in ("shared", "services", "tools")
-                       for init in (ROOT / top).rglob("__init__.py")} - {"services/"})
+    packages = sorted(
+        {
+            init.parent.relative_to(ROOT).as_posix() + "/"
+            for top in ("shared", "services", "tools")
+            for init in (ROOT / top).rglob("__init__.py")
+        }
+        - {"services/"}
+    )
     missing = [p for p in packages if f"`{p}`" not in README]
     assert not missing, f"packages the README's map leaves out: {missing}"
 
 
 def test_every_path_the_docs_name_exists() -> None:
-    missing = sorted(f"{path}: {named}" for path, text in DOCS.items()
-                     for named in set(re.findall(
-                         r"`((?:shared|services|tools|tests|docs|scripts|deploy)/[\w./-]*)`", text))
-                     if not (ROOT / named).exists())
+    missing = sorted(
+        f"{path}: {named}"
+        for path, text in DOCS.items()
+        for named in set(
+            re.findall(r"`((?:shared|services|tools|tests|docs|scripts|deploy)/[\w./-]*)`", text)
+        )
+        if not (ROOT / named).exists()
+    )
     assert not missing, f"the docs name paths that do not exist: {missing}"
 
 
@@ -113,5 +129,7 @@ def test_the_maps_shared_row_names_every_shared_module() -> None:
     row = next(line for line in README.splitlines() if line.startswith("| `shared/` |"))
     named = set(re.findall(r"`(\w+\.py)`", row))
     modules = {p.name for p in (ROOT / "shared").glob("*.py")} - {"__init__.py"}
-    assert named == modules, (f"shared/ modules the map leaves out: {sorted(modules - named)}; "
-                              f"named but gone: {sorted(named - modules)}")
+    assert named == modules, (
+        f"shared/ modules the map leaves out: {sorted(modules - named)}; "
+        f"named but gone: {sorted(named - modules)}"
+    )

@@ -53,19 +53,30 @@ def faults_in(source: str, where: str) -> list[str]:
         key: ast.expr | None = None
         if isinstance(node, ast.Call) and node.args:
             func = node.func
-            if _is_getenv(func) or (isinstance(func, ast.Attribute) and func.attr == "get"
-                                    and _is_environ(func.value)):
+            if _is_getenv(func) or (
+                isinstance(func, ast.Attribute) and func.attr == "get" and _is_environ(func.value)
+            ):
                 key = node.args[0]
-        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
-              and _is_environ(node.value)):
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Load)
+            and _is_environ(node.value)
+        ):
             key = node.slice
         if key is not None and _names_a_setting(key):
-            faults.append(f"{where}:{key.lineno}: reads {ast.unparse(key)} from the environment "
-                          "(use shared.settings)")
-        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and DEFAULT_URL.search(node.value)):
-            faults.append(f"{where}:{node.lineno}: the default URL {node.value!r} (use "
-                          "shared.settings' DEFAULT_NATS_URL / DEFAULT_REDIS_URL)")
+            faults.append(
+                f"{where}:{key.lineno}: reads {ast.unparse(key)} from the environment "
+                "(use shared.settings)"
+            )
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and DEFAULT_URL.search(node.value)
+        ):
+            faults.append(
+                f"{where}:{node.lineno}: the default URL {node.value!r} (use "
+                "shared.settings' DEFAULT_NATS_URL / DEFAULT_REDIS_URL)"
+            )
     return faults
 
 
@@ -79,25 +90,31 @@ def test_settings_are_read_only_through_shared_settings() -> None:
     assert faults == []
 
 
-@pytest.mark.parametrize("snippet", [
-    'import os\nport = os.environ.get("TURBOSERVE_PORT", "8080")',
-    'import os\nos.getenv("TURBOSERVE_NATS_URL")',
-    'import os\nurl = os.environ["TURBOSERVE_REDIS_URL"]',
-    'from os import environ\nlevel = environ.get("TURBOSERVE_LOG_LEVEL")',
-    'import os\nvalue = os.environ.get(f"TURBOSERVE_{name.upper()}")',
-    'NATS = "nats://127.0.0.1:' + '4222"',  # split: this file must pass the check itself
-    'def connect(url: str = "redis://localhost:' + '6379/0") -> None: ...',
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        'import os\nport = os.environ.get("TURBOSERVE_PORT", "8080")',
+        'import os\nos.getenv("TURBOSERVE_NATS_URL")',
+        'import os\nurl = os.environ["TURBOSERVE_REDIS_URL"]',
+        'from os import environ\nlevel = environ.get("TURBOSERVE_LOG_LEVEL")',
+        'import os\nvalue = os.environ.get(f"TURBOSERVE_{name.upper()}")',
+        'NATS = "nats://127.0.0.1:' + '4222"',  # split: this file must pass the check itself
+        'def connect(url: str = "redis://localhost:' + '6379/0") -> None: ...',
+    ],
+)
 def test_the_check_finds_a_read_or_a_default_url(snippet: str) -> None:
     assert len(faults_in(snippet, "made_up.py")) == 1
 
 
-@pytest.mark.parametrize("snippet", [
-    'import os\nenv = {**os.environ, "TURBOSERVE_PORT": "8081"}',
-    'import os\nos.environ["TURBOSERVE_LOG_LEVEL"] = "debug"',
-    'import os\nconfig = os.environ.get("KUBECONFIG")',
-    'url = f"nats://127.0.0.1:{port}"',
-    'env = {k: v for k, v in os.environ.items() if not k.startswith("TURBOSERVE_")}',
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        'import os\nenv = {**os.environ, "TURBOSERVE_PORT": "8081"}',
+        'import os\nos.environ["TURBOSERVE_LOG_LEVEL"] = "debug"',
+        'import os\nconfig = os.environ.get("KUBECONFIG")',
+        'url = f"nats://127.0.0.1:{port}"',
+        'env = {k: v for k, v in os.environ.items() if not k.startswith("TURBOSERVE_")}',
+    ],
+)
 def test_the_check_passes_a_write_or_another_variable(snippet: str) -> None:
     assert faults_in(snippet, "made_up.py") == []

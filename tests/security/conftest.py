@@ -14,8 +14,12 @@ PREFIX = "sec"
 
 @pytest.fixture(scope="session")
 def secure_infra() -> Iterator[Mesh]:
-    mesh = Mesh(embedded="always", secure=True, quiet=True,
-                env={"TURBOSERVE_SUBJECT_PREFIX": PREFIX, "TURBOSERVE_REDIS_NAMESPACE": PREFIX})
+    mesh = Mesh(
+        embedded="always",
+        secure=True,
+        quiet=True,
+        env={"TURBOSERVE_SUBJECT_PREFIX": PREFIX, "TURBOSERVE_REDIS_NAMESPACE": PREFIX},
+    )
     mesh.start_infra()
     yield mesh
     mesh.stop()

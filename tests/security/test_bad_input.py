@@ -75,8 +75,15 @@ WORKER = "wbad"
 VOLATILE_KEYS = ("scheduler", "scheduler:leader", "gw:replicas")
 VOLATILE_PREFIXES = ("gw:latency:", "gw:rate:")
 # A worker's record is rewritten by each heartbeat; these fields say what it holds and is.
-WORKER_FIELDS = (b"status", b"capacity", b"device", b"gpu_kind", b"sessions", b"suspended",
-                 b"handoff_addr")
+WORKER_FIELDS = (
+    b"status",
+    b"capacity",
+    b"device",
+    b"gpu_kind",
+    b"sessions",
+    b"suspended",
+    b"handoff_addr",
+)
 # A live session's progress, written with every chunk.
 PROGRESS_FIELDS = (b"last_seq", b"updated_at")
 # Gauges the scheduler's tick raises on its own.
@@ -116,8 +123,9 @@ async def _read_sse(resp: aiohttp.ClientResponse, stream: Stream) -> None:
         line = raw.decode(errors="replace").rstrip("\n")
         if not line:
             if current:
-                stream.events.append((current.get("event", ""), current.get("id", ""),
-                                      current.get("data", "")))
+                stream.events.append(
+                    (current.get("event", ""), current.get("id", ""), current.get("data", ""))
+                )
             current = {}
         elif not line.startswith(":"):
             name, _, value = line.partition(":")
@@ -125,9 +133,11 @@ async def _read_sse(resp: aiohttp.ClientResponse, stream: Stream) -> None:
 
 
 async def _open_stream(http: aiohttp.ClientSession, sid: str, token: str) -> Stream:
-    resp = await http.get(f"/v1/sessions/{sid}/stream",
-                          headers={"Authorization": f"Bearer {token}"},
-                          timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
+    resp = await http.get(
+        f"/v1/sessions/{sid}/stream",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+    )
     assert resp.status == 200, await resp.text()
     stream = Stream()
     stream.task = asyncio.create_task(_read_sse(resp, stream))
@@ -138,17 +148,24 @@ async def _open_stream(http: aiohttp.ClientSession, sid: str, token: str) -> Str
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
     tag = "t" + uuid.uuid4().hex[:10]
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
-           "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1"}
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_SUBJECT_PREFIX": tag,
+        "TURBOSERVE_REDIS_NAMESPACE": tag,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_METRICS_PORT": "-1",
+    }
     port = free_port()
-    gateway = GatewaySettings.from_env(env, port=port, api_keys=f"alice:{API_KEY}",
-                                       control_wait_s=5.0)
+    gateway = GatewaySettings.from_env(
+        env, port=port, api_keys=f"alice:{API_KEY}", control_wait_s=5.0
+    )
     # No autoscaling: the provisioner must never start a worker process of its own here.
     scheduler = SchedulerSettings.from_env(env, policy="no_autoscale", tick_s=0.2, max_workers=1)
     provisioner = ProvisionerSettings.from_env(env, min_workers=0, max_workers=1, gpus="none")
-    worker_settings = WorkerSettings.from_env(env, worker_id=WORKER, preset="tiny", device="cpu",
-                                              chunk_period_s=0.25)
+    worker_settings = WorkerSettings.from_env(
+        env, worker_id=WORKER, preset="tiny", device="cpu", chunk_period_s=0.25
+    )
     worker = WorkerService(worker_settings)
     redis = aioredis.from_url(infra.redis_url)
     nc = await nats.connect(infra.nats_url)
@@ -158,12 +175,16 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
         await stack.enter_async_context(running(worker, worker_settings))
         await stack.enter_async_context(running(GatewayService(gateway), gateway))
         http = await stack.enter_async_context(aiohttp.ClientSession(f"http://127.0.0.1:{port}"))
-        resp = await http.post("/v1/sessions", json={"prompt": "a lighthouse", "seed": 7},
-                               headers={"Authorization": f"Bearer {API_KEY}"})
+        resp = await http.post(
+            "/v1/sessions",
+            json={"prompt": "a lighthouse", "seed": 7},
+            headers={"Authorization": f"Bearer {API_KEY}"},
+        )
         live = await resp.json()
         stream = await _open_stream(http, live["id"], live["token"])
-        m = BadInputMesh(Subjects(tag), tag, nc, redis, Registry(redis, tag), http, worker,
-                         live["id"], stream)
+        m = BadInputMesh(
+            Subjects(tag), tag, nc, redis, Registry(redis, tag), http, worker, live["id"], stream
+        )
         await eventually(lambda: len(stream.chunk_seqs()) >= 2, 30, "the live session streams")
 
         async def listed() -> bool:
@@ -200,7 +221,7 @@ async def registry_state(m: BadInputMesh) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async for raw_key in m.redis.scan_iter(match=f"{m.ns}:*", count=500):
         key = raw_key.decode()
-        name = key[len(m.ns) + 1:]
+        name = key[len(m.ns) + 1 :]
         if name in VOLATILE_KEYS or name.startswith(VOLATILE_PREFIXES):
             continue
         if name == f"session:{m.live_id}:recovery":
@@ -233,8 +254,11 @@ async def registry_state(m: BadInputMesh) -> dict[str, Any]:
 
 def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """What differs between two registry states: key -> (before, after)."""
-    return {k: (before.get(k), after.get(k)) for k in sorted(before.keys() | after.keys())
-            if before.get(k) != after.get(k)}
+    return {
+        k: (before.get(k), after.get(k))
+        for k in sorted(before.keys() | after.keys())
+        if before.get(k) != after.get(k)
+    }
 
 
 def assert_unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -247,9 +271,11 @@ def bad_variants(valid: msgspec.Struct, id_field: str) -> dict[str, bytes]:
     (ids are at most 128 characters: a huge one makes a near-limit payload invalid)."""
     raw = encode(valid)
     body = orjson.loads(raw)
-    foreign = (SessionEvent(session_id="s1", kind=SessionEventKind.IDLE)
-               if not isinstance(valid, SessionEvent)
-               else Heartbeat(worker_id="w1", status=WorkerStatus.READY, capacity=1, active=0))
+    foreign = (
+        SessionEvent(session_id="s1", kind=SessionEventKind.IDLE)
+        if not isinstance(valid, SessionEvent)
+        else Heartbeat(worker_id="w1", status=WorkerStatus.READY, capacity=1, active=0)
+    )
     return {
         "garbage": b"\x00\xff\xfe not json at all \x01",
         "empty": b"",
@@ -266,12 +292,18 @@ def bad_variants(valid: msgspec.Struct, id_field: str) -> dict[str, bytes]:
 
 
 def dropped(logs: list[dict[str, Any]], subject: str) -> int:
-    return sum(1 for e in logs if e.get("event") == "bad_message_dropped"
-               and e.get("subject") == subject)
+    return sum(
+        1 for e in logs if e.get("event") == "bad_message_dropped" and e.get("subject") == subject
+    )
 
 
-async def send_bad(m: BadInputMesh, logs: list[dict[str, Any]], subject: str,
-                   variants: dict[str, bytes], listeners: int) -> None:
+async def send_bad(
+    m: BadInputMesh,
+    logs: list[dict[str, Any]],
+    subject: str,
+    variants: dict[str, bytes],
+    listeners: int,
+) -> None:
     """Publish every variant on ``subject``; wait until each was dropped by every listener."""
     for payload in variants.values():
         await m.nc.publish(subject, payload)
@@ -295,8 +327,11 @@ async def assert_still_serving(m: BadInputMesh, since: int) -> None:
     seqs = m.live.chunk_seqs()
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"gap or repeat in {seqs}"
     assert not [e for e in m.live.events if e[0] == "end"], "the live session ended"
-    resp = await m.http.post("/v1/sessions", json={"prompt": "after the bad input"},
-                             headers={"Authorization": f"Bearer {API_KEY}"})
+    resp = await m.http.post(
+        "/v1/sessions",
+        json={"prompt": "after the bad input"},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
     assert resp.status == 201, await resp.text()
     fresh = await resp.json()
     stream = await _open_stream(m.http, fresh["id"], fresh["token"])
@@ -306,8 +341,9 @@ async def assert_still_serving(m: BadInputMesh, since: int) -> None:
         assert stream.task is not None
         stream.task.cancel()
         await asyncio.wait({stream.task}, timeout=5)
-    resp = await m.http.delete(f"/v1/sessions/{fresh['id']}",
-                               headers={"Authorization": f"Bearer {fresh['token']}"})
+    resp = await m.http.delete(
+        f"/v1/sessions/{fresh['id']}", headers={"Authorization": f"Bearer {fresh['token']}"}
+    )
     assert resp.status == 200
     assert (await m.http.get("/healthz")).status == 200
     await settle_closed(m, fresh["id"])
@@ -326,12 +362,14 @@ async def settle_closed(m: BadInputMesh, sid: str) -> None:
         record = await m.redis.hmget(f"{m.ns}:worker:{WORKER}", ["updated_at", "sessions"])
         return float(record[0] or 0) > dropped_at and sid not in text(record[1])
 
-    await eventually(record_rewritten, 30, "the worker's record without the closed session",
-                     interval=0.1)
+    await eventually(
+        record_rewritten, 30, "the worker's record without the closed session", interval=0.1
+    )
 
 
-async def request(m: BadInputMesh, subject: str, msg: msgspec.Struct, reply_type: Any,
-                  timeout: float = 10.0) -> Any:
+async def request(
+    m: BadInputMesh, subject: str, msg: msgspec.Struct, reply_type: Any, timeout: float = 10.0
+) -> Any:
     reply = await m.nc.request(subject, encode(msg), timeout=timeout)
     return decode(reply.subject, reply.data, reply_type)
 
@@ -345,8 +383,13 @@ async def test_worker_command_subject(mesh):
     record = await live_session(m)
     since = len(m.live.chunk_seqs())
     before = await registry_state(m)
-    valid = WorkerCommand(kind=WorkerCmdKind.PROMPT, worker_id=WORKER, epoch=record.epoch,
-                          session_id=m.live_id, prompt="hijacked")
+    valid = WorkerCommand(
+        kind=WorkerCmdKind.PROMPT,
+        worker_id=WORKER,
+        epoch=record.epoch,
+        session_id=m.live_id,
+        prompt="hijacked",
+    )
     with capture_logs() as logs:
         await send_bad(m, logs, subject, bad_variants(valid, "worker_id"), listeners=1)
         # Valid commands that are stale: each refused with its code, none acted on.
@@ -354,15 +397,40 @@ async def test_worker_command_subject(mesh):
         term = parse_term(raw)
         stale = {
             "stale_epoch": [
-                WorkerCommand(kind=kind, worker_id=WORKER, epoch=record.epoch - 1,
-                              session_id=m.live_id, prompt="hijacked", seq=0, target="wother")
-                for kind in (WorkerCmdKind.ASSIGN, WorkerCmdKind.PROMPT, WorkerCmdKind.SUSPEND,
-                             WorkerCmdKind.MIGRATE, WorkerCmdKind.STOP)],
-            "stale_leader": [WorkerCommand(kind=WorkerCmdKind.STOP, worker_id=WORKER,
-                                           epoch=record.epoch, session_id=m.live_id,
-                                           term=term + 7)],
-            "misaddressed": [WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="wother",
-                                           epoch=record.epoch, session_id=m.live_id)],
+                WorkerCommand(
+                    kind=kind,
+                    worker_id=WORKER,
+                    epoch=record.epoch - 1,
+                    session_id=m.live_id,
+                    prompt="hijacked",
+                    seq=0,
+                    target="wother",
+                )
+                for kind in (
+                    WorkerCmdKind.ASSIGN,
+                    WorkerCmdKind.PROMPT,
+                    WorkerCmdKind.SUSPEND,
+                    WorkerCmdKind.MIGRATE,
+                    WorkerCmdKind.STOP,
+                )
+            ],
+            "stale_leader": [
+                WorkerCommand(
+                    kind=WorkerCmdKind.STOP,
+                    worker_id=WORKER,
+                    epoch=record.epoch,
+                    session_id=m.live_id,
+                    term=term + 7,
+                )
+            ],
+            "misaddressed": [
+                WorkerCommand(
+                    kind=WorkerCmdKind.STOP,
+                    worker_id="wother",
+                    epoch=record.epoch,
+                    session_id=m.live_id,
+                )
+            ],
         }
         for code, commands in stale.items():
             for cmd in commands:
@@ -371,8 +439,9 @@ async def test_worker_command_subject(mesh):
     assert_unchanged(before, await registry_state(m))
     assert (await live_session(m)).prompt == "a lighthouse"
     # a normal command is still answered
-    reply = await request(m, subject, WorkerCommand(kind=WorkerCmdKind.UNDRAIN, worker_id=WORKER),
-                          CommandReply)
+    reply = await request(
+        m, subject, WorkerCommand(kind=WorkerCmdKind.UNDRAIN, worker_id=WORKER), CommandReply
+    )
     assert reply.ok
     await assert_still_serving(m, since)
 
@@ -384,10 +453,19 @@ async def test_worker_handoff_subject(mesh):
     since = len(m.live.chunk_seqs())
     before = await registry_state(m)
     offer = HandoffOffer(
-        transfer_id="t1", session_id=m.live_id, epoch=record.epoch - 1, src="wother", dst=WORKER,
-        transport="auto", tensors=[TensorSpec(shape=[4], dtype="float32")], nbytes=16,
-        next_seq=0, prompt="p", seed=1,
-        rendezvous={"store": "127.0.0.1:1", "new_link": "ab12", "tag": "0", "device": "cpu"})
+        transfer_id="t1",
+        session_id=m.live_id,
+        epoch=record.epoch - 1,
+        src="wother",
+        dst=WORKER,
+        transport="auto",
+        tensors=[TensorSpec(shape=[4], dtype="float32")],
+        nbytes=16,
+        next_seq=0,
+        prompt="p",
+        seed=1,
+        rendezvous={"store": "127.0.0.1:1", "new_link": "ab12", "tag": "0", "device": "cpu"},
+    )
     with capture_logs() as logs:
         variants = bad_variants(offer, "session_id")
         await send_bad(m, logs, subject, variants, listeners=1)
@@ -401,11 +479,22 @@ async def test_worker_handoff_subject(mesh):
         answer = await request(m, subject, offer, HandoffAnswer)
         assert not answer.accepted and answer.code in ("exists", "stale_epoch"), answer
         # an outcome for a transfer nobody started: dropped
-        await m.nc.publish(subject, encode(HandoffOutcome(
-            transfer_id="never-started", session_id=m.live_id, committed=True,
-            epoch=record.epoch + 5)))
-        await eventually(lambda: any(e.get("event") == "late_outcome_dropped" for e in logs),
-                         30, "the stale outcome is dropped")
+        await m.nc.publish(
+            subject,
+            encode(
+                HandoffOutcome(
+                    transfer_id="never-started",
+                    session_id=m.live_id,
+                    committed=True,
+                    epoch=record.epoch + 5,
+                )
+            ),
+        )
+        await eventually(
+            lambda: any(e.get("event") == "late_outcome_dropped" for e in logs),
+            30,
+            "the stale outcome is dropped",
+        )
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
@@ -422,10 +511,19 @@ async def test_heartbeat_subject(mesh):
         # stale: the last beat of a worker that is gone (long ago), and one of the live worker
         # from long ago that says it holds nothing (its session must not be taken from it)
         long_ago = time.time() - 3600
-        for late in (Heartbeat(worker_id="wghost", status=WorkerStatus.GONE, capacity=4, active=0,
-                               at=long_ago),
-                     Heartbeat(worker_id=WORKER, status=WorkerStatus.READY, capacity=8, active=0,
-                               sessions=[], at=long_ago)):
+        for late in (
+            Heartbeat(
+                worker_id="wghost", status=WorkerStatus.GONE, capacity=4, active=0, at=long_ago
+            ),
+            Heartbeat(
+                worker_id=WORKER,
+                status=WorkerStatus.READY,
+                capacity=8,
+                active=0,
+                sessions=[],
+                at=long_ago,
+            ),
+        ):
             await m.nc.publish(subject, encode(late))
         await m.nc.flush()
         await asyncio.sleep(1.0)  # the wait is the test: the stale ones change nothing meanwhile
@@ -442,22 +540,31 @@ async def test_provisioner_command_subject(mesh):
     with capture_logs() as logs:
         variants = bad_variants(start, "command_id")
         variants["id not a subject token"] = orjson.dumps(
-            {**orjson.loads(encode(start)), "worker_ids": ["a b.*>"]})
+            {**orjson.loads(encode(start)), "worker_ids": ["a b.*>"]}
+        )
         variants["oversized"] = orjson.dumps(
-            {**orjson.loads(encode(start)), "worker_ids": ["x" * 900_000]})
+            {**orjson.loads(encode(start)), "worker_ids": ["x" * 900_000]}
+        )
         variants["count over the limit"] = orjson.dumps(
-            {**orjson.loads(encode(start)), "worker_ids": [], "count": 10**9})
+            {**orjson.loads(encode(start)), "worker_ids": [], "count": 10**9}
+        )
         del variants["missing field"]  # command_id is optional
         await send_bad(m, logs, subject, variants, listeners=1)
         # stale: stopping a worker that is not there changes nothing
-        reply = await request(m, subject, ProvisionerCommand(
-            kind=ProvisionerCmdKind.STOP, worker_ids=["wlong-gone"], command_id="old"),
-            ProvisionerReply)
+        reply = await request(
+            m,
+            subject,
+            ProvisionerCommand(
+                kind=ProvisionerCmdKind.STOP, worker_ids=["wlong-gone"], command_id="old"
+            ),
+            ProvisionerReply,
+        )
         assert reply.started == [] and reply.stopping == []
     assert_unchanged(before, await registry_state(m))
     # a normal request is still answered: start nothing new
-    reply = await request(m, subject, ProvisionerCommand(kind=ProvisionerCmdKind.START, count=0),
-                          ProvisionerReply)
+    reply = await request(
+        m, subject, ProvisionerCommand(kind=ProvisionerCmdKind.START, count=0), ProvisionerReply
+    )
     assert reply.ok and reply.started == []
     await assert_still_serving(m, since)
 
@@ -472,8 +579,12 @@ async def test_provisioner_event_subject(mesh):
         # the scheduler and the worker both listen
         await send_bad(m, logs, subject, bad_variants(event, "worker_id"), listeners=2)
         # stale: a worker that was never there is reported gone, and booting long ago
-        for late in (event, ProvisionerEvent(worker_id="wghost", status=WorkerStatus.BOOTING,
-                                             at=time.time() - 3600)):
+        for late in (
+            event,
+            ProvisionerEvent(
+                worker_id="wghost", status=WorkerStatus.BOOTING, at=time.time() - 3600
+            ),
+        ):
             await m.nc.publish(subject, encode(late))
         await m.nc.flush()
         await asyncio.sleep(1.0)  # the wait is the test: the stale ones change nothing meanwhile
@@ -487,8 +598,14 @@ async def test_migration_report_subject(mesh):
     record = await live_session(m)
     since = len(m.live.chunk_seqs())
     before = await registry_state(m)
-    report = MigrationReport(session_id=m.live_id, src=WORKER, dst="wother", ok=True,
-                             command_id="never-sent", epoch=record.epoch - 1)
+    report = MigrationReport(
+        session_id=m.live_id,
+        src=WORKER,
+        dst="wother",
+        ok=True,
+        command_id="never-sent",
+        epoch=record.epoch - 1,
+    )
     with capture_logs() as logs:
         await send_bad(m, logs, subject, bad_variants(report, "session_id"), listeners=1)
         # stale: a report nobody waits for (its command was never sent), at an old epoch
@@ -504,11 +621,13 @@ async def test_session_event_stream(mesh):
     subject = m.subjects.session_events
     since = len(m.live.chunk_seqs())
     js = m.nc.jetstream()
-    terminated = await m.http.post("/v1/sessions", json={"prompt": "soon over"},
-                                   headers={"Authorization": f"Bearer {API_KEY}"})
+    terminated = await m.http.post(
+        "/v1/sessions", json={"prompt": "soon over"}, headers={"Authorization": f"Bearer {API_KEY}"}
+    )
     gone = await terminated.json()
-    resp = await m.http.delete(f"/v1/sessions/{gone['id']}",
-                               headers={"Authorization": f"Bearer {gone['token']}"})
+    resp = await m.http.delete(
+        f"/v1/sessions/{gone['id']}", headers={"Authorization": f"Bearer {gone['token']}"}
+    )
     assert resp.status == 200
     await settle_closed(m, gone["id"])
     before = await registry_state(m)
@@ -518,13 +637,17 @@ async def test_session_event_stream(mesh):
         for payload in variants.values():  # through JetStream, as the gateway publishes
             await js.publish(subject, payload)
         # each dropped once: the scheduler terminates it rather than have it redelivered
-        await eventually(lambda: dropped(logs, subject) >= len(variants), 30,
-                         "drops of session events")
+        await eventually(
+            lambda: dropped(logs, subject) >= len(variants), 30, "drops of session events"
+        )
         # stale: events about a session that does not exist, or that is over
-        stale = [SessionEvent(session_id="sghost", kind=kind, prompt="p")
-                 for kind in SessionEventKind]
-        stale += [SessionEvent(session_id=gone["id"], kind=kind, prompt="again", seed=1)
-                  for kind in SessionEventKind]
+        stale = [
+            SessionEvent(session_id="sghost", kind=kind, prompt="p") for kind in SessionEventKind
+        ]
+        stale += [
+            SessionEvent(session_id=gone["id"], kind=kind, prompt="again", seed=1)
+            for kind in SessionEventKind
+        ]
         for late in stale:
             await js.publish(subject, encode(late))
 
@@ -547,9 +670,21 @@ async def test_chunk_subject_the_gateway_reads(mesh):
     top = m.live.chunk_seqs()[-1]
     before = await registry_state(m)
     now = time.time()
-    chunk = Chunk(session_id=m.live_id, seq=top, worker_id=WORKER, epoch=record.epoch,
-                  encoding="jpeg", frames=[b"\xff\xd8not-a-real-jpeg"], width=16, height=16,
-                  fps=16.0, gen_ms=1.0, batch=1, due_at=now, done_at=now)
+    chunk = Chunk(
+        session_id=m.live_id,
+        seq=top,
+        worker_id=WORKER,
+        epoch=record.epoch,
+        encoding="jpeg",
+        frames=[b"\xff\xd8not-a-real-jpeg"],
+        width=16,
+        height=16,
+        fps=16.0,
+        gen_ms=1.0,
+        batch=1,
+        due_at=now,
+        done_at=now,
+    )
     body = orjson.loads(encode(chunk))
     variants = bad_variants(chunk, "session_id")
     variants["frames missing"] = orjson.dumps({k: v for k, v in body.items() if k != "frames"})
@@ -560,8 +695,11 @@ async def test_chunk_subject_the_gateway_reads(mesh):
         # stale: a chunk from the owner before this one
         await m.nc.publish(subject, encode(msgspec.structs.replace(chunk, epoch=record.epoch - 1)))
         await m.nc.flush()
-        await eventually(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
-                         30, "the stale chunk is dropped")
+        await eventually(
+            lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
+            30,
+            "the stale chunk is dropped",
+        )
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
     for event, _, data in m.live.events:
@@ -571,8 +709,9 @@ async def test_chunk_subject_the_gateway_reads(mesh):
 
 @contextlib.asynccontextmanager
 async def watched_session(m: BadInputMesh) -> AsyncIterator[tuple[dict[str, Any], Stream]]:
-    resp = await m.http.post("/v1/sessions", json={"prompt": "watched"},
-                             headers={"Authorization": f"Bearer {API_KEY}"})
+    resp = await m.http.post(
+        "/v1/sessions", json={"prompt": "watched"}, headers={"Authorization": f"Bearer {API_KEY}"}
+    )
     session = await resp.json()
     stream = await _open_stream(m.http, session["id"], session["token"])
     try:
@@ -582,8 +721,9 @@ async def watched_session(m: BadInputMesh) -> AsyncIterator[tuple[dict[str, Any]
         assert stream.task is not None
         stream.task.cancel()
         await asyncio.wait({stream.task}, timeout=5)
-        await m.http.delete(f"/v1/sessions/{session['id']}",
-                            headers={"Authorization": f"Bearer {session['token']}"})
+        await m.http.delete(
+            f"/v1/sessions/{session['id']}", headers={"Authorization": f"Bearer {session['token']}"}
+        )
 
 
 async def test_gateway_relays_no_chunk_whose_frames_break_the_contract(mesh):
@@ -594,9 +734,21 @@ async def test_gateway_relays_no_chunk_whose_frames_break_the_contract(mesh):
         record = await m.registry.get_session(session["id"])
         top = stream.chunk_seqs()[-1]
         now = time.time()
-        good = Chunk(session_id=session["id"], seq=top + 1000, worker_id=WORKER,
-                     epoch=record.epoch, encoding="jpeg", frames=[b"\xff\xd8x"], width=16,
-                     height=16, fps=16.0, gen_ms=1.0, batch=1, due_at=now, done_at=now)
+        good = Chunk(
+            session_id=session["id"],
+            seq=top + 1000,
+            worker_id=WORKER,
+            epoch=record.epoch,
+            encoding="jpeg",
+            frames=[b"\xff\xd8x"],
+            width=16,
+            height=16,
+            fps=16.0,
+            gen_ms=1.0,
+            batch=1,
+            due_at=now,
+            done_at=now,
+        )
         body = orjson.loads(encode(good))
         subject = m.subjects.chunks(session["id"])
         with capture_logs() as logs:
@@ -621,14 +773,29 @@ async def test_gateway_relays_no_chunk_from_a_stale_owner(mesh):
         record = await m.registry.get_session(session["id"])
         top = stream.chunk_seqs()[-1]
         now = time.time()
-        stale = Chunk(session_id=session["id"], seq=top + 50, worker_id="wstale",
-                      epoch=record.epoch - 1, encoding="jpeg", frames=[b"\xff\xd8x"], width=16,
-                      height=16, fps=16.0, gen_ms=1.0, batch=1, due_at=now, done_at=now)
+        stale = Chunk(
+            session_id=session["id"],
+            seq=top + 50,
+            worker_id="wstale",
+            epoch=record.epoch - 1,
+            encoding="jpeg",
+            frames=[b"\xff\xd8x"],
+            width=16,
+            height=16,
+            fps=16.0,
+            gen_ms=1.0,
+            batch=1,
+            due_at=now,
+            done_at=now,
+        )
         with capture_logs() as logs:
             await m.nc.publish(m.subjects.chunks(session["id"]), encode(stale))
             await m.nc.flush()
-            await eventually(lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
-                             30, "the stale chunk is dropped")
+            await eventually(
+                lambda: any(e.get("event") == "stale_owner_dropped" for e in logs),
+                30,
+                "the stale chunk is dropped",
+            )
         since = len(stream.chunk_seqs())
         await eventually(lambda: len(stream.chunk_seqs()) >= since + 3, 30, "the stream goes on")
         seqs = stream.chunk_seqs()

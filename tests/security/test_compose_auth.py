@@ -53,19 +53,57 @@ def servers(compose: dict, tmp: Path) -> Iterator[tuple[int, int]]:
     (tmp / "auth.conf").write_text(nats_auth)
     (tmp / "users.conf").write_text(redis_users)
     nats_port, redis_port = free_port(), free_port()
-    procs = [subprocess.Popen(
-        [nats_server_binary(), "--config", str(tmp / "auth.conf"), "--jetstream", "--store_dir",
-         str(tmp / "js"), "-a", "127.0.0.1", "-p", str(nats_port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            [
+                nats_server_binary(),
+                "--config",
+                str(tmp / "auth.conf"),
+                "--jetstream",
+                "--store_dir",
+                str(tmp / "js"),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(nats_port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     try:
-        eventually_sync(_serving(lambda: probe_nats(f"nats://127.0.0.1:{nats_port}"), procs[0],
-                                 "nats-server"), 20, "nats-server up")
-        procs.append(subprocess.Popen(
-            [redis_server_binary(), str(tmp / "users.conf"), "--port", str(redis_port), "--bind",
-             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        eventually_sync(_serving(lambda: probe_redis(f"redis://127.0.0.1:{redis_port}"), procs[1],
-                                 "redis-server"), 20, "redis-server up")
+        eventually_sync(
+            _serving(lambda: probe_nats(f"nats://127.0.0.1:{nats_port}"), procs[0], "nats-server"),
+            20,
+            "nats-server up",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    redis_server_binary(),
+                    str(tmp / "users.conf"),
+                    "--port",
+                    str(redis_port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(tmp),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        eventually_sync(
+            _serving(
+                lambda: probe_redis(f"redis://127.0.0.1:{redis_port}"), procs[1], "redis-server"
+            ),
+            20,
+            "redis-server up",
+        )
         yield nats_port, redis_port
     finally:
         for proc in procs:
@@ -79,8 +117,11 @@ def _local(url: str, port: int) -> str:
 
 
 async def test_compose_urls_connect_with_their_permissions(compose, tmp_path):
-    env = {name: {k: interpolate(str(v), PASSWORDS) for k, v in svc["environment"].items()}
-           for name, svc in compose["services"].items() if "environment" in svc}
+    env = {
+        name: {k: interpolate(str(v), PASSWORDS) for k, v in svc["environment"].items()}
+        for name, svc in compose["services"].items()
+        if "environment" in svc
+    }
     subjects = Subjects(compose["x-turboserve-env"]["TURBOSERVE_SUBJECT_PREFIX"])
     with servers(compose, tmp_path) as (nats_port, redis_port):
         gateway_url = _local(env["gateway"]["TURBOSERVE_NATS_URL"], nats_port)
@@ -89,8 +130,12 @@ async def test_compose_urls_connect_with_their_permissions(compose, tmp_path):
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc))
 
-        nc = await nats.connect(gateway_url, inbox_prefix=inbox_prefix("gateway"),
-                                error_cb=on_error, allow_reconnect=False)
+        nc = await nats.connect(
+            gateway_url,
+            inbox_prefix=inbox_prefix("gateway"),
+            error_cb=on_error,
+            allow_reconnect=False,
+        )
         try:
             await ensure_streams(nc.jetstream(), subjects)
             event = encode(SessionEvent(session_id="s1", kind=SessionEventKind.CREATED, prompt="p"))

@@ -71,8 +71,12 @@ async def connected(mesh: Mesh, role: str) -> AsyncIterator[tuple[NATS, list[str
     async def on_error(exc: Exception) -> None:
         errors.append(str(exc))
 
-    nc = await nats.connect(url_of(mesh, role), inbox_prefix=inbox_prefix(role),
-                            error_cb=on_error, allow_reconnect=False)
+    nc = await nats.connect(
+        url_of(mesh, role),
+        inbox_prefix=inbox_prefix(role),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
     try:
         yield nc, errors
     finally:
@@ -81,8 +85,10 @@ async def connected(mesh: Mesh, role: str) -> AsyncIterator[tuple[NATS, list[str
 
 @pytest.mark.parametrize("role", SERVICE_ROLES)
 async def test_each_service_publishes_only_its_own_subjects(secure_infra, role):
-    async with connected(secure_infra, OPERATOR) as (op, _), \
-            connected(secure_infra, role) as (nc, errors):
+    async with (
+        connected(secure_infra, OPERATOR) as (op, _),
+        connected(secure_infra, role) as (nc, errors),
+    ):
         heard: list[str] = []
 
         async def on_msg(msg: Any) -> None:
@@ -101,14 +107,18 @@ async def test_each_service_publishes_only_its_own_subjects(secure_infra, role):
         await op.flush()
         assert {n for n, s in PROTOCOL.items() if s in heard} == allowed
         refused = set(PROTOCOL) - allowed
-        await eventually(lambda: sum("permissions violation" in e for e in errors) >= len(refused),
-                         what="a violation for each refused subject")
+        await eventually(
+            lambda: sum("permissions violation" in e for e in errors) >= len(refused),
+            what="a violation for each refused subject",
+        )
 
 
 @pytest.mark.parametrize("role", SERVICE_ROLES)
 async def test_each_service_reads_only_its_own_subjects_and_inboxes(secure_infra, role):
-    async with connected(secure_infra, OPERATOR) as (op, _), \
-            connected(secure_infra, role) as (nc, errors):
+    async with (
+        connected(secure_infra, OPERATOR) as (op, _),
+        connected(secure_infra, role) as (nc, errors),
+    ):
         heard: list[str] = []
 
         async def on_msg(msg: Any) -> None:
@@ -129,13 +139,17 @@ async def test_each_service_reads_only_its_own_subjects_and_inboxes(secure_infra
         got = {n for n, s in PROTOCOL.items() if s in heard}
         assert got == SUBSCRIBES[role]
         assert not [s for s in heard if s.startswith("_INBOX.") and s != own_inbox]
-        assert sum("permissions violation" in e for e in errors) == len(PROTOCOL) - len(got) + len(stolen)
+        assert sum("permissions violation" in e for e in errors) == len(PROTOCOL) - len(got) + len(
+            stolen
+        )
 
 
 async def test_gateway_credentials_cannot_command_a_worker(secure_infra):
-    async with connected(secure_infra, "worker") as (worker, _), \
-            connected(secure_infra, "gateway") as (gateway, errors), \
-            connected(secure_infra, "scheduler") as (scheduler, _):
+    async with (
+        connected(secure_infra, "worker") as (worker, _),
+        connected(secure_infra, "gateway") as (gateway, errors),
+        connected(secure_infra, "scheduler") as (scheduler, _),
+    ):
         commands: list[bytes] = []
 
         async def on_cmd(msg: Any) -> None:
@@ -144,11 +158,15 @@ async def test_gateway_credentials_cannot_command_a_worker(secure_infra):
 
         await worker.subscribe(SUBJECTS.worker_cmd("w1"), cb=on_cmd)
         await subscriptions_live(worker)
-        cmd = encode(WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="w1", session_id="s1", epoch=9))
+        cmd = encode(
+            WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="w1", session_id="s1", epoch=9)
+        )
         with pytest.raises(nats.errors.TimeoutError):
             await gateway.request(SUBJECTS.worker_cmd("w1"), cmd, timeout=1.0)
         assert commands == []
-        assert any("permissions violation for publish" in e and ".worker.w1.cmd" in e for e in errors)
+        assert any(
+            "permissions violation for publish" in e and ".worker.w1.cmd" in e for e in errors
+        )
         # the scheduler's credentials can, and the worker may answer it
         reply = await scheduler.request(SUBJECTS.worker_cmd("w1"), cmd, timeout=5.0)
         assert reply.data == b"accepted" and commands == [cmd]
@@ -157,9 +175,11 @@ async def test_gateway_credentials_cannot_command_a_worker(secure_infra):
 
 
 async def test_worker_credentials_cannot_publish_a_session_event(secure_infra):
-    async with connected(secure_infra, OPERATOR) as (op, _), \
-            connected(secure_infra, "worker") as (worker, errors), \
-            connected(secure_infra, "gateway") as (gateway, _):
+    async with (
+        connected(secure_infra, OPERATOR) as (op, _),
+        connected(secure_infra, "worker") as (worker, errors),
+        connected(secure_infra, "gateway") as (gateway, _),
+    ):
         js = op.jetstream()
         await ensure_streams(js, SUBJECTS)
         before = (await js.stream_info(SUBJECTS.sessions_stream)).state.messages
@@ -175,28 +195,34 @@ async def test_worker_credentials_cannot_publish_a_session_event(secure_infra):
         await js.purge_stream(SUBJECTS.sessions_stream)
 
 
-async def test_only_the_scheduler_consumes_session_events_and_no_service_deletes_streams(secure_infra):
+async def test_only_the_scheduler_consumes_session_events_and_no_service_deletes_streams(
+    secure_infra,
+):
     async with connected(secure_infra, OPERATOR) as (op, _):
         await ensure_streams(op.jetstream(), SUBJECTS)
     for role in ("gateway", "worker", "provisioner"):
         async with connected(secure_infra, role) as (nc, errors):
             js = nc.jetstream(timeout=1.0)
             with pytest.raises(nats.errors.TimeoutError):
-                await js.pull_subscribe(SUBJECTS.session_events, durable="scheduler",
-                                        stream=SUBJECTS.sessions_stream)
+                await js.pull_subscribe(
+                    SUBJECTS.session_events, durable="scheduler", stream=SUBJECTS.sessions_stream
+                )
             with pytest.raises(nats.errors.TimeoutError):
                 await js.delete_stream(SUBJECTS.chunks_stream)
             assert errors, role
     async with connected(secure_infra, "scheduler") as (nc, _):
         psub = await nc.jetstream().pull_subscribe(
-            SUBJECTS.session_events, durable="scheduler", stream=SUBJECTS.sessions_stream)
+            SUBJECTS.session_events, durable="scheduler", stream=SUBJECTS.sessions_stream
+        )
         with pytest.raises(nats.errors.TimeoutError):
             await psub.fetch(1, timeout=0.5)  # allowed: the stream is just empty
     async with connected(secure_infra, "gateway") as (nc, _):
         # a gateway reads the chunk stream through an ephemeral consumer of its own
         sub = await nc.jetstream().subscribe(
-            SUBJECTS.chunks("s1"), stream=SUBJECTS.chunks_stream,
-            config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE))
+            SUBJECTS.chunks("s1"),
+            stream=SUBJECTS.chunks_stream,
+            config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE),
+        )
         await sub.unsubscribe()
 
 
@@ -220,9 +246,11 @@ async def test_runner_connects_with_the_users_inbox_prefix(secure_infra):
 @pytest.mark.parametrize("case", ["wrong password", "unknown user", "no credentials"])
 async def test_wrong_credentials_are_refused_at_once_without_the_secret(secure_infra, case):
     base = secure_infra.secured["nats"]
-    url = {"wrong password": with_user(base, "gateway", "not-the-password-0123"),
-           "unknown user": with_user(base, "mallory", "not-the-password-0123"),
-           "no credentials": base}[case]
+    url = {
+        "wrong password": with_user(base, "gateway", "not-the-password-0123"),
+        "unknown user": with_user(base, "mallory", "not-the-password-0123"),
+        "no credentials": base,
+    }[case]
     settings = CommonSettings(nats_url=url, connect_timeout_s=30.0)
     started = time.monotonic()
     with pytest.raises(CredentialsRefused) as refused:

@@ -35,14 +35,21 @@ async def test_a_service_user_works_in_its_namespace_only(secure_infra, role):
             await client.set("elsewhere:key", "x")
         with pytest.raises(NoPermissionError):
             await client.get("ts:session:someone-elses")
-        for dangerous in (("FLUSHALL",), ("CONFIG", "GET", "requirepass"), ("KEYS", "*"),
-                          ("ACL", "LIST"), ("DEBUG", "SLEEP", "0"), ("SHUTDOWN",)):
+        for dangerous in (
+            ("FLUSHALL",),
+            ("CONFIG", "GET", "requirepass"),
+            ("KEYS", "*"),
+            ("ACL", "LIST"),
+            ("DEBUG", "SLEEP", "0"),
+            ("SHUTDOWN",),
+        ):
             with pytest.raises(NoPermissionError):
                 await client.execute_command(*dangerous)
         assert await client.exists(registry.session_key(sid)) == 1  # still there
     finally:
-        await client.delete(f"{PREFIX}:session:acl-{role}", f"{PREFIX}:pending",
-                            f"{PREFIX}:placement")
+        await client.delete(
+            f"{PREFIX}:session:acl-{role}", f"{PREFIX}:pending", f"{PREFIX}:placement"
+        )
         await client.aclose()
 
 
@@ -61,9 +68,11 @@ async def test_the_operator_may_do_everything(secure_infra):
 @pytest.mark.parametrize("case", ["wrong password", "unknown user", "default user"])
 async def test_redis_refuses_the_wrong_user(secure_infra, case):
     base = secure_infra.secured["redis"]
-    url = {"wrong password": with_user(base, "gateway", "not-the-password-0123"),
-           "unknown user": with_user(base, "mallory", "not-the-password-0123"),
-           "default user": base}[case]
+    url = {
+        "wrong password": with_user(base, "gateway", "not-the-password-0123"),
+        "unknown user": with_user(base, "mallory", "not-the-password-0123"),
+        "default user": base,
+    }[case]
     client = aioredis.from_url(url)
     try:
         with pytest.raises(AuthenticationError):

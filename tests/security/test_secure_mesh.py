@@ -31,12 +31,21 @@ TAG = "secmesh"
 def mesh(tmp_path_factory) -> Iterator[tuple[Mesh, Path]]:
     logs = tmp_path_factory.mktemp("logs")
     m = Mesh(
-        embedded="always", secure=True, port=free_port(), workers=2, quiet=True, log_dir=logs,
+        embedded="always",
+        secure=True,
+        port=free_port(),
+        workers=2,
+        quiet=True,
+        log_dir=logs,
         env={
-            "TURBOSERVE_SUBJECT_PREFIX": TAG, "TURBOSERVE_REDIS_NAMESPACE": TAG,
-            "TURBOSERVE_LOG_LEVEL": "info", "TURBOSERVE_CHUNK_PERIOD_S": "0.3",
-            "TURBOSERVE_EMULATE": "", "TURBOSERVE_MAX_WORKERS": "2",
-            "TURBOSERVE_API_KEYS": f"alice:{API_KEY}", "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
+            "TURBOSERVE_SUBJECT_PREFIX": TAG,
+            "TURBOSERVE_REDIS_NAMESPACE": TAG,
+            "TURBOSERVE_LOG_LEVEL": "info",
+            "TURBOSERVE_CHUNK_PERIOD_S": "0.3",
+            "TURBOSERVE_EMULATE": "",
+            "TURBOSERVE_MAX_WORKERS": "2",
+            "TURBOSERVE_API_KEYS": f"alice:{API_KEY}",
+            "TURBOSERVE_OPERATOR_KEY": OPERATOR_KEY,
             "TURBOSERVE_CONTROL_WAIT_S": "20",
         },
     )
@@ -68,25 +77,37 @@ async def chunk_ids(resp: aiohttp.ClientResponse, want: int, timeout: float = 12
 async def test_a_session_lives_its_whole_life_on_the_secured_stack(mesh):
     m, logs = mesh
     async with aiohttp.ClientSession(m.gateway_url) as http:
-        resp = await http.post("/v1/sessions", json={"prompt": "a kite over dunes", "seed": 4},
-                               headers=bearer(API_KEY))
+        resp = await http.post(
+            "/v1/sessions", json={"prompt": "a kite over dunes", "seed": 4}, headers=bearer(API_KEY)
+        )
         assert resp.status == 201, await resp.text()
         session = await resp.json()
         sid, token = session["id"], session["token"]
         async with http.get(f"/v1/sessions/{sid}/stream", headers=bearer(token)) as stream:
             assert await chunk_ids(stream, 2) == [0, 1]
-            resp = await http.post(f"/v1/sessions/{sid}/prompt", json={"prompt": "a storm"},
-                                   headers=bearer(token))
+            resp = await http.post(
+                f"/v1/sessions/{sid}/prompt", json={"prompt": "a storm"}, headers=bearer(token)
+            )
             assert resp.status == 200 and (await resp.json())["confirmed"], await resp.text()
             # the operator moves it to the other worker: worker-to-worker handoff traffic
-            settings = CommonSettings(nats_url=m.nats_url, redis_url=m.redis_url,
-                                      subject_prefix=TAG, redis_namespace=TAG)
+            settings = CommonSettings(
+                nats_url=m.nats_url, redis_url=m.redis_url, subject_prefix=TAG, redis_namespace=TAG
+            )
             ctx = await open_context(settings, "test-operator")
             try:
                 ctl = Ctl(ctx)
+
                 async def two_ready() -> bool:
-                    return len([w for w in await ctx.registry.workers()
-                                if w.alive and w.status is WorkerStatus.READY]) >= 2
+                    return (
+                        len(
+                            [
+                                w
+                                for w in await ctx.registry.workers()
+                                if w.alive and w.status is WorkerStatus.READY
+                            ]
+                        )
+                        >= 2
+                    )
 
                 # the second worker may still be booting
                 await eventually(two_ready, 120, "the second worker ready", interval=0.2)
@@ -103,9 +124,11 @@ async def test_a_session_lives_its_whole_life_on_the_secured_stack(mesh):
         assert resp.status == 200
 
         def stopped_at_a_worker() -> bool:
-            return any("session_dropped" in line and sid in line and "stopped" in line
-                       for log in logs.glob("worker-*.log")
-                       for line in log.read_text(errors="replace").splitlines())
+            return any(
+                "session_dropped" in line and sid in line and "stopped" in line
+                for log in logs.glob("worker-*.log")
+                for line in log.read_text(errors="replace").splitlines()
+            )
 
         await eventually(stopped_at_a_worker, 30, "the stop at the worker")
     nats_log = (m.tmpdir / "nats.log").read_text(errors="replace")

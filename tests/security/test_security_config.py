@@ -24,10 +24,17 @@ SUBJECTS = Subjects("px")
 
 def test_with_user_sets_or_replaces_the_credentials():
     assert with_user("nats://nats:4222", "gateway", "pw-1") == "nats://gateway:pw-1@nats:4222"
-    assert (with_user("redis://old:secret@redis:6379/0", "worker", "pw-2")
-            == "redis://worker:pw-2@redis:6379/0")
-    for user, password in (("bad user", "pw"), ("gateway", "has space"), ("gateway", 'quo"te'),
-                           ("gateway", "back\\slash"), ("gateway", "")):
+    assert (
+        with_user("redis://old:secret@redis:6379/0", "worker", "pw-2")
+        == "redis://worker:pw-2@redis:6379/0"
+    )
+    for user, password in (
+        ("bad user", "pw"),
+        ("gateway", "has space"),
+        ("gateway", 'quo"te'),
+        ("gateway", "back\\slash"),
+        ("gateway", ""),
+    ):
         with pytest.raises(SecurityConfigError):
             with_user("nats://h:1", user, password)
 
@@ -46,20 +53,34 @@ def test_every_role_has_permissions_and_the_operator_all():
         assert perms is not None
         # its own inboxes, nobody else's
         assert f"_INBOX.{role}.>" in perms.publish and f"_INBOX.{role}.>" in perms.subscribe
-        assert not [s for s in (*perms.publish, *perms.subscribe)
-                    if s.startswith("_INBOX.") and s != f"_INBOX.{role}.>"]
+        assert not [
+            s
+            for s in (*perms.publish, *perms.subscribe)
+            if s.startswith("_INBOX.") and s != f"_INBOX.{role}.>"
+        ]
         # everything under the deployment's prefix or its streams
-        assert all(s.startswith(("px.", "$JS.API.STREAM.CREATE.px_", "$JS.API.STREAM.UPDATE.px_",
-                                 "$JS.API.CONSUMER.", "$JS.ACK.px_", "_INBOX."))
-                   for s in perms.publish), role
+        assert all(
+            s.startswith(
+                (
+                    "px.",
+                    "$JS.API.STREAM.CREATE.px_",
+                    "$JS.API.STREAM.UPDATE.px_",
+                    "$JS.API.CONSUMER.",
+                    "$JS.ACK.px_",
+                    "_INBOX.",
+                )
+            )
+            for s in perms.publish
+        ), role
     assert nats_permissions(OPERATOR, SUBJECTS) is None
     with pytest.raises(SecurityConfigError):
         nats_permissions("mallory", SUBJECTS)
 
 
 def test_nats_config_lists_each_user_once_and_refuses_bad_passwords():
-    text = nats_server_config(SUBJECTS, {r: f"pw-{r}" for r in ROLES}, host="127.0.0.1",
-                              port=4333, store_dir="/tmp/js")
+    text = nats_server_config(
+        SUBJECTS, {r: f"pw-{r}" for r in ROLES}, host="127.0.0.1", port=4333, store_dir="/tmp/js"
+    )
     assert text.startswith('listen: "127.0.0.1:4333"\njetstream { store_dir: "/tmp/js" }\n')
     for role in ROLES:
         assert text.count(f'{{user: "{role}", password: "pw-{role}"') == 1

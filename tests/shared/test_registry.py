@@ -69,7 +69,9 @@ async def test_fencing_stops_a_stale_owner(registry):
     first = await registry.claim("s", "w1", expected_epoch=0)
     assert await registry.record_progress("s", "w1", first.epoch, 0)
     # w1 dies; the session is requeued and claimed by w2
-    requeued = await registry.transition("s", SessionState.PENDING, expected_epoch=first.epoch, owner=None)
+    requeued = await registry.transition(
+        "s", SessionState.PENDING, expected_epoch=first.epoch, owner=None
+    )
     assert requeued.owner is None and "s" not in await registry.placement()
     second = await registry.claim("s", "w2", expected_epoch=requeued.epoch)
     assert second.epoch == first.epoch + 2
@@ -97,7 +99,9 @@ async def test_terminate_clears_placement_and_expires(registry, redis_client):
     await registry.create_session("s", "p", 0)
     rec = await registry.claim("s", "w1", 0)
     done = await registry.transition("s", SessionState.TERMINATED)
-    assert done.state is SessionState.TERMINATED and done.owner == "w1" and done.epoch == rec.epoch + 1
+    assert (
+        done.state is SessionState.TERMINATED and done.owner == "w1" and done.epoch == rec.epoch + 1
+    )
     assert "s" not in await registry.placement()
     ttl = await redis_client.ttl(registry.session_key("s"))
     assert 0 < ttl <= TERMINATED_TTL_S
@@ -108,10 +112,14 @@ async def test_terminate_clears_placement_and_expires(registry, redis_client):
 
 
 async def test_workers_and_heartbeat_ttl(registry):
-    w = WorkerRecord(id="w1", status=WorkerStatus.READY, capacity=8, chunk_ms={1: 12.5}, mem_free_bytes=10)
+    w = WorkerRecord(
+        id="w1", status=WorkerStatus.READY, capacity=8, chunk_ms={1: 12.5}, mem_free_bytes=10
+    )
     await registry.register_worker(w, ttl_s=0.3)
     [got] = await registry.workers()
-    assert got.alive and got.capacity == 8 and got.chunk_ms == {1: 12.5} and got.mem_free_bytes == 10
+    assert (
+        got.alive and got.capacity == 8 and got.chunk_ms == {1: 12.5} and got.mem_free_bytes == 10
+    )
 
     async def expired() -> bool:
         return not (await registry.workers())[0].alive

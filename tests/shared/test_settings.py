@@ -16,8 +16,14 @@ def test_defaults_are_valid():
 
 
 def test_reads_prefixed_variables_with_types():
-    s = GatewaySettings.from_env({"TURBOSERVE_PORT": "9001", "TURBOSERVE_SSE_KEEPALIVE_S": "2.5",
-                                  "TURBOSERVE_SUBJECT_PREFIX": "prod", "PORT": "1"})
+    s = GatewaySettings.from_env(
+        {
+            "TURBOSERVE_PORT": "9001",
+            "TURBOSERVE_SSE_KEEPALIVE_S": "2.5",
+            "TURBOSERVE_SUBJECT_PREFIX": "prod",
+            "PORT": "1",
+        }
+    )
     assert s.port == 9001 and s.sse_keepalive_s == 2.5 and s.subject_prefix == "prod"
     assert s.subjects.session_events == "prod.session.events"
 
@@ -30,24 +36,37 @@ def test_optional_and_bool_parsing():
 
 def test_all_faults_reported_together():
     with pytest.raises(SettingsError) as info:
-        GatewaySettings.from_env({"TURBOSERVE_PORT": "http", "TURBOSERVE_LOG_LEVEL": "loud",
-                                  "TURBOSERVE_NATS_URL": "http://x"})
+        GatewaySettings.from_env(
+            {
+                "TURBOSERVE_PORT": "http",
+                "TURBOSERVE_LOG_LEVEL": "loud",
+                "TURBOSERVE_NATS_URL": "http://x",
+            }
+        )
     text = str(info.value)
     assert "TURBOSERVE_PORT" in text
     # The port fault is a parse fault; validation faults appear once parsing succeeds.
     with pytest.raises(SettingsError) as info2:
-        GatewaySettings.from_env({"TURBOSERVE_PORT": "70000", "TURBOSERVE_LOG_LEVEL": "loud",
-                                  "TURBOSERVE_NATS_URL": "http://x"})
+        GatewaySettings.from_env(
+            {
+                "TURBOSERVE_PORT": "70000",
+                "TURBOSERVE_LOG_LEVEL": "loud",
+                "TURBOSERVE_NATS_URL": "http://x",
+            }
+        )
     assert len(info2.value.faults) == 3
     assert "TURBOSERVE_LOG_LEVEL" in str(info2.value) and "TURBOSERVE_NATS_URL" in str(info2.value)
 
 
-@pytest.mark.parametrize(("var", "value"), [
-    ("TURBOSERVE_WORKER_ID", "bad id"),
-    ("TURBOSERVE_MAX_SESSIONS", "0"),
-    ("TURBOSERVE_JPEG_QUALITY", "101"),
-    ("TURBOSERVE_HEARTBEAT_S", "-1"),
-])
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("TURBOSERVE_WORKER_ID", "bad id"),
+        ("TURBOSERVE_MAX_SESSIONS", "0"),
+        ("TURBOSERVE_JPEG_QUALITY", "101"),
+        ("TURBOSERVE_HEARTBEAT_S", "-1"),
+    ],
+)
 def test_worker_validation(var, value):
     with pytest.raises(SettingsError, match=var):
         WorkerSettings.from_env({var: value})
@@ -59,21 +78,25 @@ def test_provisioner_bounds():
 
 
 def test_secrets_masked_when_printed():
-    s = GatewaySettings.from_env({"TURBOSERVE_API_TOKEN": "hunter2",
-                                  "TURBOSERVE_REDIS_URL": "redis://:pa55@db:6379/0"})
+    s = GatewaySettings.from_env(
+        {"TURBOSERVE_API_TOKEN": "hunter2", "TURBOSERVE_REDIS_URL": "redis://:pa55@db:6379/0"}
+    )
     text = str(s)
     assert "hunter2" not in text and "pa55" not in text
     assert "***" in text
     assert s.api_token == "hunter2"  # masked only when printed
 
 
-@pytest.mark.parametrize(("url", "masked"), [
-    ("redis://user:pw@h:1/0", "redis://user:***@h:1/0"),
-    ("redis://:p@ss@h:6379/0", "redis://:***@h:6379/0"),
-    ("nats://s3cr3t@host:4222", "nats://***@host:4222"),
-    ("nats://h:4222", "nats://h:4222"),
-    ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
-])
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://user:pw@h:1/0", "redis://user:***@h:1/0"),
+        ("redis://:p@ss@h:6379/0", "redis://:***@h:6379/0"),
+        ("nats://s3cr3t@host:4222", "nats://***@host:4222"),
+        ("nats://h:4222", "nats://h:4222"),
+        ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
+    ],
+)
 def test_mask_url(url, masked):
     assert mask_url(url) == masked
 

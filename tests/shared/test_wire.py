@@ -27,11 +27,33 @@ ids = st.from_regex(r"[A-Za-z0-9_-]{1,40}", fullmatch=True)
 
 SAMPLES = [
     SessionEvent(session_id="s1", kind=SessionEventKind.CREATED, prompt="a fox", seed=3),
-    WorkerCommand(kind=WorkerCmdKind.ASSIGN, worker_id="w1", epoch=4, session_id="s1", prompt="p", seq=7),
-    Heartbeat(worker_id="w1", status=WorkerStatus.READY, capacity=8, active=2, sessions=["a", "b"],
-              chunk_ms={1: 10.5, 4: 22.0}, mem_free_bytes=123),
-    Chunk(session_id="s1", seq=3, worker_id="w1", epoch=2, encoding="jpeg", frames=[b"\xff\xd8abc", b""],
-          width=64, height=48, fps=16.0, gen_ms=12.5, batch=3, due_at=1.0, done_at=1.5),
+    WorkerCommand(
+        kind=WorkerCmdKind.ASSIGN, worker_id="w1", epoch=4, session_id="s1", prompt="p", seq=7
+    ),
+    Heartbeat(
+        worker_id="w1",
+        status=WorkerStatus.READY,
+        capacity=8,
+        active=2,
+        sessions=["a", "b"],
+        chunk_ms={1: 10.5, 4: 22.0},
+        mem_free_bytes=123,
+    ),
+    Chunk(
+        session_id="s1",
+        seq=3,
+        worker_id="w1",
+        epoch=2,
+        encoding="jpeg",
+        frames=[b"\xff\xd8abc", b""],
+        width=64,
+        height=48,
+        fps=16.0,
+        gen_ms=12.5,
+        batch=3,
+        due_at=1.0,
+        done_at=1.5,
+    ),
     StreamEnd(session_id="s1", last_seq=9),
     ProvisionerCommand(kind=ProvisionerCmdKind.START, count=2, worker_ids=["w-1"]),
     ProvisionerEvent(worker_id="w-1", status=WorkerStatus.BOOTING, detail="pid 5"),
@@ -46,14 +68,33 @@ def test_round_trip(msg):
 
 
 def test_union_decoding_picks_the_tagged_type():
-    end = decode("ts.session.s.chunks", encode(StreamEnd(session_id="s", last_seq=1)), ChunkStreamMsg)
+    end = decode(
+        "ts.session.s.chunks", encode(StreamEnd(session_id="s", last_seq=1)), ChunkStreamMsg
+    )
     assert isinstance(end, StreamEnd)
 
 
-@given(session_id=ids, seq=st.integers(min_value=0, max_value=2**40), frames=st.lists(st.binary(max_size=64), max_size=4))
+@given(
+    session_id=ids,
+    seq=st.integers(min_value=0, max_value=2**40),
+    frames=st.lists(st.binary(max_size=64), max_size=4),
+)
 def test_chunk_round_trip_property(session_id, seq, frames):
-    chunk = Chunk(session_id=session_id, seq=seq, worker_id="w", epoch=1, encoding="jpeg", frames=frames,
-                  width=1, height=1, fps=16.0, gen_ms=0.0, batch=1, due_at=0.0, done_at=0.0)
+    chunk = Chunk(
+        session_id=session_id,
+        seq=seq,
+        worker_id="w",
+        epoch=1,
+        encoding="jpeg",
+        frames=frames,
+        width=1,
+        height=1,
+        fps=16.0,
+        gen_ms=0.0,
+        batch=1,
+        due_at=0.0,
+        done_at=0.0,
+    )
     assert decode("s", encode(chunk), Chunk) == chunk
 
 
@@ -102,7 +143,11 @@ def test_distinct_prefixes_never_share_a_stream():
 
 def test_provisioner_count_is_bounded():
     with pytest.raises(WireError, match="count"):
-        decode("p", b'{"type":"provisioner_cmd","kind":"start","count":1000000000000}', ProvisionerCommand)
+        decode(
+            "p",
+            b'{"type":"provisioner_cmd","kind":"start","count":1000000000000}',
+            ProvisionerCommand,
+        )
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "a.*", "a.>", "a..b", "a.b", "a/b", "x" * 33])

@@ -14,12 +14,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tools.cli", "bench", "gateway", *args],
-                          capture_output=True, text=True, timeout=240, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cli", "bench", "gateway", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
 
 
-@pytest.mark.parametrize("args", [["--clients", "0"], ["--sessions", "9", "--clients", "3"],
-                                  ["--size", "big"], ["--period", "0"], ["--frames", "100"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--clients", "0"],
+        ["--sessions", "9", "--clients", "3"],
+        ["--size", "big"],
+        ["--period", "0"],
+        ["--frames", "100"],
+    ],
+)
 def test_bad_options_are_one_line_errors(args):
     proc = bench(*args)
     assert proc.returncode == 2
@@ -27,10 +40,27 @@ def test_bad_options_are_one_line_errors(args):
 
 
 def test_small_run_prints_a_table_and_writes_json(infra, tmp_path):
-    env = {**os.environ, "TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url}
+    env = {
+        **os.environ,
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+    }
     out = tmp_path / "gw.json"
-    proc = bench("--clients", "6", "--sessions", "3", "--seconds", "2", "--warmup", "0.5",
-                 "--period", "0.25", "--json", str(out), env=env)
+    proc = bench(
+        "--clients",
+        "6",
+        "--sessions",
+        "3",
+        "--seconds",
+        "2",
+        "--warmup",
+        "0.5",
+        "--period",
+        "0.25",
+        "--json",
+        str(out),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "| clients | sessions | events | p50 ms | p99 ms |" in proc.stdout
     result = json.loads(out.read_text())

@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 async def test_bench_pacing_measures_every_session(infra):
-    args = argparse.Namespace(sessions=2, preset="tiny", period=0.5, window=3.0, stagger=0.2,
-                              newcomers=1)
+    args = argparse.Namespace(
+        sessions=2, preset="tiny", period=0.5, window=3.0, stagger=0.2, newcomers=1
+    )
     result = await measure(infra.nats_url, infra.redis_url, args)
     assert result["period_s"] == 0.5 and result["playback_chunks_per_s"] == 2.0
     assert result["chunks_per_s_min"] > 0

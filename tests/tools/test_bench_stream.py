@@ -15,13 +15,26 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tools.cli", "bench", "stream", *args],
-                          capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cli", "bench", "stream", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
-@pytest.mark.parametrize("args", [["--viewers", "0"], ["--sessions", "9", "--viewers", "3"],
-                                  ["--size", "big"], ["--kinds", "noise"], ["--period", "0"],
-                                  ["--webrtc-viewers", "0"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--viewers", "0"],
+        ["--sessions", "9", "--viewers", "3"],
+        ["--size", "big"],
+        ["--kinds", "noise"],
+        ["--period", "0"],
+        ["--webrtc-viewers", "0"],
+    ],
+)
 def test_bad_options_are_one_line_errors(args):
     proc = bench(*args)
     assert proc.returncode == 2
@@ -29,11 +42,33 @@ def test_bad_options_are_one_line_errors(args):
 
 
 def test_small_run_writes_each_format_for_each_kind_of_frames(infra, tmp_path):
-    env = {**os.environ, "TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url}
+    env = {
+        **os.environ,
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+    }
     out = tmp_path / "stream.json"
-    proc = bench("--viewers", "4", "--sessions", "2", "--seconds", "1.5", "--warmup", "0.5",
-                 "--size", "64x96", "--chunks", "2", "--encode-runs", "3", "--webrtc-viewers", "3",
-                 "--json", str(out), env=env)
+    proc = bench(
+        "--viewers",
+        "4",
+        "--sessions",
+        "2",
+        "--seconds",
+        "1.5",
+        "--warmup",
+        "0.5",
+        "--size",
+        "64x96",
+        "--chunks",
+        "2",
+        "--encode-runs",
+        "3",
+        "--webrtc-viewers",
+        "3",
+        "--json",
+        str(out),
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "delivery p99" in proc.stdout and "webrtc" in proc.stdout
     assert "3 for webrtc" in proc.stdout

@@ -20,10 +20,25 @@ def test_bench_worker_writes_results_and_a_profile(tmp_path, capsys):
     # Only this module's parser: other services' CLIs are not under test here.
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="target", required=True))
-    args = parser.parse_args([
-        "worker", "--preset", "tiny", "--device", "cpu", "--batch", "1,2",
-        "--chunks", "1", "--warmup", "0", "--json", str(out), "--profile-out", str(profile_path),
-    ])
+    args = parser.parse_args(
+        [
+            "worker",
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--batch",
+            "1,2",
+            "--chunks",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+            "--profile-out",
+            str(profile_path),
+        ]
+    )
     assert args.func(args) == 0
     report = json.loads(out.read_text())
     assert report["preset"] == "tiny" and report["device"] == "cpu"
@@ -43,8 +58,13 @@ def test_bench_worker_writes_results_and_a_profile(tmp_path, capsys):
 
 def test_profile_loads_in_the_scheduler_when_present(tmp_path):
     report = {
-        "preset": "tiny", "device": "cpu", "state_bytes": 1000, "suspend_ms": 0.5,
-        "resume_ms": 0.5, "video_frames_per_chunk": 12, "weights_bytes": 10,
+        "preset": "tiny",
+        "device": "cpu",
+        "state_bytes": 1000,
+        "suspend_ms": 0.5,
+        "resume_ms": 0.5,
+        "video_frames_per_chunk": 12,
+        "weights_bytes": 10,
         "results": [{"batch": 1, "chunk_ms_p50": 20.0}, {"batch": 4, "chunk_ms_p50": 50.0}],
         "telemetry": {"name": "cpu", "mem_total_bytes": 10**9},
     }
@@ -85,8 +105,21 @@ def test_cpu_telemetry_says_so():
 def test_bench_worker_refuses_bad_options_in_one_line(extra, message, capsys):
     from tools.cli import main
 
-    code = main(["bench", "worker", "--device", "cpu", "--chunks", "1", "--warmup", "0",
-                 "--batch", "1", *extra])
+    code = main(
+        [
+            "bench",
+            "worker",
+            "--device",
+            "cpu",
+            "--chunks",
+            "1",
+            "--warmup",
+            "0",
+            "--batch",
+            "1",
+            *extra,
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 2
     assert captured.err.startswith("turboserve bench worker: ") and message in captured.err
@@ -109,7 +142,19 @@ def test_bench_worker_refuses_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
 
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file")
-    code = main(["bench", "worker", "--device", "cpu", "--batch", "1", "--chunks", "1",
-                 "--checkpoint", str(bad)])
+    code = main(
+        [
+            "bench",
+            "worker",
+            "--device",
+            "cpu",
+            "--batch",
+            "1",
+            "--chunks",
+            "1",
+            "--checkpoint",
+            str(bad),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("turboserve bench worker: ") and "bad.safetensors" in err

@@ -31,9 +31,13 @@ print(json.dumps(sorted(m for m in ("torch", "numpy", "aiohttp", "nats", "redis"
 
 
 def _heavy_imports(argv: list[str], run_modules: tuple[str, ...] = ()) -> list[str]:
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv),
-                           json.dumps(list(run_modules))],
-                          capture_output=True, text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(argv), json.dumps(list(run_modules))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -42,15 +46,19 @@ def test_top_level_help_imports_no_subcommand_module() -> None:
     assert _heavy_imports(["bench", "--help"]) == []
 
 
-@pytest.mark.parametrize(("argv", "run_modules"), [
-    (["ctl", "--help"], ("tools.ctl",)),
-    (["ctl", "status", "--help"], ("tools.ctl",)),
-    (["gateway", "--help"], ("services.gateway.service",)),
-    (["scheduler", "--help"], ("services.scheduler.service",)),
-    (["provisioner", "--help"], ("services.provisioner.service", "services.provisioner.local")),
-])
-def test_services_without_the_model_never_import_torch(argv: list[str],
-                                                       run_modules: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "run_modules"),
+    [
+        (["ctl", "--help"], ("tools.ctl",)),
+        (["ctl", "status", "--help"], ("tools.ctl",)),
+        (["gateway", "--help"], ("services.gateway.service",)),
+        (["scheduler", "--help"], ("services.scheduler.service",)),
+        (["provisioner", "--help"], ("services.provisioner.service", "services.provisioner.local")),
+    ],
+)
+def test_services_without_the_model_never_import_torch(
+    argv: list[str], run_modules: tuple[str, ...]
+) -> None:
     assert "torch" not in _heavy_imports(argv, run_modules)
 
 

@@ -7,16 +7,31 @@ import orjson
 from tools.ctl import format_status, status_json
 
 STATUS = {
-    "workers": [{
-        "id": "w-1", "status": "ready", "alive": True, "kind": "H20", "emulated": True,
-        "capacity": 12, "waiting": 0, "chunk_ms": {1: 420.0, 2: 491.0, 10: 1059.0},
-        "sessions": [{"id": "s1", "state": "executing", "last_seq": 6, "epoch": 1}],
-    }],
+    "workers": [
+        {
+            "id": "w-1",
+            "status": "ready",
+            "alive": True,
+            "kind": "H20",
+            "emulated": True,
+            "capacity": 12,
+            "waiting": 0,
+            "chunk_ms": {1: 420.0, 2: 491.0, 10: 1059.0},
+            "sessions": [{"id": "s1", "state": "executing", "last_seq": 6, "epoch": 1}],
+        }
+    ],
     "pending": [],
     "scheduler": {
-        "leader": "sched-a", "rho_hat": 0.7, "updated_at": 1796068113.73,
-        "profiles": {"H20": {"name": "h20-longlive-1.3b-nvlink", "chunk_ms": [420.0],
-                             "sources": {"chunk_ms": "a long paragraph"}}},
+        "leader": "sched-a",
+        "rho_hat": 0.7,
+        "updated_at": 1796068113.73,
+        "profiles": {
+            "H20": {
+                "name": "h20-longlive-1.3b-nvlink",
+                "chunk_ms": [420.0],
+                "sources": {"chunk_ms": "a long paragraph"},
+            }
+        },
     },
 }
 

@@ -25,8 +25,13 @@ ANSWER_WITHIN_S = 4.0
 
 def ctl(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "ctl", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "ctl", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return proc, time.monotonic() - started
 
 
@@ -39,9 +44,13 @@ def bare_env(isolation) -> dict[str, str]:
 
 def write_state(directory: Path, nats_url: str, redis_url: str, isolation: dict[str, str]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    state = {"pid": os.getpid(), "nats_url": nats_url, "redis_url": redis_url,
-             "subject_prefix": isolation["TURBOSERVE_SUBJECT_PREFIX"],
-             "redis_namespace": isolation["TURBOSERVE_REDIS_NAMESPACE"]}
+    state = {
+        "pid": os.getpid(),
+        "nats_url": nats_url,
+        "redis_url": redis_url,
+        "subject_prefix": isolation["TURBOSERVE_SUBJECT_PREFIX"],
+        "redis_namespace": isolation["TURBOSERVE_REDIS_NAMESPACE"],
+    }
     (directory / "up.json").write_text(json.dumps(state))
 
 
@@ -55,12 +64,21 @@ def test_without_a_state_file_or_an_address_there_is_no_mesh_to_talk_to(bare_env
 
 @pytest.mark.parametrize("down", ["nats", "redis"])
 def test_a_mesh_that_does_not_answer_is_one_line_within_about_two_seconds(
-        down, infra, bare_env, tmp_path):
+    down, infra, bare_env, tmp_path
+):
     closed = free_port()
     nats_url = f"nats://127.0.0.1:{closed}" if down == "nats" else infra.nats_url
     redis_url = f"redis://127.0.0.1:{closed}/0" if down == "redis" else infra.redis_url
-    proc, took = ctl("--state-dir", str(tmp_path), "status", "--nats-url", nats_url,
-                     "--redis-url", redis_url, env=bare_env)
+    proc, took = ctl(
+        "--state-dir",
+        str(tmp_path),
+        "status",
+        "--nats-url",
+        nats_url,
+        "--redis-url",
+        redis_url,
+        env=bare_env,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert f"could not connect to {down} within 2s: " in line and str(closed) in line
@@ -69,8 +87,9 @@ def test_a_mesh_that_does_not_answer_is_one_line_within_about_two_seconds(
     assert took < ANSWER_WITHIN_S
 
 
-def test_ctl_says_which_mesh_it_talks_to_when_not_the_state_files(infra, bare_env, isolation,
-                                                                   tmp_path, redis_client):
+def test_ctl_says_which_mesh_it_talks_to_when_not_the_state_files(
+    infra, bare_env, isolation, tmp_path, redis_client
+):
     # The state file's mesh: nothing said, and the addresses come from it alone.
     write_state(tmp_path / "up", infra.nats_url, infra.redis_url, isolation)
     proc, _ = ctl("status", "--json", "--state-dir", str(tmp_path / "up"), env=bare_env)
@@ -79,15 +98,17 @@ def test_ctl_says_which_mesh_it_talks_to_when_not_the_state_files(infra, bare_en
 
     # Another address than the state file's (the same servers, by another name).
     other = infra.nats_url.replace("127.0.0.1", "localhost")
-    proc, _ = ctl("status", "--state-dir", str(tmp_path / "up"), "--nats-url", other,
-                  env=bare_env)
+    proc, _ = ctl("status", "--state-dir", str(tmp_path / "up"), "--nats-url", other, env=bare_env)
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert f"talking to NATS {other}" in line and "not the mesh `turboserve up` runs" in line
 
     # No state file: the environment's mesh, said so.
-    env = {**bare_env, "TURBOSERVE_NATS_URL": infra.nats_url,
-           "TURBOSERVE_REDIS_URL": infra.redis_url}
+    env = {
+        **bare_env,
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+    }
     proc, _ = ctl("status", "--state-dir", str(tmp_path / "none"), env=env)
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stderr.strip().splitlines()

@@ -15,8 +15,9 @@ def test_bench_migration_writes_the_documented_json(infra, tmp_path, monkeypatch
     monkeypatch.setenv("TURBOSERVE_NATS_URL", infra.nats_url)
     monkeypatch.setenv("TURBOSERVE_REDIS_URL", infra.redis_url)
     out = tmp_path / "migration.json"
-    assert main(["bench", "migration", "--sizes", "0.25,2", "--repeats", "2",
-                 "--json", str(out)]) == 0
+    assert (
+        main(["bench", "migration", "--sizes", "0.25,2", "--repeats", "2", "--json", str(out)]) == 0
+    )
     report = json.loads(out.read_text())
     assert [r["state_bytes"] for r in report["results"]] == [256 * 1024, 2 << 20]
     for row in report["results"]:

@@ -26,16 +26,19 @@ def test_defaults():
     assert got["transport"] == "auto" and not got["checksum"]
 
 
-@pytest.mark.parametrize(("argv", "fault"), [
-    (["--sizes", "0"], "sizes > 0"),
-    (["--sizes", "1,x"], "MiB numbers"),
-    (["--sizes", ","], "sizes > 0"),
-    (["--repeats", "0"], "--repeats must be >= 1"),
-    (["--layers", "0"], "--layers must be >= 1"),
-    (["--transport", "rdma"], "--transport must be"),
-    (["--devices", "cpu"], "two devices"),
-    (["--device", "tpu"], "cpu or cuda"),
-])
+@pytest.mark.parametrize(
+    ("argv", "fault"),
+    [
+        (["--sizes", "0"], "sizes > 0"),
+        (["--sizes", "1,x"], "MiB numbers"),
+        (["--sizes", ","], "sizes > 0"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--layers", "0"], "--layers must be >= 1"),
+        (["--transport", "rdma"], "--transport must be"),
+        (["--devices", "cpu"], "two devices"),
+        (["--device", "tpu"], "cpu or cuda"),
+    ],
+)
 def test_bad_options_are_one_line_errors(argv, fault):
     with pytest.raises(BenchUsageError, match=fault):
         options(*argv)
@@ -51,9 +54,18 @@ def test_cuda_without_a_gpu_is_refused():
 
 
 def report(total, offer, transfer, commit, nbytes=64 * MIB):
-    return MigrationReport(session_id="s", src="a", dst="b", ok=True, nbytes=nbytes,
-                           transport="gloo", total_ms=total, offer_ms=offer,
-                           transfer_ms=transfer, commit_ms=commit)
+    return MigrationReport(
+        session_id="s",
+        src="a",
+        dst="b",
+        ok=True,
+        nbytes=nbytes,
+        transport="gloo",
+        total_ms=total,
+        offer_ms=offer,
+        transfer_ms=transfer,
+        commit_ms=commit,
+    )
 
 
 def test_summary_and_bars():
@@ -72,8 +84,16 @@ def test_summary_and_bars():
 
 def test_table_prints_every_row(capsys):
     rows = [_summarise([report(40, 1, 32, 1)], 4.0), _summarise([report(4, 1, 1, 1, MIB)], 4.0)]
-    print_table({"results": rows, "devices": ["cpu", "cpu"], "transport": "gloo",
-                 "repeats": 1, "first_use_ms": 12.5, "first_use_ms_each": [12.5, 3.0]})
+    print_table(
+        {
+            "results": rows,
+            "devices": ["cpu", "cpu"],
+            "transport": "gloo",
+            "repeats": 1,
+            "first_use_ms": 12.5,
+            "first_use_ms_each": [12.5, 3.0],
+        }
+    )
     out = capsys.readouterr().out
     assert "| 64 |" in out and "| 1 |" in out and "first use" in out and "12.5" in out
 

@@ -8,9 +8,14 @@ from services.scheduler.sim.traceio import TraceEvent
 from services.scheduler.sim.viewer import ServiceLedger
 from tools.replay import ReplayConfig, SessionLog, select_events, summarize
 
-EVENTS = [TraceEvent(0.0, "a", "arrive"), TraceEvent(5.0, "b", "arrive"),
-          TraceEvent(8.0, "a", "idle"), TraceEvent(12.0, "a", "active"),
-          TraceEvent(20.0, "b", "depart"), TraceEvent(30.0, "a", "depart")]
+EVENTS = [
+    TraceEvent(0.0, "a", "arrive"),
+    TraceEvent(5.0, "b", "arrive"),
+    TraceEvent(8.0, "a", "idle"),
+    TraceEvent(12.0, "a", "active"),
+    TraceEvent(20.0, "b", "depart"),
+    TraceEvent(30.0, "a", "depart"),
+]
 
 
 def config(speed: float = 1.0, **kw) -> ReplayConfig:
@@ -71,9 +76,14 @@ def test_gaps_and_repeats_are_counted():
     log.id = "x"
     for seq in (0, 1, 3, 3, 4):
         log.chunk(seq, due_at=0.0, done_at=0.0, now=0.0)
-    result = summarize([log], 1000.0, {"counters": {"migrations": 2}, "cost": {"gpu_seconds": 5}},
-                       {"counters": {"migrations": 5, "scale_out_events": 1},
-                        "cost": {"gpu_seconds": 65.5}}, 3, 10.0)
+    result = summarize(
+        [log],
+        1000.0,
+        {"counters": {"migrations": 2}, "cost": {"gpu_seconds": 5}},
+        {"counters": {"migrations": 5, "scale_out_events": 1}, "cost": {"gpu_seconds": 65.5}},
+        3,
+        10.0,
+    )
     assert result["chunks_lost"] == 1 and result["seq_repeats"] == 1 and result["seq_gaps"] == 1
     assert result["migrations"] == 3 and result["scale_out_events"] == 1
     assert result["cost_gpu_seconds"] == 60.5 and result["peak_gpus"] == 3
@@ -100,12 +110,26 @@ def test_the_simulator_plays_the_same_window_at_the_same_speed():
     events = [(10.0 * i, f"s{i}", "arrive") for i in range(20)]
     events += [(10.0 * i + 30.0, f"s{i}", "depart") for i in range(20)]
     events.sort()
-    status = {"profiles": {"H20": load_profile().to_dict()}, "gpu_kind": "H20",
-              "policy": "least_loaded", "boot_delay_s": 5.0, "tick_s": 0.5}
-    before = {"scheduler": status, "pool": {"min_workers": 1, "max_workers": 4},
-              "workers": [{"alive": True, "status": "ready"}]}
-    result = {"_before": before, "wall_s": 23.0, "sessions": 20, "chunks": 100,
-              "cost_gpu_seconds": 23.0, "latency_ms": {"p50": 0.0, "p99": 0.0, "max": 0.0}}
+    status = {
+        "profiles": {"H20": load_profile().to_dict()},
+        "gpu_kind": "H20",
+        "policy": "least_loaded",
+        "boot_delay_s": 5.0,
+        "tick_s": 0.5,
+    }
+    before = {
+        "scheduler": status,
+        "pool": {"min_workers": 1, "max_workers": 4},
+        "workers": [{"alive": True, "status": "ready"}],
+    }
+    result = {
+        "_before": before,
+        "wall_s": 23.0,
+        "sessions": 20,
+        "chunks": 100,
+        "cost_gpu_seconds": 23.0,
+        "latency_ms": {"p50": 0.0, "p99": 0.0, "max": 0.0},
+    }
     compare_with_sim(result, events, config(speed=10.0))
     sim = result["sim"]
     assert sim["sessions"] == 20  # every session of the window, compressed into the run
@@ -155,15 +179,17 @@ async def test_compare_sim_waits_for_the_schedulers_account_and_says_when_none_c
     try:
         async with aiohttp.ClientSession() as session:
             url = f"http://127.0.0.1:{port}"
-            cfg = ReplayConfig(gateway=url, api_key=None, operator_key="op", speed=1.0,
-                               account_wait_s=10.0)
+            cfg = ReplayConfig(
+                gateway=url, api_key=None, operator_key="op", speed=1.0, account_wait_s=10.0
+            )
             http = Gateways(session, [url])
             first = await _cluster(http, cfg)
             assert first is not None and not first["scheduler"]
             assert await _await_account(http, cfg, first) == account
             served_from = time.monotonic() + 60.0  # never again within the wait
-            short = ReplayConfig(gateway=url, api_key=None, operator_key="op", speed=1.0,
-                                 account_wait_s=1.0)
+            short = ReplayConfig(
+                gateway=url, api_key=None, operator_key="op", speed=1.0, account_wait_s=1.0
+            )
             started = time.monotonic()
             with pytest.raises(ReplayError, match="no scheduler account after 1 s"):
                 await _await_account(http, short, await _cluster(http, short))

@@ -27,9 +27,12 @@ import orjson
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("control", help="the control plane's overhead (event to command)",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "control",
+        help="the control plane's overhead (event to command)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--events", type=int, default=300, help="session events to time")
     p.add_argument("--sessions", type=int, default=20, help="sessions to create end to end")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
@@ -41,14 +44,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.events < 10 or args.sessions < 1:
         return fail("bench control", "--events must be >= 10 and --sessions >= 1")
-    return run_on_infra("bench control",
-                        lambda nats_url, redis_url: measure(nats_url, redis_url, args.events,
-                                                            args.sessions),
-                        format_table, args.json_out)
+    return run_on_infra(
+        "bench control",
+        lambda nats_url, redis_url: measure(nats_url, redis_url, args.events, args.sessions),
+        format_table,
+        args.json_out,
+    )
 
 
-def run_on_infra(label: str, measure: Callable[[str, str], Coroutine[Any, Any, dict[str, Any]]],
-                 format_table: Callable[[dict[str, Any]], str], json_out: str | None) -> int:
+def run_on_infra(
+    label: str,
+    measure: Callable[[str, str], Coroutine[Any, Any, dict[str, Any]]],
+    format_table: Callable[[dict[str, Any]], str],
+    json_out: str | None,
+) -> int:
     """Run ``measure(nats_url, redis_url)`` on the NATS and Redis at TURBOSERVE_NATS_URL /
     TURBOSERVE_REDIS_URL (embedded ones where none answers), print its table, write its JSON."""
     from shared.cli import fail
@@ -73,9 +82,14 @@ def run_on_infra(label: str, measure: Callable[[str, str], Coroutine[Any, Any, d
 
 def _env(nats_url: str, redis_url: str) -> dict[str, str]:
     tag = "bench" + uuid.uuid4().hex[:8]
-    return {"TURBOSERVE_NATS_URL": nats_url, "TURBOSERVE_REDIS_URL": redis_url,
-            "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
-            "TURBOSERVE_LOG_LEVEL": "error", "TURBOSERVE_METRICS_PORT": "-1"}
+    return {
+        "TURBOSERVE_NATS_URL": nats_url,
+        "TURBOSERVE_REDIS_URL": redis_url,
+        "TURBOSERVE_SUBJECT_PREFIX": tag,
+        "TURBOSERVE_REDIS_NAMESPACE": tag,
+        "TURBOSERVE_LOG_LEVEL": "error",
+        "TURBOSERVE_METRICS_PORT": "-1",
+    }
 
 
 async def measure(nats_url: str, redis_url: str, events: int, sessions: int) -> dict[str, Any]:
@@ -136,8 +150,9 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
     received: dict[tuple[str, str], float] = {}
     arrived = asyncio.Event()
     async with _scheduler(env) as ctx:
-        record = WorkerRecord(id="probe", status=WorkerStatus.READY, capacity=count + 10,
-                              gpu_kind="H20")
+        record = WorkerRecord(
+            id="probe", status=WorkerStatus.READY, capacity=count + 10, gpu_kind="H20"
+        )
         await ctx.registry.register_worker(record, ttl_s=120)
 
         async def on_cmd(msg: Any) -> None:
@@ -145,18 +160,28 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
             received[(str(cmd.kind), cmd.session_id or "")] = time.perf_counter()
             arrived.set()
             if msg.reply:
-                await msg.respond(encode(CommandReply(worker_id="probe", ok=True,
-                                                      command_id=cmd.command_id)))
+                await msg.respond(
+                    encode(CommandReply(worker_id="probe", ok=True, command_id=cmd.command_id))
+                )
 
         await ctx.nc.subscribe(ctx.subjects.worker_cmd("probe"), cb=on_cmd)
-        beat = Heartbeat(worker_id="probe", status=WorkerStatus.READY, capacity=count + 10,
-                         active=0, gpu_kind="H20", chunk_period_s=1.25)
+        beat = Heartbeat(
+            worker_id="probe",
+            status=WorkerStatus.READY,
+            capacity=count + 10,
+            active=0,
+            gpu_kind="H20",
+            chunk_period_s=1.25,
+        )
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
         await subscriptions_live(ctx.nc)
         await asyncio.sleep(1.5)  # the scheduler knows the probe
         samples: list[float] = []
-        plan = [(SessionEventKind.CREATED, "assign"), (SessionEventKind.IDLE, "suspend"),
-                (SessionEventKind.ACTIVE, "resume")]
+        plan = [
+            (SessionEventKind.CREATED, "assign"),
+            (SessionEventKind.IDLE, "suspend"),
+            (SessionEventKind.ACTIVE, "resume"),
+        ]
         i = 0
         while len(samples) < count:
             sid = f"b{i}"
@@ -165,8 +190,9 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
             for kind, command in plan:
                 arrived.clear()
                 started = time.perf_counter()
-                await ctx.js.publish(ctx.subjects.session_events,
-                                     encode(SessionEvent(session_id=sid, kind=kind)))
+                await ctx.js.publish(
+                    ctx.subjects.session_events, encode(SessionEvent(session_id=sid, kind=kind))
+                )
                 deadline = time.monotonic() + 5
                 while (command, sid) not in received:
                     if time.monotonic() > deadline:
@@ -176,8 +202,10 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
                     arrived.clear()
                 samples.append((received[(command, sid)] - started) * 1000.0)
             await ctx.registry.transition(sid, _terminated())
-            await ctx.js.publish(ctx.subjects.session_events,
-                                 encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)))
+            await ctx.js.publish(
+                ctx.subjects.session_events,
+                encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)),
+            )
         return samples[:count]
 
 
@@ -200,13 +228,19 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
 
     env = _env(env["TURBOSERVE_NATS_URL"], env["TURBOSERVE_REDIS_URL"])
     port = free_port()
-    wsettings = WorkerSettings.from_env(env, worker_id="bench-worker", max_sessions=count + 1,
-                                        chunk_period_s=0.5)
-    gsettings = GatewaySettings.from_env({**env, "TURBOSERVE_API_KEYS": "bench:bench-key-12345"},
-                                         port=port)
+    wsettings = WorkerSettings.from_env(
+        env, worker_id="bench-worker", max_sessions=count + 1, chunk_period_s=0.5
+    )
+    gsettings = GatewaySettings.from_env(
+        {**env, "TURBOSERVE_API_KEYS": "bench:bench-key-12345"}, port=port
+    )
     firsts: dict[str, float] = {}
-    async with _scheduler(env) as ctx, running(WorkerService(wsettings), wsettings), \
-            running(GatewayService(gsettings), gsettings):
+    async with (
+        _scheduler(env) as ctx,
+        running(WorkerService(wsettings), wsettings),
+        running(GatewayService(gsettings), gsettings),
+    ):
+
         async def on_chunk(msg: Any) -> None:
             item = decode(msg.subject, msg.data, cast("type[ChunkStreamMsg]", ChunkStreamMsg))
             if isinstance(item, Chunk) and item.seq == 0:
@@ -218,8 +252,11 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
             for _ in range(count):
                 posted = time.time()
-                async with http.post("/v1/sessions", json={"prompt": "bench"},
-                                     headers={"Authorization": "Bearer bench-key-12345"}) as resp:
+                async with http.post(
+                    "/v1/sessions",
+                    json={"prompt": "bench"},
+                    headers={"Authorization": "Bearer bench-key-12345"},
+                ) as resp:
                     body = await resp.json()
                     if resp.status != 201:
                         raise RuntimeError(f"POST /v1/sessions: {resp.status} {body}")
@@ -230,8 +267,9 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
                         raise RuntimeError(f"no first chunk for {sid} within 30 s")
                     await asyncio.sleep(0.005)
                 samples.append((firsts[sid] - posted) * 1000.0)
-                async with http.delete(f"/v1/sessions/{sid}",
-                                       headers={"Authorization": f"Bearer {body['token']}"}):
+                async with http.delete(
+                    f"/v1/sessions/{sid}", headers={"Authorization": f"Bearer {body['token']}"}
+                ):
                     pass
     return samples
 
@@ -262,9 +300,23 @@ async def _cleanup(env: dict[str, str]) -> None:
 def format_table(result: dict[str, Any]) -> str:
     from tools.report import markdown_table
 
-    return markdown_table(("figure", "p50 ms", "p99 ms", "samples", "bar"), [
-        ("event to command", result["event_to_command_ms_p50"],
-         result["event_to_command_ms_p99"], result["event_samples"], "p99 < 10 ms"),
-        ("create to first step", result["create_to_first_step_ms_p50"],
-         result["create_to_first_step_ms_p99"], result["create_samples"], "-"),
-    ], align="lrrrl")
+    return markdown_table(
+        ("figure", "p50 ms", "p99 ms", "samples", "bar"),
+        [
+            (
+                "event to command",
+                result["event_to_command_ms_p50"],
+                result["event_to_command_ms_p99"],
+                result["event_samples"],
+                "p99 < 10 ms",
+            ),
+            (
+                "create to first step",
+                result["create_to_first_step_ms_p50"],
+                result["create_to_first_step_ms_p99"],
+                result["create_samples"],
+                "-",
+            ),
+        ],
+        align="lrrrl",
+    )

@@ -46,20 +46,39 @@ API_KEY = "bench-" + uuid.uuid4().hex
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "gateway", help="SSE delivery latency (NATS publish to client receipt) with N clients",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "gateway",
+        help="SSE delivery latency (NATS publish to client receipt) with N clients",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--clients", type=int, default=1000, help="concurrent SSE clients (default 1000)")
-    p.add_argument("--sessions", type=int, default=None,
-                   help="sessions the clients watch (default: one per client)")
+    p.add_argument(
+        "--clients", type=int, default=1000, help="concurrent SSE clients (default 1000)"
+    )
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=None,
+        help="sessions the clients watch (default: one per client)",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="measured time (default 20)")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured time first (default 3)")
-    p.add_argument("--period", type=float, default=0.75,
-                   help="seconds between a session's chunks (default 0.75: 12 frames at 16 fps)")
+    p.add_argument(
+        "--period",
+        type=float,
+        default=0.75,
+        help="seconds between a session's chunks (default 0.75: 12 frames at 16 fps)",
+    )
     p.add_argument("--frames", type=int, default=12, help="frames per chunk (default 12)")
-    p.add_argument("--size", default="64x64", help="frame size WxH (default 64x64, the tiny preset)")
-    p.add_argument("--json", dest="json_out", default=None, metavar="OUT",
-                   help="write {clients, delivery_ms_p50, delivery_ms_p99, ...} here")
+    p.add_argument(
+        "--size", default="64x64", help="frame size WxH (default 64x64, the tiny preset)"
+    )
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        default=None,
+        metavar="OUT",
+        help="write {clients, delivery_ms_p50, delivery_ms_p99, ...} here",
+    )
     p.set_defaults(func=run)
 
 
@@ -116,8 +135,16 @@ def plan_of(args: argparse.Namespace) -> DeliveryPlan:
     if faults:
         raise BenchError("; ".join(faults))
     assert m is not None
-    return DeliveryPlan(args.clients, sessions, args.seconds, args.warmup, args.period, args.frames,
-                int(m[1]), int(m[2]))
+    return DeliveryPlan(
+        args.clients,
+        sessions,
+        args.seconds,
+        args.warmup,
+        args.period,
+        args.frames,
+        int(m[1]),
+        int(m[2]),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,15 +169,30 @@ def percentile(values: list[float], q: float) -> float:
 def print_table(r: dict[str, Any]) -> None:
     from tools.report import markdown_table
 
-    print(f"gateway delivery, {r['clients']} SSE clients on {r['sessions']} sessions, a chunk per "
-          f"session every {r['period_s']} s ({r['chunks_per_s']:.0f} chunks/s in, "
-          f"{r['events_per_s']:.0f} events/s out, {r['event_kib']:.1f} KiB each)")
+    print(
+        f"gateway delivery, {r['clients']} SSE clients on {r['sessions']} sessions, a chunk per "
+        f"session every {r['period_s']} s ({r['chunks_per_s']:.0f} chunks/s in, "
+        f"{r['events_per_s']:.0f} events/s out, {r['event_kib']:.1f} KiB each)"
+    )
     print()
-    print(markdown_table(
-        ("clients", "sessions", "events", "p50 ms", "p99 ms", "max ms", "lags", "bar (p99)"),
-        [(r["clients"], r["sessions"], r["events"], f"{r['delivery_ms_p50']:.1f}",
-          f"{r['delivery_ms_p99']:.1f}", f"{r['delivery_ms_max']:.1f}", r["lags"], "< 50 ms")],
-        align="rrrrrrrr"))
+    print(
+        markdown_table(
+            ("clients", "sessions", "events", "p50 ms", "p99 ms", "max ms", "lags", "bar (p99)"),
+            [
+                (
+                    r["clients"],
+                    r["sessions"],
+                    r["events"],
+                    f"{r['delivery_ms_p50']:.1f}",
+                    f"{r['delivery_ms_p99']:.1f}",
+                    f"{r['delivery_ms_max']:.1f}",
+                    r["lags"],
+                    "< 50 ms",
+                )
+            ],
+            align="rrrrrrrr",
+        )
+    )
 
 
 def _frame(width: int, height: int) -> bytes:
@@ -179,8 +221,9 @@ async def bench(plan: DeliveryPlan) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(nats_url: str, redis_url: str,
-                          prefix: str) -> AsyncIterator[tuple[str, int, str]]:
+async def gateway_process(
+    nats_url: str, redis_url: str, prefix: str
+) -> AsyncIterator[tuple[str, int, str]]:
     """A gateway process on its own subject prefix and Redis namespace, ready: yields
     ``(tag, port, url)``; stopped and its streams and keys removed afterwards."""
     import aiohttp
@@ -214,8 +257,13 @@ class Window:
     seconds: float
 
 
-async def measure_while(inject: Coroutine[Any, Any, T], warmup: float, seconds: float,
-                        measuring: asyncio.Event, stop: asyncio.Event) -> tuple[T, Window]:
+async def measure_while(
+    inject: Coroutine[Any, Any, T],
+    warmup: float,
+    seconds: float,
+    measuring: asyncio.Event,
+    stop: asyncio.Event,
+) -> tuple[T, Window]:
     """Run ``inject`` for ``warmup`` seconds unmeasured, then ``seconds`` with ``measuring``
     set; then set ``stop`` (``inject`` ends on it) and return what it returned and the window."""
     task = asyncio.create_task(inject)
@@ -236,11 +284,16 @@ async def measure_while(inject: Coroutine[Any, Any, T], warmup: float, seconds: 
                 await task
 
 
-async def watch_and_inject(viewers: list[Coroutine[Any, Any, None]], nats_url: str,
-                           attached: Awaitable[Any],
-                           inject: Callable[[NatsClient], Coroutine[Any, Any, T]],
-                           warmup: float, seconds: float, measuring: asyncio.Event,
-                           stop: asyncio.Event) -> tuple[T, Window]:
+async def watch_and_inject(
+    viewers: list[Coroutine[Any, Any, None]],
+    nats_url: str,
+    attached: Awaitable[Any],
+    inject: Callable[[NatsClient], Coroutine[Any, Any, T]],
+    warmup: float,
+    seconds: float,
+    measuring: asyncio.Event,
+    stop: asyncio.Event,
+) -> tuple[T, Window]:
     """The viewers running; once ``attached``, ``inject`` publishing on NATS through the
     measured window (:func:`measure_while`); then the viewers cancelled and NATS closed."""
     import nats
@@ -258,8 +311,12 @@ async def watch_and_inject(viewers: list[Coroutine[Any, Any, None]], nats_url: s
         await nc.close()
 
 
-async def paced(period: float, sessions: int, stop: asyncio.Event,
-                publish: Callable[[int, int], Awaitable[None]]) -> int:
+async def paced(
+    period: float,
+    sessions: int,
+    stop: asyncio.Event,
+    publish: Callable[[int, int], Awaitable[None]],
+) -> int:
     """Call ``publish(i, seq)`` once per session per ``period`` (session ``i``, its next
     ``seq``), the sessions spread evenly over the period, until ``stop``; returns the calls."""
     seqs = [0] * sessions
@@ -277,17 +334,27 @@ async def paced(period: float, sessions: int, stop: asyncio.Event,
 
 def _start_gateway(nats_url: str, redis_url: str, tag: str, port: int) -> subprocess.Popen[bytes]:
     env = {
-        **os.environ, "TURBOSERVE_NATS_URL": nats_url, "TURBOSERVE_REDIS_URL": redis_url,
-        "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
-        "TURBOSERVE_PORT": str(port), "TURBOSERVE_API_KEYS": f"bench:{API_KEY}",
-        "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_RATE_PER_KEY_S": "100000",
-        "TURBOSERVE_RATE_BURST": "100000", "TURBOSERVE_MAX_SESSIONS_PER_KEY": "100000",
+        **os.environ,
+        "TURBOSERVE_NATS_URL": nats_url,
+        "TURBOSERVE_REDIS_URL": redis_url,
+        "TURBOSERVE_SUBJECT_PREFIX": tag,
+        "TURBOSERVE_REDIS_NAMESPACE": tag,
+        "TURBOSERVE_PORT": str(port),
+        "TURBOSERVE_API_KEYS": f"bench:{API_KEY}",
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_RATE_PER_KEY_S": "100000",
+        "TURBOSERVE_RATE_BURST": "100000",
+        "TURBOSERVE_MAX_SESSIONS_PER_KEY": "100000",
         "TURBOSERVE_IDLE_AFTER_S": "3600",
         "TURBOSERVE_READY_WITHOUT_WORKERS": "true",  # no worker: the bench publishes the chunks
     }
-    return subprocess.Popen([sys.executable, "-m", "tools.cli", "gateway"], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tools.cli", "gateway"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def _wait_ready(http: aiohttp.ClientSession, gateway: subprocess.Popen[bytes]) -> None:
@@ -303,8 +370,9 @@ async def _wait_ready(http: aiohttp.ClientSession, gateway: subprocess.Popen[byt
     raise BenchError("the gateway was not ready within 60 s")
 
 
-async def _measure(plan: DeliveryPlan, nats_url: str, tag: str, port: int,
-                   url: str) -> dict[str, Any]:
+async def _measure(
+    plan: DeliveryPlan, nats_url: str, tag: str, port: int, url: str
+) -> dict[str, Any]:
     import aiohttp
 
     async with aiohttp.ClientSession(url) as http:
@@ -313,12 +381,20 @@ async def _measure(plan: DeliveryPlan, nats_url: str, tag: str, port: int,
     measuring = asyncio.Event()
     stop = asyncio.Event()
     opening = asyncio.Semaphore(OPENING_AT_ONCE)
-    clients = [_client(port, sessions[i % len(sessions)], tally, measuring, stop, opening)
-               for i in range(plan.clients)]
+    clients = [
+        _client(port, sessions[i % len(sessions)], tally, measuring, stop, opening)
+        for i in range(plan.clients)
+    ]
     (chunks, event_bytes), window = await watch_and_inject(
-        clients, nats_url, asyncio.wait_for(tally.all_open.wait(), timeout=120),  # or failed
+        clients,
+        nats_url,
+        asyncio.wait_for(tally.all_open.wait(), timeout=120),  # or failed
         lambda nc: _inject(nc, tag, plan, [s for s, _ in sessions], stop),
-        plan.warmup, plan.seconds, measuring, stop)
+        plan.warmup,
+        plan.seconds,
+        measuring,
+        stop,
+    )
     if tally.errors:
         raise BenchError(f"{len(tally.errors)} clients failed, e.g. {tally.errors[0]}")
     if not tally.latencies_ms:
@@ -348,7 +424,10 @@ async def _create_sessions(http: aiohttp.ClientSession, n: int) -> list[tuple[st
     gate = asyncio.Semaphore(16)
 
     async def one(i: int) -> tuple[str, str]:
-        async with gate, http.post("/v1/sessions", json={"prompt": f"bench {i}"}, headers=headers) as resp:
+        async with (
+            gate,
+            http.post("/v1/sessions", json={"prompt": f"bench {i}"}, headers=headers) as resp,
+        ):
             if resp.status != 201:
                 raise BenchError(f"creating a session: HTTP {resp.status} {await resp.text()}")
             body = await resp.json()
@@ -362,8 +441,14 @@ class _SseClient(asyncio.Protocol):
     reader, so that the latency measured is the gateway's, not the client's. Each event is
     timed when the bytes that complete it arrive."""
 
-    def __init__(self, request: bytes, tally: Tally, measuring: asyncio.Event,
-                 stop: asyncio.Event, opened: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        request: bytes,
+        tally: Tally,
+        measuring: asyncio.Event,
+        stop: asyncio.Event,
+        opened: asyncio.Future[None],
+    ) -> None:
         self.request = request
         self.tally = tally
         self.measuring = measuring
@@ -388,7 +473,7 @@ class _SseClient(asyncio.Protocol):
             if end < 0:
                 return
             self.head = bytes(self.buf[:end])
-            del self.buf[:end + 4]
+            del self.buf[: end + 4]
             if not self.head.startswith(b"HTTP/1.1 200"):
                 self._fail(self.head.split(b"\r\n", 1)[0].decode(errors="replace"))
                 return
@@ -398,14 +483,14 @@ class _SseClient(asyncio.Protocol):
                 size = int(self.buf[:eol], 16)
                 if len(self.buf) < eol + size + 4:
                     break
-                self.body += self.buf[eol + 2:eol + 2 + size]
-                del self.buf[:eol + size + 4]
+                self.body += self.buf[eol + 2 : eol + 2 + size]
+                del self.buf[: eol + size + 4]
         else:
             self.body += self.buf
             self.buf.clear()
         while (end := self.body.find(b"\n\n")) >= 0:
             event = bytes(self.body[:end])
-            del self.body[:end + 2]
+            del self.body[: end + 2]
             self._on_event(event, received)
 
     def _on_event(self, event: bytes, received: float) -> None:
@@ -433,12 +518,20 @@ class _SseClient(asyncio.Protocol):
             self._fail(f"connection lost: {exc!r}")
 
 
-async def _client(port: int, session: tuple[str, str], tally: Tally, measuring: asyncio.Event,
-                  stop: asyncio.Event, opening: asyncio.Semaphore) -> None:
+async def _client(
+    port: int,
+    session: tuple[str, str],
+    tally: Tally,
+    measuring: asyncio.Event,
+    stop: asyncio.Event,
+    opening: asyncio.Semaphore,
+) -> None:
     """Connect one client (a few at a time, as users arrive) and hold it until ``stop``."""
     session_id, token = session
-    request = (f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: bench\r\n"
-               f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
+    request = (
+        f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: bench\r\n"
+        f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
     loop = asyncio.get_running_loop()
     opened: asyncio.Future[None] = loop.create_future()
     transport = None
@@ -446,7 +539,8 @@ async def _client(port: int, session: tuple[str, str], tally: Tally, measuring: 
         async with opening:
             try:
                 transport, _ = await loop.create_connection(
-                    lambda: _SseClient(request, tally, measuring, stop, opened), "127.0.0.1", port)
+                    lambda: _SseClient(request, tally, measuring, stop, opened), "127.0.0.1", port
+                )
                 await asyncio.wait_for(opened, timeout=60)
             except (OSError, TimeoutError) as exc:
                 tally.errors.append(f"open: {exc!r}")
@@ -458,8 +552,9 @@ async def _client(port: int, session: tuple[str, str], tally: Tally, measuring: 
             transport.close()
 
 
-async def _inject(nc: NatsClient, tag: str, plan: DeliveryPlan, session_ids: list[str],
-                  stop: asyncio.Event) -> tuple[int, int]:
+async def _inject(
+    nc: NatsClient, tag: str, plan: DeliveryPlan, session_ids: list[str], stop: asyncio.Event
+) -> tuple[int, int]:
     """Publish one chunk per session per period, the sessions spread evenly over the period.
     Returns the chunks published and the size of one SSE chunk event."""
     from services.gateway.chunkview import ChunkView
@@ -475,10 +570,21 @@ async def _inject(nc: NatsClient, tag: str, plan: DeliveryPlan, session_ids: lis
     async def publish(i: int, seq: int) -> None:
         nonlocal event_bytes
         now = time.time()
-        chunk = ChunkView(session_id=session_ids[i], seq=seq, worker_id="bench", epoch=1,
-                          encoding="jpeg", frames=frames, width=plan.width, height=plan.height,
-                          fps=plan.frames / plan.period, gen_ms=0.0, batch=1, due_at=now,
-                          done_at=now)
+        chunk = ChunkView(
+            session_id=session_ids[i],
+            seq=seq,
+            worker_id="bench",
+            epoch=1,
+            encoding="jpeg",
+            frames=frames,
+            width=plan.width,
+            height=plan.height,
+            fps=plan.frames / plan.period,
+            gen_ms=0.0,
+            batch=1,
+            due_at=now,
+            done_at=now,
+        )
         data = encode(chunk)  # the wire's Chunk, byte for byte
         await nc.publish(subjects.chunks(session_ids[i]), data)
         if not event_bytes:
@@ -507,5 +613,5 @@ async def _clean(nats_url: str, redis_url: str, tag: str) -> None:
         client = aioredis.from_url(redis_url)
         keys = [k async for k in client.scan_iter(match=f"{tag}:*", count=1000)]
         for i in range(0, len(keys), 500):
-            await client.delete(*keys[i:i + 500])
+            await client.delete(*keys[i : i + 500])
         await client.aclose()

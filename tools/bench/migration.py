@@ -48,19 +48,26 @@ class BenchUsageError(Exception):
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "migration", help="benchmark the session-state handoff between two worker processes",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "migration",
+        help="benchmark the session-state handoff between two worker processes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--sizes", default="1,64,256", help="state sizes in MiB, comma-separated")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--devices", default=None,
-                        help="the two workers' devices, e.g. cuda:0,cuda:1 "
-                        "(default: both on --device)")
+    parser.add_argument(
+        "--devices",
+        default=None,
+        help="the two workers' devices, e.g. cuda:0,cuda:1 (default: both on --device)",
+    )
     parser.add_argument("--repeats", type=int, default=10, help="timed handoffs per size")
     parser.add_argument("--layers", type=int, default=8, help="tensors the state is split into")
     parser.add_argument("--transport", default="auto", help="auto, gloo, nccl or cuda_ipc")
-    parser.add_argument("--checksum", action="store_true",
-                        help="offers carry a checksum the destination verifies (slower)")
+    parser.add_argument(
+        "--checksum",
+        action="store_true",
+        help="offers carry a checksum the destination verifies (slower)",
+    )
     parser.add_argument("--json", dest="json_out", default=None, help="write results here")
     parser.set_defaults(func=run)
 
@@ -85,7 +92,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
         raise BenchUsageError(
-            f"--sizes must be MiB numbers, comma-separated, got {args.sizes!r}") from None
+            f"--sizes must be MiB numbers, comma-separated, got {args.sizes!r}"
+        ) from None
     if not sizes or min(sizes) <= 0:
         raise BenchUsageError(f"--sizes needs sizes > 0 MiB, got {args.sizes!r}")
     if args.repeats < 1:
@@ -94,13 +102,20 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchUsageError(f"--layers must be >= 1, got {args.layers}")
     if args.transport not in ("auto", "gloo", "nccl", "cuda_ipc"):
         raise BenchUsageError(
-            f"--transport must be auto, gloo, nccl or cuda_ipc, got {args.transport!r}")
+            f"--transport must be auto, gloo, nccl or cuda_ipc, got {args.transport!r}"
+        )
     devices = (args.devices or f"{args.device},{args.device}").split(",")
     if len(devices) != 2:
         raise BenchUsageError(f"--devices needs two devices, got {args.devices!r}")
     devices = [_check_device(d.strip()) for d in devices]
-    return {"sizes_mib": sizes, "devices": devices, "repeats": args.repeats,
-            "layers": args.layers, "transport": args.transport, "checksum": args.checksum}
+    return {
+        "sizes_mib": sizes,
+        "devices": devices,
+        "repeats": args.repeats,
+        "layers": args.layers,
+        "transport": args.transport,
+        "checksum": args.checksum,
+    }
 
 
 def _check_device(name: str) -> str:
@@ -129,8 +144,14 @@ class _Pair:
     procs: list[subprocess.Popen[bytes]]
 
 
-async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int, layers: int,
-                        transport: str, checksum: bool) -> dict[str, Any]:
+async def run_benchmark(
+    sizes_mib: list[float],
+    devices: list[str],
+    repeats: int,
+    layers: int,
+    transport: str,
+    checksum: bool,
+) -> dict[str, Any]:
     import nats
     import redis.asyncio as aioredis
 
@@ -143,10 +164,15 @@ async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int
     mesh.start_infra()
     tag = "bench" + uuid.uuid4().hex[:8]
     subjects = Subjects(tag)
-    env = {"TURBOSERVE_NATS_URL": mesh.nats_url, "TURBOSERVE_REDIS_URL": mesh.redis_url,
-           "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
-           "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_HANDOFF_TRANSPORT": transport,
-           "TURBOSERVE_HANDOFF_TIMEOUT_S": "120"}
+    env = {
+        "TURBOSERVE_NATS_URL": mesh.nats_url,
+        "TURBOSERVE_REDIS_URL": mesh.redis_url,
+        "TURBOSERVE_SUBJECT_PREFIX": tag,
+        "TURBOSERVE_REDIS_NAMESPACE": tag,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_HANDOFF_TRANSPORT": transport,
+        "TURBOSERVE_HANDOFF_TIMEOUT_S": "120",
+    }
     pair = _Pair(f"{tag}-a", f"{tag}-b", [])
     redis = aioredis.from_url(mesh.redis_url)
     nc = await nats.connect(mesh.nats_url)
@@ -179,14 +205,21 @@ async def run_benchmark(sizes_mib: list[float], devices: list[str], repeats: int
             except subprocess.TimeoutExpired:
                 proc.kill()
         mesh.stop()
-    return {"results": results, "first_use_ms": first_use[0] if first_use else 0.0,
-            "first_use_ms_each": first_use, "devices": devices,
-            "transport": results[0]["transport"] if results else transport,
-            "checksum": checksum, "repeats": repeats, "layers": layers}
+    return {
+        "results": results,
+        "first_use_ms": first_use[0] if first_use else 0.0,
+        "first_use_ms_each": first_use,
+        "devices": devices,
+        "transport": results[0]["transport"] if results else transport,
+        "checksum": checksum,
+        "repeats": repeats,
+        "layers": layers,
+    }
 
 
-async def _shuttle(reports: Reports, session: str, pair: _Pair, epoch: int,
-                   repeats: int) -> tuple[list[MigrationReport], int, list[float]]:
+async def _shuttle(
+    reports: Reports, session: str, pair: _Pair, epoch: int, repeats: int
+) -> tuple[list[MigrationReport], int, list[float]]:
     """One warm-up round trip, then ``repeats`` timed handoffs back and forth."""
     from tools.handoff.harness import HarnessError
 
@@ -276,20 +309,38 @@ def raw_copy_gbps(nbytes: int, repeats: int) -> float:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"session-state handoff between two processes ({', '.join(report['devices'])}; "
-          f"transport {report['transport']}; {report['repeats']} handoffs per size, p50)")
-    header = ("state MiB", "handoff ms", "fixed ms", "transfer ms", "transfer GB/s",
-              "raw copy GB/s", "ratio", "bars")
+    print(
+        f"session-state handoff between two processes ({', '.join(report['devices'])}; "
+        f"transport {report['transport']}; {report['repeats']} handoffs per size, p50)"
+    )
+    header = (
+        "state MiB",
+        "handoff ms",
+        "fixed ms",
+        "transfer ms",
+        "transfer GB/s",
+        "raw copy GB/s",
+        "ratio",
+        "bars",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join(" ---: " for _ in header) + "|")
     for row in report["results"]:
         bars = ["fixed ok" if row["meets_fixed_bar"] else "FIXED > 5 ms"]
         if "meets_bandwidth_bar" in row:
             bars.append("bw ok" if row["meets_bandwidth_bar"] else "BW < 1/2 raw")
-        cells = (f"{row['state_bytes'] / MIB:g}", f"{row['handoff_ms_p50']:.2f}",
-                 f"{row['fixed_ms_p50']:.2f}", f"{row['transfer_ms_p50']:.2f}",
-                 f"{row['transfer_gbps']:.2f}", f"{row['raw_copy_gbps']:.2f}",
-                 f"{row['bandwidth_ratio']:.2f}", ", ".join(bars))
+        cells = (
+            f"{row['state_bytes'] / MIB:g}",
+            f"{row['handoff_ms_p50']:.2f}",
+            f"{row['fixed_ms_p50']:.2f}",
+            f"{row['transfer_ms_p50']:.2f}",
+            f"{row['transfer_gbps']:.2f}",
+            f"{row['raw_copy_gbps']:.2f}",
+            f"{row['bandwidth_ratio']:.2f}",
+            ", ".join(bars),
+        )
         print("| " + " | ".join(cells) + " |")
-    print(f"first use (building the communicator): {report['first_use_ms']:.1f} ms "
-          f"(each direction: {', '.join(f'{x:.1f}' for x in report['first_use_ms_each'])})")
+    print(
+        f"first use (building the communicator): {report['first_use_ms']:.1f} ms "
+        f"(each direction: {', '.join(f'{x:.1f}' for x in report['first_use_ms_each'])})"
+    )

@@ -31,17 +31,28 @@ API_KEY = "bench-key-12345"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("pacing", help="sessions on one worker at their playback pace",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "pacing",
+        help="sessions on one worker at their playback pace",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--sessions", type=int, default=6, help="sessions streaming at once")
     p.add_argument("--preset", default="tiny", help="the worker's model preset")
-    p.add_argument("--period", type=float, default=None,
-                   help="chunk period in seconds (default: the worker's, 0.75)")
+    p.add_argument(
+        "--period",
+        type=float,
+        default=None,
+        help="chunk period in seconds (default: the worker's, 0.75)",
+    )
     p.add_argument("--window", type=float, default=20.0, help="seconds measured")
     p.add_argument("--stagger", type=float, default=0.4, help="seconds between creations")
-    p.add_argument("--newcomers", type=int, default=3,
-                   help="sessions created (and deleted) while the others stream")
+    p.add_argument(
+        "--newcomers",
+        type=int,
+        default=3,
+        help="sessions created (and deleted) while the others stream",
+    )
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.set_defaults(func=run)
 
@@ -50,13 +61,17 @@ def run(args: argparse.Namespace) -> int:
     from shared.cli import fail
 
     if args.sessions < 1 or args.window <= 0 or args.stagger < 0 or args.newcomers < 0:
-        return fail("bench pacing", "--sessions >= 1, --window > 0, --stagger >= 0, "
-                                    "--newcomers >= 0")
+        return fail(
+            "bench pacing", "--sessions >= 1, --window > 0, --stagger >= 0, --newcomers >= 0"
+        )
     if args.period is not None and args.period <= 0:
         return fail("bench pacing", "--period must be > 0")
-    return run_on_infra("bench pacing",
-                        lambda nats_url, redis_url: measure(nats_url, redis_url, args),
-                        format_table, args.json_out)
+    return run_on_infra(
+        "bench pacing",
+        lambda nats_url, redis_url: measure(nats_url, redis_url, args),
+        format_table,
+        args.json_out,
+    )
 
 
 @dataclass
@@ -71,8 +86,9 @@ class _Stream:
 async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
     headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
     # from=start: every chunk from the first, however late this client attaches.
-    async with http.get(f"/v1/sessions/{sid}/stream", params={"from": "start"},
-                        headers=headers) as resp:
+    async with http.get(
+        f"/v1/sessions/{sid}/stream", params={"from": "start"}, headers=headers
+    ) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET /v1/sessions/{sid}/stream: {resp.status}")
         buf = b""
@@ -80,8 +96,7 @@ async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
             buf += data
             while b"\n\n" in buf:
                 block, buf = buf.split(b"\n\n", 1)
-                fields = dict(line.split(b": ", 1) for line in block.split(b"\n")
-                              if b": " in line)
+                fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
                 if fields.get(b"event") == b"chunk":
                     timing = orjson.loads(fields[b"data"])["timing"]
                     stream.chunks.append((time.time(), timing["due_at"], timing["done_at"]))
@@ -91,8 +106,11 @@ async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
 
 
 async def _create(http: Any) -> tuple[str, str]:
-    async with http.post("/v1/sessions", json={"prompt": "a lighthouse at dusk"},
-                         headers={"Authorization": f"Bearer {API_KEY}"}) as resp:
+    async with http.post(
+        "/v1/sessions",
+        json={"prompt": "a lighthouse at dusk"},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    ) as resp:
         body = await resp.json()
         if resp.status != 201:
             raise RuntimeError(f"POST /v1/sessions: {resp.status} {body}")
@@ -110,19 +128,28 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
 
     env = _env(nats_url, redis_url)
     port = free_port()
-    wsettings = WorkerSettings.from_env(env, worker_id="bench-worker", preset=args.preset,
-                                        max_sessions=args.sessions + 1,
-                                        chunk_period_s=args.period)
+    wsettings = WorkerSettings.from_env(
+        env,
+        worker_id="bench-worker",
+        preset=args.preset,
+        max_sessions=args.sessions + 1,
+        chunk_period_s=args.period,
+    )
     period = wsettings.chunk_period_s or DEFAULT_CHUNK_PERIOD_S
-    gsettings = GatewaySettings.from_env({**env, "TURBOSERVE_API_KEYS": f"bench:{API_KEY}"},
-                                         port=port)
+    gsettings = GatewaySettings.from_env(
+        {**env, "TURBOSERVE_API_KEYS": f"bench:{API_KEY}"}, port=port
+    )
     streams: dict[str, _Stream] = {}
     readers: list[asyncio.Task[None]] = []
     try:
-        async with _scheduler(env), running(WorkerService(wsettings), wsettings), \
-                running(GatewayService(gsettings), gsettings), \
-                aiohttp.ClientSession(f"http://127.0.0.1:{port}",
-                                      timeout=aiohttp.ClientTimeout(total=None)) as http:
+        async with (
+            _scheduler(env),
+            running(WorkerService(wsettings), wsettings),
+            running(GatewayService(gsettings), gsettings),
+            aiohttp.ClientSession(
+                f"http://127.0.0.1:{port}", timeout=aiohttp.ClientTimeout(total=None)
+            ) as http,
+        ):
             for i in range(args.sessions):
                 if i:
                     await asyncio.sleep(args.stagger)
@@ -144,8 +171,9 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
                 readers.append(task)  # cancelled and awaited with the others, whatever happens
                 await asyncio.wait_for(probe.first.wait(), 60)
                 firsts.append(probe.chunks[0][0] - posted)
-                async with http.delete(f"/v1/sessions/{sid}",
-                                       headers={"Authorization": f"Bearer {token}"}):
+                async with http.delete(
+                    f"/v1/sessions/{sid}", headers={"Authorization": f"Bearer {token}"}
+                ):
                     pass
             await asyncio.sleep(max(0.0, start + args.window - time.time()))
             end = time.time()
@@ -163,7 +191,9 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
             ahead.append(max(0.0, due - done) * 1000.0)
             late.append(max(0.0, done - due) * 1000.0)
     return {
-        "sessions": args.sessions, "preset": args.preset, "period_s": period,
+        "sessions": args.sessions,
+        "preset": args.preset,
+        "period_s": period,
         "window_s": round(end - start, 2),
         "playback_chunks_per_s": round(1.0 / period, 3),
         "chunks_per_s_min": round(min(rates), 3),
@@ -181,13 +211,25 @@ def format_table(r: dict[str, Any]) -> str:
     from tools.report import markdown_table
 
     firsts = ", ".join(f"{f:.2f}" for f in r["first_chunk_s"]) or "-"
-    title = (f"{r['sessions']} sessions on one {r['preset']} worker, period {r['period_s']} s, "
-             f"{r['window_s']} s measured")
-    return title + "\n\n" + markdown_table(("figure", "value", "playback"), [
-        ("chunks/s per session (min / mean / max)",
-         f"{r['chunks_per_s_min']} / {r['chunks_per_s_mean']} / {r['chunks_per_s_max']}",
-         r["playback_chunks_per_s"]),
-        ("most ahead of due (ms)", r["ahead_ms_max"], f"<= {r['period_s'] * 1000:.0f}"),
-        ("late p99 / max (ms)", f"{r['late_ms_p99']} / {r['late_ms_max']}", 0),
-        ("new session, POST to first chunk (s)", firsts, "< 2"),
-    ], align="lrr")
+    title = (
+        f"{r['sessions']} sessions on one {r['preset']} worker, period {r['period_s']} s, "
+        f"{r['window_s']} s measured"
+    )
+    return (
+        title
+        + "\n\n"
+        + markdown_table(
+            ("figure", "value", "playback"),
+            [
+                (
+                    "chunks/s per session (min / mean / max)",
+                    f"{r['chunks_per_s_min']} / {r['chunks_per_s_mean']} / {r['chunks_per_s_max']}",
+                    r["playback_chunks_per_s"],
+                ),
+                ("most ahead of due (ms)", r["ahead_ms_max"], f"<= {r['period_s'] * 1000:.0f}"),
+                ("late p99 / max (ms)", f"{r['late_ms_p99']} / {r['late_ms_max']}", 0),
+                ("new session, POST to first chunk (s)", firsts, "< 2"),
+            ],
+            align="lrr",
+        )
+    )

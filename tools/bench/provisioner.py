@@ -74,9 +74,14 @@ async def _bench(nats_url: str, redis_url: str, commands: int, workers: int) -> 
     )
 
     tag = "bench" + uuid.uuid4().hex[:8]
-    env = {"TURBOSERVE_NATS_URL": nats_url, "TURBOSERVE_REDIS_URL": redis_url,
-           "TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag,
-           "TURBOSERVE_GPUS": "none", "TURBOSERVE_METRICS_PORT": "-1"}
+    env = {
+        "TURBOSERVE_NATS_URL": nats_url,
+        "TURBOSERVE_REDIS_URL": redis_url,
+        "TURBOSERVE_SUBJECT_PREFIX": tag,
+        "TURBOSERVE_REDIS_NAMESPACE": tag,
+        "TURBOSERVE_GPUS": "none",
+        "TURBOSERVE_METRICS_PORT": "-1",
+    }
     seen: dict[tuple[str, WorkerStatus], float] = {}
     changed = asyncio.Event()
 
@@ -94,8 +99,11 @@ async def _bench(nats_url: str, redis_url: str, commands: int, workers: int) -> 
 
     async def ask(nc: Any, subjects: Any, kind: ProvisionerCmdKind, ids: list[str]) -> float:
         t0 = time.perf_counter()
-        msg = await nc.request(subjects.provisioner_cmd,
-                               encode(ProvisionerCommand(kind=kind, worker_ids=ids)), timeout=30)
+        msg = await nc.request(
+            subjects.provisioner_cmd,
+            encode(ProvisionerCommand(kind=kind, worker_ids=ids)),
+            timeout=30,
+        )
         reply = decode(msg.subject, msg.data, ProvisionerReply)
         if not reply.ok:
             raise RuntimeError(f"{kind} {ids} refused: {reply.refused}")
@@ -103,8 +111,9 @@ async def _bench(nats_url: str, redis_url: str, commands: int, workers: int) -> 
 
     start_ms: list[float] = []
     stop_ms: list[float] = []
-    settings = ProvisionerSettings.from_env(env, min_workers=0, max_workers=max(1, workers),
-                                            boot_delay_s=3600.0, boot_timeout_s=7200.0)
+    settings = ProvisionerSettings.from_env(
+        env, min_workers=0, max_workers=max(1, workers), boot_delay_s=3600.0, boot_timeout_s=7200.0
+    )
     async with running(ProvisionerService(settings), settings) as ctx:
         for i in range(commands):
             start_ms.append(await ask(ctx.nc, ctx.subjects, ProvisionerCmdKind.START, [f"c{i}"]))
@@ -129,12 +138,15 @@ async def _bench(nats_url: str, redis_url: str, commands: int, workers: int) -> 
         await _forget(redis_url, tag)
     else:
         await _forget(redis_url, tag)
-    return {"host_cpus": os.cpu_count(), "rows": {
-        "START request -> reply (no process)": _row(start_ms),
-        "STOP request -> reply (no process)": _row(stop_ms),
-        "tiny CPU worker: request -> first READY": _row(boot_ms),
-        "tiny CPU worker: STOP reply -> GONE": _row(release_ms),
-    }}
+    return {
+        "host_cpus": os.cpu_count(),
+        "rows": {
+            "START request -> reply (no process)": _row(start_ms),
+            "STOP request -> reply (no process)": _row(stop_ms),
+            "tiny CPU worker: request -> first READY": _row(boot_ms),
+            "tiny CPU worker: STOP reply -> GONE": _row(release_ms),
+        },
+    }
 
 
 async def _forget(redis_url: str, namespace: str) -> None:
@@ -151,7 +163,9 @@ def _print(figures: dict[str, Any]) -> None:
     print("| measure | n | p50 ms | p99 ms | max ms |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, row in figures["rows"].items():
-        print(f"| {name} | {row['n']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['max_ms']:.1f} |")
+        print(
+            f"| {name} | {row['n']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['max_ms']:.1f} |"
+        )
 
 
 def _row(samples_ms: Sequence[float]) -> dict[str, float | int]:
@@ -166,8 +180,9 @@ def _row(samples_ms: Sequence[float]) -> dict[str, float | int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.provisioner",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.provisioner", description=__doc__.splitlines()[0]
+    )
     _arguments(parser)
     return run(parser.parse_args(argv))
 

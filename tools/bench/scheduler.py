@@ -29,16 +29,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "scheduler", help="time one scheduler controller step at 64..1024 GPUs"
     )
-    parser.add_argument("--gpus", default="64,256,1024",
-                        help="comma-separated cluster sizes (default: 64,256,1024)")
+    parser.add_argument(
+        "--gpus", default="64,256,1024", help="comma-separated cluster sizes (default: 64,256,1024)"
+    )
     parser.add_argument("--steps", type=int, default=3000, help="timed steps per size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default=None, help="profile name or JSON path")
-    parser.add_argument("--no-step-reports", dest="step_reports", action="store_false",
-                        help="time placement without the workers' pass-end reports (the O(1) "
-                             "least-loaded path); by default every GPU reports, as in the simulator")
-    parser.add_argument("--json", dest="json_out", default=None, metavar="OUT",
-                        help="write the results as JSON here")
+    parser.add_argument(
+        "--no-step-reports",
+        dest="step_reports",
+        action="store_false",
+        help="time placement without the workers' pass-end reports (the O(1) "
+        "least-loaded path); by default every GPU reports, as in the simulator",
+    )
+    parser.add_argument(
+        "--json",
+        dest="json_out",
+        default=None,
+        metavar="OUT",
+        help="write the results as JSON here",
+    )
     parser.set_defaults(func=run)
 
 
@@ -49,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         sizes = [int(x) for x in str(args.gpus).split(",") if x.strip()]
     except ValueError:
-        return fail("bench scheduler", f"--gpus must be comma-separated integers, got {args.gpus!r}")
+        return fail(
+            "bench scheduler", f"--gpus must be comma-separated integers, got {args.gpus!r}"
+        )
     if not sizes or min(sizes) < 1 or args.steps < 1:
         return fail("bench scheduler", "--gpus needs sizes >= 1 and --steps >= 1")
     if args.profile is not None:
@@ -66,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
-              step_reports: bool = True) -> dict[str, Any]:
+def bench_one(
+    gpus: int, steps: int, seed: int, profile_name: str | None = None, step_reports: bool = True
+) -> dict[str, Any]:
     from services.scheduler.core.config import ControllerConfig
     from services.scheduler.core.policies import get_policy
     from services.scheduler.core.types import Event, EventKind
@@ -76,8 +89,11 @@ def bench_one(gpus: int, steps: int, seed: int, profile_name: str | None = None,
     # min_gpus = G keeps the cluster at its size while it fills (an almost empty cluster would
     # rightly scale in); above G the controller scales out and back in freely.
     profile = load_profile() if profile_name is None else load_profile(profile_name)
-    policy = get_policy("turboserve", profile, ControllerConfig(
-        rho_hat=0.7, delta=0.1, initial_gpus=gpus, min_gpus=gpus))
+    policy = get_policy(
+        "turboserve",
+        profile,
+        ControllerConfig(rho_hat=0.7, delta=0.1, initial_gpus=gpus, min_gpus=gpus),
+    )
     rng = random.Random(seed)
     target = SESSIONS_PER_GPU * gpus
     active: _Bag = _Bag()
@@ -152,8 +168,9 @@ def track_booting(booting: list[str], decisions: list[Any]) -> None:
             booting.remove(d.gpu_id)
 
 
-def _next_session_event(rng: random.Random, t: float, active: _Bag, idle: _Bag,
-                        target: int, counter: int) -> Event:
+def _next_session_event(
+    rng: random.Random, t: float, active: _Bag, idle: _Bag, target: int, counter: int
+) -> Event:
     from services.scheduler.core.types import Event, EventKind
 
     below = len(active) < target
@@ -203,6 +220,17 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
     return markdown_table(
         ("GPUs", "sessions", "steps", "p50 ms", "p99 ms", "max ms", "decisions/step"),
-        [(r["gpus"], r["sessions"], r["steps"], f"{r['decision_ms_p50']:.3f}",
-          f"{r['decision_ms_p99']:.3f}", f"{r['decision_ms_max']:.3f}", r["decisions_per_step"])
-         for r in results], align="rrrrrrr")
+        [
+            (
+                r["gpus"],
+                r["sessions"],
+                r["steps"],
+                f"{r['decision_ms_p50']:.3f}",
+                f"{r['decision_ms_p99']:.3f}",
+                f"{r['decision_ms_max']:.3f}",
+                r["decisions_per_step"],
+            )
+            for r in results
+        ],
+        align="rrrrrrr",
+    )

@@ -61,23 +61,39 @@ FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "stream", help="JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "stream",
+        help="JPEG in SSE vs fMP4 in SSE and WebSocket vs WebRTC: bytes/s, encode ms, delivery",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--viewers", type=int, default=100, help="clients per format (default 100)")
     p.add_argument("--sessions", type=int, default=4, help="sessions they watch (default 4)")
-    p.add_argument("--webrtc-viewers", type=int, default=4,
-                   help="aiortc WebRTC viewers (default 4: each decodes, on this machine's CPUs)")
+    p.add_argument(
+        "--webrtc-viewers",
+        type=int,
+        default=4,
+        help="aiortc WebRTC viewers (default 4: each decodes, on this machine's CPUs)",
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="measured time per format (10)")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured time first (2)")
     p.add_argument("--period", type=float, default=0.75, help="chunk period, s (0.75)")
     p.add_argument("--frames", type=int, default=12, help="frames per chunk (12)")
     p.add_argument("--size", default="480x832", help="HEIGHTxWIDTH (480x832)")
-    p.add_argument("--chunks", type=int, default=4,
-                   help="distinct chunks per kind (default 4: the stand-in takes seconds each)")
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=4,
+        help="distinct chunks per kind (default 4: the stand-in takes seconds each)",
+    )
     p.add_argument("--encode-runs", type=int, default=40, help="chunks timed per format (40)")
     p.add_argument("--kinds", default=",".join(KINDS), help="standin,textured (both)")
-    p.add_argument("--json", dest="json_out", default=None, metavar="OUT",
-                   help='write {"frames": {"standin": {...}, "textured": {...}}, ...} here')
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        default=None,
+        metavar="OUT",
+        help='write {"frames": {"standin": {...}, "textured": {...}}, ...} here',
+    )
     p.set_defaults(func=run)
 
 
@@ -113,7 +129,11 @@ def plan_of(args: argparse.Namespace) -> StreamPlan:
         faults.append("--seconds must be in (0, 600] and --warmup in [0, 60]")
     if not 0.05 <= args.period <= 10:
         faults.append("--period must be 0.05-10 s")
-    if not 1 <= args.frames <= 64 or not 1 <= args.chunks <= 64 or not 1 <= args.encode_runs <= 1000:
+    if (
+        not 1 <= args.frames <= 64
+        or not 1 <= args.chunks <= 64
+        or not 1 <= args.encode_runs <= 1000
+    ):
         faults.append("--frames must be 1-64, --chunks 1-64, --encode-runs 1-1000")
     if m is None or not (16 <= int(m[1]) <= 2160 and 16 <= int(m[2]) <= 3840):
         faults.append("--size must be HEIGHTxWIDTH, 16-2160 by 16-3840")
@@ -122,9 +142,20 @@ def plan_of(args: argparse.Namespace) -> StreamPlan:
     if faults:
         raise BenchError("; ".join(faults))
     assert m is not None
-    return StreamPlan(args.viewers, args.sessions, args.seconds, args.warmup, args.period,
-                      args.frames, int(m[1]), int(m[2]), args.chunks, args.encode_runs, kinds,
-                      args.webrtc_viewers)
+    return StreamPlan(
+        args.viewers,
+        args.sessions,
+        args.seconds,
+        args.warmup,
+        args.period,
+        args.frames,
+        int(m[1]),
+        int(m[2]),
+        args.chunks,
+        args.encode_runs,
+        kinds,
+        args.webrtc_viewers,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,8 +195,11 @@ def standin(plan: StreamPlan) -> list[np.ndarray]:
     """The stand-in model's frames at the plan's resolution (one session, on the CPU)."""
     from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
 
-    engine = Engine(EngineConfig(preset="tiny", device="cpu", max_sessions=1,
-                                 resolution=(plan.height, plan.width)))
+    engine = Engine(
+        EngineConfig(
+            preset="tiny", device="cpu", max_sessions=1, resolution=(plan.height, plan.width)
+        )
+    )
     engine.add_session("bench", "a red fox running through snow", 1)
     chunks: list[np.ndarray] = []
     while len(chunks) < plan.chunks:
@@ -222,11 +256,26 @@ def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: 
     now = time.time()
     fragment = encoded.fmp4[i]
     jpeg = fmt == "jpeg_sse"
-    return Chunk(session_id=sid, seq=seq, worker_id="bench", epoch=1, encoding="jpeg",
-                 frames=encoded.jpeg[i] if jpeg else [], width=plan.width, height=plan.height,
-                 fps=plan.frames / plan.period, gen_ms=0.0, batch=1, due_at=now, done_at=now,
-                 fmp4=b"" if jpeg else fragment.data, fmp4_mime="" if jpeg else fragment.mime,
-                 start_s=seq * plan.period, duration_s=plan.period, encode_ms=0.0)
+    return Chunk(
+        session_id=sid,
+        seq=seq,
+        worker_id="bench",
+        epoch=1,
+        encoding="jpeg",
+        frames=encoded.jpeg[i] if jpeg else [],
+        width=plan.width,
+        height=plan.height,
+        fps=plan.frames / plan.period,
+        gen_ms=0.0,
+        batch=1,
+        due_at=now,
+        done_at=now,
+        fmp4=b"" if jpeg else fragment.data,
+        fmp4_mime="" if jpeg else fragment.mime,
+        start_s=seq * plan.period,
+        duration_s=plan.period,
+        encode_ms=0.0,
+    )
 
 
 def sent_bytes(fmt: str, data: bytes) -> int:
@@ -247,20 +296,35 @@ async def deliver(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict[str, Any
     """One format's delivery through a gateway process: bytes/s per viewer, delivery p99."""
     from shared.wire import encode
 
-    biggest = max(len(encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
-                  for i in range(len(encoded.fmp4)))
+    biggest = max(
+        len(encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
+        for i in range(len(encoded.fmp4))
+    )
     limit = await _max_payload()
     if biggest > limit and fmt == "webrtc":
-        return {"bytes_per_s": None, "delivery_ms_p99": None, "viewers": 0,
-                "note": f"a chunk's fragment is {biggest} bytes on the wire, over NATS's "
-                        f"max_payload ({limit}): no fragment reaches the gateway to pass through"}
+        return {
+            "bytes_per_s": None,
+            "delivery_ms_p99": None,
+            "viewers": 0,
+            "note": f"a chunk's fragment is {biggest} bytes on the wire, over NATS's "
+            f"max_payload ({limit}): no fragment reaches the gateway to pass through",
+        }
     if biggest > limit:
-        rate = statistics.mean(sent_bytes(fmt, encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
-                               for i in range(len(encoded.fmp4))) / plan.period
-        return {"bytes_per_s": round(rate), "delivery_ms_p99": None, "viewers": 0,
-                "note": f"a chunk is {biggest} bytes on the wire, over NATS's max_payload "
-                        f"({limit}): not deliverable in one message; bytes/s is what the "
-                        "gateway would send"}
+        rate = (
+            statistics.mean(
+                sent_bytes(fmt, encode(chunk_message(fmt, encoded, i, "s" * 32, 0, plan)))
+                for i in range(len(encoded.fmp4))
+            )
+            / plan.period
+        )
+        return {
+            "bytes_per_s": round(rate),
+            "delivery_ms_p99": None,
+            "viewers": 0,
+            "note": f"a chunk is {biggest} bytes on the wire, over NATS's max_payload "
+            f"({limit}): not deliverable in one message; bytes/s is what the "
+            "gateway would send",
+        }
     if fmt == "webrtc":
         from tools.bench.stream_webrtc import deliver_webrtc
 
@@ -295,19 +359,37 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
     settings = GatewaySettings.from_env()
     tally = Tally()
     measuring, stop = asyncio.Event(), asyncio.Event()
-    async with gateway_process(settings.nats_url, settings.redis_url, "bstream") as (tag, port, url):
+    async with gateway_process(settings.nats_url, settings.redis_url, "bstream") as (
+        tag,
+        port,
+        url,
+    ):
         async with aiohttp.ClientSession(url) as http:
             sessions = await _create_sessions(http, plan.sessions)
-            viewers = [_viewer(fmt, port, sessions[i % len(sessions)], tally, measuring, stop)
-                       for i in range(plan.viewers)]
+            viewers = [
+                _viewer(fmt, port, sessions[i % len(sessions)], tally, measuring, stop)
+                for i in range(plan.viewers)
+            ]
             # Each chunk made once per session, as a worker encodes it once.
-            messages = [[msgspec.to_builtins(chunk_message(fmt, encoded, c, sid, 0, plan))
-                         for c in range(len(encoded.fmp4))] for sid, _ in sessions]
+            messages = [
+                [
+                    msgspec.to_builtins(chunk_message(fmt, encoded, c, sid, 0, plan))
+                    for c in range(len(encoded.fmp4))
+                ]
+                for sid, _ in sessions
+            ]
             _, window = await watch_and_inject(
-                viewers, settings.nats_url, asyncio.sleep(1.0 + plan.viewers / 50),  # attached
-                lambda nc: _inject(nc, Subjects(tag), plan, [s for s, _ in sessions], messages,
-                                   stop),
-                plan.warmup, plan.seconds, measuring, stop)
+                viewers,
+                settings.nats_url,
+                asyncio.sleep(1.0 + plan.viewers / 50),  # attached
+                lambda nc: _inject(
+                    nc, Subjects(tag), plan, [s for s, _ in sessions], messages, stop
+                ),
+                plan.warmup,
+                plan.seconds,
+                measuring,
+                stop,
+            )
     if tally.errors:
         raise BenchError(f"{fmt}: {len(tally.errors)} viewers failed, e.g. {tally.errors[0]}")
     if not tally.latencies_ms:
@@ -317,14 +399,22 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
         "bytes_per_s": round(tally.bytes_received / window.seconds / plan.viewers),
         "delivery_ms_p50": round(statistics.median(lat), 2),
         "delivery_ms_p99": round(percentile(lat, 0.99), 2),
-        "viewers": plan.viewers, "sessions": plan.sessions, "chunks_received": len(lat),
+        "viewers": plan.viewers,
+        "sessions": plan.sessions,
+        "chunks_received": len(lat),
         "lags": tally.lags,
     }
 
 
-async def _inject(nc: NatsClient, subjects: Subjects, plan: StreamPlan, session_ids: list[str],
-                  messages: list[list[dict[str, Any]]], stop: asyncio.Event,
-                  published: dict[tuple[str, int], float] | None = None) -> None:
+async def _inject(
+    nc: NatsClient,
+    subjects: Subjects,
+    plan: StreamPlan,
+    session_ids: list[str],
+    messages: list[list[dict[str, Any]]],
+    stop: asyncio.Event,
+    published: dict[tuple[str, int], float] | None = None,
+) -> None:
     """One chunk per session per period, sessions spread over the period; each prepared
     chunk gets its seq and its publish time (``done_at``) on the way out, also kept in
     ``published`` by (session, seq) where given."""
@@ -344,8 +434,14 @@ async def _inject(nc: NatsClient, subjects: Subjects, plan: StreamPlan, session_
     await nc.flush()
 
 
-async def _viewer(fmt: str, port: int, session: tuple[str, str], tally: Tally,
-                  measuring: asyncio.Event, stop: asyncio.Event) -> None:
+async def _viewer(
+    fmt: str,
+    port: int,
+    session: tuple[str, str],
+    tally: Tally,
+    measuring: asyncio.Event,
+    stop: asyncio.Event,
+) -> None:
     sid, token = session
     query = "fmp4" if fmt.startswith("fmp4") else "jpeg"
     if fmt.endswith("_ws"):
@@ -354,8 +450,15 @@ async def _viewer(fmt: str, port: int, session: tuple[str, str], tally: Tally,
         await _sse_viewer(port, sid, token, query, tally, measuring, stop)
 
 
-async def _sse_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
-                      measuring: asyncio.Event, stop: asyncio.Event) -> None:
+async def _sse_viewer(
+    port: int,
+    sid: str,
+    token: str,
+    fmt: str,
+    tally: Tally,
+    measuring: asyncio.Event,
+    stop: asyncio.Event,
+) -> None:
     """A bare SSE reader (the gateway bench's protocol): the latency measured is the
     gateway's, not an HTTP library's. It counts the body bytes it receives."""
     from tools.bench.gateway import Tally as GatewayTally
@@ -369,12 +472,15 @@ async def _sse_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
 
     shared = GatewayTally(1)
     shared.latencies_ms = tally.latencies_ms
-    request = (f"GET /v1/sessions/{sid}/stream?format={fmt} HTTP/1.1\r\nHost: bench\r\n"
-               f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
+    request = (
+        f"GET /v1/sessions/{sid}/stream?format={fmt} HTTP/1.1\r\nHost: bench\r\n"
+        f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
     loop = asyncio.get_running_loop()
     opened: asyncio.Future[None] = loop.create_future()
     transport, _ = await loop.create_connection(
-        lambda: Counting(request, shared, measuring, stop, opened), "127.0.0.1", port)
+        lambda: Counting(request, shared, measuring, stop, opened), "127.0.0.1", port
+    )
     try:
         await stop.wait()
     finally:
@@ -383,21 +489,30 @@ async def _sse_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
         tally.lags += shared.lags
 
 
-async def _ws_viewer(port: int, sid: str, token: str, fmt: str, tally: Tally,
-                     measuring: asyncio.Event, stop: asyncio.Event) -> None:
+async def _ws_viewer(
+    port: int,
+    sid: str,
+    token: str,
+    fmt: str,
+    tally: Tally,
+    measuring: asyncio.Event,
+    stop: asyncio.Event,
+) -> None:
     import aiohttp
     import orjson
 
     url = f"http://127.0.0.1:{port}/v1/sessions/{sid}/ws"
-    async with aiohttp.ClientSession() as client, client.ws_connect(
-            url, params={"format": fmt, "token": token}, max_msg_size=0) as ws:
+    async with (
+        aiohttp.ClientSession() as client,
+        client.ws_connect(url, params={"format": fmt, "token": token}, max_msg_size=0) as ws,
+    ):
         async for msg in ws:
             received = time.time()
             if msg.type is aiohttp.WSMsgType.BINARY:
                 if measuring.is_set():
                     tally.bytes_received += len(msg.data)
                     (n,) = struct.unpack(">I", msg.data[:4])
-                    header = orjson.loads(msg.data[4:4 + n])
+                    header = orjson.loads(msg.data[4 : 4 + n])
                     tally.latencies_ms.append((received - header["timing"]["done_at"]) * 1000.0)
             elif msg.type is aiohttp.WSMsgType.TEXT:
                 if b'"type":"lag"' in msg.data.encode():
@@ -420,27 +535,39 @@ async def bench(plan: StreamPlan) -> dict[str, Any]:
         for fmt in FORMATS:
             times = encoded.jpeg_ms if fmt == "jpeg_sse" else encoded.fmp4_ms
             delivered = await deliver(fmt, encoded, plan)
-            side[fmt] = {"bytes_per_s": delivered.pop("bytes_per_s"),
-                         "encode_ms_p50": round(statistics.median(times), 2),
-                         "encode_ms_p99": round(percentile(times, 0.99), 2),
-                         "delivery_ms_p99": delivered.pop("delivery_ms_p99"), **delivered}
+            side[fmt] = {
+                "bytes_per_s": delivered.pop("bytes_per_s"),
+                "encode_ms_p50": round(statistics.median(times), 2),
+                "encode_ms_p99": round(percentile(times, 0.99), 2),
+                "delivery_ms_p99": delivered.pop("delivery_ms_p99"),
+                **delivered,
+            }
         side["webrtc"] = await webrtc_entry(encoded, plan)
         jpeg_rate, fmp4_rate = side["jpeg_sse"]["bytes_per_s"], side["fmp4_ws"]["bytes_per_s"]
         side["jpeg_over_fmp4_ws_bytes"] = round(jpeg_rate / fmp4_rate, 2) if fmp4_rate else None
-        side["encode_p99_over_period"] = round(side["fmp4_ws"]["encode_ms_p99"] / (plan.period * 1000), 3)
+        side["encode_p99_over_period"] = round(
+            side["fmp4_ws"]["encode_ms_p99"] / (plan.period * 1000), 3
+        )
         frames[kind] = side
     return {
         "frames": frames,
-        "size": f"{plan.height}x{plan.width}", "frames_per_chunk": plan.frames,
-        "period_s": plan.period, "viewers": plan.viewers, "sessions": plan.sessions,
-        "seconds": plan.seconds, "encode_runs": plan.encode_runs, "cpu_count": os.cpu_count(),
+        "size": f"{plan.height}x{plan.width}",
+        "frames_per_chunk": plan.frames,
+        "period_s": plan.period,
+        "viewers": plan.viewers,
+        "sessions": plan.sessions,
+        "seconds": plan.seconds,
+        "encode_runs": plan.encode_runs,
+        "cpu_count": os.cpu_count(),
         "codec": "H.264 (libx264 via PyAV), fragmented MP4, one keyframe-first fragment per chunk",
         "webrtc_viewers": plan.webrtc_viewers,
-        "webrtc": (f"{plan.webrtc_viewers} loopback aiortc viewers offering H.264 (the worker's "
-                   "H.264 passed through); bytes/s: RTP payload received per viewer; encode: the "
-                   "gateway's fragment-to-Annex-B demux per chunk; delivery: NATS publish to the "
-                   "arrival of the packet completing the chunk's first frame (paced at the "
-                   "chunk's fps, before decoding)"),
+        "webrtc": (
+            f"{plan.webrtc_viewers} loopback aiortc viewers offering H.264 (the worker's "
+            "H.264 passed through); bytes/s: RTP payload received per viewer; encode: the "
+            "gateway's fragment-to-Annex-B demux per chunk; delivery: NATS publish to the "
+            "arrival of the packet completing the chunk's first frame (paced at the "
+            "chunk's fps, before decoding)"
+        ),
     }
 
 
@@ -449,25 +576,34 @@ async def webrtc_entry(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
 
     times = await asyncio.to_thread(pass_through_ms, encoded, plan)
     delivered = await deliver("webrtc", encoded, plan)
-    return {"bytes_per_s": delivered.pop("bytes_per_s"),
-            "encode_ms_p50": round(statistics.median(times), 2),
-            "encode_ms_p99": round(percentile(times, 0.99), 2),
-            "delivery_ms_p99": delivered.pop("delivery_ms_p99"), **delivered}
+    return {
+        "bytes_per_s": delivered.pop("bytes_per_s"),
+        "encode_ms_p50": round(statistics.median(times), 2),
+        "encode_ms_p99": round(percentile(times, 0.99), 2),
+        "delivery_ms_p99": delivered.pop("delivery_ms_p99"),
+        **delivered,
+    }
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"{result['size']}, {result['frames_per_chunk']} frames per {result['period_s']} s chunk, "
-          f"{result['viewers']} viewers over {result['sessions']} sessions "
-          f"({result['webrtc_viewers']} for webrtc)")
-    print(f"{'frames':<9} {'format':<9} {'KiB/s/viewer':>13} {'encode p50':>11} {'encode p99':>11} "
-          f"{'delivery p99':>13}")
+    print(
+        f"{result['size']}, {result['frames_per_chunk']} frames per {result['period_s']} s chunk, "
+        f"{result['viewers']} viewers over {result['sessions']} sessions "
+        f"({result['webrtc_viewers']} for webrtc)"
+    )
+    print(
+        f"{'frames':<9} {'format':<9} {'KiB/s/viewer':>13} {'encode p50':>11} {'encode p99':>11} "
+        f"{'delivery p99':>13}"
+    )
     for kind, side in result["frames"].items():
         for fmt in (*FORMATS, "webrtc"):
             r = side[fmt]
             delivery = "n/a" if r["delivery_ms_p99"] is None else f"{r['delivery_ms_p99']:.1f} ms"
             rate = "n/a" if r["bytes_per_s"] is None else f"{r['bytes_per_s'] / 1024:.1f}"
-            print(f"{kind:<9} {fmt:<9} {rate:>13} {r['encode_ms_p50']:>8.1f} ms "
-                  f"{r['encode_ms_p99']:>8.1f} ms {delivery:>13}")
+            print(
+                f"{kind:<9} {fmt:<9} {rate:>13} {r['encode_ms_p50']:>8.1f} ms "
+                f"{r['encode_ms_p99']:>8.1f} ms {delivery:>13}"
+            )
         for fmt in (*FORMATS, "webrtc"):
             if side[fmt].get("note"):
                 print(f"  {kind} {fmt}: {side[fmt]['note']}")

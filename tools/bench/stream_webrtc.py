@@ -73,8 +73,9 @@ class WebRtcViewer:
         video = self.pc.addTransceiver("video", direction="recvonly")
         capabilities = RTCRtpReceiver.getCapabilities("video")
         assert capabilities is not None  # aiortc always has video codecs
-        video.setCodecPreferences([c for c in capabilities.codecs
-                                   if c.mimeType in ("video/H264", "video/rtx")])
+        video.setCodecPreferences(
+            [c for c in capabilities.codecs if c.mimeType in ("video/H264", "video/rtx")]
+        )
         self.receiver = video.receiver
         self.channel = self.pc.createDataChannel("control")
         self.channel.on("message", self._on_message)
@@ -104,18 +105,23 @@ class WebRtcViewer:
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = {"type": "offer", "sdp": self.pc.localDescription.sdp}
-        async with http.post(f"/v1/sessions/{sid}/webrtc", json=offer,
-                             headers={"Authorization": f"Bearer {token}"}) as resp:
+        async with http.post(
+            f"/v1/sessions/{sid}/webrtc", json=offer, headers={"Authorization": f"Bearer {token}"}
+        ) as resp:
             body = await resp.json()
             if resp.status != 200:
                 raise BenchError(f"webrtc: the offer was refused: HTTP {resp.status} {body}")
         if not body["video"]["pass_through"]:
-            raise BenchError(f"webrtc: the gateway answered {body['video']}, not H.264 pass-through")
+            raise BenchError(
+                f"webrtc: the gateway answered {body['video']}, not H.264 pass-through"
+            )
         for media in SessionDescription.parse(body["sdp"]).media:
             if media.kind == "video":
-                self.h264_types = {c.payloadType for c in media.rtp.codecs
-                                   if c.mimeType.lower() == "video/h264"
-                                   and c.payloadType is not None}
+                self.h264_types = {
+                    c.payloadType
+                    for c in media.rtp.codecs
+                    if c.mimeType.lower() == "video/h264" and c.payloadType is not None
+                }
         self._count_packets()
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="answer"))
 
@@ -179,8 +185,11 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     published: dict[tuple[str, int], float] = {}
     viewers: list[WebRtcViewer] = []
     drains: list[asyncio.Task[None]] = []
-    async with gateway_process(settings.nats_url, settings.redis_url,
-                               "bwebrtc") as (tag, port, http_url):
+    async with gateway_process(settings.nats_url, settings.redis_url, "bwebrtc") as (
+        tag,
+        port,
+        http_url,
+    ):
         async with aiohttp.ClientSession(http_url) as http:
             sessions = await _create_sessions(http, min(plan.sessions, viewers_n))
             watching = [sessions[i % len(sessions)][0] for i in range(viewers_n)]
@@ -194,16 +203,34 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
                     async with asyncio.timeout(CONNECT_S):
                         await asyncio.gather(*(v.connected.wait() for v in viewers))
                 except TimeoutError:
-                    raise BenchError(f"webrtc: {sum(not v.connected.is_set() for v in viewers)} "
-                                     f"of {viewers_n} viewers did not connect in {CONNECT_S:g} s") from None
+                    raise BenchError(
+                        f"webrtc: {sum(not v.connected.is_set() for v in viewers)} "
+                        f"of {viewers_n} viewers did not connect in {CONNECT_S:g} s"
+                    ) from None
                 nc = await nats.connect(settings.nats_url)
                 try:
-                    messages = [[msgspec.to_builtins(chunk_message("webrtc", encoded, c, sid, 0, plan))
-                                 for c in range(len(encoded.fmp4))] for sid, _ in sessions]
+                    messages = [
+                        [
+                            msgspec.to_builtins(chunk_message("webrtc", encoded, c, sid, 0, plan))
+                            for c in range(len(encoded.fmp4))
+                        ]
+                        for sid, _ in sessions
+                    ]
                     _, window = await measure_while(
-                        _inject(nc, Subjects(tag), plan, [s for s, _ in sessions], messages, stop,
-                                published),
-                        plan.warmup, plan.seconds, measuring, stop)
+                        _inject(
+                            nc,
+                            Subjects(tag),
+                            plan,
+                            [s for s, _ in sessions],
+                            messages,
+                            stop,
+                            published,
+                        ),
+                        plan.warmup,
+                        plan.seconds,
+                        measuring,
+                        stop,
+                    )
                 finally:
                     stop.set()
                     await nc.close()
@@ -223,13 +250,15 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
         raise BenchError("webrtc: no chunk's first frame reached a viewer in the measured time")
     lat = latencies
     return {
-        "bytes_per_s": round(sum(v.tally.payload_bytes for v in viewers) / window.seconds
-                             / viewers_n),
+        "bytes_per_s": round(
+            sum(v.tally.payload_bytes for v in viewers) / window.seconds / viewers_n
+        ),
         "delivery_ms_p50": round(statistics.median(lat), 2),
         "delivery_ms_p99": round(percentile(lat, 0.99), 2),
-        "viewers": viewers_n, "sessions": len(sessions), "chunks_received": len(lat),
+        "viewers": viewers_n,
+        "sessions": len(sessions),
+        "chunks_received": len(lat),
         "lags": sum(v.tally.lags for v in viewers),
         "frames_decoded": sum(v.tally.decoded for v in viewers),
         "path": "H.264 pass-through (fragment to Annex B, packetized by aiortc)",
     }
-

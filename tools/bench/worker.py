@@ -25,29 +25,42 @@ DEFAULT_FPS = 16.0  # Wan2.1 generates 16 frames per second of video
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "worker", help="benchmark the GPU worker's engine (chunk time per batch size)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "worker",
+        help="benchmark the GPU worker's engine (chunk time per batch size)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", default="tiny", help="model preset (tiny, small, wan-1.3b)")
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--chunks", type=int, default=5, help="timed chunks per batch size")
     parser.add_argument(
-        "--warmup", type=int, default=None,
+        "--warmup",
+        type=int,
+        default=None,
         help="untimed chunks per batch size (default: until every KV window is full, +1)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint", default=None,
-                        help="the causal DiT (.pt or safetensors; TURBOSERVE_CHECKPOINT)")
-    parser.add_argument("--model", default=None,
-                        help="a Wan2.1 model folder: umT5 and the Wan VAE (TURBOSERVE_MODEL)")
-    parser.add_argument("--resolution", default=None,
-                        help="HEIGHTxWIDTH of a loaded model (default 480x832)")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the causal DiT (.pt or safetensors; TURBOSERVE_CHECKPOINT)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a Wan2.1 model folder: umT5 and the Wan VAE (TURBOSERVE_MODEL)",
+    )
+    parser.add_argument(
+        "--resolution", default=None, help="HEIGHTxWIDTH of a loaded model (default 480x832)"
+    )
     parser.add_argument("--json", dest="json_out", default=None, help="write results here")
     parser.add_argument("--profile-out", default=None, help="write a scheduler latency profile")
     parser.add_argument("--gpu-kind", default=None, help="profile gpu_kind (default: device name)")
     parser.add_argument(
-        "--deadline-ms", type=float, default=None,
+        "--deadline-ms",
+        type=float,
+        default=None,
         help="profile deadline (default: a chunk's playback time at 16 fps)",
     )
     parser.set_defaults(func=run)
@@ -80,7 +93,9 @@ def _check_options(args: argparse.Namespace) -> None:
     from services.gpu_worker.model.config import PRESETS
 
     if args.preset not in PRESETS:
-        raise BenchUsageError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+        raise BenchUsageError(
+            f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}"
+        )
     if args.chunks < 1:
         raise BenchUsageError(f"--chunks must be >= 1, got {args.chunks}")
     if args.warmup is not None and args.warmup < 0:
@@ -119,8 +134,14 @@ def run(args: argparse.Namespace) -> int:
         batches = _parse_batches(args.batch)
         _check_options(args)
         report = run_benchmark(
-            preset=args.preset, batches=batches, device=args.device, chunks=args.chunks,
-            warmup=args.warmup, seed=args.seed, checkpoint=args.checkpoint, model=args.model,
+            preset=args.preset,
+            batches=batches,
+            device=args.device,
+            chunks=args.chunks,
+            warmup=args.warmup,
+            seed=args.seed,
+            checkpoint=args.checkpoint,
+            model=args.model,
             resolution=args.resolution,
         )
     except BenchUsageError as exc:
@@ -141,9 +162,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_benchmark(
-    preset: str, batches: list[int], device: str = "auto", chunks: int = 5,
+    preset: str,
+    batches: list[int],
+    device: str = "auto",
+    chunks: int = 5,
     warmup: int | None = None,
-    seed: int = 0, checkpoint: str | None = None, model: str | None = None,
+    seed: int = 0,
+    checkpoint: str | None = None,
+    model: str | None = None,
     resolution: str | None = None,
 ) -> dict[str, Any]:
     import torch
@@ -162,18 +188,29 @@ def run_benchmark(
     if resolution and size is None:
         raise BenchUsageError(f"--resolution {resolution!r}: HEIGHTxWIDTH, multiples of 16")
     try:
-        engine = Engine(EngineConfig(
-            preset=preset, device=device, max_sessions=max(batches), seed=seed,
-            checkpoint=checkpoint, model=model, resolution=size,
-        ))
+        engine = Engine(
+            EngineConfig(
+                preset=preset,
+                device=device,
+                max_sessions=max(batches),
+                seed=seed,
+                checkpoint=checkpoint,
+                model=model,
+                resolution=size,
+            )
+        )
     except (CheckpointMismatch, ModelFolderError) as exc:
         raise BenchUsageError(str(exc)) from None
     except Exception as exc:
         if checkpoint and type(exc).__name__ == "SafetensorError":
-            raise BenchUsageError(f"checkpoint {checkpoint!r} is not a safetensors file: {exc}") from None
+            raise BenchUsageError(
+                f"checkpoint {checkpoint!r} is not a safetensors file: {exc}"
+            ) from None
         raise
-    print(f"# {telemetry.describe(engine.torch_device)}; model {engine.model_config.name}; "
-          f"dtype {engine.dtype}")
+    print(
+        f"# {telemetry.describe(engine.torch_device)}; model {engine.model_config.name}; "
+        f"dtype {engine.dtype}"
+    )
     if warmup is None:
         # Time the steady state: every session's window full, so attention runs unmasked.
         warmup = engine.fill_chunks + 1
@@ -191,22 +228,26 @@ def run_benchmark(
         p50 = statistics.median(times)
         decode = engine.decode_ms_by_batch()[batch]  # the decodes of these very chunks
         pass_times, pass_chunks = _time_passes(engine, batch, chunks)
-        results.append({
-            "batch": batch,
-            "chunk_ms_p50": round(p50, 3),
-            "chunk_ms_min": round(min(times), 3),
-            "chunk_ms_max": round(max(times), 3),
-            "sessions_per_s": round(batch * 1000.0 / p50, 4),
-            "pass_ms_p50": round(statistics.median(pass_times), 3),
-            "pass_ms_min": round(min(pass_times), 3),
-            "pass_ms_max": round(max(pass_times), 3),
-            # gen_ms of the chunks made by pass_step: the sum of their passes' times
-            "pass_chunk_ms_p50": round(statistics.median(pass_chunks), 3) if pass_chunks else None,
-            # The frame decoder's share of chunk_ms (timed inside those passes), and the rest:
-            # the DiT's passes and the sampler.
-            "decode_ms_p50": round(decode, 3),
-            "dit_ms_p50": round(p50 - decode, 3),
-        })
+        results.append(
+            {
+                "batch": batch,
+                "chunk_ms_p50": round(p50, 3),
+                "chunk_ms_min": round(min(times), 3),
+                "chunk_ms_max": round(max(times), 3),
+                "sessions_per_s": round(batch * 1000.0 / p50, 4),
+                "pass_ms_p50": round(statistics.median(pass_times), 3),
+                "pass_ms_min": round(min(pass_times), 3),
+                "pass_ms_max": round(max(pass_times), 3),
+                # gen_ms of the chunks made by pass_step: the sum of their passes' times
+                "pass_chunk_ms_p50": round(statistics.median(pass_chunks), 3)
+                if pass_chunks
+                else None,
+                # The frame decoder's share of chunk_ms (timed inside those passes), and the rest:
+                # the DiT's passes and the sampler.
+                "decode_ms_p50": round(decode, 3),
+                "dit_ms_p50": round(p50 - decode, 3),
+            }
+        )
     suspend_ms, resume_ms = _suspend_resume_ms(engine, repeats=max(chunks, 3))
     base = results[0]["sessions_per_s"]
     for row in results:
@@ -314,13 +355,35 @@ def format_table(report: dict[str, Any]) -> str:
     for row in report["results"]:
         pass_p50 = row.get("pass_ms_p50")
         passes = (f"{pass_p50:.2f}", f"{pass_p50 * ppc:.1f}") if pass_p50 and ppc else ("-", "-")
-        parts = ((f"{row['dit_ms_p50']:.1f}", f"{row['decode_ms_p50']:.1f}")
-                 if "decode_ms_p50" in row else ("-", "-"))
-        rows.append((row["batch"], f"{row['chunk_ms_p50']:.1f}", f"{row['chunk_ms_min']:.1f}",
-                     f"{row['chunk_ms_max']:.1f}", f"{row['sessions_per_s']:.2f}",
-                     f"{row['speedup_vs_first']:.2f}", *passes, *parts))
-    columns = ("batch", "chunk ms p50", "min", "max", "sessions/s", "x first", "pass ms p50",
-               f"x{ppc or '?'}", "DiT ms", "decode ms")
+        parts = (
+            (f"{row['dit_ms_p50']:.1f}", f"{row['decode_ms_p50']:.1f}")
+            if "decode_ms_p50" in row
+            else ("-", "-")
+        )
+        rows.append(
+            (
+                row["batch"],
+                f"{row['chunk_ms_p50']:.1f}",
+                f"{row['chunk_ms_min']:.1f}",
+                f"{row['chunk_ms_max']:.1f}",
+                f"{row['sessions_per_s']:.2f}",
+                f"{row['speedup_vs_first']:.2f}",
+                *passes,
+                *parts,
+            )
+        )
+    columns = (
+        "batch",
+        "chunk ms p50",
+        "min",
+        "max",
+        "sessions/s",
+        "x first",
+        "pass ms p50",
+        f"x{ppc or '?'}",
+        "DiT ms",
+        "decode ms",
+    )
     lines = [
         f"worker benchmark: model {report['preset']} on {report['device']} ({report['dtype']}), "
         f"{report['video_frames_per_chunk']} frames/chunk at "
@@ -337,7 +400,8 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"decoder {report['decoder']} (state {report['decoder_state_bytes'] / 2**20:.2f} MiB "
             f"per session); text encoder {report['text_encoder']}: "
-            f"{report['text_encode_ms']:.1f} ms per new prompt")
+            f"{report['text_encode_ms']:.1f} ms per new prompt"
+        )
     return "\n".join(lines)
 
 
@@ -367,18 +431,21 @@ def build_profile(
         "migration": {"per_session_ms": round(max(round_trip, 0.001), 3), "fixed_ms": 0.0},
         "sources": {
             "chunk_ms": f"turboserve bench worker: median lockstep chunk time at batches {sorted(measured)}"
-                        " on this device; linear in between, made non-decreasing.",
+            " on this device; linear in between, made non-decreasing.",
             "deadline_ms": f"playback time of one chunk ({report['video_frames_per_chunk']} "
-                           f"frames) at {DEFAULT_FPS:g} fps unless --deadline-ms was given.",
+            f"frames) at {DEFAULT_FPS:g} fps unless --deadline-ms was given.",
             "state_bytes_per_session": "the engine's slot size: KV window + sink + scratch, "
-                                       "cross-attention cache, decoder context.",
+            "cross-attention cache, decoder context.",
             "migration": "measured suspend + resume (device -> host -> device) of one session; "
-                         "a direct device-to-device transport is faster.",
+            "a direct device-to-device transport is faster.",
         },
     }
     total = tele.get("mem_total_bytes")
     if total:
-        profile["memory"] = {"gpu_bytes": int(total), "reserved_bytes": int(report["weights_bytes"])}
+        profile["memory"] = {
+            "gpu_bytes": int(total),
+            "reserved_bytes": int(report["weights_bytes"]),
+        }
         profile["sources"]["memory"] = "device total memory; reserved = model + decoder weights."
     return profile
 
@@ -391,7 +458,8 @@ def _fill_table(measured: dict[int, float]) -> list[float]:
             value = points[0][1]  # below the smallest measured batch: no faster than it
         else:
             (b0, t0), (b1, t1) = next(
-                (points[i], points[i + 1]) for i in range(len(points) - 1)
+                (points[i], points[i + 1])
+                for i in range(len(points) - 1)
                 if points[i][0] <= batch <= points[i + 1][0]
             )
             value = t0 + (t1 - t0) * (batch - b0) / (b1 - b0)

@@ -33,52 +33,86 @@ class HarnessError(RuntimeError):
     retryable = False
 
 
-def spawn_peer(worker_id: str, env: Mapping[str, str], *, device: str = "cpu",
-               checksum: bool = False, module: str = "tools.handoff.peer",
-               extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+def spawn_peer(
+    worker_id: str,
+    env: Mapping[str, str],
+    *,
+    device: str = "cpu",
+    checksum: bool = False,
+    module: str = "tools.handoff.peer",
+    extra: tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
     """Start a peer process (its log goes to our stderr: ``TURBOSERVE_LOG_LEVEL`` in ``env``
     quietens it); ``module`` lets a test start a peer of its own making."""
     argv = [sys.executable, "-m", module, "--device", device, *extra]
     if checksum:
         argv.append("--checksum")
     child_env = {**os.environ, **env, "TURBOSERVE_WORKER_ID": worker_id}
-    return subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL,
-                            preexec_fn=die_with_parent)
+    return subprocess.Popen(
+        argv, env=child_env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+    )
 
 
-async def command(nc: NATS, subjects: Subjects, cmd: WorkerCommand,
-                  wait_s: float = 10.0) -> CommandReply:
+async def command(
+    nc: NATS, subjects: Subjects, cmd: WorkerCommand, wait_s: float = 10.0
+) -> CommandReply:
     msg = await nc.request(subjects.worker_cmd(cmd.worker_id), encode(cmd), timeout=wait_s)
     return decode(msg.subject, msg.data, CommandReply)
 
 
-async def wait_ready(nc: NATS, subjects: Subjects, worker_id: str, proc: subprocess.Popen[bytes],
-                     wait_s: float = 60.0) -> None:
+async def wait_ready(
+    nc: NATS,
+    subjects: Subjects,
+    worker_id: str,
+    proc: subprocess.Popen[bytes],
+    wait_s: float = 60.0,
+) -> None:
     """Until the peer answers a command (``undrain``, harmless)."""
     deadline = time.monotonic() + wait_s
     while True:
         if proc.poll() is not None:
             raise HarnessError(f"peer {worker_id} exited with {proc.returncode} while starting")
         try:
-            await command(nc, subjects, WorkerCommand(
-                kind=WorkerCmdKind.UNDRAIN, worker_id=worker_id), wait_s=1.0)
+            await command(
+                nc,
+                subjects,
+                WorkerCommand(kind=WorkerCmdKind.UNDRAIN, worker_id=worker_id),
+                wait_s=1.0,
+            )
             return
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
             if time.monotonic() > deadline:
                 raise HarnessError(
-                    f"peer {worker_id} did not answer within {wait_s:.0f}s") from None
+                    f"peer {worker_id} did not answer within {wait_s:.0f}s"
+                ) from None
             await asyncio.sleep(0.2)
 
 
-async def place(registry: Registry, nc: NATS, subjects: Subjects, session_id: str,
-                worker_id: str, layout: str, seed: int = 0) -> int:
+async def place(
+    registry: Registry,
+    nc: NATS,
+    subjects: Subjects,
+    session_id: str,
+    worker_id: str,
+    layout: str,
+    seed: int = 0,
+) -> int:
     """Create a session in the registry, give it to ``worker_id`` and assign it there;
     returns its epoch."""
     await registry.create_session(session_id, layout, seed)
     record = await registry.claim(session_id, worker_id, 0)
-    reply = await command(nc, subjects, WorkerCommand(
-        kind=WorkerCmdKind.ASSIGN, worker_id=worker_id, session_id=session_id,
-        epoch=record.epoch, prompt=layout, seed=seed))
+    reply = await command(
+        nc,
+        subjects,
+        WorkerCommand(
+            kind=WorkerCmdKind.ASSIGN,
+            worker_id=worker_id,
+            session_id=session_id,
+            epoch=record.epoch,
+            prompt=layout,
+            seed=seed,
+        ),
+    )
     if not reply.ok:
         raise HarnessError(f"assign {session_id} to {worker_id}: {reply.code} {reply.detail}")
     return record.epoch
@@ -106,16 +140,26 @@ class Reports:
         if future is not None and not future.done():
             future.set_result(report)
 
-    async def migrate(self, session_id: str, src: str, dst: str, epoch: int,
-                      wait_s: float = 60.0) -> MigrationReport:
+    async def migrate(
+        self, session_id: str, src: str, dst: str, epoch: int, wait_s: float = 60.0
+    ) -> MigrationReport:
         """Send MIGRATE to ``src`` and wait for the report it publishes."""
         command_id = uuid.uuid4().hex
         future: asyncio.Future[MigrationReport] = asyncio.get_running_loop().create_future()
         self._waiting[command_id] = future
         try:
-            reply = await command(self.nc, self.subjects, WorkerCommand(
-                kind=WorkerCmdKind.MIGRATE, worker_id=src, session_id=session_id, target=dst,
-                epoch=epoch, command_id=command_id))
+            reply = await command(
+                self.nc,
+                self.subjects,
+                WorkerCommand(
+                    kind=WorkerCmdKind.MIGRATE,
+                    worker_id=src,
+                    session_id=session_id,
+                    target=dst,
+                    epoch=epoch,
+                    command_id=command_id,
+                ),
+            )
             if not reply.ok:
                 raise HarnessError(f"migrate refused by {src}: {reply.code} {reply.detail}")
             return await asyncio.wait_for(future, wait_s)

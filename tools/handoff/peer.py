@@ -36,16 +36,18 @@ class PeerService:
 
     def __init__(self, settings: WorkerSettings, device: str, checksum: bool) -> None:
         self.settings = settings
-        self.host = SyntheticHost(settings.worker_id, _DEFAULT_LAYOUT, device=device,
-                                  capacity=settings.slots)
+        self.host = SyntheticHost(
+            settings.worker_id, _DEFAULT_LAYOUT, device=device, capacity=settings.slots
+        )
         self.checksum = checksum
         self.endpoint: HandoffEndpoint | None = None
         self.ctx: ServiceContext | None = None
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
-        self.endpoint = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, self.host,
-                                        self.settings, checksum=self.checksum)
+        self.endpoint = HandoffEndpoint(
+            ctx.nc, ctx.registry, ctx.subjects, self.host, self.settings, checksum=self.checksum
+        )
         await self.endpoint.start()
         await ctx.nc.subscribe(ctx.subjects.worker_cmd(self.host.worker_id), cb=self._on_command)
 
@@ -60,9 +62,17 @@ class PeerService:
             return
         code, detail = self._apply(cmd)
         if msg.reply:
-            await msg.respond(encode(CommandReply(
-                worker_id=self.host.worker_id, ok=not code, command_id=cmd.command_id,
-                code=code, detail=detail)))
+            await msg.respond(
+                encode(
+                    CommandReply(
+                        worker_id=self.host.worker_id,
+                        ok=not code,
+                        command_id=cmd.command_id,
+                        code=code,
+                        detail=detail,
+                    )
+                )
+            )
 
     def _apply(self, cmd: WorkerCommand) -> tuple[str, str]:
         assert self.ctx is not None and self.endpoint is not None
@@ -87,9 +97,11 @@ class PeerService:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.handoff.peer",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.handoff.peer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     parser.add_argument("--checksum", action="store_true", help="offers carry a checksum")
     args = parser.parse_args(argv)
@@ -98,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"handoff peer: {exc}", file=sys.stderr)
         return 2
-    return run_service(lambda: PeerService(settings, args.device, args.checksum), settings,
-                       "handoff-peer")
+    return run_service(
+        lambda: PeerService(settings, args.device, args.checksum), settings, "handoff-peer"
+    )
 
 
 if __name__ == "__main__":

@@ -105,8 +105,15 @@ def expected_state(layout: Layout, seed: int, chunks: int) -> list[torch.Tensor]
 
 
 class SyntheticHost:
-    def __init__(self, worker_id: str, layout: Layout, *, device: str = "cpu",
-                 capacity: int = 8, freeze_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        layout: Layout,
+        *,
+        device: str = "cpu",
+        capacity: int = 8,
+        freeze_delay_s: float = 0.0,
+    ) -> None:
         self.worker_id = worker_id
         self.layout = layout
         self.device = device
@@ -124,14 +131,23 @@ class SyntheticHost:
         self.spare: dict[tuple[str, str], list[list[torch.Tensor]]] = {}
 
     # -- what a worker does with its own sessions ------------------------------------------
-    def add(self, session_id: str, seed: int, epoch: int, prompt: str = "", *,
-            layout: Layout | None = None, suspended: bool = False) -> None:
+    def add(
+        self,
+        session_id: str,
+        seed: int,
+        epoch: int,
+        prompt: str = "",
+        *,
+        layout: Layout | None = None,
+        suspended: bool = False,
+    ) -> None:
         layout = layout or self.layout
         tensors = initial_state(layout, seed)
         where = "cpu" if suspended else self.device
         tensors = [t.to(where) for t in tensors]
-        self.sessions[session_id] = _Held(tensors[:-1], tensors[-1], layout.key, seed, 0, epoch,
-                                          prompt, suspended=suspended)
+        self.sessions[session_id] = _Held(
+            tensors[:-1], tensors[-1], layout.key, seed, 0, epoch, prompt, suspended=suspended
+        )
 
     def advance(self, session_id: str) -> int | None:
         """Play one chunk of an executing, unfrozen session; returns its seq (None if the
@@ -168,12 +184,20 @@ class SyntheticHost:
         if not on_device:
             tensors = [t.cpu() for t in tensors]
         snapshot = SessionSnapshot(
-            session_id=session_id, seq=held.seq, position=held.seq, prompt=held.prompt,
-            seed=held.seed, preset=PRESET, dtype=str(held.misc.dtype).removeprefix("torch."),
-            layers=tensors[:-1], misc=tensors[-1], meta={"layout": held.layout_key},
+            session_id=session_id,
+            seq=held.seq,
+            position=held.seq,
+            prompt=held.prompt,
+            seed=held.seed,
+            preset=PRESET,
+            dtype=str(held.misc.dtype).removeprefix("torch."),
+            layers=tensors[:-1],
+            misc=tensors[-1],
+            meta={"layout": held.layout_key},
         )
-        return FrozenSession(snapshot, next_seq=held.seq, due_at=time.time(),
-                             suspended=held.suspended)
+        return FrozenSession(
+            snapshot, next_seq=held.seq, due_at=time.time(), suspended=held.suspended
+        )
 
     async def unfreeze(self, session_id: str, epoch: int) -> None:
         held = self.sessions[session_id]
@@ -201,11 +225,16 @@ class SyntheticHost:
         if len(self.sessions) + len(self.reserved) >= self.capacity:
             return HandoffRefusal(HandoffCode.FULL, f"all {self.capacity} slots are taken")
         offered = layout_key([t.numel() for t in snap.layers], snap.dtype)
-        if snap.preset != PRESET or snap.meta.get("layout") != offered or \
-                snap.misc.numel() != MISC_NUMEL:
-            return HandoffRefusal(HandoffCode.INCOMPATIBLE,
-                           f"a {snap.preset} state laid out as {snap.meta.get('layout')}, "
-                           f"its tensors say {offered}")
+        if (
+            snap.preset != PRESET
+            or snap.meta.get("layout") != offered
+            or snap.misc.numel() != MISC_NUMEL
+        ):
+            return HandoffRefusal(
+                HandoffCode.INCOMPATIBLE,
+                f"a {snap.preset} state laid out as {snap.meta.get('layout')}, "
+                f"its tensors say {offered}",
+            )
         return None
 
     def reserve(self, session_id: str) -> None:
@@ -220,6 +249,12 @@ class SyntheticHost:
         tensors = [t.to(where) for t in (*snap.layers, snap.misc)]
         self.reserved.discard(snap.session_id)
         self.sessions[snap.session_id] = _Held(
-            tensors[:-1], tensors[-1], snap.meta["layout"], snap.seed, frozen.next_seq, epoch,
-            snap.prompt, suspended=frozen.suspended,
+            tensors[:-1],
+            tensors[-1],
+            snap.meta["layout"],
+            snap.seed,
+            frozen.next_seq,
+            epoch,
+            snap.prompt,
+            suspended=frozen.suspended,
         )

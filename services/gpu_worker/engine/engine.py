@@ -111,9 +111,14 @@ class Engine:
         default = "bfloat16" if self._device.type == "cuda" else "float32"
         self.dtype = _DTYPES[config.dtype or default]
         self._pin = config.pin_host_memory and self._device.type == "cuda"
-        spec = ModelSpec(preset=config.preset, checkpoint=config.checkpoint, model=config.model,
-                         resolution=config.resolution, text_device=config.text_device,
-                         seed=config.seed)
+        spec = ModelSpec(
+            preset=config.preset,
+            checkpoint=config.checkpoint,
+            model=config.model,
+            resolution=config.resolution,
+            text_device=config.text_device,
+            seed=config.seed,
+        )
         loaded = load_model(spec, self._device, self.dtype)
         self.model_config: ModelConfig = loaded.config
         self.model = loaded.dit
@@ -125,8 +130,13 @@ class Engine:
             recache = "kv" if loaded.longlive or not config.checkpoint else "cross"
         self.prompt_recache = recache
         self.prompts = PromptEncoder(self.text_encoder)
-        self.pool = SlotPool(self.model_config, config.max_sessions, self._device, self.dtype,
-                             self.decoder.state_numel)
+        self.pool = SlotPool(
+            self.model_config,
+            config.max_sessions,
+            self._device,
+            self.dtype,
+            self.decoder.state_numel,
+        )
         self._sigmas = sigmas(self.model_config)
         self._sessions: dict[str, _Session] = {}
         self._resident: list[str] = []  # slot i holds self._resident[i]
@@ -141,10 +151,15 @@ class Engine:
         # decides the random DiT and the stand-in decoder) and the weights' content.
         digest, description = loaded.identity
         self.layout = StateLayout(
-            preset=self.model_config.name, dtype=str(self.dtype).removeprefix("torch."),
-            num_layers=self.model_config.num_layers, region_numel=self.pool.region_numel,
-            misc_numel=self.pool.misc_numel, weights_seed=str(config.seed),
-            checkpoint=description, checkpoint_digest=digest)
+            preset=self.model_config.name,
+            dtype=str(self.dtype).removeprefix("torch."),
+            num_layers=self.model_config.num_layers,
+            region_numel=self.pool.region_numel,
+            misc_numel=self.pool.misc_numel,
+            weights_seed=str(config.seed),
+            checkpoint=description,
+            checkpoint_digest=digest,
+        )
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -289,8 +304,11 @@ class Engine:
             # The tensors were captured at suspend time and do not change while suspended,
             # but the session's fields may (set_prompt): export the live ones.
             return replace(
-                session.host, seq=session.seq, position=session.position,
-                prompt=session.prompt, pending_prompt=session.pending_prompt,
+                session.host,
+                seq=session.seq,
+                position=session.position,
+                prompt=session.prompt,
+                pending_prompt=session.pending_prompt,
                 meta=dict(session.host.meta),
             )
         if session.phase:
@@ -306,7 +324,11 @@ class Engine:
             raise SessionAlreadyResident(state.session_id)
         if suspended:
             session = _Session(
-                state.session_id, state.seed, state.prompt, state.seq, state.position,
+                state.session_id,
+                state.seed,
+                state.prompt,
+                state.seq,
+                state.position,
                 state.pending_prompt,
             )
             session.host = replace(state, meta=dict(state.meta))
@@ -316,7 +338,11 @@ class Engine:
         slot = self._claim_slot()
         self.pool.write(slot, state.layers, state.misc)
         self._sessions[state.session_id] = _Session(
-            state.session_id, state.seed, state.prompt, state.seq, state.position,
+            state.session_id,
+            state.seed,
+            state.prompt,
+            state.seq,
+            state.position,
             state.pending_prompt,
         )
         self._resident.append(state.session_id)
@@ -336,10 +362,16 @@ class Engine:
         history = misc[: self.pool.history_numel]
         raw = history.detach().to("cpu", copy=True).contiguous()
         return RecoveryPoint(
-            session_id=session_id, seq=session.seq, position=session.position,
-            prompt=session.prompt, pending_prompt=session.pending_prompt, seed=session.seed,
-            preset=self.model_config.name, dtype=str(self.dtype).removeprefix("torch."),
-            history=_tensor_bytes(raw), meta=self.layout.meta,
+            session_id=session_id,
+            seq=session.seq,
+            position=session.position,
+            prompt=session.prompt,
+            pending_prompt=session.pending_prompt,
+            seed=session.seed,
+            preset=self.model_config.name,
+            dtype=str(self.dtype).removeprefix("torch."),
+            history=_tensor_bytes(raw),
+            meta=self.layout.meta,
         )
 
     @torch.inference_mode()
@@ -359,8 +391,10 @@ class Engine:
             ours = self.layout.meta
             if point.preset != self.model_config.name:
                 raise IncompatibleState("preset", point.preset, self.model_config.name)
-            if point.meta.get("weights_seed") != ours["weights_seed"] or point.meta.get(
-                    "checkpoint_digest") != ours["checkpoint_digest"]:
+            if (
+                point.meta.get("weights_seed") != ours["weights_seed"]
+                or point.meta.get("checkpoint_digest") != ours["checkpoint_digest"]
+            ):
                 raise IncompatibleState("weights", point.meta, ours)
             history = _bytes_tensor(point.history, point.dtype)
             if history.numel() != self.pool.history_numel:
@@ -369,16 +403,25 @@ class Engine:
                 raise SessionAlreadyResident(point.session_id)
             slot = self._claim_slot()
             self.pool.clear(slot)
-            self.pool.misc[slot, : self.pool.history_numel].copy_(history.to(self._device, self.dtype))
+            self.pool.misc[slot, : self.pool.history_numel].copy_(
+                history.to(self._device, self.dtype)
+            )
             self._write_prompt(slot, self.prompts.get(point.prompt))
-            session = _Session(point.session_id, point.seed, point.prompt, point.seq,
-                               point.position, point.pending_prompt)
+            session = _Session(
+                point.session_id,
+                point.seed,
+                point.prompt,
+                point.seq,
+                point.position,
+                point.pending_prompt,
+            )
             self._sessions[point.session_id] = session
             self._resident.append(point.session_id)
             if session.position > 0:
                 self._recache(slot, session)
-                self.decoder.rebuild(self._recent_latents(slot, session),
-                                     self.pool.decoder_state(slot, slot + 1))
+                self.decoder.rebuild(
+                    self._recent_latents(slot, session), self.pool.decoder_state(slot, slot + 1)
+                )
 
     # -- the pass ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -590,8 +633,9 @@ class Engine:
             mask = valid.repeat_interleave(config.tokens_per_frame)[None, None, None, :]
             caches = ChunkCaches(self_kv, cross_kv, mask.to(self._device), self.pool.scratch)
             latents = history[:, :, frame : frame + chunk].clone()
-            self.model(latents, torch.zeros(1, device=self._device),
-                       torch.tensor([position]), caches)
+            self.model(
+                latents, torch.zeros(1, device=self._device), torch.tensor([position]), caches
+            )
             self._commit([slot], [position], latents)
             valid[frame : frame + chunk] = True
 
@@ -703,9 +747,15 @@ class Engine:
             session.awaiting_text = False
         layers, misc = self.pool.read(slot, pin=self._pin, into=into)
         return SessionSnapshot(
-            session_id=session.session_id, seq=session.seq, position=session.position,
-            prompt=session.prompt, seed=session.seed, preset=self.model_config.name,
-            dtype=str(self.dtype).removeprefix("torch."), layers=layers, misc=misc,
+            session_id=session.session_id,
+            seq=session.seq,
+            position=session.position,
+            prompt=session.prompt,
+            seed=session.seed,
+            preset=self.model_config.name,
+            dtype=str(self.dtype).removeprefix("torch."),
+            layers=layers,
+            misc=misc,
             pending_prompt=session.pending_prompt,
             meta=self.layout.meta,
         )

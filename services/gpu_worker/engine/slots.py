@@ -30,7 +30,11 @@ from ..model.config import ModelConfig
 
 class SlotPool:
     def __init__(
-        self, config: ModelConfig, capacity: int, device: torch.device, dtype: torch.dtype,
+        self,
+        config: ModelConfig,
+        capacity: int,
+        device: torch.device,
+        dtype: torch.dtype,
         decoder_state_numel: int,
     ) -> None:
         self.config = config

@@ -31,8 +31,9 @@ class EngineConfig:
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.prompt_recache not in ("auto", "kv", "cross"):
-            raise ValueError("prompt_recache must be 'auto', 'kv' or 'cross', got "
-                             f"{self.prompt_recache!r}")
+            raise ValueError(
+                f"prompt_recache must be 'auto', 'kv' or 'cross', got {self.prompt_recache!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +88,11 @@ class StateLayout:
     @property
     def meta(self) -> dict[str, str]:
         """What an exported state or a recovery point carries of the weights."""
-        return {"weights_seed": self.weights_seed, "checkpoint": self.checkpoint,
-                "checkpoint_digest": self.checkpoint_digest}
+        return {
+            "weights_seed": self.weights_seed,
+            "checkpoint": self.checkpoint,
+            "checkpoint_digest": self.checkpoint_digest,
+        }
 
     def check(self, state: SessionSnapshot) -> None:
         """Raises ``IncompatibleState`` unless ``state`` was made by an engine like this one.
@@ -106,8 +110,9 @@ class StateLayout:
         # Same layout is not enough: caches computed with other weights (another weight seed
         # or checkpoint) would be silently wrong here.
         if state.meta.get("weights_seed") != self.weights_seed:
-            raise IncompatibleState("weights_seed", state.meta.get("weights_seed"),
-                                    self.weights_seed)
+            raise IncompatibleState(
+                "weights_seed", state.meta.get("weights_seed"), self.weights_seed
+            )
         if state.meta.get("checkpoint_digest") != self.checkpoint_digest:
             raise IncompatibleState("checkpoint", state.meta.get("checkpoint"), self.checkpoint)
 

@@ -30,4 +30,3 @@ class HandoffCode(enum.StrEnum):
     ADOPT_FAILED = "adopt_failed"  # committed, but the destination could not import it
     LOST = "lost"  # the session was taken over or ended while it was migrating
     REGISTRY_UNAVAILABLE = "registry_unavailable"  # the abort could not be written
-

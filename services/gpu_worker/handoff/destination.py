@@ -80,17 +80,31 @@ class Reception:
         try:
             transport, link_id, incoming_skeleton = await self._admit(offer)
         except _Discard as refusal:
-            self.ep.log.info("offer_refused", session_id=offer.session_id, src=offer.src,
-                             code=str(refusal.code), detail=refusal.detail)
-            return HandoffAnswer(transfer_id=offer.transfer_id, accepted=False,
-                                 code=refusal.code, detail=refusal.detail)
+            self.ep.log.info(
+                "offer_refused",
+                session_id=offer.session_id,
+                src=offer.src,
+                code=str(refusal.code),
+                detail=refusal.detail,
+            )
+            return HandoffAnswer(
+                transfer_id=offer.transfer_id,
+                accepted=False,
+                code=refusal.code,
+                detail=refusal.detail,
+            )
         self.ep.host.reserve(offer.session_id)
-        incoming = _Incoming(offer, transport, link_id, time.monotonic() + self.ep.timeout_s,
-                             incoming_skeleton)
+        incoming = _Incoming(
+            offer, transport, link_id, time.monotonic() + self.ep.timeout_s, incoming_skeleton
+        )
         self.incoming[offer.transfer_id] = incoming
         incoming.task = self.ep.spawn(self._receive(incoming), name=f"receive-{offer.session_id}")
-        return HandoffAnswer(transfer_id=offer.transfer_id, accepted=True, transport=transport,
-                             rendezvous={"link": link_id})
+        return HandoffAnswer(
+            transfer_id=offer.transfer_id,
+            accepted=True,
+            transport=transport,
+            rendezvous={"link": link_id},
+        )
 
     async def _admit(self, offer: HandoffOffer) -> tuple[str, str, FrozenSession]:
         """The transport and link for ``offer`` and its skeleton, or :class:`_Discard` with the
@@ -102,8 +116,11 @@ class Reception:
         rdv = offer.rendezvous
         try:
             transport = select_transport(
-                Place(rdv.get("device", "cpu"), rdv.get("uuid", "")), ep.place,
-                offer.transport, ep.settings.handoff_transport)
+                Place(rdv.get("device", "cpu"), rdv.get("uuid", "")),
+                ep.place,
+                offer.transport,
+                ep.settings.handoff_transport,
+            )
         except NoTransport as exc:
             raise _Discard(HandoffCode.INCOMPATIBLE, str(exc)) from None
         if any(i.offer.session_id == offer.session_id for i in self.incoming.values()):
@@ -148,7 +165,8 @@ class Reception:
             raise _Discard(
                 HandoffCode.STALE_EPOCH,
                 f"the registry has {record.state}, owner {record.owner}, epoch {record.epoch}; "
-                f"the offer needs migrating, owner {offer.src}, epoch {offer.epoch}")
+                f"the offer needs migrating, owner {offer.src}, epoch {offer.epoch}",
+            )
 
     # -- 2-4: receive, verify, commit, adopt ----------------------------------------------
     async def _receive(self, incoming: _Incoming) -> None:
@@ -159,15 +177,21 @@ class Reception:
             target = SessionState.SUSPENDED if offer.suspended else SessionState.EXECUTING
             try:
                 record = await ep.registry.transition(
-                    offer.session_id, target, expected_epoch=offer.epoch, owner=ep.worker_id)
+                    offer.session_id, target, expected_epoch=offer.epoch, owner=ep.worker_id
+                )
             except _CAS_ERRORS as exc:
                 raise _Discard(HandoffCode.STALE_EPOCH, f"the source took it back: {exc}") from None
             except redis.exceptions.RedisError as exc:
                 raise _Discard(HandoffCode.REGISTRY_UNAVAILABLE, str(exc)) from None
         except _Discard as stop:
             ep.host.unreserve(offer.session_id)
-            ep.log.info("handoff_discarded", session_id=offer.session_id, src=offer.src,
-                        code=str(stop.code), detail=stop.detail)
+            ep.log.info(
+                "handoff_discarded",
+                session_id=offer.session_id,
+                src=offer.src,
+                code=str(stop.code),
+                detail=stop.detail,
+            )
             await self._tell(offer, committed=False, code=stop.code, detail=stop.detail)
             return
         except asyncio.CancelledError:  # the source's abort notice, or this worker closing
@@ -189,10 +213,24 @@ class Reception:
         into = ep.host.receive_buffers(incoming.skeleton, str(device))
         link = None
         try:
-            link = await ep.links.open(offer.src, RECV, transport, incoming.link_id,
-                                       offer.rendezvous["store"], device, deadline)
-            tensors = await ep.run(transport.recv, link.handle, offer.tensors,
-                                   int(offer.rendezvous["tag"]), device, deadline, into)
+            link = await ep.links.open(
+                offer.src,
+                RECV,
+                transport,
+                incoming.link_id,
+                offer.rendezvous["store"],
+                device,
+                deadline,
+            )
+            tensors = await ep.run(
+                transport.recv,
+                link.handle,
+                offer.tensors,
+                int(offer.rendezvous["tag"]),
+                device,
+                deadline,
+                into,
+            )
         except TransferError as exc:
             if link is not None:
                 await ep.links.drop(link)
@@ -213,27 +251,50 @@ class Reception:
         except Exception as exc:  # noqa: BLE001 - whatever the host raises, the session must not hang
             # The registry already names us: put the session back to pending so that the
             # scheduler places it again (its state is lost: it restarts from its prompt).
-            ep.log.error("adopt_failed", session_id=offer.session_id, error=repr(exc),
-                         exc_info=exc)
+            ep.log.error("adopt_failed", session_id=offer.session_id, error=repr(exc), exc_info=exc)
             ep.host.unreserve(offer.session_id)
             try:
-                await ep.registry.transition(offer.session_id, SessionState.PENDING,
-                                             expected_epoch=epoch, owner=None)
+                await ep.registry.transition(
+                    offer.session_id, SessionState.PENDING, expected_epoch=epoch, owner=None
+                )
             except (*_CAS_ERRORS, redis.exceptions.RedisError) as cas_exc:
-                ep.log.error("adopt_failed_requeue_failed", session_id=offer.session_id,
-                             error=str(cas_exc))
-            await self._tell(offer, committed=True, epoch=epoch, code=HandoffCode.ADOPT_FAILED,
-                             detail=repr(exc))
+                ep.log.error(
+                    "adopt_failed_requeue_failed", session_id=offer.session_id, error=str(cas_exc)
+                )
+            await self._tell(
+                offer, committed=True, epoch=epoch, code=HandoffCode.ADOPT_FAILED, detail=repr(exc)
+            )
             return
-        ep.log.info("handoff_adopted", session_id=offer.session_id, src=offer.src, epoch=epoch,
-                    nbytes=offer.nbytes, suspended=offer.suspended)
+        ep.log.info(
+            "handoff_adopted",
+            session_id=offer.session_id,
+            src=offer.src,
+            epoch=epoch,
+            nbytes=offer.nbytes,
+            suspended=offer.suspended,
+        )
         await self._tell(offer, committed=True, epoch=epoch)
 
-    async def _tell(self, offer: HandoffOffer, *, committed: bool, epoch: int = 0,
-                    code: HandoffCode | None = None, detail: str = "") -> None:
-        await self.ep.publish(self.ep.subjects.worker_handoff(offer.src), HandoffOutcome(
-            transfer_id=offer.transfer_id, session_id=offer.session_id, committed=committed,
-            epoch=epoch or offer.epoch, code=str(code) if code else "", detail=detail))
+    async def _tell(
+        self,
+        offer: HandoffOffer,
+        *,
+        committed: bool,
+        epoch: int = 0,
+        code: HandoffCode | None = None,
+        detail: str = "",
+    ) -> None:
+        await self.ep.publish(
+            self.ep.subjects.worker_handoff(offer.src),
+            HandoffOutcome(
+                transfer_id=offer.transfer_id,
+                session_id=offer.session_id,
+                committed=committed,
+                epoch=epoch or offer.epoch,
+                code=str(code) if code else "",
+                detail=detail,
+            ),
+        )
 
     def abort_notice(self, outcome: HandoffOutcome) -> bool:
         """The source gave up on a transfer arriving here: drop it unless it is committing.
@@ -242,7 +303,8 @@ class Reception:
         if incoming is None:
             return False
         if not incoming.committing and incoming.task is not None:
-            self.ep.log.info("handoff_abort_notice", session_id=outcome.session_id,
-                             detail=outcome.detail)
+            self.ep.log.info(
+                "handoff_abort_notice", session_id=outcome.session_id, detail=outcome.detail
+            )
             incoming.task.cancel()
         return True

@@ -61,8 +61,15 @@ _TAG_SPAN = 1 << 20  # transfer tags cycle below 2**20 * TAGS_PER_TRANSFER = 2**
 
 class HandoffEndpoint:
     def __init__(
-        self, nc: NATS, registry: Registry, subjects: Subjects, host: StateHost,
-        settings: WorkerSettings, *, checksum: bool = False, stats_keep: int = 32,
+        self,
+        nc: NATS,
+        registry: Registry,
+        subjects: Subjects,
+        host: StateHost,
+        settings: WorkerSettings,
+        *,
+        checksum: bool = False,
+        stats_keep: int = 32,
     ) -> None:
         self.nc = nc
         self.registry = registry
@@ -94,15 +101,18 @@ class HandoffEndpoint:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self._server = await self.run(StoreServer, self.bind_host, s.handoff_port,
-                                     self.timeout_s)
+        self._server = await self.run(StoreServer, self.bind_host, s.handoff_port, self.timeout_s)
         self._links = Links(self.run, self._server, self._clients)
         self._sub = await self.nc.subscribe(
             self.subjects.worker_handoff(self.worker_id), cb=self._on_message
         )
         await subscriptions_live(self.nc)  # offers sent from now on reach us
-        self.log.info("handoff_ready", address=self.address, device=self.place.device,
-                      transport=s.handoff_transport)
+        self.log.info(
+            "handoff_ready",
+            address=self.address,
+            device=self.place.device,
+            transport=s.handoff_transport,
+        )
 
     async def close(self) -> None:
         """Refuse new offers and migrations, let the handoffs in flight finish or abort (each
@@ -194,8 +204,12 @@ class HandoffEndpoint:
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            self.log.error("handoff_task_failed", task=task.get_name(),
-                           error=repr(task.exception()), exc_info=task.exception())
+            self.log.error(
+                "handoff_task_failed",
+                task=task.get_name(),
+                error=repr(task.exception()),
+                exc_info=task.exception(),
+            )
 
     def record(self, sample: HandoffSample) -> None:
         self._stats.add(sample)
@@ -209,13 +223,20 @@ class HandoffEndpoint:
     async def _on_message(self, msg: Msg) -> None:
         """Offers (requests) and outcomes on this worker's handoff subject; a bad message is
         logged and dropped (a bad offer is also refused, so its sender does not wait)."""
-        decoded = decode_or_drop(msg.subject, msg.data, cast("type[HandoffMsg]", HandoffMsg),
-                                 self.log)
+        decoded = decode_or_drop(
+            msg.subject, msg.data, cast("type[HandoffMsg]", HandoffMsg), self.log
+        )
         if decoded is None:
             if msg.reply:
-                await self._answer(msg, HandoffAnswer(
-                    transfer_id="", accepted=False, code=HandoffCode.INVALID_OFFER,
-                    detail="undecodable offer"))
+                await self._answer(
+                    msg,
+                    HandoffAnswer(
+                        transfer_id="",
+                        accepted=False,
+                        code=HandoffCode.INVALID_OFFER,
+                        detail="undecodable offer",
+                    ),
+                )
         elif isinstance(decoded, HandoffOffer):
             if not msg.reply:
                 self.log.warning("offer_without_reply_dropped", session_id=decoded.session_id)
@@ -223,10 +244,15 @@ class HandoffEndpoint:
             try:
                 answer = await self.reception.consider(decoded)
             except Exception as exc:  # noqa: BLE001 - refuse, and keep serving other offers
-                self.log.error("offer_failed", session_id=decoded.session_id, error=repr(exc),
-                               exc_info=exc)
-                answer = HandoffAnswer(transfer_id=decoded.transfer_id, accepted=False,
-                                       code=HandoffCode.HOST_ERROR, detail=repr(exc))
+                self.log.error(
+                    "offer_failed", session_id=decoded.session_id, error=repr(exc), exc_info=exc
+                )
+                answer = HandoffAnswer(
+                    transfer_id=decoded.transfer_id,
+                    accepted=False,
+                    code=HandoffCode.HOST_ERROR,
+                    detail=repr(exc),
+                )
             await self._answer(msg, answer)
         else:
             self._on_outcome(decoded)
@@ -244,8 +270,11 @@ class HandoffEndpoint:
                 future.set_result(outcome)
             return
         if not self.reception.abort_notice(outcome):
-            self.log.info("late_outcome_dropped", transfer_id=outcome.transfer_id,
-                          session_id=outcome.session_id)
+            self.log.info(
+                "late_outcome_dropped",
+                transfer_id=outcome.transfer_id,
+                session_id=outcome.session_id,
+            )
 
 
 def device_place(device: str) -> Place:

@@ -39,8 +39,11 @@ class Links:
 
     def ids(self, peer: str, direction: str) -> dict[str, str]:
         """The cached links with ``peer`` in ``direction``: transport name -> link id."""
-        return {t: link.link_id for (p, d, t), link in self._links.items()
-                if p == peer and d == direction}
+        return {
+            t: link.link_id
+            for (p, d, t), link in self._links.items()
+            if p == peer and d == direction
+        }
 
     def get(self, peer: str, direction: str, transport: str) -> Link | None:
         return self._links.get((peer, direction, transport))
@@ -49,8 +52,14 @@ class Links:
         return {p for p, _, _ in self._links}
 
     async def open(
-        self, peer: str, direction: str, transport: Transport, link_id: str, address: str,
-        device: torch.device, deadline: float,
+        self,
+        peer: str,
+        direction: str,
+        transport: Transport,
+        link_id: str,
+        address: str,
+        device: torch.device,
+        deadline: float,
     ) -> Link:
         """The link ``link_id`` with ``peer``: the cached one, or built now (both sides build
         it at once; ``connect_ms`` of a new link is the first-use cost)."""
@@ -74,8 +83,15 @@ class Links:
         except (RuntimeError, ValueError) as exc:  # the store: peer gone, bad address
             self._clients.drop(address)
             raise TransferError(f"rendezvous with {peer} at {address}: {exc}") from exc
-        link = Link(peer, direction, transport, link_id, handle, address,
-                    (time.perf_counter() - started) * 1000.0)
+        link = Link(
+            peer,
+            direction,
+            transport,
+            link_id,
+            handle,
+            address,
+            (time.perf_counter() - started) * 1000.0,
+        )
         self._links[key] = link
         return link
 

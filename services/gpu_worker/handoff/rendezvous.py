@@ -46,7 +46,10 @@ class StoreServer:
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
         self.store = TCPStore(
-            host, port, is_master=True, wait_for_workers=False,
+            host,
+            port,
+            is_master=True,
+            wait_for_workers=False,
             timeout=timedelta(seconds=timeout_s),
         )
         self.address = f"[{host}]:{self.store.port}" if ":" in host else f"{host}:{self.store.port}"

@@ -43,9 +43,7 @@ class Place:
         return self.device.startswith("cuda")
 
 
-def select_transport(
-    state: Place, dst: Place, src_asks: str = AUTO, dst_asks: str = AUTO
-) -> str:
+def select_transport(state: Place, dst: Place, src_asks: str = AUTO, dst_asks: str = AUTO) -> str:
     """The transport for moving state held at ``state`` to a worker whose device is ``dst``.
 
     ``src_asks``/``dst_asks``: each side's setting, ``auto`` or a transport name."""

@@ -123,8 +123,12 @@ class Migration:
         detail = "the source worker is closing"
         if self.epoch == self.cmd.epoch:  # our CAS to migrating may or may not have landed
             record = await self.ep.registry.get_session(self.sid)
-            if not (record and record.state is SessionState.MIGRATING
-                    and record.owner == self.ep.worker_id and record.epoch == self.epoch + 1):
+            if not (
+                record
+                and record.state is SessionState.MIGRATING
+                and record.owner == self.ep.worker_id
+                and record.epoch == self.epoch + 1
+            ):
                 await self.ep.host.unfreeze(self.sid, self.epoch)
                 await self._done(False, HandoffCode.ABORTED, detail)
                 return
@@ -151,8 +155,9 @@ class Migration:
         except HostRefused as exc:
             raise _Abort(exc.code, exc.detail) from None
         except TimeoutError:
-            raise _Abort(HandoffCode.TIMEOUT,
-                         "the session did not reach a chunk boundary") from None
+            raise _Abort(
+                HandoffCode.TIMEOUT, "the session did not reach a chunk boundary"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - a failed freeze is reported, not raised
             self.ep.log.error("freeze_failed", session_id=self.sid, error=repr(exc), exc_info=exc)
             raise _Abort(HandoffCode.HOST_ERROR, f"freeze: {exc!r}") from None
@@ -164,7 +169,9 @@ class Migration:
         self._t_offer = time.perf_counter()
         try:
             record = await self.ep.registry.transition(
-                self.sid, SessionState.MIGRATING, expected_epoch=self.epoch,
+                self.sid,
+                SessionState.MIGRATING,
+                expected_epoch=self.epoch,
                 owner=self.ep.worker_id,
             )
         except _CAS_ERRORS as exc:
@@ -209,21 +216,36 @@ class Migration:
         for transport, link_id in ep.links.ids(self.dst, SEND).items():
             rendezvous[f"link.{transport}"] = link_id
         return HandoffOffer(
-            transfer_id=self.transfer_id, session_id=self.sid, epoch=self.epoch,
-            src=ep.worker_id, dst=self.dst, transport=ep.settings.handoff_transport,
-            rendezvous=rendezvous, tensors=[spec_of(t) for t in tensors], nbytes=self.nbytes,
+            transfer_id=self.transfer_id,
+            session_id=self.sid,
+            epoch=self.epoch,
+            src=ep.worker_id,
+            dst=self.dst,
+            transport=ep.settings.handoff_transport,
+            rendezvous=rendezvous,
+            tensors=[spec_of(t) for t in tensors],
+            nbytes=self.nbytes,
             checksum=await ep.run(checksum, tensors) if ep.checksum else "",
-            suspended=frozen.suspended, next_seq=frozen.next_seq, engine_seq=snap.seq,
-            position=snap.position, prompt=snap.prompt, pending_prompt=snap.pending_prompt,
-            seed=snap.seed, preset=snap.preset, dtype=snap.dtype, meta=dict(snap.meta),
-            due_at=frozen.due_at, command_id=self.cmd.command_id,
+            suspended=frozen.suspended,
+            next_seq=frozen.next_seq,
+            engine_seq=snap.seq,
+            position=snap.position,
+            prompt=snap.prompt,
+            pending_prompt=snap.pending_prompt,
+            seed=snap.seed,
+            preset=snap.preset,
+            dtype=snap.dtype,
+            meta=dict(snap.meta),
+            due_at=frozen.due_at,
+            command_id=self.cmd.command_id,
         )
 
     async def _ask(self, offer: HandoffOffer) -> HandoffAnswer:
         subject = self.ep.subjects.worker_handoff(self.dst)
         try:
-            reply = await self.ep.nc.request(subject, encode(offer),
-                                             timeout=max(self.left(), 0.001))
+            reply = await self.ep.nc.request(
+                subject, encode(offer), timeout=max(self.left(), 0.001)
+            )
         except nats.errors.NoRespondersError:
             raise _Abort(HandoffCode.UNREACHABLE, f"no worker {self.dst} listens") from None
         except (nats.errors.TimeoutError, TimeoutError):
@@ -239,33 +261,51 @@ class Migration:
         self.accepted = True
         return answer
 
-    async def _send(self, frozen: FrozenSession, offer: HandoffOffer,
-                    answer: HandoffAnswer) -> None:
+    async def _send(
+        self, frozen: FrozenSession, offer: HandoffOffer, answer: HandoffAnswer
+    ) -> None:
         ep = self.ep
         try:
             transport = ep.transport(answer.transport)
         except ValueError:
-            raise _Abort(HandoffCode.TRANSFER_FAILED,
-                         f"unknown transport {answer.transport!r}") from None
+            raise _Abort(
+                HandoffCode.TRANSFER_FAILED, f"unknown transport {answer.transport!r}"
+            ) from None
         self.transport = transport.name
         link_id = answer.rendezvous.get("link", "")
         cached = ep.links.get(self.dst, SEND, transport.name)
         if link_id != offer.rendezvous["new_link"] and (
-                cached is None or link_id != offer.rendezvous.get(f"link.{transport.name}")
-                or cached.link_id != link_id):
+            cached is None
+            or link_id != offer.rendezvous.get(f"link.{transport.name}")
+            or cached.link_id != link_id
+        ):
             # Not the new link, nor the cached one we offered (it may have been torn down
             # since): building it would wait for a destination that reuses its own.
-            raise _Abort(HandoffCode.TRANSFER_FAILED, f"the answer names link {link_id!r}, "
-                         "which this worker does not hold")
+            raise _Abort(
+                HandoffCode.TRANSFER_FAILED,
+                f"the answer names link {link_id!r}, which this worker does not hold",
+            )
         link = None
         try:
-            link = await ep.links.open(self.dst, SEND, transport, link_id, ep.address,
-                                       ep.link_device(transport.name), self.deadline)
+            link = await ep.links.open(
+                self.dst,
+                SEND,
+                transport,
+                link_id,
+                ep.address,
+                ep.link_device(transport.name),
+                self.deadline,
+            )
             if link is not cached:
                 self.ms["connect"] = link.connect_ms
             t0 = time.perf_counter()
-            await ep.run(transport.send, link.handle, tensors_of(frozen.snapshot),
-                         int(offer.rendezvous["tag"]), self.deadline)
+            await ep.run(
+                transport.send,
+                link.handle,
+                tensors_of(frozen.snapshot),
+                int(offer.rendezvous["tag"]),
+                self.deadline,
+            )
             self.ms["transfer"] = (time.perf_counter() - t0) * 1000.0
         except TransferError as exc:
             if link is not None:
@@ -277,10 +317,15 @@ class Migration:
         await self.ep.host.release(self.sid)
         if code == HandoffCode.ADOPT_FAILED:
             return await self._done(False, HandoffCode.ADOPT_FAILED, detail, epoch=epoch)
-        self.ep.record(HandoffSample(
-            nbytes=self.nbytes, offer_ms=self.ms["offer"], transfer_ms=self.ms["transfer"],
-            commit_ms=self.ms["commit"], connect_ms=self.ms["connect"],
-        ))
+        self.ep.record(
+            HandoffSample(
+                nbytes=self.nbytes,
+                offer_ms=self.ms["offer"],
+                transfer_ms=self.ms["transfer"],
+                commit_ms=self.ms["commit"],
+                connect_ms=self.ms["connect"],
+            )
+        )
         return await self._done(True, None, detail, epoch=epoch)
 
     async def _abort(self, code: HandoffCode, detail: str) -> MigrationReport:
@@ -289,9 +334,17 @@ class Migration:
         if self.accepted:
             # Let the destination discard now rather than at its deadline; the transfer may
             # have stopped half-way, so both sides drop their link (rebuilt on next use).
-            await ep.publish(ep.subjects.worker_handoff(self.dst), HandoffOutcome(
-                transfer_id=self.transfer_id, session_id=self.sid, committed=False,
-                epoch=self.epoch, code=HandoffCode.ABORTED, detail=f"{code}: {detail}"))
+            await ep.publish(
+                ep.subjects.worker_handoff(self.dst),
+                HandoffOutcome(
+                    transfer_id=self.transfer_id,
+                    session_id=self.sid,
+                    committed=False,
+                    epoch=self.epoch,
+                    code=HandoffCode.ABORTED,
+                    detail=f"{code}: {detail}",
+                ),
+            )
             link = ep.links.get(self.dst, SEND, self.transport) if self.transport else None
             if link is not None:
                 await ep.links.drop(link)
@@ -301,7 +354,8 @@ class Migration:
         while True:
             try:
                 record = await ep.registry.transition(
-                    self.sid, back, expected_epoch=self.epoch, owner=ep.worker_id)
+                    self.sid, back, expected_epoch=self.epoch, owner=ep.worker_id
+                )
                 break
             except _CAS_ERRORS:
                 return await self._resolve(code, detail)
@@ -310,8 +364,11 @@ class Migration:
                     # Neither side can write: the session stays frozen here, migrating in the
                     # registry at e+1 under our name; an operator or a restart settles it.
                     ep.log.error("abort_not_written", session_id=self.sid, error=str(exc))
-                    return await self._done(False, HandoffCode.REGISTRY_UNAVAILABLE,
-                                            f"{code}: {detail}; abort not written: {exc}")
+                    return await self._done(
+                        False,
+                        HandoffCode.REGISTRY_UNAVAILABLE,
+                        f"{code}: {detail}; abort not written: {exc}",
+                    )
                 await asyncio.sleep(_ABORT_RETRY_S)
         await ep.host.unfreeze(self.sid, record.epoch)
         return await self._done(False, code, detail, epoch=record.epoch)
@@ -320,38 +377,77 @@ class Migration:
         """Our abort CAS lost: whoever changed the session, it is not ours any more."""
         record = await self.ep.registry.get_session(self.sid)
         await self.ep.host.release(self.sid)
-        if record is not None and record.owner == self.dst and record.state in (
-                SessionState.EXECUTING, SessionState.SUSPENDED):
+        if (
+            record is not None
+            and record.owner == self.dst
+            and record.state in (SessionState.EXECUTING, SessionState.SUSPENDED)
+        ):
             return await self._done(
-                True, None, f"committed by {self.dst} (its outcome did not reach us: {detail})",
-                epoch=record.epoch)
-        seen = ("gone" if record is None
-                else f"{record.state}, owner {record.owner}, epoch {record.epoch}")
-        return await self._done(False, HandoffCode.LOST, f"{code}; the registry says {seen}",
-                                epoch=record.epoch if record else self.epoch)
+                True,
+                None,
+                f"committed by {self.dst} (its outcome did not reach us: {detail})",
+                epoch=record.epoch,
+            )
+        seen = (
+            "gone"
+            if record is None
+            else f"{record.state}, owner {record.owner}, epoch {record.epoch}"
+        )
+        return await self._done(
+            False,
+            HandoffCode.LOST,
+            f"{code}; the registry says {seen}",
+            epoch=record.epoch if record else self.epoch,
+        )
 
-    async def _done(self, ok: bool, code: HandoffCode | None, detail: str,
-                    epoch: int | None = None) -> MigrationReport:
+    async def _done(
+        self, ok: bool, code: HandoffCode | None, detail: str, epoch: int | None = None
+    ) -> MigrationReport:
         ep = self.ep
         report = MigrationReport(
-            session_id=self.sid or "-", src=ep.worker_id, dst=self.dst or "-", ok=ok,
-            command_id=self.cmd.command_id, code=str(code) if code else "", detail=detail,
-            epoch=self.epoch if epoch is None else epoch, nbytes=self.nbytes,
-            suspended=bool(self.frozen and self.frozen.suspended), transport=self.transport,
-            freeze_ms=self.ms["freeze"], offer_ms=self.ms["offer"],
-            transfer_ms=self.ms["transfer"], commit_ms=self.ms["commit"],
+            session_id=self.sid or "-",
+            src=ep.worker_id,
+            dst=self.dst or "-",
+            ok=ok,
+            command_id=self.cmd.command_id,
+            code=str(code) if code else "",
+            detail=detail,
+            epoch=self.epoch if epoch is None else epoch,
+            nbytes=self.nbytes,
+            suspended=bool(self.frozen and self.frozen.suspended),
+            transport=self.transport,
+            freeze_ms=self.ms["freeze"],
+            offer_ms=self.ms["offer"],
+            transfer_ms=self.ms["transfer"],
+            commit_ms=self.ms["commit"],
             connect_ms=self.ms["connect"],
             total_ms=(time.perf_counter() - self.started) * 1000.0,
         )
-        ep.log.info("migration", session_id=report.session_id, dst=report.dst, ok=ok,
-                    code=report.code, detail=detail, epoch=report.epoch, nbytes=self.nbytes,
-                    transport=self.transport, total_ms=round(report.total_ms, 2))
+        ep.log.info(
+            "migration",
+            session_id=report.session_id,
+            dst=report.dst,
+            ok=ok,
+            code=report.code,
+            detail=detail,
+            epoch=report.epoch,
+            nbytes=self.nbytes,
+            transport=self.transport,
+            total_ms=round(report.total_ms, 2),
+        )
         await ep.publish(ep.subjects.migrations, report)
         try:
             await ep.registry.record_cluster_event(
-                "migration", session_id=report.session_id, src=report.src, dst=report.dst,
-                ok=ok, code=report.code, nbytes=self.nbytes, total_ms=round(report.total_ms, 2),
-                command_id=report.command_id)
+                "migration",
+                session_id=report.session_id,
+                src=report.src,
+                dst=report.dst,
+                ok=ok,
+                code=report.code,
+                nbytes=self.nbytes,
+                total_ms=round(report.total_ms, 2),
+                command_id=report.command_id,
+            )
             await ep.registry.bump_counters(**{"migrations" if ok else "migrations_failed": 1})
         except redis.exceptions.RedisError as exc:
             ep.log.warning("cluster_event_failed", error=str(exc))

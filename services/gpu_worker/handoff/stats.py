@@ -60,9 +60,11 @@ class HandoffStats:
         sized = [s for s in samples if s.nbytes > 0]
         return HandoffCost(
             fixed_ms=statistics.median(s.offer_ms + s.commit_ms for s in samples)
-            if samples else None,
+            if samples
+            else None,
             ms_per_mib=statistics.median(s.transfer_ms * MIB / s.nbytes for s in sized)
-            if sized else None,
+            if sized
+            else None,
             first_use_ms=statistics.median(self._connects) if self._connects else None,
             samples=len(samples),
         )

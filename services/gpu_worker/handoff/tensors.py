@@ -72,13 +72,18 @@ def allocate(specs: list[TensorSpec], device: str | torch.device) -> list[torch.
     return [torch.empty(s.shape, dtype=dtype_of(s.dtype), device=device) for s in specs]
 
 
-def buffers(specs: list[TensorSpec], device: torch.device,
-            into: list[torch.Tensor] | None) -> list[torch.Tensor]:
+def buffers(
+    specs: list[TensorSpec], device: torch.device, into: list[torch.Tensor] | None
+) -> list[torch.Tensor]:
     """``into`` when it is exactly what ``specs`` describe (contiguous, on ``device``), else
     new tensors."""
-    if into is not None and len(into) == len(specs) and all(
-        spec_of(t) == s and t.is_contiguous() and t.device == device
-        for t, s in zip(into, specs, strict=True)
+    if (
+        into is not None
+        and len(into) == len(specs)
+        and all(
+            spec_of(t) == s and t.is_contiguous() and t.device == device
+            for t, s in zip(into, specs, strict=True)
+        )
     ):
         return into
     return allocate(specs, device)
@@ -96,8 +101,9 @@ def checksum(tensors: list[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def verify(tensors: list[torch.Tensor], specs: list[TensorSpec], nbytes: int,
-           expected_checksum: str = "") -> None:
+def verify(
+    tensors: list[torch.Tensor], specs: list[TensorSpec], nbytes: int, expected_checksum: str = ""
+) -> None:
     """Raises :class:`VerificationFailed` naming the first difference."""
     if len(tensors) != len(specs):
         raise VerificationFailed(f"{len(tensors)} tensors received, {len(specs)} offered")
@@ -119,13 +125,21 @@ def verify(tensors: list[torch.Tensor], specs: list[TensorSpec], nbytes: int,
 def frozen_from(offer: HandoffOffer, tensors: list[torch.Tensor]) -> FrozenSession:
     """The session as the destination adopts it (``tensors``: regions, then misc)."""
     snapshot = SessionSnapshot(
-        session_id=offer.session_id, seq=offer.engine_seq, position=offer.position,
-        prompt=offer.prompt, seed=offer.seed, preset=offer.preset, dtype=offer.dtype,
-        layers=tensors[:-1], misc=tensors[-1], pending_prompt=offer.pending_prompt,
+        session_id=offer.session_id,
+        seq=offer.engine_seq,
+        position=offer.position,
+        prompt=offer.prompt,
+        seed=offer.seed,
+        preset=offer.preset,
+        dtype=offer.dtype,
+        layers=tensors[:-1],
+        misc=tensors[-1],
+        pending_prompt=offer.pending_prompt,
         meta=dict(offer.meta),
     )
-    return FrozenSession(snapshot, next_seq=offer.next_seq, due_at=offer.due_at,
-                         suspended=offer.suspended)
+    return FrozenSession(
+        snapshot, next_seq=offer.next_seq, due_at=offer.due_at, suspended=offer.suspended
+    )
 
 
 def skeleton(offer: HandoffOffer) -> FrozenSession:

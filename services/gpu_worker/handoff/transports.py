@@ -70,8 +70,15 @@ class Transport(ABC):
         """Rank 0: move ``tensors``; returns when the receiver has them."""
 
     @abstractmethod
-    def recv(self, handle: Any, specs: list[TensorSpec], tag: int, device: torch.device,
-             deadline: float, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def recv(
+        self,
+        handle: Any,
+        specs: list[TensorSpec],
+        tag: int,
+        device: torch.device,
+        deadline: float,
+        into: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         """Rank 1: receive tensors shaped as ``specs`` (into ``into`` when it fits them)."""
 
     def close(self, handle: Any) -> None:  # noqa: B027 - a transport without a communicator
@@ -117,15 +124,23 @@ class GlooTransport(Transport):
         except RuntimeError as exc:
             raise TransferError(f"gloo send: {exc}") from exc
 
-    def recv(self, handle: Any, specs: list[TensorSpec], tag: int, device: torch.device,
-             deadline: float, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def recv(
+        self,
+        handle: Any,
+        specs: list[TensorSpec],
+        tag: int,
+        device: torch.device,
+        deadline: float,
+        into: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         out = buffers(specs, torch.device("cpu"), into)
         try:
             works = [handle.recv([t], 0, tag + i) for i, t in enumerate(out) if t.numel()]
             for work in works:
                 work.wait(timedelta(seconds=remaining(deadline)))
             handle.send([torch.ones(1, dtype=torch.uint8)], 0, _ack_tag(tag)).wait(
-                timedelta(seconds=remaining(deadline)))
+                timedelta(seconds=remaining(deadline))
+            )
         except RuntimeError as exc:
             raise TransferError(f"gloo recv: {exc}") from exc
         return out
@@ -175,8 +190,15 @@ class NcclTransport(Transport):
         except RuntimeError as exc:
             raise TransferError(f"nccl send: {exc}") from exc
 
-    def recv(self, handle: Any, specs: list[TensorSpec], tag: int, device: torch.device,
-             deadline: float, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def recv(
+        self,
+        handle: Any,
+        specs: list[TensorSpec],
+        tag: int,
+        device: torch.device,
+        deadline: float,
+        into: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         torch.cuda.set_device(device)
         out = buffers(specs, device, into)
         try:
@@ -226,8 +248,15 @@ class CudaIpcTransport(Transport):
         del shared
         torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
 
-    def recv(self, handle: Any, specs: list[TensorSpec], tag: int, device: torch.device,
-             deadline: float, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def recv(
+        self,
+        handle: Any,
+        specs: list[TensorSpec],
+        tag: int,
+        device: torch.device,
+        deadline: float,
+        into: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
         store: Store = handle
@@ -246,8 +275,13 @@ class CudaIpcTransport(Transport):
                 # The sender's device index may name another GPU here (other visible devices);
                 # the UUIDs matched, so the GPU is ours: open the handle on our index.
                 source = rebuild_cuda_tensor(  # type: ignore[no-untyped-call]
-                    torch.Tensor, entry["size"], entry["stride"], entry["offset"],
-                    torch.storage.TypedStorage, entry["dtype"], device.index,
+                    torch.Tensor,
+                    entry["size"],
+                    entry["stride"],
+                    entry["offset"],
+                    torch.storage.TypedStorage,
+                    entry["dtype"],
+                    device.index,
                     *entry["share"],
                 )
                 target.copy_(source)
@@ -312,11 +346,15 @@ def encode_ipc(shares: list[tuple[Any, ...]]) -> bytes:
     entries = []
     for args in shares:
         (_cls, size, stride, offset, _storage_cls, dtype, _device, *share) = args
-        entries.append({
-            "size": list(size), "stride": list(stride), "offset": int(offset),
-            "dtype": str(dtype).removeprefix("torch."),
-            "share": [_encode_value(v) for v in share],
-        })
+        entries.append(
+            {
+                "size": list(size),
+                "stride": list(stride),
+                "offset": int(offset),
+                "dtype": str(dtype).removeprefix("torch."),
+                "share": [_encode_value(v) for v in share],
+            }
+        )
     return orjson.dumps(entries)
 
 
@@ -328,11 +366,15 @@ def decode_ipc(payload: bytes) -> list[dict[str, Any]]:
         raise ValueError("IPC payload is not a list")
     out = []
     for entry in entries:
-        out.append({
-            "size": torch.Size(entry["size"]), "stride": tuple(entry["stride"]),
-            "offset": int(entry["offset"]), "dtype": dtype_of(entry["dtype"]),
-            "share": [_decode_value(v) for v in entry["share"]],
-        })
+        out.append(
+            {
+                "size": torch.Size(entry["size"]),
+                "stride": tuple(entry["stride"]),
+                "offset": int(entry["offset"]),
+                "dtype": dtype_of(entry["dtype"]),
+                "share": [_decode_value(v) for v in entry["share"]],
+            }
+        )
     return out
 
 

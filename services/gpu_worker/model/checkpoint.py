@@ -45,7 +45,11 @@ class CheckpointMismatch(ValueError):
         self, path: str, missing: list[str], unexpected: list[str], misshapen: list[str]
     ) -> None:
         parts = []
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("misshapen", misshapen)):
+        for label, keys in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("misshapen", misshapen),
+        ):
             if keys:
                 parts.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
         super().__init__(f"checkpoint {path} does not fit the model: " + "; ".join(parts))
@@ -101,8 +105,9 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
                     raw = raw[wrapper]
                     break
     else:
-        raise ValueError(f"checkpoint {path}: unknown format {path.suffix!r} (.safetensors, "
-                         ".pt or .pth)")
+        raise ValueError(
+            f"checkpoint {path}: unknown format {path.suffix!r} (.safetensors, .pt or .pth)"
+        )
     if not isinstance(raw, dict) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
         raise ValueError(f"checkpoint {path}: not a state dict of tensors")
     return from_diffusers(merge_lora(map_keys(raw)))
@@ -167,16 +172,23 @@ DIFFUSERS_TO_WAN = {
     "scale_shift_table": "head.modulation",
 }
 DIFFUSERS_BLOCK_TO_WAN = {
-    "attn1.to_q": "self_attn.q", "attn1.to_k": "self_attn.k", "attn1.to_v": "self_attn.v",
-    "attn1.to_out.0": "self_attn.o", "attn1.norm_q": "self_attn.norm_q",
+    "attn1.to_q": "self_attn.q",
+    "attn1.to_k": "self_attn.k",
+    "attn1.to_v": "self_attn.v",
+    "attn1.to_out.0": "self_attn.o",
+    "attn1.norm_q": "self_attn.norm_q",
     "attn1.norm_k": "self_attn.norm_k",
-    "attn2.to_q": "cross_attn.q", "attn2.to_k": "cross_attn.k", "attn2.to_v": "cross_attn.v",
-    "attn2.to_out.0": "cross_attn.o", "attn2.norm_q": "cross_attn.norm_q",
+    "attn2.to_q": "cross_attn.q",
+    "attn2.to_k": "cross_attn.k",
+    "attn2.to_v": "cross_attn.v",
+    "attn2.to_out.0": "cross_attn.o",
+    "attn2.norm_q": "cross_attn.norm_q",
     "attn2.norm_k": "cross_attn.norm_k",
     # diffusers' norm2 is the cross-attention norm (Wan's norm3); its norm1 / norm3 have no
     # parameters.
     "norm2": "norm3",
-    "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2",
+    "ffn.net.0.proj": "ffn.0",
+    "ffn.net.2": "ffn.2",
     "scale_shift_table": "modulation",
 }
 
@@ -214,8 +226,10 @@ def merge_lora(tensors: dict[str, torch.Tensor], scale: float = 1.0) -> dict[str
     if not downs:
         return tensors
     # peft's wrapping: ``base_model.model.<name>.base_layer.weight`` is the base weight.
-    tensors = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
-               for k, v in tensors.items()}
+    tensors = {
+        k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
+        for k, v in tensors.items()
+    }
     downs = {k: v for k, v in tensors.items() if ".lora_A." in k}
     out = {k: v for k, v in tensors.items() if ".lora_A." not in k and ".lora_B." not in k}
     for key, down in downs.items():

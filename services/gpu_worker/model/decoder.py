@@ -36,14 +36,20 @@ class LatentDecoder(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.context_shape = (config.out_dim, self.context_frames, config.latent_height,
-                              config.latent_width)
+        self.context_shape = (
+            config.out_dim,
+            self.context_frames,
+            config.latent_height,
+            config.latent_width,
+        )
         width = config.decoder_channels
         self.time_stride = VAE_STRIDE[0]
         self.width = width
         self.conv_in = nn.Conv3d(
-            config.out_dim, width * self.time_stride,
-            kernel_size=(self.context_frames + 1, 3, 3), padding=(0, 1, 1),
+            config.out_dim,
+            width * self.time_stride,
+            kernel_size=(self.context_frames + 1, 3, 3),
+            padding=(0, 1, 1),
         )
         channels = [width, max(width // 2, 8), max(width // 4, 8), max(width // 4, 8)]
         self.narrowest = min(channels)
@@ -129,7 +135,9 @@ class LatentDecoder(nn.Module):
         batch, _, frames, height, width = x.shape
         # Pixel shuffle in time: 4 video frames per latent frame.
         x = x.view(batch, self.time_stride, self.width, frames, height, width)
-        x = x.permute(0, 3, 1, 2, 4, 5).reshape(batch * frames * self.time_stride, self.width, height, width)
+        x = x.permute(0, 3, 1, 2, 4, 5).reshape(
+            batch * frames * self.time_stride, self.width, height, width
+        )
         for conv in self.ups:
             x = conv(nn.functional.interpolate(self.act(x), scale_factor=2.0, mode="nearest"))
         rgb = torch.tanh(self.conv_out(self.act(x)).float())
@@ -140,7 +148,9 @@ class LatentDecoder(nn.Module):
 
 
 def build_decoder(
-    config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    config: ModelConfig,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
     seed: int = 0,
 ) -> LatentDecoder:
     device = torch.device(device)

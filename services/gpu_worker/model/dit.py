@@ -174,12 +174,16 @@ class Block(nn.Module):
         self.norm1 = LayerNorm(dim, eps, elementwise_affine=False)
         self.self_attn = SelfAttention(dim, config.num_heads, eps)
         self.norm3 = (
-            LayerNorm(dim, eps, elementwise_affine=True) if config.cross_attn_norm else nn.Identity()
+            LayerNorm(dim, eps, elementwise_affine=True)
+            if config.cross_attn_norm
+            else nn.Identity()
         )
         self.cross_attn = CrossAttention(dim, config.num_heads, eps)
         self.norm2 = LayerNorm(dim, eps, elementwise_affine=False)
         self.ffn = nn.Sequential(
-            nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim)
+            nn.Linear(dim, config.ffn_dim),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(config.ffn_dim, dim),
         )
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
@@ -196,7 +200,10 @@ class Block(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float() + e).chunk(6, dim=1)
         y = self.self_attn(
             (self.norm1(x).float() * (1 + scale1) + shift1).type_as(x),
-            rope, self_kv, scratch, key_mask,
+            rope,
+            self_kv,
+            scratch,
+            key_mask,
         )
         x = x + (y.float() * gate1).type_as(x)
         x = x + self.cross_attn(self.norm3(x), cross_kv)
@@ -317,7 +324,9 @@ class CausalWanModel(nn.Module):
 
 
 def build_model(
-    config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    config: ModelConfig,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
     seed: int = 0,
 ) -> CausalWanModel:
     """A model with seeded random weights, built directly on ``device``.

@@ -56,8 +56,12 @@ def find_components(root: str | Path, checkpoint: str | Path | None = None) -> M
             "VAE": _dir_if(root / "vae", "config.json"),
             "DiT": _dir_if(root / "transformer", "config.json"),
         }
-        formats = {"text encoder": "transformers", "tokenizer": "transformers",
-                   "VAE": "diffusers", "DiT": "diffusers"}
+        formats = {
+            "text encoder": "transformers",
+            "tokenizer": "transformers",
+            "VAE": "diffusers",
+            "DiT": "diffusers",
+        }
     else:
         folder = ModelFolder(root, "original")
         parts = {
@@ -66,8 +70,12 @@ def find_components(root: str | Path, checkpoint: str | Path | None = None) -> M
             "VAE": _first(root.glob("*VAE*.pth")) or _first(root.glob("*vae*.pth")),
             "DiT": root if _first(root.glob("diffusion_pytorch_model*.safetensors")) else None,
         }
-        formats = {"text encoder": "wan .pth", "tokenizer": "transformers", "VAE": "wan .pth",
-                   "DiT": "wan safetensors"}
+        formats = {
+            "text encoder": "wan .pth",
+            "tokenizer": "transformers",
+            "VAE": "wan .pth",
+            "DiT": "wan safetensors",
+        }
     for name in COMPONENTS:
         folder.components[name] = Component(name, parts[name], formats[name])
     if checkpoint is not None:

@@ -91,20 +91,21 @@ def _load_standin(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> 
         tensors = read_checkpoint(spec.checkpoint)
         geometry = dit_geometry(tensors)
         heads = preset.num_heads if geometry["dim"] == preset.dim else None
-        preset = config_for(geometry, heads, preset, preset.text_len,
-                             (preset.height, preset.width))
+        preset = config_for(geometry, heads, preset, preset.text_len, (preset.height, preset.width))
     dit = build_model(preset, device, dtype, seed=spec.seed)
     identity = ("none", "none")
-    sources = {"DiT": f"seeded stand-in ({preset.name})", "text encoder": "hashing stand-in",
-               "VAE": "colour-map stand-in"}
+    sources = {
+        "DiT": f"seeded stand-in ({preset.name})",
+        "text encoder": "hashing stand-in",
+        "VAE": "colour-map stand-in",
+    }
     if tensors is not None and spec.checkpoint:
         load_tensors(dit, tensors, spec.checkpoint)
         identity = _identity([Path(spec.checkpoint)])
         sources["DiT"] = spec.checkpoint
     decoder = build_decoder(preset, device, dtype, seed=spec.seed)
     text = HashingTextEncoder(preset.text_dim, preset.text_len)
-    return LoadedModel(preset, dit, decoder, text, identity, _is_longlive(spec.checkpoint),
-                       sources)
+    return LoadedModel(preset, dit, decoder, text, identity, _is_longlive(spec.checkpoint), sources)
 
 
 def _load_folder(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -126,7 +127,8 @@ def _load_folder(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> L
     if text.dim != geometry["text_dim"]:
         raise ModelFolderError(
             f"text encoder width {text.dim} does not fit the DiT (text_embedding.0.weight takes "
-            f"{geometry['text_dim']}): the DiT and the text encoder are from different models")
+            f"{geometry['text_dim']}): the DiT and the text encoder are from different models"
+        )
     resolution = spec.resolution or WAN_RESOLUTION
     config = config_for(geometry, dit_heads(folder), None, WAN_TEXT_LEN, resolution)
     dit = _empty_dit(config, device, dtype)
@@ -138,14 +140,15 @@ def _load_folder(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> L
     else:
         vae = load_original_vae(str(vae_part.path), device, dtype)
     if int(vae.config["z_dim"]) != config.out_dim:
-        raise ModelFolderError(f"VAE latent channels {vae.config['z_dim']} do not fit the DiT's "
-                               f"{config.out_dim} (head.head.weight)")
+        raise ModelFolderError(
+            f"VAE latent channels {vae.config['z_dim']} do not fit the DiT's "
+            f"{config.out_dim} (head.head.weight)"
+        )
     decoder = WanVaeDecoder(vae, (config.latent_height, config.latent_width), config.chunk_frames)
     vae_files = [vae_part.path] if vae_part.path.is_file() else sorted(vae_part.path.glob("*"))
     identity = _identity([*files, *vae_files])
     sources = {name: f"{part.path} ({part.fmt})" for name, part in folder.components.items()}
-    return LoadedModel(config, dit, decoder, text, identity,
-                       _is_longlive(spec.checkpoint), sources)
+    return LoadedModel(config, dit, decoder, text, identity, _is_longlive(spec.checkpoint), sources)
 
 
 def _require(folder: ModelFolder) -> None:
@@ -154,8 +157,10 @@ def _require(folder: ModelFolder) -> None:
         hint = {"DiT": "set TURBOSERVE_CHECKPOINT or add the DiT to the folder"}
         raise ModelFolderError(
             f"model folder {folder.root} ({folder.layout} layout) lacks: "
-            + "; ".join(f"the {name}" + (f" ({hint[name]})" if name in hint else "")
-                        for name in missing))
+            + "; ".join(
+                f"the {name}" + (f" ({hint[name]})" if name in hint else "") for name in missing
+            )
+        )
 
 
 def _load_text(folder: ModelFolder, device: torch.device, dtype: torch.dtype) -> UMT5TextEncoder:
@@ -167,7 +172,10 @@ def _load_text(folder: ModelFolder, device: torch.device, dtype: torch.dtype) ->
 
 
 def config_for(
-    geometry: dict[str, object], heads: int | None, like: ModelConfig | None, text_len: int,
+    geometry: dict[str, object],
+    heads: int | None,
+    like: ModelConfig | None,
+    text_len: int,
     resolution: tuple[int, int],
 ) -> ModelConfig:
     """The ModelConfig of a DiT whose weights give ``geometry`` (``checkpoint.dit_geometry``):
@@ -177,8 +185,15 @@ def config_for(
     known = {f.name for f in fields(ModelConfig)}
     values = {k: v for k, v in geometry.items() if k in known}
     base = like if like is not None else PRESETS["wan-1.3b"]
-    candidate = replace(base, name="", num_heads=heads, text_len=text_len, height=resolution[0],
-                        width=resolution[1], **values)  # type: ignore[arg-type]
+    candidate = replace(
+        base,
+        name="",
+        num_heads=heads,
+        text_len=text_len,
+        height=resolution[0],
+        width=resolution[1],
+        **values,  # type: ignore[arg-type]
+    )
     for name, preset in PRESETS.items():
         if replace(preset, name="", decoder_channels=candidate.decoder_channels) == candidate:
             return replace(candidate, name=name)

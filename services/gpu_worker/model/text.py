@@ -90,8 +90,12 @@ class UMT5TextEncoder:
 
     @classmethod
     def from_folders(
-        cls, model_dir: str | Path, tokenizer_dir: str | Path, device: torch.device,
-        dtype: torch.dtype, max_len: int = 512,
+        cls,
+        model_dir: str | Path,
+        tokenizer_dir: str | Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_len: int = 512,
     ) -> UMT5TextEncoder:
         """A diffusers-layout ``text_encoder/`` (``config.json`` + weights) and ``tokenizer/``."""
         from transformers import AutoTokenizer, UMT5EncoderModel
@@ -108,7 +112,11 @@ class UMT5TextEncoder:
 
     @classmethod
     def from_original(
-        cls, path: str | Path, tokenizer_dir: str | Path, device: torch.device, dtype: torch.dtype,
+        cls,
+        path: str | Path,
+        tokenizer_dir: str | Path,
+        device: torch.device,
+        dtype: torch.dtype,
         max_len: int = 512,
     ) -> UMT5TextEncoder:
         """Wan2.1's own ``models_t5_umt5-xxl-enc-bf16.pth``: its keys renamed to transformers'
@@ -124,8 +132,12 @@ class UMT5TextEncoder:
     @torch.inference_mode()
     def encode(self, prompt: str) -> torch.Tensor:
         tokens = self.tokenizer(
-            [clean_prompt(prompt)], padding="max_length", max_length=self.max_len,
-            truncation=True, add_special_tokens=True, return_attention_mask=True,
+            [clean_prompt(prompt)],
+            padding="max_length",
+            max_length=self.max_len,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
             return_tensors="pt",
         )
         device = next(self.model.parameters()).device
@@ -190,8 +202,10 @@ def raise_unless_fits(what: str, expected: set[str], got: dict[str, Any]) -> Non
     """``ValueError`` naming the missing and unexpected keys, if any."""
     missing, unexpected = sorted(expected - set(got)), sorted(set(got) - expected)
     if missing or unexpected:
-        raise ValueError(f"{what}: {len(missing)} missing keys (e.g. {missing[:3]}), "
-                         f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        raise ValueError(
+            f"{what}: {len(missing)} missing keys (e.g. {missing[:3]}), "
+            f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})"
+        )
 
 
 def umt5_config(state: dict[str, torch.Tensor]) -> Any:
@@ -209,10 +223,16 @@ def umt5_config(state: dict[str, torch.Tensor]) -> Any:
     except (KeyError, ValueError) as exc:
         raise ValueError(f"the text encoder's weights lack umT5's {exc}") from None
     return UMT5Config(
-        vocab_size=int(vocab), d_model=int(d_model), d_kv=int(inner) // int(heads),
-        d_ff=int(d_ff), num_layers=layers, num_heads=int(heads),
-        relative_attention_num_buckets=int(buckets), feed_forward_proj="gated-gelu",
-        is_encoder_decoder=False, use_cache=False,
+        vocab_size=int(vocab),
+        d_model=int(d_model),
+        d_kv=int(inner) // int(heads),
+        d_ff=int(d_ff),
+        num_layers=layers,
+        num_heads=int(heads),
+        relative_attention_num_buckets=int(buckets),
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
     )
 
 
@@ -221,5 +241,7 @@ def make_text_encoder(kind: str, dim: int, max_len: int) -> TextEncoder:
     folder, ``load.load_text_encoder``)."""
     if kind == "hash":
         return HashingTextEncoder(dim, max_len)
-    raise ValueError(f"unknown text encoder {kind!r}; the stand-in is 'hash', umT5 comes from "
-                     "a model folder (TURBOSERVE_MODEL)")
+    raise ValueError(
+        f"unknown text encoder {kind!r}; the stand-in is 'hash', umT5 comes from "
+        "a model folder (TURBOSERVE_MODEL)"
+    )

@@ -83,10 +83,14 @@ class WanVaeDecoder:
 
     kind = "wan-vae"
 
-    def __init__(self, vae: AutoencoderKLWan, latent_hw: tuple[int, int], chunk_frames: int) -> None:
+    def __init__(
+        self, vae: AutoencoderKLWan, latent_hw: tuple[int, int], chunk_frames: int
+    ) -> None:
         if chunk_frames < 2:
-            raise ValueError("the Wan VAE's cache has a fixed layout only for chunks of 2 or more "
-                             f"latent frames, got {chunk_frames}")
+            raise ValueError(
+                "the Wan VAE's cache has a fixed layout only for chunks of 2 or more "
+                f"latent frames, got {chunk_frames}"
+            )
         self.vae = vae
         self.chunk_frames = chunk_frames
         self.layout = cache_layout(vae, latent_hw)
@@ -94,8 +98,12 @@ class WanVaeDecoder:
         param = next(vae.parameters())
         self.device, self.dtype = param.device, param.dtype
         channels = int(config["z_dim"])
-        self._mean = torch.tensor(config["latents_mean"], dtype=torch.float32).view(1, channels, 1, 1, 1)
-        self._std = torch.tensor(config["latents_std"], dtype=torch.float32).view(1, channels, 1, 1, 1)
+        self._mean = torch.tensor(config["latents_mean"], dtype=torch.float32).view(
+            1, channels, 1, 1, 1
+        )
+        self._std = torch.tensor(config["latents_std"], dtype=torch.float32).view(
+            1, channels, 1, 1, 1
+        )
 
     @property
     def state_numel(self) -> int:
@@ -127,15 +135,20 @@ class WanVaeDecoder:
         cache: list[Any] = [None] * len(self.layout.entries) if fresh else self._views(state)
         outs = []
         for i in range(x.shape[2]):
-            outs.append(vae.decoder(x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0],
-                                    first_chunk=fresh and i == 0))
+            outs.append(
+                vae.decoder(
+                    x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=fresh and i == 0
+                )
+            )
         for target, entry in zip(self._views(state), cache, strict=True):
             if target is None:
                 continue
             if not isinstance(entry, torch.Tensor) or entry.shape != target.shape:
-                raise RuntimeError("the VAE decoder's cache left its fixed layout: "
-                                   f"{getattr(entry, 'shape', entry)} where {tuple(target.shape)} "
-                                   "was expected")
+                raise RuntimeError(
+                    "the VAE decoder's cache left its fixed layout: "
+                    f"{getattr(entry, 'shape', entry)} where {tuple(target.shape)} "
+                    "was expected"
+                )
             target.copy_(entry)
         video = torch.cat(outs, dim=2).clamp_(-1.0, 1.0)
         return to_uint8(video)
@@ -163,7 +176,8 @@ def load_diffusers_vae(folder: str, device: torch.device, dtype: torch.dtype) ->
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     vae: AutoencoderKLWan = AutoencoderKLWan.from_pretrained(
-        folder, torch_dtype=dtype, local_files_only=True)
+        folder, torch_dtype=dtype, local_files_only=True
+    )
     # Moves in place. diffusers wraps .to with functools.wraps, which mypy reads as a plain
     # function wanting the model as its first argument.
     vae.to(device)  # type: ignore[arg-type]

@@ -120,9 +120,19 @@ def init_visible_dit(model: CausalWanModel, generator: torch.Generator) -> None:
     draw = _Draws.make(config, generator)
     schedule = _Schedule.make(sigmas(config), _detail_gain(config))
     designed = {
-        n: p for n, p in model.named_parameters()
-        if n.startswith(("patch_embedding.", "text_embedding.", "time_embedding.",
-                         "time_projection.", "blocks.0.", "blocks.1.", "head."))
+        n: p
+        for n, p in model.named_parameters()
+        if n.startswith(
+            (
+                "patch_embedding.",
+                "text_embedding.",
+                "time_embedding.",
+                "time_projection.",
+                "blocks.0.",
+                "blocks.1.",
+                "head.",
+            )
+        )
     }
     # Values are worked out in float64 and land in float32 (the model's dtype at init).
     params = {n: torch.zeros(p.shape, dtype=torch.float32) for n, p in designed.items()}
@@ -229,7 +239,8 @@ class _Draws:
         presence = torch.randn(4, text, generator=cpu, dtype=torch.float64)
         angle = float(torch.rand(1, generator=cpu, dtype=torch.float64)) * 2.0 * math.pi
         return cls(
-            prompt_map / math.sqrt(text), presence / math.sqrt(text),
+            prompt_map / math.sqrt(text),
+            presence / math.sqrt(text),
             (DRIFT * math.sin(angle), DRIFT * math.cos(angle)),
         )
 
@@ -298,8 +309,10 @@ def _time_embedding(
     design = torch.cat([features, torch.ones(len(times), 1, dtype=torch.float64)], dim=1)
     solve = torch.linalg.pinv(design)  # [count + 1, T]
     lanes = layout.constants[: len(times)]  # e0 reaches only the head, which ignores them
-    targets = {lane: [_SILU_ONE if j == i else 0.0 for i in range(len(times))]
-               for j, lane in enumerate(lanes)}
+    targets = {
+        lane: [_SILU_ONE if j == i else 0.0 for i in range(len(times))]
+        for j, lane in enumerate(lanes)
+    }
     w2, b2 = params["time_embedding.2.weight"], params["time_embedding.2.bias"]
     for channel, values in targets.items():
         coef = solve @ torch.tensor(values, dtype=torch.float64)
@@ -366,8 +379,9 @@ def _kernel_terms(
         # Recency: the fastest frame pair still decreasing across the ring; cos peaks at 0,
         # so no frame, however old, outscores the most recent ones.
         reach = config.window_frames + config.chunk_frames - 1
-        pair = next((p for p, f in zip(frame, frame_freqs, strict=True) if f * reach <= math.pi),
-                    frame[-1])
+        pair = next(
+            (p for p, f in zip(frame, frame_freqs, strict=True) if f * reach <= math.pi), frame[-1]
+        )
         f = frame_freqs[pair]
         k = config.chunk_frames
         terms.append((pair, HISTORY_RECENCY / (math.cos(f) - math.cos(f * (1 + k))), 0.0))
@@ -377,8 +391,9 @@ def _kernel_terms(
     width = max(0.8, DETAIL_WIDTH * min(config.grid))
     for pairs, freqs, tokens, _ in axes:
         if tokens > 1:
-            monotone = [(p, f) for p, f in zip(pairs, freqs, strict=True)
-                        if f * (tokens - 1) <= math.pi]
+            monotone = [
+                (p, f) for p, f in zip(pairs, freqs, strict=True) if f * (tokens - 1) <= math.pi
+            ]
             pair, f = monotone[0] if monotone else (pairs[-1], freqs[-1])
             terms.append((pair, 1.0 / (width * f) ** 2, 0.0))
     terms.append((frame[0], -math.log(DETAIL_FRAME_NEIGHBOUR) / (1.0 - math.cos(1.0)), 0.0))
@@ -420,8 +435,12 @@ def _detail_concentration(config: ModelConfig) -> float:
 
 
 def _queries_and_keys(
-    params: dict[str, torch.Tensor], block: int, config: ModelConfig, layout: _Layout,
-    draw: _Draws, kinds: tuple[str, ...],
+    params: dict[str, torch.Tensor],
+    block: int,
+    config: ModelConfig,
+    layout: _Layout,
+    draw: _Draws,
+    kinds: tuple[str, ...],
 ) -> None:
     """Queries and keys of a block's heads 0, 1, ... of the given kinds (``_kernel_terms``).
 
@@ -540,8 +559,9 @@ def _prompt_history_detail_and_mean(
     for i in range(VISIBLE_DIMS):
         value[i] = layout.reader({layout.prompt[i]: 1.0}, steady)
         pixels = {row[i]: 1.0 / layout.pixels for row in layout.signal}
-        value[hd + i] = (layout.reader(pixels, signal_ref)
-                         - layout.reader({layout.mean[i]: 1.0}, steady))
+        value[hd + i] = layout.reader(pixels, signal_ref) - layout.reader(
+            {layout.mean[i]: 1.0}, steady
+        )
         out[layout.mean[i], i] = -kept  # gate 1
         for row in layout.signal:  # gate: minus the detail's gain / sigma
             out[row[i], hd + i] = 1.0

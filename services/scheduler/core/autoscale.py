@@ -93,8 +93,12 @@ class VolatilityTracker:
     recorded time do not count, so every measure is defined from the third complete bin on;
     before that they return None."""
 
-    def __init__(self, window_s: float = DEFAULT_WINDOW_S, bin_s: float = DEFAULT_BIN_S,
-                 signal: str = DEFAULT_SIGNAL) -> None:
+    def __init__(
+        self,
+        window_s: float = DEFAULT_WINDOW_S,
+        bin_s: float = DEFAULT_BIN_S,
+        signal: str = DEFAULT_SIGNAL,
+    ) -> None:
         if bin_s <= 0 or window_s < bin_s:
             raise ValueError(f"need 0 < bin_s <= window_s, got bin_s={bin_s}, window_s={window_s}")
         if signal not in SIGNALS:
@@ -194,25 +198,38 @@ class RhoTable:
 
     def __post_init__(self) -> None:
         if self.signal not in SIGNALS:
-            raise ValueError(f"rho table: unknown signal {self.signal!r} "
-                             f"(known: {', '.join(SIGNALS)})")
+            raise ValueError(
+                f"rho table: unknown signal {self.signal!r} (known: {', '.join(SIGNALS)})"
+            )
         if len(self.level_edges) != LEVELS - 1:
-            raise ValueError(f"rho table: need {LEVELS - 1} level_edges, got {len(self.level_edges)}")
+            raise ValueError(
+                f"rho table: need {LEVELS - 1} level_edges, got {len(self.level_edges)}"
+            )
         if list(self.level_edges) != sorted(self.level_edges):
             raise ValueError(f"rho table: level_edges must ascend, got {list(self.level_edges)}")
         if len(self.rho_hat) != LEVELS or len(self.delta) != LEVELS:
-            raise ValueError(f"rho table: need {LEVELS} levels, got {len(self.rho_hat)} rho_hat "
-                             f"and {len(self.delta)} delta")
+            raise ValueError(
+                f"rho table: need {LEVELS} levels, got {len(self.rho_hat)} rho_hat "
+                f"and {len(self.delta)} delta"
+            )
         for i, (r, d) in enumerate(zip(self.rho_hat, self.delta, strict=True)):
             if not (0 < r <= 1) or not (0 <= d < r):
-                raise ValueError(f"rho table: level {i} needs 0 < rho_hat <= 1 and "
-                                 f"0 <= delta < rho_hat, got rho_hat={r}, delta={d}")
-        _check_per_level("idle_reserve", self.idle_reserve, lambda x: 0 <= x <= 1,
-                         "0 <= idle_reserve <= 1")
-        _check_per_level("scale_in_delay_s", self.scale_in_delay_s,
-                         lambda x: math.isfinite(x) and x >= 0, "scale_in_delay_s >= 0")
-        _check_per_level("peak_rho", self.peak_rho, lambda x: 0 <= x <= 1,
-                         "0 <= peak_rho <= 1 (0: no cap)")
+                raise ValueError(
+                    f"rho table: level {i} needs 0 < rho_hat <= 1 and "
+                    f"0 <= delta < rho_hat, got rho_hat={r}, delta={d}"
+                )
+        _check_per_level(
+            "idle_reserve", self.idle_reserve, lambda x: 0 <= x <= 1, "0 <= idle_reserve <= 1"
+        )
+        _check_per_level(
+            "scale_in_delay_s",
+            self.scale_in_delay_s,
+            lambda x: math.isfinite(x) and x >= 0,
+            "scale_in_delay_s >= 0",
+        )
+        _check_per_level(
+            "peak_rho", self.peak_rho, lambda x: 0 <= x <= 1, "0 <= peak_rho <= 1 (0: no cap)"
+        )
 
     def level(self, value: float) -> int:
         return bisect.bisect_right(self.level_edges, value)
@@ -244,12 +261,20 @@ class RhoTable:
             "bin_s": self.bin_s,
             "signal": self.signal,
             "level_edges": list(self.level_edges),
-            "levels": [{"rho_hat": r, "delta": d,
-                        **({"idle_reserve": self.idle_reserve[i]} if self.idle_reserve else {}),
-                        **({"scale_in_delay_s": self.scale_in_delay_s[i]}
-                           if self.scale_in_delay_s else {}),
-                        **({"peak_rho": self.peak_rho[i]} if self.peak_rho else {})}
-                       for i, (r, d) in enumerate(zip(self.rho_hat, self.delta, strict=True))],
+            "levels": [
+                {
+                    "rho_hat": r,
+                    "delta": d,
+                    **({"idle_reserve": self.idle_reserve[i]} if self.idle_reserve else {}),
+                    **(
+                        {"scale_in_delay_s": self.scale_in_delay_s[i]}
+                        if self.scale_in_delay_s
+                        else {}
+                    ),
+                    **({"peak_rho": self.peak_rho[i]} if self.peak_rho else {}),
+                }
+                for i, (r, d) in enumerate(zip(self.rho_hat, self.delta, strict=True))
+            ],
             "source": self.source,
         }
 
@@ -265,12 +290,21 @@ class RhoTable:
                 bin_s=float(raw.get("bin_s", DEFAULT_BIN_S)),
                 source=str(raw.get("source", "")),
                 signal=str(raw.get("signal", "std")),
-                idle_reserve=(tuple(float(x.get("idle_reserve", 0.0)) for x in levels)
-                              if any("idle_reserve" in x for x in levels) else ()),
-                scale_in_delay_s=(tuple(float(x.get("scale_in_delay_s", 0.0)) for x in levels)
-                                  if any("scale_in_delay_s" in x for x in levels) else ()),
-                peak_rho=(tuple(float(x.get("peak_rho", 0.0)) for x in levels)
-                          if any("peak_rho" in x for x in levels) else ()),
+                idle_reserve=(
+                    tuple(float(x.get("idle_reserve", 0.0)) for x in levels)
+                    if any("idle_reserve" in x for x in levels)
+                    else ()
+                ),
+                scale_in_delay_s=(
+                    tuple(float(x.get("scale_in_delay_s", 0.0)) for x in levels)
+                    if any("scale_in_delay_s" in x for x in levels)
+                    else ()
+                ),
+                peak_rho=(
+                    tuple(float(x.get("peak_rho", 0.0)) for x in levels)
+                    if any("peak_rho" in x for x in levels)
+                    else ()
+                ),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rho table: malformed ({exc!r})") from exc
@@ -280,8 +314,9 @@ class RhoTable:
             raise ValueError(f"rho table: malformed ({exc})") from exc
 
 
-def _check_per_level(name: str, values: tuple[float, ...], ok: Callable[[float], bool],
-                     rule: str) -> None:
+def _check_per_level(
+    name: str, values: tuple[float, ...], ok: Callable[[float], bool], rule: str
+) -> None:
     """An optional per-level column: empty, or one value per level, each meeting ``rule``."""
     if not values:
         return

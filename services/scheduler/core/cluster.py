@@ -119,16 +119,21 @@ class Cluster:
     for, the unit of the autoscaler's GPU count, and the stand-in profile of a GPU whose
     kind has none (until ``set_profile`` gives it one)."""
 
-    def __init__(self, profiles: LatencyProfile | Mapping[str, LatencyProfile],
-                 default_kind: str | None = None) -> None:
+    def __init__(
+        self,
+        profiles: LatencyProfile | Mapping[str, LatencyProfile],
+        default_kind: str | None = None,
+    ) -> None:
         if isinstance(profiles, LatencyProfile):
             profiles = {profiles.gpu_kind: profiles}
         if not profiles:
             raise ValueError("a cluster needs at least one latency profile")
         for kind, profile in profiles.items():
             if not isinstance(profile, LatencyProfile):
-                raise TypeError(f"profile of kind {kind!r} must be a LatencyProfile, got "
-                                f"{type(profile).__name__}")
+                raise TypeError(
+                    f"profile of kind {kind!r} must be a LatencyProfile, got "
+                    f"{type(profile).__name__}"
+                )
         self.default_kind = default_kind if default_kind is not None else next(iter(profiles))
         if self.default_kind not in profiles:
             # A default kind without a profile of its own is served by the first profile.
@@ -500,9 +505,7 @@ class ClusterView:
     @property
     def placement(self) -> dict[str, str]:
         """Active session -> GPU for every placed session."""
-        return {
-            sid: gpu.gpu_id for gpu in self._cluster.gpus.values() for sid in gpu.sessions
-        }
+        return {sid: gpu.gpu_id for gpu in self._cluster.gpus.values() for sid in gpu.sessions}
 
     @property
     def active_counts(self) -> dict[str, int]:

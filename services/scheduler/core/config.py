@@ -74,14 +74,18 @@ class ControllerConfig:
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
         if self.placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement {self.placement!r}; "
-                             f"known: {', '.join(PLACEMENTS)}")
+            raise ValueError(
+                f"unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}"
+            )
         if self.initial_gpus < 0 or self.min_gpus < 0:
-            raise ValueError(f"initial_gpus and min_gpus must be >= 0, got "
-                             f"{self.initial_gpus}, {self.min_gpus}")
+            raise ValueError(
+                f"initial_gpus and min_gpus must be >= 0, got {self.initial_gpus}, {self.min_gpus}"
+            )
         if self.max_gpus is not None and self.max_gpus < max(1, self.min_gpus):
-            raise ValueError(f"max_gpus must be >= max(1, min_gpus), got {self.max_gpus} "
-                             f"(min_gpus {self.min_gpus})")
+            raise ValueError(
+                f"max_gpus must be >= max(1, min_gpus), got {self.max_gpus} "
+                f"(min_gpus {self.min_gpus})"
+            )
         if self.rho_hat is not None and not 0 < self.rho_hat <= 1:
             raise ValueError(f"rho_hat must be in (0, 1], got {self.rho_hat}")
         if self.delta is not None and not (math.isfinite(self.delta) and self.delta >= 0):
@@ -91,30 +95,36 @@ class ControllerConfig:
         if not (math.isfinite(self.peak_window_s) and self.peak_window_s > 0):
             raise ValueError(f"peak_window_s must be > 0 and finite, got {self.peak_window_s}")
         if not (math.isfinite(self.peak_surge_s) and 0 <= self.peak_surge_s < self.peak_window_s):
-            raise ValueError(f"peak_surge_s must be >= 0 and below peak_window_s "
-                             f"({self.peak_window_s}), got {self.peak_surge_s}")
+            raise ValueError(
+                f"peak_surge_s must be >= 0 and below peak_window_s "
+                f"({self.peak_window_s}), got {self.peak_surge_s}"
+            )
         for key in ("eta", "boot_delay_s", "scale_in_delay_s", "retry_backoff_s"):
             value = getattr(self, key)
             if value is None and key == "scale_in_delay_s":
                 continue
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be >= 0 and finite, got {value}")
-        if self.warmup_s is not None and not (math.isfinite(self.warmup_s)
-                                              and self.warmup_s >= 0):
+        if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
             raise ValueError(f"warmup_s must be >= 0 and finite, got {self.warmup_s}")
         if self.idle_reserve is not None and not 0 <= self.idle_reserve <= 1:
             raise ValueError(f"idle_reserve must be in [0, 1], got {self.idle_reserve}")
         if self.rho_table is not None and not isinstance(self.rho_table, RhoTable):
-            raise TypeError(f"rho_table must be a RhoTable (load files with "
-                            f"services.scheduler.shipped.load_rho_table), got "
-                            f"{type(self.rho_table).__name__}")
+            raise TypeError(
+                f"rho_table must be a RhoTable (load files with "
+                f"services.scheduler.shipped.load_rho_table), got "
+                f"{type(self.rho_table).__name__}"
+            )
         if self.gpu_kind is not None and not (isinstance(self.gpu_kind, str) and self.gpu_kind):
             raise ValueError(f"gpu_kind must be a non-empty string, got {self.gpu_kind!r}")
         if self.gpu_id_prefix is not None and not (
-                isinstance(self.gpu_id_prefix, str)
-                and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", self.gpu_id_prefix)):
-            raise ValueError(f"gpu_id_prefix must be letters, digits, '-' or '_' (a NATS "
-                             f"subject token), got {self.gpu_id_prefix!r}")
+            isinstance(self.gpu_id_prefix, str)
+            and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", self.gpu_id_prefix)
+        ):
+            raise ValueError(
+                f"gpu_id_prefix must be letters, digits, '-' or '_' (a NATS "
+                f"subject token), got {self.gpu_id_prefix!r}"
+            )
 
     @property
     def warmup(self) -> float:

@@ -101,8 +101,11 @@ class Controller:
     """The TurboServe loop (and, with switches, the baselines). Deterministic for an event
     sequence; no I/O; decisions are applied to its own view before they are returned."""
 
-    def __init__(self, profiles: LatencyProfile | Mapping[str, LatencyProfile],
-                 config: ControllerConfig | None = None) -> None:
+    def __init__(
+        self,
+        profiles: LatencyProfile | Mapping[str, LatencyProfile],
+        config: ControllerConfig | None = None,
+    ) -> None:
         config = ControllerConfig() if config is None else config
         if not isinstance(config, ControllerConfig):
             raise TypeError(f"config must be a ControllerConfig, got {type(config).__name__}")
@@ -128,7 +131,8 @@ class Controller:
         self._gone: set[str] = set()  # GPUs the environment reported gone
         self._next_gpu = 0
         self._id_prefix = config.gpu_id_prefix or (
-            re.sub(r"[^a-z0-9]+", "-", self.gpu_kind.lower()).strip("-") or "gpu")
+            re.sub(r"[^a-z0-9]+", "-", self.gpu_kind.lower()).strip("-") or "gpu"
+        )
         self.scale_events = 0
         for _ in range(config.initial_gpus):
             self._cluster.add_gpu(self._new_gpu_id(), self.gpu_kind, GpuState.READY, config.t0)
@@ -198,8 +202,9 @@ class Controller:
             raise ValueError(f"kind must be a non-empty string, got {kind!r}")
         self._cluster.set_profile(kind, profile)
 
-    def restore(self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession],
-                t: float) -> None:
+    def restore(
+        self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession], t: float
+    ) -> None:
         """Build the view from what a restarted scheduler finds, instead of the initial pool.
 
         Call it on a fresh controller, before its first step; then step a ``TICK`` at ``t``
@@ -224,8 +229,10 @@ class Controller:
             if gpu.gpu_id in cluster.gpus:
                 raise ValueError(f"restore: GPU {gpu.gpu_id!r} listed twice")
             if not isinstance(gpu.state, GpuState):
-                raise ValueError(f"restore: GPU {gpu.gpu_id!r} has state {gpu.state!r}, "
-                                 f"not one of {', '.join(s.value for s in GpuState)}")
+                raise ValueError(
+                    f"restore: GPU {gpu.gpu_id!r} has state {gpu.state!r}, "
+                    f"not one of {', '.join(s.value for s in GpuState)}"
+                )
             if not isinstance(gpu.kind, str) or not gpu.kind:
                 raise ValueError(f"restore: GPU {gpu.gpu_id!r} needs a kind, got {gpu.kind!r}")
             cluster.add_gpu(gpu.gpu_id, gpu.kind, gpu.state, t)
@@ -271,8 +278,9 @@ class Controller:
         """The peak cap's utilisation at ``t`` (0: no cap): fixed, or the table's."""
         return self._per_level(self.config.peak_rho, RhoTable.peak_cap, t)
 
-    def _per_level(self, fixed: float | None, column: Callable[[RhoTable, int], float],
-                   t: float) -> float:
+    def _per_level(
+        self, fixed: float | None, column: Callable[[RhoTable, int], float], t: float
+    ) -> float:
         """A setting given in the config, else the table's ``column`` at the current level
         (0 without a table)."""
         if fixed is not None:
@@ -290,14 +298,25 @@ class Controller:
         return self.rho_table.level(value)
 
     def target_gpus(
-        self, t: float, n_required: int, rho_max: float, budget: float, rho_hat: float,
+        self,
+        t: float,
+        n_required: int,
+        rho_max: float,
+        budget: float,
+        rho_hat: float,
         delta: float,
     ) -> float:
         """GPU count (READY + BOOTING, in units of the default kind) to aim for; ``budget``
         means no scale event."""
         return autoscale_mod.scale(
-            n_required, rho_max, budget, self._cluster.capacity, rho_hat, delta,
-            min_gpus=self.config.min_gpus, max_gpus=self.config.max_gpus,
+            n_required,
+            rho_max,
+            budget,
+            self._cluster.capacity,
+            rho_hat,
+            delta,
+            min_gpus=self.config.min_gpus,
+            max_gpus=self.config.max_gpus,
         )
 
     def rho_max(self) -> float:
@@ -602,8 +621,11 @@ class Controller:
         while True:
             gpu_id = f"{self._id_prefix}-{self._next_gpu:04d}"
             self._next_gpu += 1
-            if (gpu_id not in self._cluster.gpus and gpu_id not in self._released
-                    and gpu_id not in self._gone):
+            if (
+                gpu_id not in self._cluster.gpus
+                and gpu_id not in self._released
+                and gpu_id not in self._gone
+            ):
                 return gpu_id
 
     def _skip_name(self, gpu_id: str) -> None:
@@ -638,8 +660,7 @@ def _coalesce(out: list[Decision]) -> list[Decision]:
         result[i] = None
     if not merged:
         return out
-    return [d for d in result
-            if d is not None and not (isinstance(d, Migrate) and d.src == d.dst)]
+    return [d for d in result if d is not None and not (isinstance(d, Migrate) and d.src == d.dst)]
 
 
 def _require(value: str | None, event: Event) -> str:

@@ -165,7 +165,9 @@ def place_pending(cluster: Cluster, chooser: Chooser, now: float = NEVER) -> lis
                 continue  # others may still fit elsewhere
             break
         cluster.place(session_id, gpu_id)
-        out.append(Resume(session_id, gpu_id) if session.in_host_ram else Assign(session_id, gpu_id))
+        out.append(
+            Resume(session_id, gpu_id) if session.in_host_ram else Assign(session_id, gpu_id)
+        )
     return out
 
 
@@ -185,8 +187,13 @@ def _choose_avoiding(cluster: Cluster, chooser: Chooser, avoid: str) -> str | No
         cluster.n_placeable += 1
 
 
-def rebalance(cluster: Cluster, eta: float, max_moves: int | None = None,
-              boundary_wait: bool = False, now: float = NEVER) -> list[Migrate]:
+def rebalance(
+    cluster: Cluster,
+    eta: float,
+    max_moves: int | None = None,
+    boundary_wait: bool = False,
+    now: float = NEVER,
+) -> list[Migrate]:
     """Step 3: lower the worst latency one load level at a time while that gains.
 
     To lower the worst latency L, each of the ``h`` GPUs at L must hand one session to a GPU
@@ -207,15 +214,17 @@ def rebalance(cluster: Cluster, eta: float, max_moves: int | None = None,
             break
         for src, session_id, worst in plan:
             dst = cluster.least_growth()
-            assert dst is not None and cluster.profile_of(dst).chunk_ms(
-                cluster.load(dst) + 1) < worst
+            assert (
+                dst is not None and cluster.profile_of(dst).chunk_ms(cluster.load(dst) + 1) < worst
+            )
             cluster.move(session_id, dst)
             out.append(Migrate(session_id, src, dst))
     return out
 
 
-def _plan_level_drop(cluster: Cluster, eta: float, boundary_wait: bool,
-                     now: float) -> list[tuple[str, str, float]] | None:
+def _plan_level_drop(
+    cluster: Cluster, eta: float, boundary_wait: bool, now: float
+) -> list[tuple[str, str, float]] | None:
     """The move set that lowers the worst latency by one level, as ``(source, session,
     worst latency)`` per move, if it is feasible and gains; else None."""
     if len(cluster.pools) == 1:  # the common case, without the lists
@@ -274,8 +283,9 @@ def _destinations(pools: list[KindPool], h: int, worst: float) -> tuple[float, f
     levels = []
     for pool in pools:
         top = pool.below(worst)
-        counts.append([len(pool.buckets[level]) for level in range(top + 1)]
-                      if top > pool.lo else [])
+        counts.append(
+            [len(pool.buckets[level]) for level in range(top + 1)] if top > pool.lo else []
+        )
         tops.append(top)
         levels.append(pool.lo)
     waits = 0.0
@@ -338,7 +348,10 @@ def evacuate(cluster: Cluster, gpu_id: str, now: float = NEVER) -> list[Migrate]
 
 
 def place(
-    cluster: Cluster, chooser: Chooser | None = None, eta: float = 0.1, migrate: bool = True,
+    cluster: Cluster,
+    chooser: Chooser | None = None,
+    eta: float = 0.1,
+    migrate: bool = True,
     boundary_wait: bool = False,
 ) -> list[Decision]:
     """Steps 1-3 on the cluster in place; returns the decisions, in the order to carry out."""

@@ -89,8 +89,9 @@ class Policy(Protocol):
 
     def note_step(self, gpu_id: str, ends_at: float) -> None: ...
 
-    def restore(self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession],
-                t: float) -> None: ...
+    def restore(
+        self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession], t: float
+    ) -> None: ...
 
     def set_profile(self, kind: str, profile: LatencyProfile) -> None: ...
 
@@ -113,14 +114,23 @@ class StaticConfig:
     gpu_id_prefix: str | None = None
     retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
 
-    def controller(self, name: str, placement: str, migrate: bool,
-                   eta: float = DEFAULT_ETA) -> ControllerConfig:
+    def controller(
+        self, name: str, placement: str, migrate: bool, eta: float = DEFAULT_ETA
+    ) -> ControllerConfig:
         """The controller's config for this pool (autoscaling off)."""
         return ControllerConfig(
-            name=name, placement=placement, migrate=migrate, autoscale=False,
-            initial_gpus=self.gpus, gpu_kind=self.gpu_kind, boot_delay_s=self.boot_delay_s,
-            t0=self.t0, gpu_id_prefix=self.gpu_id_prefix, retry_backoff_s=self.retry_backoff_s,
-            eta=eta)
+            name=name,
+            placement=placement,
+            migrate=migrate,
+            autoscale=False,
+            initial_gpus=self.gpus,
+            gpu_kind=self.gpu_kind,
+            boot_delay_s=self.boot_delay_s,
+            t0=self.t0,
+            gpu_id_prefix=self.gpu_id_prefix,
+            retry_backoff_s=self.retry_backoff_s,
+            eta=eta,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,14 +176,15 @@ class PolicySpec(Generic[AnyConfig]):
         accepted = self.params
         unknown = sorted(set(params) - accepted)
         if unknown:
-            raise TypeError(f"policy {self.name!r} does not take {', '.join(unknown)}; "
-                            f"it takes {', '.join(sorted(accepted))}")
+            raise TypeError(
+                f"policy {self.name!r} does not take {', '.join(unknown)}; "
+                f"it takes {', '.join(sorted(accepted))}"
+            )
         values: dict[str, Any] = dict(params)
         for alias, target in self.aliases.items():
             if alias in values:
                 if target in values:
-                    raise TypeError(f"policy {self.name!r}: give {alias} or {target}, "
-                                    f"not both")
+                    raise TypeError(f"policy {self.name!r}: give {alias} or {target}, not both")
                 values[target] = values.pop(alias)
         if issubclass(self.config_type, ControllerConfig):
             values["name"] = self.name
@@ -220,32 +231,42 @@ def get_policy(name: str, profiles: Profiles, config: PolicyConfig | None = None
     ``config`` (of the policy's own config type; None: its defaults)."""
     spec = policy_spec(name)
     if not isinstance(profiles, LatencyProfile | Mapping):
-        raise TypeError(f"policy {name!r}: profiles must be a LatencyProfile or a mapping of GPU "
-                        f"kind to LatencyProfile (load files with shared.profile), "
-                        f"got {type(profiles).__name__}")
+        raise TypeError(
+            f"policy {name!r}: profiles must be a LatencyProfile or a mapping of GPU "
+            f"kind to LatencyProfile (load files with shared.profile), "
+            f"got {type(profiles).__name__}"
+        )
     if config is None:
         config = spec.config({})
     elif type(config) is not spec.config_type:
-        raise TypeError(f"policy {name!r} takes a {spec.config_type.__name__}, "
-                        f"got {type(config).__name__}")
+        raise TypeError(
+            f"policy {name!r} takes a {spec.config_type.__name__}, got {type(config).__name__}"
+        )
     return spec.build(profiles, config)
 
 
 # ---- built-ins ------------------------------------------------------------------------------
 
+
 def _autoscaling(name: str, migrate: bool) -> PolicySpec[ControllerConfig]:
     def build(profiles: Profiles, config: ControllerConfig) -> Policy:
-        return Controller(profiles, dataclasses.replace(
-            config, name=name, migrate=migrate, autoscale=True,
-            placement="soonest_first_chunk"))
+        return Controller(
+            profiles,
+            dataclasses.replace(
+                config, name=name, migrate=migrate, autoscale=True, placement="soonest_first_chunk"
+            ),
+        )
 
-    return PolicySpec(name, ControllerConfig, build, autoscales=True,
-                      aliases={"gpus": "initial_gpus"})
+    return PolicySpec(
+        name, ControllerConfig, build, autoscales=True, aliases={"gpus": "initial_gpus"}
+    )
 
 
 def _no_autoscale(profiles: Profiles, config: NoAutoscaleConfig) -> Policy:
-    return Controller(profiles, config.controller("no_autoscale", "soonest_first_chunk",
-                                                  migrate=True, eta=config.eta))
+    return Controller(
+        profiles,
+        config.controller("no_autoscale", "soonest_first_chunk", migrate=True, eta=config.eta),
+    )
 
 
 def _static(name: str) -> PolicySpec[StaticConfig]:

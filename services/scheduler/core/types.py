@@ -28,20 +28,20 @@ from dataclasses import dataclass
 class GpuState(enum.StrEnum):
     """Lifecycle of one GPU in the pool. Every state costs money."""
 
-    BOOTING = "booting"    # requested, not yet able to take sessions
-    READY = "ready"        # takes sessions
+    BOOTING = "booting"  # requested, not yet able to take sessions
+    READY = "ready"  # takes sessions
     DRAINING = "draining"  # takes no new sessions; released once empty
 
 
 class EventKind(enum.StrEnum):
     # session events
-    ARRIVE = "arrive"      # a new session, active
-    ACTIVE = "active"      # idle -> active: needs a GPU again
-    IDLE = "idle"          # active -> idle: its state goes to host RAM
-    DEPART = "depart"      # the session ends
+    ARRIVE = "arrive"  # a new session, active
+    ACTIVE = "active"  # idle -> active: needs a GPU again
+    IDLE = "idle"  # active -> idle: its state goes to host RAM
+    DEPART = "depart"  # the session ends
     # pool events
     GPU_READY = "gpu_ready"  # a GPU finished booting (one the controller asked for, or not)
-    GPU_GONE = "gpu_gone"    # a GPU disappeared (failure or external removal)
+    GPU_GONE = "gpu_gone"  # a GPU disappeared (failure or external removal)
     GPU_DRAIN = "gpu_drain"  # an operator asks to empty a GPU and give it back
     # An operator empties a GPU and keeps it, out of placement and of the autoscaler's count,
     # until GPU_UNCORDON (or GPU_DRAIN, which gives it back once empty).
@@ -137,6 +137,7 @@ Decision = Assign | Migrate | Suspend | Resume | RequestGpus | Drain | Release
 
 # ---- what a restarted scheduler finds (Controller.restore) ------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class RestoredGpu:
     """A GPU a restarted scheduler finds in the pool: its kind and state; ``cordoned``: a
@@ -160,6 +161,7 @@ class RestoredSession:
     active: bool
     gpu_id: str | None = None
     in_host_ram: bool = False
+
 
 __all__ = [
     "Assign",

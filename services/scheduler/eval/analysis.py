@@ -49,8 +49,7 @@ class TraceFloors:
         self.capacity = capacity
         self.floor_h = floor_gpu_seconds(steps, capacity) / 3600.0
         self.with_boot_h = {
-            float(b): floor_with_boot_gpu_seconds(steps, capacity, b) / 3600.0
-            for b in boot_delays
+            float(b): floor_with_boot_gpu_seconds(steps, capacity, b) / 3600.0 for b in boot_delays
         }
         # The same with one session less per GPU: paced sessions at different phases stall
         # at a full batch (docs/evaluation.md), so no controller serves them at K for long.
@@ -95,7 +94,9 @@ def _match(rival: list[CurvePoint], ours: CurvePoint) -> dict[str, Any]:
     at_cost = latency_at_cost(rival, ours.cost)
     at_lat = cost_at_latency(rival, ours.latency)
     return {
-        "latency_reduction_at_matched_cost_pct": round(reduction_pct(at_cost.value, ours.latency), 3),
+        "latency_reduction_at_matched_cost_pct": round(
+            reduction_pct(at_cost.value, ours.latency), 3
+        ),
         "rival_latency_ms": round(at_cost.value, 1),
         "latency_match_in_range": at_cost.reached,
         "cost_reduction_at_matched_latency_pct": round(reduction_pct(at_lat.value, ours.cost), 3),
@@ -116,8 +117,9 @@ def _increase(ours: float, theirs: float) -> float:
     return 100.0 * (theirs / ours - 1.0) if ours > 0 else 0.0
 
 
-def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
-                  boot_delay_s: float) -> dict[str, Any]:
+def analyse_trace(
+    name: str, runs: Sequence[RunSummary], floors: TraceFloors, boot_delay_s: float
+) -> dict[str, Any]:
     curves = _curves(runs)
     ours_run = _one(curves, "turboserve")
     ours = _pt(ours_run)
@@ -145,7 +147,8 @@ def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
         }
     nm = _one(curves, "no_migration")
     ablation["no_migration"]["same_setting_cost_increase_pct"] = round(
-        _increase(ours.cost, nm.cost_gpu_h), 3)
+        _increase(ours.cost, nm.cost_gpu_h), 3
+    )
     ablation["no_migration"]["same_setting_p99_ms"] = round(nm.p99_ms, 1)
 
     # The autoscaler against the clairvoyant controller and the floor.
@@ -164,12 +167,13 @@ def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
         "gap_to_floor_pct": round(_increase(floors.floor_h, ours.cost), 3),
         "gap_to_floor_with_boot_pct": round(_increase(floor_boot, ours.cost), 3),
         "clairvoyant_gap_to_floor_pct": round(_increase(floors.floor_h, clair.cost_gpu_h), 3),
-        "clairvoyant_gap_to_floor_with_boot_pct": round(
-            _increase(floor_boot, clair.cost_gpu_h), 3),
+        "clairvoyant_gap_to_floor_with_boot_pct": round(_increase(floor_boot, clair.cost_gpu_h), 3),
         "floor_with_boot_below_k_gpu_hours": round(
-            floors.with_boot_below_k_h.get(float(boot_delay_s), floor_boot), 4),
-        "gap_to_floor_with_boot_below_k_pct": round(_increase(
-            floors.with_boot_below_k_h.get(float(boot_delay_s), floor_boot), ours.cost), 3),
+            floors.with_boot_below_k_h.get(float(boot_delay_s), floor_boot), 4
+        ),
+        "gap_to_floor_with_boot_below_k_pct": round(
+            _increase(floors.with_boot_below_k_h.get(float(boot_delay_s), floor_boot), ours.cost), 3
+        ),
     }
 
     predictive = _predictive(curves, points, ours_run, floors)
@@ -181,9 +185,11 @@ def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
         lat = _best(matched, STATIC_BASELINES, "rival_latency_ms", "latency_match_in_range")
         cost = _best(matched, STATIC_BASELINES, "rival_cost_gpu_hours", "cost_match_in_range")
         row["latency_reduction_vs_best_baseline_pct"] = matched[lat][
-            "latency_reduction_at_matched_cost_pct"]
+            "latency_reduction_at_matched_cost_pct"
+        ]
         row["cost_reduction_vs_best_baseline_pct"] = matched[cost][
-            "cost_reduction_at_matched_latency_pct"]
+            "cost_reduction_at_matched_latency_pct"
+        ]
     bound = _lower_bound(runs, floors)
     slo = service_level(curves, ours_run)
 
@@ -193,19 +199,29 @@ def analyse_trace(name: str, runs: Sequence[RunSummary], floors: TraceFloors,
         "turboserve": ours_run.to_json(),
         "vs": vs,
         "best_baseline": {
-            "latency_reduction_at_matched_cost_pct": vs[best_lat]["latency_reduction_at_matched_cost_pct"],
+            "latency_reduction_at_matched_cost_pct": vs[best_lat][
+                "latency_reduction_at_matched_cost_pct"
+            ],
             "latency_best_baseline": best_lat,
-            "cost_reduction_at_matched_latency_pct": vs[best_cost]["cost_reduction_at_matched_latency_pct"],
+            "cost_reduction_at_matched_latency_pct": vs[best_cost][
+                "cost_reduction_at_matched_latency_pct"
+            ],
             "cost_best_baseline": best_cost,
-            "latency_reduction_clamped_included_pct":
-                vs[clamped_lat]["latency_reduction_at_matched_cost_pct"],
-            "cost_reduction_clamped_included_pct":
-                vs[clamped_cost]["cost_reduction_at_matched_latency_pct"],
+            "latency_reduction_clamped_included_pct": vs[clamped_lat][
+                "latency_reduction_at_matched_cost_pct"
+            ],
+            "cost_reduction_clamped_included_pct": vs[clamped_cost][
+                "cost_reduction_at_matched_latency_pct"
+            ],
         },
         "best_rival": {
-            "latency_reduction_at_matched_cost_pct": vs[best_rival_lat]["latency_reduction_at_matched_cost_pct"],
+            "latency_reduction_at_matched_cost_pct": vs[best_rival_lat][
+                "latency_reduction_at_matched_cost_pct"
+            ],
             "latency_best_rival": best_rival_lat,
-            "cost_reduction_at_matched_latency_pct": vs[best_rival_cost]["cost_reduction_at_matched_latency_pct"],
+            "cost_reduction_at_matched_latency_pct": vs[best_rival_cost][
+                "cost_reduction_at_matched_latency_pct"
+            ],
             "cost_best_rival": best_rival_cost,
         },
         "ablation": ablation,
@@ -223,8 +239,12 @@ def _attainment_curve(runs: list[RunSummary]) -> list[CurvePoint]:
     return [CurvePoint(r.cost_gpu_h, 1.0 - r.attainment) for r in runs]
 
 
-def _predictive(curves: dict[str, list[RunSummary]], points: dict[str, list[CurvePoint]],
-                ours_run: RunSummary, floors: TraceFloors) -> dict[str, Any]:
+def _predictive(
+    curves: dict[str, list[RunSummary]],
+    points: dict[str, list[CurvePoint]],
+    ours_run: RunSummary,
+    floors: TraceFloors,
+) -> dict[str, Any]:
     pred = _one(curves, "turboserve_predictive")
     at_att = cost_at_latency(_attainment_curve(curves["turboserve"]), 1.0 - pred.attainment)
     at_p99 = cost_at_latency(points["turboserve"], pred.p99_ms)
@@ -234,16 +254,25 @@ def _predictive(curves: dict[str, list[RunSummary]], points: dict[str, list[Curv
         "attainment": round(pred.attainment, 5),
         "turboserve_attainment": round(ours_run.attainment, 5),
         "gap_to_floor_pct": round(_increase(floors.floor_h, pred.cost_gpu_h), 3),
-        "cost_vs_turboserve_same_setting_pct": round(_increase(ours_run.cost_gpu_h, pred.cost_gpu_h), 3),
-        "cost_vs_turboserve_matched_attainment_pct": round(_increase(at_att.value, pred.cost_gpu_h), 3),
+        "cost_vs_turboserve_same_setting_pct": round(
+            _increase(ours_run.cost_gpu_h, pred.cost_gpu_h), 3
+        ),
+        "cost_vs_turboserve_matched_attainment_pct": round(
+            _increase(at_att.value, pred.cost_gpu_h), 3
+        ),
         "matched_attainment_in_range": at_att.reached,
         "cost_vs_turboserve_matched_p99_pct": round(_increase(at_p99.value, pred.cost_gpu_h), 3),
         "matched_p99_in_range": at_p99.reached,
     }
 
 
-def _sensitivity(curves: dict[str, list[RunSummary]], floors: TraceFloors,
-                 ours_run: RunSummary, clair: RunSummary, boot_delay_s: float) -> dict[str, Any]:
+def _sensitivity(
+    curves: dict[str, list[RunSummary]],
+    floors: TraceFloors,
+    ours_run: RunSummary,
+    clair: RunSummary,
+    boot_delay_s: float,
+) -> dict[str, Any]:
     boot: dict[str, Any] = {}
     for b, floor_h in sorted(floors.with_boot_h.items()):
         if b == float(boot_delay_s):
@@ -253,13 +282,20 @@ def _sensitivity(curves: dict[str, list[RunSummary]], floors: TraceFloors,
             if key not in curves:
                 continue
             ts, cv = _one(curves, key), _one(curves, f"{key}_clairvoyant")
-        clair_curve = curves["clairvoyant"] if b == float(boot_delay_s) else curves.get(
-            f"sens_boot_{b:g}_clairvoyant", [])
+        clair_curve = (
+            curves["clairvoyant"]
+            if b == float(boot_delay_s)
+            else curves.get(f"sens_boot_{b:g}_clairvoyant", [])
+        )
         matched = None
         if len(clair_curve) > 1:
             m = cost_at_latency([_pt(r) for r in clair_curve], ts.p99_ms)
-            matched = {"gap_to_clairvoyant_matched_latency_pct": round(
-                _increase(m.value, ts.cost_gpu_h), 3), "clairvoyant_match_in_range": m.reached}
+            matched = {
+                "gap_to_clairvoyant_matched_latency_pct": round(
+                    _increase(m.value, ts.cost_gpu_h), 3
+                ),
+                "clairvoyant_match_in_range": m.reached,
+            }
         boot[f"{b:g}"] = {
             **(matched or {}),
             "turboserve_cost_gpu_hours": round(ts.cost_gpu_h, 4),
@@ -273,8 +309,7 @@ def _sensitivity(curves: dict[str, list[RunSummary]], floors: TraceFloors,
         }
     migration: dict[str, Any] = {}
     nm = _one(curves, "no_migration")
-    for label, run, nom in (("nvlink", ours_run, nm),
-                           ("pcie", _get(curves, "sens_pcie"), nm)):
+    for label, run, nom in (("nvlink", ours_run, nm), ("pcie", _get(curves, "sens_pcie"), nm)):
         if run is None or nom is None:
             continue
         migration[label] = {
@@ -312,13 +347,17 @@ def _lower_bound(runs: Sequence[RunSummary], floors: TraceFloors) -> dict[str, A
         "runs_checked_against_floor": len(full),
         "runs_excluded_from_floor_check": len(runs) - len(full),
         "runs_below_floor": [
-            {"curve": r.spec.curve, "params": r.to_json()["params"],
-             "cost_gpu_hours": round(r.cost_gpu_h, 4),
-             "unserved_session_seconds": round(r.unserved_session_s, 1)}
+            {
+                "curve": r.spec.curve,
+                "params": r.to_json()["params"],
+                "cost_gpu_hours": round(r.cost_gpu_h, 4),
+                "unserved_session_seconds": round(r.unserved_session_s, 1),
+            }
             for r in below
         ],
         "min_cost_over_floor": round(min(r.cost_gpu_h for r in runs) / floors.floor_h, 4)
-        if floors.floor_h > 0 else None,
+        if floors.floor_h > 0
+        else None,
     }
 
 
@@ -330,12 +369,17 @@ def _oracle_gap(traces: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Our gap to the clairvoyant controller at matched p99, over the traces where the
     clairvoyant's sweep reaches our p99: elsewhere its cost there is a clamp to an end of its
     sweep, not a cost, and the trace is named in ``left_out``."""
-    inside = {name: x["oracle"]["gap_to_clairvoyant_matched_latency_pct"]
-              for name, x in traces.items() if x["oracle"]["clairvoyant_match_in_range"]}
+    inside = {
+        name: x["oracle"]["gap_to_clairvoyant_matched_latency_pct"]
+        for name, x in traces.items()
+        if x["oracle"]["clairvoyant_match_in_range"]
+    }
     values = list(inside.values())
-    return {**(_avg_max(values) if values else {"avg": None, "max": None}),
-            "traces_averaged": len(values),
-            "left_out": [name for name in traces if name not in inside]}
+    return {
+        **(_avg_max(values) if values else {"avg": None, "max": None}),
+        "traces_averaged": len(values),
+        "left_out": [name for name in traces if name not in inside],
+    }
 
 
 def summarise(traces: dict[str, dict[str, Any]], placement: dict[str, Any]) -> dict[str, Any]:
@@ -347,74 +391,115 @@ def summarise(traces: dict[str, dict[str, Any]], placement: dict[str, Any]) -> d
         "cost_reduction_at_matched_latency_pct": {
             "avg_vs_best_baseline": round(statistics.fmean(cost), 3),
             "max_vs_best_baseline": round(max(cost), 3),
-            "avg_vs_best_rival": round(statistics.fmean(
-                [x["best_rival"]["cost_reduction_at_matched_latency_pct"] for x in t]), 3),
-            "avg_vs_best_baseline_clamped_included": round(statistics.fmean(
-                [x["best_baseline"]["cost_reduction_clamped_included_pct"] for x in t]), 3),
+            "avg_vs_best_rival": round(
+                statistics.fmean(
+                    [x["best_rival"]["cost_reduction_at_matched_latency_pct"] for x in t]
+                ),
+                3,
+            ),
+            "avg_vs_best_baseline_clamped_included": round(
+                statistics.fmean(
+                    [x["best_baseline"]["cost_reduction_clamped_included_pct"] for x in t]
+                ),
+                3,
+            ),
         },
         "latency_reduction_at_matched_cost_pct": {
             "avg_vs_best_baseline": round(statistics.fmean(lat), 3),
             "max_vs_best_baseline": round(max(lat), 3),
-            "avg_vs_best_rival": round(statistics.fmean(
-                [x["best_rival"]["latency_reduction_at_matched_cost_pct"] for x in t]), 3),
-            "avg_vs_best_baseline_clamped_included": round(statistics.fmean(
-                [x["best_baseline"]["latency_reduction_clamped_included_pct"] for x in t]), 3),
+            "avg_vs_best_rival": round(
+                statistics.fmean(
+                    [x["best_rival"]["latency_reduction_at_matched_cost_pct"] for x in t]
+                ),
+                3,
+            ),
+            "avg_vs_best_baseline_clamped_included": round(
+                statistics.fmean(
+                    [x["best_baseline"]["latency_reduction_clamped_included_pct"] for x in t]
+                ),
+                3,
+            ),
         },
         "ablation_cost_increase_pct": {
-            "no_migration": round(statistics.fmean(
-                [x["ablation"]["no_migration"]["cost_increase_pct"] for x in t]), 3),
-            "no_autoscale": round(statistics.fmean(
-                [x["ablation"]["no_autoscale"]["cost_increase_pct"] for x in t]), 3),
-            "no_migration_max": round(max(
-                x["ablation"]["no_migration"]["cost_increase_pct"] for x in t), 3),
-            "no_autoscale_max": round(max(
-                x["ablation"]["no_autoscale"]["cost_increase_pct"] for x in t), 3),
+            "no_migration": round(
+                statistics.fmean([x["ablation"]["no_migration"]["cost_increase_pct"] for x in t]), 3
+            ),
+            "no_autoscale": round(
+                statistics.fmean([x["ablation"]["no_autoscale"]["cost_increase_pct"] for x in t]), 3
+            ),
+            "no_migration_max": round(
+                max(x["ablation"]["no_migration"]["cost_increase_pct"] for x in t), 3
+            ),
+            "no_autoscale_max": round(
+                max(x["ablation"]["no_autoscale"]["cost_increase_pct"] for x in t), 3
+            ),
         },
         "autoscaler_gap_to_oracle_pct": {
             **_oracle_gap(traces),
-            "same_rho_avg": round(statistics.fmean(
-                [x["oracle"]["gap_to_clairvoyant_same_rho_pct"] for x in t]), 3),
+            "same_rho_avg": round(
+                statistics.fmean([x["oracle"]["gap_to_clairvoyant_same_rho_pct"] for x in t]), 3
+            ),
         },
         "autoscaler_gap_to_floor_pct": {
             **_avg_max([x["oracle"]["gap_to_floor_pct"] for x in t]),
-            "with_boot_avg": round(statistics.fmean(
-                [x["oracle"]["gap_to_floor_with_boot_pct"] for x in t]), 3),
+            "with_boot_avg": round(
+                statistics.fmean([x["oracle"]["gap_to_floor_with_boot_pct"] for x in t]), 3
+            ),
         },
         "gap_to_boot_aware_floor_pct": {
-            "avg": round(statistics.fmean(
-                [x["oracle"]["gap_to_floor_with_boot_pct"] for x in t]), 3),
-            "per_trace": {name: x["oracle"]["gap_to_floor_with_boot_pct"]
-                          for name, x in traces.items()},
+            "avg": round(
+                statistics.fmean([x["oracle"]["gap_to_floor_with_boot_pct"] for x in t]), 3
+            ),
+            "per_trace": {
+                name: x["oracle"]["gap_to_floor_with_boot_pct"] for name, x in traces.items()
+            },
             # What stands in the way: the clairvoyant controller's own gap, and ours to the
             # same floor with one session less per GPU.
-            "clairvoyant_avg": round(statistics.fmean(
-                [x["oracle"]["clairvoyant_gap_to_floor_with_boot_pct"] for x in t]), 3),
-            "below_k_avg": round(statistics.fmean(
-                [x["oracle"]["gap_to_floor_with_boot_below_k_pct"] for x in t]), 3),
+            "clairvoyant_avg": round(
+                statistics.fmean(
+                    [x["oracle"]["clairvoyant_gap_to_floor_with_boot_pct"] for x in t]
+                ),
+                3,
+            ),
+            "below_k_avg": round(
+                statistics.fmean([x["oracle"]["gap_to_floor_with_boot_below_k_pct"] for x in t]), 3
+            ),
         },
         **slo_summary(traces),
         "predictive_gap_to_floor_pct": _avg_max([x["predictive"]["gap_to_floor_pct"] for x in t]),
         "placement_gap_to_oracle_pct": {
-            "avg": placement["avg"], "max": placement["max"],
+            "avg": placement["avg"],
+            "max": placement["max"],
             "instances": placement["instances"],
-            **({"tight_capacity_4_avg": placement["tight_capacity_4"]["avg"],
-                "tight_capacity_4_max": placement["tight_capacity_4"]["max"]}
-               if "tight_capacity_4" in placement else {}),
+            **(
+                {
+                    "tight_capacity_4_avg": placement["tight_capacity_4"]["avg"],
+                    "tight_capacity_4_max": placement["tight_capacity_4"]["max"],
+                }
+                if "tight_capacity_4" in placement
+                else {}
+            ),
         },
-        **({"placement_mixed_kinds": placement["mixed_kinds"]}
-           if "mixed_kinds" in placement else {}),
+        **(
+            {"placement_mixed_kinds": placement["mixed_kinds"]}
+            if "mixed_kinds" in placement
+            else {}
+        ),
         "by_boot_delay_s": _by_boot(t),
         "oracle_is_lower_bound": all(x["lower_bound"]["holds"] for x in t),
         "lower_bound_runs": {
             "runs": sum(x["lower_bound"]["runs"] for x in t),
-            "checked_against_floor": sum(x["lower_bound"]["runs_checked_against_floor"]
-                                         for x in t),
+            "checked_against_floor": sum(x["lower_bound"]["runs_checked_against_floor"] for x in t),
             "excluded_from_floor_check": sum(
-                x["lower_bound"]["runs_excluded_from_floor_check"] for x in t),
+                x["lower_bound"]["runs_excluded_from_floor_check"] for x in t
+            ),
         },
         "out_of_range_matches": sum(
-            1 for x in t for b in STATIC_BASELINES
-            for k in ("latency_match_in_range", "cost_match_in_range") if not x["vs"][b][k]
+            1
+            for x in t
+            for b in STATIC_BASELINES
+            for k in ("latency_match_in_range", "cost_match_in_range")
+            if not x["vs"][b][k]
         ),
     }
 
@@ -424,15 +509,25 @@ def _by_boot(t: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     boots = t[0]["sensitivity"]["boot_delay_s"].keys() if t else ()
     for b in boots:
-        rows = [x["sensitivity"]["boot_delay_s"][b] for x in t if b in x["sensitivity"]["boot_delay_s"]]
-        keys = ["latency_reduction_vs_best_baseline_pct", "cost_reduction_vs_best_baseline_pct",
-                "gap_to_clairvoyant_same_rho_pct", "gap_to_floor_with_boot_pct"]
+        rows = [
+            x["sensitivity"]["boot_delay_s"][b] for x in t if b in x["sensitivity"]["boot_delay_s"]
+        ]
+        keys = [
+            "latency_reduction_vs_best_baseline_pct",
+            "cost_reduction_vs_best_baseline_pct",
+            "gap_to_clairvoyant_same_rho_pct",
+            "gap_to_floor_with_boot_pct",
+        ]
         out[b] = {key: round(statistics.fmean(r[key] for r in rows), 3) for key in keys}
         # At matched p99, only where the clairvoyant's sweep reaches our p99 (see _oracle_gap).
-        inside = [r["gap_to_clairvoyant_matched_latency_pct"] for r in rows
-                  if r.get("clairvoyant_match_in_range")]
+        inside = [
+            r["gap_to_clairvoyant_matched_latency_pct"]
+            for r in rows
+            if r.get("clairvoyant_match_in_range")
+        ]
         if all("gap_to_clairvoyant_matched_latency_pct" in r for r in rows):
             out[b]["gap_to_clairvoyant_matched_latency_pct"] = (
-                round(statistics.fmean(inside), 3) if inside else None)
+                round(statistics.fmean(inside), 3) if inside else None
+            )
             out[b]["gap_to_clairvoyant_matched_latency_traces"] = len(inside)
     return out

@@ -17,30 +17,48 @@ def register(sim_subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "evaluate",
         help="oracles, matched comparisons, ablations, sensitivity; tables, plots and JSON",
     )
-    parser.add_argument("--traces", type=Path, default=None,
-                        help="a folder of trace CSVs (.csv / .csv.gz); default: the seven "
-                             "built-in traces")
+    parser.add_argument(
+        "--traces",
+        type=Path,
+        default=None,
+        help="a folder of trace CSVs (.csv / .csv.gz); default: the seven built-in traces",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
-    parser.add_argument("--quick", action="store_true",
-                        help="coarser sweeps (under 2 minutes on a 2-core machine)")
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="worker processes (default: min(2, CPUs))")
-    parser.add_argument("--placement-instances", type=int, default=1000,
-                        help="random instances for the placement oracle (default 1000)")
-    parser.add_argument("--markdown", type=Path, default=None,
-                        help="also write the markdown tables to this file")
-    parser.add_argument("--profiles", default=None, metavar="LIST",
-                        help="comma-separated latency profiles (shipped names or JSON paths); "
-                             "default: the paper's H20 and our measured H200 "
-                             "(h20-longlive-1.3b-nvlink,h200-wan-1.3b-measured); the first "
-                             "one's figures head the report")
-    parser.add_argument("--scale", default="1", metavar="LIST",
-                        help="comma-separated scales (default 1): at scale N each "
-                             "trace is N copies of itself superposed, each shifted by a seeded "
-                             "0-40 s offset (the trace <name>_xN); the first scale's figures "
-                             "head the report, and the JSON and markdown are written again "
-                             "after each scale")
+    parser.add_argument(
+        "--quick", action="store_true", help="coarser sweeps (under 2 minutes on a 2-core machine)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="worker processes (default: min(2, CPUs))"
+    )
+    parser.add_argument(
+        "--placement-instances",
+        type=int,
+        default=1000,
+        help="random instances for the placement oracle (default 1000)",
+    )
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="also write the markdown tables to this file"
+    )
+    parser.add_argument(
+        "--profiles",
+        default=None,
+        metavar="LIST",
+        help="comma-separated latency profiles (shipped names or JSON paths); "
+        "default: the paper's H20 and our measured H200 "
+        "(h20-longlive-1.3b-nvlink,h200-wan-1.3b-measured); the first "
+        "one's figures head the report",
+    )
+    parser.add_argument(
+        "--scale",
+        default="1",
+        metavar="LIST",
+        help="comma-separated scales (default 1): at scale N each "
+        "trace is N copies of itself superposed, each shifted by a seeded "
+        "0-40 s offset (the trace <name>_xN); the first scale's figures "
+        "head the report, and the JSON and markdown are written again "
+        "after each scale",
+    )
     parser.set_defaults(func=run)
     from services.scheduler.eval import results
 
@@ -65,11 +83,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         scales = tuple(int(x) for x in args.scale.split(",") if x.strip())
     except ValueError:
-        return fail("sim evaluate", f"--scale takes whole numbers separated by commas, got "
-                                    f"{args.scale!r}")
+        return fail(
+            "sim evaluate", f"--scale takes whole numbers separated by commas, got {args.scale!r}"
+        )
     if not scales or any(n < 1 for n in scales) or len(set(scales)) != len(scales):
-        return fail("sim evaluate", f"--scale needs distinct whole numbers >= 1, got "
-                                    f"{args.scale!r}")
+        return fail(
+            "sim evaluate", f"--scale needs distinct whole numbers >= 1, got {args.scale!r}"
+        )
     try:
         if args.traces is not None:
             keys = trace_keys_from_dir(args.traces)
@@ -77,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
             from services.scheduler.sim.synth import BUILTIN_NAMES
 
             keys = list(BUILTIN_NAMES)
-        profiles = (DEFAULT_PROFILES if args.profiles is None else
-                    tuple(p.strip() for p in args.profiles.split(",") if p.strip()))
+        profiles = (
+            DEFAULT_PROFILES
+            if args.profiles is None
+            else tuple(p.strip() for p in args.profiles.split(",") if p.strip())
+        )
         if not profiles:
             return fail("sim evaluate", "--profiles needs at least one profile")
         for name in profiles:
@@ -93,8 +116,15 @@ def run(args: argparse.Namespace) -> int:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(result.document, indent=2) + "\n")
 
-        result = evaluate_scales(keys, profiles, scales, quick=args.quick, jobs=args.jobs,
-                                 placement_instances=args.placement_instances, done=write)
+        result = evaluate_scales(
+            keys,
+            profiles,
+            scales,
+            quick=args.quick,
+            jobs=args.jobs,
+            placement_instances=args.placement_instances,
+            done=write,
+        )
     except (TraceError, ProfileError, SimulationError, PolicyError, FileNotFoundError) as exc:
         # A bad trace file (named, with its line where known), not a traceback.
         return fail("sim evaluate", exc)

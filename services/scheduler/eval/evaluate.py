@@ -34,8 +34,16 @@ from services.scheduler.eval.runs import (
     run_all,
 )
 
-__all__ = ["DEFAULT_PROFILES", "Evaluation", "costs_at_slo", "evaluate", "evaluate_profiles",
-           "evaluate_scales", "scaled_keys", "trace_keys_from_dir"]
+__all__ = [
+    "DEFAULT_PROFILES",
+    "Evaluation",
+    "costs_at_slo",
+    "evaluate",
+    "evaluate_profiles",
+    "evaluate_scales",
+    "scaled_keys",
+    "trace_keys_from_dir",
+]
 
 # The paper's H20 (derived, batches well: K = 12) and our wan-1.3b on one H200 (measured,
 # batches hardly at all: K = 2).
@@ -57,8 +65,11 @@ def trace_keys_from_dir(folder: str | Path) -> list[str]:
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"--traces {root}: not a directory")
-    keys = sorted(str(p) for p in root.iterdir()
-                  if p.is_file() and (p.name.endswith(".csv") or p.name.endswith(".csv.gz")))
+    keys = sorted(
+        str(p)
+        for p in root.iterdir()
+        if p.is_file() and (p.name.endswith(".csv") or p.name.endswith(".csv.gz"))
+    )
     if not keys:
         raise FileNotFoundError(f"--traces {root}: no .csv or .csv.gz trace files")
     return keys
@@ -72,10 +83,17 @@ def scaled_keys(trace_keys: list[str], scale: int) -> list[str]:
     return list(trace_keys) if scale == 1 else [f"{key}_x{scale}" for key in trace_keys]
 
 
-def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = None,
-             placement_instances: int = 1000, progress: bool = True,
-             cfg: PlanConfig | None = None, scale: int = 1,
-             placement: dict[str, Any] | None = None) -> Evaluation:
+def evaluate(
+    trace_keys: list[str],
+    *,
+    quick: bool = False,
+    jobs: int | None = None,
+    placement_instances: int = 1000,
+    progress: bool = True,
+    cfg: PlanConfig | None = None,
+    scale: int = 1,
+    placement: dict[str, Any] | None = None,
+) -> Evaluation:
     """The evaluation of one profile (``cfg``) on the traces at ``scale``; ``placement``: the
     placement gap measured already (it depends on no trace), else measured here on
     ``placement_instances`` instances."""
@@ -109,13 +127,13 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     for summary in run_all(specs, jobs=jobs, progress=progress):
         by_trace[names[summary.spec.trace]].append(summary)
     peaks = {name: fl.peak_active for name, fl in floors.items()}
-    added = _extend_sweeps(by_trace, peaks, specs, names, capacity, jobs=jobs,
-                           progress=progress)
+    added = _extend_sweeps(by_trace, peaks, specs, names, capacity, jobs=jobs, progress=progress)
     if placement is None and placement_instances > 0:
         measured: dict[str, Any] = placement_gap(profile, instances=placement_instances).to_json()
         # The same with K = 4, so that capacity binds on instances of at most 12 sessions.
         measured["tight_capacity_4"] = placement_gap(
-            profile, instances=placement_instances, capacity=4).to_json()
+            profile, instances=placement_instances, capacity=4
+        ).to_json()
         measured["mixed_kinds"] = _mixed_placement(placement_instances)
         placement = measured
     elif placement is None:  # measured once, with the first profile (evaluate_profiles)
@@ -128,7 +146,8 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     planned = set(specs)
     for name, runs in by_trace.items():
         per_trace[name]["sweep_extension"] = extension_report(
-            runs, planned, floors[name].peak_active, capacity)
+            runs, planned, floors[name].peak_active, capacity
+        )
     document = {
         "scale": scale,
         "summary": {"scale": scale, **summarise(per_trace, placement)},
@@ -152,9 +171,9 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
                 "headroom_cap": HEADROOM_CAP,
                 "static_cap_factor": STATIC_CAP_FACTOR,
                 "rule": "a curve that misses the service level gets more headroom (its knob "
-                        "at the steps below its sweep's lowest, down to the cap) or a larger "
-                        "static pool (up to the factor times the count the peak needs at K, "
-                        "then bisected to one GPU)",
+                "at the steps below its sweep's lowest, down to the cap) or a larger "
+                "static pool (up to the factor times the count the peak needs at K, "
+                "then bisected to one GPU)",
             },
             "wall_s": round(time.perf_counter() - started, 1),
         },
@@ -162,9 +181,16 @@ def evaluate(trace_keys: list[str], *, quick: bool = False, jobs: int | None = N
     return Evaluation(document, by_trace, floors, names[plot_key])
 
 
-def _extend_sweeps(by_trace: dict[str, list[RunSummary]], peaks: dict[str, int],
-                   specs: list[RunSpec], name_of: dict[str, str], capacity: int, *,
-                   jobs: int | None, progress: bool) -> int:
+def _extend_sweeps(
+    by_trace: dict[str, list[RunSummary]],
+    peaks: dict[str, int],
+    specs: list[RunSpec],
+    name_of: dict[str, str],
+    capacity: int,
+    *,
+    jobs: int | None,
+    progress: bool,
+) -> int:
     """Round after round, the runs ``extend.py`` asks for on curves that miss the service
     level, until none is asked for; returns how many were run. ``peaks``: each trace's most
     active sessions at once, by name."""
@@ -177,8 +203,11 @@ def _extend_sweeps(by_trace: dict[str, list[RunSummary]], peaks: dict[str, int],
             planned_top[name] = max(planned_top[name], int(spec.param("gpus")))
     added = 0
     while True:
-        extra = [spec for name, runs in by_trace.items()
-                 for spec in next_runs(runs, peaks[name], capacity, planned_top[name])]
+        extra = [
+            spec
+            for name, runs in by_trace.items()
+            for spec in next_runs(runs, peaks[name], capacity, planned_top[name])
+        ]
         if not extra:
             return added
         added += len(extra)
@@ -186,9 +215,16 @@ def _extend_sweeps(by_trace: dict[str, list[RunSummary]], peaks: dict[str, int],
             by_trace[name_of[summary.spec.trace]].append(summary)
 
 
-def costs_at_slo(trace_key: str, policies: Sequence[str], *, profile: str = DEFAULT_PROFILE,
-                 boot_delay_s: float = 30.0, quick: bool = False, jobs: int | None = None,
-                 progress: bool = True) -> dict[str, dict[str, Any] | None]:
+def costs_at_slo(
+    trace_key: str,
+    policies: Sequence[str],
+    *,
+    profile: str = DEFAULT_PROFILE,
+    boot_delay_s: float = 30.0,
+    quick: bool = False,
+    jobs: int | None = None,
+    progress: bool = True,
+) -> dict[str, dict[str, Any] | None]:
     """What each policy pays to serve 99% of chunk periods on time on one trace, the figure
     ``sim evaluate`` gives for it: the policy's sweep as the evaluation plans it (its main plan
     for the first default profile at scale 1, the other plan otherwise: ``for_profile``),
@@ -206,17 +242,27 @@ def costs_at_slo(trace_key: str, policies: Sequence[str], *, profile: str = DEFA
     prime_trace_cache({trace_key: trace})
     capacity = load_profile(profile).capacity
     base = PlanConfig.quick() if quick else PlanConfig.full()
-    cfg = replace(base.for_profile(profile, main=(profile == DEFAULT_PROFILES[0]
-                                                  and scale_of(trace.name) == 1)),
-                  boot_delay_s=boot_delay_s)
+    cfg = replace(
+        base.for_profile(
+            profile, main=(profile == DEFAULT_PROFILES[0] and scale_of(trace.name) == 1)
+        ),
+        boot_delay_s=boot_delay_s,
+    )
     initial = trace.initial_active(max(boot_delay_s, WARM_START_MIN_WINDOW_S))
     facts = TraceFacts(trace_key, trace.name, trace.peak_active(), initial, capacity)
     specs = plan_trace(facts, cfg)
     wanted = [spec for spec in specs if spec.curve in policies]
     runs = list(run_all(wanted, jobs=jobs, progress=progress))
     by_trace = {trace.name: runs}
-    _extend_sweeps(by_trace, {trace.name: facts.peak_active}, specs, {trace_key: trace.name},
-                   capacity, jobs=jobs, progress=progress)
+    _extend_sweeps(
+        by_trace,
+        {trace.name: facts.peak_active},
+        specs,
+        {trace_key: trace.name},
+        capacity,
+        jobs=jobs,
+        progress=progress,
+    )
     out: dict[str, dict[str, Any] | None] = {}
     for policy in policies:
         curve = [r for r in by_trace[trace.name] if r.spec.curve == policy]
@@ -255,22 +301,38 @@ def _mixed_placement(instances: int) -> dict[str, Any]:
     from shared.profile import load_profile
 
     h20, h200 = load_profile(DEFAULT_PROFILES[0]), load_profile(DEFAULT_PROFILES[1])
-    flat = replace(h20, name="flat", gpu_memory_bytes=None,
-                   chunk_ms_table=tuple(800.0 + 25.0 * b for b in range(1, 16)))
-    steep = replace(h20, name="steep", gpu_memory_bytes=None,
-                    chunk_ms_table=tuple(150.0 + 150.0 * b for b in range(1, 8)))
+    flat = replace(
+        h20,
+        name="flat",
+        gpu_memory_bytes=None,
+        chunk_ms_table=tuple(800.0 + 25.0 * b for b in range(1, 16)),
+    )
+    steep = replace(
+        h20,
+        name="steep",
+        gpu_memory_bytes=None,
+        chunk_ms_table=tuple(150.0 + 150.0 * b for b in range(1, 8)),
+    )
     return {
         "h20_h200": placement_gap_mixed([h20, h200], instances=instances).to_json(),
         "crossing": placement_gap_mixed([flat, steep], instances=instances).to_json(),
-        "crossing_eta_1": placement_gap_mixed([flat, steep], instances=instances,
-                                              eta=1.0).to_json(),
+        "crossing_eta_1": placement_gap_mixed(
+            [flat, steep], instances=instances, eta=1.0
+        ).to_json(),
     }
 
 
-def evaluate_profiles(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT_PROFILES, *,
-                      quick: bool = False, jobs: int | None = None,
-                      placement_instances: int = 1000, progress: bool = True,
-                      scale: int = 1, placement: dict[str, Any] | None = None) -> Evaluation:
+def evaluate_profiles(
+    trace_keys: list[str],
+    profiles: tuple[str, ...] = DEFAULT_PROFILES,
+    *,
+    quick: bool = False,
+    jobs: int | None = None,
+    placement_instances: int = 1000,
+    progress: bool = True,
+    scale: int = 1,
+    placement: dict[str, Any] | None = None,
+) -> Evaluation:
     """:func:`evaluate` on each profile, the traces at ``scale``. The first profile's
     evaluation is the document's top level (plots, tables); ``by_profile`` holds every
     profile's ``summary``, ``traces`` and ``config``. Profiles after the first, and every
@@ -283,13 +345,22 @@ def evaluate_profiles(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT
     by_profile: dict[str, Any] = {}
     for i, name in enumerate(profiles):
         cfg = base.for_profile(name, main=(i == 0 and scale == 1))
-        result = evaluate(scaled_keys(trace_keys, scale), quick=quick, jobs=jobs,
-                          placement_instances=placement_instances if i == 0 else 0,
-                          progress=progress, cfg=cfg, scale=scale,
-                          placement=placement if i == 0 else None)
+        result = evaluate(
+            scaled_keys(trace_keys, scale),
+            quick=quick,
+            jobs=jobs,
+            placement_instances=placement_instances if i == 0 else 0,
+            progress=progress,
+            cfg=cfg,
+            scale=scale,
+            placement=placement if i == 0 else None,
+        )
         doc = result.document
-        by_profile[name] = {"summary": doc["summary"], "traces": doc["traces"],
-                            "config": doc["config"]}
+        by_profile[name] = {
+            "summary": doc["summary"],
+            "traces": doc["traces"],
+            "config": doc["config"],
+        }
         if first is None:
             first = result
     assert first is not None
@@ -297,11 +368,17 @@ def evaluate_profiles(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT
     return first
 
 
-def evaluate_scales(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT_PROFILES,
-                    scales: tuple[int, ...] = (1,), *, quick: bool = False,
-                    jobs: int | None = None, placement_instances: int = 1000,
-                    progress: bool = True,
-                    done: Callable[[Evaluation], None] | None = None) -> Evaluation:
+def evaluate_scales(
+    trace_keys: list[str],
+    profiles: tuple[str, ...] = DEFAULT_PROFILES,
+    scales: tuple[int, ...] = (1,),
+    *,
+    quick: bool = False,
+    jobs: int | None = None,
+    placement_instances: int = 1000,
+    progress: bool = True,
+    done: Callable[[Evaluation], None] | None = None,
+) -> Evaluation:
     """:func:`evaluate_profiles` at each scale. The first scale's evaluation is the document's
     top level; ``by_scale`` maps every scale (as text: JSON keys) to its ``scale`` and
     ``by_profile``. The placement gap, which no trace changes, is measured at the first
@@ -312,9 +389,15 @@ def evaluate_scales(trace_keys: list[str], profiles: tuple[str, ...] = DEFAULT_P
     by_scale: dict[str, Any] = {}
     for i, scale in enumerate(scales):
         result = evaluate_profiles(
-            trace_keys, profiles, quick=quick, jobs=jobs,
-            placement_instances=placement_instances if i == 0 else 0, progress=progress,
-            scale=scale, placement=None if first is None else first.document["placement"])
+            trace_keys,
+            profiles,
+            quick=quick,
+            jobs=jobs,
+            placement_instances=placement_instances if i == 0 else 0,
+            progress=progress,
+            scale=scale,
+            placement=None if first is None else first.document["placement"],
+        )
         by_scale[str(scale)] = {"scale": scale, "by_profile": result.document["by_profile"]}
         if first is None:
             first = result

@@ -31,16 +31,28 @@ from services.scheduler.eval.plan import STATIC_BASELINES
 from services.scheduler.eval.runs import RunSpec, RunSummary
 from services.scheduler.eval.service_level import reaches
 
-__all__ = ["HEADROOM_CAP", "HEADROOM_STEPS", "STATIC_CAP_FACTOR", "extension_report",
-           "next_runs", "static_cap"]
+__all__ = [
+    "HEADROOM_CAP",
+    "HEADROOM_STEPS",
+    "STATIC_CAP_FACTOR",
+    "extension_report",
+    "next_runs",
+    "static_cap",
+]
 
 HEADROOM_STEPS = (0.45, 0.35, 0.25, 0.15)
 HEADROOM_CAP = HEADROOM_STEPS[-1]
 STATIC_CAP_FACTOR = 2.0
 # least_loaded_autoscale scales in below its scale-out threshold minus this (its default).
 THRESHOLD_BAND = 0.3
-AUTOSCALING_CURVES = ("turboserve", "no_migration", "clairvoyant", "turboserve_predictive",
-                      "least_loaded_autoscale", "hpa")
+AUTOSCALING_CURVES = (
+    "turboserve",
+    "no_migration",
+    "clairvoyant",
+    "turboserve_predictive",
+    "least_loaded_autoscale",
+    "hpa",
+)
 
 
 def static_cap(peak_active: int, capacity: int) -> int:
@@ -92,8 +104,9 @@ def _with_gpus(spec: RunSpec, gpus: int) -> RunSpec:
     return replace(spec, params=params, detail=False)
 
 
-def next_runs(runs: Sequence[RunSummary], peak_active: int, capacity: int,
-              planned_top: int) -> list[RunSpec]:
+def next_runs(
+    runs: Sequence[RunSummary], peak_active: int, capacity: int, planned_top: int
+) -> list[RunSpec]:
     """The next round of runs for one trace's curves that miss the level (empty: done).
 
     ``planned_top``: the largest static pool of the planned sweep; a static curve that reached
@@ -122,8 +135,9 @@ def next_runs(runs: Sequence[RunSummary], peak_active: int, capacity: int,
     return out
 
 
-def extension_report(runs: Sequence[RunSummary], planned: set[RunSpec], peak_active: int,
-                     capacity: int) -> dict[str, Any]:
+def extension_report(
+    runs: Sequence[RunSummary], planned: set[RunSpec], peak_active: int, capacity: int
+) -> dict[str, Any]:
     """What the extension added to one trace's sweeps, and which curves still miss at the cap."""
     added: dict[str, list[Any]] = {}
     for run in runs:
@@ -134,8 +148,13 @@ def extension_report(runs: Sequence[RunSummary], planned: set[RunSpec], peak_act
     curves: dict[str, list[RunSummary]] = {}
     for run in runs:
         curves.setdefault(run.spec.curve, []).append(run)
-    missing = [c for c in (*STATIC_BASELINES, *AUTOSCALING_CURVES)
-               if c in curves and not any(reaches(r) for r in curves[c])]
-    return {"added": {c: sorted(v) for c, v in added.items()},
-            "static_cap_gpus": static_cap(peak_active, capacity),
-            "not_reached_at_cap": missing}
+    missing = [
+        c
+        for c in (*STATIC_BASELINES, *AUTOSCALING_CURVES)
+        if c in curves and not any(reaches(r) for r in curves[c])
+    ]
+    return {
+        "added": {c: sorted(v) for c, v in added.items()},
+        "static_cap_gpus": static_cap(peak_active, capacity),
+        "not_reached_at_cap": missing,
+    }

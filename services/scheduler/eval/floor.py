@@ -129,9 +129,7 @@ def gpu_need_steps(steps: Sequence[DemandStep], capacity: int) -> list[DemandSte
 
 def floor_gpu_seconds(steps: Sequence[DemandStep], capacity: int) -> float:
     """Integral of ``ceil(active(t) / capacity)``: a lower bound on any policy's cost."""
-    return math.fsum(
-        (s.t_end - s.t) * math.ceil(s.active / capacity) for s in steps
-    )
+    return math.fsum((s.t_end - s.t) * math.ceil(s.active / capacity) for s in steps)
 
 
 def floor_with_boot_gpu_seconds(
@@ -162,9 +160,7 @@ def floor_with_boot_gpu_seconds(
     return total
 
 
-def floor_with_boot_lp(
-    steps: Sequence[DemandStep], capacity: int, boot_delay_s: float
-) -> float:
+def floor_with_boot_lp(steps: Sequence[DemandStep], capacity: int, boot_delay_s: float) -> float:
     """The same bound solved as the LP with HiGHS (used to check the closed form)."""
     import highspy
     import numpy as np

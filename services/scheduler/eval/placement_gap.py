@@ -52,9 +52,11 @@ class PlacementGap:
         }
 
 
-def core_objective(inst: PlacementInstance,
-                   profile: LatencyProfile | Sequence[LatencyProfile],
-                   kind_of: tuple[int, ...] | None = None) -> tuple[float, float]:
+def core_objective(
+    inst: PlacementInstance,
+    profile: LatencyProfile | Sequence[LatencyProfile],
+    kind_of: tuple[int, ...] | None = None,
+) -> tuple[float, float]:
     """(J, worst latency) of the core's ``place`` on this instance. ``profile`` is one
     profile, or with ``kind_of`` (each GPU's kind) a list of profiles, one per kind."""
     from services.scheduler.core.cluster import Cluster
@@ -90,16 +92,23 @@ def core_objective(inst: PlacementInstance,
     return worst + inst.eta * moved, worst
 
 
-def placement_gap(profile: LatencyProfile, instances: int = 1000, seed: int = 0,
-                  eta: float = 0.1, max_gpus: int = 4, max_sessions: int = 12,
-                  capacity: int | None = None) -> PlacementGap:
+def placement_gap(
+    profile: LatencyProfile,
+    instances: int = 1000,
+    seed: int = 0,
+    eta: float = 0.1,
+    max_gpus: int = 4,
+    max_sessions: int = 12,
+    capacity: int | None = None,
+) -> PlacementGap:
     """Average and maximum gap of the core's placement to the optimum over random instances.
 
     ``capacity`` truncates the profile's chunk table (K = capacity) to make the capacity
     constraint bind on small instances (12 sessions on 4 GPUs never fill K = 12)."""
     if capacity is not None:
         profile = dataclasses.replace(
-            profile, chunk_ms_table=profile.chunk_ms_table[:capacity], sources={})
+            profile, chunk_ms_table=profile.chunk_ms_table[:capacity], sources={}
+        )
     rng = random.Random(seed)
     chunk = tuple(profile.chunk_ms(b) for b in range(1, profile.capacity + 1))
     base_kappa = profile.migration_ms()
@@ -107,13 +116,17 @@ def placement_gap(profile: LatencyProfile, instances: int = 1000, seed: int = 0,
     lat_gaps: list[float] = []
     for _ in range(instances):
         # Sessions' states differ in size (shorter or longer context): kappa varies +-50%.
-        inst = random_instance(rng, chunk, (0.5 * base_kappa, 1.5 * base_kappa), eta,
-                               max_gpus=max_gpus, max_sessions=max_sessions)
+        inst = random_instance(
+            rng,
+            chunk,
+            (0.5 * base_kappa, 1.5 * base_kappa),
+            eta,
+            max_gpus=max_gpus,
+            max_sessions=max_sessions,
+        )
         j_opt, assignment = optimum(inst)
         j_core, worst_core = core_objective(inst, profile)
-        worst_opt = max(
-            inst.latency[g][assignment.count(g)] for g in range(inst.gpus)
-        )
+        worst_opt = max(inst.latency[g][assignment.count(g)] for g in range(inst.gpus))
         gaps.append(100.0 * (j_core / j_opt - 1.0))
         lat_gaps.append(100.0 * (worst_core / worst_opt - 1.0))
     return PlacementGap(
@@ -126,9 +139,14 @@ def placement_gap(profile: LatencyProfile, instances: int = 1000, seed: int = 0,
     )
 
 
-def placement_gap_mixed(profiles: Sequence[LatencyProfile], instances: int = 1000,
-                        seed: int = 0, eta: float = 0.1, max_gpus: int = 4,
-                        max_sessions: int = 12) -> PlacementGap:
+def placement_gap_mixed(
+    profiles: Sequence[LatencyProfile],
+    instances: int = 1000,
+    seed: int = 0,
+    eta: float = 0.1,
+    max_gpus: int = 4,
+    max_sessions: int = 12,
+) -> PlacementGap:
     """The same as :func:`placement_gap` on GPUs of several kinds, one profile per kind (each
     instance has at least two kinds). The kappa range is the first profile's."""
     rng = random.Random(seed)
@@ -137,8 +155,14 @@ def placement_gap_mixed(profiles: Sequence[LatencyProfile], instances: int = 100
     gaps: list[float] = []
     lat_gaps: list[float] = []
     for _ in range(instances):
-        inst, kind_of = random_mixed_instance(rng, kinds, (0.5 * base_kappa, 1.5 * base_kappa),
-                                              eta, max_gpus=max_gpus, max_sessions=max_sessions)
+        inst, kind_of = random_mixed_instance(
+            rng,
+            kinds,
+            (0.5 * base_kappa, 1.5 * base_kappa),
+            eta,
+            max_gpus=max_gpus,
+            max_sessions=max_sessions,
+        )
         j_opt, assignment = optimum(inst)
         j_core, worst_core = core_objective(inst, profiles, kind_of)
         worst_opt = max(inst.latency[g][assignment.count(g)] for g in range(inst.gpus))

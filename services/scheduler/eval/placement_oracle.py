@@ -120,9 +120,7 @@ def optimum(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
         if worst >= best_j:
             continue
         moved = sum(
-            prefix[g][len(residents[g]) - n]
-            for g, n in enumerate(counts)
-            if n < len(residents[g])
+            prefix[g][len(residents[g]) - n] for g, n in enumerate(counts) if n < len(residents[g])
         )
         j = worst + inst.eta * moved
         if j < best_j:
@@ -132,8 +130,12 @@ def optimum(inst: PlacementInstance) -> tuple[float, tuple[int, ...]]:
     return best_j, _realise(inst, residents, newcomers, best_counts)
 
 
-def _realise(inst: PlacementInstance, residents: Sequence[Sequence[int]],
-             newcomers: Sequence[int], counts: Sequence[int]) -> tuple[int, ...]:
+def _realise(
+    inst: PlacementInstance,
+    residents: Sequence[Sequence[int]],
+    newcomers: Sequence[int],
+    counts: Sequence[int],
+) -> tuple[int, ...]:
     """An assignment with these counts that moves only the cheapest surplus residents."""
     assignment = [-1] * len(inst.current)
     pool = list(newcomers)

@@ -59,8 +59,14 @@ class PlanConfig:
 
         if main:
             return replace(self, profile=profile)
-        return replace(self, profile=profile, sensitivity=False, boot_sweep=False,
-                       boot_delays=(self.boot_delay_s,), every_static_count=False)
+        return replace(
+            self,
+            profile=profile,
+            sensitivity=False,
+            boot_sweep=False,
+            boot_delays=(self.boot_delay_s,),
+            every_static_count=False,
+        )
 
     @classmethod
     def full(cls) -> PlanConfig:
@@ -101,14 +107,26 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     specs: list[RunSpec] = []
     init = ("initial_gpus", _initial_gpus(facts))
 
-    def add(policy: str, curve: str, params: tuple[tuple[str, Any], ...] = (), *, profile: str | None = None,
-            boot: float | None = None, keep: bool = False) -> None:
-        specs.append(RunSpec(
-            trace=facts.key, policy=policy, curve=curve, params=tuple(params),
-            profile=profile or cfg.profile,
-            boot_delay_s=cfg.boot_delay_s if boot is None else boot,
-            detail=keep and detail,
-        ))
+    def add(
+        policy: str,
+        curve: str,
+        params: tuple[tuple[str, Any], ...] = (),
+        *,
+        profile: str | None = None,
+        boot: float | None = None,
+        keep: bool = False,
+    ) -> None:
+        specs.append(
+            RunSpec(
+                trace=facts.key,
+                policy=policy,
+                curve=curve,
+                params=tuple(params),
+                profile=profile or cfg.profile,
+                boot_delay_s=cfg.boot_delay_s if boot is None else boot,
+                detail=keep and detail,
+            )
+        )
 
     peak_need = max(1, math.ceil(facts.peak_active / facts.capacity))
 
@@ -132,8 +150,13 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
     for n in counts(cfg.no_autoscale_factors or cfg.static_factors):
         add("no_autoscale", "no_autoscale", (("gpus", n),))
 
-    autoscalers = ("turboserve", "no_migration", "least_loaded_autoscale", "clairvoyant",
-                   "turboserve_predictive")
+    autoscalers = (
+        "turboserve",
+        "no_migration",
+        "least_loaded_autoscale",
+        "clairvoyant",
+        "turboserve_predictive",
+    )
     for policy in autoscalers:
         extra = (("future", True),) if policy == "clairvoyant" else ()
         add(policy, policy, (init, *extra), keep=True)  # adaptive table
@@ -151,10 +174,15 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
             continue  # the main runs above
         for fixed_rho in (None, *(cfg.rho_hats if cfg.boot_sweep else ())):
             fixed: tuple[tuple[str, Any], ...] = (
-                () if fixed_rho is None else (("rho_hat", fixed_rho),))
+                () if fixed_rho is None else (("rho_hat", fixed_rho),)
+            )
             add("turboserve", f"sens_boot_{boot:g}", (init, *fixed), boot=boot)
-            add("clairvoyant", f"sens_boot_{boot:g}_clairvoyant",
-                (init, *fixed, ("future", True)), boot=boot)
+            add(
+                "clairvoyant",
+                f"sens_boot_{boot:g}_clairvoyant",
+                (init, *fixed, ("future", True)),
+                boot=boot,
+            )
     # Without migration the PCIe profile changes nothing (same chunk table), so the
     # no-migration side of this comparison reuses the main no_migration run.
     add("turboserve", "sens_pcie", (init,), profile=cfg.pcie_profile)

@@ -39,13 +39,24 @@ def plot_cost_latency(
         if not finite:
             continue
         env = pareto_envelope(finite)
-        (line,) = ax.plot([p.cost for p in env], [p.latency for p in env], "-o", ms=3,
-                          label=name)
-        ax.scatter([p.cost for p in finite], [p.latency for p in finite], s=8,
-                   color=line.get_color(), alpha=0.4)
+        (line,) = ax.plot([p.cost for p in env], [p.latency for p in env], "-o", ms=3, label=name)
+        ax.scatter(
+            [p.cost for p in finite],
+            [p.latency for p in finite],
+            s=8,
+            color=line.get_color(),
+            alpha=0.4,
+        )
     for name, point in (highlight or {}).items():
-        ax.scatter([point.cost], [point.latency], marker="*", s=160, zorder=5, label=name,
-                   edgecolors="black")
+        ax.scatter(
+            [point.cost],
+            [point.latency],
+            marker="*",
+            s=160,
+            zorder=5,
+            label=name,
+            edgecolors="black",
+        )
     if floor_cost is not None:
         ax.axvline(floor_cost, color="grey", ls="--", lw=1, label="floor (lower bound)")
     ax.set_xlabel("cost (GPU-hours)")
@@ -73,8 +84,9 @@ def plot_gpus_over_time(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.step(demand[0], demand[1], where="post", color="black", lw=1.2,
-            label="demand: ceil(active / K)")
+    ax.step(
+        demand[0], demand[1], where="post", color="black", lw=1.2, label="demand: ceil(active / K)"
+    )
     for name, (ts, gpus) in series.items():
         ax.step(ts, gpus, where="post", lw=1, alpha=0.85, label=name)
     ax.set_xlabel("time (s)")

@@ -42,32 +42,51 @@ SECTIONS = {
 PAPER_ROWS = (
     ("p99 latency at matched cost vs best static pool, avg (max) %", "-37.5 (-51.6)"),
     ("GPU cost at matched p99 vs best static pool, avg (max) %", "-37.2 (-49.0)"),
-    ("GPU cost to serve 99% of chunk periods on time vs best static pool, avg (worst trace) %",
-     "not reported"),
+    (
+        "GPU cost to serve 99% of chunk periods on time vs best static pool, avg (worst trace) %",
+        "not reported",
+    ),
     ("cost without migration / without autoscaling, avg %", "+15.0 / +42.9"),
     ("placement gap to the exhaustive optimum, avg %", "3.6"),
     ("autoscaler cost gap to a clairvoyant controller, avg %", "6.1"),
     ("cost gap to the boot-aware floor (a proven lower bound), avg %", "not reported"),
-    ("cost at 99% service above the cheaper of static least_loaded and HPA, worst trace %",
-     "not reported"),
+    (
+        "cost at 99% service above the cheaper of static least_loaded and HPA, worst trace %",
+        "not reported",
+    ),
 )
 
 
 def register(sim_subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sim_subparsers.add_parser(
-        "tables", help="print the scheduler's result tables (simulator, bench, evaluation); "
-                       "--write puts them in docs/results.md")
-    parser.add_argument("--eval", type=Path, default=None, metavar="JSON",
-                        help="a sim evaluate --json document (default: run the evaluation)")
-    parser.add_argument("--quick", action="store_true",
-                        help="with no --eval: the quick evaluation")
+        "tables",
+        help="print the scheduler's result tables (simulator, bench, evaluation); "
+        "--write puts them in docs/results.md",
+    )
+    parser.add_argument(
+        "--eval",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="a sim evaluate --json document (default: run the evaluation)",
+    )
+    parser.add_argument("--quick", action="store_true", help="with no --eval: the quick evaluation")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes")
-    parser.add_argument("--no-bench", dest="bench", action="store_false",
-                        help="leave out the decision-time benchmark")
-    parser.add_argument("--write", type=Path, nargs="?", const=DEFAULT_RESULTS, default=None,
-                        metavar="FILE",
-                        help="also replace the tables between their markers in FILE "
-                             f"(default: {DEFAULT_RESULTS})")
+    parser.add_argument(
+        "--no-bench",
+        dest="bench",
+        action="store_false",
+        help="leave out the decision-time benchmark",
+    )
+    parser.add_argument(
+        "--write",
+        type=Path,
+        nargs="?",
+        const=DEFAULT_RESULTS,
+        default=None,
+        metavar="FILE",
+        help=f"also replace the tables between their markers in FILE (default: {DEFAULT_RESULTS})",
+    )
     parser.set_defaults(func=run)
 
 
@@ -87,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
         from services.scheduler.eval.evaluate import DEFAULT_PROFILES, evaluate_profiles
         from services.scheduler.sim.synth import BUILTIN_NAMES
 
-        document = evaluate_profiles(list(BUILTIN_NAMES), DEFAULT_PROFILES, quick=args.quick,
-                                     jobs=args.jobs).document
+        document = evaluate_profiles(
+            list(BUILTIN_NAMES), DEFAULT_PROFILES, quick=args.quick, jobs=args.jobs
+        ).document
     tables = sections(document, bench=args.bench)
     print("\n\n".join(f"{SECTIONS[name]}\n\n{text}" for name, text in tables.items()) + "\n")
     if args.write is not None:
@@ -117,9 +137,10 @@ def write_sections(text: str, tables: dict[str, str]) -> str:
         pattern = rf"<!-- sim tables: {name} -->\n(.*?)\n<!-- /sim tables: {name} -->"
         found = re.search(pattern, text, re.DOTALL)
         if found is None:
-            raise ValueError(f"no <!-- sim tables: {name} --> ... <!-- /sim tables: {name} --> "
-                             "markers")
-        text = text[:found.start(1)] + table + text[found.end(1):]
+            raise ValueError(
+                f"no <!-- sim tables: {name} --> ... <!-- /sim tables: {name} --> markers"
+            )
+        text = text[: found.start(1)] + table + text[found.end(1) :]
     return text
 
 
@@ -137,8 +158,11 @@ def _policy_all() -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         sim_args.func(sim_args)
-    lines = [line for line in out.getvalue().splitlines()
-             if line.strip() and not line.startswith("simulated ")]
+    lines = [
+        line
+        for line in out.getvalue().splitlines()
+        if line.strip() and not line.startswith("simulated ")
+    ]
     # A blank line around the table, so that markdown neither runs the text into it nor it
     # into the text.
     blocks: list[str] = []
@@ -154,7 +178,10 @@ def _bench() -> str:
     benchmark is a tool, and services do not import tools."""
     done = subprocess.run(
         [sys.executable, "-m", "tools.cli", "bench", "scheduler", "--gpus", "64,256,1024"],
-        capture_output=True, text=True, check=True)
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -166,7 +193,7 @@ def _profiles(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _scale_text(doc: dict[str, Any]) -> str:
-    """", scale N" for an evaluation of the traces at scale N > 1 (``sim evaluate --scale``);
+    """ ", scale N" for an evaluation of the traces at scale N > 1 (``sim evaluate --scale``);
     nothing at scale 1."""
     scale = doc["config"].get("scale", 1)
     return "" if scale == 1 else f", scale {scale}"
@@ -174,17 +201,20 @@ def _scale_text(doc: dict[str, Any]) -> str:
 
 def against_the_paper(document: dict[str, Any]) -> str:
     profiles = _profiles(document)
-    heads = ["figure", "paper"] + [f"{name} (K = {doc['config']['capacity']}{_scale_text(doc)})"
-                                   for name, doc in profiles.items()]
+    heads = ["figure", "paper"] + [
+        f"{name} (K = {doc['config']['capacity']}{_scale_text(doc)})"
+        for name, doc in profiles.items()
+    ]
     rows = []
     for i, (figure, paper) in enumerate(PAPER_ROWS):
-        rows.append([figure, paper] + [_figure(i, doc["summary"], document, doc["traces"])
-                                       for doc in profiles.values()])
+        rows.append(
+            [figure, paper]
+            + [_figure(i, doc["summary"], document, doc["traces"]) for doc in profiles.values()]
+        )
     return markdown_table(heads, rows)
 
 
-def _figure(i: int, s: dict[str, Any], document: dict[str, Any],
-            traces: dict[str, Any]) -> str:
+def _figure(i: int, s: dict[str, Any], document: dict[str, Any], traces: dict[str, Any]) -> str:
     if i == 0:
         v = s["latency_reduction_at_matched_cost_pct"]
         return f"{-v['avg_vs_best_baseline']:.1f} ({-v['max_vs_best_baseline']:.1f})"
@@ -197,9 +227,11 @@ def _figure(i: int, s: dict[str, Any], document: dict[str, Any],
         v = summary_blocks(s, traces)["cost_reduction_at_matched_slo_pct"]
         if v["avg_vs_best_baseline"] is None:
             return "not reached on any trace" + left_out_text(v)
-        return (f"{-v['avg_vs_best_baseline']:+.1f} (worst {-v['worst_vs_best_baseline']:+.1f}, "
-                f"{v['worst_trace']}); over {v['traces_averaged']} of {len(v['per_trace'])} "
-                f"traces" + left_out_text(v))
+        return (
+            f"{-v['avg_vs_best_baseline']:+.1f} (worst {-v['worst_vs_best_baseline']:+.1f}, "
+            f"{v['worst_trace']}); over {v['traces_averaged']} of {len(v['per_trace'])} "
+            f"traces" + left_out_text(v)
+        )
     if i == 3:
         v = s["ablation_cost_increase_pct"]
         return f"{v['no_migration']:+.1f} / {v['no_autoscale']:+.1f}"
@@ -214,8 +246,10 @@ def _figure(i: int, s: dict[str, Any], document: dict[str, Any],
         og = s["autoscaler_gap_to_oracle_pct"]
         text = "-" if og["avg"] is None else f"{og['avg']:.1f}"
         if og.get("left_out"):
-            text += (f" ({og['traces_averaged']} of {len(traces)} traces; left out: "
-                     f"{', '.join(og['left_out'])}, our p99 outside its sweep)")
+            text += (
+                f" ({og['traces_averaged']} of {len(traces)} traces; left out: "
+                f"{', '.join(og['left_out'])}, our p99 outside its sweep)"
+            )
         return text
     if i == 6:
         v = s.get("gap_to_boot_aware_floor_pct")
@@ -225,19 +259,26 @@ def _figure(i: int, s: dict[str, Any], document: dict[str, Any],
     v = summary_blocks(s, traces)["robustness"]
     worst = v["max_cost_above_best_of_least_loaded_and_hpa_pct"]
     lost = v.get("turboserve_not_reached_where_a_rival_reaches") or []
-    return ((f"{worst:+.1f}" if worst is not None else "-")
-            + f" ({'meets' if v['met'] else 'misses'} the +{v['bar_pct']:g} bar); over "
-            f"{v['traces_compared']} of {len(v['per_trace'])} traces" + left_out_text(v)
-            + (f"; turboserve alone misses 99% on {', '.join(lost)}" if lost else ""))
+    return (
+        (f"{worst:+.1f}" if worst is not None else "-")
+        + f" ({'meets' if v['met'] else 'misses'} the +{v['bar_pct']:g} bar); over "
+        f"{v['traces_compared']} of {len(v['per_trace'])} traces"
+        + left_out_text(v)
+        + (f"; turboserve alone misses 99% on {', '.join(lost)}" if lost else "")
+    )
 
 
 def service_table(document: dict[str, Any]) -> str:
     profiles = _profiles(document)
     heads = ["trace"]
     for name, doc in profiles.items():
-        heads += [f"{name}{_scale_text(doc)}: turboserve GPU-h", "best static", "HPA",
-                  "vs best static %",
-                  "vs cheaper of least_loaded / HPA %"]
+        heads += [
+            f"{name}{_scale_text(doc)}: turboserve GPU-h",
+            "best static",
+            "HPA",
+            "vs best static %",
+            "vs cheaper of least_loaded / HPA %",
+        ]
     names = list(next(iter(profiles.values()))["traces"])
     rows = []
     for trace in names:
@@ -248,11 +289,17 @@ def service_table(document: dict[str, Any]) -> str:
                 row += ["-"] * 5
                 continue
             best = v["static"][v["best_baseline"]]
-            best_text = (f"{best['cost_gpu_hours']:.2f} ({v['best_baseline']} x {best['gpus']})"
-                         if best["reached"] else f"{cost_cell(best)}, {v['best_baseline']}")
-            row += [cost_cell(v["turboserve"]), best_text,
-                    cost_cell(v["rivals"].get("hpa")) or "-",
-                    comparison_cell(v, "cost_reduction_vs_best_baseline", sign=-1.0),
-                    comparison_cell(v, "cost_vs_best_of_least_loaded_and_hpa")]
+            best_text = (
+                f"{best['cost_gpu_hours']:.2f} ({v['best_baseline']} x {best['gpus']})"
+                if best["reached"]
+                else f"{cost_cell(best)}, {v['best_baseline']}"
+            )
+            row += [
+                cost_cell(v["turboserve"]),
+                best_text,
+                cost_cell(v["rivals"].get("hpa")) or "-",
+                comparison_cell(v, "cost_reduction_vs_best_baseline", sign=-1.0),
+                comparison_cell(v, "cost_vs_best_of_least_loaded_and_hpa"),
+            ]
         rows.append(row)
     return markdown_table(heads, rows)

@@ -66,15 +66,23 @@ from services.scheduler.core.loop import Controller
 from services.scheduler.core.policies import Policy, PolicySpec, Profiles, register_policy
 from services.scheduler.core.types import Decision, Event, EventKind
 
-__all__ = ["ClairvoyantConfig", "ClairvoyantController", "HpaConfig", "HpaController",
-           "PredictiveConfig", "PredictiveController", "ThresholdConfig",
-           "ThresholdController"]
+__all__ = [
+    "ClairvoyantConfig",
+    "ClairvoyantController",
+    "HpaConfig",
+    "HpaController",
+    "PredictiveConfig",
+    "PredictiveController",
+    "ThresholdConfig",
+    "ThresholdController",
+]
 
 # Loose parameters: ``gpus`` is another name for ``initial_gpus`` (as for the autoscalers).
 _GPUS = {"gpus": "initial_gpus"}
 
 
 # ---- HPA-style reactive scaler ---------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class HpaConfig(ControllerConfig):
@@ -92,9 +100,17 @@ class HpaController(Controller):
         if not 0 < config.target <= 1:
             raise ValueError(f"target utilisation must be in (0, 1], got {config.target}")
         # rho_hat stays fixed (and unused by the hook): the table plays no part in HPA's rule.
-        super().__init__(profiles, replace(config, name="hpa", migrate=False,
-                                           placement="least_loaded", rho_hat=config.target,
-                                           rho_table=None))
+        super().__init__(
+            profiles,
+            replace(
+                config,
+                name="hpa",
+                migrate=False,
+                placement="least_loaded",
+                rho_hat=config.target,
+                rho_table=None,
+            ),
+        )
         self.target = config.target
         self.tolerance = config.tolerance
         self.sync_s = config.sync_s
@@ -103,8 +119,9 @@ class HpaController(Controller):
         self._recommendations: deque[tuple[float, float]] = deque()
         self._last: tuple[float, float] | None = None
 
-    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
-                    rho_hat: float, delta: float) -> float:
+    def target_gpus(
+        self, t: float, n_required: int, rho_max: float, budget: float, rho_hat: float, delta: float
+    ) -> float:
         # The loop may ask more than once per event (scale-in pass, scale-out pass): the
         # answer of this sync stands until the next one.
         if self._last is not None and self._last[0] == t:
@@ -141,6 +158,7 @@ def _hpa(profiles: Profiles, config: HpaConfig) -> Policy:
 
 # ---- clairvoyant --------------------------------------------------------------------------
 
+
 class _RangeMax:
     """Max of a step function over [a, b] in O(1) per query (sparse table)."""
 
@@ -169,14 +187,18 @@ def active_timeline(future: object) -> tuple[list[float], list[int]]:
     """(times, active count from that time on) from a trace or rows of (t, sid, event)."""
     rows = getattr(future, "events", future)
     if not isinstance(rows, Iterable):
-        raise TypeError(f"future must be a trace or rows of (t, session_id, event), got "
-                        f"{type(future).__name__}")
+        raise TypeError(
+            f"future must be a trace or rows of (t, session_id, event), got {type(future).__name__}"
+        )
     active: set[str] = set()
     times: list[float] = []
     counts: list[int] = []
     for row in rows:
-        t, sid, kind = (row[0], row[1], row[2]) if isinstance(row, tuple | list) else (
-            row.t, row.session_id, row.event)
+        t, sid, kind = (
+            (row[0], row[1], row[2])
+            if isinstance(row, tuple | list)
+            else (row.t, row.session_id, row.event)
+        )
         if kind in ("arrive", "active"):
             active.add(sid)
         else:
@@ -207,14 +229,14 @@ class ClairvoyantController(Controller):
     def __init__(self, profiles: Profiles, config: ClairvoyantConfig) -> None:
         if config.future is None:
             raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
-        super().__init__(profiles, replace(config, name="clairvoyant",
-                                           placement="least_loaded"))
+        super().__init__(profiles, replace(config, name="clairvoyant", placement="least_loaded"))
         times, counts = active_timeline(config.future)
         self._demand = _RangeMax(times, counts)
         self.horizon_s = config.boot_delay_s + config.lookahead_slack_s
 
-    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
-                    rho_hat: float, delta: float) -> float:
+    def target_gpus(
+        self, t: float, n_required: int, rho_max: float, budget: float, rho_hat: float, delta: float
+    ) -> float:
         peak = max(n_required, self._demand.query(t, t + self.horizon_s))
         target = max(gpus_for(peak, self._cluster.capacity, rho_hat, delta), self.config.min_gpus)
         if self.config.max_gpus is not None:
@@ -227,6 +249,7 @@ def _clairvoyant(profiles: Profiles, config: ClairvoyantConfig) -> Policy:
 
 
 # ---- predictive ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class PredictiveConfig(ControllerConfig):
@@ -249,8 +272,9 @@ class PredictiveController(Controller):
             raise ValueError(f"mode must be 'sessions' or 'active', got {config.mode!r}")
         if not (config.sample_s > 0 and math.isfinite(config.sample_s)):
             raise ValueError(f"sample_s must be > 0 and finite, got {config.sample_s}")
-        super().__init__(profiles, replace(config, name="turboserve_predictive",
-                                           placement="least_loaded"))
+        super().__init__(
+            profiles, replace(config, name="turboserve_predictive", placement="least_loaded")
+        )
         self.hold_down = config.hold_down
         self.mode = config.mode
         self.share_alpha = config.share_alpha
@@ -280,8 +304,11 @@ class PredictiveController(Controller):
         n = live if self.mode == "sessions" else cluster.n_active
         if live:
             share = cluster.n_active / live
-            self._share = share if self._share is None else (
-                self.share_alpha * share + (1 - self.share_alpha) * self._share)
+            self._share = (
+                share
+                if self._share is None
+                else (self.share_alpha * share + (1 - self.share_alpha) * self._share)
+            )
         if self._level is None:
             self._level = float(n)
         else:
@@ -310,8 +337,9 @@ class PredictiveController(Controller):
             ahead *= self._share if self._share is not None else 1.0
         return max(ahead, self._cluster.n_active + self._burst)
 
-    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
-                    rho_hat: float, delta: float) -> float:
+    def target_gpus(
+        self, t: float, n_required: int, rho_max: float, budget: float, rho_hat: float, delta: float
+    ) -> float:
         capacity = self._cluster.capacity
         expected = max(0, math.ceil(self.forecast() - 1e-9))
         rho_future = expected / (capacity * max(1, budget))
@@ -332,6 +360,7 @@ def _predictive(profiles: Profiles, config: PredictiveConfig) -> Policy:
 
 # ---- conventional threshold autoscaler --------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class ThresholdConfig(ControllerConfig):
     """``least_loaded_autoscale``: the controller's settings (its ``rho_hat``, table, idle
@@ -350,15 +379,27 @@ class ThresholdController(Controller):
         low = high - 0.3 if config.low is None else config.low
         if not 0 < high <= 1 or not 0 <= low < high:
             raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")
-        for key, value in (("period_s", config.period_s),
-                           ("cooldown_out_s", config.cooldown_out_s),
-                           ("cooldown_in_s", config.cooldown_in_s)):
+        for key, value in (
+            ("period_s", config.period_s),
+            ("cooldown_out_s", config.cooldown_out_s),
+            ("cooldown_in_s", config.cooldown_in_s),
+        ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be >= 0 and finite, got {value}")
         # rho_hat stays fixed (and unused by the hook): no table, no idle reserve.
-        super().__init__(profiles, replace(config, name="least_loaded_autoscale", migrate=False,
-                                           placement="least_loaded", rho_hat=high,
-                                           rho_table=None, idle_reserve=0.0, peak_rho=0.0))
+        super().__init__(
+            profiles,
+            replace(
+                config,
+                name="least_loaded_autoscale",
+                migrate=False,
+                placement="least_loaded",
+                rho_hat=high,
+                rho_table=None,
+                idle_reserve=0.0,
+                peak_rho=0.0,
+            ),
+        )
         self.high, self.low = high, low
         self.period_s = config.period_s
         self.cooldown_out_s, self.cooldown_in_s = config.cooldown_out_s, config.cooldown_in_s
@@ -368,8 +409,9 @@ class ThresholdController(Controller):
         self._below_since: float | None = None
         self._last: tuple[float, float] | None = None
 
-    def target_gpus(self, t: float, n_required: int, rho_max: float, budget: float,
-                    rho_hat: float, delta: float) -> float:
+    def target_gpus(
+        self, t: float, n_required: int, rho_max: float, budget: float, rho_hat: float, delta: float
+    ) -> float:
         if self._last is not None and self._last[0] == t:
             return self._last[1]  # asked twice in one step: the same answer
         if t < self._next_eval:
@@ -393,8 +435,10 @@ class ThresholdController(Controller):
         if u < self.low and budget > max(1, min_gpus):
             if self._below_since is None:
                 self._below_since = t
-            if (t - self._below_since >= self.cooldown_in_s
-                    and t - max(self._last_in, self._last_out) >= self.cooldown_in_s):
+            if (
+                t - self._below_since >= self.cooldown_in_s
+                and t - max(self._last_in, self._last_out) >= self.cooldown_in_s
+            ):
                 self._last_in = t
                 return budget - 1
             return budget
@@ -406,11 +450,25 @@ def _least_loaded_autoscale(profiles: Profiles, config: ThresholdConfig) -> Poli
     return ThresholdController(profiles, config)
 
 
-register_policy(PolicySpec("hpa", HpaConfig, _hpa, autoscales=True,
-                           aliases={**_GPUS, "rho_hat": "target"}))
-register_policy(PolicySpec("clairvoyant", ClairvoyantConfig, _clairvoyant, autoscales=True,
-                           live=False, aliases=_GPUS))
-register_policy(PolicySpec("turboserve_predictive", PredictiveConfig, _predictive,
-                           autoscales=True, aliases=_GPUS))
-register_policy(PolicySpec("least_loaded_autoscale", ThresholdConfig, _least_loaded_autoscale,
-                           autoscales=True, aliases={**_GPUS, "rho_hat": "high"}))
+register_policy(
+    PolicySpec("hpa", HpaConfig, _hpa, autoscales=True, aliases={**_GPUS, "rho_hat": "target"})
+)
+register_policy(
+    PolicySpec(
+        "clairvoyant", ClairvoyantConfig, _clairvoyant, autoscales=True, live=False, aliases=_GPUS
+    )
+)
+register_policy(
+    PolicySpec(
+        "turboserve_predictive", PredictiveConfig, _predictive, autoscales=True, aliases=_GPUS
+    )
+)
+register_policy(
+    PolicySpec(
+        "least_loaded_autoscale",
+        ThresholdConfig,
+        _least_loaded_autoscale,
+        autoscales=True,
+        aliases={**_GPUS, "rho_hat": "high"},
+    )
+)

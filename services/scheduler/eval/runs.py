@@ -78,8 +78,11 @@ class RunSummary:
             "profile": self.spec.profile,
             "cost_gpu_hours": round(self.cost_gpu_h, 4),
             "cost_usd": round(self.cost_usd, 3),
-            "latency_ms": {"p50": round(self.p50_ms, 1), "p99": round(self.p99_ms, 1),
-                           "max": round(self.max_ms, 1)},
+            "latency_ms": {
+                "p50": round(self.p50_ms, 1),
+                "p99": round(self.p99_ms, 1),
+                "max": round(self.max_ms, 1),
+            },
             "deadline_attainment": round(self.attainment, 5),
             "stall_adjusted_attainment": round(self.stall_adjusted_attainment, 5),
             "missed_periods": self.missed_periods,
@@ -120,8 +123,9 @@ class _Recorder:
     def note_step(self, gpu_id: str, ends_at: float) -> None:
         self.policy.note_step(gpu_id, ends_at)
 
-    def restore(self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession],
-                t: float) -> None:
+    def restore(
+        self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession], t: float
+    ) -> None:
         self.policy.restore(gpus, sessions, t)
 
     def set_profile(self, kind: str, profile: LatencyProfile) -> None:
@@ -149,8 +153,9 @@ class _Recorder:
     def integrals(self, end: float, capacity: int) -> tuple[float, float]:
         """(integral of ceil(served / K) in GPU-s, integral of pending in session-s)."""
         gpu_s = waiting = 0.0
-        for (t, served, pending), nxt in zip(self.samples, self.samples[1:] + [(end, 0, 0)],
-                                             strict=True):
+        for (t, served, pending), nxt in zip(
+            self.samples, self.samples[1:] + [(end, 0, 0)], strict=True
+        ):
             span = max(0.0, min(nxt[0], end) - t)
             gpu_s += span * math.ceil(served / capacity)
             waiting += span * pending
@@ -187,8 +192,9 @@ def execute(spec: RunSpec) -> RunSummary:
     params = dict(spec.params)
     if params.get("future"):
         params["future"] = trace
-    recorder = _Recorder(make_policy(spec.policy, profile, boot_delay_s=spec.boot_delay_s,
-                                     **params))
+    recorder = _Recorder(
+        make_policy(spec.policy, profile, boot_delay_s=spec.boot_delay_s, **params)
+    )
     started = time.perf_counter()
     result = simulate(trace, recorder, profile, boot_delay_s=spec.boot_delay_s)
     wall = time.perf_counter() - started
@@ -241,8 +247,9 @@ def _progress(total: int) -> Callable[[int], None]:
     return update
 
 
-def run_all(specs: Iterable[RunSpec], jobs: int | None = None,
-            progress: bool = True) -> Iterator[RunSummary]:
+def run_all(
+    specs: Iterable[RunSpec], jobs: int | None = None, progress: bool = True
+) -> Iterator[RunSummary]:
     """Run every spec, in worker processes when ``jobs`` > 1; yields in completion order."""
     specs = list(specs)
     jobs = jobs or min(2, os.cpu_count() or 1)

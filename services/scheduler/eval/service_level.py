@@ -51,8 +51,13 @@ SLO_ATTAINMENT = 0.99  # chunk periods served on time, stall-adjusted
 ROBUST_RIVALS = ("least_loaded", "hpa")
 ROBUST_BAR_PCT = 5.0
 # The autoscaling curves read at the service level (beside ours and the static pools).
-AUTOSCALERS_AT_SLO = ("hpa", "least_loaded_autoscale", "no_migration", "clairvoyant",
-                      "turboserve_predictive")
+AUTOSCALERS_AT_SLO = (
+    "hpa",
+    "least_loaded_autoscale",
+    "no_migration",
+    "clairvoyant",
+    "turboserve_predictive",
+)
 _EPS = 1e-12
 
 
@@ -69,8 +74,10 @@ def _missed_curve(runs: Sequence[RunSummary]) -> list[CurvePoint]:
 def _best_service(runs: Sequence[RunSummary]) -> dict[str, Any]:
     """The sweep's best service and what it cost (the cheaper point among equals)."""
     best = max(runs, key=lambda r: (r.stall_adjusted_attainment, -r.cost_gpu_h))
-    return {"best_attainment": round(best.stall_adjusted_attainment, 5),
-            "best_cost_gpu_hours": round(best.cost_gpu_h, 4)}
+    return {
+        "best_attainment": round(best.stall_adjusted_attainment, 5),
+        "best_cost_gpu_hours": round(best.cost_gpu_h, 4),
+    }
 
 
 def static_at_slo(runs: Sequence[RunSummary]) -> dict[str, Any]:
@@ -78,8 +85,12 @@ def static_at_slo(runs: Sequence[RunSummary]) -> dict[str, Any]:
     the sweep's dearest pool, ``reached: false``, and its best service."""
     ok = [r for r in runs if reaches(r)]
     pick = min(ok, key=lambda r: r.cost_gpu_h) if ok else max(runs, key=lambda r: r.cost_gpu_h)
-    out = {"cost_gpu_hours": round(pick.cost_gpu_h, 4), "gpus": pick.spec.param("gpus"),
-           "attainment": round(pick.stall_adjusted_attainment, 5), "reached": bool(ok)}
+    out = {
+        "cost_gpu_hours": round(pick.cost_gpu_h, 4),
+        "gpus": pick.spec.param("gpus"),
+        "attainment": round(pick.stall_adjusted_attainment, 5),
+        "reached": bool(ok),
+    }
     return out if ok else {**out, **_best_service(runs)}
 
 
@@ -92,8 +103,11 @@ def curve_at_slo(runs: Sequence[RunSummary]) -> dict[str, Any]:
     the entry names the sweep's best service."""
     m = cost_at_latency(_missed_curve(runs), 1.0 - SLO_ATTAINMENT)
     if any(reaches(r) for r in runs):
-        return {"cost_gpu_hours": round(m.value, 4), "reached": True,
-                **({} if m.reached else {"upper_bound": True})}
+        return {
+            "cost_gpu_hours": round(m.value, 4),
+            "reached": True,
+            **({} if m.reached else {"upper_bound": True}),
+        }
     return {"cost_gpu_hours": round(m.value, 4), "reached": False, **_best_service(runs)}
 
 
@@ -103,15 +117,18 @@ def gap_bound(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
     theirs, "at most" when ours, "unknown" when both; None when both costs are read on their
     curves."""
     return {(False, True): "at least", (True, False): "at most", (True, True): "unknown"}.get(
-        (bool(ours.get("upper_bound")), bool(theirs.get("upper_bound"))))
+        (bool(ours.get("upper_bound")), bool(theirs.get("upper_bound")))
+    )
 
 
 def not_reached_text(entry: dict[str, Any]) -> str:
     """How a table prints an entry whose sweep never served the level."""
     if "best_attainment" not in entry:  # a document written before the best was kept
         return f"not reached (needs over {entry['cost_gpu_hours']:.1f} GPU-h)"
-    return (f"not reached (best {100 * entry['best_attainment']:.1f}% at "
-            f"{entry['best_cost_gpu_hours']:.1f} GPU-h)")
+    return (
+        f"not reached (best {100 * entry['best_attainment']:.1f}% at "
+        f"{entry['best_cost_gpu_hours']:.1f} GPU-h)"
+    )
 
 
 def cost_cell(entry: dict[str, Any] | None) -> float | str | None:
@@ -121,13 +138,16 @@ def cost_cell(entry: dict[str, Any] | None) -> float | str | None:
     return entry["cost_gpu_hours"] if entry["reached"] else not_reached_text(entry)
 
 
-_OTHER_SIDE = {"cost_reduction_vs_best_baseline": "best_baseline",
-               "cost_vs_best_of_least_loaded_and_hpa": "best_of_least_loaded_and_hpa"}
+_OTHER_SIDE = {
+    "cost_reduction_vs_best_baseline": "best_baseline",
+    "cost_vs_best_of_least_loaded_and_hpa": "best_of_least_loaded_and_hpa",
+}
 
 
 def _entry(v: dict[str, Any], name: str) -> dict[str, Any]:
-    entry: dict[str, Any] = (v["turboserve"] if name == "turboserve" else
-                             v["static"].get(name) or v["rivals"][name])
+    entry: dict[str, Any] = (
+        v["turboserve"] if name == "turboserve" else v["static"].get(name) or v["rivals"][name]
+    )
     return entry
 
 
@@ -136,8 +156,11 @@ def comparison_sides_not_reached(v: dict[str, Any], comparison: str) -> list[str
     ``cost_vs_best_of_least_loaded_and_hpa``) whose sweeps never served the level. Read from
     the entries themselves, so that a document written before the ``_reached`` flags were
     kept is read the same way."""
-    return [name for name in ("turboserve", v[_OTHER_SIDE[comparison]])
-            if not _entry(v, name)["reached"]]
+    return [
+        name
+        for name in ("turboserve", v[_OTHER_SIDE[comparison]])
+        if not _entry(v, name)["reached"]
+    ]
 
 
 def comparison_cell(v: dict[str, Any], comparison: str, sign: float = 1.0) -> float | str:
@@ -158,8 +181,9 @@ def _cheapest(entries: dict[str, dict[str, Any]], names: Sequence[str]) -> str:
     reached = [n for n in names if entries[n]["reached"]]
     if reached:
         return min(reached, key=lambda n: entries[n]["cost_gpu_hours"])
-    return max(names, key=lambda n: (entries[n].get("best_attainment", 0.0),
-                                     -entries[n]["cost_gpu_hours"]))
+    return max(
+        names, key=lambda n: (entries[n].get("best_attainment", 0.0), -entries[n]["cost_gpu_hours"])
+    )
 
 
 def service_level(curves: dict[str, list[RunSummary]], ours_run: RunSummary) -> dict[str, Any]:
@@ -173,41 +197,55 @@ def service_level(curves: dict[str, list[RunSummary]], ours_run: RunSummary) -> 
     static = {b: static_at_slo(curves[b]) for b in STATIC_BASELINES}
     rivals = {r: curve_at_slo(curves[r]) for r in AUTOSCALERS_AT_SLO if r in curves}
     best = _cheapest(static, STATIC_BASELINES)
-    robust = {"least_loaded": static["least_loaded"],
-              **({"hpa": rivals["hpa"]} if "hpa" in rivals else {})}
+    robust = {
+        "least_loaded": static["least_loaded"],
+        **({"hpa": rivals["hpa"]} if "hpa" in rivals else {}),
+    }
     robust_best = _cheapest(robust, [r for r in ROBUST_RIVALS if r in robust])
     at_cost = {}
     for rival in (*STATIC_BASELINES, "hpa", "least_loaded_autoscale"):
         if rival in curves:
             m = latency_at_cost(_missed_curve(curves[rival]), ours_run.cost_gpu_h)
             at_cost[rival] = {"attainment": round(1.0 - m.value, 5), "in_range": m.reached}
-    not_reached = [name for name, entry in (("turboserve", ours), *static.items(),
-                                            *rivals.items()) if not entry["reached"]]
+    not_reached = [
+        name
+        for name, entry in (("turboserve", ours), *static.items(), *rivals.items())
+        if not entry["reached"]
+    ]
     clairvoyant = rivals.get("clairvoyant")
-    gap = {} if clairvoyant is None else {
-        # Ours over the clairvoyant controller's cost for the same service, minus 1.
-        "gap_to_clairvoyant_at_slo_pct": round(
-            _increase(clairvoyant["cost_gpu_hours"], ours["cost_gpu_hours"]), 3),
-        "gap_to_clairvoyant_at_slo_reached": ours["reached"] and clairvoyant["reached"],
-        "gap_to_clairvoyant_at_slo_bound": gap_bound(ours, clairvoyant),
-    }
+    gap = (
+        {}
+        if clairvoyant is None
+        else {
+            # Ours over the clairvoyant controller's cost for the same service, minus 1.
+            "gap_to_clairvoyant_at_slo_pct": round(
+                _increase(clairvoyant["cost_gpu_hours"], ours["cost_gpu_hours"]), 3
+            ),
+            "gap_to_clairvoyant_at_slo_reached": ours["reached"] and clairvoyant["reached"],
+            "gap_to_clairvoyant_at_slo_bound": gap_bound(ours, clairvoyant),
+        }
+    )
     return {
         "slo_attainment": SLO_ATTAINMENT,
-        "turboserve": {**ours,
-                       "adaptive_cost_gpu_hours": round(ours_run.cost_gpu_h, 4),
-                       "adaptive_attainment": round(ours_run.stall_adjusted_attainment, 5),
-                       "adaptive_meets": reaches(ours_run)},
+        "turboserve": {
+            **ours,
+            "adaptive_cost_gpu_hours": round(ours_run.cost_gpu_h, 4),
+            "adaptive_attainment": round(ours_run.stall_adjusted_attainment, 5),
+            "adaptive_meets": reaches(ours_run),
+        },
         "static": static,
         "rivals": rivals,
         "not_reached": not_reached,
         "best_baseline": best,
         "cost_reduction_vs_best_baseline_pct": round(
-            reduction_pct(static[best]["cost_gpu_hours"], ours["cost_gpu_hours"]), 3),
+            reduction_pct(static[best]["cost_gpu_hours"], ours["cost_gpu_hours"]), 3
+        ),
         "cost_reduction_vs_best_baseline_reached": ours["reached"] and static[best]["reached"],
         "cost_vs_best_of_least_loaded_and_hpa_pct": round(
-            _increase(robust[robust_best]["cost_gpu_hours"], ours["cost_gpu_hours"]), 3),
-        "cost_vs_best_of_least_loaded_and_hpa_reached":
-            ours["reached"] and robust[robust_best]["reached"],
+            _increase(robust[robust_best]["cost_gpu_hours"], ours["cost_gpu_hours"]), 3
+        ),
+        "cost_vs_best_of_least_loaded_and_hpa_reached": ours["reached"]
+        and robust[robust_best]["reached"],
         "best_of_least_loaded_and_hpa": robust_best,
         "attainment_at_our_cost": at_cost,
         **gap,
@@ -244,9 +282,14 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         v = t["service_level"]
         if "gap_to_clairvoyant_at_slo_pct" not in v:
             continue  # no clairvoyant sweep on this trace
-        missing = [who for who, entry in (("turboserve", v["turboserve"]),
-                                          ("clairvoyant", v["rivals"]["clairvoyant"]))
-                   if not entry["reached"]]
+        missing = [
+            who
+            for who, entry in (
+                ("turboserve", v["turboserve"]),
+                ("clairvoyant", v["rivals"]["clairvoyant"]),
+            )
+            if not entry["reached"]
+        ]
         gap[name] = None if missing else v["gap_to_clairvoyant_at_slo_pct"]
         if missing:
             gap_out[name] = missing
@@ -280,14 +323,14 @@ def slo_summary(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "robustness": {
             "bar_pct": ROBUST_BAR_PCT,
             "max_cost_above_best_of_least_loaded_and_hpa_pct": (
-                round(max(robusts), 3) if robusts else None),
+                round(max(robusts), 3) if robusts else None
+            ),
             "per_trace": robust,
             "traces_compared": len(robusts),
             "left_out": robust_out,
             # A trace where a rival serves the level and we do not fails the bar outright.
             "turboserve_not_reached_where_a_rival_reaches": robust_lost,
-            "met": bool(robusts) and not robust_lost and all(
-                x <= ROBUST_BAR_PCT for x in robusts),
+            "met": bool(robusts) and not robust_lost and all(x <= ROBUST_BAR_PCT for x in robusts),
         },
     }
 

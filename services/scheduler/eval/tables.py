@@ -23,18 +23,14 @@ def fmt(value: object, digits: int = 1) -> str:
     return str(value)
 
 
-def markdown_table(
-    header: Sequence[str], rows: Sequence[Sequence[object]], digits: int = 1
-) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], digits: int = 1) -> str:
     """A GitHub-flavoured markdown table; numeric columns are right-aligned."""
     cells = [[fmt(v, digits) for v in row] for row in rows]
     numeric = [
         all(isinstance(row[k], int | float) or row[k] is None for row in rows) and bool(rows)
         for k in range(len(header))
     ]
-    widths = [
-        max([len(h)] + [len(r[k]) for r in cells]) for k, h in enumerate(header)
-    ]
+    widths = [max([len(h)] + [len(r[k]) for r in cells]) for k, h in enumerate(header)]
 
     def line(values: Sequence[str]) -> str:
         padded = [
@@ -43,7 +39,12 @@ def markdown_table(
         ]
         return "| " + " | ".join(padded) + " |"
 
-    rule = "| " + " | ".join(
-        ("-" * (w - 1) + ":") if num else "-" * w for w, num in zip(widths, numeric, strict=True)
-    ) + " |"
+    rule = (
+        "| "
+        + " | ".join(
+            ("-" * (w - 1) + ":") if num else "-" * w
+            for w, num in zip(widths, numeric, strict=True)
+        )
+        + " |"
+    )
     return "\n".join([line(list(header)), rule, *(line(r) for r in cells)])

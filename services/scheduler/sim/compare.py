@@ -30,10 +30,22 @@ __all__ = ["COMPARED", "compress", "error_pct", "simulate_replay"]
 
 # The figures whose relative error the comparison reports (nested keys joined with a dot).
 COMPARED = (
-    "cost_gpu_seconds", "latency_ms.p50", "latency_ms.p99", "latency_ms.max",
-    "deadline_attainment", "stall_adjusted_attainment", "missed_periods",
-    "missed_periods_at_start", "startup_ms.p50", "startup_ms.p99", "migrations", "peak_gpus",
-    "scale_out_events", "scale_in_events", "chunks", "sessions",
+    "cost_gpu_seconds",
+    "latency_ms.p50",
+    "latency_ms.p99",
+    "latency_ms.max",
+    "deadline_attainment",
+    "stall_adjusted_attainment",
+    "missed_periods",
+    "missed_periods_at_start",
+    "startup_ms.p50",
+    "startup_ms.p99",
+    "migrations",
+    "peak_gpus",
+    "scale_out_events",
+    "scale_in_events",
+    "chunks",
+    "sessions",
 )
 
 
@@ -47,13 +59,24 @@ def compress(trace: Trace, speed: float) -> Trace:
     return Trace(trace.name, events, trace.duration / speed)
 
 
-def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0,
-                    boot_delay_s: float = 30.0, min_gpus: int = 1, max_gpus: int | None = None,
-                    initial_gpus: int = 1, policy: str = "turboserve",
-                    rho_table: RhoTable | None = None, tick_s: float = 0.5,
-                    chunk_period_s: float | None = None, lead_s: float | None = None,
-                    duration_s: float | None = None, parked_on_gpu: bool = True,
-                    **params: Any) -> dict[str, Any]:
+def simulate_replay(
+    trace: Trace,
+    profile: LatencyProfile,
+    *,
+    speed: float = 1.0,
+    boot_delay_s: float = 30.0,
+    min_gpus: int = 1,
+    max_gpus: int | None = None,
+    initial_gpus: int = 1,
+    policy: str = "turboserve",
+    rho_table: RhoTable | None = None,
+    tick_s: float = 0.5,
+    chunk_period_s: float | None = None,
+    lead_s: float | None = None,
+    duration_s: float | None = None,
+    parked_on_gpu: bool = True,
+    **params: Any,
+) -> dict[str, Any]:
     """Run the simulator as the replay ran the live system, and return its figures.
 
     ``trace`` is the uncompressed trace; ``speed`` the replay's time compression (the workers
@@ -72,8 +95,9 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
 
     played = compress(trace, speed)
     if duration_s is not None:
-        played = Trace(played.name, tuple(e for e in played.events if e.t <= duration_s),
-                       duration_s)
+        played = Trace(
+            played.name, tuple(e for e in played.events if e.t <= duration_s), duration_s
+        )
     try:
         autoscales = policy_spec(policy).autoscales
     except KeyError as exc:
@@ -91,9 +115,18 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
         # A policy without autoscaling (static, no_autoscale): it keeps the pool it started
         # with, as the live scheduler running it does.
         policy_params = {"gpus": initial_gpus, **params}
-    result = simulate(played, policy, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
-                      chunk_period_s=chunk_period_s, lead_s=lead_s, warm_start=False,
-                      parked_on_gpu=parked_on_gpu, **policy_params)
+    result = simulate(
+        played,
+        policy,
+        profile,
+        boot_delay_s=boot_delay_s,
+        tick_s=tick_s,
+        chunk_period_s=chunk_period_s,
+        lead_s=lead_s,
+        warm_start=False,
+        parked_on_gpu=parked_on_gpu,
+        **policy_params,
+    )
     lat = result.latency()
     return {
         "sessions": result.sessions,
@@ -114,8 +147,9 @@ def simulate_replay(trace: Trace, profile: LatencyProfile, *, speed: float = 1.0
     }
 
 
-def error_pct(live: dict[str, Any], sim: dict[str, Any],
-              keys: tuple[str, ...] = COMPARED) -> dict[str, float | None]:
+def error_pct(
+    live: dict[str, Any], sim: dict[str, Any], keys: tuple[str, ...] = COMPARED
+) -> dict[str, float | None]:
     """Relative error of the simulator against the live run, in percent, per key:
     ``100 * (sim - live) / live`` (nested keys joined with a dot, e.g. ``latency_ms.p99``).
     0 when both are 0; None when only the live value is 0 (no relative error exists) or a

@@ -107,13 +107,17 @@ class CheckRow(TypedDict):
 
 # (trace, rho_hat, delta, idle reserve, scale-in delay, peak cap, each bin's level, bin
 # seconds, boot delay, profile): the arguments of one grid run.
-PointArgs = tuple[Trace, float, float, float, float, float, list[int | None], float, float,
-                  LatencyProfile]
+PointArgs = tuple[
+    Trace, float, float, float, float, float, list[int | None], float, float, LatencyProfile
+]
 
 
-def volatility_levels(trace: Trace, window_s: float = DEFAULT_WINDOW_S,
-                      bin_s: float = DEFAULT_BIN_S, signal: str = DEFAULT_SIGNAL
-                      ) -> list[float | None]:
+def volatility_levels(
+    trace: Trace,
+    window_s: float = DEFAULT_WINDOW_S,
+    bin_s: float = DEFAULT_BIN_S,
+    signal: str = DEFAULT_SIGNAL,
+) -> list[float | None]:
     """The core tracker's ``signal`` at the start of every bin of ``trace`` (None while
     warming up)."""
     tracker = VolatilityTracker(window_s, bin_s, signal)
@@ -156,8 +160,9 @@ def _p99(values: list[float]) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float
-                    ) -> dict[int, LevelStats]:
+def per_level_stats(
+    result: Any, bin_levels: list[int | None], bin_s: float
+) -> dict[int, LevelStats]:
     """Attribute a run's GPU-seconds, chunks and missed periods to the volatility level of
     their bin (the run needs ``keep_chunk_times``)."""
     n_bins = len(bin_levels)
@@ -179,8 +184,13 @@ def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float
     first: dict[int, list[float]] = {}
     on_time: dict[int, int] = {}
     missed: dict[int, int] = {}
-    for t, lat, is_first, miss in zip(result.chunk_times_s, result.latencies_ms,
-                                      result.first_flags, result.chunk_missed, strict=True):
+    for t, lat, is_first, miss in zip(
+        result.chunk_times_s,
+        result.latencies_ms,
+        result.first_flags,
+        result.chunk_missed,
+        strict=True,
+    ):
         level = level_at(t)
         if level is None:
             continue
@@ -197,8 +207,9 @@ def per_level_stats(result: Any, bin_levels: list[int | None], bin_s: float
     for level in range(LEVELS):
         cost = sum(g for g, lv in zip(gpu_s, bin_levels, strict=True) if lv == level)
         s, f = stream.get(level, []), first.get(level, [])
-        out[level] = LevelStats(cost, on_time.get(level, 0), len(s) + len(f),
-                                missed.get(level, 0), _p99(s), _p99(f))
+        out[level] = LevelStats(
+            cost, on_time.get(level, 0), len(s) + len(f), missed.get(level, 0), _p99(s), _p99(f)
+        )
     return out
 
 
@@ -206,14 +217,30 @@ def _run_point(args: PointArgs) -> GridPoint:
     from services.scheduler.sim.simulator import simulate
 
     trace, rho, delta, reserve, delay, peak, bin_levels, bin_s, boot_delay_s, profile = args
-    result = simulate(trace, "turboserve", profile, boot_delay_s=boot_delay_s, rho_hat=rho,
-                      delta=delta, idle_reserve=reserve, scale_in_delay_s=delay, peak_rho=peak,
-                      keep_chunk_times=True)
-    return {"rho_hat": rho, "delta": delta, "idle_reserve": reserve, "scale_in_delay_s": delay,
-            "peak_rho": peak, "trace": trace.name, "levels": per_level_stats(result, bin_levels, bin_s),
-            "cost_gpu_seconds": result.cost_gpu_seconds,
-            "stall_adjusted_attainment": result.stall_adjusted_attainment,
-            "p99_ms": result.latency()["p99"]}
+    result = simulate(
+        trace,
+        "turboserve",
+        profile,
+        boot_delay_s=boot_delay_s,
+        rho_hat=rho,
+        delta=delta,
+        idle_reserve=reserve,
+        scale_in_delay_s=delay,
+        peak_rho=peak,
+        keep_chunk_times=True,
+    )
+    return {
+        "rho_hat": rho,
+        "delta": delta,
+        "idle_reserve": reserve,
+        "scale_in_delay_s": delay,
+        "peak_rho": peak,
+        "trace": trace.name,
+        "levels": per_level_stats(result, bin_levels, bin_s),
+        "cost_gpu_seconds": result.cost_gpu_seconds,
+        "stall_adjusted_attainment": result.stall_adjusted_attainment,
+        "p99_ms": result.latency()["p99"],
+    }
 
 
 RULES = ("stall", "deadline")
@@ -221,9 +248,14 @@ DEFAULT_RULE = "stall"
 DEFAULT_POOL = 1
 
 
-def choose(points: list[GridPoint], level: int, target: float, rule: str = DEFAULT_RULE,
-           pool: int = 0, max_rho: float | None = None
-           ) -> tuple[float, float, bool, dict[str, float]]:
+def choose(
+    points: list[GridPoint],
+    level: int,
+    target: float,
+    rule: str = DEFAULT_RULE,
+    pool: int = 0,
+    max_rho: float | None = None,
+) -> tuple[float, float, bool, dict[str, float]]:
     """The cheapest (rho_hat, delta, idle reserve, scale-in delay, peak cap) at ``level``
     whose pooled service share reaches ``target``; else the most punctual one. Ties go to the
     higher rho_hat, then the smaller reserve, then the shorter delay, then no cap. The chosen
@@ -242,17 +274,22 @@ def choose(points: list[GridPoint], level: int, target: float, rule: str = DEFAU
     for p in points:
         if max_rho is not None and p["rho_hat"] > max_rho + 1e-9:
             continue
-        key = (p["rho_hat"], p["delta"], p.get("idle_reserve", 0.0),
-               p.get("scale_in_delay_s", 0.0), p.get("peak_rho", 0.0))
-        by_config.setdefault(key, []).extend(p["levels"][lv] for lv in window
-                                             if lv in p["levels"])
+        key = (
+            p["rho_hat"],
+            p["delta"],
+            p.get("idle_reserve", 0.0),
+            p.get("scale_in_delay_s", 0.0),
+            p.get("peak_rho", 0.0),
+        )
+        by_config.setdefault(key, []).extend(p["levels"][lv] for lv in window if lv in p["levels"])
     if not by_config:
         raise ValueError(f"no grid point at or below rho_hat {max_rho}")
     scored = []
     for (rho, delta, reserve, delay, peak), stats in sorted(by_config.items()):
         good = sum(s.on_time for s in stats)
-        total = good + sum(s.missed for s in stats) if rule == "stall" else sum(
-            s.chunks for s in stats)
+        total = (
+            good + sum(s.missed for s in stats) if rule == "stall" else sum(s.chunks for s in stats)
+        )
         share = good / total if total else 1.0
         cost = sum(s.gpu_seconds for s in stats)
         scored.append((share, cost, rho, delta, reserve, delay, total, peak))
@@ -263,14 +300,28 @@ def choose(points: list[GridPoint], level: int, target: float, rule: str = DEFAU
     else:
         best = max(scored, key=lambda s: (s[0], -s[1]))
     share, cost, rho, delta, reserve, delay, total, peak = best
-    return rho, delta, bool(feasible), {"on_time": round(share, 5), "gpu_seconds": round(cost, 1),
-                                        "periods": total, "idle_reserve": reserve,
-                                        "scale_in_delay_s": delay, "peak_rho": peak}
+    return (
+        rho,
+        delta,
+        bool(feasible),
+        {
+            "on_time": round(share, 5),
+            "gpu_seconds": round(cost, 1),
+            "periods": total,
+            "idle_reserve": reserve,
+            "scale_in_delay_s": delay,
+            "peak_rho": peak,
+        },
+    )
 
 
-def choose_table(points: list[GridPoint], target: float, rule: str = DEFAULT_RULE,
-                 pool: int = DEFAULT_POOL, monotone: bool = True
-                 ) -> list[tuple[float, float, bool, dict[str, float]]]:
+def choose_table(
+    points: list[GridPoint],
+    target: float,
+    rule: str = DEFAULT_RULE,
+    pool: int = DEFAULT_POOL,
+    monotone: bool = True,
+) -> list[tuple[float, float, bool, dict[str, float]]]:
     """:func:`choose` at every level, calmest first. With ``monotone`` a level never gets a
     higher rho_hat than the calmer level below it: where its own choice is higher, it is chosen
     again among the points at or below that rho_hat. Since a lower rho_hat (more GPUs) hardly
@@ -285,15 +336,25 @@ def choose_table(points: list[GridPoint], target: float, rule: str = DEFAULT_RUL
     return out
 
 
-def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: float = 30.0,
-                profile_name: str | None = None, jobs: int = 1, json_out: Path | None = None,
-                target: float = DEFAULT_TARGET, rule: str = DEFAULT_RULE,
-                pool: int = DEFAULT_POOL, monotone: bool = True, signal: str = DEFAULT_SIGNAL,
-                idle_reserves: tuple[float, ...] | None = None,
-                scale_in_delays: tuple[float, ...] | None = None,
-                peak_rhos: tuple[float, ...] | None = None,
-                rho_hats: tuple[float, ...] | None = None,
-                log: Callable[[str], None] = print) -> RhoTable:
+def build_table(
+    *,
+    quick: bool = False,
+    out: Path | None = None,
+    boot_delay_s: float = 30.0,
+    profile_name: str | None = None,
+    jobs: int = 1,
+    json_out: Path | None = None,
+    target: float = DEFAULT_TARGET,
+    rule: str = DEFAULT_RULE,
+    pool: int = DEFAULT_POOL,
+    monotone: bool = True,
+    signal: str = DEFAULT_SIGNAL,
+    idle_reserves: tuple[float, ...] | None = None,
+    scale_in_delays: tuple[float, ...] | None = None,
+    peak_rhos: tuple[float, ...] | None = None,
+    rho_hats: tuple[float, ...] | None = None,
+    log: Callable[[str], None] = print,
+) -> RhoTable:
     from services.scheduler.sim import synth
     from shared.profile import load_profile
 
@@ -304,14 +365,17 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
         if not rho_hats or any(not 0 < x <= 1 for x in rho_hats):
             raise ValueError(f"rho_hat values must be in (0, 1], got {list(rho_hats)}")
         grid["rho_hat"] = tuple(sorted(set(rho_hats)))
-    traces = synth.training_traces(duration_s=900.0 if quick else 1200.0,
-                                   variants=1 if quick else 2)
+    traces = synth.training_traces(
+        duration_s=900.0 if quick else 1200.0, variants=1 if quick else 2
+    )
     window_s, bin_s = DEFAULT_WINDOW_S, DEFAULT_BIN_S
     raw_levels = {tr.name: volatility_levels(tr, window_s, bin_s, signal) for tr in traces}
     edges = level_edges([v for vals in raw_levels.values() for v in vals if v is not None])
     probe = RhoTable(edges, (0.5,) * LEVELS, (0.1,) * LEVELS, signal=signal)
-    bin_levels = {name: [None if v is None else probe.level(v) for v in vals]
-                  for name, vals in raw_levels.items()}
+    bin_levels = {
+        name: [None if v is None else probe.level(v) for v in vals]
+        for name, vals in raw_levels.items()
+    }
     if idle_reserves is None:
         idle_reserves = QUICK_RESERVES if quick else FULL_RESERVES
     reserves = tuple(sorted(set(idle_reserves))) or (0.0,)
@@ -327,16 +391,31 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
     peaks = tuple(sorted(set(peak_rhos))) or (0.0,)
     if any(not 0 <= x <= 1 for x in peaks):
         raise ValueError(f"peak caps must be in [0, 1] (0: no cap), got {list(peaks)}")
-    log(f"profiler: {len(traces)} training traces, grid {len(grid['rho_hat'])} rho_hat x "
+    log(
+        f"profiler: {len(traces)} training traces, grid {len(grid['rho_hat'])} rho_hat x "
         f"{len(grid['delta'])} delta x {len(reserves)} idle reserve x {len(delays)} scale-in "
-        f"delay x {len(peaks)} peak cap, {signal} level edges {list(edges)}")
-    tasks = [(tr, rho, delta, reserve, delay, peak, bin_levels[tr.name], bin_s, boot_delay_s,
-              profile)
-             for rho in grid["rho_hat"] for delta in grid["delta"] if delta < rho
-             for reserve in reserves for delay in delays for peak in peaks for tr in traces]
+        f"delay x {len(peaks)} peak cap, {signal} level edges {list(edges)}"
+    )
+    tasks = [
+        (tr, rho, delta, reserve, delay, peak, bin_levels[tr.name], bin_s, boot_delay_s, profile)
+        for rho in grid["rho_hat"]
+        for delta in grid["delta"]
+        if delta < rho
+        for reserve in reserves
+        for delay in delays
+        for peak in peaks
+        for tr in traces
+    ]
     points = _map(tasks, jobs, log)
     rhos, deltas, picked_reserves, picked_delays, picked_peaks, notes, chosen = (
-        [], [], [], [], [], [], [])
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+    )
     picks = choose_table(points, target, rule, pool, monotone)
     for level, (rho, delta, ok, stats) in enumerate(picks):
         rhos.append(rho)
@@ -347,34 +426,52 @@ def build_table(*, quick: bool = False, out: Path | None = None, boot_delay_s: f
         chosen.append({"level": level, "rho_hat": rho, "delta": delta, "feasible": ok, **stats})
         if not ok:
             notes.append(str(level))
-        log(f"  level {level}: rho_hat {rho:.2f} delta {delta:.2f} "
+        log(
+            f"  level {level}: rho_hat {rho:.2f} delta {delta:.2f} "
             f"idle reserve {stats['idle_reserve']:.2f} "
             f"scale-in delay {stats['scale_in_delay_s']:g} s "
             f"peak cap {stats['peak_rho'] or 'none'} "
-            f"{'meets' if ok else 'MOST PUNCTUAL (none meets the target)'} {stats}")
-    what = ("chunk periods served on time (stall-adjusted)" if rule == "stall"
-            else "chunks on time")
-    source = (f"turboserve sim profile{' --quick' if quick else ''}: {len(traces)} training "
-              f"traces (seeds 1000+), boot delay {boot_delay_s:g} s, profile {profile.name}, "
-              f"paced chunks, signal {signal}, constraint: >= {target:.1%} of {what}, "
-              f"levels pooled +-{pool}{', rho_hat non-increasing' if monotone else ''}"
-              + (f", idle reserve grid {list(reserves)}" if reserves != (0.0,) else "")
-              + (f", scale-in delay grid {list(delays)}" if delays != (0.0,) else "")
-              + (f", peak cap grid {list(peaks)}" if peaks != (0.0,) else ""))
+            f"{'meets' if ok else 'MOST PUNCTUAL (none meets the target)'} {stats}"
+        )
+    what = "chunk periods served on time (stall-adjusted)" if rule == "stall" else "chunks on time"
+    source = (
+        f"turboserve sim profile{' --quick' if quick else ''}: {len(traces)} training "
+        f"traces (seeds 1000+), boot delay {boot_delay_s:g} s, profile {profile.name}, "
+        f"paced chunks, signal {signal}, constraint: >= {target:.1%} of {what}, "
+        f"levels pooled +-{pool}{', rho_hat non-increasing' if monotone else ''}"
+        + (f", idle reserve grid {list(reserves)}" if reserves != (0.0,) else "")
+        + (f", scale-in delay grid {list(delays)}" if delays != (0.0,) else "")
+        + (f", peak cap grid {list(peaks)}" if peaks != (0.0,) else "")
+    )
     if notes:
         source += f"; no grid point met it at levels {', '.join(notes)} (most punctual taken)"
-    table = RhoTable(edges, tuple(rhos), tuple(deltas), window_s, bin_s, source, signal,
-                     tuple(picked_reserves) if reserves != (0.0,) else (),
-                     tuple(picked_delays) if delays != (0.0,) else (),
-                     tuple(picked_peaks) if peaks != (0.0,) else ())
+    table = RhoTable(
+        edges,
+        tuple(rhos),
+        tuple(deltas),
+        window_s,
+        bin_s,
+        source,
+        signal,
+        tuple(picked_reserves) if reserves != (0.0,) else (),
+        tuple(picked_delays) if delays != (0.0,) else (),
+        tuple(picked_peaks) if peaks != (0.0,) else (),
+    )
     path = save_rho_table(table, out)
     log(f"wrote {path} in {time.perf_counter() - started:.0f} s")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({
-            "table": table.to_dict(), "chosen": chosen,
-            "points": [{k: v for k, v in p.items() if k != "levels"} for p in points],
-        }, indent=2) + "\n")
+        json_out.write_text(
+            json.dumps(
+                {
+                    "table": table.to_dict(),
+                    "chosen": chosen,
+                    "points": [{k: v for k, v in p.items() if k != "levels"} for p in points],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return table
 
 
@@ -406,8 +503,13 @@ def _map(tasks: list[PointArgs], jobs: int, log: Callable[[str], None]) -> list[
 STATIC_BASELINES = ("round_robin", "least_loaded", "memory_aware")
 
 
-def static_p99_at_cost(trace: Trace, policy: str, cost_gpu_seconds: float, profile: Any = None,
-                       boot_delay_s: float = 30.0) -> float:
+def static_p99_at_cost(
+    trace: Trace,
+    policy: str,
+    cost_gpu_seconds: float,
+    profile: Any = None,
+    boot_delay_s: float = 30.0,
+) -> float:
     """A static baseline's p99, linearly interpolated between the GPU counts around the mean
     GPU count that ``cost_gpu_seconds`` buys (the rule of the matched-cost test)."""
     from services.scheduler.sim.simulator import simulate
@@ -421,9 +523,14 @@ def static_p99_at_cost(trace: Trace, policy: str, cost_gpu_seconds: float, profi
     return p_lo + (p_hi - p_lo) * (g - lo)
 
 
-def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s: float = 30.0,
-                profile_name: str | None = None, log: Callable[[str], None] = print
-                ) -> list[CheckRow]:
+def check_table(
+    table: Path | None = None,
+    *,
+    which: str = "both",
+    boot_delay_s: float = 30.0,
+    profile_name: str | None = None,
+    log: Callable[[str], None] = print,
+) -> list[CheckRow]:
     """``turboserve sim profile --check``: with the table at ``table`` (default: the shipped
     one), ``turboserve``'s p99 against each static baseline at matched cost, on the six
     built-in traces (``eval``), the training traces at 30 minutes (``train``) or both. A
@@ -445,22 +552,38 @@ def check_table(table: Path | None = None, *, which: str = "both", boot_delay_s:
     if which in ("train", "both"):
         traces += synth.training_traces(duration_s=1800.0, variants=2)
     log(f"table {path} (signal {rho_table.signal}, rho_hat {list(rho_table.rho_hat)})")
-    log("| trace | turboserve mean GPUs | p99 ms | "
-        + " | ".join(f"vs {p}" for p in STATIC_BASELINES) + " |")
+    log(
+        "| trace | turboserve mean GPUs | p99 ms | "
+        + " | ".join(f"vs {p}" for p in STATIC_BASELINES)
+        + " |"
+    )
     log("|---|---|---|" + "---|" * len(STATIC_BASELINES))
     rows: list[CheckRow] = []
     for trace in traces:
-        ours = simulate(trace, "turboserve", profile, boot_delay_s=boot_delay_s,
-                        rho_table=rho_table)
+        ours = simulate(
+            trace, "turboserve", profile, boot_delay_s=boot_delay_s, rho_table=rho_table
+        )
         p99 = ours.latency()["p99"]
-        margins = {p: 100.0 * (p99 / static_p99_at_cost(trace, p, ours.cost_gpu_seconds, profile,
-                                                        boot_delay_s) - 1.0)
-                   for p in STATIC_BASELINES}
-        row: CheckRow = {"trace": trace.name, "mean_gpus": ours.cost_gpu_seconds / trace.duration,
-               "p99_ms": p99, "margin_pct": margins}
+        margins = {
+            p: 100.0
+            * (
+                p99 / static_p99_at_cost(trace, p, ours.cost_gpu_seconds, profile, boot_delay_s)
+                - 1.0
+            )
+            for p in STATIC_BASELINES
+        }
+        row: CheckRow = {
+            "trace": trace.name,
+            "mean_gpus": ours.cost_gpu_seconds / trace.duration,
+            "p99_ms": p99,
+            "margin_pct": margins,
+        }
         rows.append(row)
-        log(f"| {trace.name} | {row['mean_gpus']:.2f} | {p99:.0f} | "
-            + " | ".join(f"{margins[p]:+.1f}%" for p in STATIC_BASELINES) + " |")
+        log(
+            f"| {trace.name} | {row['mean_gpus']:.2f} | {p99:.0f} | "
+            + " | ".join(f"{margins[p]:+.1f}%" for p in STATIC_BASELINES)
+            + " |"
+        )
     worst = max(rows, key=lambda r: max(r["margin_pct"].values()))
     policy = max(worst["margin_pct"], key=worst["margin_pct"].__getitem__)
     log(f"least margin: {worst['margin_pct'][policy]:+.1f}% ({worst['trace']} vs {policy})")

@@ -222,8 +222,10 @@ class SimResult:
             "missed_periods_at_start": self.missed_periods_at_start,
             "startup_ms": summary(self.startups_ms),
             "migrations": self.migrations,
-            "chunks_after_migration": {"total": self.chunks_after_migration,
-                                       "late": self.late_chunks_after_migration},
+            "chunks_after_migration": {
+                "total": self.chunks_after_migration,
+                "late": self.late_chunks_after_migration,
+            },
             "scale_events": self.scale_events,
             "scale_out_events": self.scale_out_events,
             "scale_in_events": self.scale_in_events,
@@ -242,13 +244,22 @@ class SimResult:
 class Simulator:
     """One run of one policy over one trace. Use :func:`simulate` unless you need the parts."""
 
-    def __init__(self, trace: Trace, policy: Policy, profile: LatencyProfile, *,
-                 boot_delay_s: float = 30.0,
-                 tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
-                 progress: Callable[[float], None] | None = None,
-                 keep_chunk_times: bool = False, resume_ms: float = 0.0,
-                 chunk_period_s: float | None = None, lead_s: float | None = None,
-                 parked_on_gpu: bool = False) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        profile: LatencyProfile,
+        *,
+        boot_delay_s: float = 30.0,
+        tick_s: float = 1.0,
+        price_usd_per_gpu_hour: float | None = None,
+        progress: Callable[[float], None] | None = None,
+        keep_chunk_times: bool = False,
+        resume_ms: float = 0.0,
+        chunk_period_s: float | None = None,
+        lead_s: float | None = None,
+        parked_on_gpu: bool = False,
+    ) -> None:
         self.trace = trace
         self.resume_ms = float(resume_ms)
         self.parked_on_gpu = parked_on_gpu
@@ -261,16 +272,20 @@ class Simulator:
         self.profile = profile
         self.boot_delay_s = float(boot_delay_s)
         self.tick_s = float(tick_s)
-        self.period_s = (profile.deadline_ms / 1000.0 if chunk_period_s is None
-                         else float(chunk_period_s))
+        self.period_s = (
+            profile.deadline_ms / 1000.0 if chunk_period_s is None else float(chunk_period_s)
+        )
         self.lead_s = self.period_s if lead_s is None else float(lead_s)
         if not (math.isfinite(self.period_s) and self.period_s >= 0):
             raise ValueError(f"chunk_period_s must be >= 0, got {chunk_period_s}")
         if not (math.isfinite(self.lead_s) and self.lead_s >= 0):
             raise ValueError(f"lead_s must be >= 0, got {lead_s}")
         self.ledger = ServiceLedger(self.period_s, profile.deadline_ms)
-        self.price = (price_usd_per_gpu_hour or profile.price_usd_per_gpu_hour
-                      or DEFAULT_PRICE_USD_PER_GPU_HOUR)
+        self.price = (
+            price_usd_per_gpu_hour
+            or profile.price_usd_per_gpu_hour
+            or DEFAULT_PRICE_USD_PER_GPU_HOUR
+        )
         self.progress = progress
         self.now = 0.0
         self.gpus: dict[str, _Gpu] = {}
@@ -292,8 +307,7 @@ class Simulator:
         self.held = 0
         self.peak = 0
         self._passes = max(1, profile.passes_per_chunk)
-        self._pass_s = [0.0] + [profile.chunk_ms(b) / 1000.0 / self._passes
-                                for b in range(1, 257)]
+        self._pass_s = [0.0] + [profile.chunk_ms(b) / 1000.0 / self._passes for b in range(1, 257)]
         self._migration_ms = profile.migration_ms()
 
     # ---- driving --------------------------------------------------------------------------
@@ -763,13 +777,23 @@ def warm_pool(initial_active: int, capacity: int) -> int:
     return max(1, math.ceil(initial_active / (capacity * WARM_START_RHO) - 1e-9))
 
 
-def simulate(trace: Trace | str, policy: str | Policy, profile: LatencyProfile | str | None = None,
-             *, boot_delay_s: float = 30.0,
-             tick_s: float = 1.0, price_usd_per_gpu_hour: float | None = None,
-             progress: Callable[[float], None] | None = None, keep_chunk_times: bool = False,
-             resume_ms: float = 0.0, warm_start: bool = True,
-             chunk_period_s: float | None = None, lead_s: float | None = None,
-             parked_on_gpu: bool = False, **params: Any) -> SimResult:
+def simulate(
+    trace: Trace | str,
+    policy: str | Policy,
+    profile: LatencyProfile | str | None = None,
+    *,
+    boot_delay_s: float = 30.0,
+    tick_s: float = 1.0,
+    price_usd_per_gpu_hour: float | None = None,
+    progress: Callable[[float], None] | None = None,
+    keep_chunk_times: bool = False,
+    resume_ms: float = 0.0,
+    warm_start: bool = True,
+    chunk_period_s: float | None = None,
+    lead_s: float | None = None,
+    parked_on_gpu: bool = False,
+    **params: Any,
+) -> SimResult:
     """Run ``policy`` (a registered name, or a :class:`Policy`) over ``trace`` (a Trace, a
     built-in trace name or a path). ``params`` are the policy's loose parameters
     (``policies.policy_config``); a policy that takes them also gets ``boot_delay_s``, so that
@@ -790,36 +814,61 @@ def simulate(trace: Trace | str, policy: str | Policy, profile: LatencyProfile |
     if isinstance(policy, str):
         if warm_start and "gpus" not in params and "initial_gpus" not in params:
             extra["initial_gpus"] = warm_start_gpus(trace, profile.capacity, boot_delay_s)
-        policy_obj, taken = _build_policy(policy, profile, {"boot_delay_s": boot_delay_s,
-                                                            **_shipped_table(params, profile),
-                                                            **extra, **params},
-                                          optional=("boot_delay_s", "rho_table", *extra))
+        policy_obj, taken = _build_policy(
+            policy,
+            profile,
+            {"boot_delay_s": boot_delay_s, **_shipped_table(params, profile), **extra, **params},
+            optional=("boot_delay_s", "rho_table", *extra),
+        )
         extra = {k: v for k, v in extra.items() if k in taken}
     else:
         policy_obj = policy
-    sim = Simulator(trace, policy_obj, profile, boot_delay_s=boot_delay_s, tick_s=tick_s,
-                    price_usd_per_gpu_hour=price_usd_per_gpu_hour, progress=progress,
-                    keep_chunk_times=keep_chunk_times, resume_ms=resume_ms,
-                    chunk_period_s=chunk_period_s, lead_s=lead_s, parked_on_gpu=parked_on_gpu)
+    sim = Simulator(
+        trace,
+        policy_obj,
+        profile,
+        boot_delay_s=boot_delay_s,
+        tick_s=tick_s,
+        price_usd_per_gpu_hour=price_usd_per_gpu_hour,
+        progress=progress,
+        keep_chunk_times=keep_chunk_times,
+        resume_ms=resume_ms,
+        chunk_period_s=chunk_period_s,
+        lead_s=lead_s,
+        parked_on_gpu=parked_on_gpu,
+    )
     result = sim.run()
-    result.params = {"boot_delay_s": boot_delay_s, "tick_s": tick_s, "profile": profile.name,
-                     "resume_ms": resume_ms, **({"parked_on_gpu": True} if parked_on_gpu else {}),
-                     "chunk_period_s": sim.period_s,
-                     "lead_s": sim.lead_s,
-                     **{k: v for k, v in {**extra, **params}.items() if _jsonable(v)}}
+    result.params = {
+        "boot_delay_s": boot_delay_s,
+        "tick_s": tick_s,
+        "profile": profile.name,
+        "resume_ms": resume_ms,
+        **({"parked_on_gpu": True} if parked_on_gpu else {}),
+        "chunk_period_s": sim.period_s,
+        "lead_s": sim.lead_s,
+        **{k: v for k, v in {**extra, **params}.items() if _jsonable(v)},
+    }
     return result
 
 
-def make_policy(name: str, profile: LatencyProfile | str | None, *, boot_delay_s: float,
-                optional: tuple[str, ...] = ("boot_delay_s",), **params: Any) -> Policy:
+def make_policy(
+    name: str,
+    profile: LatencyProfile | str | None,
+    *,
+    boot_delay_s: float,
+    optional: tuple[str, ...] = ("boot_delay_s",),
+    **params: Any,
+) -> Policy:
     """Build a registered policy, telling it the environment's boot delay and giving it the
     shipped rho_hat table unless ``params`` name one. Keys in ``optional`` were added by the
     environment, not the caller: a policy that does not take one is built without it."""
     resolved = resolve_profile(profile)
-    return _build_policy(name, resolved,
-                         {"boot_delay_s": boot_delay_s, **_shipped_table(params, resolved),
-                          **params},
-                         (*optional, "rho_table"))[0]
+    return _build_policy(
+        name,
+        resolved,
+        {"boot_delay_s": boot_delay_s, **_shipped_table(params, resolved), **params},
+        (*optional, "rho_table"),
+    )[0]
 
 
 def resolve_profile(profile: LatencyProfile | str | None) -> LatencyProfile:
@@ -841,8 +890,9 @@ def _shipped_table(params: dict[str, Any], profile: LatencyProfile) -> dict[str,
     return {} if table is None else {"rho_table": table}
 
 
-def _build_policy(name: str, profile: LatencyProfile, params: dict[str, Any],
-                  optional: tuple[str, ...]) -> tuple[Policy, dict[str, Any]]:
+def _build_policy(
+    name: str, profile: LatencyProfile, params: dict[str, Any], optional: tuple[str, ...]
+) -> tuple[Policy, dict[str, Any]]:
     """(policy, the parameters it was built with), leaving out the ``optional`` ones the
     policy does not take. An unknown name, a parameter it does not take or a value out of
     range is a :class:`PolicyError`."""

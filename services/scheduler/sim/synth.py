@@ -68,6 +68,7 @@ class TraceSpec:
 
 # ---- target active-session curves (t in seconds over [0, duration)) -------------------------
 
+
 def _calm(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     # One slow swell from a dozen to ~100 and back over the whole trace.
     return np.asarray(12 + 92 * np.sin(np.pi * t / t[-1]) ** 2, dtype=float)
@@ -75,8 +76,10 @@ def _calm(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def _diurnal(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     # Two 15-minute waves with a little wobble, 15..105.
-    return np.asarray(60 + 42 * np.sin(2 * np.pi * t / 900 - np.pi / 2)
-                      + 4 * np.sin(2 * np.pi * t / 97), dtype=float)
+    return np.asarray(
+        60 + 42 * np.sin(2 * np.pi * t / 900 - np.pi / 2) + 4 * np.sin(2 * np.pi * t / 97),
+        dtype=float,
+    )
 
 
 def _steps(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -86,7 +89,7 @@ def _steps(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     level = 20.0
     while start < len(t):
         length = int(rng.uniform(180, 360))
-        out[start:start + length] = level
+        out[start : start + length] = level
         start += length
         level = float(rng.uniform(12, 115))
     return out
@@ -121,7 +124,7 @@ def _chaotic(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     start = 0
     while start < len(t):
         length = int(rng.uniform(20, 90))
-        out[start:start + length] = rng.choice([12, 25, 50, 80, 110, 130])
+        out[start : start + length] = rng.choice([12, 25, 50, 80, 110, 130])
         start += length
     return out
 
@@ -132,35 +135,67 @@ def _churny(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 _SHAPES: dict[str, tuple[Shape, dict[str, float], str]] = {
-    "calm": (_calm, {"active_mean_s": 40.0, "idle_mean_s": 8.0},
-             "one slow swell 12 -> ~100 -> 12; long active spells"),
-    "diurnal": (_diurnal, {"active_mean_s": 30.0, "idle_mean_s": 10.0},
-                "two 15-minute waves between ~15 and ~105"),
-    "steps": (_steps, {"storms_per_hour": 4, "storm_share": 0.3},
-              "plateaus of 3-6 minutes at random levels, a few activation storms"),
-    "bursty": (_bursty, {"active_mean_s": 20.0, "idle_mean_s": 12.0, "storms_per_hour": 10,
-                         "storm_share": 0.5}, "base ~25 with 40-80 s arrival surges to ~120-150"),
-    "flash_crowd": (_flash_crowd, {"storms_per_hour": 6, "storm_share": 0.6},
-                    "quiet, then flash crowds to ~125 at 9 and 22 minutes"),
-    "chaotic": (_chaotic, {"active_mean_s": 15.0, "idle_mean_s": 8.0, "storms_per_hour": 20,
-                           "storm_share": 0.6}, "regime switches every 20-90 s, 12..130"),
-    "churny": (_churny, {"active_mean_s": 6.0, "idle_mean_s": 4.0, "lifetime_median_s": 12.0,
-                         "lifetime_sigma": 0.6},
-               "steady ~60 active, many short sessions flipping every few seconds"),
+    "calm": (
+        _calm,
+        {"active_mean_s": 40.0, "idle_mean_s": 8.0},
+        "one slow swell 12 -> ~100 -> 12; long active spells",
+    ),
+    "diurnal": (
+        _diurnal,
+        {"active_mean_s": 30.0, "idle_mean_s": 10.0},
+        "two 15-minute waves between ~15 and ~105",
+    ),
+    "steps": (
+        _steps,
+        {"storms_per_hour": 4, "storm_share": 0.3},
+        "plateaus of 3-6 minutes at random levels, a few activation storms",
+    ),
+    "bursty": (
+        _bursty,
+        {"active_mean_s": 20.0, "idle_mean_s": 12.0, "storms_per_hour": 10, "storm_share": 0.5},
+        "base ~25 with 40-80 s arrival surges to ~120-150",
+    ),
+    "flash_crowd": (
+        _flash_crowd,
+        {"storms_per_hour": 6, "storm_share": 0.6},
+        "quiet, then flash crowds to ~125 at 9 and 22 minutes",
+    ),
+    "chaotic": (
+        _chaotic,
+        {"active_mean_s": 15.0, "idle_mean_s": 8.0, "storms_per_hour": 20, "storm_share": 0.6},
+        "regime switches every 20-90 s, 12..130",
+    ),
+    "churny": (
+        _churny,
+        {
+            "active_mean_s": 6.0,
+            "idle_mean_s": 4.0,
+            "lifetime_median_s": 12.0,
+            "lifetime_sigma": 0.6,
+        },
+        "steady ~60 active, many short sessions flipping every few seconds",
+    ),
 }
 BUILTIN_NAMES: tuple[str, ...] = tuple(_SHAPES)
 _BUILTIN_SEEDS = {name: 101 + i for i, name in enumerate(BUILTIN_NAMES)}
 
 
-def spec(name: str, seed: int | None = None, duration_s: float = DEFAULT_DURATION_S,
-         **overrides: float) -> TraceSpec:
+def spec(
+    name: str, seed: int | None = None, duration_s: float = DEFAULT_DURATION_S, **overrides: float
+) -> TraceSpec:
     """The spec of a named trace shape; ``seed`` defaults to the evaluation trace's seed."""
     if name not in _SHAPES:
         raise KeyError(f"unknown trace shape {name!r}; known: {', '.join(BUILTIN_NAMES)}")
     shape, params, desc = _SHAPES[name]
     merged = {**params, **overrides}
-    return TraceSpec(name=name, seed=_BUILTIN_SEEDS[name] if seed is None else seed,
-                     shape=shape, duration_s=duration_s, description=desc, **merged)
+    return TraceSpec(
+        name=name,
+        seed=_BUILTIN_SEEDS[name] if seed is None else seed,
+        shape=shape,
+        duration_s=duration_s,
+        description=desc,
+        **merged,
+    )
 
 
 def generate(s: TraceSpec, name: str | None = None) -> Trace:
@@ -176,22 +211,28 @@ def generate(s: TraceSpec, name: str | None = None) -> Trace:
     # spread over the first few seconds instead of starting from an empty cluster.
     counts = rng.poisson(rate)
     counts[:5] += rng.poisson(target[0] / 5.0, size=min(5, n_bins))
-    arrivals = np.sort(np.concatenate(
-        [b + rng.random(c) for b, c in enumerate(counts) if c > 0] or [np.empty(0)]))
+    arrivals = np.sort(
+        np.concatenate([b + rng.random(c) for b, c in enumerate(counts) if c > 0] or [np.empty(0)])
+    )
     storms = _storm_times(s, rng)
     events: list[tuple[float, int, str, str]] = []  # (t, order, sid, event)
     order = 0
     for i, t0 in enumerate(arrivals):
         sid = f"s{i:05d}"
-        life = float(np.clip(rng.lognormal(math.log(s.lifetime_median_s), s.lifetime_sigma),
-                             LIFETIME_MIN_S, LIFETIME_MAX_S))
-        for when, kind in _session_events(float(t0), min(float(t0) + life, s.duration_s),
-                                          s, storms, rng):
+        life = float(
+            np.clip(
+                rng.lognormal(math.log(s.lifetime_median_s), s.lifetime_sigma),
+                LIFETIME_MIN_S,
+                LIFETIME_MAX_S,
+            )
+        )
+        for when, kind in _session_events(
+            float(t0), min(float(t0) + life, s.duration_s), s, storms, rng
+        ):
             events.append((round(when, 3), order, sid, kind))
             order += 1
     events.sort()
-    return Trace(name or s.name, tuple(TraceEvent(e[0], e[2], e[3]) for e in events),
-                 s.duration_s)
+    return Trace(name or s.name, tuple(TraceEvent(e[0], e[2], e[3]) for e in events), s.duration_s)
 
 
 def _mean_lifetime(median_s: float = LIFETIME_MEDIAN_S, sigma: float = LIFETIME_SIGMA) -> float:
@@ -207,8 +248,9 @@ def _storm_times(s: TraceSpec, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.uniform(0, s.duration_s, size=n))
 
 
-def _session_events(t0: float, end: float, s: TraceSpec, storms: np.ndarray,
-                    rng: np.random.Generator) -> list[tuple[float, str]]:
+def _session_events(
+    t0: float, end: float, s: TraceSpec, storms: np.ndarray, rng: np.random.Generator
+) -> list[tuple[float, str]]:
     """arrive, then alternating idle/active spells until ``end``, then depart."""
     out = [(t0, "arrive")]
     now, active = t0, True
@@ -273,11 +315,15 @@ def scaled(trace: Trace, scale: int, seed: int | None = None) -> Trace:
                 alive.add(sid)
             elif ev.event == "depart":
                 alive.discard(sid)
-        rows.extend((end, copy, len(trace.events) + i, sid, "depart")
-                    for i, sid in enumerate(sorted(alive)))
+        rows.extend(
+            (end, copy, len(trace.events) + i, sid, "depart") for i, sid in enumerate(sorted(alive))
+        )
     rows.sort()
-    return Trace(f"{trace.name}_x{scale}",
-                 tuple(TraceEvent(t, sid, kind) for t, _, _, sid, kind in rows), end)
+    return Trace(
+        f"{trace.name}_x{scale}",
+        tuple(TraceEvent(t, sid, kind) for t, _, _, sid, kind in rows),
+        end,
+    )
 
 
 def training_traces(duration_s: float = 1200.0, variants: int = 2) -> list[Trace]:
@@ -289,8 +335,12 @@ def training_traces(duration_s: float = 1200.0, variants: int = 2) -> list[Trace
             seed = 1000 + 37 * v + i
             jitter = np.random.default_rng(seed).uniform(0.7, 1.3, size=2)
             base = spec(name, seed=seed, duration_s=duration_s)
-            s = spec(name, seed=seed, duration_s=duration_s,
-                     active_mean_s=base.active_mean_s * float(jitter[0]),
-                     idle_mean_s=base.idle_mean_s * float(jitter[1]))
+            s = spec(
+                name,
+                seed=seed,
+                duration_s=duration_s,
+                active_mean_s=base.active_mean_s * float(jitter[0]),
+                idle_mean_s=base.idle_mean_s * float(jitter[1]),
+            )
             out.append(generate(s, name=f"train_{name}_{v}"))
     return out

@@ -102,7 +102,9 @@ def validate(rows: Iterable[tuple[int, list[str]]], source: str) -> Iterator[Tra
     last_t = 0.0
     for line, fields in rows:
         if len(fields) != 3:
-            raise TraceError(source, line, f"expected 3 fields t,session_id,event, got {len(fields)}")
+            raise TraceError(
+                source, line, f"expected 3 fields t,session_id,event, got {len(fields)}"
+            )
         t_text, sid, kind = (f.strip() for f in fields)
         try:
             t = float(t_text)
@@ -156,9 +158,11 @@ def read_trace(path: str | os.PathLike[str], name: str | None = None) -> Trace:
         # A corrupt or truncated gzip (BadGzipFile, EOFError, zlib.error), bytes that are not
         # UTF-8, a NUL byte, an unreadable file: an error that names the file, never a traceback.
         line = reader.line_num + 1 if reader is not None else None
-        what = {EOFError: "truncated gzip data", UnicodeDecodeError: "not UTF-8 text",
-                gzip.BadGzipFile: "not a valid gzip file"}.get(
-            type(exc), "cannot read the file")
+        what = {
+            EOFError: "truncated gzip data",
+            UnicodeDecodeError: "not UTF-8 text",
+            gzip.BadGzipFile: "not a valid gzip file",
+        }.get(type(exc), "cannot read the file")
         if line is not None and line > 1:
             what += f" (at or after line {line})"
         raise TraceError(source, None, f"{what}: {exc}") from exc
@@ -189,8 +193,10 @@ def load_trace(name_or_path: str | os.PathLike[str]) -> Trace:
         with contextlib.suppress(FileNotFoundError):
             return synth.scaled(load_trace(scaled["base"]), int(scaled["scale"]))
     known = ", ".join(synth.BUILTIN_NAMES)
-    raise FileNotFoundError(f"no trace file {str(p)!r} and no built-in trace of that name "
-                            f"(built-in: {known}; at scale N: <name>_xN)")
+    raise FileNotFoundError(
+        f"no trace file {str(p)!r} and no built-in trace of that name "
+        f"(built-in: {known}; at scale N: <name>_xN)"
+    )
 
 
 def scale_of(name: str) -> int:

@@ -83,8 +83,9 @@ class ServiceLedger:
         self.chunks += 1
         if startup_ms is not None:
             self.startups_ms.append(startup_ms)
-        late_by = (startup_ms - self.deadline_ms if startup_ms is not None
-                   else latency - self.allowance_ms)
+        late_by = (
+            startup_ms - self.deadline_ms if startup_ms is not None else latency - self.allowance_ms
+        )
         if late_by <= _TOLERANCE_MS:
             self.on_time += 1
             return 0
@@ -135,8 +136,11 @@ def summary(values: Iterable[float]) -> dict[str, float]:
     ordered = sorted(values)
     if not ordered:
         return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-    return {"p50": round(quantile(ordered, 0.50), 3), "p99": round(quantile(ordered, 0.99), 3),
-            "max": round(ordered[-1], 3)}
+    return {
+        "p50": round(quantile(ordered, 0.50), 3),
+        "p99": round(quantile(ordered, 0.99), 3),
+        "max": round(ordered[-1], 3),
+    }
 
 
 def quantile(ordered: list[float], q: float) -> float:

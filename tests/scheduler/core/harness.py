@@ -73,14 +73,20 @@ class Env:
                 self.on_gpu[event.gpu_id] = set()
                 self.kinds[event.gpu_id] = event.gpu_kind or self.policy.view.profile.gpu_kind
             self.gpus[event.gpu_id] = GpuState.READY
-        if (event.kind is EventKind.GPU_CORDON and event.gpu_id is not None
-                and event.gpu_id in self.policy.view.gpus
-                and self.gpus.get(event.gpu_id) in (GpuState.READY, GpuState.DRAINING)):
+        if (
+            event.kind is EventKind.GPU_CORDON
+            and event.gpu_id is not None
+            and event.gpu_id in self.policy.view.gpus
+            and self.gpus.get(event.gpu_id) in (GpuState.READY, GpuState.DRAINING)
+        ):
             # The operator drained the worker: it takes nothing new, and stays.
             self.gpus[event.gpu_id] = GpuState.DRAINING
             self.cordoned.add(event.gpu_id)
-        if (event.kind is EventKind.GPU_UNCORDON and event.gpu_id is not None
-                and event.gpu_id in self.cordoned):
+        if (
+            event.kind is EventKind.GPU_UNCORDON
+            and event.gpu_id is not None
+            and event.gpu_id in self.cordoned
+        ):
             self.cordoned.discard(event.gpu_id)
             self.gpus[event.gpu_id] = GpuState.READY
         if event.kind is EventKind.GPU_DRAIN:
@@ -120,8 +126,9 @@ class Env:
             if self._fails(d) or self._refused(d.gpu_id):
                 self.failures += 1
                 self.unplaced.add(d.session_id)
-                self.reports.append(Event(self.t, EventKind.PLACEMENT_FAILED, d.session_id,
-                                          d.gpu_id))
+                self.reports.append(
+                    Event(self.t, EventKind.PLACEMENT_FAILED, d.session_id, d.gpu_id)
+                )
                 return
             self._put(d.session_id, d.gpu_id)
         elif isinstance(d, Migrate):
@@ -131,15 +138,19 @@ class Env:
                 # Decided before the policy heard of an earlier failure: the source does not
                 # hold it, so this one fails too; the report says where it is.
                 self.failures += 1
-                self.reports.append(Event(self.t, EventKind.MIGRATION_FAILED, d.session_id,
-                                          self.where[d.session_id]))
+                self.reports.append(
+                    Event(
+                        self.t, EventKind.MIGRATION_FAILED, d.session_id, self.where[d.session_id]
+                    )
+                )
                 return
-            assert self.where.get(d.session_id) == d.src, f"{d} but session is on {self.where.get(d.session_id)}"
+            assert self.where.get(d.session_id) == d.src, (
+                f"{d} but session is on {self.where.get(d.session_id)}"
+            )
             assert self.gpus.get(d.dst) is GpuState.READY, f"{d} onto {self.gpus.get(d.dst)}"
             if self._fails(d) or self._refused(d.dst):
                 self.failures += 1
-                self.reports.append(Event(self.t, EventKind.MIGRATION_FAILED, d.session_id,
-                                          d.src))
+                self.reports.append(Event(self.t, EventKind.MIGRATION_FAILED, d.session_id, d.src))
                 return
             self.on_gpu[d.src].discard(d.session_id)
             del self.where[d.session_id]
@@ -161,14 +172,19 @@ class Env:
                 self.on_gpu[g] = set()
                 self.booting.append(g)
         elif isinstance(d, Drain):
-            assert self.gpus.get(d.gpu_id) is GpuState.READY, f"{d} of a {self.gpus.get(d.gpu_id)} GPU"
+            assert self.gpus.get(d.gpu_id) is GpuState.READY, (
+                f"{d} of a {self.gpus.get(d.gpu_id)} GPU"
+            )
             self.gpus[d.gpu_id] = GpuState.DRAINING
         elif isinstance(d, Release):
             assert d.gpu_id in self.gpus, f"{d} of an unknown GPU"
             assert d.gpu_id not in self.cordoned, f"{d} of a GPU the operator keeps"
             held = self.on_gpu[d.gpu_id]
-            moving_out = {e.session_id for e in self.reports
-                          if e.kind is EventKind.MIGRATION_FAILED and e.gpu_id == d.gpu_id}
+            moving_out = {
+                e.session_id
+                for e in self.reports
+                if e.kind is EventKind.MIGRATION_FAILED and e.gpu_id == d.gpu_id
+            }
             assert held <= moving_out, f"{d} while it holds {sorted(held)}"
             if held:
                 return  # kept until its migrations are done; the policy will hear they failed
@@ -221,15 +237,17 @@ class Env:
         assert all(view.kind_of(g) == self.kinds[g] for g in self.gpus), "kinds disagree"
         assert set(view.cordoned) == self.cordoned, "cordoned GPUs disagree"
         for g, state in self.gpus.items():  # a drained GPU is released as soon as it is empty
-            assert (state is not GpuState.DRAINING or self.on_gpu[g]
-                    or g in self.cordoned), f"{g} drained but kept"
+            assert state is not GpuState.DRAINING or self.on_gpu[g] or g in self.cordoned, (
+                f"{g} drained but kept"
+            )
         if active is not None:
             pending = set(view.pending)
             assert not (pending & set(self.where)), "a session both placed and pending"
             assert pending | set(self.where) == active, "a session lost (or invented)"
         if view.pending and self.fail is None and k_bound:  # placed whenever room allows
             ready_with_room = [
-                g for g, s in self.gpus.items()
+                g
+                for g, s in self.gpus.items()
                 if s is GpuState.READY and len(self.on_gpu[g]) < view.capacity_of(g)
             ]
             assert not ready_with_room, f"{view.pending} wait while {ready_with_room} have room"

@@ -53,7 +53,9 @@ def test_volatility_tracker():
     for t in (1, 2, 3, 4, 11, 21, 22, 23, 24, 25, 26):  # bins: 4, 1, 6
         tr.record(t)
     assert tr.std(25.0) is None  # only two complete bins
-    assert tr.std(31.0) == pytest.approx(math.sqrt(((4 - 11 / 3) ** 2 + (1 - 11 / 3) ** 2 + (6 - 11 / 3) ** 2) / 3))
+    assert tr.std(31.0) == pytest.approx(
+        math.sqrt(((4 - 11 / 3) ** 2 + (1 - 11 / 3) ** 2 + (6 - 11 / 3) ** 2) / 3)
+    )
     # Later, the first bin leaves the window and empty bins count as zeros.
     assert tr.std(61.0) == pytest.approx(math.sqrt((0 + 0 + 36 + 0) / 4 - (6 / 4) ** 2))
     steady = VolatilityTracker(window_s=50, bin_s=10)
@@ -194,16 +196,35 @@ def test_adaptive_rho_follows_dispersion_not_load():
     assert policy.current_rho_hat(t)[0] <= 0.3
 
 
-@pytest.mark.parametrize(("key", "lookup", "values", "at_0", "at_9", "bad", "rule"), [
-    ("idle_reserve", RhoTable.reserve, (0.0,) * 5 + (0.25,) * 3 + (0.5,) * 2, 0.0, 0.5, 2.0,
-     "0 <= idle_reserve <= 1"),
-    ("peak_rho", RhoTable.peak_cap, (1.0,) * 5 + (0.85,) * 3 + (0.0,) * 2, 1.0, 0.0, 1.5,
-     "0 <= peak_rho <= 1"),
-])
+@pytest.mark.parametrize(
+    ("key", "lookup", "values", "at_0", "at_9", "bad", "rule"),
+    [
+        (
+            "idle_reserve",
+            RhoTable.reserve,
+            (0.0,) * 5 + (0.25,) * 3 + (0.5,) * 2,
+            0.0,
+            0.5,
+            2.0,
+            "0 <= idle_reserve <= 1",
+        ),
+        (
+            "peak_rho",
+            RhoTable.peak_cap,
+            (1.0,) * 5 + (0.85,) * 3 + (0.0,) * 2,
+            1.0,
+            0.0,
+            1.5,
+            "0 <= peak_rho <= 1",
+        ),
+    ],
+)
 def test_rho_table_per_level_column_round_trip_lookup_and_validation(
-        tmp_path, key, lookup, values, at_0, at_9, bad, rule):
-    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
-                     **{key: values})
+    tmp_path, key, lookup, values, at_0, at_9, bad, rule
+):
+    table = RhoTable(
+        TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion", **{key: values}
+    )
     path = save_rho_table(table, tmp_path / "r.json")
     assert [lv[key] for lv in json.loads(path.read_text())["levels"]] == list(values)
     assert load_rho_table(path) == table
@@ -221,14 +242,18 @@ def test_controller_takes_the_idle_reserve_of_the_current_level():
     """The table's reserve at the current volatility level, unless one is given; none with a
     fixed rho_hat and no table."""
     reserve = (0.1,) * 5 + (0.2,) * 4 + (0.7,)
-    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
-                     idle_reserve=reserve)
+    table = RhoTable(
+        TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion", idle_reserve=reserve
+    )
     policy = build("turboserve", PROFILE, rho_table=table)
     assert policy.current_idle_reserve(0.0) == 0.2  # window not filled: the middle level
     t, n = 0.0, 0
     t, n = _storms(policy, t, n)
     assert policy.current_idle_reserve(t) == 0.7
-    assert build("turboserve", PROFILE, rho_table=table, idle_reserve=0.0).current_idle_reserve(t) == 0.0
+    assert (
+        build("turboserve", PROFILE, rho_table=table, idle_reserve=0.0).current_idle_reserve(t)
+        == 0.0
+    )
     assert build("turboserve", PROFILE, rho_hat=0.7).current_idle_reserve(t) == 0.0
 
 
@@ -243,10 +268,19 @@ def test_peak_cap_limits_headroom_to_the_recent_peak():
     K = PROFILE.capacity
 
     def pool(**kw):
-        policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
-                            peak_surge_s=0.0, **kw)
-        asked = sum(_requested(policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}")))
-                    for i in range(2 * K))
+        policy = build(
+            "turboserve",
+            PROFILE,
+            rho_hat=0.5,
+            delta=0.1,
+            gpus=1,
+            warmup_s=0.0,
+            peak_surge_s=0.0,
+            **kw,
+        )
+        asked = sum(
+            _requested(policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))) for i in range(2 * K)
+        )
         return 1 + asked
 
     assert pool() == 4
@@ -258,8 +292,17 @@ def test_peak_cap_never_keeps_a_session_waiting_and_remembers_the_window():
     """The cap holds every active session of now at K per GPU, and it keeps the window's peak:
     after the load halves, the pool stays at what the peak needed until the peak is 300 s old."""
     K = PROFILE.capacity
-    policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
-                        peak_rho=1.0, peak_window_s=300.0, peak_surge_s=0.0)
+    policy = build(
+        "turboserve",
+        PROFILE,
+        rho_hat=0.5,
+        delta=0.1,
+        gpus=1,
+        warmup_s=0.0,
+        peak_rho=1.0,
+        peak_window_s=300.0,
+        peak_surge_s=0.0,
+    )
     for i in range(4 * K):
         policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
     assert len(policy.view.gpus) == 4  # ceil(48 / 12): a slot for every session once booted
@@ -280,8 +323,17 @@ def test_a_surge_beyond_the_recent_peak_lifts_the_cap_until_it_is_the_past():
     it with rho_hat's headroom. Once the surge's top is 60 s old, the cap holds the pool to
     what that top needs at peak_rho."""
     K = PROFILE.capacity
-    policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=1, warmup_s=0.0,
-                        peak_rho=1.0, peak_window_s=300.0, peak_surge_s=60.0)
+    policy = build(
+        "turboserve",
+        PROFILE,
+        rho_hat=0.5,
+        delta=0.1,
+        gpus=1,
+        warmup_s=0.0,
+        peak_rho=1.0,
+        peak_window_s=300.0,
+        peak_surge_s=60.0,
+    )
 
     def budget():
         return len(policy.view.gpus)
@@ -312,8 +364,9 @@ def test_a_surge_beyond_the_recent_peak_lifts_the_cap_until_it_is_the_past():
 
 def test_controller_takes_the_peak_cap_of_the_current_level():
     peaks = (0.0,) * 5 + (0.85,) * 4 + (1.0,)
-    table = RhoTable(TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion",
-                     peak_rho=peaks)
+    table = RhoTable(
+        TABLE.level_edges, TABLE.rho_hat, TABLE.delta, signal="dispersion", peak_rho=peaks
+    )
     policy = build("turboserve", PROFILE, rho_table=table)
     assert policy.current_peak_rho(0.0) == 0.85  # window not filled: the middle level
     t, n = _storms(policy, 0.0, 0)

@@ -21,30 +21,37 @@ PROFILE = load_profile()
 def test_defaults_are_turboserve_and_frozen():
     config = ControllerConfig()
     assert (config.name, config.placement, config.migrate, config.autoscale) == (
-        "turboserve", "soonest_first_chunk", True, True)
+        "turboserve",
+        "soonest_first_chunk",
+        True,
+        True,
+    )
     assert config.warmup == config.boot_delay_s == 30.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.eta = 1.0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("rho_hat", 1.5, "rho_hat must be in"),
-    ("delta", -0.1, "delta must be >= 0"),
-    ("eta", math.nan, "eta must be >= 0"),
-    ("boot_delay_s", -1.0, "boot_delay_s must be >= 0"),
-    ("retry_backoff_s", math.inf, "retry_backoff_s must be >= 0"),
-    ("warmup_s", -1.0, "warmup_s must be >= 0"),
-    ("idle_reserve", 2.0, "idle_reserve must be in"),
-    ("peak_rho", 1.5, "peak_rho must be in"),
-    ("peak_window_s", 0.0, "peak_window_s must be > 0"),
-    ("peak_surge_s", -1.0, "peak_surge_s must be >= 0 and below peak_window_s"),
-    ("peak_surge_s", 300.0, "peak_surge_s must be >= 0 and below peak_window_s"),
-    ("initial_gpus", -1, "initial_gpus and min_gpus"),
-    ("max_gpus", 0, "max_gpus must be >="),
-    ("placement", "random", "unknown placement 'random'"),
-    ("gpu_kind", "", "gpu_kind must be"),
-    ("gpu_id_prefix", "a.b", "gpu_id_prefix must be"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("rho_hat", 1.5, "rho_hat must be in"),
+        ("delta", -0.1, "delta must be >= 0"),
+        ("eta", math.nan, "eta must be >= 0"),
+        ("boot_delay_s", -1.0, "boot_delay_s must be >= 0"),
+        ("retry_backoff_s", math.inf, "retry_backoff_s must be >= 0"),
+        ("warmup_s", -1.0, "warmup_s must be >= 0"),
+        ("idle_reserve", 2.0, "idle_reserve must be in"),
+        ("peak_rho", 1.5, "peak_rho must be in"),
+        ("peak_window_s", 0.0, "peak_window_s must be > 0"),
+        ("peak_surge_s", -1.0, "peak_surge_s must be >= 0 and below peak_window_s"),
+        ("peak_surge_s", 300.0, "peak_surge_s must be >= 0 and below peak_window_s"),
+        ("initial_gpus", -1, "initial_gpus and min_gpus"),
+        ("max_gpus", 0, "max_gpus must be >="),
+        ("placement", "random", "unknown placement 'random'"),
+        ("gpu_kind", "", "gpu_kind must be"),
+        ("gpu_id_prefix", "a.b", "gpu_id_prefix must be"),
+    ],
+)
 def test_bad_values_name_the_field(field, value, needle):
     with pytest.raises(ValueError, match=needle):
         ControllerConfig(**{field: value})

@@ -13,17 +13,18 @@ from .harness import Env
 
 H20 = load_profile()  # K = 12, 420 ms at batch 1
 # A fast kind: 200 + 50 (b - 1) ms, K = 16 (the table's length; 950 ms at 16).
-FAST = replace(profile_from_measurements({1: 200.0, 2: 250.0}, H20, name="fast"),
-               gpu_kind="FAST")
+FAST = replace(profile_from_measurements({1: 200.0, 2: 250.0}, H20, name="fast"), gpu_kind="FAST")
 # A slow kind: twice the H20's chunk time, K = 3 (1,124 ms at 3).
-SLOW = replace(profile_from_measurements({1: 2 * H20.chunk_ms(1)}, H20, name="slow"),
-               gpu_kind="SLOW")
+SLOW = replace(
+    profile_from_measurements({1: 2 * H20.chunk_ms(1)}, H20, name="slow"), gpu_kind="SLOW"
+)
 
 
 def _pool(**config) -> Controller:
     base = dict(rho_hat=0.7, initial_gpus=1, gpu_kind="H20", autoscale=False)
-    return Controller({"H20": H20, "FAST": FAST, "SLOW": SLOW},
-                      ControllerConfig(**{**base, **config}))
+    return Controller(
+        {"H20": H20, "FAST": FAST, "SLOW": SLOW}, ControllerConfig(**{**base, **config})
+    )
 
 
 def test_each_gpu_is_placed_by_its_own_profile():
@@ -44,8 +45,10 @@ def test_each_gpu_is_placed_by_its_own_profile():
     # Least latency growth across kinds: the fast GPU takes sessions until its next chunk
     # would be slower than an H20's, the slow one only when nothing else is faster.
     assert loads["fast-a"] > loads["h20-0000"] > loads["slow-a"]
-    worst = max(kind.chunk_ms(loads[g]) for g, kind in
-                (("h20-0000", H20), ("fast-a", FAST), ("slow-a", SLOW)))
+    worst = max(
+        kind.chunk_ms(loads[g])
+        for g, kind in (("h20-0000", H20), ("fast-a", FAST), ("slow-a", SLOW))
+    )
     assert worst == view.worst_latency_ms()
     assert loads["fast-a"] <= 16 and loads["slow-a"] <= 3
 
@@ -113,12 +116,14 @@ def test_a_lower_k_moves_sessions_off_and_asks_for_room():
 
 def test_the_autoscaler_counts_gpus_in_units_of_the_default_kind():
     """One FAST GPU (K = 16) in a pool whose default kind is H20 (K = 12) counts 16 / 12."""
-    big = replace(FAST, chunk_ms_table=FAST.chunk_ms_table + (960.0,) * 8, name="big",
-                  gpu_memory_bytes=None)
+    big = replace(
+        FAST, chunk_ms_table=FAST.chunk_ms_table + (960.0,) * 8, name="big", gpu_memory_bytes=None
+    )
     assert big.capacity == 24
-    controller = Controller({"H20": H20, "BIG": replace(big, gpu_kind="BIG")},
-                            ControllerConfig(rho_hat=0.5, delta=0.1, initial_gpus=0,
-                                             gpu_kind="H20", warmup_s=0.0))
+    controller = Controller(
+        {"H20": H20, "BIG": replace(big, gpu_kind="BIG")},
+        ControllerConfig(rho_hat=0.5, delta=0.1, initial_gpus=0, gpu_kind="H20", warmup_s=0.0),
+    )
     controller.step(Event(0.0, EventKind.GPU_READY, gpu_id="big-a", gpu_kind="BIG"))
     assert controller._cluster.budget_units() == 2  # 24 / 12
     out = []

@@ -71,8 +71,9 @@ def test_a_failed_migration_leaves_the_session_on_its_source_and_backs_off():
 def test_a_failed_evacuation_takes_the_released_gpu_back_until_it_is_empty():
     """Scale-in drains a GPU, moves its session and releases it in one step; the move fails:
     the GPU comes back as DRAINING with the session, and is released again once empty."""
-    config = ControllerConfig(rho_hat=0.7, delta=0.1, initial_gpus=0, warmup_s=0.0,
-                              retry_backoff_s=5.0)
+    config = ControllerConfig(
+        rho_hat=0.7, delta=0.1, initial_gpus=0, warmup_s=0.0, retry_backoff_s=5.0
+    )
     controller, _ = _filled(config, {"a": 2, "b": 1})
     out = controller.step(Event(1.0, EventKind.TICK))
     assert [type(d) for d in out] == [Drain, Migrate, Release]
@@ -150,8 +151,11 @@ def test_an_operator_drain_of_a_booting_gpu_cancels_it_and_the_load_asks_again()
     env = Env(controller)
     requests = []
     for i in range(8):
-        requests += [d for d in env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
-                     if isinstance(d, RequestGpus)]
+        requests += [
+            d
+            for d in env.send(Event(float(i), EventKind.ARRIVE, f"s{i}"))
+            if isinstance(d, RequestGpus)
+        ]
     booting = requests[0].gpu_ids[0]
     out = env.send(Event(10.0, EventKind.GPU_DRAIN, gpu_id=booting))
     assert out[0] == Release(booting)
@@ -160,15 +164,19 @@ def test_an_operator_drain_of_a_booting_gpu_cancels_it_and_the_load_asks_again()
 
 def test_restore_rebuilds_the_view_from_what_a_restart_finds():
     controller = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=5)
-    gpus = [RestoredGpu("h20-0003", "H20", GpuState.READY),
-            RestoredGpu("h20-0007", "H20", GpuState.DRAINING),
-            RestoredGpu("h20-0009", "H20", GpuState.BOOTING)]
-    sessions = [RestoredSession("on-ready", True, "h20-0003"),
-                RestoredSession("on-draining", True, "h20-0007"),
-                RestoredSession("on-booting", True, "h20-0009"),
-                RestoredSession("on-unknown", True, "w-gone"),
-                RestoredSession("waiting", True, None, in_host_ram=True),
-                RestoredSession("idle", False, "h20-0003", in_host_ram=True)]
+    gpus = [
+        RestoredGpu("h20-0003", "H20", GpuState.READY),
+        RestoredGpu("h20-0007", "H20", GpuState.DRAINING),
+        RestoredGpu("h20-0009", "H20", GpuState.BOOTING),
+    ]
+    sessions = [
+        RestoredSession("on-ready", True, "h20-0003"),
+        RestoredSession("on-draining", True, "h20-0007"),
+        RestoredSession("on-booting", True, "h20-0009"),
+        RestoredSession("on-unknown", True, "w-gone"),
+        RestoredSession("waiting", True, None, in_host_ram=True),
+        RestoredSession("idle", False, "h20-0003", in_host_ram=True),
+    ]
     controller.restore(gpus, sessions, 100.0)
     view = controller.view
     assert view.gpus == {"h20-0003": "ready", "h20-0007": "draining", "h20-0009": "booting"}
@@ -220,11 +228,24 @@ def test_a_session_moved_twice_in_one_step_gets_one_decision():
     gets one move per session (to where it ends), and none for a move that comes back."""
     from services.scheduler.core.loop import _coalesce
 
-    out = [Migrate("s", "a", "b"), Drain("b"), Migrate("s", "b", "c"), Release("b"),
-           Assign("t", "b"), Migrate("t", "b", "c"), Migrate("u", "a", "b"),
-           Migrate("u", "b", "a"), Resume("v", "c")]
-    assert _coalesce(out) == [Migrate("s", "a", "c"), Drain("b"), Release("b"),
-                              Assign("t", "c"), Resume("v", "c")]
+    out = [
+        Migrate("s", "a", "b"),
+        Drain("b"),
+        Migrate("s", "b", "c"),
+        Release("b"),
+        Assign("t", "b"),
+        Migrate("t", "b", "c"),
+        Migrate("u", "a", "b"),
+        Migrate("u", "b", "a"),
+        Resume("v", "c"),
+    ]
+    assert _coalesce(out) == [
+        Migrate("s", "a", "c"),
+        Drain("b"),
+        Release("b"),
+        Assign("t", "c"),
+        Resume("v", "c"),
+    ]
 
 
 def test_a_cordoned_gpu_is_emptied_and_kept_until_uncordoned():
@@ -259,8 +280,9 @@ def test_a_cordoned_gpu_is_not_counted_nor_scaled_in_and_a_drain_gives_it_back()
     # An empty pool: the autoscaler gives back what it counts (b, c), never a.
     released = []
     for t in range(2, 200):
-        released += [d.gpu_id for d in env.send(Event(float(t), EventKind.TICK))
-                     if isinstance(d, Release)]
+        released += [
+            d.gpu_id for d in env.send(Event(float(t), EventKind.TICK)) if isinstance(d, Release)
+        ]
     assert "a" not in released and "a" in controller.view.gpus
     out = env.send(Event(300.0, EventKind.GPU_DRAIN, gpu_id="a"))  # `ctl drain --stop`
     out += env.send(Event(301.0, EventKind.TICK))
@@ -269,8 +291,14 @@ def test_a_cordoned_gpu_is_not_counted_nor_scaled_in_and_a_drain_gives_it_back()
 
 def test_restore_keeps_a_cordoned_gpu():
     controller = Controller(PROFILE, replace(FIXED, initial_gpus=0))
-    controller.restore([RestoredGpu("a", "H20", GpuState.DRAINING, cordoned=True),
-                        RestoredGpu("b", "H20", GpuState.DRAINING),
-                        RestoredGpu("c", "H20", GpuState.READY)], [], 0.0)
+    controller.restore(
+        [
+            RestoredGpu("a", "H20", GpuState.DRAINING, cordoned=True),
+            RestoredGpu("b", "H20", GpuState.DRAINING),
+            RestoredGpu("c", "H20", GpuState.READY),
+        ],
+        [],
+        0.0,
+    )
     out = controller.step(Event(1.0, EventKind.TICK))
     assert out == [Release("b")] and controller.view.cordoned == ("a",)

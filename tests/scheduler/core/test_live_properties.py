@@ -29,22 +29,41 @@ H20 = load_profile()
 FAST = replace(profile_from_measurements({1: 200.0, 2: 250.0}, H20, name="fast"), gpu_kind="FAST")
 TABLE = load_rho_table()
 PROFILES = {"H20": H20, "FAST": FAST}
-REMEASURED = [profile_from_measurements({1: 300.0, 4: 1200.0}, H20),  # K = 4
-              H20,
-              profile_from_measurements({1: 300.0, 2: 330.0}, H20)]  # K = 16
+REMEASURED = [
+    profile_from_measurements({1: 300.0, 4: 1200.0}, H20),  # K = 4
+    H20,
+    profile_from_measurements({1: 300.0, 2: 330.0}, H20),
+]  # K = 16
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["arrive", "arrive", "active", "idle", "depart", "tick", "tick", "boot",
-                         "gone", "drain", "cordon", "uncordon", "ready_other", "remeasure",
-                         "restart"]),
+        st.sampled_from(
+            [
+                "arrive",
+                "arrive",
+                "active",
+                "idle",
+                "depart",
+                "tick",
+                "tick",
+                "boot",
+                "gone",
+                "drain",
+                "cordon",
+                "uncordon",
+                "ready_other",
+                "remeasure",
+                "restart",
+            ]
+        ),
         st.integers(min_value=0, max_value=10_000),
     ),
     min_size=1,
     max_size=100,
 )
-POLICIES = st.sampled_from(["turboserve", "turboserve", "no_migration", "no_autoscale",
-                            "least_loaded"])
+POLICIES = st.sampled_from(
+    ["turboserve", "turboserve", "no_migration", "no_autoscale", "least_loaded"]
+)
 
 
 class Driver:
@@ -99,8 +118,14 @@ class Driver:
                 env.send(Event(t, kind, gpu_id=gpu))
             elif what == "ready_other":
                 self.extra += 1
-                env.send(Event(t, EventKind.GPU_READY, gpu_id=f"x{self.extra}",
-                               gpu_kind="FAST" if which % 2 else "H20"))
+                env.send(
+                    Event(
+                        t,
+                        EventKind.GPU_READY,
+                        gpu_id=f"x{self.extra}",
+                        gpu_kind="FAST" if which % 2 else "H20",
+                    )
+                )
             elif what == "remeasure":
                 env.policy.set_profile("H20", REMEASURED[which % len(REMEASURED)])
                 env.send(Event(t, EventKind.TICK))
@@ -122,8 +147,10 @@ class Driver:
         env = self.env
         self.restarts += 1
         old = env.policy
-        gpus = [RestoredGpu(g, env.kinds[g], state, cordoned=g in env.cordoned)
-                for g, state in sorted(env.gpus.items())]
+        gpus = [
+            RestoredGpu(g, env.kinds[g], state, cordoned=g in env.cordoned)
+            for g, state in sorted(env.gpus.items())
+        ]
         sessions = [RestoredSession(s, True, env.where.get(s)) for s in sorted(self.active)]
         sessions += [RestoredSession(s, False, None, in_host_ram=True) for s in self.idle]
         policy = self._policy({**self.params, "gpu_id_prefix": f"r{self.restarts}"})
@@ -136,9 +163,14 @@ class Driver:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=POLICIES, ops=OPS, gpus=st.integers(min_value=1, max_value=5),
-       fail_rate=st.sampled_from([0.0, 0.2, 0.5]), seed=st.integers(0, 2**16),
-       adaptive=st.booleans())
+@given(
+    policy=POLICIES,
+    ops=OPS,
+    gpus=st.integers(min_value=1, max_value=5),
+    fail_rate=st.sampled_from([0.0, 0.2, 0.5]),
+    seed=st.integers(0, 2**16),
+    adaptive=st.booleans(),
+)
 def test_live_invariants_hold_after_every_step(policy, ops, gpus, fail_rate, seed, adaptive):
     params = {"gpus": gpus}
     if policy in ("turboserve", "no_migration"):

@@ -34,7 +34,10 @@ def test_measured_batches_interpolated_and_extrapolated():
     assert table[15] == pytest.approx(3514.7 + 8 * slope)  # batch 16, on the last slope
     assert p.capacity == 2  # 903 ms meets the 1.25 s deadline, 1350 ms does not
     assert (p.deadline_ms, p.passes_per_chunk, p.migration_per_session_ms) == (
-        H20.deadline_ms, H20.passes_per_chunk, H20.migration_per_session_ms)
+        H20.deadline_ms,
+        H20.passes_per_chunk,
+        H20.migration_per_session_ms,
+    )
     assert p.name == "h20-longlive-1.3b-nvlink+measured" and "measured" in p.sources["chunk_ms"]
     # A valid profile in every respect: it survives the loader's checks.
     assert profile_from_dict(p.to_dict()).chunk_ms_table == table
@@ -44,7 +47,8 @@ def test_one_measurement_scales_the_fallback_curve():
     p = profile_from_measurements({1: 2 * H20.chunk_ms(1)}, H20, name="slow")
     assert p.name == "slow"
     assert [p.chunk_ms(b) for b in (1, 2, 12)] == pytest.approx(
-        [2 * H20.chunk_ms(b) for b in (1, 2, 12)])
+        [2 * H20.chunk_ms(b) for b in (1, 2, 12)]
+    )
     below = profile_from_measurements({4: 2 * H20.chunk_ms(4)}, H20)
     assert below.chunk_ms(1) == pytest.approx(2 * H20.chunk_ms(1))  # below: scaled too
 
@@ -60,14 +64,17 @@ def test_a_larger_measured_batch_extends_the_table():
     assert len(p.chunk_ms_table) == 20 and p.chunk_ms(20) == 1200.0
 
 
-@pytest.mark.parametrize("measured, needle", [
-    ({0: 100.0}, "integers >= 1"),
-    ({1.5: 100.0}, "integers >= 1"),
-    ({1: -1.0}, "finite number > 0"),
-    ({1: math.nan}, "finite number > 0"),
-    ({1: True}, "finite number > 0"),
-    ({1: 5000.0}, "no batch meets the deadline"),
-])
+@pytest.mark.parametrize(
+    "measured, needle",
+    [
+        ({0: 100.0}, "integers >= 1"),
+        ({1.5: 100.0}, "integers >= 1"),
+        ({1: -1.0}, "finite number > 0"),
+        ({1: math.nan}, "finite number > 0"),
+        ({1: True}, "finite number > 0"),
+        ({1: 5000.0}, "no batch meets the deadline"),
+    ],
+)
 def test_bad_measurements_are_refused(measured, needle):
     with pytest.raises(ProfileError, match=needle):
         profile_from_measurements(measured, H20)
@@ -100,7 +107,8 @@ def test_pass_times_alone_are_not_chunk_times():
     """Without a batch timed both ways the overhead is unknown: pass times are not used."""
     chunks = {1: 600.0}
     assert profile_from_measurements(chunks, H20, pass_ms={3: 112.4}) == (
-        profile_from_measurements(chunks, H20))
+        profile_from_measurements(chunks, H20)
+    )
     with pytest.raises(ProfileError, match="finite number > 0"):
         profile_from_measurements(chunks, H20, pass_ms={2: -1.0})
 

@@ -40,7 +40,14 @@ from .harness import Env, build
 
 PROFILE = load_profile()
 
-BUILT_INS = ["least_loaded", "memory_aware", "no_autoscale", "no_migration", "round_robin", "turboserve"]
+BUILT_INS = [
+    "least_loaded",
+    "memory_aware",
+    "no_autoscale",
+    "no_migration",
+    "round_robin",
+    "turboserve",
+]
 
 
 def test_registry_lists_built_ins_and_rejects_unknowns():
@@ -96,8 +103,11 @@ def test_every_policy_declares_whether_it_autoscales_and_is_live():
 
 def test_settings_refuse_a_policy_the_live_scheduler_cannot_run():
     for name in ("clairvoyant", "nope"):
-        with pytest.raises(SettingsError, match=f"TURBOSERVE_POLICY='{name}': not a policy the "
-                                                "live scheduler runs; one of hpa, least_loaded"):
+        with pytest.raises(
+            SettingsError,
+            match=f"TURBOSERVE_POLICY='{name}': not a policy the "
+            "live scheduler runs; one of hpa, least_loaded",
+        ):
             SchedulerSettings.from_env({"TURBOSERVE_POLICY": name})
     assert SchedulerSettings.from_env({"TURBOSERVE_POLICY": "hpa"}).policy == "hpa"
 
@@ -239,15 +249,24 @@ def test_bench_cli_writes_the_agreed_json(tmp_path):
 
 def test_scale_in_delay_waits_for_the_load_to_stay_low():
     def releases_after(delay):
-        policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=3, scale_in_delay_s=delay,
-                            warmup_s=0.0)
+        policy = build(
+            "turboserve",
+            PROFILE,
+            rho_hat=0.7,
+            delta=0.1,
+            gpus=3,
+            scale_in_delay_s=delay,
+            warmup_s=0.0,
+        )
         policy.config = replace(policy.config, autoscale=False)
         for i in range(24):
             policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
         policy.config = replace(policy.config, autoscale=True)
         times = []
         for i in range(20):  # 4 sessions left from t = 10 on: far below the band
-            if any(isinstance(d, Release) for d in policy.step(Event(10.0, EventKind.DEPART, f"s{i}"))):
+            if any(
+                isinstance(d, Release) for d in policy.step(Event(10.0, EventKind.DEPART, f"s{i}"))
+            ):
                 times.append(10.0)
         for t in range(11, 120):
             if any(isinstance(d, Release) for d in policy.step(Event(float(t), EventKind.TICK))):
@@ -262,9 +281,17 @@ def test_scale_in_goes_to_the_highest_target_of_the_window_not_to_the_dip():
     """The stabilisation window: when the scale-in comes due during a short dip, the pool
     shrinks to what the window's load needed, not to the dip, so the load's return boots
     nothing."""
+
     def run(delay):
-        policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6,
-                            scale_in_delay_s=delay, warmup_s=0.0)
+        policy = build(
+            "turboserve",
+            PROFILE,
+            rho_hat=0.7,
+            delta=0.1,
+            gpus=6,
+            scale_in_delay_s=delay,
+            warmup_s=0.0,
+        )
         policy.config = replace(policy.config, autoscale=False)
         for i in range(48):
             policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
@@ -305,11 +332,19 @@ def test_scale_in_goes_to_the_highest_target_of_the_window_not_to_the_dip():
 def test_warmup_keeps_the_starting_pool_then_scales_in():
     """A warm start: the pool the loop starts with survives the first arrivals of a warm
     system for warmup_s (default: the boot delay); scale-out is never delayed."""
+
     def first_release(**kw):
-        policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6, boot_delay_s=30.0, **kw)
+        policy = build(
+            "turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=6, boot_delay_s=30.0, **kw
+        )
         for t in range(0, 120):
-            out = policy.step(Event(float(t), EventKind.ARRIVE if t == 0 else EventKind.TICK, "s0"
-                                    if t == 0 else None))
+            out = policy.step(
+                Event(
+                    float(t),
+                    EventKind.ARRIVE if t == 0 else EventKind.TICK,
+                    "s0" if t == 0 else None,
+                )
+            )
             if any(isinstance(d, Release | Drain) for d in out):
                 return float(t)
         return None
@@ -319,8 +354,12 @@ def test_warmup_keeps_the_starting_pool_then_scales_in():
     assert first_release(warmup_s=75.0) == 75.0
     # Scale-out during the warm-up: 40 sessions at once on one GPU ask for more at once.
     policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=1)
-    asked = [d for i in range(40) for d in policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
-             if isinstance(d, RequestGpus)]
+    asked = [
+        d
+        for i in range(40)
+        for d in policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
+        if isinstance(d, RequestGpus)
+    ]
     assert asked
     with pytest.raises(ValueError, match="warmup_s"):
         build("turboserve", PROFILE, warmup_s=-1.0)
@@ -328,9 +367,17 @@ def test_warmup_keeps_the_starting_pool_then_scales_in():
 
 def test_idle_reserve_sizes_the_pool_for_returning_sessions():
     """idle_reserve = 0.5 sizes the pool as if half the idle sessions were active."""
+
     def gpus_after(reserve):
-        policy = build("turboserve", PROFILE, rho_hat=0.5, delta=0.1, gpus=8, warmup_s=1.5,
-                            idle_reserve=reserve)
+        policy = build(
+            "turboserve",
+            PROFILE,
+            rho_hat=0.5,
+            delta=0.1,
+            gpus=8,
+            warmup_s=1.5,
+            idle_reserve=reserve,
+        )
         for i in range(48):  # 6 per GPU: inside the band
             policy.step(Event(0.0, EventKind.ARRIVE, f"s{i}"))
         assert len(policy.view.gpus) == 8
@@ -374,8 +421,9 @@ def test_the_live_service_gives_an_autoscaler_the_pool_limits_and_a_static_polic
 
     profiles = {PROFILE.gpu_kind: PROFILE}
     for name in LIVE_POLICIES:
-        settings = SchedulerSettings.from_env({}, policy=name, boot_delay_s=2.0,
-                                              gpu_id_prefix="run7")
+        settings = SchedulerSettings.from_env(
+            {}, policy=name, boot_delay_s=2.0, gpu_id_prefix="run7"
+        )
         policy = live_policy(settings, profiles, PROFILE.gpu_kind, None, 2, 5)
         assert policy.name == name and policy.view.billed_gpus == 0  # it finds the workers
         assert policy.boot_delay_s == 2.0 + WORKER_START_S

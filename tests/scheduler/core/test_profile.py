@@ -42,10 +42,12 @@ def test_latency_and_migration_model():
     assert [p.chunk_ms(b) for b in range(1, 20)] == sorted(p.chunk_ms(b) for b in range(1, 20))
     last = len(p.chunk_ms_table)
     assert p.chunk_ms(last + 2) - p.chunk_ms(last) == pytest.approx(
-        2 * (p.chunk_ms_table[-1] - p.chunk_ms_table[-2]))
+        2 * (p.chunk_ms_table[-1] - p.chunk_ms_table[-2])
+    )
     assert p.migration_ms(0) == pytest.approx(p.migration_fixed_ms)
     assert p.migration_ms(2 * p.state_bytes_per_session) == pytest.approx(
-        2 * p.migration_ms() - p.migration_fixed_ms)
+        2 * p.migration_ms() - p.migration_fixed_ms
+    )
 
 
 def test_memory_can_bind_capacity():
@@ -124,7 +126,8 @@ def test_a_table_fitted_with_another_profile_is_found_by_its_name():
     assert table_path_for(None) == DEFAULT_TABLE_PATH
     assert table_path_for("h20-longlive-1.3b-nvlink") == DEFAULT_TABLE_PATH
     assert table_path_for("h200-wan-1.3b-measured").name == (
-        "rho_table_h200-wan-1.3b-measured.json")
+        "rho_table_h200-wan-1.3b-measured.json"
+    )
     assert table_path_for("no-such-profile") == DEFAULT_TABLE_PATH
 
 

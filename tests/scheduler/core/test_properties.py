@@ -65,8 +65,12 @@ def _drive(env: Env, ops, check_each: bool = True) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=POLICIES, ops=OPS, gpus=st.integers(min_value=1, max_value=6),
-       rho_hat=st.sampled_from([None, 0.4, 0.7, 0.9]))
+@given(
+    policy=POLICIES,
+    ops=OPS,
+    gpus=st.integers(min_value=1, max_value=6),
+    rho_hat=st.sampled_from([None, 0.4, 0.7, 0.9]),
+)
 def test_invariants_hold_after_every_step(policy, ops, gpus, rho_hat):
     """No GPU above K, every active session placed when capacity allows, never on two GPUs,
     decisions consistent with the view, and no Release of a GPU that holds a session (the
@@ -99,8 +103,10 @@ def test_same_events_give_same_decisions(ops):
 
 
 @settings(max_examples=200, deadline=None)
-@given(loads=st.lists(st.integers(min_value=0, max_value=K), min_size=1, max_size=12),
-       eta=st.sampled_from([0.0, 0.1, 1.0, 3.0]))
+@given(
+    loads=st.lists(st.integers(min_value=0, max_value=K), min_size=1, max_size=12),
+    eta=st.sampled_from([0.0, 0.1, 1.0, 3.0]),
+)
 def test_rebalance_never_worsens_the_worst_latency(loads, eta):
     cluster = Cluster(PROFILE)
     for i, n in enumerate(loads):
@@ -123,13 +129,17 @@ def test_rebalance_never_worsens_the_worst_latency(loads, eta):
         hi = cluster.max_load
         plateau = len(cluster.bucket(hi))
         room = sum(hi - 1 - cluster.load(g) for g in cluster.gpus if cluster.load(g) <= hi - 2)
-        next_gain = PROFILE.chunk_ms(hi) - PROFILE.chunk_ms(hi - 1) - eta * plateau * PROFILE.migration_ms()
+        next_gain = (
+            PROFILE.chunk_ms(hi) - PROFILE.chunk_ms(hi - 1) - eta * plateau * PROFILE.migration_ms()
+        )
         assert hi == 0 or room < plateau or next_gain <= 0
 
 
 @settings(max_examples=200, deadline=None)
-@given(loads=st.lists(st.integers(min_value=0, max_value=K), min_size=1, max_size=12),
-       eta=st.sampled_from([0.01, 0.03, 0.1, 1.0]))
+@given(
+    loads=st.lists(st.integers(min_value=0, max_value=K), min_size=1, max_size=12),
+    eta=st.sampled_from([0.01, 0.03, 0.1, 1.0]),
+)
 def test_rebalance_with_boundary_waits_gains_more_than_it_pays(loads, eta):
     """The controller's rebalance also charges each move its destination's pass-boundary wait
     (worst case: the pass in flight there, nothing on an empty GPU); it still never raises the
@@ -143,8 +153,12 @@ def test_rebalance_with_boundary_waits_gains_more_than_it_pays(loads, eta):
     while True:
         before = cluster.worst_latency_ms()
         dst_loads = dict(cluster_loads := {g: cluster.load(g) for g in cluster.gpus})
-        moves = rebalance(cluster, eta, boundary_wait=True, max_moves=len(cluster.bucket(
-            cluster.max_load)) if cluster.n_placeable else 0)
+        moves = rebalance(
+            cluster,
+            eta,
+            boundary_wait=True,
+            max_moves=len(cluster.bucket(cluster.max_load)) if cluster.n_placeable else 0,
+        )
         if not moves:
             break
         after = cluster.worst_latency_ms()
@@ -166,9 +180,13 @@ def test_rebalance_with_boundary_waits_gains_more_than_it_pays(loads, eta):
 
 
 @settings(max_examples=300, deadline=None)
-@given(n=st.integers(min_value=0, max_value=5000), budget=st.integers(min_value=1, max_value=800),
-       rho_hat=st.floats(min_value=0.2, max_value=0.95), delta=st.floats(min_value=0.0, max_value=0.15),
-       rho_max=st.floats(min_value=0.0, max_value=1.5))
+@given(
+    n=st.integers(min_value=0, max_value=5000),
+    budget=st.integers(min_value=1, max_value=800),
+    rho_hat=st.floats(min_value=0.2, max_value=0.95),
+    delta=st.floats(min_value=0.0, max_value=0.15),
+    rho_max=st.floats(min_value=0.0, max_value=1.5),
+)
 def test_scale_fires_only_outside_the_band(n, budget, rho_hat, delta, rho_max):
     target = scale(n, rho_max, budget, K, rho_hat, delta)
     if rho_hat - delta <= rho_max <= rho_hat + delta:
@@ -191,7 +209,9 @@ def test_load_inside_the_band_causes_no_scale_event(swings):
     # eta = 0: free moves, so the rebalance onto the new GPU below is complete.
     policy = build("turboserve", PROFILE, rho_hat=0.7, delta=0.1, gpus=4, eta=0.0)
     env = Env(policy)
-    policy.config = replace(policy.config, autoscale=False)  # fill without the (correct) scale-in of an almost empty pool
+    policy.config = replace(
+        policy.config, autoscale=False
+    )  # fill without the (correct) scale-in of an almost empty pool
     live: list[str] = []
     for i in range(32):
         live.append(f"s{i}")

@@ -32,13 +32,30 @@ def result(tmp_path_factory):
     traces = root / "traces"
     traces.mkdir()
     for name in ("bursty", "calm"):
-        write_trace(generate(spec(name, seed=7, duration_s=240.0), name=f"short_{name}"),
-                    traces / f"short_{name}.csv.gz")
+        write_trace(
+            generate(spec(name, seed=7, duration_s=240.0), name=f"short_{name}"),
+            traces / f"short_{name}.csv.gz",
+        )
     (traces / "notes.txt").write_text("not a trace")
     out = root / "out.json"
     plots = root / "plots"
-    code = main(["sim", "evaluate", "--traces", str(traces), "--quick", "--jobs", "1",
-                 "--placement-instances", "40", "--json", str(out), "--plots", str(plots)])
+    code = main(
+        [
+            "sim",
+            "evaluate",
+            "--traces",
+            str(traces),
+            "--quick",
+            "--jobs",
+            "1",
+            "--placement-instances",
+            "40",
+            "--json",
+            str(out),
+            "--plots",
+            str(plots),
+        ]
+    )
     return code, json.loads(out.read_text()), plots
 
 
@@ -54,8 +71,11 @@ def test_the_json_has_its_documented_summary_keys(result):
     assert set(doc["traces"]) == {"short_bursty", "short_calm"}
     assert doc["placement"]["instances"] == 40
     assert summary["scale"] == 1 and doc["scale"] == 1  # --scale defaults to 1
-    for key in ("cost_reduction_at_matched_slo_pct", "gap_to_boot_aware_floor_pct",
-                "gap_to_clairvoyant_at_slo_pct"):
+    for key in (
+        "cost_reduction_at_matched_slo_pct",
+        "gap_to_boot_aware_floor_pct",
+        "gap_to_clairvoyant_at_slo_pct",
+    ):
         assert set(summary[key]["per_trace"]) == {"short_bursty", "short_calm"}, key
     assert set(summary["placement_mixed_kinds"]) == {"h20_h200", "crossing", "crossing_eta_1"}
     # Sweeps that missed 99% were extended up to the stated caps, and the JSON says so.
@@ -87,14 +107,15 @@ def test_service_level_is_what_an_operator_pays_for_99_percent(result):
         assert v["slo_attainment"] == 0.99
         for name, static in v["static"].items():
             if static["reached"]:  # the smallest pool of its sweep that serves 99%
-                runs = [r for r in t["curves"][name]
-                        if r["stall_adjusted_attainment"] >= 0.99]
+                runs = [r for r in t["curves"][name] if r["stall_adjusted_attainment"] >= 0.99]
                 assert static["cost_gpu_hours"] == pytest.approx(
-                    min(r["cost_gpu_hours"] for r in runs), abs=1e-4)
+                    min(r["cost_gpu_hours"] for r in runs), abs=1e-4
+                )
         best = v["static"][v["best_baseline"]]["cost_gpu_hours"]
         ours = v["turboserve"]["cost_gpu_hours"]
         assert v["cost_reduction_vs_best_baseline_pct"] == pytest.approx(
-            100 * (best - ours) / best, abs=0.01)
+            100 * (best - ours) / best, abs=0.01
+        )
 
 
 @pytest.mark.slow

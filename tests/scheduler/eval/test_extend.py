@@ -16,10 +16,22 @@ from shared.profile import load_profile
 def _run(curve: str, stall: float, **params) -> RunSummary:
     params = {"initial_gpus": 4, **params} if curve != "least_loaded" else params
     return RunSummary(
-        spec=RunSpec("t", curve, curve, tuple(params.items())), cost_gpu_h=1.0, cost_usd=0.0,
-        p50_ms=0.0, p99_ms=1000.0, max_ms=1000.0, attainment=stall, migrations=0,
-        scale_events=0, peak_gpus=1, decision_p99_ms=0.0, served_floor_gpu_h=0.0,
-        unserved_session_s=0.0, wall_s=0.0, stall_adjusted_attainment=stall)
+        spec=RunSpec("t", curve, curve, tuple(params.items())),
+        cost_gpu_h=1.0,
+        cost_usd=0.0,
+        p50_ms=0.0,
+        p99_ms=1000.0,
+        max_ms=1000.0,
+        attainment=stall,
+        migrations=0,
+        scale_events=0,
+        peak_gpus=1,
+        decision_p99_ms=0.0,
+        served_floor_gpu_h=0.0,
+        unserved_session_s=0.0,
+        wall_s=0.0,
+        stall_adjusted_attainment=stall,
+    )
 
 
 def _static(attain: dict[int, float]) -> list[RunSummary]:
@@ -49,8 +61,11 @@ def test_a_static_pool_that_misses_at_the_cap_is_not_reached():
     runs = _static({10: 0.95, 20: 0.97})
     assert next_runs(runs, peak_active=20, capacity=2, planned_top=15) == []
     report = extension_report(runs, {runs[0].spec}, peak_active=20, capacity=2)
-    assert report == {"added": {"least_loaded": [20]}, "static_cap_gpus": 20,
-                      "not_reached_at_cap": ["least_loaded"]}
+    assert report == {
+        "added": {"least_loaded": [20]},
+        "static_cap_gpus": 20,
+        "not_reached_at_cap": ["least_loaded"],
+    }
 
 
 def test_a_planned_sweep_that_reaches_the_level_gets_no_runs():
@@ -59,16 +74,21 @@ def test_a_planned_sweep_that_reaches_the_level_gets_no_runs():
 
 
 def test_an_autoscaler_that_misses_gets_more_headroom_down_to_the_cap():
-    runs = [_run("clairvoyant", 0.97, future=True),
-            _run("clairvoyant", 0.96, rho_hat=0.35, future=True),
-            _run("hpa", 0.95, target=0.5)]
+    runs = [
+        _run("clairvoyant", 0.97, future=True),
+        _run("clairvoyant", 0.96, rho_hat=0.35, future=True),
+        _run("hpa", 0.95, target=0.5),
+    ]
     rounds = []
     while specs := next_runs(runs, peak_active=20, capacity=2, planned_top=12):
         rounds.append(sorted((s.curve, s.param("rho_hat") or s.param("target")) for s in specs))
         runs += [_run(s.curve, 0.98, **dict(s.params)) for s in specs]
-    assert rounds == [[("clairvoyant", 0.25), ("hpa", 0.45)],
-                      [("clairvoyant", 0.15), ("hpa", 0.35)],
-                      [("hpa", 0.25)], [("hpa", 0.15)]]
+    assert rounds == [
+        [("clairvoyant", 0.25), ("hpa", 0.45)],
+        [("clairvoyant", 0.15), ("hpa", 0.35)],
+        [("hpa", 0.25)],
+        [("hpa", 0.15)],
+    ]
     assert HEADROOM_CAP == 0.15
     # The clairvoyant keeps its future and its warm pool.
     extra = [r for r in runs if r.spec.curve == "clairvoyant" and r.spec.param("rho_hat") == 0.15]

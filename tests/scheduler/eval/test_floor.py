@@ -59,8 +59,11 @@ def test_need_steps_merge_equal_runs():
 def test_boot_floor_bridges_short_gaps_and_reboots_after_long_ones():
     # One GPU needed on [0,10), [12,20) and [50,60); boot delay 5 s.
     steps = [
-        DemandStep(0, 10, 1), DemandStep(10, 12, 0), DemandStep(12, 20, 1),
-        DemandStep(20, 50, 0), DemandStep(50, 60, 1),
+        DemandStep(0, 10, 1),
+        DemandStep(10, 12, 0),
+        DemandStep(12, 20, 1),
+        DemandStep(20, 50, 0),
+        DemandStep(50, 60, 1),
     ]
     # Serving 28 s; the 2 s gap is bridged (2 < 5); the 30 s gap means a reboot paid 5 s.
     assert floor_with_boot_gpu_seconds(steps, 1, 5.0) == pytest.approx(28 + 2 + 5)
@@ -74,7 +77,8 @@ def test_boot_before_the_trace_starts_is_free():
 
 demand = st.lists(
     st.tuples(st.floats(0.1, 20.0, allow_nan=False), st.integers(0, 30)),
-    min_size=1, max_size=25,
+    min_size=1,
+    max_size=25,
 )
 
 

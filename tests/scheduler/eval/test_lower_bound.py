@@ -37,8 +37,7 @@ def test_no_policy_costs_less_than_the_floor(trace_name, capacity):
     specs = [
         RunSpec(trace_name, "turboserve", "turboserve", (("initial_gpus", 2),)),
         RunSpec(trace_name, "hpa", "hpa", (("initial_gpus", 2),)),
-        RunSpec(trace_name, "clairvoyant", "clairvoyant",
-                (("initial_gpus", 2), ("future", True))),
+        RunSpec(trace_name, "clairvoyant", "clairvoyant", (("initial_gpus", 2), ("future", True))),
         RunSpec(trace_name, "least_loaded", "least_loaded", (("gpus", peak_need),)),
     ]
     for spec in specs:

@@ -11,10 +11,22 @@ from services.scheduler.eval.runs import RunSpec, RunSummary
 
 def _run(cost_h: float, unserved_s: float) -> RunSummary:
     return RunSummary(
-        spec=RunSpec("t", "least_loaded", "least_loaded", (("gpus", 1),)), cost_gpu_h=cost_h,
-        cost_usd=2 * cost_h, p50_ms=1, p99_ms=1, max_ms=1, attainment=1.0, migrations=0,
-        scale_events=0, peak_gpus=1, decision_p99_ms=0.0, served_floor_gpu_h=0.1,
-        unserved_session_s=unserved_s, wall_s=0.0, chunks=10, deadline_ms=1250.0,
+        spec=RunSpec("t", "least_loaded", "least_loaded", (("gpus", 1),)),
+        cost_gpu_h=cost_h,
+        cost_usd=2 * cost_h,
+        p50_ms=1,
+        p99_ms=1,
+        max_ms=1,
+        attainment=1.0,
+        migrations=0,
+        scale_events=0,
+        peak_gpus=1,
+        decision_p99_ms=0.0,
+        served_floor_gpu_h=0.1,
+        unserved_session_s=unserved_s,
+        wall_s=0.0,
+        chunks=10,
+        deadline_ms=1250.0,
     )
 
 
@@ -28,9 +40,14 @@ def test_runs_that_left_sessions_waiting_are_counted_as_not_checked_against_the_
 
 
 def test_report_names_the_excluded_runs_next_to_the_verdict():
-    summary = {"oracle_is_lower_bound": True,
-               "lower_bound_runs": {"runs": 660, "checked_against_floor": 640,
-                                    "excluded_from_floor_check": 20}}
+    summary = {
+        "oracle_is_lower_bound": True,
+        "lower_bound_runs": {
+            "runs": 660,
+            "checked_against_floor": 640,
+            "excluded_from_floor_check": 20,
+        },
+    }
     text = _bound_text(summary)
     assert text.startswith("yes")
     assert "660 of 660" in text and "floor on 640" in text and "20 runs" in text

@@ -16,7 +16,10 @@ from services.scheduler.eval.matched import (
 
 # A rival: 100 $ -> 2000 ms, 200 $ -> 1000 ms, 400 $ -> 500 ms, plus a dominated point.
 RIVAL = [
-    CurvePoint(200, 1000), CurvePoint(100, 2000), CurvePoint(400, 500), CurvePoint(300, 1200),
+    CurvePoint(200, 1000),
+    CurvePoint(100, 2000),
+    CurvePoint(400, 500),
+    CurvePoint(300, 1200),
 ]
 
 
@@ -78,5 +81,7 @@ def test_a_rival_that_never_reaches_our_latency_is_not_the_best_match():
     }
     assert _best(vs, list(vs), "rival_cost_gpu_hours", "cost_match_in_range") == "reaches"
     none_in_range = {k: {**v, "cost_match_in_range": False} for k, v in vs.items()}
-    assert _best(none_in_range, list(vs), "rival_cost_gpu_hours",
-                 "cost_match_in_range") == "never_reaches"
+    assert (
+        _best(none_in_range, list(vs), "rival_cost_gpu_hours", "cost_match_in_range")
+        == "never_reaches"
+    )

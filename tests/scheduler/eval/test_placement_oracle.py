@@ -50,8 +50,9 @@ def test_over_capacity_is_infeasible():
 @given(st.integers(0, 10_000))
 def test_count_vector_search_equals_brute_force(seed):
     rng = random.Random(seed)
-    inst = random_instance(rng, CHUNK, (5.0, 60.0), rng.choice([0.0, 0.1, 1.0, 3.0]),
-                           max_gpus=3, max_sessions=7)
+    inst = random_instance(
+        rng, CHUNK, (5.0, 60.0), rng.choice([0.0, 0.1, 1.0, 3.0]), max_gpus=3, max_sessions=7
+    )
     j_fast, assignment = optimum(inst)
     j_slow, _ = brute_force(inst)
     assert j_fast == pytest.approx(j_slow)

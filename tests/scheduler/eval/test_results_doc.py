@@ -17,17 +17,18 @@ RESULTS_DOC = Path(__file__).resolve().parents[3] / "docs" / "results.md"
 
 
 def _markers(names: list[str]) -> str:
-    return "".join(f"<!-- sim tables: {n} -->\nold {n}\n<!-- /sim tables: {n} -->\n"
-                   for n in names)
+    return "".join(f"<!-- sim tables: {n} -->\nold {n}\n<!-- /sim tables: {n} -->\n" for n in names)
 
 
 def test_each_section_replaces_only_what_is_between_its_markers() -> None:
     text = "# Results\n\nintro\n\n" + _markers(["policy_all", "service_level"]) + "\nthe end\n"
     out = results.write_sections(text, {"policy_all": "| new |", "service_level": "| t |"})
-    assert out == ("# Results\n\nintro\n\n"
-                   "<!-- sim tables: policy_all -->\n| new |\n<!-- /sim tables: policy_all -->\n"
-                   "<!-- sim tables: service_level -->\n| t |\n<!-- /sim tables: service_level -->\n"
-                   "\nthe end\n")
+    assert out == (
+        "# Results\n\nintro\n\n"
+        "<!-- sim tables: policy_all -->\n| new |\n<!-- /sim tables: policy_all -->\n"
+        "<!-- sim tables: service_level -->\n| t |\n<!-- /sim tables: service_level -->\n"
+        "\nthe end\n"
+    )
 
 
 def test_a_missing_marker_is_an_error() -> None:
@@ -41,17 +42,19 @@ def test_the_results_doc_has_every_section() -> None:
     assert all(f"(table {name})" in out for name in results.SECTIONS)
 
 
-def test_sim_tables_writes_the_file(document: dict[str, Any], tmp_path: Path,  # noqa: F811
-                                    capsys: pytest.CaptureFixture[str],
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sim_tables_writes_the_file(
+    document: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(results, "_policy_all", lambda: "(sim run table)")
     path = tmp_path / "eval.json"
     path.write_text(json.dumps(document))
     target = tmp_path / "results.md"
     names = ["policy_all", "against_the_paper", "service_level"]
     target.write_text("kept above\n" + _markers(names) + "kept below\n")
-    assert main(["sim", "tables", "--eval", str(path), "--no-bench", "--write",
-                 str(target)]) == 0
+    assert main(["sim", "tables", "--eval", str(path), "--no-bench", "--write", str(target)]) == 0
     written = target.read_text()
     assert written.startswith("kept above\n") and written.endswith("kept below\n")
     assert "(sim run table)" in written and "| aside" in written
@@ -60,18 +63,20 @@ def test_sim_tables_writes_the_file(document: dict[str, Any], tmp_path: Path,  #
 
 
 @pytest.mark.parametrize("content", [None, "no markers here\n"])
-def test_sim_tables_refuses_a_file_it_cannot_write(document: dict[str, Any],  # noqa: F811
-                                                   tmp_path: Path, content: str | None,
-                                                   capsys: pytest.CaptureFixture[str],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sim_tables_refuses_a_file_it_cannot_write(
+    document: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+    content: str | None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(results, "_policy_all", lambda: "(sim run table)")
     path = tmp_path / "eval.json"
     path.write_text(json.dumps(document))
     target = tmp_path / "results.md"
     if content is not None:
         target.write_text(content)
-    assert main(["sim", "tables", "--eval", str(path), "--no-bench", "--write",
-                 str(target)]) == 2
+    assert main(["sim", "tables", "--eval", str(path), "--no-bench", "--write", str(target)]) == 2
     err = capsys.readouterr().err
     assert f"--write {target}" in err
     if content is not None:

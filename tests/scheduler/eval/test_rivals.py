@@ -31,12 +31,21 @@ def test_clairvoyant_needs_the_future():
 def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
     from services.scheduler.core.autoscale import RhoTable
 
-    table = RhoTable(tuple(float(i) for i in range(1, 10)), (0.8,) * 10, (0.1,) * 10,
-                     signal="dispersion", idle_reserve=(0.5,) * 10)
+    table = RhoTable(
+        tuple(float(i) for i in range(1, 10)),
+        (0.8,) * 10,
+        (0.1,) * 10,
+        signal="dispersion",
+        idle_reserve=(0.5,) * 10,
+    )
     oracle = build("clairvoyant", PROFILE, future=[], rho_table=table)
     assert oracle.current_idle_reserve(0.0) == 0.0
-    assert build("clairvoyant", PROFILE, future=[], rho_table=table,
-                      idle_reserve=0.25).current_idle_reserve(0.0) == 0.25
+    assert (
+        build(
+            "clairvoyant", PROFILE, future=[], rho_table=table, idle_reserve=0.25
+        ).current_idle_reserve(0.0)
+        == 0.25
+    )
     for name in ("turboserve", "no_migration", "turboserve_predictive"):
         assert build(name, PROFILE, rho_table=table).current_idle_reserve(0.0) == 0.5, name
     # The rivals keep their own rules: no table, no reserve.
@@ -48,8 +57,15 @@ def test_clairvoyant_takes_no_idle_reserve_from_the_table_and_the_others_do():
 def test_clairvoyant_asks_one_boot_delay_ahead_and_releases_when_demand_ends():
     future = [(100.0, f"s{i}", "arrive") for i in range(30)]
     future += [(200.0, f"s{i}", "depart") for i in range(30)]
-    policy = build("clairvoyant", PROFILE, future=future, rho_hat=0.5, delta=0.1,
-                        boot_delay_s=30.0, lookahead_slack_s=1.0)
+    policy = build(
+        "clairvoyant",
+        PROFILE,
+        future=future,
+        rho_hat=0.5,
+        delta=0.1,
+        boot_delay_s=30.0,
+        lookahead_slack_s=1.0,
+    )
     first_request = None
     for t in range(0, 100):
         out = policy.step(Event(float(t), EventKind.TICK))
@@ -99,8 +115,9 @@ def test_hpa_scales_up_at_its_next_sync_and_down_only_after_the_stabilisation_wi
 
 def test_predictive_scales_up_before_turboserve_on_a_slow_ramp():
     def first_request(name):
-        policy = build(name, PROFILE, rho_hat=0.6, delta=0.1, boot_delay_s=30.0,
-                            initial_gpus=4, min_gpus=4)
+        policy = build(
+            name, PROFILE, rho_hat=0.6, delta=0.1, boot_delay_s=30.0, initial_gpus=4, min_gpus=4
+        )
         for t in range(400):  # one arrival every 2 s, a tick every second
             out = policy.step(Event(float(t), EventKind.TICK))
             if t % 2 == 0:
@@ -123,8 +140,7 @@ def test_least_loaded_autoscale_never_migrates():
 def test_least_loaded_autoscale_steps_out_at_once_and_in_one_gpu_after_a_cooldown():
     """A threshold rule, not TurboServe's: above 80% it adds what brings utilisation back to
     80% (then waits 30 s), below 50% for 120 s it removes one GPU (then waits 120 s)."""
-    policy = build("least_loaded_autoscale", PROFILE, gpus=2, boot_delay_s=5.0,
-                        warmup_s=0.0)
+    policy = build("least_loaded_autoscale", PROFILE, gpus=2, boot_delay_s=5.0, warmup_s=0.0)
     out = []
     for k in range(22):  # 22 sessions on 2 x 12 slots: u = 0.92 > 0.8 at the 20th
         out += policy.step(Event(float(k), EventKind.ARRIVE, session_id=f"s{k}"))
@@ -137,16 +153,20 @@ def test_least_loaded_autoscale_steps_out_at_once_and_in_one_gpu_after_a_cooldow
         policy.step(Event(30.0 + k / 10, EventKind.DEPART, session_id=f"s{k}"))
     released = []
     for t in range(32, 500):
-        released += [(t, d) for d in policy.step(Event(float(t), EventKind.TICK))
-                     if isinstance(d, Drain | Release)]
+        released += [
+            (t, d)
+            for d in policy.step(Event(float(t), EventKind.TICK))
+            if isinstance(d, Drain | Release)
+        ]
     drains = [t for t, d in released if isinstance(d, Drain)]
     # One GPU at a time, each after 120 s of low utilisation or since the last scale event.
     assert len(drains) == 2 and drains[0] >= 30 + 120 and drains[1] - drains[0] >= 120
 
 
 def test_session_forecast_lies_between_the_active_and_the_live_sessions():
-    policy = build("turboserve_predictive", PROFILE, rho_hat=0.6, boot_delay_s=30.0,
-                        initial_gpus=4, min_gpus=4)
+    policy = build(
+        "turboserve_predictive", PROFILE, rho_hat=0.6, boot_delay_s=30.0, initial_gpus=4, min_gpus=4
+    )
     for k in range(40):
         policy.step(Event(float(k), EventKind.ARRIVE, session_id=f"s{k}"))
     for k in range(0, 40, 2):  # half of them go idle

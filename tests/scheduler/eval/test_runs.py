@@ -12,12 +12,15 @@ def test_a_recorded_run_equals_a_direct_run():
     trace = generate(spec("bursty", seed=11, duration_s=300.0), name="short_bursty_11")
     prime_trace_cache({"short_bursty_11": trace})
     profile = load_profile()
-    for policy, params in (("turboserve", {"initial_gpus": 3}),
-                           ("least_loaded", {"gpus": 4})):
+    for policy, params in (("turboserve", {"initial_gpus": 3}), ("least_loaded", {"gpus": 4})):
         recorded = execute(RunSpec("short_bursty_11", policy, policy, tuple(params.items())))
         # The same policy, built as any caller builds it (with the shipped rho_hat table).
-        direct = simulate(trace, make_policy(policy, profile, boot_delay_s=30.0, **params),
-                          profile, boot_delay_s=30.0)
+        direct = simulate(
+            trace,
+            make_policy(policy, profile, boot_delay_s=30.0, **params),
+            profile,
+            boot_delay_s=30.0,
+        )
         assert recorded.cost_gpu_h * 3600 == direct.cost_gpu_seconds
         assert recorded.p99_ms == direct.latency()["p99"]
         assert recorded.migrations == direct.migrations

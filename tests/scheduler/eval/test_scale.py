@@ -27,8 +27,12 @@ def test_a_trace_at_scale_n_is_n_shifted_copies(base):
     assert big.name == "base_x3" and scale_of(big.name) == 3 and big.duration == base.duration
     offsets = np.random.default_rng(5).uniform(0, synth.SCALE_OFFSET_MAX_S, size=3)
     # Sessions that would arrive after the end, shifted, are cut.
-    assert big.sessions == sum(1 for off in offsets for e in base.events
-                               if e.event == "arrive" and round(e.t + off, 3) < base.duration)
+    assert big.sessions == sum(
+        1
+        for off in offsets
+        for e in base.events
+        if e.event == "arrive" and round(e.t + off, 3) < base.duration
+    )
     assert 2.5 * base.sessions < big.sessions <= 3 * base.sessions
     arrivals = [e.session_id for e in big.events if e.event == "arrive"]
     assert len(set(arrivals)) == len(arrivals)  # ids unique across copies
@@ -41,8 +45,11 @@ def test_a_trace_at_scale_n_is_n_shifted_copies(base):
         assert mine[0].session_id == f"c{copy}-{first.session_id}"
         assert mine[0].t == pytest.approx(first.t + offset, abs=1e-3)
         # Each copy is the base trace shifted by its offset, cut at the end.
-        kept = [(round(e.t + offset, 3), e.event) for e in base.events
-                if round(e.t + offset, 3) < base.duration]
+        kept = [
+            (round(e.t + offset, 3), e.event)
+            for e in base.events
+            if round(e.t + offset, 3) < base.duration
+        ]
         assert [(e.t, e.event) for e in mine if e.t < base.duration] == kept
         counts = Counter(e.event for e in mine)
         assert counts["depart"] == counts["arrive"]  # everyone leaves, at the end at the latest
@@ -71,12 +78,32 @@ def scaled_eval(tmp_path_factory):
     root = tmp_path_factory.mktemp("scale")
     traces = root / "traces"
     traces.mkdir()
-    write_trace(synth.generate(synth.spec("flash_crowd", seed=3, duration_s=150.0),
-                               name="tiny"), traces / "tiny.csv.gz")
+    write_trace(
+        synth.generate(synth.spec("flash_crowd", seed=3, duration_s=150.0), name="tiny"),
+        traces / "tiny.csv.gz",
+    )
     out, md = root / "eval.json", root / "eval.md"
-    code = main(["sim", "evaluate", "--traces", str(traces), "--quick", "--jobs", "1",
-                 "--profiles", PROFILE, "--placement-instances", "5", "--scale", "1,2",
-                 "--json", str(out), "--markdown", str(md)])
+    code = main(
+        [
+            "sim",
+            "evaluate",
+            "--traces",
+            str(traces),
+            "--quick",
+            "--jobs",
+            "1",
+            "--profiles",
+            PROFILE,
+            "--placement-instances",
+            "5",
+            "--scale",
+            "1,2",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+        ]
+    )
     assert code == 0
     return json.loads(out.read_text()), md.read_text()
 
@@ -94,8 +121,10 @@ def test_each_scale_is_evaluated_and_says_its_scale(scaled_eval):
     one = doc["by_scale"]["1"]["by_profile"][PROFILE]
     assert one["summary"] == doc["summary"]
     # Twice the sessions cost more GPU-hours at the adaptive point.
-    assert (two["traces"]["tiny_x2"]["turboserve"]["cost_gpu_hours"]
-            > one["traces"]["tiny"]["turboserve"]["cost_gpu_hours"])
+    assert (
+        two["traces"]["tiny_x2"]["turboserve"]["cost_gpu_hours"]
+        > one["traces"]["tiny"]["turboserve"]["cost_gpu_hours"]
+    )
 
 
 @pytest.mark.slow
@@ -114,12 +143,14 @@ def test_the_gap_to_the_clairvoyant_at_99_percent_at_each_scale(scaled_eval):
             assert block["per_trace"][name] == (pytest.approx(gap, abs=1e-3) if both else None)
         values = [x for x in block["per_trace"].values() if x is not None]
         assert block["traces_averaged"] == len(values)
-        assert block["avg"] == (pytest.approx(sum(values) / len(values), abs=1e-3)
-                                if values else None)
+        assert block["avg"] == (
+            pytest.approx(sum(values) / len(values), abs=1e-3) if values else None
+        )
     # Every heading of the report says its scale, and the gap is tabled by scale.
     assert "## Summary (scale 1;" in md and "## Summary (scale 2;" in md
-    assert "## Cost to serve 99% of chunk periods on time (stall-adjusted), per trace " \
-           "(scale 2)" in md
+    assert (
+        "## Cost to serve 99% of chunk periods on time (stall-adjusted), per trace (scale 2)" in md
+    )
     assert "## Gap to the clairvoyant at 99% of chunk periods on time, by scale" in md
     assert "| tiny_x2 " in md
 

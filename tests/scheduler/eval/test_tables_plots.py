@@ -32,12 +32,17 @@ def _is_png(path, min_size=(300, 200)):
 
 def test_plots_write_pngs(tmp_path):
     curves = {"a": [CurvePoint(1, 900), CurvePoint(2, 500)], "b": [CurvePoint(1.5, 700)]}
-    p1 = plot_cost_latency(curves, tmp_path / "c.png", title="t",
-                           highlight={"ours": CurvePoint(1.2, 400)}, floor_cost=0.8)
-    p2 = plot_gpus_over_time({"a": ([0, 10, 20], [1, 3, 2])}, ([0, 10, 20], [1, 2, 2]),
-                             tmp_path / "g.png", title="t")
-    p3 = plot_latency_cdf({"a": [900, 950, 1200]}, tmp_path / "l.png", title="t",
-                          deadline_ms=1000)
+    p1 = plot_cost_latency(
+        curves,
+        tmp_path / "c.png",
+        title="t",
+        highlight={"ours": CurvePoint(1.2, 400)},
+        floor_cost=0.8,
+    )
+    p2 = plot_gpus_over_time(
+        {"a": ([0, 10, 20], [1, 3, 2])}, ([0, 10, 20], [1, 2, 2]), tmp_path / "g.png", title="t"
+    )
+    p3 = plot_latency_cdf({"a": [900, 950, 1200]}, tmp_path / "l.png", title="t", deadline_ms=1000)
     assert all(_is_png(p) for p in (p1, p2, p3))
 
 

@@ -19,9 +19,14 @@ from shared.streams import ensure_streams
 
 
 @contextlib.asynccontextmanager
-async def leading(ctx: ServiceContext, env: dict[str, str], *, tick_s: float = 0.2,
-                  settings: dict[str, Any] | None = None,
-                  **core: Any) -> AsyncIterator[tuple[LiveScheduler, Controller]]:
+async def leading(
+    ctx: ServiceContext,
+    env: dict[str, str],
+    *,
+    tick_s: float = 0.2,
+    settings: dict[str, Any] | None = None,
+    **core: Any,
+) -> AsyncIterator[tuple[LiveScheduler, Controller]]:
     """A started ``LiveScheduler`` holding a lease that outlasts the test, over a ``turboserve``
     core on the default profile (fixed rho_hat 0.9, a 30 s boot, 1-2 GPUs; ``core`` overrides
     these); ``settings`` go to ``SchedulerSettings``."""
@@ -30,12 +35,26 @@ async def leading(ctx: ServiceContext, env: dict[str, str], *, tick_s: float = 0
     kind = profile.gpu_kind
     lease = await LeaderElection(ctx.redis, ctx.registry.ns, "test", 120.0).try_acquire()
     assert lease is not None
-    params: dict[str, Any] = {"initial_gpus": 0, "min_gpus": 1, "max_gpus": 2, "gpu_kind": kind,
-                              "boot_delay_s": 30.0, "rho_hat": 0.9, **core}
+    params: dict[str, Any] = {
+        "initial_gpus": 0,
+        "min_gpus": 1,
+        "max_gpus": 2,
+        "gpu_kind": kind,
+        "boot_delay_s": 30.0,
+        "rho_hat": 0.9,
+        **core,
+    }
     controller = get_policy("turboserve", {kind: profile}, policy_config("turboserve", params))
     assert isinstance(controller, Controller)
-    live = LiveScheduler(ctx, SchedulerSettings.from_env(env, tick_s=tick_s, **(settings or {})),
-                         lease, controller, {kind: profile}, kind, SchedulerMetrics())
+    live = LiveScheduler(
+        ctx,
+        SchedulerSettings.from_env(env, tick_s=tick_s, **(settings or {})),
+        lease,
+        controller,
+        {kind: profile},
+        kind,
+        SchedulerMetrics(),
+    )
     await live.start()
     try:
         yield live, controller

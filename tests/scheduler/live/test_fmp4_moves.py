@@ -23,8 +23,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture
 def env(infra, isolation, nats_client, redis_client):
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", "TURBOSERVE_METRICS_PORT": "-1", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        "TURBOSERVE_METRICS_PORT": "-1",
+        **isolation,
+    }
 
 
 def check_timeline(chunks: list) -> None:
@@ -41,8 +46,10 @@ def check_timeline(chunks: list) -> None:
 
 
 async def test_fragments_decode_alone_and_keep_their_timeline_across_a_migration(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD),
+    ):
         await start_session(ctx, "wa", "moved", prompt="a paper boat on a river", seed=7)
         await eventually(lambda: len(rx.chunks["moved"]) >= 4, 30, "chunks on wa")
         report = await Ctl(ctx).migrate("moved", "wb", 30)

@@ -27,16 +27,43 @@ def pool(**known: str) -> PoolLedger:
     return p
 
 
-def beat(wid: str, at: float, *, status: WorkerStatus = WorkerStatus.READY, kind: str = "H20",
-         suspended: tuple[str, ...] = ()) -> Heartbeat:
-    return Heartbeat(worker_id=wid, status=status, capacity=4, active=0, at=at, gpu_kind=kind,
-                     suspended=list(suspended))
+def beat(
+    wid: str,
+    at: float,
+    *,
+    status: WorkerStatus = WorkerStatus.READY,
+    kind: str = "H20",
+    suspended: tuple[str, ...] = (),
+) -> Heartbeat:
+    return Heartbeat(
+        worker_id=wid,
+        status=status,
+        capacity=4,
+        active=0,
+        at=at,
+        gpu_kind=kind,
+        suspended=list(suspended),
+    )
 
 
-def record(wid: str, *, alive: bool = True, status: WorkerStatus = WorkerStatus.READY,
-           updated_at: float = 0.0, kind: str = "H20") -> WorkerRecord:
-    return WorkerRecord(wid, status, capacity=4, alive=alive, updated_at=updated_at,
-                        gpu_kind=kind, sessions=("s1",), chunk_ms={1: 500.0})
+def record(
+    wid: str,
+    *,
+    alive: bool = True,
+    status: WorkerStatus = WorkerStatus.READY,
+    updated_at: float = 0.0,
+    kind: str = "H20",
+) -> WorkerRecord:
+    return WorkerRecord(
+        wid,
+        status,
+        capacity=4,
+        alive=alive,
+        updated_at=updated_at,
+        gpu_kind=kind,
+        sessions=("s1",),
+        chunk_ms={1: 500.0},
+    )
 
 
 # -- workers ----------------------------------------------------------------------------------
@@ -129,7 +156,9 @@ def test_beats_by_kind_are_those_of_known_workers():
     for wid in ("a", "c", "stranger"):
         p.hear(beat(wid, at=1.0), now=1.0)
     assert {k: [b.worker_id for b in v] for k, v in p.beats_by_kind().items()} == {
-        "H20": ["a"], "L4": ["c"]}
+        "H20": ["a"],
+        "L4": ["c"],
+    }
 
 
 def test_idle_sessions_are_parked_on_the_ready_gpu_with_the_fewest():

@@ -22,8 +22,12 @@ SHOWN_S = 2.0
 
 @pytest.fixture
 def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 async def test_a_lost_worker_is_shown_lost_without_sessions_then_forgotten(env):
@@ -36,16 +40,23 @@ async def test_a_lost_worker_is_shown_lost_without_sessions_then_forgotten(env):
             await registry.claim(record.id, "w-dead", record.epoch)
             sids.append(record.id)
         # One ready worker holding three sessions, one that died booting; neither beats again.
-        await registry.register_worker(WorkerRecord("w-dead", WorkerStatus.READY, capacity=4,
-                                                    sessions=tuple(sids), active=3), ttl_s=0.6)
-        await registry.register_worker(WorkerRecord("w-ghost", WorkerStatus.BOOTING, capacity=4),
-                                       ttl_s=0.6)
-        await eventually(lambda: "w-dead" in live.ledger.workers, 5, "the scheduler takes the worker in")
+        await registry.register_worker(
+            WorkerRecord("w-dead", WorkerStatus.READY, capacity=4, sessions=tuple(sids), active=3),
+            ttl_s=0.6,
+        )
+        await registry.register_worker(
+            WorkerRecord("w-ghost", WorkerStatus.BOOTING, capacity=4), ttl_s=0.6
+        )
+        await eventually(
+            lambda: "w-dead" in live.ledger.workers, 5, "the scheduler takes the worker in"
+        )
 
         async def both_lost() -> bool:
             records = {w.id: w for w in await registry.workers()}
-            return all(wid in records and records[wid].status is WorkerStatus.LOST
-                       for wid in ("w-dead", "w-ghost"))
+            return all(
+                wid in records and records[wid].status is WorkerStatus.LOST
+                for wid in ("w-dead", "w-ghost")
+            )
 
         await eventually(both_lost, 8, "both workers shown lost")
         status = await Ctl(ctx).status()

@@ -33,8 +33,15 @@ def test_measurements_replace_the_shipped_times_and_slots_bound_k():
 
 
 def test_the_period_is_the_deadline_and_handoffs_give_the_migration_cost():
-    b = beat(chunk_period_s=0.75, capacity=4, chunk_ms={1: 30.0}, state_bytes=2 * 1024 * 1024,
-             handoff_fixed_ms=3.0, handoff_ms_per_mib=0.5, gpu_kind="cpu")
+    b = beat(
+        chunk_period_s=0.75,
+        capacity=4,
+        chunk_ms={1: 30.0},
+        state_bytes=2 * 1024 * 1024,
+        handoff_fixed_ms=3.0,
+        handoff_ms_per_mib=0.5,
+        gpu_kind="cpu",
+    )
     profile = live_profile("cpu", [b], H20)
     assert profile.deadline_ms == 750.0
     assert profile.gpu_kind == "cpu" and profile.capacity == 4
@@ -66,8 +73,9 @@ def test_k_leaves_room_for_the_prompt_switch_the_workers_measure():
     """The default profile's K = 12 meets the 1250 ms deadline with 49 ms to spare; a prompt
     switch (LongLive's KV re-cache) that adds 120 ms to its chunk would break it at 12."""
     plain = live_profile("H20", [beat()], H20)
-    switching = live_profile("H20", [beat(prompt_switch_ms=100.0), beat("w2",
-                                      prompt_switch_ms=140.0)], H20)
+    switching = live_profile(
+        "H20", [beat(prompt_switch_ms=100.0), beat("w2", prompt_switch_ms=140.0)], H20
+    )
     assert switching.prompt_switch_ms == pytest.approx(120.0)
     assert switching.capacity < plain.capacity == 12
     assert switching.chunk_ms(switching.capacity) + 120.0 <= switching.deadline_ms
@@ -88,10 +96,17 @@ def test_six_steady_sessions_keep_one_emulated_gpu():
 
     passes = {b: H20.chunk_ms(b) / H20.passes_per_chunk for b in range(1, 7)}
     for batch_2_ms in (621.0, 640.0, 660.0):
-        profile = live_profile("H20", [beat(chunk_ms={1: 531.0, 2: batch_2_ms},
-                                            pass_ms=passes, active=6)], H20)
-        config = ControllerConfig(rho_table=load_rho_table(), boot_delay_s=5.0, initial_gpus=0,
-                                  min_gpus=1, max_gpus=4, gpu_kind="H20")
+        profile = live_profile(
+            "H20", [beat(chunk_ms={1: 531.0, 2: batch_2_ms}, pass_ms=passes, active=6)], H20
+        )
+        config = ControllerConfig(
+            rho_table=load_rho_table(),
+            boot_delay_s=5.0,
+            initial_gpus=0,
+            min_gpus=1,
+            max_gpus=4,
+            gpu_kind="H20",
+        )
         core = Controller({"H20": H20}, config)
         decisions = core.step(Event(0.0, EventKind.GPU_READY, gpu_id="w-1", gpu_kind="H20"))
         core.set_profile("H20", profile)

@@ -32,8 +32,12 @@ PERIOD = 0.2
 
 @pytest.fixture
 def env(infra, isolation, nats_client, redis_client):
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 def assert_consecutive(rx: Received, sid: str) -> list[int]:
@@ -45,13 +49,19 @@ def assert_consecutive(rx: Received, sid: str) -> list[int]:
 async def stop(ctx, sid: str) -> None:
     record = await ctx.registry.transition(sid, SessionState.TERMINATED)
     if record.owner:
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.STOP, worker_id=record.owner,
-                                      epoch=record.epoch, session_id=sid))
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.STOP, worker_id=record.owner, epoch=record.epoch, session_id=sid
+            ),
+        )
 
 
 async def test_a_migrated_session_continues_seamlessly_with_the_frames_it_would_have_made(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD),
+    ):
         ctl = Ctl(ctx)
         await start_session(ctx, "wa", "moved", prompt="a paper boat on a river", seed=7)
         await eventually(lambda: len(rx.chunks["moved"]) >= 4, 30, "chunks on wa")
@@ -79,9 +89,16 @@ async def test_a_migrated_session_continues_seamlessly_with_the_frames_it_would_
 
 
 async def test_refused_migrations_leave_the_session_streaming_on_its_worker(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD,
-                             per_worker={"wb": {"TURBOSERVE_MAX_SESSIONS": "1"}}):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(
+            ctx,
+            env,
+            ["wa", "wb"],
+            chunk_period_s=PERIOD,
+            per_worker={"wb": {"TURBOSERVE_MAX_SESSIONS": "1"}},
+        ),
+    ):
         ctl = Ctl(ctx)
         epoch = await start_session(ctx, "wa", "s")
         await start_session(ctx, "wb", "filler")
@@ -90,8 +107,14 @@ async def test_refused_migrations_leave_the_session_streaming_on_its_worker(env)
         with pytest.raises(CtlError, match="full"):
             await ctl.migrate("s", "wb", 30)
         # 2. A command from the past (another epoch) is refused by the source.
-        stale = WorkerCommand(kind=WorkerCmdKind.MIGRATE, worker_id="wa", session_id="s",
-                              epoch=epoch - 1, target="wb", command_id="stale")
+        stale = WorkerCommand(
+            kind=WorkerCmdKind.MIGRATE,
+            worker_id="wa",
+            session_id="s",
+            epoch=epoch - 1,
+            target="wb",
+            command_id="stale",
+        )
         with pytest.raises(CtlError, match="stale_epoch"):
             await ctl.command("wa", stale)
         # 3. The target is draining.
@@ -109,8 +132,10 @@ async def test_refused_migrations_leave_the_session_streaming_on_its_worker(env)
 
 
 async def test_a_dead_destination_aborts_and_the_session_stays(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD) as procs:
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD) as procs,
+    ):
         ctl = Ctl(ctx)
         await start_session(ctx, "wa", "s")
         await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks")
@@ -134,8 +159,10 @@ async def test_a_dead_destination_aborts_and_the_session_stays(env):
 async def test_many_migrations_back_and_forth_under_load_keep_every_session_intact(env):
     rng = random.Random(7)
     sids = [f"s{i}" for i in range(4)]
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD),
+    ):
         ctl = Ctl(ctx)
         for i, sid in enumerate(sids):
             await start_session(ctx, "wa" if i % 2 else "wb", sid, seed=i)
@@ -145,13 +172,17 @@ async def test_many_migrations_back_and_forth_under_load_keep_every_session_inta
             pair = rng.sample(sids, 2)
             placement = await ctx.registry.placement()
             targets = {sid: "wb" if placement[sid] == "wa" else "wa" for sid in pair}
-            reports = await asyncio.gather(*(ctl.migrate(sid, dst, 60)
-                                             for sid, dst in targets.items()))
+            reports = await asyncio.gather(
+                *(ctl.migrate(sid, dst, 60) for sid, dst in targets.items())
+            )
             moves += sum(1 for r in reports if r["ok"])
         assert moves == 16
         counts = {s: len(rx.chunks[s]) for s in sids}
-        await eventually(lambda: all(len(rx.chunks[s]) >= counts[s] + 2 for s in sids), 30,
-                         "every session still streaming")
+        await eventually(
+            lambda: all(len(rx.chunks[s]) >= counts[s] + 2 for s in sids),
+            30,
+            "every session still streaming",
+        )
         placement = await ctx.registry.placement()
         status = await ctl.status()
     held = {w["id"]: {s["id"] for s in w["sessions"]} for w in status["workers"]}
@@ -166,18 +197,28 @@ async def test_many_migrations_back_and_forth_under_load_keep_every_session_inta
 
 
 async def test_ctl_drain_empties_a_worker_with_active_and_suspended_sessions(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD),
+    ):
         ctl = Ctl(ctx)
         for sid in ("a1", "a2", "idle"):
             await start_session(ctx, "wa", sid)
-        await eventually(lambda: all(len(rx.chunks[s]) >= 2 for s in ("a1", "a2", "idle")), 30,
-                         "chunks")
+        await eventually(
+            lambda: all(len(rx.chunks[s]) >= 2 for s in ("a1", "a2", "idle")), 30, "chunks"
+        )
         record = await ctx.registry.transition("idle", SessionState.SUSPENDED)
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="wa",
-                                      epoch=record.epoch, session_id="idle"))
-        await eventually(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["idle"]),
-                         10, "the suspend")
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.SUSPEND, worker_id="wa", epoch=record.epoch, session_id="idle"
+            ),
+        )
+        await eventually(
+            lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["idle"]),
+            10,
+            "the suspend",
+        )
         idle_seq = len(rx.chunks["idle"])
         moved = await ctl.drain("wa", 60)
         assert moved == 3
@@ -188,25 +229,44 @@ async def test_ctl_drain_empties_a_worker_with_active_and_suspended_sessions(env
         assert idle.owner == "wb" and idle.state is SessionState.SUSPENDED
         # The suspended session resumes on its new worker at its next seq.
         record = await ctx.registry.transition("idle", SessionState.EXECUTING)
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.RESUME, worker_id="wb",
-                                      epoch=record.epoch, session_id="idle"))
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.RESUME, worker_id="wb", epoch=record.epoch, session_id="idle"
+            ),
+        )
         counts = {s: len(rx.chunks[s]) for s in ("a1", "a2")}
-        await eventually(lambda: len(rx.chunks["idle"]) >= idle_seq + 2
-                         and all(len(rx.chunks[s]) >= counts[s] + 2 for s in counts), 30,
-                         "streams on wb")
+        await eventually(
+            lambda: (
+                len(rx.chunks["idle"]) >= idle_seq + 2
+                and all(len(rx.chunks[s]) >= counts[s] + 2 for s in counts)
+            ),
+            30,
+            "streams on wb",
+        )
     for sid in ("a1", "a2", "idle"):
         assert_consecutive(rx, sid)
         assert rx.chunks[sid][-1][1].worker_id == "wb"
 
 
 async def test_the_source_killed_mid_handoff_never_leaves_a_session_owned_twice(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD) as procs:
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD) as procs,
+    ):
         await start_session(ctx, "wa", "s")
         await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks")
         record = await ctx.registry.get_session("s")
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.MIGRATE, worker_id="wa",
-                                      session_id="s", epoch=record.epoch, target="wb"))
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.MIGRATE,
+                worker_id="wa",
+                session_id="s",
+                epoch=record.epoch,
+                target="wb",
+            ),
+        )
         os.kill(procs["wa"].pid, signal.SIGKILL)
         await asyncio.to_thread(procs["wa"].wait)
         # The wait is the test: the handoff settles one way or the other meanwhile, and the way

@@ -30,8 +30,12 @@ SIDS = ("s1", "s2", "s3")
 
 @pytest.fixture
 def env(infra, isolation, nats_client, redis_client):
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 def consecutive(rx: Received, sid: str) -> bool:
@@ -40,8 +44,10 @@ def consecutive(rx: Received, sid: str) -> bool:
 
 
 async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD),
+    ):
         for sid in SIDS:
             await start_session(ctx, "wa", sid)
         await eventually(lambda: all(len(rx.chunks[s]) >= 2 for s in SIDS), 30, "streams on wa")
@@ -68,8 +74,9 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             assert scheduler is not None and scheduler["cordoned"] == ["wa"]
             assert scheduler["ready"] == 1  # the autoscaler counts wb alone
             counts = {s: len(rx.chunks[s]) for s in SIDS}
-            await eventually(lambda: all(len(rx.chunks[s]) >= counts[s] + 3 for s in SIDS), 30,
-                             "streams on wb")
+            await eventually(
+                lambda: all(len(rx.chunks[s]) >= counts[s] + 3 for s in SIDS), 30, "streams on wb"
+            )
             assert all(consecutive(rx, s) for s in SIDS)
 
             # Undrain: wa is back in placement.
@@ -101,8 +108,9 @@ async def test_ctl_stop_without_a_scheduler_asks_the_provisioner(env, nats_clien
     from shared.wire import ProvisionerCmdKind, WorkerStatus
     from tests.provisioner.support import EventLog, request
 
-    settings = ProvisionerSettings.from_env({**env, "TURBOSERVE_GPUS": "none"}, min_workers=0,
-                                            max_workers=1)
+    settings = ProvisionerSettings.from_env(
+        {**env, "TURBOSERVE_GPUS": "none"}, min_workers=0, max_workers=1
+    )
     async with running(ProvisionerService(settings), settings) as ctx:
         events = await EventLog.listen(nats_client, ctx.subjects)
         reply = await request(nats_client, ctx.subjects, ProvisionerCmdKind.START, ["w1"])

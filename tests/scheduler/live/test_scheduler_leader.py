@@ -34,12 +34,17 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def env(infra, isolation, nats_client, redis_client):
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 async def test_the_lease_has_one_holder_a_term_per_leadership_and_guards_writes(
-        redis_client, isolation):
+    redis_client, isolation
+):
     ns = isolation["TURBOSERVE_REDIS_NAMESPACE"]
     a = LeaderElection(redis_client, ns, "a", ttl_s=0.5)
     b = LeaderElection(redis_client, ns, "b", ttl_s=0.5)
@@ -55,8 +60,9 @@ async def test_the_lease_has_one_holder_a_term_per_leadership_and_guards_writes(
     assert lease_b is not None and lease_b.term > lease_a.term
     assert not await a.renew(lease_a)  # deposed
     with pytest.raises(GuardFailed):  # a deposed leader changes no ownership
-        await registry.transition("s", SessionState.PENDING, expected_epoch=record.epoch,
-                                  owner=None, guard=lease_a.guard)
+        await registry.transition(
+            "s", SessionState.PENDING, expected_epoch=record.epoch, owner=None, guard=lease_a.guard
+        )
     assert (await registry.get_session("s")).owner == "w"
     await b.resign(lease_b)
     assert await a.current_term() is None
@@ -71,17 +77,25 @@ async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_ref
     procs: list[subprocess.Popen[bytes]] = []
 
     def scheduler(sid: str, ops_port: int = -1) -> subprocess.Popen[bytes]:
-        penv = {**os.environ, **env, "TURBOSERVE_SCHEDULER_ID": sid,
-                "TURBOSERVE_LEADER_TTL_S": "1.5", "TURBOSERVE_TICK_S": "0.25",
-                "TURBOSERVE_METRICS_PORT": str(ops_port)}
-        proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "scheduler"], env=penv,
-                                stdin=subprocess.DEVNULL)
+        penv = {
+            **os.environ,
+            **env,
+            "TURBOSERVE_SCHEDULER_ID": sid,
+            "TURBOSERVE_LEADER_TTL_S": "1.5",
+            "TURBOSERVE_TICK_S": "0.25",
+            "TURBOSERVE_METRICS_PORT": str(ops_port),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tools.cli", "scheduler"], env=penv, stdin=subprocess.DEVNULL
+        )
         procs.append(proc)
         return proc
 
     try:
-        async with mesh_context(env) as (ctx, rx), \
-                worker_processes(ctx, env, ["w1"], chunk_period_s=0.25):
+        async with (
+            mesh_context(env) as (ctx, rx),
+            worker_processes(ctx, env, ["w1"], chunk_period_s=0.25),
+        ):
             first = scheduler("first")
             await eventually(lambda: _status(ctx), 30, "a leader")
             status = await ctx.registry.scheduler_status()
@@ -105,11 +119,21 @@ async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_ref
             await eventually(lambda: len(rx.chunks["t"]) >= 2, 30, "a new session's chunks")
             # A command under the dead leader's term is refused by the worker.
             record = await ctx.registry.get_session("s")
-            stale = WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="w1", session_id="s",
-                                  epoch=record.epoch, term=old_term, command_id="old")
-            reply = decode("r", (await ctx.nc.request(ctx.subjects.worker_cmd("w1"),
-                                                      encode(stale), timeout=5)).data,
-                           CommandReply)
+            stale = WorkerCommand(
+                kind=WorkerCmdKind.SUSPEND,
+                worker_id="w1",
+                session_id="s",
+                epoch=record.epoch,
+                term=old_term,
+                command_id="old",
+            )
+            reply = decode(
+                "r",
+                (
+                    await ctx.nc.request(ctx.subjects.worker_cmd("w1"), encode(stale), timeout=5)
+                ).data,
+                CommandReply,
+            )
             assert not reply.ok and reply.code == "stale_leader"
             seqs = rx.seqs("s")
             assert seqs == list(range(len(seqs)))
@@ -123,8 +147,10 @@ async def test_a_standby_takes_over_from_a_killed_leader_and_the_old_term_is_ref
 
 async def _answers(port: int) -> bool:
     try:
-        async with aiohttp.ClientSession() as http, \
-                http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/healthz") as resp,
+        ):
             return resp.status == 200
     except aiohttp.ClientError:
         return False
@@ -142,5 +168,7 @@ async def _leader_is(ctx, sid: str) -> bool:
 async def start_session_via_events(ctx, sid: str) -> None:
     """As the gateway does: the session in the registry, then the event."""
     await ctx.registry.create_session(sid, "p", 2)
-    await ctx.js.publish(ctx.subjects.session_events,
-                         encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)))
+    await ctx.js.publish(
+        ctx.subjects.session_events,
+        encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)),
+    )

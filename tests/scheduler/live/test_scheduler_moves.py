@@ -32,13 +32,19 @@ PERIOD = 0.2
 
 @pytest.fixture
 def env(infra, isolation, nats_client, redis_client):
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_lands(env):
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD),
+    ):
         await start_session(ctx, "wa", "s")
         await eventually(lambda: len(rx.chunks["s"]) >= 3, 30, "chunks on wa")
 
@@ -54,8 +60,11 @@ async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_
 
             async def suspended_on_wb() -> bool:
                 record = await ctx.registry.get_session("s")
-                return (record is not None and record.owner == "wb"
-                        and record.state is SessionState.SUSPENDED)
+                return (
+                    record is not None
+                    and record.owner == "wb"
+                    and record.state is SessionState.SUSPENDED
+                )
 
             await eventually(suspended_on_wb, 30, "s suspended on wb")
             # The worker stops generating it: no chunk comes a few periods after the suspend.
@@ -69,16 +78,26 @@ async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_
 async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_paused_again(env):
     """A resume on another worker than the one its state is parked on moves the state first;
     a pause that the core decides meanwhile leaves it suspended where it lands."""
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa", "wb"], chunk_period_s=PERIOD),
+    ):
         epoch = await start_session(ctx, "wa", "s")
         await eventually(lambda: len(rx.chunks["s"]) >= 2, 30, "chunks on wa")
-        record = await ctx.registry.transition("s", SessionState.SUSPENDED, expected_epoch=epoch,
-                                               bump_epoch=False)
-        await send(ctx, WorkerCommand(kind=WorkerCmdKind.SUSPEND, worker_id="wa",
-                                      epoch=record.epoch, session_id="s"))
-        await eventually(lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["s"]),
-                         30, "s suspended on wa")
+        record = await ctx.registry.transition(
+            "s", SessionState.SUSPENDED, expected_epoch=epoch, bump_epoch=False
+        )
+        await send(
+            ctx,
+            WorkerCommand(
+                kind=WorkerCmdKind.SUSPEND, worker_id="wa", epoch=record.epoch, session_id="s"
+            ),
+        )
+        await eventually(
+            lambda: any(n.kind is NoticeKind.SUSPENDED for n in rx.notices["s"]),
+            30,
+            "s suspended on wa",
+        )
 
         async with leading(ctx, env) as (live, core):
             assert core.view.is_idle("s")  # the viewer paused again before the move was done
@@ -94,8 +113,10 @@ async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_
     """A worker with no free slot for an assignment hands the session back (pending in the
     registry) while the core still has it on that worker. The repair pass notices and the core
     places it again; here, once the only worker has room, without any viewer action."""
-    async with mesh_context(env) as (ctx, rx), \
-            worker_processes(ctx, env, ["wa"], chunk_period_s=PERIOD, max_sessions=1):
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(ctx, env, ["wa"], chunk_period_s=PERIOD, max_sessions=1),
+    ):
         epoch = await start_session(ctx, "wa", "a")
         await eventually(lambda: len(rx.chunks["a"]) >= 2, 30, "chunks of a")
 
@@ -106,13 +127,19 @@ async def test_a_session_its_worker_hands_back_is_placed_again_without_a_viewer_
 
             async def handed_back_and_noticed() -> bool:
                 record = await ctx.registry.get_session("b")
-                return (record is not None and record.state is SessionState.PENDING
-                        and core.view.placement.get("b") != "wa")
+                return (
+                    record is not None
+                    and record.state is SessionState.PENDING
+                    and core.view.placement.get("b") != "wa"
+                )
+
             await eventually(handed_back_and_noticed, 20, "the core to learn that wa handed b back")
 
             # a leaves: the slot frees, and b is placed there and runs.
             await ctx.registry.transition("a", SessionState.TERMINATED, expected_epoch=epoch)
-            await send(ctx, WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="wa", epoch=epoch,
-                                          session_id="a"))
+            await send(
+                ctx,
+                WorkerCommand(kind=WorkerCmdKind.STOP, worker_id="wa", epoch=epoch, session_id="a"),
+            )
             await live.step(Event(time.time(), EventKind.DEPART, session_id="a"))
             await eventually(lambda: len(rx.chunks["b"]) >= 2, 30, "chunks of b on wa")

@@ -23,8 +23,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
@@ -34,11 +38,19 @@ async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
         assert lease is not None
         profile = load_profile(DEFAULT_PROFILE)
         kind = profile.gpu_kind
-        core = get_policy("turboserve", {kind: profile}, ControllerConfig(
-            initial_gpus=0, min_gpus=1, max_gpus=2, gpu_kind=kind, boot_delay_s=5.0))
+        core = get_policy(
+            "turboserve",
+            {kind: profile},
+            ControllerConfig(
+                initial_gpus=0, min_gpus=1, max_gpus=2, gpu_kind=kind, boot_delay_s=5.0
+            ),
+        )
         now = time.time()
-        core.restore([RestoredGpu("a", kind, GpuState.READY), RestoredGpu("b", kind, GpuState.READY)],
-                     [RestoredSession("s", active=True, gpu_id="b")], now)
+        core.restore(
+            [RestoredGpu("a", kind, GpuState.READY), RestoredGpu("b", kind, GpuState.READY)],
+            [RestoredSession("s", active=True, gpu_id="b")],
+            now,
+        )
         live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
         live.ledger.join("a", kind, now)
         live.ledger.join("b", kind, now)

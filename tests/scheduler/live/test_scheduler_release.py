@@ -25,25 +25,36 @@ from tests.scheduler.live.scheduler_harness import leading
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolation, nats_client,
-                                                                  monkeypatch):
+async def test_a_refused_release_is_retried_until_the_worker_stops(
+    infra, isolation, nats_client, monkeypatch
+):
     monkeypatch.setenv("TURBOSERVE_EMULATE", load_profile(DEFAULT_PROFILE).gpu_kind)
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
-    prov_settings = ProvisionerSettings.from_env(env, min_workers=2, max_workers=2,
-                                                 shutdown_grace_s=10.0)
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
+    prov_settings = ProvisionerSettings.from_env(
+        env, min_workers=2, max_workers=2, shutdown_grace_s=10.0
+    )
     provisioner = ProvisionerService(prov_settings)
     async with running(provisioner, prov_settings), mesh_context(env) as (ctx, _):
+
         async def two_ready() -> bool:
-            ready = [w for w in await ctx.registry.workers()
-                     if w.alive and w.status.value == "ready"]
+            ready = [
+                w for w in await ctx.registry.workers() if w.alive and w.status.value == "ready"
+            ]
             return len(ready) == 2
+
         await eventually(two_ready, 90, "the provisioner's two workers")
 
         # No sessions: the core keeps one GPU (its minimum) and gives the other back.
         async with leading(ctx, env, boot_delay_s=0.5) as (live, core):
+
             async def one_given_back() -> bool:
                 return len(core.view.gpus) == 1 and len(live.ledger.workers) == 2
+
             await eventually(one_given_back, 30, "the core's scale-in")
             kept = next(iter(core.view.gpus))
             released = next(w for w in live.ledger.workers if w != kept)
@@ -52,6 +63,7 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
             # tried again, the worker still runs, and the status says so.
             async def refused_twice() -> bool:
                 return live.ledger.unreleased.get(released, (0.0, 0))[1] >= 2
+
             await eventually(refused_twice, 30, "a second refused attempt")
             assert released in provisioner.backend.workers
             assert (await ctx.registry.scheduler_status())["releasing"] == 1
@@ -62,6 +74,7 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
 
             async def stopped() -> bool:
                 return released not in live.ledger.workers and not live.ledger.unreleased
+
             await eventually(stopped, 60, "the retried release to stop the worker")
             assert released not in provisioner.backend.workers
             assert kept in provisioner.backend.workers and set(live.ledger.workers) == {kept}
@@ -69,33 +82,43 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(infra, isolat
 
 
 async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
-        infra, isolation, nats_client, monkeypatch):
+    infra, isolation, nats_client, monkeypatch
+):
     """The scheduler gives up on a GPU that takes longer than its boot timeout, and the core
     never takes that name again. A worker that comes up all the same is stopped, not left
     running outside the pool."""
     monkeypatch.setenv("TURBOSERVE_EMULATE", load_profile(DEFAULT_PROFILE).gpu_kind)
-    env = {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-           "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
-    prov_settings = ProvisionerSettings.from_env(env, min_workers=0, max_workers=1,
-                                                 boot_delay_s=3.0, shutdown_grace_s=10.0)
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
+    prov_settings = ProvisionerSettings.from_env(
+        env, min_workers=0, max_workers=1, boot_delay_s=3.0, shutdown_grace_s=10.0
+    )
     provisioner = ProvisionerService(prov_settings)
     async with running(provisioner, prov_settings), mesh_context(env) as (ctx, _):
-        async with leading(ctx, env, settings={"boot_timeout_s": 1.0}, min_gpus=0, max_gpus=1,
-                           boot_delay_s=0.5) as (live, core):
+        async with leading(
+            ctx, env, settings={"boot_timeout_s": 1.0}, min_gpus=0, max_gpus=1, boot_delay_s=0.5
+        ) as (live, core):
             await live.step(Event(time.time(), EventKind.ARRIVE, session_id="s"))
             assert len(live.ledger.booting) == 1, "the core asked for no GPU"
             late = next(iter(live.ledger.booting))
 
             async def timed_out() -> bool:
                 return late not in live.ledger.booting
+
             await eventually(timed_out, 10, "the boot timeout")
             await live.step(Event(time.time(), EventKind.DEPART, session_id="s"))
 
             async def came_up() -> bool:
                 return late in provisioner.backend.workers
+
             await eventually(came_up, 30, "the late worker's process")
 
             async def stopped() -> bool:
                 return late not in provisioner.backend.workers and late not in live.ledger.workers
+
             await eventually(stopped, 90, "the late worker to be stopped")
             assert late not in core.view.gpus and not live.ledger.unreleased

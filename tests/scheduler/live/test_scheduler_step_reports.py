@@ -20,8 +20,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {"TURBOSERVE_NATS_URL": infra.nats_url, "TURBOSERVE_REDIS_URL": infra.redis_url,
-            "TURBOSERVE_LOG_LEVEL": "warning", **isolation}
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }
 
 
 async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
@@ -29,17 +33,27 @@ async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
         for wid in ("wa", "wb"):
             await ctx.registry.register_worker(
                 WorkerRecord(wid, WorkerStatus.READY, capacity=4, gpu_kind=core.gpu_kind),
-                ttl_s=30.0)
-        await eventually(lambda: {"wa", "wb"} <= set(live.ledger.workers), 5,
-                         "the scheduler takes both workers in")
+                ttl_s=30.0,
+            )
+        await eventually(
+            lambda: {"wa", "wb"} <= set(live.ledger.workers),
+            5,
+            "the scheduler takes both workers in",
+        )
         # Both empty: without step reports the first to join would get the session. Its
         # pass in flight ends a minute from now, the other's in a few seconds.
         first, second = list(core.view.gpus)[:2]
         now = time.time()
         ends = {first: now + 60.0, second: now + 3.0}
         for wid, ends_at in ends.items():
-            beat = Heartbeat(worker_id=wid, status=WorkerStatus.READY, capacity=4, active=0,
-                             gpu_kind=core.gpu_kind, pass_ends_at=ends_at)
+            beat = Heartbeat(
+                worker_id=wid,
+                status=WorkerStatus.READY,
+                capacity=4,
+                active=0,
+                gpu_kind=core.gpu_kind,
+                pass_ends_at=ends_at,
+            )
             await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
 
         def heard() -> bool:

@@ -11,10 +11,23 @@ from services.scheduler.sim.traceio import make_trace
 from shared.profile import load_profile
 
 PROFILE = load_profile()
-KEYS = {"sessions", "chunks", "chunks_lost", "seq_repeats", "latency_ms",
-        "deadline_attainment", "stall_adjusted_attainment", "missed_periods",
-        "missed_periods_at_start", "startup_ms", "cost_gpu_seconds", "migrations",
-        "scale_out_events", "scale_in_events", "peak_gpus"}
+KEYS = {
+    "sessions",
+    "chunks",
+    "chunks_lost",
+    "seq_repeats",
+    "latency_ms",
+    "deadline_attainment",
+    "stall_adjusted_attainment",
+    "missed_periods",
+    "missed_periods_at_start",
+    "startup_ms",
+    "cost_gpu_seconds",
+    "migrations",
+    "scale_out_events",
+    "scale_in_events",
+    "peak_gpus",
+}
 
 
 def test_compress_divides_every_time():
@@ -28,8 +41,16 @@ def test_compress_divides_every_time():
 
 def test_simulate_replay_returns_the_replays_keys_and_respects_the_pool_limits():
     trace = generate(spec("bursty", seed=7, duration_s=600.0), name="b")
-    doc = simulate_replay(trace, PROFILE, speed=4.0, boot_delay_s=10.0, min_gpus=1,
-                          max_gpus=3, initial_gpus=1, rho_table=load_rho_table())
+    doc = simulate_replay(
+        trace,
+        PROFILE,
+        speed=4.0,
+        boot_delay_s=10.0,
+        min_gpus=1,
+        max_gpus=3,
+        initial_gpus=1,
+        rho_table=load_rho_table(),
+    )
     assert set(doc) == KEYS and set(doc["latency_ms"]) == {"p50", "p99", "max"}
     assert doc["chunks_lost"] == 0 and doc["seq_repeats"] == 0
     assert 0 <= doc["missed_periods_at_start"] <= doc["missed_periods"]
@@ -37,8 +58,16 @@ def test_simulate_replay_returns_the_replays_keys_and_respects_the_pool_limits()
     assert doc["cost_gpu_seconds"] <= 3 * 600.0 / 4.0 + 1e-6  # at most 3 GPUs for 150 s
     assert 0.0 <= doc["stall_adjusted_attainment"] <= doc["deadline_attainment"] <= 1.0
     # Time compression is what the replay does: more load per second, the same pool limits.
-    slow = simulate_replay(trace, PROFILE, speed=1.0, boot_delay_s=10.0, min_gpus=1,
-                           max_gpus=3, initial_gpus=1, rho_table=load_rho_table())
+    slow = simulate_replay(
+        trace,
+        PROFILE,
+        speed=1.0,
+        boot_delay_s=10.0,
+        min_gpus=1,
+        max_gpus=3,
+        initial_gpus=1,
+        rho_table=load_rho_table(),
+    )
     assert slow["cost_gpu_seconds"] > doc["cost_gpu_seconds"]
     # A run cut short (the replay played only part of the trace).
     cut = simulate_replay(trace, PROFILE, speed=4.0, duration_s=60.0, max_gpus=3)
@@ -46,10 +75,19 @@ def test_simulate_replay_returns_the_replays_keys_and_respects_the_pool_limits()
 
 
 def test_error_pct_per_key():
-    live = {"cost_gpu_seconds": 100.0, "latency_ms": {"p50": 0.0, "p99": 1000.0, "max": 2.0},
-            "migrations": 0, "peak_gpus": 4, "deadline_attainment": 0.99}
-    sim = {"cost_gpu_seconds": 110.0, "latency_ms": {"p50": 0.0, "p99": 800.0, "max": 3.0},
-           "migrations": 5, "peak_gpus": 4}
+    live = {
+        "cost_gpu_seconds": 100.0,
+        "latency_ms": {"p50": 0.0, "p99": 1000.0, "max": 2.0},
+        "migrations": 0,
+        "peak_gpus": 4,
+        "deadline_attainment": 0.99,
+    }
+    sim = {
+        "cost_gpu_seconds": 110.0,
+        "latency_ms": {"p50": 0.0, "p99": 800.0, "max": 3.0},
+        "migrations": 5,
+        "peak_gpus": 4,
+    }
     err = error_pct(live, sim)
     assert set(err) == set(COMPARED)
     assert err["cost_gpu_seconds"] == 10.0 and err["latency_ms.p99"] == -20.0
@@ -63,8 +101,14 @@ def test_a_resume_away_from_the_parked_state_is_a_migration_when_state_stays_on_
     """The live mesh parks an idle session's state on the worker it was suspended on: a resume
     elsewhere moves it first. The simulator counts those moves only when told so."""
     trace = generate(spec("bursty", seed=7, duration_s=600.0), name="b")
-    kw = dict(speed=4.0, boot_delay_s=10.0, min_gpus=1, max_gpus=3, initial_gpus=1,
-              rho_table=load_rho_table())
+    kw = dict(
+        speed=4.0,
+        boot_delay_s=10.0,
+        min_gpus=1,
+        max_gpus=3,
+        initial_gpus=1,
+        rho_table=load_rho_table(),
+    )
     shared = simulate_replay(trace, PROFILE, parked_on_gpu=False, **kw)
     parked = simulate_replay(trace, PROFILE, **kw)  # the default: as the live mesh
     assert parked["migrations"] > shared["migrations"]

@@ -24,7 +24,9 @@ def test_level_edges_are_the_deciles():
 
 def test_volatility_levels_follow_the_core_tracker():
     # 5 activations in bin 0, none after: std over complete bins is defined from bin 3 on.
-    trace = make_trace("v", [(0.1 * i, f"s{i}", "arrive") for i in range(5)] + [(60.0, "s0", "idle")])
+    trace = make_trace(
+        "v", [(0.1 * i, f"s{i}", "arrive") for i in range(5)] + [(60.0, "s0", "idle")]
+    )
     values = profiler.volatility_levels(trace, window_s=300.0, bin_s=10.0, signal="std")
     assert values[:3] == [None, None, None]
     # Bins 0..2 hold counts 5, 0, 0: mean 5/3, std sqrt(25/3 - 25/9) = 2.357.
@@ -36,10 +38,14 @@ def test_volatility_levels_follow_the_core_tracker():
 def test_per_level_stats_attributes_cost_chunks_and_missed_periods_to_bins():
     # Two bins of 10 s: level 0 then level 1. 2 GPUs for 15 s then 1 GPU for 5 s.
     result = SimpleNamespace(
-        duration_s=20.0, timeline=[(0.0, 2, 0), (15.0, 1, 0)],
-        chunk_times_s=[1.0, 2.0, 12.0, 13.0], latencies_ms=[0.0, 30.0, 900.0, 0.0],
-        first_flags=[False, False, True, False], chunk_missed=[0, 1, 0, 0],
-        missed_at=[(14.0, 5)])
+        duration_s=20.0,
+        timeline=[(0.0, 2, 0), (15.0, 1, 0)],
+        chunk_times_s=[1.0, 2.0, 12.0, 13.0],
+        latencies_ms=[0.0, 30.0, 900.0, 0.0],
+        first_flags=[False, False, True, False],
+        chunk_missed=[0, 1, 0, 0],
+        missed_at=[(14.0, 5)],
+    )
     stats = per_level_stats(result, [0, 1], 10.0)
     # Level 0: 2 GPUs x 10 s = 20 GPU-s; one chunk on time, one late by one period.
     assert stats[0].gpu_seconds == pytest.approx(20.0)
@@ -51,15 +57,19 @@ def test_per_level_stats_attributes_cost_chunks_and_missed_periods_to_bins():
 
 
 def _point(rho, share_ok, cost, missed=None, delay=0.0):
-    levels = {0: LevelStats(cost, share_ok, 100, 100 - share_ok if missed is None else missed,
-                            0.0, 0.0)}
+    levels = {
+        0: LevelStats(cost, share_ok, 100, 100 - share_ok if missed is None else missed, 0.0, 0.0)
+    }
     return {"rho_hat": rho, "delta": 0.1, "scale_in_delay_s": delay, "levels": levels}
 
 
 def _table_point(rho, within_by_level, cost_by_level):
-    levels = {lv: LevelStats(cost_by_level[lv], within_by_level[lv], 100,
-                             100 - within_by_level[lv], 0.0, 0.0)
-              for lv in range(10)}
+    levels = {
+        lv: LevelStats(
+            cost_by_level[lv], within_by_level[lv], 100, 100 - within_by_level[lv], 0.0, 0.0
+        )
+        for lv in range(10)
+    }
     return {"rho_hat": rho, "delta": 0.1, "levels": levels}
 
 
@@ -112,16 +122,19 @@ def test_choose_falls_back_to_the_most_punctual():
 
 @pytest.mark.slow
 def test_build_table_end_to_end(tmp_path, monkeypatch):
-    short = [synth.generate(synth.spec(name, seed=5000 + i, duration_s=420.0))
-             for i, name in enumerate(("calm", "chaotic"))]
+    short = [
+        synth.generate(synth.spec(name, seed=5000 + i, duration_s=420.0))
+        for i, name in enumerate(("calm", "chaotic"))
+    ]
     monkeypatch.setattr(synth, "training_traces", lambda **kw: short)
     monkeypatch.setattr(profiler, "QUICK_GRID", {"rho_hat": (0.4, 0.8), "delta": (0.1,)})
     monkeypatch.setattr(profiler, "QUICK_RESERVES", (0.0, 0.5))
     monkeypatch.setattr(profiler, "QUICK_DELAYS", (0.0, 60.0))
     monkeypatch.setattr(profiler, "QUICK_PEAK_RHOS", (0.0,))
     out = tmp_path / "rho.json"
-    table = profiler.build_table(quick=True, out=out, json_out=tmp_path / "points.json",
-                                 log=lambda line: None)
+    table = profiler.build_table(
+        quick=True, out=out, json_out=tmp_path / "points.json", log=lambda line: None
+    )
     loaded = load_rho_table(out)
     assert loaded == table
     assert set(loaded.rho_hat) <= {0.4, 0.8}

@@ -26,19 +26,29 @@ from shared.profile import profile_from_dict
 
 # Chunk time 100 ms at batch 1, 150 ms at batch 2, 200 ms at batch 3; deadline 180 ms (so K=2);
 # migration 10 ms per session; $3.60 per GPU-hour = $0.001 per GPU-second.
-PROFILE = profile_from_dict({
-    "name": "tiny", "gpu_kind": "T", "model": "m", "chunk_ms": [100.0, 150.0, 200.0],
-    "deadline_ms": 180.0, "state_bytes_per_session": 1,
-    "migration": {"per_session_ms": 10.0, "fixed_ms": 0.0}, "price_usd_per_gpu_hour": 3.6,
-})
+PROFILE = profile_from_dict(
+    {
+        "name": "tiny",
+        "gpu_kind": "T",
+        "model": "m",
+        "chunk_ms": [100.0, 150.0, 200.0],
+        "deadline_ms": 180.0,
+        "state_bytes_per_session": 1,
+        "migration": {"per_session_ms": 10.0, "fixed_ms": 0.0},
+        "price_usd_per_gpu_hour": 3.6,
+    }
+)
 
-TRACE = make_trace("tiny", [
-    (0.0, "a", "arrive"),
-    (0.25, "b", "arrive"),
-    (1.5, "a", "idle"),
-    (2.0, "b", "depart"),
-    (2.5, "a", "depart"),
-])
+TRACE = make_trace(
+    "tiny",
+    [
+        (0.0, "a", "arrive"),
+        (0.25, "b", "arrive"),
+        (1.5, "a", "idle"),
+        (2.0, "b", "depart"),
+        (2.5, "a", "depart"),
+    ],
+)
 
 
 class ScriptedPolicy:
@@ -86,8 +96,9 @@ def test_hand_checked_tiny_trace():
     #     at 2.0 inside the step 1.96-2.06 (not counted); g1 is released, stops costing at 2.06.
     # Chunks: 3 + 2 + 12 + 1 + 1 + 5 = 24: nine of 100, one of 110, thirteen of 150, one of 200.
     assert r.chunks == 24
-    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 9 + [110.0] + [150.0] * 13 \
-        + [200.0]
+    assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 9 + [110.0] + [150.0] * 13 + [
+        200.0
+    ]
     # p50: position 23 * 0.5 = 11.5 -> both neighbours are 150. p99: position 22.77 between
     # 150 and 200 -> 150 + 0.77 * 50 = 188.5. Max 200.
     lat = r.latency()
@@ -112,8 +123,13 @@ def test_hand_checked_tiny_trace():
     assert len(r.decision_times_ms) == len(policy.seen) == 6
     # The policy heard every trace event plus g1's GPU_READY at 1.25, in time order.
     assert [(round(t, 6), k) for t, k, _ in policy.seen] == [
-        (0.0, EventKind.ARRIVE), (0.25, EventKind.ARRIVE), (1.25, EventKind.GPU_READY),
-        (1.5, EventKind.IDLE), (2.0, EventKind.DEPART), (2.5, EventKind.DEPART)]
+        (0.0, EventKind.ARRIVE),
+        (0.25, EventKind.ARRIVE),
+        (1.25, EventKind.GPU_READY),
+        (1.5, EventKind.IDLE),
+        (2.0, EventKind.DEPART),
+        (2.5, EventKind.DEPART),
+    ]
 
 
 def test_sessions_wait_for_a_booting_gpu():
@@ -122,8 +138,12 @@ def test_sessions_wait_for_a_booting_gpu():
 
     class Boot(ScriptedPolicy):
         def __init__(self):
-            super().__init__({(EventKind.ARRIVE, "a"): [RequestGpus(("g",), "T")],
-                              (EventKind.GPU_READY, "g"): [Assign("a", "g")]})
+            super().__init__(
+                {
+                    (EventKind.ARRIVE, "a"): [RequestGpus(("g",), "T")],
+                    (EventKind.GPU_READY, "g"): [Assign("a", "g")],
+                }
+            )
             self.view = SimpleNamespace(gpus={})
 
     r = simulate(trace, Boot(), PROFILE, boot_delay_s=2.0, tick_s=0, chunk_period_s=0)
@@ -166,9 +186,11 @@ def test_unserved_active_session_counts_as_late():
 
 def test_drain_then_release_is_one_scale_event():
     trace = make_trace("d", [(0.0, "a", "arrive"), (1.0, "a", "idle"), (2.0, "a", "depart")])
-    script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-              (EventKind.IDLE, "a"): [Suspend("a", "g0"), Drain("g0")],
-              (EventKind.DEPART, "a"): [Release("g0")]}
+    script = {
+        (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+        (EventKind.IDLE, "a"): [Suspend("a", "g0"), Drain("g0")],
+        (EventKind.DEPART, "a"): [Release("g0")],
+    }
     r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0)
     assert r.scale_events == 1
     # g0 is idle from a's last step (ending at about 1.0) and released at 2.0 with nothing in
@@ -181,11 +203,17 @@ def test_session_resumed_elsewhere_while_its_void_chunk_runs():
     # g1 cannot start it before its void chunk ends on g0 at 0.3; then g1 runs 0.3-0.4 -> first
     # chunk 0.4 - 0.27 = 130 ms, then 0.5 ... 0.9 -> five of 100 ms; a departs at 0.95.
     # Chunks: 0.1 and 0.2 on g0 (100 ms each), the void one is not counted: 8 in all.
-    trace = make_trace("r", [(0.0, "a", "arrive"), (0.25, "a", "idle"), (0.27, "a", "active"),
-                             (0.95, "a", "depart")])
-    policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-                             (EventKind.IDLE, "a"): [Suspend("a", "g0")],
-                             (EventKind.ACTIVE, "a"): [Resume("a", "g1")]})
+    trace = make_trace(
+        "r",
+        [(0.0, "a", "arrive"), (0.25, "a", "idle"), (0.27, "a", "active"), (0.95, "a", "depart")],
+    )
+    policy = ScriptedPolicy(
+        {
+            (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+            (EventKind.IDLE, "a"): [Suspend("a", "g0")],
+            (EventKind.ACTIVE, "a"): [Resume("a", "g1")],
+        }
+    )
     policy.view = SimpleNamespace(gpus={"g0": None, "g1": None})
     r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 7 + [130.0]
@@ -197,18 +225,30 @@ def test_resume_from_host_ram_pays_its_copy():
     # a 50 ms host->GPU copy, done at 0.55: step 0.55-0.65 -> first chunk 150 ms. Departs at
     # 0.68, inside the step 0.65-0.75. Chunks: 0.1 and 0.2 (100 ms each) and the 150 ms one. Without the copy:
     # step 0.5-0.6 (100 ms), and the step 0.6-0.7 is cut by the depart.
-    trace = make_trace("h", [(0.0, "a", "arrive"), (0.25, "a", "idle"), (0.5, "a", "active"),
-                             (0.68, "a", "depart")])
-    script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-              (EventKind.IDLE, "a"): [Suspend("a", "g0")],
-              (EventKind.ACTIVE, "a"): [Resume("a", "g0")]}
-    r = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0,
-                 resume_ms=50.0, keep_chunk_times=True)
+    trace = make_trace(
+        "h",
+        [(0.0, "a", "arrive"), (0.25, "a", "idle"), (0.5, "a", "active"), (0.68, "a", "depart")],
+    )
+    script = {
+        (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+        (EventKind.IDLE, "a"): [Suspend("a", "g0")],
+        (EventKind.ACTIVE, "a"): [Resume("a", "g0")],
+    }
+    r = simulate(
+        trace,
+        ScriptedPolicy(script),
+        PROFILE,
+        tick_s=0,
+        chunk_period_s=0,
+        resume_ms=50.0,
+        keep_chunk_times=True,
+    )
     # The worker's clock starts once the state is back (0.55): 100 ms by it, delivered at 0.65.
     assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0, 100.0, 100.0]
     assert [round(t, 6) for t in r.chunk_times_s] == [0.1, 0.2, 0.65]
-    free = simulate(trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0,
-                    keep_chunk_times=True)
+    free = simulate(
+        trace, ScriptedPolicy(script), PROFILE, tick_s=0, chunk_period_s=0, keep_chunk_times=True
+    )
     assert [round(t, 6) for t in free.chunk_times_s] == [0.1, 0.2, 0.6]
 
 
@@ -219,13 +259,26 @@ def test_a_copy_delays_only_the_moved_session():
     # g1: c arrives at 0.07: [c] 0.07-0.17, -0.27, -0.37 (100 ms each). b is ready at 0.36 but
     #     g1 is mid-step: [b,c] 0.37-0.52 -> b 0.52 - 0.35 = 170 ms, c 150 ms: c's step is
     #     not stretched by b's copy. Everyone departs at 0.6, inside the next step.
-    trace = make_trace("o", [(0.0, "a", "arrive"), (0.07, "c", "arrive"), (0.12, "b", "arrive"),
-                             (0.3, "a", "idle"), (0.6, "a", "depart"), (0.6, "b", "depart"),
-                             (0.6, "c", "depart")])
-    policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-                             (EventKind.ARRIVE, "c"): [Assign("c", "g1")],
-                             (EventKind.ARRIVE, "b"): [Assign("b", "g0")],
-                             (EventKind.IDLE, "a"): [Suspend("a", "g0"), Migrate("b", "g0", "g1")]})
+    trace = make_trace(
+        "o",
+        [
+            (0.0, "a", "arrive"),
+            (0.07, "c", "arrive"),
+            (0.12, "b", "arrive"),
+            (0.3, "a", "idle"),
+            (0.6, "a", "depart"),
+            (0.6, "b", "depart"),
+            (0.6, "c", "depart"),
+        ],
+    )
+    policy = ScriptedPolicy(
+        {
+            (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+            (EventKind.ARRIVE, "c"): [Assign("c", "g1")],
+            (EventKind.ARRIVE, "b"): [Assign("b", "g0")],
+            (EventKind.IDLE, "a"): [Suspend("a", "g0"), Migrate("b", "g0", "g1")],
+        }
+    )
     policy.view = SimpleNamespace(gpus={"g0": None, "g1": None})
     r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     assert sorted(round(x, 6) for x in r.latencies_ms) == [100.0] * 5 + [150.0, 170.0, 230.0]
@@ -234,6 +287,7 @@ def test_a_copy_delays_only_the_moved_session():
 
 # ---- playback pacing (the live worker's model), worked by hand ---------------------------------
 # The same tiny profile: chunk period P = the deadline, 180 ms; lead = P; one pass per chunk.
+
 
 def test_one_paced_session_runs_at_most_one_period_ahead():
     # a is assigned at 0: due_0 = 0, its first chunk runs 0-0.1 (100 ms by the worker's clock,
@@ -251,8 +305,14 @@ def test_one_paced_session_runs_at_most_one_period_ahead():
     # With no lead the worker starts each chunk one chunk time before it is due: due_1 = 0.28,
     # start 0.18, done 0.28; then 0.46, 0.64, 0.82, 1.0 (a pass that ends as the session
     # leaves delivers first).
-    lazy = simulate(trace, ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")]}),
-                    PROFILE, tick_s=0, keep_chunk_times=True, lead_s=0.0)
+    lazy = simulate(
+        trace,
+        ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")]}),
+        PROFILE,
+        tick_s=0,
+        keep_chunk_times=True,
+        lead_s=0.0,
+    )
     assert [round(t, 6) for t in lazy.chunk_times_s] == [0.1, 0.28, 0.46, 0.64, 0.82, 1.0]
     assert lazy.deadline_attainment == 1.0
 
@@ -265,11 +325,14 @@ def test_an_overloaded_gpu_stalls_every_viewer_and_their_clocks_slip():
     # (startup 300 > 180 ms). Every clock slips to 0.3 + 0.18 = 0.48, start 0.3, done 0.5:
     # late by 20 ms; then 0.7 and 0.9, where the chunks are delivered before the departures at
     # the same instant. 13 chunks, 1 on time; each late one froze its viewer for one period.
-    trace = make_trace("o", [(0.0, s, "arrive") for s in "abc"]
-                       + [(0.9, s, "depart") for s in "abc"])
+    trace = make_trace(
+        "o", [(0.0, s, "arrive") for s in "abc"] + [(0.9, s, "depart") for s in "abc"]
+    )
     policy = ScriptedPolicy({(EventKind.ARRIVE, s): [Assign(s, "g0")] for s in "abc"})
     r = simulate(trace, policy, PROFILE, tick_s=0, keep_chunk_times=True)
-    assert [round(t, 6) for t in r.chunk_times_s] == [0.1] + [0.3] * 3 + [0.5] * 3 + [0.7] * 3 + [0.9] * 3
+    assert [round(t, 6) for t in r.chunk_times_s] == [0.1] + [0.3] * 3 + [0.5] * 3 + [0.7] * 3 + [
+        0.9
+    ] * 3
     assert sorted(round(x, 6) for x in r.latencies_ms) == [20.0] * 10 + [100.0] + [300.0] * 2
     assert r.on_time_chunks == 1 and r.missed_periods == 12
     assert r.stall_adjusted_attainment == pytest.approx(1 / 13)

@@ -20,9 +20,15 @@ from shared.profile import load_profile, profile_from_dict
 # Chunk 100 / 150 / 200 ms at batch 1 / 2 / 3, 5 passes per chunk: passes of 20 / 30 / 40 ms.
 # Deadline 180 ms; migration 10 ms; $3.60 per GPU-hour.
 RAW = {
-    "name": "tiny5", "gpu_kind": "T", "model": "m", "chunk_ms": [100.0, 150.0, 200.0],
-    "passes_per_chunk": 5, "deadline_ms": 180.0, "state_bytes_per_session": 1,
-    "migration": {"per_session_ms": 10.0, "fixed_ms": 0.0}, "price_usd_per_gpu_hour": 3.6,
+    "name": "tiny5",
+    "gpu_kind": "T",
+    "model": "m",
+    "chunk_ms": [100.0, 150.0, 200.0],
+    "passes_per_chunk": 5,
+    "deadline_ms": 180.0,
+    "state_bytes_per_session": 1,
+    "migration": {"per_session_ms": 10.0, "fixed_ms": 0.0},
+    "price_usd_per_gpu_hour": 3.6,
 }
 PROFILE = profile_from_dict(RAW)
 
@@ -47,10 +53,13 @@ def _sorted(values):
 
 
 def test_session_joining_mid_step_waits_for_the_pass_not_the_chunk():
-    trace = make_trace("join", [(0.0, "a", "arrive"), (0.25, "b", "arrive"),
-                                (0.45, "a", "depart"), (0.45, "b", "depart")])
-    policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-                             (EventKind.ARRIVE, "b"): [Assign("b", "g0")]})
+    trace = make_trace(
+        "join",
+        [(0.0, "a", "arrive"), (0.25, "b", "arrive"), (0.45, "a", "depart"), (0.45, "b", "depart")],
+    )
+    policy = ScriptedPolicy(
+        {(EventKind.ARRIVE, "a"): [Assign("a", "g0")], (EventKind.ARRIVE, "b"): [Assign("b", "g0")]}
+    )
     r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     # g0 runs [a] in 20 ms passes; a's chunks end 0.10, 0.20 (100 ms each). b arrives at 0.25,
     # inside the pass 0.24-0.26, and joins at 0.26: passes are 30 ms from then.
@@ -68,14 +77,25 @@ def test_session_joining_mid_step_waits_for_the_pass_not_the_chunk():
 
 
 def test_migration_finishes_the_chunk_copies_then_joins_at_the_next_pass():
-    trace = make_trace("move", [(0.0, "a", "arrive"), (0.0, "c", "arrive"),
-                                (0.05, "b", "arrive"), (0.33, "a", "depart"),
-                                (0.33, "b", "depart"), (0.33, "c", "depart")])
-    policy = ScriptedPolicy({
-        (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-        (EventKind.ARRIVE, "c"): [Assign("c", "g1")],
-        (EventKind.ARRIVE, "b"): [Assign("b", "g1"), Migrate("a", "g0", "g1")],
-    }, gpus=("g0", "g1"))
+    trace = make_trace(
+        "move",
+        [
+            (0.0, "a", "arrive"),
+            (0.0, "c", "arrive"),
+            (0.05, "b", "arrive"),
+            (0.33, "a", "depart"),
+            (0.33, "b", "depart"),
+            (0.33, "c", "depart"),
+        ],
+    )
+    policy = ScriptedPolicy(
+        {
+            (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+            (EventKind.ARRIVE, "c"): [Assign("c", "g1")],
+            (EventKind.ARRIVE, "b"): [Assign("b", "g1"), Migrate("a", "g0", "g1")],
+        },
+        gpus=("g0", "g1"),
+    )
     r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     # g0: a's chunk in flight ends at 0.10 (100 ms); its 10 ms copy ends at 0.11.
     # g1: [c] 20 ms passes; b (0.05) joins at 0.06; [c, b] 30 ms passes end 0.09, 0.12:
@@ -91,11 +111,19 @@ def test_migration_finishes_the_chunk_copies_then_joins_at_the_next_pass():
 
 
 def test_idle_session_leaves_the_batch_at_the_next_pass():
-    trace = make_trace("idle", [(0.0, "a", "arrive"), (0.0, "b", "arrive"),
-                                (0.05, "b", "idle"), (0.3, "a", "depart"),
-                                (0.3, "b", "depart")])
-    policy = ScriptedPolicy({(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-                             (EventKind.ARRIVE, "b"): [Assign("b", "g0")]})
+    trace = make_trace(
+        "idle",
+        [
+            (0.0, "a", "arrive"),
+            (0.0, "b", "arrive"),
+            (0.05, "b", "idle"),
+            (0.3, "a", "depart"),
+            (0.3, "b", "depart"),
+        ],
+    )
+    policy = ScriptedPolicy(
+        {(EventKind.ARRIVE, "a"): [Assign("a", "g0")], (EventKind.ARRIVE, "b"): [Assign("b", "g0")]}
+    )
     r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0)
     # [a, b] 30 ms passes until b goes idle inside 0.03-0.06; from 0.06 [a] runs 20 ms passes.
     # a's first chunk: 0.06 + 3 x 0.02 = 0.12 (120 ms); then 100 ms chunks at 0.22; b's void
@@ -108,10 +136,14 @@ def test_one_pass_per_chunk_is_the_chunk_level_model():
     legacy = profile_from_dict({k: v for k, v in RAW.items() if k != "passes_per_chunk"})
     assert legacy.passes_per_chunk == one.passes_per_chunk == 1
     assert "passes_per_chunk" not in legacy.to_dict()  # old and measured files round-trip
-    trace = make_trace("join", [(0.0, "a", "arrive"), (0.25, "b", "arrive"),
-                                (0.6, "a", "depart"), (0.6, "b", "depart")])
-    script = {(EventKind.ARRIVE, "a"): [Assign("a", "g0")],
-              (EventKind.ARRIVE, "b"): [Assign("b", "g0")]}
+    trace = make_trace(
+        "join",
+        [(0.0, "a", "arrive"), (0.25, "b", "arrive"), (0.6, "a", "depart"), (0.6, "b", "depart")],
+    )
+    script = {
+        (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+        (EventKind.ARRIVE, "b"): [Assign("b", "g0")],
+    }
     r = simulate(trace, ScriptedPolicy(script), legacy, tick_s=0, chunk_period_s=0)
     # Chunk-level: b waits for a's step 0.2-0.3, then [a, b] 0.30-0.45: 200 ms.
     assert _sorted(r.latencies_ms) == [100.0, 100.0, 100.0, 150.0, 200.0]

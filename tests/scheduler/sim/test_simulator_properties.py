@@ -21,8 +21,9 @@ def traces(draw):
     n = draw(st.integers(1, 40))
     for i in range(n):
         t = draw(st.floats(0, 100, allow_nan=False).map(lambda x: round(x, 3)))
-        spells = draw(st.lists(st.floats(0.01, 30).map(lambda x: round(x, 3)), min_size=1,
-                               max_size=6))
+        spells = draw(
+            st.lists(st.floats(0.01, 30).map(lambda x: round(x, 3)), min_size=1, max_size=6)
+        )
         sid = f"s{i}"
         events.append((t, sid, "arrive"))
         active = True
@@ -43,9 +44,13 @@ def active_seconds(trace):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trace=traces(), policy=st.sampled_from(["turboserve", "no_migration", "round_robin",
-                                              "memory_aware", "no_autoscale"]),
-       boot=st.sampled_from([0.0, 5.0, 30.0]))
+@given(
+    trace=traces(),
+    policy=st.sampled_from(
+        ["turboserve", "no_migration", "round_robin", "memory_aware", "no_autoscale"]
+    ),
+    boot=st.sampled_from([0.0, 5.0, 30.0]),
+)
 def test_invariants(trace, policy, boot):
     active_time = active_seconds(trace)
     activations = sum(1 for e in trace.events if e.event in ("arrive", "active"))

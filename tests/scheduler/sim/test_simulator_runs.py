@@ -22,8 +22,14 @@ def short_trace():
 
 
 def _fingerprint(r):
-    return (r.cost_gpu_seconds, r.latencies_ms, r.migrations, r.scale_events, r.peak_gpus,
-            r.timeline)
+    return (
+        r.cost_gpu_seconds,
+        r.latencies_ms,
+        r.migrations,
+        r.scale_events,
+        r.peak_gpus,
+        r.timeline,
+    )
 
 
 def test_runs_are_deterministic(short_trace):
@@ -69,8 +75,11 @@ def test_autoscalers_start_warm_unless_told_otherwise(short_trace, tmp_path):
     assert warm.timeline[0][1] == expected and cold.timeline[0][1] == 1
 
     def late_in_first_minute(r):
-        return sum(1 for t, lat in zip(r.chunk_times_s, r.latencies_ms, strict=True)
-                   if t < 60 and lat > r.deadline_ms)
+        return sum(
+            1
+            for t, lat in zip(r.chunk_times_s, r.latencies_ms, strict=True)
+            if t < 60 and lat > r.deadline_ms
+        )
 
     assert late_in_first_minute(warm) < late_in_first_minute(cold)
     # An explicit pool wins; static pools never get one.
@@ -93,13 +102,35 @@ def test_cli_traces_and_run(tmp_path, capsys):
     files = sorted(p.name for p in (tmp_path / "tr").iterdir())
     assert files == sorted(f"{n}.csv.gz" for n in synth.BUILTIN_NAMES)
     out = tmp_path / "r.json"
-    code = main(["sim", "run", "--trace", str(tmp_path / "tr" / "calm.csv.gz"), "--policy",
-                 "turboserve", "--rho-hat", "0.7", "--json", str(out)])
+    code = main(
+        [
+            "sim",
+            "run",
+            "--trace",
+            str(tmp_path / "tr" / "calm.csv.gz"),
+            "--policy",
+            "turboserve",
+            "--rho-hat",
+            "0.7",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     doc = json.loads(out.read_text())
-    for key in ("policy", "trace", "cost_gpu_seconds", "cost_usd", "latency_ms",
-                "deadline_attainment", "migrations", "scale_events", "peak_gpus", "decision_ms",
-                "chunks"):
+    for key in (
+        "policy",
+        "trace",
+        "cost_gpu_seconds",
+        "cost_usd",
+        "latency_ms",
+        "deadline_attainment",
+        "migrations",
+        "scale_events",
+        "peak_gpus",
+        "decision_ms",
+        "chunks",
+    ):
         assert key in doc, key
     assert set(doc["latency_ms"]) == {"p50", "p99", "max"}
     assert set(doc["decision_ms"]) == {"p50", "p99", "max"}
@@ -110,8 +141,23 @@ def test_cli_traces_and_run(tmp_path, capsys):
 
 def test_cli_static_policy_takes_gpus(tmp_path):
     out = tmp_path / "s.json"
-    assert main(["sim", "run", "--trace", "calm", "--policy", "memory_aware", "--gpus", "5",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "run",
+                "--trace",
+                "calm",
+                "--policy",
+                "memory_aware",
+                "--gpus",
+                "5",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["cost_gpu_seconds"] == pytest.approx(5 * 1800.0)
 
@@ -131,16 +177,24 @@ def _service_at_cost(trace, policy, cost):
 # Known losses (docs/evaluation.md, "Robustness"): where load swings as fast as a GPU boots
 # (chaotic) or sits still while sessions churn (churny), a static pool of turboserve's cost
 # serves slightly more periods on time. Strict: a win there must update the docs.
-_KNOWN_LOSSES = {"chaotic": "regimes of 20-90 s, about a boot delay: the table's headroom "
-                            "for bursty levels costs more than a static pool needs",
-                 "churny": "steady load, sessions flip every few seconds: the fullest GPU's "
-                           "load swings and the pool follows it"}
+_KNOWN_LOSSES = {
+    "chaotic": "regimes of 20-90 s, about a boot delay: the table's headroom "
+    "for bursty levels costs more than a static pool needs",
+    "churny": "steady load, sessions flip every few seconds: the fullest GPU's "
+    "load swings and the pool follows it",
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_LOSSES[n]))
-    if n in _KNOWN_LOSSES else n for n in synth.BUILTIN_NAMES])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_LOSSES[n]))
+        if n in _KNOWN_LOSSES
+        else n
+        for n in synth.BUILTIN_NAMES
+    ],
+)
 def test_turboserve_serves_better_than_static_baselines_at_matched_cost(name):
     """The measure of service: the share of chunk periods served on time (stall-adjusted),
     against each static pool of the same cost."""
@@ -149,7 +203,11 @@ def test_turboserve_serves_better_than_static_baselines_at_matched_cost(name):
     for policy in STATIC:
         theirs = _service_at_cost(trace, policy, ours.cost_gpu_seconds)
         assert ours.stall_adjusted_attainment >= theirs, (
-            name, policy, ours.stall_adjusted_attainment, theirs)
+            name,
+            policy,
+            ours.stall_adjusted_attainment,
+            theirs,
+        )
 
 
 def test_cli_all_policies_on_one_trace(tmp_path, capsys):
@@ -161,7 +219,8 @@ def test_cli_all_policies_on_one_trace(tmp_path, capsys):
     names = [row["policy"] for row in doc["runs"]]
     assert names[0] == "turboserve"
     assert {"round_robin", "least_loaded", "memory_aware", "no_migration", "no_autoscale"} <= set(
-        names)
+        names
+    )
     # Static pools cost what turboserve cost: every figure interpolated between the GPU
     # counts around its mean GPU count.
     ours = doc["runs"][0]["cost_gpu_seconds"]
@@ -181,7 +240,7 @@ def test_cli_all_policies_on_one_trace(tmp_path, capsys):
     for row in doc["runs"]:
         entry = row["cost_at_slo"]
         assert entry["runs"] >= 2 and entry["cost_gpu_hours"] > 0, row["policy"]
-        cell = (f"{entry['cost_gpu_hours']:.2f}" if entry["reached"] else "not reached (best")
+        cell = f"{entry['cost_gpu_hours']:.2f}" if entry["reached"] else "not reached (best"
         assert f"| {row['policy']} " in table and cell in table
     assert "gap to the clairvoyant (our cost over its, minus 1): " in table
 
@@ -189,31 +248,67 @@ def test_cli_all_policies_on_one_trace(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def small_trace_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("small")
-    write_trace(synth.generate(synth.spec("bursty", seed=7, duration_s=180.0), name="small"),
-                folder / "small.csv.gz")
+    write_trace(
+        synth.generate(synth.spec("bursty", seed=7, duration_s=180.0), name="small"),
+        folder / "small.csv.gz",
+    )
     return folder
 
 
-def test_sim_run_gives_the_cost_at_99_percent_that_sim_evaluate_gives(small_trace_dir, tmp_path,
-                                                                      capsys):
+def test_sim_run_gives_the_cost_at_99_percent_that_sim_evaluate_gives(
+    small_trace_dir, tmp_path, capsys
+):
     """The figure `sim run` prints for a policy is the one `sim evaluate` reports for that
     trace and policy: the same sweep, the same extension, the same reading."""
     trace = small_trace_dir / "small.csv.gz"
     policies = ("turboserve", "clairvoyant", "least_loaded", "memory_aware")
     run_json = tmp_path / "run.json"
-    assert main(["sim", "run", "--trace", str(trace), "--policy", ",".join(policies),
-                 "--at-slo", "--json", str(run_json)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "run",
+                "--trace",
+                str(trace),
+                "--policy",
+                ",".join(policies),
+                "--at-slo",
+                "--json",
+                str(run_json),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     rows = {row["policy"]: row for row in json.loads(run_json.read_text())["runs"]}
     assert tuple(rows) == policies
     eval_json = tmp_path / "eval.json"
-    assert main(["sim", "evaluate", "--traces", str(small_trace_dir), "--profiles",
-                 "h20-longlive-1.3b-nvlink", "--placement-instances", "5", "--jobs", "1",
-                 "--json", str(eval_json)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "evaluate",
+                "--traces",
+                str(small_trace_dir),
+                "--profiles",
+                "h20-longlive-1.3b-nvlink",
+                "--placement-instances",
+                "5",
+                "--jobs",
+                "1",
+                "--json",
+                str(eval_json),
+            ]
+        )
+        == 0
+    )
     level = json.loads(eval_json.read_text())["traces"]["small"]["service_level"]
-    expected = {"turboserve": level["turboserve"], "clairvoyant": level["rivals"]["clairvoyant"],
-                "least_loaded": level["static"]["least_loaded"],
-                "memory_aware": level["static"]["memory_aware"]}
+    expected = {
+        "turboserve": level["turboserve"],
+        "clairvoyant": level["rivals"]["clairvoyant"],
+        "least_loaded": level["static"]["least_loaded"],
+        "memory_aware": level["static"]["memory_aware"],
+    }
     for policy, entry in expected.items():
         got = rows[policy]["cost_at_slo"]
         assert got["cost_gpu_hours"] == entry["cost_gpu_hours"], policy
@@ -223,25 +318,31 @@ def test_sim_run_gives_the_cost_at_99_percent_that_sim_evaluate_gives(small_trac
     assert expected["memory_aware"]["reached"] is False
     best = 100 * expected["memory_aware"]["best_attainment"]
     assert re.search(rf"\| memory_aware +\| not reached \(best {best:.1f}% at", printed)
-    gap = 100 * (expected["turboserve"]["cost_gpu_hours"]
-                 / expected["clairvoyant"]["cost_gpu_hours"] - 1)
+    gap = 100 * (
+        expected["turboserve"]["cost_gpu_hours"] / expected["clairvoyant"]["cost_gpu_hours"] - 1
+    )
     assert f"gap to the clairvoyant (our cost over its, minus 1): {gap:+.1f}%" in printed
     assert level["gap_to_clairvoyant_at_slo_pct"] == pytest.approx(gap, abs=1e-3)
 
 
-def test_one_policy_points_to_the_flag_for_the_cost_at_99_percent(small_trace_dir, tmp_path,
-                                                                  capsys):
+def test_one_policy_points_to_the_flag_for_the_cost_at_99_percent(
+    small_trace_dir, tmp_path, capsys
+):
     out = tmp_path / "one.json"
-    assert main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"), "--json",
-                 str(out)]) == 0
+    assert (
+        main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"), "--json", str(out)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "cost_at_slo" not in json.loads(out.read_text())
     assert "cost to serve 99% of periods" in printed and "--at-slo" in printed
-    assert main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"),
-                 "--jobs", "0"]) == 2
+    assert (
+        main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"), "--jobs", "0"]) == 2
+    )
     assert "--jobs must be >= 1" in capsys.readouterr().err
-    assert main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"),
-                 "--policy", ","]) == 2
+    assert (
+        main(["sim", "run", "--trace", str(small_trace_dir / "small.csv.gz"), "--policy", ","]) == 2
+    )
     assert "--policy needs a policy name" in capsys.readouterr().err
 
 

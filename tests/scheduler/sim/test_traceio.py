@@ -23,8 +23,16 @@ def _write(tmp_path, text: str, name: str = "x.csv"):
 
 @pytest.mark.parametrize("name", ["t.csv", "t.csv.gz"])
 def test_round_trip_plain_and_gzip(tmp_path, name):
-    trace = make_trace("t", [(0.0, "a", "arrive"), (0.5, "b", "arrive"), (1.25, "a", "idle"),
-                             (2.0, "a", "active"), (3.0, "a", "depart")])
+    trace = make_trace(
+        "t",
+        [
+            (0.0, "a", "arrive"),
+            (0.5, "b", "arrive"),
+            (1.25, "a", "idle"),
+            (2.0, "a", "active"),
+            (3.0, "a", "depart"),
+        ],
+    )
     path = write_trace(trace, tmp_path / name)
     back = read_trace(path)
     assert back.events == trace.events
@@ -132,8 +140,9 @@ def test_generation_is_deterministic_and_seeded():
 
 def test_training_traces_use_other_seeds_than_the_evaluation():
     train = synth.training_traces(duration_s=120.0, variants=1)
-    evaluation = {name: synth.generate(synth.spec(name, duration_s=120.0))
-                  for name in synth.BUILTIN_NAMES}
+    evaluation = {
+        name: synth.generate(synth.spec(name, duration_s=120.0)) for name in synth.BUILTIN_NAMES
+    }
     assert len(train) == len(synth.BUILTIN_NAMES)
     for tr in train:
         shape = tr.name.removeprefix("train_").rsplit("_", 1)[0]

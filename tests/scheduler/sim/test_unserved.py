@@ -32,11 +32,27 @@ def test_no_gpu_at_all_misses_every_period_past_the_deadline():
 
 
 def test_sim_run_with_zero_gpus_reports_the_starved_session(tmp_path, capsys):
-    path = write_trace(make_trace("one", [(0.0, "a", "arrive"), (10.0, "a", "depart")]),
-                       tmp_path / "one.csv")
+    path = write_trace(
+        make_trace("one", [(0.0, "a", "arrive"), (10.0, "a", "depart")]), tmp_path / "one.csv"
+    )
     out = tmp_path / "r.json"
-    assert main(["sim", "run", "--trace", str(path), "--policy", "round_robin", "--gpus", "0",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "run",
+                "--trace",
+                str(path),
+                "--policy",
+                "round_robin",
+                "--gpus",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["chunks"] == 0 and doc["stall_adjusted_attainment"] == 0.0
     assert doc["missed_periods"] == 7 and doc["unserved_chunks"] == 1
@@ -54,8 +70,16 @@ def test_sessions_starved_by_a_full_gpu_count_every_period_they_waited():
 def test_a_session_that_goes_idle_after_waiting_past_the_deadline_is_counted_once():
     # No GPU: "a" waits 3 s then goes idle (1.75 s past the allowance: 2 periods), comes back
     # and goes idle after 1 s (within the allowance: its chunk might still have been on time).
-    trace = make_trace("idle", [(0.0, "a", "arrive"), (3.0, "a", "idle"), (5.0, "a", "active"),
-                                (6.0, "a", "idle"), (8.0, "a", "depart")])
+    trace = make_trace(
+        "idle",
+        [
+            (0.0, "a", "arrive"),
+            (3.0, "a", "idle"),
+            (5.0, "a", "active"),
+            (6.0, "a", "idle"),
+            (8.0, "a", "depart"),
+        ],
+    )
     r = simulate(trace, "round_robin", gpus=0)
     assert r.latencies_ms == [] and r.missed_periods == 2 and r.unserved_chunks == 1
 
@@ -81,8 +105,10 @@ def test_trace_end_counts_every_session_whose_next_chunk_is_overdue():
     assert PROFILE.chunk_ms(30) > PROFILE.deadline_ms
     seen = 0
     for tenth in range(100, 130):  # trace ends at 10.0-12.9 s, at various phases of a chunk
-        trace = make_trace("crowd_end", [(0.0, f"s{i:02d}", "arrive") for i in range(30)]
-                           + [(tenth / 10, "z", "arrive")])
+        trace = make_trace(
+            "crowd_end",
+            [(0.0, f"s{i:02d}", "arrive") for i in range(30)] + [(tenth / 10, "z", "arrive")],
+        )
         sim = Simulator(trace, _AllOnOneGpu(), PROFILE)
         result = sim.run()
         end = trace.duration
@@ -90,8 +116,11 @@ def test_trace_end_counts_every_session_whose_next_chunk_is_overdue():
         for s in sim.sessions.values():
             if not s.active:
                 continue
-            late = ((end - s.spell_start) * 1000.0 - PROFILE.deadline_ms if s.first
-                    else (end - s.due) * 1000.0)
+            late = (
+                (end - s.spell_start) * 1000.0 - PROFILE.deadline_ms
+                if s.first
+                else (end - s.due) * 1000.0
+            )
             if late > 1e-6:
                 overdue.append(math.ceil(late / PROFILE.deadline_ms - 1e-9))
         assert result.unserved_chunks == len(overdue)
@@ -125,8 +154,10 @@ class _Scripted:
 
 
 def test_a_releasing_gpu_counts_in_peak_and_timeline_until_its_last_pass_ends():
-    trace = make_trace("rel", [(0.0, "s1", "arrive"), (0.5, "z", "arrive"),
-                               (5.0, "s1", "depart"), (5.0, "z", "depart")])
+    trace = make_trace(
+        "rel",
+        [(0.0, "s1", "arrive"), (0.5, "z", "arrive"), (5.0, "s1", "depart"), (5.0, "z", "depart")],
+    )
     profile = load_profile()
     # Back to back (no pacing), so that g0 is mid-pass when the TICK releases it.
     sim = Simulator(trace, _Scripted(), profile, boot_delay_s=30.0, chunk_period_s=0)

@@ -66,9 +66,16 @@ def test_summary_and_its_keys():
     for x in (0.0, 0.0, 100.0, 1000.0):
         ledger.delivered(x)
     doc = ledger.summary()
-    assert set(doc) == {"latency_ms", "chunks", "chunks_on_time", "missed_periods",
-                        "missed_periods_at_start", "startup_ms", "deadline_attainment",
-                        "stall_adjusted_attainment"}
+    assert set(doc) == {
+        "latency_ms",
+        "chunks",
+        "chunks_on_time",
+        "missed_periods",
+        "missed_periods_at_start",
+        "startup_ms",
+        "deadline_attainment",
+        "stall_adjusted_attainment",
+    }
     assert doc["latency_ms"] == summary([0.0, 0.0, 100.0, 1000.0])
     assert summary([]) == {"p50": 0.0, "p99": 0.0, "max": 0.0}
     assert summary([1.0, 2.0, 3.0])["p50"] == 2.0
