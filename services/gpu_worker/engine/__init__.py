@@ -1,7 +1,7 @@
 """The GPU worker's batch engine (slots, coalesced passes with pass-level admission,
 suspend/resume, export/import)."""
 
-from .engine import Engine, next_chunks, noise_seed, resolve_device
+from .engine import Engine, next_chunks
 from .types import (
     ChunkResult,
     EngineConfig,
@@ -11,7 +11,6 @@ from .types import (
     MidChunk,
     RecoveryPoint,
     SessionAlreadyResident,
-    SessionSnapshot,
     StateLayout,
     UnknownSession,
     WrongSessionState,
@@ -27,11 +26,8 @@ __all__ = [
     "MidChunk",
     "RecoveryPoint",
     "SessionAlreadyResident",
-    "SessionSnapshot",
     "StateLayout",
     "UnknownSession",
     "WrongSessionState",
     "next_chunks",
-    "noise_seed",
-    "resolve_device",
 ]
