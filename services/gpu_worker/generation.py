@@ -222,12 +222,19 @@ class GenerationLoop:
     def fence(self, session_id: str, epoch: int) -> None:
         """The registry says this worker no longer owns the session at ``epoch`` (thread-safe;
         from the event loop): it is dropped at the next pass boundary, unless it was given to
-        this worker again meanwhile (a later epoch)."""
+        this worker again meanwhile (a later epoch) or is frozen for a handoff. A frozen
+        session's record is refused because the handoff moved its epoch on (records go out
+        after the chunks, so the last one can land after the freeze): the handoff's outcome
+        decides its fate, :meth:`drop` on a commit, :meth:`unfreeze` on an abort."""
 
         def run() -> None:
             owned = self.owned.get(session_id)
-            if owned is not None and owned.epoch <= epoch:
-                self.drop(session_id, reason="fenced")
+            if owned is None or owned.epoch > epoch:
+                return
+            if owned.frozen:
+                log.info("fence_left_to_the_handoff", session_id=session_id, epoch=epoch)
+                return
+            self.drop(session_id, reason="fenced")
 
         self.inbox.put(Control("fence", run, _ignore, _ignore))
 

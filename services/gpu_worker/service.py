@@ -192,6 +192,11 @@ class Publisher:
         for item in pending.values():
             await self._record(item)
 
+    async def finish_releases(self) -> None:
+        """Wait for the hand-backs under way (at shutdown: none is left half done)."""
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
+
     async def republish(self) -> None:
         """After a NATS reconnection: publish each session's recent chunks again, before any
         newer one, so that viewers (who skip what they have by seq) miss none."""
@@ -414,6 +419,7 @@ class WorkerService:
         if self.publisher is not None:  # what the generation thread made last goes out
             await self.publisher.publish_queued()
             await self.publisher.record_queued()
+            await self.publisher.finish_releases()
         await self._release_sessions()
         if self._heartbeat_task is not None:  # else a late beat would re-register us
             self._heartbeat_task.cancel()

@@ -8,6 +8,7 @@ import time
 
 from services.gpu_worker.engine import RecoveryPoint
 from services.gpu_worker.generation import GenerationLoop
+from services.gpu_worker.handoff.host import FrozenSession
 from services.gpu_worker.inbox import CommandInbox, Control
 from services.gpu_worker.outbox import Forget, HandBack, OutChunk, Outgoing
 from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
@@ -159,6 +160,37 @@ def test_fenced_sessions_are_dropped_and_a_full_engine_hands_back():
     loop.inbox.put(_assign("extra", 1))
     _run(loop, lambda: sink.handed_back)
     assert sink.handed_back == [("extra", 1)]
+
+
+def test_a_record_refused_while_frozen_leaves_the_session_to_its_handoff():
+    """The last chunk's progress record can land after the handoff froze the session and moved
+    its epoch on: the refusal must not drop it, so an aborted handoff finds it to unfreeze."""
+    loop = _loop()
+    sink = RecordingSink(loop)
+    loop.inbox.put(_assign("s", 1))
+    frozen: list[FrozenSession] = []
+    applied = threading.Event()
+    unfrozen: list[None] = []
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        eventually_sync(lambda: sink.chunks("s"), 30, "a first chunk")
+        freeze = Control("freeze", lambda: loop.freeze("s", 1), frozen.append, print, "s")
+        loop.inbox.put(freeze)
+        eventually_sync(lambda: frozen, 30, "the freeze at the chunk boundary")
+        loop.fence("s", 1)  # the refusal of the last chunk's record, after the freeze
+        loop.inbox.put(Control("after the fence", lambda: None, lambda _: applied.set(), print))
+        eventually_sync(applied.is_set, 30, "the fence applied")
+        assert loop.status().frozen == ("s",), "the refused record dropped the frozen session"
+        before = len(sink.chunks("s"))
+        # the handoff aborts after the registry moved the session to epoch 3
+        loop.inbox.put(Control("unfreeze", lambda: loop.unfreeze("s", 3), unfrozen.append, print))
+        eventually_sync(lambda: len(sink.chunks("s")) > before, 30, "chunks after the abort")
+    finally:
+        loop.inbox.close()
+        thread.join(10)
+    resumed = sink.chunks("s")[before]
+    assert (resumed.epoch, resumed.seq) == (3, frozen[0].next_seq)
 
 
 def test_a_control_is_answered_only_once_the_status_shows_its_effect():
