@@ -35,7 +35,7 @@ from services.scheduler.eval.plan import STATIC_BASELINES
 from services.scheduler.eval.runs import RunSummary
 from services.scheduler.eval.service_level import service_level, slo_summary
 
-__all__ = ["TraceFloors", "analyse_trace", "summarise", "trace_floors"]
+__all__ = ["TraceFloors", "analyse_trace", "summarise"]
 
 STRONG_RIVALS = ("least_loaded_autoscale", "hpa", "turboserve_fixed")
 _EPS_H = 1e-9
@@ -59,10 +59,6 @@ class TraceFloors:
         }
         self.peak_active = max((s.active for s in steps), default=0)
         self.steps = steps
-
-
-def trace_floors(trace: Any, capacity: int, boot_delays: Sequence[float]) -> TraceFloors:
-    return TraceFloors(trace, capacity, boot_delays)
 
 
 def _adaptive(run: RunSummary) -> bool:
