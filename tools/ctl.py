@@ -125,7 +125,7 @@ CONNECT_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
-class Mesh:
+class CtlTarget:
     """The mesh ``ctl`` talks to: the settings it connects with, where its URLs came from, and
     the line it says when that is not the mesh of the state file (None when it is)."""
 
@@ -139,7 +139,7 @@ def resolve_mesh(
     redis_url: str | None = None,
     state_dir: str | None = None,
     env: Mapping[str, str] | None = None,
-) -> Mesh:
+) -> CtlTarget:
     """Where NATS and Redis are, for each the first that says: the ``--nats-url`` /
     ``--redis-url`` flags, the ``TURBOSERVE_*`` environment, the state file of a running
     ``turboserve up`` (in ``--state-dir``, ``TURBOSERVE_STATE_DIR`` or ``~/.turboserve``).
@@ -188,7 +188,7 @@ def resolve_mesh(
         )
     else:
         note = None
-    return Mesh(settings.replace(**changes), source, note)
+    return CtlTarget(settings.replace(**changes), source, note)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(command, f"{exc}; is the mesh running? ({mesh.source})")
 
 
-async def _run(args: argparse.Namespace, settings: Any, mesh: Mesh) -> int:
+async def _run(args: argparse.Namespace, settings: Any, mesh: CtlTarget) -> int:
     from shared.runner import close_context, open_context
     from tools.report import progress
 
