@@ -242,7 +242,10 @@ def encode_all(chunks: list[np.ndarray], plan: StreamPlan) -> Encoded:
 
 
 @dataclass
-class Tally:
+class ViewerTally:
+    """What the viewers of a delivery run received while measuring: each chunk's latency, the
+    body bytes, the errors of viewers that broke before the end, and the lag notices."""
+
     latencies_ms: list[float] = field(default_factory=list)
     bytes_received: int = 0
     errors: list[str] = field(default_factory=list)
@@ -357,7 +360,7 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
     from tools.bench.gateway import _create_sessions, gateway_process, watch_and_inject
 
     settings = GatewaySettings.from_env()
-    tally = Tally()
+    tally = ViewerTally()
     measuring, stop = asyncio.Event(), asyncio.Event()
     async with gateway_process(settings.nats_url, settings.redis_url, "bstream") as (
         tag,
@@ -438,7 +441,7 @@ async def _viewer(
     fmt: str,
     port: int,
     session: tuple[str, str],
-    tally: Tally,
+    tally: ViewerTally,
     measuring: asyncio.Event,
     stop: asyncio.Event,
 ) -> None:
@@ -455,14 +458,13 @@ async def _sse_viewer(
     sid: str,
     token: str,
     fmt: str,
-    tally: Tally,
+    tally: ViewerTally,
     measuring: asyncio.Event,
     stop: asyncio.Event,
 ) -> None:
     """A bare SSE reader (the gateway bench's protocol): the latency measured is the
     gateway's, not an HTTP library's. It counts the body bytes it receives."""
-    from tools.bench.gateway import Tally as GatewayTally
-    from tools.bench.gateway import _SseClient
+    from tools.bench.gateway import Tally, _SseClient
 
     class Counting(_SseClient):
         def data_received(self, data: bytes) -> None:
@@ -470,7 +472,7 @@ async def _sse_viewer(
                 tally.bytes_received += len(data)
             super().data_received(data)
 
-    shared = GatewayTally(1)
+    shared = Tally(1)
     shared.latencies_ms = tally.latencies_ms
     request = (
         f"GET /v1/sessions/{sid}/stream?format={fmt} HTTP/1.1\r\nHost: bench\r\n"
@@ -494,7 +496,7 @@ async def _ws_viewer(
     sid: str,
     token: str,
     fmt: str,
-    tally: Tally,
+    tally: ViewerTally,
     measuring: asyncio.Event,
     stop: asyncio.Event,
 ) -> None:
