@@ -1,10 +1,15 @@
-"""What the tools print besides their results: the benches' Markdown tables, and the progress
-lines of the long-running commands (``replay``, ``chaos``, ``ctl drain``)."""
+"""What the tools print besides their results: the benches' Markdown tables, the error a bench
+says in one line for a bad option, and the progress lines of the long-running commands
+(``replay``, ``chaos``, ``ctl drain``)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
+
+
+class BenchUsageError(Exception):
+    """A bad option or an environment that cannot run the benchmark: said in one line."""
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:

@@ -7,13 +7,13 @@ import pytest
 from shared.wire import MigrationReport
 from tools.bench.migration import (
     MIB,
-    BenchUsageError,
     _options,
     _summarise,
     print_table,
     raw_copy_gbps,
 )
 from tools.cli import build_parser
+from tools.report import BenchUsageError
 
 
 def options(*argv):

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tools.report import BenchUsageError
+
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
@@ -40,10 +42,6 @@ MIB = 1 << 20
 BAR_SIZE_MIB = 64  # the bandwidth bar applies from this size up
 BAR_BANDWIDTH = 0.5  # transfer >= half the raw copy's bandwidth
 BAR_FIXED_MS = 5.0
-
-
-class BenchUsageError(Exception):
-    """A bad option: said in one line."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.report import BenchUsageError
+
 DEFAULT_FPS = 16.0  # Wan2.1 generates 16 frames per second of video
 
 
@@ -64,10 +66,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="profile deadline (default: a chunk's playback time at 16 fps)",
     )
     parser.set_defaults(func=run)
-
-
-class BenchUsageError(Exception):
-    """A bad option or an environment that cannot run the benchmark: said in one line."""
 
 
 def _fail(message: str) -> int:
