@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import orjson
 
+from tools.bench.gateway import percentile
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -101,18 +103,13 @@ async def measure(nats_url: str, redis_url: str, events: int, sessions: int) -> 
         await _cleanup(env)
     return {
         "event_to_command_ms_p50": round(statistics.median(event_ms), 3),
-        "event_to_command_ms_p99": round(_p99(event_ms), 3),
+        "event_to_command_ms_p99": round(percentile(event_ms, 0.99), 3),
         "event_to_command_ms_max": round(max(event_ms), 3),
         "event_samples": len(event_ms),
         "create_to_first_step_ms_p50": round(statistics.median(create_ms), 3),
-        "create_to_first_step_ms_p99": round(_p99(create_ms), 3),
+        "create_to_first_step_ms_p99": round(percentile(create_ms, 0.99), 3),
         "create_samples": len(create_ms),
     }
-
-
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * (len(ordered) - 1) + 0.5))]
 
 
 @contextlib.asynccontextmanager

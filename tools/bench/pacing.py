@@ -25,7 +25,8 @@ from typing import Any
 
 import orjson
 
-from tools.bench.control import _cleanup, _env, _p99, _scheduler, run_on_infra
+from tools.bench.control import _cleanup, _env, _scheduler, run_on_infra
+from tools.bench.gateway import percentile
 
 API_KEY = "bench-key-12345"
 
@@ -200,7 +201,7 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
         "chunks_per_s_mean": round(statistics.fmean(rates), 3),
         "chunks_per_s_max": round(max(rates), 3),
         "ahead_ms_max": round(max(ahead, default=0.0), 1),
-        "late_ms_p99": round(_p99(late), 1) if late else 0.0,
+        "late_ms_p99": round(percentile(late, 0.99), 1) if late else 0.0,
         "late_ms_max": round(max(late, default=0.0), 1),
         "first_chunk_s": [round(f, 3) for f in firsts],
         "first_chunk_s_max": round(max(firsts), 3) if firsts else None,
