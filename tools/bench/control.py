@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import orjson
 
-from tools.bench.gateway import percentile
+from tools.report import percentile
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

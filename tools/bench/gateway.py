@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
+from tools.report import percentile
+
 if TYPE_CHECKING:
     import aiohttp
     from nats.aio.client import Client as NatsClient
@@ -159,11 +161,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def print_table(r: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from tools.bench.control import _cleanup, _env, _scheduler, run_on_infra
-from tools.bench.gateway import percentile
+from tools.report import percentile
 
 API_KEY = "bench-key-12345"
 

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tools.report import percentile
+
 if TYPE_CHECKING:
     from services.scheduler.core.types import Event
 
@@ -146,8 +148,8 @@ def bench_one(
         "gpus": gpus,
         "sessions": target,
         "steps": steps,
-        "decision_ms_p50": round(_quantile(times, 0.50), 4),
-        "decision_ms_p99": round(_quantile(times, 0.99), 4),
+        "decision_ms_p50": round(percentile(times, 0.50), 4),
+        "decision_ms_p99": round(percentile(times, 0.99), 4),
         "decision_ms_max": round(times[-1], 4),
         "decisions_per_step": round(decisions / steps, 3),
         "step_reports": step_reports,
@@ -206,13 +208,6 @@ class _Bag:
         i = rng.randrange(len(self.items))
         self.items[i], self.items[-1] = self.items[-1], self.items[i]
         return self.items.pop()
-
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[index]
 
 
 def format_table(results: list[dict[str, Any]]) -> str:

@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tools.bench.gateway import BenchError, percentile
+from tools.bench.gateway import BenchError
+from tools.report import percentile
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient

@@ -173,9 +173,9 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
         _create_sessions,
         gateway_process,
         measure_while,
-        percentile,
     )
     from tools.bench.stream import _inject, chunk_message
+    from tools.report import percentile
 
     settings = GatewaySettings.from_env()
     viewers_n = plan.webrtc_viewers

@@ -295,7 +295,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 def _run_sim(args: argparse.Namespace) -> int:
     import services.scheduler.eval.rivals  # noqa: F401  (the evaluation's rivals run by name too)
-    from services.scheduler.sim.report import markdown_table, progress_bar
+    from services.scheduler.sim.report import progress_bar, results_table
     from services.scheduler.sim.simulator import simulate
     from services.scheduler.sim.traceio import load_trace
     from shared.profile import load_profile
@@ -389,7 +389,7 @@ def _run_sim(args: argparse.Namespace) -> int:
         f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
         f"deadline {profile.deadline_ms:g} ms); boot delay {args.boot_delay:g} s"
     )
-    print(markdown_table(rows, extra=["gpus"] if args.policy == "all" else ()))
+    print(results_table(rows, extra=["gpus"] if args.policy == "all" else ()))
     if note:
         print(note)
     at_slo = args.at_slo if args.at_slo is not None else args.policy == "all"

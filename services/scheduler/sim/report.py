@@ -59,7 +59,7 @@ def _cell(row: dict[str, Any], key: str | tuple[str, str]) -> str:
     return str(value)
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], extra: Sequence[str] = ()) -> str:
+def results_table(rows: Sequence[dict[str, Any]], extra: Sequence[str] = ()) -> str:
     """Rows are ``SimResult.to_json()`` documents; ``extra`` adds columns from ``params``."""
     heads = [h for h, _ in COLUMNS] + list(extra)
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from services.scheduler.sim.report import markdown_table, progress_bar
+from services.scheduler.sim.report import progress_bar, results_table
 
 
 class _Tty(io.StringIO):
@@ -23,7 +23,7 @@ def test_progress_bar_only_on_a_tty():
     assert text.endswith("\n") and "#" * 30 in text
 
 
-def test_markdown_table_rows():
+def test_results_table_rows():
     row = {
         "policy": "p",
         "cost_gpu_seconds": 1234.4,
@@ -38,7 +38,7 @@ def test_markdown_table_rows():
         "chunks": 10,
         "params": {"gpus": 7},
     }
-    lines = markdown_table([row], extra=["gpus"]).splitlines()
+    lines = results_table([row], extra=["gpus"]).splitlines()
     assert lines[0].startswith("| policy | GPU-s | $ |") and lines[0].endswith("| gpus |")
     assert "| deadline % | stall-adj. % |" in lines[0]
     assert lines[2] == (
@@ -46,4 +46,4 @@ def test_markdown_table_rows():
     )
     # A document written before the stall-adjusted column existed shows a dash there.
     del row["stall_adjusted_attainment"]
-    assert "| 95.28 | - | 3 |" in markdown_table([row]).splitlines()[2]
+    assert "| 95.28 | - | 3 |" in results_table([row]).splitlines()[2]
