@@ -11,6 +11,7 @@ any profile file by path::
       "chunk_ms": [420.0, 491.0, ...],       # time of one coalesced step at batch 1, 2, ...
       "passes_per_chunk": 5,                 # optional, default 1: model passes per chunk
       "prompt_switch_ms": 35.0,              # optional, default 0: what a prompt change adds
+      "steps": {"full": 4, "chunk_ms": {"3": [...], "2": [...]}},  # optional: see below
       "deadline_ms": 1250.0,                 # a chunk must be ready within this
       "state_bytes_per_session": 3550000000, # KV cache + prompt embeddings + RNG + position
       "migration": {"per_session_ms": 26.5, "fixed_ms": 3.0},
@@ -39,6 +40,17 @@ capacity still meets the deadline in a chunk where a viewer changes the prompt.
 The latency of a GPU is ``chunk_ms(n)`` for its ``n`` active sessions; ``chunk_ms`` must be
 non-decreasing in ``n`` (checked on load), which is what lets placement treat "the GPU whose
 latency grows least" as "the least loaded GPU" among GPUs of one kind.
+
+``steps`` (optional) describes the quality budget: a chunk may run fewer denoising steps than
+the model's full count, down to an operator floor, while its GPU is over its budget. At ``s``
+steps a chunk runs ``s + 1`` passes (the cache-write pass stays), each costing what it costs at
+full steps, so :meth:`LatencyProfile.chunk_ms_at` derives ``chunk_ms(b) * (s + 1) / (full + 1)``
+unless ``steps.chunk_ms`` holds a measured table (per batch 1..N, like ``chunk_ms``) for that
+step count. ``steps.full`` is the model's full count; without it, ``passes_per_chunk - 1``
+(when above 1, else 1). The shipped profiles derive: they need no ``steps`` key. At 3 of 4
+steps a chunk takes 4/5 of its time, at 2 of 4 steps 3/5, so the largest batch that meets the
+deadline, :meth:`LatencyProfile.max_batch_at`, grows (bounded, like K, by memory and by the
+batches the table covers).
 
 A pool may hold several GPU kinds, each with its own profile. The live service measures chunk
 times per batch from the workers' heartbeats and turns them into a profile with
@@ -84,6 +96,10 @@ class LatencyProfile:
     price_usd_per_gpu_hour: float | None = None
     passes_per_chunk: int = 1
     prompt_switch_ms: float = 0.0
+    # ``steps.full`` as written (None: derived from passes_per_chunk) and the measured chunk
+    # times at fewer steps, as (steps, per batch 1..N ms) pairs in ascending steps.
+    steps_full: int | None = None
+    steps_chunk_ms: tuple[tuple[int, tuple[float, ...]], ...] = ()
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     # ---- derived ------------------------------------------------------------------------
@@ -92,8 +108,11 @@ class LatencyProfile:
     def deadline_capacity(self) -> int:
         """Largest batch in the table whose chunk time, with one prompt switch in it, meets
         the deadline (0 if none)."""
+        return self._deadline_batch(self.chunk_ms_table)
+
+    def _deadline_batch(self, table: tuple[float, ...]) -> int:
         best = 0
-        for batch, ms in enumerate(self.chunk_ms_table, start=1):
+        for batch, ms in enumerate(table, start=1):
             if ms + self.prompt_switch_ms <= self.deadline_ms:
                 best = batch
         return best
@@ -126,13 +145,52 @@ class LatencyProfile:
         Beyond the table the last slope is extended linearly, so an overloaded GPU (which the
         controller never creates, but a static baseline may be asked about) still has a finite,
         growing latency."""
-        if batch <= 0:
-            return 0.0
-        table = self.chunk_ms_table
-        if batch <= len(table):
-            return table[batch - 1]
-        slope = table[-1] - table[-2] if len(table) >= 2 else table[-1]
-        return table[-1] + slope * (batch - len(table))
+        return _from_table(self.chunk_ms_table, batch)
+
+    # ---- the quality budget -------------------------------------------------------------
+
+    @property
+    def full_steps(self) -> int:
+        """The model's full count of denoising steps per chunk: ``steps.full``, else
+        ``passes_per_chunk - 1`` (one pass writes the KV cache), else 1 (a chunk-level
+        profile)."""
+        if self.steps_full is not None:
+            return self.steps_full
+        return self.passes_per_chunk - 1 if self.passes_per_chunk > 1 else 1
+
+    def _steps_table(self, steps: int) -> tuple[float, ...]:
+        """Chunk times per batch at ``steps`` denoising steps: the measured table for that
+        count when the profile has one, else derived from ``chunk_ms``."""
+        if steps == self.full_steps:
+            return self.chunk_ms_table
+        for measured_steps, table in self.steps_chunk_ms:
+            if measured_steps == steps:
+                return table
+        scale = (steps + 1) / (self.full_steps + 1)
+        return tuple(ms * scale for ms in self.chunk_ms_table)
+
+    def _check_steps(self, steps: int) -> None:
+        if not 1 <= steps <= self.full_steps:
+            raise ValueError(f"steps must be in 1..{self.full_steps} (full_steps), got {steps}")
+
+    def chunk_ms_at(self, batch: int, steps: int) -> float:
+        """Time of one chunk with ``batch`` active sessions when each chunk runs ``steps``
+        denoising steps (``steps + 1`` passes): the measured table for ``steps`` when present,
+        else ``chunk_ms(batch) * (steps + 1) / (full_steps + 1)``, since a pass costs the same
+        whatever the step count (:meth:`pass_ms` is unchanged). Equal to ``chunk_ms`` at full
+        steps. Raises ValueError for ``steps`` outside 1..full_steps."""
+        self._check_steps(steps)
+        return _from_table(self._steps_table(steps), batch)
+
+    def max_batch_at(self, steps: int) -> int:
+        """Largest batch whose chunk time at ``steps`` steps, with one prompt switch in it,
+        meets the deadline, bounded by memory and by the batches the table covers (as K is):
+        :attr:`capacity` at full steps, at least that at fewer. Raises ValueError for
+        ``steps`` outside 1..full_steps."""
+        self._check_steps(steps)
+        k = self._deadline_batch(self._steps_table(steps))
+        mem = self.memory_capacity
+        return k if mem is None else min(k, mem)
 
     def pass_ms(self, batch: int) -> float:
         """Time of one batched model pass with ``batch`` sessions: ``chunk_ms(batch) /
@@ -165,6 +223,13 @@ class LatencyProfile:
             out["passes_per_chunk"] = self.passes_per_chunk
         if self.prompt_switch_ms:
             out["prompt_switch_ms"] = self.prompt_switch_ms
+        if self.steps_full is not None or self.steps_chunk_ms:
+            steps: dict[str, Any] = {}
+            if self.steps_full is not None:
+                steps["full"] = self.steps_full
+            if self.steps_chunk_ms:
+                steps["chunk_ms"] = {str(s): list(t) for s, t in self.steps_chunk_ms}
+            out["steps"] = steps
         if self.gpu_memory_bytes is not None:
             out["memory"] = {
                 "gpu_bytes": self.gpu_memory_bytes,
@@ -177,6 +242,16 @@ class LatencyProfile:
         return out
 
 
+def _from_table(table: tuple[float, ...], batch: int) -> float:
+    """``table[batch - 1]``, 0 for no batch, the last slope extended beyond the table."""
+    if batch <= 0:
+        return 0.0
+    if batch <= len(table):
+        return table[batch - 1]
+    slope = table[-1] - table[-2] if len(table) >= 2 else table[-1]
+    return table[-1] + slope * (batch - len(table))
+
+
 # ---- loading and validation -----------------------------------------------------------------
 
 
@@ -185,13 +260,7 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
         raise ProfileError(source, "top level must be a JSON object")
     get = _Fields(raw, source)
     chunk = get.list_of_positive("chunk_ms")
-    for batch in range(1, len(chunk)):
-        if chunk[batch] < chunk[batch - 1]:
-            raise ProfileError(
-                source,
-                f"chunk_ms must be non-decreasing in batch size, but batch {batch + 1} "
-                f"({chunk[batch]} ms) is faster than batch {batch} ({chunk[batch - 1]} ms)",
-            )
+    _check_non_decreasing(source, "chunk_ms", chunk)
     mig = _Fields(get.obj("migration"), source, prefix="migration.")
     mem = _Fields(get.obj("memory"), source, prefix="memory.") if get.present("memory") else None
     state_bytes = int(get.positive("state_bytes_per_session"))
@@ -220,6 +289,8 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
         else 0.0,
         sources=get.sources(),
     )
+    if get.present("steps"):
+        profile = _with_steps(profile, get.obj("steps"), source)
     if profile.migration_fixed_ms > profile.migration_per_session_ms:
         raise ProfileError(
             source,
@@ -239,6 +310,48 @@ def profile_from_dict(raw: Any, source: str = "<dict>") -> LatencyProfile:
             )
         raise ProfileError(source, f"capacity K would be 0: {why}")
     return profile
+
+
+def _check_non_decreasing(source: str, key: str, table: list[float]) -> None:
+    for batch in range(1, len(table)):
+        if table[batch] < table[batch - 1]:
+            raise ProfileError(
+                source,
+                f"{key} must be non-decreasing in batch size, but batch {batch + 1} "
+                f"({table[batch]} ms) is faster than batch {batch} ({table[batch - 1]} ms)",
+            )
+
+
+def _with_steps(profile: LatencyProfile, raw: dict[str, Any], source: str) -> LatencyProfile:
+    """``profile`` with the ``steps`` object applied: ``full`` must agree with
+    ``passes_per_chunk`` (full steps + the cache-write pass) when the profile counts passes,
+    and each measured table is keyed by a step count below full, non-empty, positive and
+    non-decreasing in batch size, like ``chunk_ms``."""
+    get = _Fields(raw, source, prefix="steps.")
+    full = get.positive_int("full") if get.present("full") else None
+    passes = profile.passes_per_chunk
+    if full is not None and passes > 1 and full != passes - 1:
+        raise ProfileError(
+            source,
+            f"steps.full ({full}) disagrees with passes_per_chunk ({passes}): a chunk runs "
+            f"its steps plus one cache-write pass, so steps.full must be {passes - 1}",
+        )
+    profile = replace(profile, steps_full=full)
+    if not get.present("chunk_ms"):
+        return profile
+    tables: list[tuple[int, tuple[float, ...]]] = []
+    for key in get.obj("chunk_ms"):
+        steps = int(key) if key.isdigit() else 0
+        if not 1 <= steps < profile.full_steps or any(steps == s for s, _ in tables):
+            raise ProfileError(
+                source,
+                f"steps.chunk_ms keys must be step counts 1..{profile.full_steps - 1} (below "
+                f"the full count, whose times are chunk_ms), each once, got {key!r}",
+            )
+        table = _Fields(get.obj("chunk_ms"), source, prefix="steps.chunk_ms.").list_of_positive(key)
+        _check_non_decreasing(source, f"steps.chunk_ms.{key}", table)
+        tables.append((steps, tuple(table)))
+    return replace(profile, steps_chunk_ms=tuple(sorted(tables)))
 
 
 class _Fields:
