@@ -130,10 +130,13 @@ class WorkerCmdKind(enum.StrEnum):
     MIGRATE = "migrate"  # hand the session's state to ``target`` at its next chunk boundary
     DRAIN = "drain"  # take no new sessions (nor migrations in); worker-wide, no session_id
     UNDRAIN = "undrain"  # take sessions again; worker-wide, no session_id
+    # The step budget (``steps``) for the chunks that start from now on; worker-wide. The
+    # worker clamps it to its floor (TURBOSERVE_MIN_STEPS) and its model's full count.
+    STEPS = "steps"
 
 
 # Commands that address the worker itself rather than one of its sessions.
-WORKER_WIDE_COMMANDS = frozenset({WorkerCmdKind.DRAIN, WorkerCmdKind.UNDRAIN})
+WORKER_WIDE_COMMANDS = frozenset({WorkerCmdKind.DRAIN, WorkerCmdKind.UNDRAIN, WorkerCmdKind.STEPS})
 
 
 class WorkerStatus(enum.StrEnum):
@@ -190,6 +193,8 @@ class WorkerCommand(_Msg, tag="worker_cmd"):
     # it, so that the owner can write the session's record back if Redis loses it.
     token_hash: str = ""
     owner_key: str = ""
+    # STEPS: the denoising steps per chunk from the next chunk on (the quality budget).
+    steps: int | None = None
 
 
 class CommandReply(_Msg, tag="command_reply"):
@@ -243,6 +248,12 @@ class Heartbeat(_Msg, tag="heartbeat"):
     # the past while the worker waits between passes). None until it has timed a pass. The
     # scheduler's placement reads it (the policy's note_step).
     pass_ends_at: float | None = None
+    # The quality budget: the denoising steps per chunk in force, the model's full count and
+    # the operator's floor (TURBOSERVE_MIN_STEPS; equal to full_steps: the budget is off).
+    # 0: a worker that does not report them.
+    steps: int = 0
+    full_steps: int = 0
+    min_steps: int = 0
 
 
 class Chunk(_Msg, tag="chunk"):
@@ -266,6 +277,7 @@ class Chunk(_Msg, tag="chunk"):
     start_s: float = 0.0  # the chunk's first frame on the session's timeline (the fragment's)
     duration_s: float = 0.0  # its playback time (frames / fps)
     encode_ms: float = 0.0  # time spent encoding it (every format), after gen_ms
+    steps: int = 0  # the denoising steps it ran (0: a sender that does not say)
 
 
 class StreamEnd(_Msg, tag="stream_end"):

@@ -132,7 +132,17 @@ class Release:
     gpu_id: str
 
 
-Decision = Assign | Migrate | Suspend | Resume | RequestGpus | Drain | Release
+@dataclass(frozen=True, slots=True)
+class SetSteps:
+    """Run the chunks that start on ``gpu_id`` from now on with ``steps`` denoising steps (the
+    quality budget): fewer than the model's full count while the GPU is over its budget, the
+    full count again once it has room. Emitted only when a GPU's budget changes."""
+
+    gpu_id: str
+    steps: int
+
+
+Decision = Assign | Migrate | Suspend | Resume | RequestGpus | Drain | Release | SetSteps
 
 
 # ---- what a restarted scheduler finds (Controller.restore) ------------------------------------
@@ -176,5 +186,6 @@ __all__ = [
     "RestoredGpu",
     "RestoredSession",
     "Resume",
+    "SetSteps",
     "Suspend",
 ]
