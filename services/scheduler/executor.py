@@ -2,7 +2,8 @@
 
 ``Assign``/``Resume``/``Suspend`` go to workers (ownership first moved in the registry by a
 compare-and-set guarded by the lease), ``Migrate`` through the migration protocol,
-``RequestGpus``/``Release`` to the provisioner, ``Drain`` to the worker. Commands are retried
+``RequestGpus``/``Release`` to the provisioner, ``Drain`` and ``SetSteps`` (the quality budget)
+to the worker. Commands are retried
 until answered; a refused or failed one becomes the event the core expects (PLACEMENT_FAILED,
 MIGRATION_FAILED, GPU_GONE). Migrations run in the background (:class:`Migrations`); a
 session a worker handed back is placed again (:meth:`Executor.replace_handed_back`); a release
@@ -30,6 +31,7 @@ from services.scheduler.core.types import (
     Release,
     RequestGpus,
     Resume,
+    SetSteps,
     Suspend,
 )
 from services.scheduler.ledger import RELEASE_STOP_ATTEMPTS
@@ -90,6 +92,9 @@ class Executor:
                 self.releases.start(decision.gpu_id)
                 live.metrics.scale_events.labels("in").inc()
                 await self.registry.bump_counters(scale_in_events=1)
+            elif isinstance(decision, SetSteps):
+                self.ledger.want_steps(decision.gpu_id, decision.steps)
+                self.send_steps(decision.gpu_id, decision.steps)
         except RegistryError as exc:  # GuardFailed included: the lease is gone
             log.warning("decision_not_carried_out", decision=describe(decision), error=str(exc))
 
@@ -375,6 +380,34 @@ class Executor:
 
     async def _drain(self, gpu: str) -> None:
         await self.live.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
+
+    # -- the quality budget ---------------------------------------------------------------------
+    def send_steps(self, gpu: str, steps: int) -> None:
+        """Send ``gpu`` its step budget in the background (the ledger marked it under way)."""
+        self.live.spawn(self._steps(gpu, steps), f"steps-{gpu}")
+
+    async def _steps(self, gpu: str, steps: int) -> None:
+        ledger = self.ledger
+
+        async def superseded() -> bool:
+            return ledger.steps_wanted.get(gpu) != steps or not ledger.knows(gpu)
+
+        try:
+            outcome = await self.live.sender.to_worker(
+                WorkerCommand(kind=WorkerCmdKind.STEPS, worker_id=gpu, steps=steps), superseded
+            )
+        finally:
+            # A lost or refused command shows in the worker's next heartbeat, which sends the
+            # budget again (Ingest.on_beat).
+            ledger.steps_sent(gpu, time.time())
+        reply = outcome.reply
+        if reply is None or not reply.ok:
+            log.info(
+                "steps_not_applied",
+                gpu_id=gpu,
+                steps=steps,
+                why=outcome.why if reply is None else reply.code,
+            )
 
 
 class Migrations:

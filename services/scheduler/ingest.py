@@ -72,6 +72,9 @@ class Ingest:
         if known:
             if beat.pass_ends_at is not None:
                 core.note_step(wid, beat.pass_ends_at)
+            steps = self.ledger.steps_to_resend(beat)
+            if steps is not None:  # restarted, or a STEPS command was lost
+                self.executor.send_steps(wid, steps)
             if (
                 beat.status is WorkerStatus.DRAINING
                 and wid not in self.ledger.our_drains

@@ -56,6 +56,11 @@ class PoolLedger:
         self.booting: dict[str, float] = {}  # requested GPU id -> when
         self.our_drains: set[str] = set()  # drains this scheduler decided (not an operator)
         self.unreleased: dict[str, PendingRelease] = {}
+        # The quality budget: the step count the core set for each GPU (absent: full steps),
+        # the GPUs with a STEPS command under way, and when each GPU's last one was answered.
+        self.steps_wanted: dict[str, int] = {}
+        self.steps_sending: set[str] = set()
+        self.steps_answered: dict[str, float] = {}
 
     # -- workers --------------------------------------------------------------------------------
     def knows(self, wid: str | None) -> bool:
@@ -86,6 +91,8 @@ class PoolLedger:
         self.beats.pop(wid, None)
         self.our_drains.discard(wid)
         self.unreleased.pop(wid, None)
+        self.steps_wanted.pop(wid, None)
+        self.steps_answered.pop(wid, None)
         return was_known or was_booting
 
     def silent(self, now: float) -> list[str]:
@@ -246,3 +253,32 @@ class PoolLedger:
             elif pending.due <= now:
                 due.append(gpu_id)
         return due
+
+    # -- the quality budget ---------------------------------------------------------------------
+    def want_steps(self, gpu_id: str, steps: int) -> None:
+        """The core set ``gpu_id``'s step budget (a ``SetSteps``); a STEPS command follows."""
+        self.steps_wanted[gpu_id] = steps
+        self.steps_sending.add(gpu_id)
+
+    def steps_sent(self, gpu_id: str, now: float) -> None:
+        """A STEPS command to ``gpu_id`` was answered (or given up)."""
+        self.steps_sending.discard(gpu_id)
+        self.steps_answered[gpu_id] = now
+
+    def steps_to_resend(self, beat: Heartbeat) -> int | None:
+        """The step budget to send ``beat``'s worker again, or None when it runs the one the
+        core set (its full count when the core set none). A worker that restarted, or a STEPS
+        command that was lost, shows in its heartbeat; one sent after the beat was taken does
+        not count against it, and the worker's own floor and full count bound what it can run.
+        A worker that does not report steps (``full_steps`` 0) is never sent any."""
+        wid = beat.worker_id
+        if beat.full_steps <= 0 or wid not in self.workers or wid in self.steps_sending:
+            return None
+        if beat.at <= self.steps_answered.get(wid, -math.inf):
+            return None
+        wanted = self.steps_wanted.get(wid, beat.full_steps)
+        runnable = min(beat.full_steps, max(beat.min_steps, wanted))
+        if beat.steps == runnable:
+            return None
+        self.steps_sending.add(wid)
+        return wanted

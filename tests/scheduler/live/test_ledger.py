@@ -239,3 +239,61 @@ def test_a_worker_ready_after_its_release_is_released_once():
     p.release_failed("a", now=5.0)
     p.release_unwanted("a")  # ready again while a release is pending: no reset
     assert p.unreleased["a"].attempts == 1
+
+
+# -- the quality budget ---------------------------------------------------------------------------
+def steps_beat(wid: str, at: float, steps: int, *, full: int = 4, floor: int = 2) -> Heartbeat:
+    return Heartbeat(
+        worker_id=wid,
+        status=WorkerStatus.READY,
+        capacity=4,
+        active=0,
+        at=at,
+        steps=steps,
+        full_steps=full,
+        min_steps=floor,
+    )
+
+
+def test_a_worker_at_the_budget_the_core_set_is_sent_nothing() -> None:
+    p = pool(g1="H20")
+    assert p.steps_to_resend(steps_beat("g1", 1.0, 4)) is None  # none set: full steps
+    p.want_steps("g1", 3)
+    p.steps_sent("g1", 2.0)
+    assert p.steps_to_resend(steps_beat("g1", 3.0, 3)) is None
+
+
+def test_a_worker_that_lost_its_budget_is_sent_it_again_once() -> None:
+    p = pool(g1="H20")
+    p.want_steps("g1", 2)
+    p.steps_sent("g1", 2.0)
+    # A beat taken before the answer does not count against it.
+    assert p.steps_to_resend(steps_beat("g1", 1.5, 4)) is None
+    # A later beat at full steps (the worker restarted, or the command was lost): send again,
+    # and not again while that send is under way.
+    assert p.steps_to_resend(steps_beat("g1", 3.0, 4)) == 2
+    assert p.steps_to_resend(steps_beat("g1", 4.0, 4)) is None
+    p.steps_sent("g1", 5.0)
+    assert p.steps_to_resend(steps_beat("g1", 6.0, 2)) is None
+
+
+def test_a_worker_left_at_reduced_steps_is_sent_its_full_count() -> None:
+    # A scheduler that took over finds a worker its predecessor had lowered.
+    p = pool(g1="H20")
+    assert p.steps_to_resend(steps_beat("g1", 1.0, 2)) == 4
+
+
+def test_the_workers_floor_bounds_what_counts_as_applied() -> None:
+    p = pool(g1="H20")
+    p.want_steps("g1", 1)  # below the worker's floor of 2: it runs 2, which is as asked
+    p.steps_sent("g1", 1.0)
+    assert p.steps_to_resend(steps_beat("g1", 2.0, 2)) is None
+
+
+def test_steps_are_never_sent_to_a_worker_that_does_not_report_them_or_is_unknown() -> None:
+    p = pool(g1="H20")
+    assert p.steps_to_resend(steps_beat("g1", 1.0, 0, full=0, floor=0)) is None
+    assert p.steps_to_resend(steps_beat("stranger", 1.0, 2)) is None
+    p.want_steps("g1", 2)
+    p.leave("g1")
+    assert "g1" not in p.steps_wanted
