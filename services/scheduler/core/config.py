@@ -69,6 +69,9 @@ class ControllerConfig:
     # the GPU that failed, for this long.
     retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S
     t0: float = 0.0  # time stamp of the initial GPUs
+    # The quality budget's floor of denoising steps per chunk (``core/quality.py``); None, or
+    # the model's full count: off.
+    min_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

@@ -19,7 +19,11 @@ frozen :class:`ControllerConfig`. The controller reads no files.
    their ``GPU_READY`` arrives; *scale-in* first cancels booting GPUs (``Release``), then
    drains the least loaded ready GPUs (``Drain``), consolidates their sessions onto the others
    (``Migrate``) and releases them once empty (``Release``);
-5. release any draining GPU that has become empty, unless an operator cordoned it.
+5. release any draining GPU that has become empty, unless an operator cordoned it;
+6. with the quality budget on (``min_steps``), tell each GPU over its budget the step count
+   that serves its load on time, and each GPU back in budget full steps (``SetSteps``;
+   ``quality.py``); step 2 then also places, once no GPU has room at full steps, on the room
+   the floor adds.
 
 Warm-up: for ``warmup_s`` (default: the boot delay) after its first event, or after
 :meth:`Controller.restore`, the loop scales out but never in, so a pool it starts with is not
@@ -76,6 +80,12 @@ from services.scheduler.core.placement import (
     make_chooser,
     place_pending,
     rebalance,
+)
+from services.scheduler.core.quality import (
+    StepBudget,
+    check_min_steps,
+    floor_of,
+    place_in_reduced_room,
 )
 from services.scheduler.core.types import (
     Assign,
@@ -134,6 +144,14 @@ class Controller:
             re.sub(r"[^a-z0-9]+", "-", self.gpu_kind.lower()).strip("-") or "gpu"
         )
         self.scale_events = 0
+        check_min_steps(config.min_steps, self._cluster.profile)
+        # The quality budget (quality.py): None while off for every kind, and then nothing of
+        # it runs.
+        self.step_budget: StepBudget | None = None
+        if config.min_steps is not None and any(
+            floor_of(p, config.min_steps) is not None for p in self._cluster.profiles.values()
+        ):
+            self.step_budget = StepBudget(config.min_steps)
         for _ in range(config.initial_gpus):
             self._cluster.add_gpu(self._new_gpu_id(), self.gpu_kind, GpuState.READY, config.t0)
 
@@ -165,6 +183,8 @@ class Controller:
             if isinstance(self.chooser, SoonestFirstChunk):
                 self.chooser.now = now
             out.extend(place_pending(cluster, self.chooser, now))
+            if self.step_budget is not None:
+                out.extend(place_in_reduced_room(cluster, self.chooser, config.min_steps, now))
         if config.autoscale:
             # Scale-in first: rebalancing never raises rho_max, so if it fires now it would fire
             # after the rebalance too, and consolidating first saves the moves a rebalance would
@@ -176,6 +196,8 @@ class Controller:
             out.extend(self._autoscale(now, scale_out=True))
         if cluster.draining:
             out.extend(self._finish_drains(now))
+        if self.step_budget is not None:
+            out.extend(self.step_budget.update(cluster))
         return _coalesce(out) if len(out) > 1 else out
 
     def note_step(self, gpu_id: str, ends_at: float) -> None:
@@ -251,6 +273,10 @@ class Controller:
         self._cluster = cluster
         self._view = ClusterView(cluster)
         self._started = t
+        if self.step_budget is not None:
+            self.step_budget.forget(
+                g for g, gpu in cluster.gpus.items() if gpu.state is not GpuState.BOOTING
+            )
 
     # ---- hooks for derived policies -----------------------------------------------------
 

@@ -22,6 +22,10 @@ name           placement    migration autoscale config
 ============== ============ ========= ========= ================================================
 turboserve     soonest      yes       yes       :class:`ControllerConfig` (``gpus`` is another
                first chunk                      name for ``initial_gpus`` in loose parameters)
+turboserve_q   soonest ...  yes       yes       same as turboserve, with the quality budget on:
+                                                ``min_steps`` defaults to
+                                                ``QUALITY_MIN_STEPS``; offline only (live:
+                                                turboserve with ``min_steps`` set)
 no_migration   soonest ...  no        yes       same as turboserve
 no_autoscale   soonest ...  yes       no        :class:`NoAutoscaleConfig` (gpus, eta, ...)
 round_robin    round robin  no        no        :class:`StaticConfig` (gpus, gpu_kind, ...)
@@ -61,6 +65,9 @@ from services.scheduler.core.types import Decision, Event, RestoredGpu, Restored
 from shared.profile import LatencyProfile
 
 DEFAULT_STATIC_GPUS = 16
+# turboserve_q's floor of denoising steps unless given: 3 of a 4-step model's 4 (a chunk at 4/5
+# of its time). Lower floors buy more room at more cost in quality (docs/evaluation.md).
+QUALITY_MIN_STEPS = 3
 Profiles = LatencyProfile | Mapping[str, LatencyProfile]
 
 # The fields of a ControllerConfig that a policy sets itself.
@@ -248,8 +255,12 @@ def get_policy(name: str, profiles: Profiles, config: PolicyConfig | None = None
 # ---- built-ins ------------------------------------------------------------------------------
 
 
-def _autoscaling(name: str, migrate: bool) -> PolicySpec[ControllerConfig]:
+def _autoscaling(
+    name: str, migrate: bool, min_steps: int | None = None, live: bool = True
+) -> PolicySpec[ControllerConfig]:
     def build(profiles: Profiles, config: ControllerConfig) -> Policy:
+        if min_steps is not None and config.min_steps is None:
+            config = dataclasses.replace(config, min_steps=min_steps)
         return Controller(
             profiles,
             dataclasses.replace(
@@ -258,7 +269,12 @@ def _autoscaling(name: str, migrate: bool) -> PolicySpec[ControllerConfig]:
         )
 
     return PolicySpec(
-        name, ControllerConfig, build, autoscales=True, aliases={"gpus": "initial_gpus"}
+        name,
+        ControllerConfig,
+        build,
+        autoscales=True,
+        live=live,
+        aliases={"gpus": "initial_gpus"},
     )
 
 
@@ -277,6 +293,8 @@ def _static(name: str) -> PolicySpec[StaticConfig]:
 
 
 register_policy(_autoscaling("turboserve", migrate=True))
+# Offline only: the live scheduler runs turboserve with TURBOSERVE_MIN_STEPS for the budget.
+register_policy(_autoscaling("turboserve_q", migrate=True, min_steps=QUALITY_MIN_STEPS, live=False))
 register_policy(_autoscaling("no_migration", migrate=False))
 register_policy(PolicySpec("no_autoscale", NoAutoscaleConfig, _no_autoscale, autoscales=False))
 register_policy(_static("round_robin"))
