@@ -12,6 +12,7 @@ from .types import (
     RecoveryPoint,
     SessionAlreadyResident,
     StateLayout,
+    StepFloorAboveFull,
     UnknownSession,
     WrongSessionState,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "RecoveryPoint",
     "SessionAlreadyResident",
     "StateLayout",
+    "StepFloorAboveFull",
     "UnknownSession",
     "WrongSessionState",
     "next_chunks",

@@ -2,8 +2,14 @@
 
 One driver, ``pass_step()`` (pass-level admission): one batched pass for every resident
 session, each at its own phase of its own chunk; a session that joins starts at the next pass
-and its chunk is done ``passes_per_chunk`` passes later. ``next_chunks(engine)`` runs that many
-passes, for the benches, tests and tools that want one whole chunk of every session.
+and its chunk is done ``steps + 1`` passes later (``passes_per_chunk`` at full steps).
+``next_chunks(engine)`` runs passes until every session completed one chunk, for the benches,
+tests and tools that want one whole chunk of every session.
+
+The quality budget: a chunk runs the step count in force when it starts
+(:meth:`Engine.set_step_budget`, between the operator's floor and the model's full count), a
+sub-schedule of the full one (``model/schedule.py``), then the cache-write pass; sessions at
+different step counts share a pass, each row at its own timestep.
 
 Blocking and not thread-safe: one thread owns an engine (in the worker, the generation
 thread), so every change lands between passes. The values other threads may read are in
@@ -27,7 +33,7 @@ from .. import telemetry as telemetry_mod
 from ..model.config import ModelConfig
 from ..model.dit import ChunkCaches
 from ..model.load import ModelSpec, load_model
-from ..model.schedule import sigmas
+from ..model.schedule import sigmas, sub_schedule
 from .prompts import PromptEncoder
 from .slots import SlotPool
 from .types import (
@@ -40,6 +46,7 @@ from .types import (
     SessionAlreadyResident,
     SessionSnapshot,
     StateLayout,
+    StepFloorAboveFull,
     UnknownSession,
     WrongSessionState,
 )
@@ -75,6 +82,7 @@ class _Session:
     # Pass-level admission (pass_step): passes of the current chunk already run (0 = at a chunk
     # boundary); the chunk's latent in progress lives in the slot's ``pool.inflight`` row.
     phase: int = 0
+    steps: int = 0  # denoising steps of the current chunk, fixed at its first pass
     chunk_ms: float = 0.0  # wall time of the current chunk's passes so far
     chunk_batch: int = 0  # batch of its passes so far; -1 once it changed mid-chunk
     suspend_requested: bool = False  # suspend(wait=True) mid-chunk: suspend at the boundary
@@ -137,11 +145,21 @@ class Engine:
             self.dtype,
             self.decoder.state_numel,
         )
-        self._sigmas = sigmas(self.model_config)
+        self._sigmas = sigmas(self.model_config)  # the full schedule
+        full = len(self._sigmas)
+        self._min_steps = full if config.min_steps is None else config.min_steps
+        if self._min_steps > full:
+            raise StepFloorAboveFull(self._min_steps, full, self.model_config.name)
+        self._steps = full  # the budget in force (set_step_budget)
+        # Per step count: each denoising step's noise level, and each phase's timestep (the
+        # cache-write pass's last, at t=0).
+        self._schedules = {s: sub_schedule(self._sigmas, s) for s in range(1, full + 1)}
+        self._timesteps = {
+            s: [sigma * 1000.0 for sigma in levels] + [0.0] for s, levels in self._schedules.items()
+        }
         self._sessions: dict[str, _Session] = {}
         self._resident: list[str] = []  # slot i holds self._resident[i]
         self._generator = torch.Generator(device=self._device)
-        self._timesteps = [sigma * 1000.0 for sigma in self._sigmas] + [0.0]  # per phase
         self._chunk_ms: dict[int, deque[float]] = {}
         self._pass_ms: dict[int, deque[float]] = {}
         self._switch_ms: deque[float] = deque(maxlen=64)  # prompt switches (incl. re-cache)
@@ -182,14 +200,39 @@ class Engine:
 
     @property
     def passes_per_chunk(self) -> int:
-        """Batched model passes per chunk: the denoising steps plus the cache-write pass."""
+        """Batched model passes per chunk at full steps: the denoising steps plus the
+        cache-write pass (a chunk at ``s`` steps takes ``s + 1``)."""
         return len(self._sigmas) + 1
+
+    @property
+    def full_steps(self) -> int:
+        """The model's full count of denoising steps per chunk."""
+        return len(self._sigmas)
+
+    @property
+    def min_steps(self) -> int:
+        """The floor of the step budget (``EngineConfig.min_steps``; the full count: the
+        budget is off)."""
+        return self._min_steps
+
+    @property
+    def steps(self) -> int:
+        """The step budget in force: the denoising steps of every chunk that starts now."""
+        return self._steps
+
+    def set_step_budget(self, steps: int) -> int:
+        """Chunks that start from the next pass on run ``steps`` denoising steps, clamped to
+        ``[min_steps, full_steps]``; returns the count applied. A chunk in progress keeps
+        the count it started with."""
+        self._steps = max(self._min_steps, min(self.full_steps, steps))
+        return self._steps
 
     def passes_to_boundary(self, session_id: str) -> int:
         """Passes until the session's current chunk is done (0: it is at a chunk boundary,
-        where suspend/export are allowed and a new prompt applies)."""
-        phase = self._get(session_id).phase
-        return self.passes_per_chunk - phase if phase else 0
+        where suspend/export are allowed and a new prompt applies); counted at the chunk's
+        own step count."""
+        session = self._get(session_id)
+        return session.steps + 1 - session.phase if session.phase else 0
 
     @property
     def state_bytes(self) -> int:
@@ -260,7 +303,7 @@ class Engine:
             raise WrongSessionState(session_id, "suspended", "executing")
         if session.phase:
             if not wait:
-                raise MidChunk(session_id, self.passes_per_chunk - session.phase, "suspend")
+                raise MidChunk(session_id, self.passes_to_boundary(session_id), "suspend")
             session.suspend_requested = True
             return False
         self._suspend_now(session)
@@ -297,7 +340,8 @@ class Engine:
 
     def export_state(self, session_id: str) -> SessionSnapshot:
         """A host copy of the session's state; the session itself is left as it was.
-        Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``."""
+        Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``. So a state never
+        carries a step count: its next chunk takes the budget of the engine it runs on."""
         session = self._get(session_id)
         if session.host is not None:
             session.host_exported = True
@@ -312,7 +356,7 @@ class Engine:
                 meta=dict(session.host.meta),
             )
         if session.phase:
-            raise MidChunk(session_id, self.passes_per_chunk - session.phase, "export")
+            raise MidChunk(session_id, self.passes_to_boundary(session_id), "export")
         return self._read_state(session)
 
     def import_state(self, state: SessionSnapshot, *, suspended: bool = False) -> None:
@@ -353,7 +397,7 @@ class Engine:
         (right after the pass that completed a chunk)."""
         session = self._get(session_id)
         if session.phase:
-            raise MidChunk(session_id, self.passes_per_chunk - session.phase, "log")
+            raise MidChunk(session_id, self.passes_to_boundary(session_id), "log")
         if session.host is not None:
             misc = session.host.misc
         else:
@@ -429,13 +473,14 @@ class Engine:
         """One batched model pass for every resident session (or only ``sessions``, a subset
         of them: the others keep their phase and sit this pass out), each at its own phase.
 
-        Phase 0..3 is denoising step k of the session's chunk (its own noisy latent and
-        timestep), phase 4 the cache-write pass of its clean chunk at t=0, after which its keys
-        go into its cache, the chunk is decoded and returned here; the session then starts its
-        next chunk at the next pass. A session added, resumed or imported starts at phase 0 at
-        the next pass, so its first chunk comes ``passes_per_chunk`` passes later. A prompt
-        change applies at the session's own chunk boundary. ``gen_ms`` of a result is the sum
-        of its chunk's pass times; ``batch`` is the batch of the pass that completed it.
+        A chunk's step count ``s`` is the budget in force at its first pass (phase 0). Phase
+        0..s-1 is denoising step k of the session's chunk (its own noisy latent and timestep),
+        phase s the cache-write pass of its clean chunk at t=0, after which its keys go into
+        its cache, the chunk is decoded and returned here; the session then starts its next
+        chunk at the next pass. A session added, resumed or imported starts at phase 0 at the
+        next pass, so its first chunk comes ``s + 1`` passes later. A prompt change applies at
+        the session's own chunk boundary. ``gen_ms`` of a result is the sum of its chunk's pass
+        times; ``batch`` is the batch of the pass that completed it, ``steps`` its ``s``.
 
         A subset is moved to the front slots first (a few slot swaps), so the pass still reads
         plain slices of the slot buffers."""
@@ -495,37 +540,43 @@ class Engine:
 
         Returns the rows whose chunk completed (cache-write pass, keys committed, decoded) and
         their frames on the device, ``[T, H, W, 3]`` each (a stream's first chunk may have
-        fewer frames than the others: the Wan VAE decodes 9 for its 3 latent frames, then 12). The chunk in progress is the
-        slot's ``pool.inflight`` row: noise x_t before a denoising pass, x0 before the
-        cache-write pass. Rows are grouped by phase, so a lockstep batch runs the very same
-        tensor ops as a single-phase batch."""
+        fewer frames than the others: the Wan VAE decodes 9 for its 3 latent frames, then 12).
+        The chunk in progress is the slot's ``pool.inflight`` row: noise x_t before a denoising
+        pass, x0 before the cache-write pass. Rows are grouped by (step count, phase), so a
+        lockstep batch runs the very same tensor ops as a single-phase batch, and a chunk at
+        full steps the very same as without the quality budget."""
         batch = len(sessions)
-        last = self.passes_per_chunk - 1
         x = self.pool.inflight[:batch]
-        groups: dict[int, list[int]] = {}
+        starting = []
         for row, session in enumerate(sessions):
-            groups.setdefault(session.phase, []).append(row)
-        if 0 in groups:  # a new chunk: its first noise, from (seed, seq, 0)
-            rows = groups[0]
-            x[_rows(rows)] = self._noise([sessions[r] for r in rows], 0)
-        t = torch.tensor([self._timesteps[s.phase] for s in sessions], device=self._device)
+            if session.phase == 0:  # a new chunk: its step count is the budget in force now
+                session.steps = self._steps
+                starting.append(row)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for row, session in enumerate(sessions):
+            groups.setdefault((session.steps, session.phase), []).append(row)
+        if starting:  # its first noise, from (seed, seq, 0)
+            x[_rows(starting)] = self._noise([sessions[r] for r in starting], 0)
+        t = torch.tensor([self._timesteps[s.steps][s.phase] for s in sessions], device=self._device)
         flow = self.model(x, t, starts, caches).float()
-        # 1. Denoising rows: x0 = x_t - sigma * flow, re-noised to the next level with fresh
-        #    noise (Self-Forcing's few-step sampler), or kept clean for the cache-write pass.
-        for phase, rows in groups.items():
-            if phase == last:
+        # 1. Denoising rows: x0 = x_t - sigma * flow, re-noised to the next level of the
+        #    chunk's schedule with fresh noise (Self-Forcing's few-step sampler), or kept clean
+        #    for the cache-write pass.
+        for (steps, phase), rows in groups.items():
+            if phase == steps:  # the cache-write pass
                 continue
+            levels = self._schedules[steps]
             index = _rows(rows)
-            x0 = x[index] - self._sigmas[phase] * flow[index]
-            if phase + 1 < len(self._sigmas):
-                nxt = self._sigmas[phase + 1]
+            x0 = x[index] - levels[phase] * flow[index]
+            if phase + 1 < steps:
+                nxt = levels[phase + 1]
                 noise = self._noise([sessions[r] for r in rows], phase + 1)
                 x[index] = (1.0 - nxt) * x0 + nxt * noise
             else:
                 x[index] = x0
         for session in sessions:
             session.phase += 1
-        done = groups.get(last, [])
+        done = [row for row, session in enumerate(sessions) if session.phase > session.steps]
         if not done:
             return done, []
         # 2. Cache-write rows (their clean chunk ran at t=0): scratch -> sink or ring, clean
@@ -566,7 +617,7 @@ class Engine:
     def _complete(
         self, session: _Session, frames: torch.Tensor, gen_ms: float, batch: int
     ) -> ChunkResult:
-        result = ChunkResult(session.session_id, session.seq, frames, gen_ms, batch)
+        result = ChunkResult(session.session_id, session.seq, frames, gen_ms, batch, session.steps)
         session.seq += 1
         session.position += self.model_config.chunk_frames
         session.phase = 0
@@ -802,6 +853,9 @@ class Engine:
             pass_ms=self.pass_ms_by_batch(),
             decode_ms=self.decode_ms_by_batch(),
             passes_per_chunk=self.passes_per_chunk,
+            steps=self._steps,
+            full_steps=self.full_steps,
+            min_steps=self._min_steps,
             text_encode_ms=self.prompts.encode_ms(),
             prompt_switch_ms=self.prompt_switch_ms(),
             model=dict(self.sources),
@@ -830,8 +884,28 @@ def _rows(rows: list[int]) -> slice | list[int]:
 
 def next_chunks(engine: Engine) -> list[ChunkResult]:
     """One chunk of every resident session: waits for the prompts they wait for, then runs
-    ``passes_per_chunk`` passes (in that many passes each session completes exactly one
-    chunk, whatever its phase). For benches, tests and tools that want whole chunks; the
+    passes until each has completed one, whatever its phase and step count. A session whose
+    chunk is done keeps taking passes unless that would complete another one before the
+    others are done, so sessions in phase stay in phase (at one step count, every session
+    takes all ``steps + 1`` passes). For benches, tests and tools that want whole chunks; the
     worker drives ``pass_step`` itself, pass by pass."""
     engine.wait_for_prompts()
-    return [r for _ in range(engine.passes_per_chunk) for r in engine.pass_step()]
+    owed = set(engine.active_sessions())
+    passes = max((_passes_for_chunk(engine, sid) for sid in owed), default=0)
+    results: list[ChunkResult] = []
+    for left in range(passes, 0, -1):
+        chosen = [
+            sid
+            for sid in engine.active_sessions()
+            if sid in owed or _passes_for_chunk(engine, sid) > left
+        ]
+        done = engine.pass_step(chosen)
+        results.extend(r for r in done if r.session_id in owed)
+        owed.difference_update(r.session_id for r in done)
+    return results
+
+
+def _passes_for_chunk(engine: Engine, session_id: str) -> int:
+    """Passes until the session completes a chunk: its chunk in progress, or a whole one at
+    the budget in force."""
+    return engine.passes_to_boundary(session_id) or engine.steps + 1

@@ -26,10 +26,15 @@ class EngineConfig:
     # (LongLive's KV re-cache); "cross" only swaps the cross-attention cache; "auto": "kv" for
     # LongLive checkpoints and the stand-in, "cross" for other checkpoints.
     prompt_recache: str = "auto"
+    # The quality budget's floor: the fewest denoising steps a chunk may run (None: the
+    # model's full count, the budget off). Above the full count, the engine refuses to load.
+    min_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.min_steps is not None and self.min_steps < 1:
+            raise ValueError(f"min_steps must be >= 1, got {self.min_steps}")
         if self.prompt_recache not in ("auto", "kv", "cross"):
             raise ValueError(
                 f"prompt_recache must be 'auto', 'kv' or 'cross', got {self.prompt_recache!r}"
@@ -43,6 +48,7 @@ class ChunkResult:
     frames: torch.Tensor  # uint8 [T, H, W, 3] on the CPU
     gen_ms: float  # the sum of the wall times of the passes that made this chunk
     batch: int  # sessions in the pass that completed the chunk
+    steps: int  # the denoising steps it ran (the budget in force when it started)
 
 
 @dataclass(slots=True)
@@ -188,6 +194,19 @@ class MidChunk(EngineError):
         self.session_id = session_id
         self.passes_left = passes_left
         self.action = action
+
+
+class StepFloorAboveFull(ValueError):
+    """``EngineConfig.min_steps`` is above the loaded model's full count of denoising steps
+    (known only once the model is loaded)."""
+
+    def __init__(self, min_steps: int, full_steps: int, model: str) -> None:
+        super().__init__(
+            f"min_steps {min_steps} is above the full count of denoising steps of "
+            f"{model!r} ({full_steps})"
+        )
+        self.min_steps = min_steps
+        self.full_steps = full_steps
 
 
 class IncompatibleState(EngineError):
