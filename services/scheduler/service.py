@@ -165,7 +165,9 @@ def live_policy(
 ) -> Policy:
     """The policy ``settings`` name, set for the live pool: it starts with no GPU of its own
     (it finds the workers that run); an autoscaler sizes the pool between ``min_gpus`` and
-    ``max_gpus`` with the rho table, a static policy keeps the pool it finds."""
+    ``max_gpus`` with the rho table, a static policy keeps the pool it finds. With
+    ``TURBOSERVE_MIN_STEPS`` set, a policy that has the quality budget lowers a GPU's denoising
+    steps down to it while the GPU is over its budget."""
     boot = settings.boot_delay_s + WORKER_START_S
     prefix = settings.gpu_id_prefix or None
     spec = policy_spec(settings.policy)
@@ -187,6 +189,15 @@ def live_policy(
             "boot_delay_s": boot,
             "gpu_id_prefix": prefix,
         }
+    if settings.min_steps is not None:
+        if "min_steps" in spec.params:
+            params["min_steps"] = settings.min_steps
+        else:
+            log.warning(
+                "quality_budget_unused",
+                policy=settings.policy,
+                why="this policy never lowers the denoising steps; TURBOSERVE_MIN_STEPS is ignored",
+            )
     return get_policy(settings.policy, profiles, spec.config(params))
 
 

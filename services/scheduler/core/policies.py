@@ -160,7 +160,9 @@ class PolicySpec(Generic[AnyConfig]):
     ``autoscales``: it sizes the pool itself (the live service gives it the provisioner's
     limits), else it keeps the pool it is given. ``live``: the live scheduler may run it
     (False: it needs what only an offline run knows, e.g. the trace's future).
-    ``aliases``: other names for config fields in loose parameters (old name -> field)."""
+    ``aliases``: other names for config fields in loose parameters (old name -> field).
+    ``quality_budget``: it may lower a GPU's denoising steps (it takes ``min_steps``); the
+    rivals never do, though their configs extend :class:`ControllerConfig`."""
 
     name: str
     config_type: type[AnyConfig]
@@ -168,6 +170,7 @@ class PolicySpec(Generic[AnyConfig]):
     autoscales: bool
     live: bool = True
     aliases: Mapping[str, str] = field(default_factory=dict)
+    quality_budget: bool = False
 
     @property
     def params(self) -> frozenset[str]:
@@ -175,6 +178,8 @@ class PolicySpec(Generic[AnyConfig]):
         fields = {f.name for f in dataclasses.fields(self.config_type)}
         if issubclass(self.config_type, ControllerConfig):
             fields -= SWITCHES
+            if not self.quality_budget:
+                fields.discard("min_steps")
         return frozenset(fields | set(self.aliases))
 
     def config(self, params: Mapping[str, object]) -> AnyConfig:
@@ -275,6 +280,7 @@ def _autoscaling(
         autoscales=True,
         live=live,
         aliases={"gpus": "initial_gpus"},
+        quality_budget=True,
     )
 
 

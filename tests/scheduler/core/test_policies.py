@@ -30,6 +30,7 @@ from services.scheduler.core.types import (
     Release,
     RequestGpus,
     Resume,
+    SetSteps,
     Suspend,
 )
 from shared.policies import LIVE_POLICIES
@@ -414,6 +415,23 @@ def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
     baseline.note_step("h20-0000", 5.0)  # the hook exists on every Controller ...
     first = baseline.step(Event(0.0, EventKind.ARRIVE, "a"))
     assert first == [Assign("a", "h20-0000")]  # ... but only turboserve's chooser reads it
+
+
+def test_the_live_service_gives_the_step_floor_to_a_policy_with_the_quality_budget_only():
+    from services.scheduler.service import live_policy
+
+    profiles = {PROFILE.gpu_kind: PROFILE}
+    lowered: dict[str, list[SetSteps]] = {}
+    for name in ("turboserve", "hpa"):
+        settings = SchedulerSettings.from_env({}, policy=name, min_steps=2, boot_delay_s=2.0)
+        policy = live_policy(settings, profiles, PROFILE.gpu_kind, None, 1, 5)
+        out = policy.step(Event(0.0, EventKind.GPU_READY, gpu_id="w1"))
+        for i in range(PROFILE.capacity + 2):  # more than full steps serve on one GPU
+            out += policy.step(Event(1.0, EventKind.ARRIVE, f"s{i}"))
+        lowered[name] = [d for d in out if isinstance(d, SetSteps)]
+    assert lowered["turboserve"], "turboserve never lowered the steps of an overfull GPU"
+    assert all(2 <= d.steps < PROFILE.full_steps for d in lowered["turboserve"])
+    assert lowered["hpa"] == []  # a rival has no quality budget: the floor is ignored
 
 
 def test_the_live_service_gives_an_autoscaler_the_pool_limits_and_a_static_policy_none():
