@@ -20,6 +20,7 @@ import contextlib
 import functools
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,9 @@ class SessionLog:
     moved: bool = False  # a `migrated` notice came since the last chunk
     after_pause: int = 0  # chunks that arrived while the viewer was paused (or gone)
     missed_after_move: int = 0  # periods missed by the first chunk after a migration
+    # The quality budget: per chunk, when it was done (wall clock), the denoising steps it ran
+    # (0: the worker did not say) and whether it was on time.
+    step_log: list[tuple[float, int, bool]] = field(default_factory=list)
 
     def activate(self, now: float) -> None:
         if self.spell_start is None:
@@ -90,7 +94,7 @@ class SessionLog:
             self.silent_restarts += 1
         self.last_epoch, self.announced = epoch, False
 
-    def chunk(self, seq: int, due_at: float, done_at: float, now: float) -> None:
+    def chunk(self, seq: int, due_at: float, done_at: float, now: float, steps: int = 0) -> None:
         if self.received and self.spell_start is not None and not self.first_of_spell:
             self.stall_s = max(self.stall_s, now - self.received[-1] - self.ledger.period_s)
         self.received.append(now)
@@ -102,6 +106,11 @@ class SessionLog:
             # chunk in flight when its session goes idle; counted apart.
             self.after_pause += 1
             return
+        on_time_before = self.ledger.on_time
+        self._deliver(due_at, done_at)
+        self.step_log.append((done_at, steps, self.ledger.on_time > on_time_before))
+
+    def _deliver(self, due_at: float, done_at: float) -> None:
         latency_ms = (done_at - due_at) * 1000.0
         if self.spell_start is not None and self.first_of_spell:
             self.ledger.delivered(latency_ms, startup_ms=(done_at - self.spell_start) * 1000.0)
@@ -373,6 +382,7 @@ async def replay(
                 stop.set()
 
         started = time.monotonic()
+        started_wall = time.time()
         peak = [0]
 
         async def sample_peak() -> None:
@@ -433,6 +443,7 @@ async def replay(
         after = await _cluster(http, config)
     wall_s = time.monotonic() - started
     result = summarize(list(logs.values()), deadline_ms, before, after, peak[0], wall_s)
+    result["steps"] = step_summary(list(logs.values()), started_wall)
     result["_before"], result["_after"] = before, after  # for --compare-sim; not written out
     return result
 
@@ -677,6 +688,7 @@ async def _follow(resp: Any, log: SessionLog) -> bool:
                     float(timing.get("due_at", now)),
                     float(timing.get("done_at", now)),
                     now,
+                    steps=int(timing.get("steps") or 0),
                 )
             elif event == "state" and data:
                 state = orjson.loads(data)
@@ -809,6 +821,40 @@ def summarize(
     return result
 
 
+# The reduced-steps timeline's bucket, in seconds of the run.
+STEP_BUCKET_S = 10.0
+
+
+def step_summary(logs: list[SessionLog], started_wall: float) -> dict[str, Any]:
+    """The quality budget as the viewers saw it: chunks by their denoising steps; on time at the
+    full count (the most any chunk of the run ran), on time at fewer, and late; and, per
+    ``STEP_BUCKET_S`` of the run, how many chunks ran fewer steps. Empty when no worker said
+    how many steps its chunks ran."""
+    entries = [entry for log in logs for entry in log.step_log if entry[1] > 0]
+    if not entries:
+        return {}
+    full = max(steps for _, steps, _ in entries)
+    reduced = [done_at for done_at, steps, _ in entries if steps < full]
+    timeline: dict[int, list[int]] = {}
+    for done_at, steps, _ in entries:
+        row = timeline.setdefault(int(max(0.0, done_at - started_wall) // STEP_BUCKET_S), [0, 0])
+        row[0] += 1
+        row[1] += steps < full
+    return {
+        "full_steps": full,
+        "by_steps": {str(k): v for k, v in sorted(Counter(s for _, s, _ in entries).items())},
+        "on_time_full": sum(1 for _, steps, ok in entries if ok and steps == full),
+        "on_time_reduced": sum(1 for _, steps, ok in entries if ok and steps < full),
+        "late": sum(1 for _, _, ok in entries if not ok),
+        "reduced_pct": round(100.0 * len(reduced) / len(entries), 3),
+        "last_reduced_s": round(max(reduced) - started_wall, 1) if reduced else None,
+        "timeline": [
+            {"t_s": bucket * STEP_BUCKET_S, "chunks": row[0], "reduced": row[1]}
+            for bucket, row in sorted(timeline.items())
+        ],
+    }
+
+
 def _account(
     before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, peak: int
 ) -> dict[str, Any]:
@@ -872,5 +918,15 @@ def format_result(result: Mapping[str, Any]) -> str:
         ("peak GPUs", result.get("peak_gpus")),
         ("wall time s", result["wall_s"]),
     ]
+    steps = result.get("steps") or {}
+    if steps:
+        last = steps["last_reduced_s"]
+        rows.append(
+            (
+                f"chunks on time at {steps['full_steps']} steps / fewer, late",
+                f"{steps['on_time_full']} / {steps['on_time_reduced']}, {steps['late']}"
+                f" (last at fewer steps: {'none' if last is None else f'{last} s'})",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -6,7 +6,14 @@ import pytest
 
 from services.scheduler.sim.traceio import TraceEvent
 from services.scheduler.sim.viewer import ServiceLedger
-from tools.replay import ReplayConfig, SessionLog, select_events, summarize
+from tools.replay import (
+    ReplayConfig,
+    SessionLog,
+    format_result,
+    select_events,
+    step_summary,
+    summarize,
+)
 
 EVENTS = [
     TraceEvent(0.0, "a", "arrive"),
@@ -196,3 +203,35 @@ async def test_compare_sim_waits_for_the_schedulers_account_and_says_when_none_c
             assert time.monotonic() - started < 5.0
     finally:
         await runner.cleanup()
+
+
+def test_chunks_at_fewer_steps_are_counted_apart_and_placed_in_time():
+    log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.id = "x"
+    log.activate(100.0)
+    log.chunk(0, due_at=100.0, done_at=100.4, now=100.41, steps=4)  # first: 400 ms startup
+    log.chunk(1, due_at=101.0, done_at=100.9, now=100.91, steps=3)  # on time, fewer steps
+    log.chunk(2, due_at=102.0, done_at=104.5, now=104.5, steps=2)  # late, fewer steps
+    log.chunk(3, due_at=105.5, done_at=115.2, now=115.2, steps=4)  # late at full steps
+    log.deactivate(115.3)
+    steps = step_summary([log], started_wall=99.0)
+    assert steps["full_steps"] == 4
+    assert steps["by_steps"] == {"2": 1, "3": 1, "4": 2}
+    assert (steps["on_time_full"], steps["on_time_reduced"], steps["late"]) == (1, 1, 2)
+    assert steps["reduced_pct"] == 50.0
+    assert steps["last_reduced_s"] == pytest.approx(5.5)  # 104.5 - 99.0
+    assert steps["timeline"] == [
+        {"t_s": 0.0, "chunks": 3, "reduced": 2},
+        {"t_s": 10.0, "chunks": 1, "reduced": 0},
+    ]
+    result = summarize([log], 1000.0, None, None, 0, 16.0)
+    result["steps"] = steps
+    assert "1 / 1, 2 (last at fewer steps: 5.5 s)" in format_result(result)
+
+
+def test_a_run_whose_workers_say_nothing_of_steps_has_no_step_figures():
+    log = SessionLog("a", ServiceLedger(period_s=1.0, deadline_ms=1000.0))
+    log.id = "x"
+    log.activate(100.0)
+    log.chunk(0, due_at=100.0, done_at=100.4, now=100.41)
+    assert step_summary([log], started_wall=99.0) == {}
