@@ -371,6 +371,9 @@ class SchedulerSettings(CommonSettings):
     # Every this many ticks (default 4) the core's view is repaired from the registry
     # (sessions it never heard of, sessions placed elsewhere than it thinks).
     reconcile_ticks: int = 4
+    # The quality budget's floor (the workers' setting of the same name): the fewest
+    # denoising steps per chunk the policy may ask a GPU for; none = the full count (off).
+    min_steps: int | None = None
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
@@ -388,6 +391,7 @@ class SchedulerSettings(CommonSettings):
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
         if self.reconcile_ticks < 1:
             faults.append("TURBOSERVE_RECONCILE_TICKS: must be >= 1")
+        faults.extend(_min_steps_faults(self.min_steps))
         if not 0 <= self.boot_delay_s < math.inf:
             faults.append("TURBOSERVE_BOOT_DELAY_S: must be a finite number >= 0")
         if self.min_workers < 0:
@@ -409,6 +413,14 @@ class SchedulerSettings(CommonSettings):
                 "as the evaluation's clairvoyant, runs only in the simulator)"
             )
         return faults
+
+
+def _min_steps_faults(min_steps: int | None) -> list[str]:
+    """TURBOSERVE_MIN_STEPS below 1 (the full count, its upper bound, is the model's: the
+    worker checks it once the model is loaded)."""
+    if min_steps is not None and min_steps < 1:
+        return [f"TURBOSERVE_MIN_STEPS={min_steps}: must be >= 1 (denoising steps per chunk)"]
+    return []
 
 
 DEFAULT_SLOTS = 8
@@ -466,6 +478,11 @@ class WorkerSettings(CommonSettings):
     handoff_port: int = 0
     handoff_transport: str = "auto"
     handoff_timeout_s: float = 30.0
+    # The quality budget's floor: the fewest denoising steps a chunk may run when the
+    # scheduler asks this worker for fewer than the model's full count (a STEPS command);
+    # none = the full count (the budget off). Above the full count: refused once the model is
+    # loaded (the count is the model's).
+    min_steps: int | None = None
 
     def handoff_address(self) -> str:
         """Where peers reach this worker's handoff rendezvous (``auto`` resolved here)."""
@@ -505,6 +522,7 @@ class WorkerSettings(CommonSettings):
             )
         if not 0 < self.handoff_timeout_s < math.inf:
             faults.append("TURBOSERVE_HANDOFF_TIMEOUT_S: must be a finite number > 0")
+        faults.extend(_min_steps_faults(self.min_steps))
         return faults
 
     @property

@@ -134,6 +134,7 @@ class LoopStatus:
     # its batch; None before the first timed one): heartbeats carry it to the scheduler, whose
     # placement counts a joining session's wait for the next pass boundary.
     pass_ends_at: float | None = None
+    steps: int = 0  # the step budget in force (the quality budget; 0 before the first status)
 
 
 class PassTimes:
@@ -271,6 +272,9 @@ class GenerationLoop:
             )
 
     def _apply_command(self, cmd: WorkerCommand, arrived: float) -> None:
+        if cmd.kind is WorkerCmdKind.STEPS:
+            self._set_steps(cmd)
+            return
         sid = cmd.session_id
         if sid is None:
             return
@@ -318,6 +322,15 @@ class GenerationLoop:
             next_seq = owned.seq_base + self.engine.next_seq(sid) + (1 if mid_chunk else 0)
             self._notify(sid, owned, NoticeKind.PROMPT, next_seq)
         log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch)
+
+    def _set_steps(self, cmd: WorkerCommand) -> None:
+        """The step budget for the chunks that start from the next pass on (worker-wide);
+        chunks in progress keep theirs. The intake refuses a STEPS without ``steps``."""
+        if cmd.steps is None:
+            log.warning("command_refused", kind=str(cmd.kind), error="STEPS needs steps")
+            return
+        applied = self.engine.set_step_budget(cmd.steps)
+        log.info("command_applied", kind=str(cmd.kind), steps=applied, asked=cmd.steps)
 
     def _assign(self, cmd: WorkerCommand, owned: OwnedSession | None, arrived: float) -> None:
         sid = cmd.session_id
@@ -559,9 +572,10 @@ class GenerationLoop:
         return out
 
     def _estimate(self) -> float:
-        """Expected chunk time if every resident session took each pass."""
+        """Expected chunk time if every resident session took each pass, at the step budget
+        in force (a pass costs the same whatever a chunk's step count)."""
         batch = sum(1 for o in self.owned.values() if not o.frozen)
-        estimate = ChunkEstimate(self.engine.passes_per_chunk, self.pass_times.snapshot())
+        estimate = ChunkEstimate(self.engine.steps + 1, self.pass_times.snapshot())
         return estimate.chunk_s(batch)
 
     def _run_pass(self, participants: list[str]) -> None:
@@ -634,9 +648,10 @@ class GenerationLoop:
             gen_ms = owned.chunk_ms or r.gen_ms
             seq = owned.seq_base + r.seq
             encoded = self._encode(r.frames, seq)
-            if owned.chunk_batch == r.batch:  # every pass of it at one batch size
-                # A chunk's time is its passes and its encoding: the profile this worker
-                # measures (heartbeats) and the scheduler's latency model both see it whole.
+            if owned.chunk_batch == r.batch and r.steps == self.engine.full_steps:
+                # Every pass of it at one batch size, at full steps. A chunk's time is its
+                # passes and its encoding: the profile this worker measures (heartbeats) and
+                # the scheduler's latency model (full steps; fewer scale by passes) see it whole.
                 self.chunk_times.add(r.batch, gen_ms + encoded.encode_ms)
             due = owned.clock.chunk_done(done_at, self.period_s)
             if self.on_chunk is not None:
@@ -660,6 +675,7 @@ class GenerationLoop:
                 start_s=encoded.fmp4.start_s,
                 duration_s=encoded.fmp4.duration_s,
                 encode_ms=encoded.encode_ms,
+                steps=r.steps,
             )
             point = None
             if self.recovery_log and not owned.suspend_pending:
@@ -748,6 +764,7 @@ class GenerationLoop:
             pass_ms=_frozen_map(self.pass_times.snapshot()),
             prompt_switch_ms=engine.prompt_switch_ms(),
             pass_ends_at=self._pass_ends_at,
+            steps=engine.steps,
         )
         self._status = status  # one reference swap: readers see the old or the new, whole
 

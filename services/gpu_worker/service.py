@@ -28,7 +28,7 @@ from nats.errors import Error as NatsError
 from redis.exceptions import RedisError
 
 from services.gpu_worker import telemetry
-from services.gpu_worker.engine import Engine, EngineConfig
+from services.gpu_worker.engine import Engine, EngineConfig, StepFloorAboveFull, clamp_steps
 from services.gpu_worker.engine.prompts import PromptEncoder
 from services.gpu_worker.engine_host import EngineHost
 from services.gpu_worker.generation import GenerationLoop, SessionFacts
@@ -303,6 +303,10 @@ class WorkerService:
         # its fixed facts, and the prompt encoder (thread-safe: encoding starts on arrival).
         self.capacity = self.pace.slots
         self.state_bytes = 0
+        # The quality budget's bounds: the model's full count of denoising steps and the floor
+        # (0 until the model is loaded).
+        self.full_steps = 0
+        self.min_steps = 0
         self.device: torch.device | None = None
         self.prompts: PromptEncoder | None = None
         self.ctx: ServiceContext | None = None
@@ -342,8 +346,14 @@ class WorkerService:
             ),
             text_device=self.settings.text_device,
             prompt_recache=self.settings.prompt_recache,
+            min_steps=self.settings.min_steps,
         )
-        engine = await asyncio.to_thread(Engine, config)
+        try:
+            engine = await asyncio.to_thread(Engine, config)
+        except StepFloorAboveFull as exc:
+            raise SettingsError(
+                [f"TURBOSERVE_MIN_STEPS={exc.min_steps}: {exc}; at most {exc.full_steps}"]
+            ) from None
         log.info(
             "engine_ready",
             device=engine.device,
@@ -351,9 +361,12 @@ class WorkerService:
             model=engine.model_config.name,
             state_bytes=engine.state_bytes,
             prompt_recache=engine.prompt_recache,
+            full_steps=engine.full_steps,
+            min_steps=engine.min_steps,
             **engine.sources,
         )
         self.capacity, self.state_bytes = engine.capacity, engine.state_bytes
+        self.full_steps, self.min_steps = engine.full_steps, engine.min_steps
         self.device, self.prompts = torch.device(engine.device), engine.prompts
         self.generation = GenerationLoop(
             engine,
@@ -488,6 +501,19 @@ class WorkerService:
             return refuse("misaddressed", f"command for {cmd.worker_id}")
         if cmd.term and not await self._term_current(cmd.term):
             return refuse("stale_leader", f"term {cmd.term} no longer leads the scheduling")
+        if cmd.kind is WorkerCmdKind.STEPS:
+            if cmd.steps is None:
+                return refuse("invalid", "STEPS needs steps (denoising steps per chunk)")
+            # Applied by the generation thread at the next pass boundary, to the chunks that
+            # start from then on; the reply says the count it applies.
+            self.inbox.put(cmd)
+            applied = clamp_steps(cmd.steps, self.min_steps, self.full_steps)
+            return CommandReply(
+                worker_id=self.worker_id,
+                ok=True,
+                command_id=cmd.command_id,
+                detail=f"steps={applied}",
+            )
         if cmd.kind in WORKER_WIDE_COMMANDS:
             self._set_draining(cmd.kind is WorkerCmdKind.DRAIN)
             await self._heartbeat_once()
@@ -666,6 +692,9 @@ class WorkerService:
             handoff_ms_per_mib=cost.ms_per_mib if cost else None,
             prompt_switch_ms=loop_status.prompt_switch_ms if loop_status else None,
             pass_ends_at=loop_status.pass_ends_at if loop_status else None,
+            steps=loop_status.steps if loop_status else 0,
+            full_steps=self.full_steps,
+            min_steps=self.min_steps,
         )
         # NATS first: the scheduler hears a worker whose Redis writes fail (Redis restarting).
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))

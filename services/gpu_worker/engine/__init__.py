@@ -15,6 +15,7 @@ from .types import (
     StepFloorAboveFull,
     UnknownSession,
     WrongSessionState,
+    clamp_steps,
 )
 
 __all__ = [
@@ -31,5 +32,6 @@ __all__ = [
     "StepFloorAboveFull",
     "UnknownSession",
     "WrongSessionState",
+    "clamp_steps",
     "next_chunks",
 ]

@@ -49,6 +49,7 @@ from .types import (
     StepFloorAboveFull,
     UnknownSession,
     WrongSessionState,
+    clamp_steps,
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -224,7 +225,7 @@ class Engine:
         """Chunks that start from the next pass on run ``steps`` denoising steps, clamped to
         ``[min_steps, full_steps]``; returns the count applied. A chunk in progress keeps
         the count it started with."""
-        self._steps = max(self._min_steps, min(self.full_steps, steps))
+        self._steps = clamp_steps(steps, self._min_steps, self.full_steps)
         return self._steps
 
     def passes_to_boundary(self, session_id: str) -> int:
@@ -511,7 +512,8 @@ class Engine:
             results = []
             for j, row in enumerate(done):
                 session = batch[row]
-                if session.chunk_batch == count:  # a whole chunk at one batch size: telemetry
+                if session.chunk_batch == count and session.steps == self.full_steps:
+                    # a whole chunk at one batch size and at full steps: telemetry
                     self._chunk_ms.setdefault(count, deque(maxlen=64)).append(session.chunk_ms)
                 results.append(self._complete(session, frames_cpu[j], session.chunk_ms, count))
             for row in done:  # after the pass: suspending moves slots
@@ -813,8 +815,8 @@ class Engine:
 
     # -- telemetry ------------------------------------------------------------------------
     def chunk_ms_by_batch(self) -> dict[int, float]:
-        """Median measured wall time of a chunk, per batch size seen: the chunks whose passes
-        all ran at one batch size (the sum of their pass times)."""
+        """Median measured wall time of a chunk, per batch size seen: the chunks at full steps
+        whose passes all ran at one batch size (the sum of their pass times)."""
         samples = list(self._chunk_ms.items())
         return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
