@@ -52,6 +52,7 @@ AUTOSCALING_CURVES = (
     "turboserve_predictive",
     "least_loaded_autoscale",
     "hpa",
+    "turboserve_q",
 )
 
 

@@ -12,6 +12,8 @@ Curves (cost against p99 per-chunk latency, and cost against the stall-adjusted 
   rho_hat values and adaptive; ``no_autoscale`` (migration, static pool) over GPU counts;
 * oracle: ``clairvoyant`` over the same rho_hat values and adaptive;
 * ``turboserve_predictive`` over the same rho_hat values and adaptive;
+* the quality budget: ``turboserve_q`` (turboserve with a floor of denoising steps) over the
+  same rho_hat values and adaptive;
 * sensitivity: boot delay 0 / 30 / 120 s (turboserve and clairvoyant, adaptive), and the PCIe
   profile (turboserve, adaptive; no_migration is unaffected by the interconnect).
 
@@ -156,6 +158,7 @@ def plan_trace(facts: TraceFacts, cfg: PlanConfig, *, detail: bool = False) -> l
         "least_loaded_autoscale",
         "clairvoyant",
         "turboserve_predictive",
+        "turboserve_q",
     )
     for policy in autoscalers:
         extra = (("future", True),) if policy == "clairvoyant" else ()

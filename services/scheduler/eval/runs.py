@@ -69,6 +69,9 @@ class RunSummary:
     # for 60 s misses 48 periods, not one chunk (``sim/viewer.py``). The measure of service.
     stall_adjusted_attainment: float = 1.0
     missed_periods: int = 0
+    # The quality budget: the share of delivered chunks (in %) that ran fewer denoising steps
+    # than the model's full count (0 for every policy that never reduces steps).
+    reduced_pct: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class RunSummary:
             "stall_adjusted_attainment": round(self.stall_adjusted_attainment, 5),
             "missed_periods": self.missed_periods,
             "chunks": self.chunks,
+            "reduced_pct": round(self.reduced_pct, 4),
             "migrations": self.migrations,
             "scale_events": self.scale_events,
             "peak_gpus": self.peak_gpus,
@@ -219,6 +223,7 @@ def execute(spec: RunSpec) -> RunSummary:
         deadline_ms=profile.deadline_ms,
         stall_adjusted_attainment=result.stall_adjusted_attainment,
         missed_periods=result.missed_periods,
+        reduced_pct=result.reduced_pct,
         latencies_ms=list(result.latencies_ms) if spec.detail else None,
         timeline=list(result.timeline) if spec.detail else None,
     )

@@ -295,7 +295,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 def _run_sim(args: argparse.Namespace) -> int:
     import services.scheduler.eval.rivals  # noqa: F401  (the evaluation's rivals run by name too)
-    from services.scheduler.sim.report import progress_bar, results_table
+    from services.scheduler.sim.report import progress_bar, quality_lines, results_table
     from services.scheduler.sim.simulator import simulate
     from services.scheduler.sim.traceio import load_trace
     from shared.profile import load_profile
@@ -392,6 +392,8 @@ def _run_sim(args: argparse.Namespace) -> int:
     print(results_table(rows, extra=["gpus"] if args.policy == "all" else ()))
     if note:
         print(note)
+    for line in quality_lines(rows):
+        print(line)
     at_slo = args.at_slo if args.at_slo is not None else args.policy == "all"
     print(
         "late ms: past each chunk's due time (0: on time); deadline % and stall-adj. %: the "

@@ -59,6 +59,24 @@ def _cell(row: dict[str, Any], key: str | tuple[str, str]) -> str:
     return str(value)
 
 
+def quality_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per row saying how its chunks went under the quality budget (on time at full
+    steps, on time at fewer, late; the share at fewer steps), when any row ran chunks at fewer
+    steps; none otherwise (no policy reduced steps: every chunk ran full steps)."""
+    if not any(row.get("on_time_reduced") or row.get("reduced_pct") for row in rows):
+        return []
+    out = []
+    for row in rows:
+        if "reduced_pct" not in row:
+            continue  # a document from before the budget
+        out.append(
+            f"quality budget, {row['policy']}: {row['on_time_full']} chunks on time at full "
+            f"steps, {row['on_time_reduced']} on time at fewer, {row['late']} late; "
+            f"{row['reduced_pct']:.2f}% at fewer steps"
+        )
+    return out
+
+
 def results_table(rows: Sequence[dict[str, Any]], extra: Sequence[str] = ()) -> str:
     """Rows are ``SimResult.to_json()`` documents; ``extra`` adds columns from ``params``."""
     heads = [h for h, _ in COLUMNS] + list(extra)

@@ -35,6 +35,12 @@ a live replay of the same trace can be compared figure by figure:
   serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
   of any pass still in flight on it. Cost is integrated to the end of the trace.
 * **Idle sessions** sit in host RAM once the policy suspends them; they take no batch slot.
+* **Quality budget.** A GPU runs the profile's full denoising steps per chunk until the policy
+  sends ``SetSteps``; a chunk that starts after it (a session joining the batch for its next
+  chunk) runs ``steps + 1`` passes, each costing ``pass_ms(batch)`` as at full steps. Chunks
+  in flight keep their count. Each delivered chunk counts as on time at full steps
+  (``on_time_full``), on time at fewer (``on_time_reduced``) or ``late`` (whatever its
+  steps); ``reduced_pct`` is the share of chunks, on time or not, that ran fewer steps.
 
 **Counters.** ``migrations`` counts Migrate decisions; ``scale_out_events`` counts controller
 steps that request GPUs; ``scale_in_events`` steps that start a scale-in (a Drain, or a Release
@@ -71,6 +77,7 @@ from services.scheduler.core.types import (
     Release,
     RequestGpus,
     Resume,
+    SetSteps,
     Suspend,
 )
 from services.scheduler.sim.traceio import Trace, TraceEvent
@@ -118,13 +125,15 @@ class _Gpu:
     released_at: float | None = None
     release_pending: bool = False  # released while a pass was in flight
     members: set[str] = field(default_factory=set)
-    # Sessions in the batch: session -> (its epoch, the pass whose end completes its chunk).
-    batch: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Sessions in the batch: session -> (its epoch, the pass whose end completes its chunk,
+    # the denoising steps of that chunk).
+    batch: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     done_at: dict[int, list[str]] = field(default_factory=dict)  # pass -> sessions completing
     leaving: set[str] = field(default_factory=set)  # went idle / departed while in the batch
     pass_no: int = 0  # index of the pass in flight (or the next one)
     busy: bool = False
     wake_at: float = math.inf  # a wake-up is scheduled then (a paced session may start)
+    steps: int = 0  # denoising steps of the chunks that start now (0: the model's full count)
 
 
 @dataclass(slots=True)
@@ -181,10 +190,21 @@ class SimResult:
     scale_in_events: int = 0
     sessions: int = 0
     chunk_period_s: float = 0.0
+    # The quality budget: delivered chunks on time at full steps, on time at fewer, late (any
+    # steps), and how many of all of them ran fewer steps.
+    on_time_full: int = 0
+    on_time_reduced: int = 0
+    late: int = 0
+    reduced_chunks: int = 0
 
     @property
     def chunks(self) -> int:
         return len(self.latencies_ms)
+
+    @property
+    def reduced_pct(self) -> float:
+        """Share of delivered chunks that ran fewer than the full denoising steps, in %."""
+        return 100.0 * self.reduced_chunks / self.chunks if self.chunks else 0.0
 
     @property
     def deadline_attainment(self) -> float:
@@ -232,6 +252,10 @@ class SimResult:
             "peak_gpus": self.peak_gpus,
             "decision_ms": self.decision(),
             "chunks": self.chunks,
+            "on_time_full": self.on_time_full,
+            "on_time_reduced": self.on_time_reduced,
+            "late": self.late,
+            "reduced_pct": round(self.reduced_pct, 4),
             "unserved_chunks": self.unserved_chunks,
             "params": self.params,
             "wall_s": round(self.wall_s, 3),
@@ -307,6 +331,8 @@ class Simulator:
         self.held = 0
         self.peak = 0
         self._passes = max(1, profile.passes_per_chunk)
+        self._full_steps = profile.full_steps
+        self.on_time_full = self.on_time_reduced = self.late = self.reduced = 0
         self._pass_s = [0.0] + [profile.chunk_ms(b) / 1000.0 / self._passes for b in range(1, 257)]
         self._migration_ms = profile.migration_ms()
 
@@ -458,6 +484,8 @@ class Simulator:
                 # Releasing a drained GPU finishes a scale-in already counted at its Drain.
                 scaled_in |= not self._gpu(d, d.gpu_id).draining
                 self._release(d)
+            elif isinstance(d, SetSteps):
+                self._set_steps(d)
             else:
                 raise SimulationError(self.now, d, "unknown decision type")
         self.scale_out += int(scaled_out)
@@ -486,6 +514,21 @@ class Simulator:
             self.gpus[s.gpu].members.discard(sid)
         s.gpu = gpu_id
         g.members.add(sid)
+
+    def _set_steps(self, d: SetSteps) -> None:
+        """Chunks that start on the GPU from now on run ``d.steps`` denoising steps."""
+        g = self._gpu(d, d.gpu_id)
+        full = self._full_steps
+        if not 1 <= d.steps <= full:
+            raise SimulationError(self.now, d, f"steps must be in 1..{full} (the model's)")
+        if d.steps < full and self._passes != full + 1:
+            raise SimulationError(
+                self.now,
+                d,
+                f"profile {self.profile.name!r} runs {self._passes} passes per chunk, not "
+                f"full steps + 1 = {full + 1}: fewer steps cannot be timed",
+            )
+        g.steps = d.steps
 
     def _release(self, d: Release) -> None:
         g = self._gpu(d, d.gpu_id)
@@ -530,8 +573,10 @@ class Simulator:
         if not members:
             return
         joiners = members
+        steps = g.steps or self._full_steps
+        passes = self._passes - (self._full_steps - steps)  # steps + 1 when reduced
         if self.period_s > 0:
-            head = max(self.lead_s, self._passes * self._pass_time(batch))
+            head = max(self.lead_s, passes * self._pass_time(batch))
             joiners = []
             wake = math.inf
             for sid in members:
@@ -546,7 +591,7 @@ class Simulator:
             if not joiners:
                 return
         joiners.sort()  # set order is not deterministic across runs; sorted order is
-        last = g.pass_no + self._passes - 1
+        last = g.pass_no + passes - 1
         done = g.done_at.get(last)
         if done is None:
             done = g.done_at[last] = []
@@ -554,7 +599,7 @@ class Simulator:
         for sid in joiners:
             s = sessions[sid]
             s.in_flight = gpu_id
-            g.batch[sid] = (s.epoch, last)
+            g.batch[sid] = (s.epoch, last, steps)
             done.append(sid)
 
     def _pass_time(self, n: int) -> float:
@@ -629,7 +674,7 @@ class Simulator:
                 continue
             s.in_flight = None
             if s.active and s.epoch == entry[0]:  # not for a session that went idle meanwhile
-                self._delivered(s, gpu_id)
+                self._delivered(s, gpu_id, entry[2])
             if s.pending_copy_ms > 0:
                 self._start_copy(sid, s)  # moved while this chunk ran: the copy starts now
             elif s.active and s.gpu is not None and s.gpu != gpu_id:
@@ -650,12 +695,21 @@ class Simulator:
             if not og.busy:
                 self._start_step(og)
 
-    def _delivered(self, s: _Session, gpu_id: str) -> None:
-        """A chunk of ``s`` is done now: count it, move its playback clock."""
+    def _delivered(self, s: _Session, gpu_id: str, steps: int) -> None:
+        """A chunk of ``s`` that ran ``steps`` denoising steps is done now: count it, move its
+        playback clock."""
         now = self.now
         latency = (now - s.due) * 1000.0
         startup = (now - s.spell_start) * 1000.0 if s.first else None
         missed = self.ledger.delivered(latency, startup)
+        reduced = steps < self._full_steps
+        self.reduced += reduced
+        if missed:
+            self.late += 1
+        elif reduced:
+            self.on_time_reduced += 1
+        else:
+            self.on_time_full += 1
         latency = max(0.0, latency)
         if self.keep_chunk_times:
             self.chunk_times.append(now)
@@ -744,6 +798,10 @@ class Simulator:
             scale_in_events=self.scale_in,
             sessions=self.trace.sessions,
             chunk_period_s=self.period_s,
+            on_time_full=self.on_time_full,
+            on_time_reduced=self.on_time_reduced,
+            late=self.late,
+            reduced_chunks=self.reduced,
         )
 
 
