@@ -41,6 +41,7 @@ class ChunkView(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields
     start_s: float = 0.0
     duration_s: float = 0.0
     encode_ms: float = 0.0
+    steps: int = 0
 
     def frame_bytes(self) -> list[bytes]:
         return _FRAMES.decode(self.frames)

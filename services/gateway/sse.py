@@ -38,10 +38,15 @@ SSE_HEADERS = {
 
 
 def timing(chunk: ChunkView) -> dict[str, float | int]:
+    """How the chunk was made, for the viewer: the same keys on SSE and the WebSocket, in the
+    JPEG and the fMP4 formats alike."""
     return {
         "gen_ms": round(chunk.gen_ms, 3),
         "encode_ms": round(chunk.encode_ms, 3),
         "batch": chunk.batch,
+        # The denoising steps it ran: fewer than the model's full count under the quality
+        # budget (0: a worker that does not say).
+        "steps": chunk.steps,
         "due_at": chunk.due_at,
         "done_at": chunk.done_at,
         "latency_ms": round(max(0.0, chunk.done_at - chunk.due_at) * 1000, 3),
