@@ -3,7 +3,9 @@ and resume time, and a latency profile the scheduler's latency model reads.
 
 Per batch size it times lockstep chunks (every session in phase: ``passes_per_chunk`` passes of
 ``Engine.pass_step``, through ``next_chunks``), then single passes with the sessions staggered
-across the phases of their chunks, as a serving worker runs them.
+across the phases of their chunks, as a serving worker runs them. With ``--steps 4,3,2`` it
+also times lockstep chunks at each step count below the full one (the quality budget: ``s``
+denoising steps and the cache-write pass), and the profile gets their table (``steps``).
 
 On a GPU: ``turboserve bench worker --preset wan-1.3b --batch 1,2,4,8 --json out.json
 --profile-out wan.json`` runs in one short go (bf16 weights and caches, pinned host memory
@@ -36,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--chunks", type=int, default=5, help="timed chunks per batch size")
+    parser.add_argument(
+        "--steps",
+        default=None,
+        help="comma-separated denoising step counts to time chunks at, e.g. 4,3,2 "
+        "(default: the model's full count only)",
+    )
     parser.add_argument(
         "--warmup",
         type=int,
@@ -86,6 +94,22 @@ def _parse_batches(text: str) -> list[int]:
     return batches
 
 
+def _parse_steps(text: str | None) -> list[int] | None:
+    """``--steps``: step counts, highest first (None: the full count only). Their upper bound,
+    the model's full count, is checked once the engine is loaded."""
+    if text is None:
+        return None
+    try:
+        counts = sorted({int(s) for s in text.split(",") if s.strip()}, reverse=True)
+    except ValueError:
+        raise BenchUsageError(
+            f"--steps must be comma-separated integers >= 1, got {text!r}"
+        ) from None
+    if not counts or counts[-1] < 1:
+        raise BenchUsageError(f"--steps needs step counts >= 1, got {text!r}")
+    return counts
+
+
 def _check_options(args: argparse.Namespace) -> None:
     """Everything that can be checked before building an engine, with a clear message."""
     from services.gpu_worker.model.config import PRESETS
@@ -130,6 +154,7 @@ def _check_device(name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         batches = _parse_batches(args.batch)
+        steps = _parse_steps(args.steps)
         _check_options(args)
         report = run_benchmark(
             preset=args.preset,
@@ -141,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             model=args.model,
             resolution=args.resolution,
+            steps=steps,
         )
     except BenchUsageError as exc:
         return _fail(str(exc))
@@ -169,11 +195,12 @@ def run_benchmark(
     checkpoint: str | None = None,
     model: str | None = None,
     resolution: str | None = None,
+    steps: list[int] | None = None,
 ) -> dict[str, Any]:
     import torch
 
     from services.gpu_worker import telemetry
-    from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
+    from services.gpu_worker.engine import Engine, EngineConfig, StepFloorAboveFull, next_chunks
 
     if chunks < 1:
         raise BenchUsageError(f"--chunks must be >= 1, got {chunks}")
@@ -195,8 +222,13 @@ def run_benchmark(
                 checkpoint=checkpoint,
                 model=model,
                 resolution=size,
+                min_steps=min(steps) if steps else None,
             )
         )
+    except StepFloorAboveFull as exc:
+        raise BenchUsageError(
+            f"--steps {max(steps or [])}: above the model's full count ({exc.full_steps})"
+        ) from None
     except (CheckpointMismatch, ModelFolderError) as exc:
         raise BenchUsageError(str(exc)) from None
     except Exception as exc:
@@ -209,6 +241,10 @@ def run_benchmark(
         f"# {telemetry.describe(engine.torch_device)}; model {engine.model_config.name}; "
         f"dtype {engine.dtype}"
     )
+    full = engine.full_steps
+    if steps is not None and steps[0] > full:
+        raise BenchUsageError(f"--steps {steps[0]}: above the model's full count ({full})")
+    reduced = [s for s in steps or [] if s < full]
     if warmup is None:
         # Time the steady state: every session's window full, so attention runs unmasked.
         warmup = engine.fill_chunks + 1
@@ -226,6 +262,7 @@ def run_benchmark(
         p50 = statistics.median(times)
         decode = engine.decode_ms_by_batch()[batch]  # the decodes of these very chunks
         pass_times, pass_chunks = _time_passes(engine, batch, chunks)
+        at_steps = _chunk_ms_by_steps(engine, reduced, chunks) if reduced else {}
         results.append(
             {
                 "batch": batch,
@@ -244,6 +281,20 @@ def run_benchmark(
                 # the DiT's passes and the sampler.
                 "decode_ms_p50": round(decode, 3),
                 "dit_ms_p50": round(p50 - decode, 3),
+                # The quality budget: lockstep chunk time per step count (full included, timed
+                # in turn with the others), and its ratio to the chunk at full steps.
+                **(
+                    {
+                        "steps_chunk_ms_p50": {str(s): round(ms, 3) for s, ms in at_steps.items()},
+                        "steps_ratio": {
+                            str(s): round(ms / at_steps[full], 4)
+                            for s, ms in at_steps.items()
+                            if s != full
+                        },
+                    }
+                    if at_steps
+                    else {}
+                ),
             }
         )
     suspend_ms, resume_ms = _suspend_resume_ms(engine, repeats=max(chunks, 3))
@@ -262,6 +313,8 @@ def run_benchmark(
         "state_bytes": engine.state_bytes,
         "results": results,
         "passes_per_chunk": engine.passes_per_chunk,
+        "full_steps": full,
+        "steps": [full, *reduced],
         "suspend_ms": round(suspend_ms, 3),
         "resume_ms": round(resume_ms, 3),
         "video_frames_per_chunk": config.video_frames_per_chunk,
@@ -320,6 +373,27 @@ def _time_passes(engine: Any, batch: int, chunks: int) -> tuple[list[float], lis
     for session_id in sessions:
         engine.resume(session_id)
     return pass_times, chunk_times
+
+
+def _chunk_ms_by_steps(engine: Any, reduced: list[int], chunks: int) -> dict[int, float]:
+    """Median wall time of a lockstep chunk of every session at the full step count and at
+    each of ``reduced`` (``s + 1`` passes each), one chunk of each count in turn, ``chunks``
+    rounds, so that a machine whose speed drifts weighs on every count alike. The budget goes
+    back to full after."""
+    from services.gpu_worker.engine import next_chunks
+
+    counts = [engine.full_steps, *reduced]
+    times: dict[int, list[float]] = {s: [] for s in counts}
+    try:
+        for _ in range(chunks):
+            for steps in counts:
+                engine.set_step_budget(steps)
+                started = time.perf_counter()
+                next_chunks(engine)
+                times[steps].append((time.perf_counter() - started) * 1000.0)
+    finally:
+        engine.set_step_budget(engine.full_steps)
+    return {s: statistics.median(t) for s, t in times.items()}
 
 
 def _set_batch(engine: Any, batch: int) -> None:
@@ -390,6 +464,8 @@ def format_table(report: dict[str, Any]) -> str:
         markdown_table(columns, rows, align="r" * len(columns)),
         "",
     ]
+    if len(report.get("steps", [])) > 1:
+        lines += [_steps_table(report), ""]
     lines.append(
         f"state per session: {report['state_bytes'] / 2**20:.2f} MiB; suspend "
         f"{report['suspend_ms']:.2f} ms, resume {report['resume_ms']:.2f} ms (median)"
@@ -401,6 +477,29 @@ def format_table(report: dict[str, Any]) -> str:
             f"{report['text_encode_ms']:.1f} ms per new prompt"
         )
     return "\n".join(lines)
+
+
+def _steps_table(report: dict[str, Any]) -> str:
+    """The quality budget: per batch, a column per step count, with the lockstep chunk time
+    and its ratio to the chunk at full steps (the passes alone would give (s + 1) / (full + 1))."""
+    from tools.report import markdown_table
+
+    full, *reduced = report["steps"]
+    columns = ("batch", f"{full} steps ms", *(f"{s} steps ms (x full)" for s in reduced))
+    rows = []
+    for row in report["results"]:
+        at = row["steps_chunk_ms_p50"]
+        cells = [f"{at[str(s)]:.1f} ({row['steps_ratio'][str(s)]:.2f})" for s in reduced]
+        rows.append((row["batch"], f"{at[str(full)]:.1f}", *cells))
+    passes = ", ".join(f"{s}: {(s + 1) / (full + 1):.2f}" for s in reduced)
+    return "\n".join(
+        [
+            f"chunk time per denoising step count (lockstep chunks, the counts in turn, median; "
+            f"the passes alone would give {passes})",
+            "",
+            markdown_table(columns, rows, align="r" * len(columns)),
+        ]
+    )
 
 
 def build_profile(
@@ -445,6 +544,28 @@ def build_profile(
             "reserved_bytes": int(report["weights_bytes"]),
         }
         profile["sources"]["memory"] = "device total memory; reserved = model + decoder weights."
+    reduced = report.get("steps", [])[1:]
+    if reduced:
+        # The quality budget: measured chunk times at fewer steps, filled like chunk_ms.
+        profile["steps"] = {
+            "full": report["full_steps"],
+            "chunk_ms": {
+                str(s): [
+                    round(ms, 3)
+                    for ms in _fill_table(
+                        {
+                            row["batch"]: row["steps_chunk_ms_p50"][str(s)]
+                            for row in report["results"]
+                        }
+                    )
+                ]
+                for s in reduced
+            },
+        }
+        profile["sources"]["steps"] = (
+            f"turboserve bench worker --steps: median lockstep chunk time at {reduced} "
+            "denoising steps, filled like chunk_ms."
+        )
     return profile
 
 
