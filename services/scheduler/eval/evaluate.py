@@ -26,6 +26,7 @@ from services.scheduler.eval.extend import (
     next_runs,
 )
 from services.scheduler.eval.plan import PlanConfig, TraceFacts, plan_trace
+from services.scheduler.eval.quality import quality_budget, quality_summary
 from services.scheduler.eval.runs import (
     DEFAULT_PROFILE,
     RunSpec,
@@ -148,9 +149,16 @@ def evaluate(
         per_trace[name]["sweep_extension"] = extension_report(
             runs, planned, floors[name].peak_active, capacity
         )
+        budget = quality_budget(runs)
+        if budget is not None:
+            per_trace[name]["quality_budget"] = budget
+    headline = {"scale": scale, **summarise(per_trace, placement)}
+    budget_summary = quality_summary(per_trace)
+    if budget_summary is not None:
+        headline["quality_budget"] = budget_summary
     document = {
         "scale": scale,
-        "summary": {"scale": scale, **summarise(per_trace, placement)},
+        "summary": headline,
         "traces": per_trace,
         "placement": placement,
         "config": {

@@ -5,9 +5,9 @@ could reach it: the grid may simply have ended. So after the planned runs, every
 the service level (``service_level.py``) whose sweep never reached it gets more runs:
 
 * an **autoscaler** (``turboserve``, ``no_migration``, ``clairvoyant``,
-  ``turboserve_predictive``, ``least_loaded_autoscale``, ``hpa``) gets more headroom: its knob
-  (rho_hat; HPA's utilisation target; the scale-out threshold) at the values of
-  ``HEADROOM_STEPS`` (0.45, 0.35, 0.25, 0.15) below its sweep's lowest, one value a round,
+  ``turboserve_predictive``, ``least_loaded_autoscale``, ``hpa``, ``turboserve_q``) gets more
+  headroom: its knob (rho_hat; HPA's utilisation target; the scale-out threshold) at the values
+  of ``HEADROOM_STEPS`` (0.45, 0.35, 0.25, 0.15) below its sweep's lowest, one value a round,
   down to ``HEADROOM_CAP`` (0.15: a pool sized for GPUs a sixth full, at K = 2 about three
   GPUs per active session);
 * a **static pool** gets GPUs, up to ``STATIC_CAP_FACTOR`` (2) times the count the trace's

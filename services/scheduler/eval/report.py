@@ -8,6 +8,7 @@ from typing import Any
 from services.scheduler.eval.analysis import STRONG_RIVALS
 from services.scheduler.eval.matched import CurvePoint
 from services.scheduler.eval.plan import STATIC_BASELINES
+from services.scheduler.eval.quality import quality_table
 from services.scheduler.eval.service_level import (
     SLO_ATTAINMENT,
     averaged_text,
@@ -628,6 +629,12 @@ def markdown_report(document: dict[str, Any]) -> str:
         f"## Sensitivity: GPU boot delay and migration cost ({at})",
         _sensitivity_tables(traces),
     ]
+    if any(t.get("quality_budget") for t in traces.values()):
+        parts += [
+            f"## The quality budget: turboserve_q at 99% of chunk periods on time with at "
+            f"most 1% / 5% of chunks at fewer steps ({at})",
+            quality_table({"traces": traces}),
+        ]
     if document.get("by_profile") and len(document["by_profile"]) > 1:
         parts[2:2] = [
             f"## Both latency profiles (what TurboServe gains when a GPU batches "

@@ -37,6 +37,8 @@ SECTIONS = {
     "bench_scheduler": "### `turboserve bench scheduler --gpus 64,256,1024`",
     "against_the_paper": "### Against the paper (`turboserve sim evaluate`)",
     "service_level": "### GPU cost to serve 99% of chunk periods on time, per trace",
+    "quality_budget": "### The quality budget: cost at 99% with at most 1% / 5% of chunks at "
+    "fewer steps",
 }
 
 PAPER_ROWS = (
@@ -79,6 +81,13 @@ def register(sim_subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         help="leave out the decision-time benchmark",
     )
     parser.add_argument(
+        "--only",
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated sections to print and write (of {', '.join(SECTIONS)}); "
+        "default: all",
+    )
+    parser.add_argument(
         "--write",
         type=Path,
         nargs="?",
@@ -95,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.write is not None and not args.write.is_file():
         return fail("sim tables", f"--write {args.write}: no such file")
+    only = None
+    if args.only is not None:
+        only = [name.strip() for name in args.only.split(",") if name.strip()]
+        unknown = sorted(set(only) - set(SECTIONS))
+        if not only or unknown:
+            return fail(
+                "sim tables",
+                f"--only takes sections of {', '.join(SECTIONS)}, got {args.only!r}",
+            )
     if args.eval is not None:
         try:
             document = json.loads(args.eval.read_text())
@@ -109,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         document = evaluate_profiles(
             list(BUILTIN_NAMES), DEFAULT_PROFILES, quick=args.quick, jobs=args.jobs
         ).document
-    tables = sections(document, bench=args.bench)
+    tables = sections(document, bench=args.bench, only=only)
     print("\n\n".join(f"{SECTIONS[name]}\n\n{text}" for name, text in tables.items()) + "\n")
     if args.write is not None:
         try:
@@ -120,13 +138,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def sections(document: dict[str, Any], bench: bool = True) -> dict[str, str]:
-    """Each table by its marker name, in the order they are printed."""
-    tables = {"policy_all": _policy_all()}
-    if bench:
+def sections(
+    document: dict[str, Any], bench: bool = True, only: list[str] | None = None
+) -> dict[str, str]:
+    """Each table by its marker name, in the order they are printed; ``only``: just these.
+    The quality budget's table comes only from a document whose traces ran the budget."""
+    from services.scheduler.eval.quality import quality_table
+
+    def wanted(name: str) -> bool:
+        return only is None or name in only
+
+    tables = {}
+    if wanted("policy_all"):
+        tables["policy_all"] = _policy_all()
+    if bench and wanted("bench_scheduler"):
         tables["bench_scheduler"] = _bench()
-    tables["against_the_paper"] = against_the_paper(document)
-    tables["service_level"] = service_table(document)
+    if wanted("against_the_paper"):
+        tables["against_the_paper"] = against_the_paper(document)
+    if wanted("service_level"):
+        tables["service_level"] = service_table(document)
+    if wanted("quality_budget") and any(
+        t.get("quality_budget") for t in document.get("traces", {}).values()
+    ):
+        tables["quality_budget"] = quality_table(document)
     return tables
 
 
