@@ -101,3 +101,26 @@ def test_a_limit_no_run_meets_is_not_reached_and_left_out_of_the_averages():
 def test_no_budget_curve_no_figures():
     assert quality_budget([r for r in _runs() if r.spec.curve != "turboserve_q"]) is None
     assert quality_summary({"a": {}}) is None
+
+
+def test_sim_tables_writes_only_the_quality_budget_section(tmp_path, capsys):
+    import json
+
+    from tools.cli import main
+
+    q = quality_budget(_runs())
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"summary": {}, "traces": {"calm": {"quality_budget": q}}}))
+    target = tmp_path / "results.md"
+    keep = "<!-- sim tables: service_level -->\nold\n<!-- /sim tables: service_level -->\n"
+    target.write_text(
+        keep + "<!-- sim tables: quality_budget -->\nold\n<!-- /sim tables: quality_budget -->\n"
+    )
+    args = ["sim", "tables", "--eval", str(path), "--only", "quality_budget"]
+    assert main([*args, "--write", str(target)]) == 0
+    written = target.read_text()
+    assert (
+        written.startswith(keep) and "| calm " in written and "\nold\n" not in written[len(keep) :]
+    )
+    assert main(["sim", "tables", "--eval", str(path), "--only", "nope"]) == 2
+    assert "--only takes sections of" in capsys.readouterr().err
