@@ -147,6 +147,7 @@ async def test_steer_a_live_session_over_a_websocket(mesh, registry):
             assert placed["kind"] == "placed" and placed["next_seq"] == 0
             first = await next_chunk(ws)
             assert first["seq"] == 0 and first["timing"]["gen_ms"] > 0
+            assert first["timing"]["steps"] == 4  # the model's full count: no budget asked
 
             await ws.send_str(
                 orjson.dumps({"type": "prompt", "prompt": "a storm", "id": 1}).decode()
@@ -246,6 +247,7 @@ async def test_the_encoded_stream_from_a_real_worker_over_sse_and_the_websocket(
         assert frames.shape[0] > 0 and frames.shape[1:3] == (header["height"], header["width"])
         assert times[0] == pytest.approx(header["start_s"], abs=1e-4)
         assert header["timing"]["encode_ms"] > 0 and header["encoding"].startswith("fmp4")
+        assert header["timing"]["steps"] == 4
 
 
 async def test_an_abandoned_session_goes_idle_then_closes(mesh, registry):
