@@ -352,7 +352,11 @@ class WorkerService:
             engine = await asyncio.to_thread(Engine, config)
         except StepFloorAboveFull as exc:
             raise SettingsError(
-                [f"TURBOSERVE_MIN_STEPS={exc.min_steps}: {exc}; at most {exc.full_steps}"]
+                [
+                    f"TURBOSERVE_MIN_STEPS={exc.min_steps}: the model {exc.model!r} runs "
+                    f"{exc.full_steps} denoising steps per chunk; the floor must be "
+                    f"1..{exc.full_steps}"
+                ]
             ) from None
         log.info(
             "engine_ready",

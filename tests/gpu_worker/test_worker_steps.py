@@ -96,6 +96,8 @@ async def test_a_steps_command_sets_the_steps_of_later_chunks_and_heartbeats(env
 
 @pytest.mark.integration
 async def test_a_floor_above_the_full_count_stops_the_worker_at_start(env):
-    with pytest.raises(SettingsError, match=r"TURBOSERVE_MIN_STEPS=5: .*at most 4"):
+    with pytest.raises(
+        SettingsError, match=r"TURBOSERVE_MIN_STEPS=5: .* 'tiny' runs 4 .* must be 1\.\.4"
+    ):
         async with worker_in_process(env, worker_id="wf", min_steps=5):
             pass

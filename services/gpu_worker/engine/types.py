@@ -213,6 +213,7 @@ class StepFloorAboveFull(ValueError):
         )
         self.min_steps = min_steps
         self.full_steps = full_steps
+        self.model = model
 
 
 class IncompatibleState(EngineError):
