@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tools.bench.worker import _parse_steps, build_profile
+from tools.bench.worker import _parse_steps, _steps_table_ms, build_profile
 from tools.cli import main
 from tools.report import BenchUsageError
 
@@ -62,6 +62,19 @@ def test_bench_worker_times_each_step_count_and_writes_the_profiles_steps(tmp_pa
     loaded = load_profile(profile_path)  # the scheduler's loader takes it
     assert loaded.full_steps == 4
     assert loaded.chunk_ms_at(2, 3) == profile["steps"]["chunk_ms"]["3"][1]
+
+
+def test_the_profiles_steps_table_scales_chunk_ms_by_the_measured_ratio():
+    """The ratio comes from chunks timed in turn; applied to chunk_ms, the table agrees with
+    it, never above it (a ratio over 1 is noise), and non-decreasing in batch like it."""
+    report = {
+        "results": [
+            {"batch": 1, "chunk_ms_p50": 40.0, "steps_ratio": {"3": 0.8, "2": 1.05}},
+            {"batch": 3, "chunk_ms_p50": 100.0, "steps_ratio": {"3": 0.3, "2": 0.6}},
+        ]
+    }
+    assert _steps_table_ms(report, 3) == [32.0, 32.0, 32.0]
+    assert _steps_table_ms(report, 2) == [40.0, 50.0, 60.0]
 
 
 def test_without_steps_the_report_and_profile_are_as_before():
