@@ -828,7 +828,7 @@ STEP_BUCKET_S = 10.0
 def step_summary(logs: list[SessionLog], started_wall: float) -> dict[str, Any]:
     """The quality budget as the viewers saw it: chunks by their denoising steps; on time at the
     full count (the most any chunk of the run ran), on time at fewer, and late; and, per
-    ``STEP_BUCKET_S`` of the run, how many chunks ran fewer steps. Empty when no worker said
+    ``STEP_BUCKET_S`` of the run, how many chunks ran fewer steps and how many were late. Empty when no worker said
     how many steps its chunks ran."""
     entries = [entry for log in logs for entry in log.step_log if entry[1] > 0]
     if not entries:
@@ -836,10 +836,12 @@ def step_summary(logs: list[SessionLog], started_wall: float) -> dict[str, Any]:
     full = max(steps for _, steps, _ in entries)
     reduced = [done_at for done_at, steps, _ in entries if steps < full]
     timeline: dict[int, list[int]] = {}
-    for done_at, steps, _ in entries:
-        row = timeline.setdefault(int(max(0.0, done_at - started_wall) // STEP_BUCKET_S), [0, 0])
+    for done_at, steps, ok in entries:
+        bucket = int(max(0.0, done_at - started_wall) // STEP_BUCKET_S)
+        row = timeline.setdefault(bucket, [0, 0, 0])
         row[0] += 1
         row[1] += steps < full
+        row[2] += not ok
     return {
         "full_steps": full,
         "by_steps": {str(k): v for k, v in sorted(Counter(s for _, s, _ in entries).items())},
@@ -849,7 +851,7 @@ def step_summary(logs: list[SessionLog], started_wall: float) -> dict[str, Any]:
         "reduced_pct": round(100.0 * len(reduced) / len(entries), 3),
         "last_reduced_s": round(max(reduced) - started_wall, 1) if reduced else None,
         "timeline": [
-            {"t_s": bucket * STEP_BUCKET_S, "chunks": row[0], "reduced": row[1]}
+            {"t_s": bucket * STEP_BUCKET_S, "chunks": row[0], "reduced": row[1], "late": row[2]}
             for bucket, row in sorted(timeline.items())
         ],
     }

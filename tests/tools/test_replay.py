@@ -221,8 +221,8 @@ def test_chunks_at_fewer_steps_are_counted_apart_and_placed_in_time():
     assert steps["reduced_pct"] == 50.0
     assert steps["last_reduced_s"] == pytest.approx(5.5)  # 104.5 - 99.0
     assert steps["timeline"] == [
-        {"t_s": 0.0, "chunks": 3, "reduced": 2},
-        {"t_s": 10.0, "chunks": 1, "reduced": 0},
+        {"t_s": 0.0, "chunks": 3, "reduced": 2, "late": 1},
+        {"t_s": 10.0, "chunks": 1, "reduced": 0, "late": 1},
     ]
     result = summarize([log], 1000.0, None, None, 0, 16.0)
     result["steps"] = steps
