@@ -1,0 +1,56 @@
+"""The robustness bar's helper: the figure it reads, a candidate table's re-run, its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.scheduler.eval import robustness
+from services.scheduler.eval.service_level import curve_at_slo, static_at_slo
+from services.scheduler.shipped import load_rho_table
+from services.scheduler.sim import synth
+from services.scheduler.sim.traceio import write_trace
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> robustness.TraceSweep:
+    path = tmp_path_factory.mktemp("robustness") / "short.jsonl"
+    write_trace(synth.generate(synth.spec("steps", seed=7, duration_s=240.0)), path)
+    return robustness.sweep(str(path))
+
+
+def test_bar_is_turboserve_over_the_cheaper_rival(swept: robustness.TraceSweep) -> None:
+    assert {r.spec.curve for r in swept.runs} == set(robustness.CURVES)
+    row = robustness.bar(swept, None)
+    ours = curve_at_slo([r for r in swept.runs if r.spec.curve == "turboserve"])
+    ll = static_at_slo([r for r in swept.runs if r.spec.curve == "least_loaded"])
+    hpa = curve_at_slo([r for r in swept.runs if r.spec.curve == "hpa"])
+    assert row.turboserve_gpu_h == ours["cost_gpu_hours"]
+    rivals = [e["cost_gpu_hours"] for e in (ll, hpa) if e["reached"]]
+    assert rivals and row.bar_pct == pytest.approx(100 * (ours["cost_gpu_hours"] / min(rivals) - 1))
+    assert row.bar_pct is not None and row.met == (row.bar_pct <= robustness.BAR_PCT)
+
+
+def test_a_candidate_changes_only_the_adaptive_run(swept: robustness.TraceSweep) -> None:
+    shipped = load_rho_table()
+    assert shipped is not None
+    same = robustness.bar(swept, shipped, "again")
+    assert same.adaptive_gpu_h == pytest.approx(swept.adaptive.cost_gpu_h)
+    assert same.turboserve_gpu_h == robustness.bar(swept, None).turboserve_gpu_h
+    # A table at rho_hat 0.35 everywhere holds far more GPUs: the adaptive run is re-run.
+    raw = shipped.to_dict()
+    for level in raw["levels"]:
+        level.update(rho_hat=0.35, delta=0.1)
+    loose = robustness.bar(swept, type(shipped).from_dict(raw), "loose")
+    assert loose.adaptive_gpu_h > same.adaptive_gpu_h
+    text = robustness.report([same, loose])
+    assert "again: worst" in text and "loose: worst" in text
+
+
+def test_a_bad_table_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"levels": []}))
+    assert robustness.main(["--traces", "calm", "--table", str(bad)]) == 2
+    assert "rho table" in capsys.readouterr().err
