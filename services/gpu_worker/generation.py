@@ -272,9 +272,6 @@ class GenerationLoop:
             )
 
     def _apply_command(self, cmd: WorkerCommand, arrived: float) -> None:
-        if cmd.kind is WorkerCmdKind.STEPS:
-            self._set_steps(cmd)
-            return
         sid = cmd.session_id
         if sid is None:
             return
@@ -322,15 +319,6 @@ class GenerationLoop:
             next_seq = owned.seq_base + self.engine.next_seq(sid) + (1 if mid_chunk else 0)
             self._notify(sid, owned, NoticeKind.PROMPT, next_seq)
         log.info("command_applied", session_id=sid, kind=str(cmd.kind), epoch=cmd.epoch)
-
-    def _set_steps(self, cmd: WorkerCommand) -> None:
-        """The step budget for the chunks that start from the next pass on (worker-wide);
-        chunks in progress keep theirs. The intake refuses a STEPS without ``steps``."""
-        if cmd.steps is None:
-            log.warning("command_refused", kind=str(cmd.kind), error="STEPS needs steps")
-            return
-        applied = self.engine.set_step_budget(cmd.steps)
-        log.info("command_applied", kind=str(cmd.kind), steps=applied, asked=cmd.steps)
 
     def _assign(self, cmd: WorkerCommand, owned: OwnedSession | None, arrived: float) -> None:
         sid = cmd.session_id
@@ -461,6 +449,14 @@ class GenerationLoop:
             else:
                 keep.append((sid, control))
         self._boundary_controls = keep
+
+    def set_steps(self, steps: int) -> int:
+        """The step budget (a STEPS command; run as a control, on this thread) for the chunks
+        that start from the next pass on; chunks in progress keep theirs. Returns the count
+        applied: ``steps`` within the engine's floor and the model's full count."""
+        applied = self.engine.set_step_budget(steps)
+        log.info("command_applied", kind=str(WorkerCmdKind.STEPS), steps=applied, asked=steps)
+        return applied
 
     # -- handoffs (run as controls, on this thread) -------------------------------------------
     def freeze(self, session_id: str, epoch: int) -> FrozenSession:

@@ -28,12 +28,12 @@ from nats.errors import Error as NatsError
 from redis.exceptions import RedisError
 
 from services.gpu_worker import telemetry
-from services.gpu_worker.engine import Engine, EngineConfig, StepFloorAboveFull, clamp_steps
+from services.gpu_worker.engine import Engine, EngineConfig, StepFloorAboveFull
 from services.gpu_worker.engine.prompts import PromptEncoder
 from services.gpu_worker.engine_host import EngineHost
 from services.gpu_worker.generation import GenerationLoop, SessionFacts
 from services.gpu_worker.handoff.endpoint import HandoffEndpoint
-from services.gpu_worker.inbox import CommandInbox
+from services.gpu_worker.inbox import CommandInbox, Control
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.outbox import Forget, HandBack, Outbox, OutChunk, Outgoing
 from services.gpu_worker.recovery import from_fields, to_fields
@@ -476,13 +476,18 @@ class WorkerService:
         cmd = decode_or_drop(msg.subject, msg.data, WorkerCommand, log)
         if cmd is None:
             return
-        reply = await self._accept(cmd)
-        if msg.reply:
-            with contextlib.suppress(Exception):
-                await msg.respond(encode(reply))
+        answer = await self._accept(cmd)
+        if isinstance(answer, CommandReply):
+            await _respond(msg, answer)
+            return
+        # Answered once applied (STEPS), on a task of its own: the commands behind it do not
+        # wait for the generation loop's next pass boundary.
+        assert self.ctx is not None
+        self.ctx.spawn(_respond_when_done(msg, answer), name="worker-command-answer")
 
-    async def _accept(self, cmd: WorkerCommand) -> CommandReply:
-        """Validate a command and queue it for the generation loop; the answer to send."""
+    async def _accept(self, cmd: WorkerCommand) -> CommandReply | asyncio.Future[CommandReply]:
+        """Validate a command and queue it for the generation loop; the answer to send, or
+        its future when the answer waits for the generation loop."""
 
         def refuse(code: str, detail: str) -> CommandReply:
             log.warning(
@@ -508,16 +513,7 @@ class WorkerService:
         if cmd.kind is WorkerCmdKind.STEPS:
             if cmd.steps is None:
                 return refuse("invalid", "STEPS needs steps (denoising steps per chunk)")
-            # Applied by the generation thread at the next pass boundary, to the chunks that
-            # start from then on; the reply says the count it applies.
-            self.inbox.put(cmd)
-            applied = clamp_steps(cmd.steps, self.min_steps, self.full_steps)
-            return CommandReply(
-                worker_id=self.worker_id,
-                ok=True,
-                command_id=cmd.command_id,
-                detail=f"steps={applied}",
-            )
+            return self._set_steps(cmd, cmd.steps)
         if cmd.kind in WORKER_WIDE_COMMANDS:
             self._set_draining(cmd.kind is WorkerCmdKind.DRAIN)
             await self._heartbeat_once()
@@ -558,6 +554,33 @@ class WorkerService:
             return ok  # started; the outcome is a MigrationReport
         self.inbox.put(cmd)
         return ok
+
+    def _set_steps(self, cmd: WorkerCommand, steps: int) -> asyncio.Future[CommandReply]:
+        """Queue the step budget for the generation thread, which applies it at its next pass
+        boundary to the chunks that start from then on. The answer (the count applied) comes
+        once the loop's status, which heartbeats report, shows it: a beat taken after the
+        answer never shows the budget before it. A control that fails (never expected) goes
+        unanswered, and the scheduler's heartbeat check sends the budget again."""
+        assert self.generation is not None
+        generation, loop = self.generation, asyncio.get_running_loop()
+        answer: asyncio.Future[CommandReply] = loop.create_future()
+
+        def resolve(applied: int) -> None:
+            reply = CommandReply(
+                worker_id=self.worker_id,
+                ok=True,
+                command_id=cmd.command_id,
+                detail=f"steps={applied}",
+            )
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to answer
+                loop.call_soon_threadsafe(_settle, answer, reply, None)
+
+        def reject(exc: BaseException) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, answer, None, exc)
+
+        self.inbox.put(Control("steps", lambda: generation.set_steps(steps), resolve, reject))
+        return answer
 
     async def _migrate(self, cmd: WorkerCommand) -> None:
         assert self.handoff is not None
@@ -749,6 +772,34 @@ class WorkerService:
         except Exception as exc:  # noqa: BLE001 - telemetry must never stop heartbeats
             log.debug("telemetry_failed", error=str(exc))
             return {}
+
+
+async def _respond(msg: Any, reply: CommandReply) -> None:
+    """Answer a command sent as a request (a plain publish has no reply subject)."""
+    if msg.reply:
+        with contextlib.suppress(Exception):
+            await msg.respond(encode(reply))
+
+
+async def _respond_when_done(msg: Any, answer: asyncio.Future[CommandReply]) -> None:
+    try:
+        reply = await answer
+    except Exception as exc:  # noqa: BLE001 - a command not applied is left unanswered
+        log.error("command_not_applied", error=repr(exc))
+        return
+    await _respond(msg, reply)
+
+
+def _settle(
+    future: asyncio.Future[CommandReply], reply: CommandReply | None, exc: BaseException | None
+) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        assert reply is not None
+        future.set_result(reply)
 
 
 def _set_done(future: asyncio.Future[None]) -> None:

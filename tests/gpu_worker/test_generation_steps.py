@@ -3,7 +3,7 @@ that start after it, and an emulated GPU paces a chunk at ``s`` steps to ``s + 1
 
 from __future__ import annotations
 
-from shared.wire import WorkerCmdKind, WorkerCommand
+from services.gpu_worker.inbox import Control
 
 from .conftest import make_engine
 from .test_generation import RecordingSink, _assign, _loop, _run
@@ -11,8 +11,15 @@ from .test_generation import RecordingSink, _assign, _loop, _run
 FLOOR_MS = 30.0  # the emulated pass: far above the tiny model's real one on the CPU
 
 
-def _steps(value: int | None) -> WorkerCommand:
-    return WorkerCommand(kind=WorkerCmdKind.STEPS, worker_id="w", steps=value)
+def _steps(loop, value: int, answered: list[tuple[int, int]] | None = None) -> Control[int]:
+    """A STEPS command as the service hands it to the loop: a control, answered with the
+    count applied; ``answered`` gets (that count, the budget the loop's status showed then)."""
+
+    def resolve(applied: int) -> None:
+        if answered is not None:
+            answered.append((applied, loop.status().steps))
+
+    return Control("steps", lambda: loop.set_steps(value), resolve, lambda exc: None)
 
 
 def test_a_chunk_at_fewer_steps_is_paced_to_fewer_passes():
@@ -29,7 +36,7 @@ def test_a_chunk_at_fewer_steps_is_paced_to_fewer_passes():
 
     def budget_after_full() -> bool:
         if at(4, 3) and not sent:
-            loop.inbox.put(_steps(2))
+            loop.inbox.put(_steps(loop, 2))
             sent.append(True)
         return at(2, 3)
 
@@ -49,13 +56,23 @@ def test_a_chunk_at_fewer_steps_is_paced_to_fewer_passes():
     assert loop.status().chunk_ms[1] >= min(full) - 1e-6
 
 
-def test_steps_are_clamped_and_a_steps_command_without_a_count_changes_nothing():
+def test_steps_are_clamped_and_answered_once_the_status_shows_them():
+    """The answer comes after the status (which heartbeats report) shows the budget."""
     loop = _loop(make_engine(min_steps=3))
     sink = RecordingSink(loop)
+    answered: list[tuple[int, int]] = []
     loop.inbox.put(_assign("s", 1))
-    loop.inbox.put(_steps(None))  # refused by the intake in the service; ignored here too
-    loop.inbox.put(_steps(1))  # below the floor: the floor
+    loop.inbox.put(_steps(loop, 1, answered))  # below the floor: the floor
 
-    _run(loop, lambda: len(sink.chunks("s")) >= 2)
-    assert loop.status().steps == 3
-    assert [c.steps for c in sink.chunks("s")][:2] == [3, 3]
+    raised: list[bool] = []
+
+    def raise_after_two() -> bool:
+        if len(sink.chunks("s")) >= 2 and answered and not raised:
+            loop.inbox.put(_steps(loop, 9, answered))  # above the full count: the full count
+            raised.append(True)
+        return any(c.steps == 4 for c in sink.chunks("s"))
+
+    _run(loop, raise_after_two)
+    assert answered == [(3, 3), (4, 4)]
+    steps = [c.steps for c in sink.chunks("s")]
+    assert steps[:2] == [3, 3] and steps[-1] == 4

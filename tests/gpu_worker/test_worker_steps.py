@@ -4,6 +4,7 @@ step count, with the worker service in-process and the tiny model on the CPU."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -67,7 +68,11 @@ async def test_a_steps_command_sets_the_steps_of_later_chunks_and_heartbeats(env
         assert {c.steps for _, c in rx.chunks["s"]} == {4}
 
         reply = await _request(ctx, _steps(1, "c1"))  # below the floor: the floor applies
+        answered_at = time.time()
         assert (reply.ok, reply.detail, reply.command_id) == (True, "steps=2", "c1")
+        # Answered once applied: every heartbeat taken after the answer shows the budget.
+        await eventually(lambda: any(b.at > answered_at for b in beats), 5, "a later beat")
+        assert {b.steps for b in beats if b.at > answered_at} == {2}
         cut_from = len(rx.chunks["s"])
         await eventually(
             lambda: sum(c.steps == 2 for _, c in rx.chunks["s"][cut_from:]) >= 2,

@@ -15,7 +15,6 @@ from .types import (
     StepFloorAboveFull,
     UnknownSession,
     WrongSessionState,
-    clamp_steps,
 )
 
 __all__ = [
@@ -32,6 +31,5 @@ __all__ = [
     "StepFloorAboveFull",
     "UnknownSession",
     "WrongSessionState",
-    "clamp_steps",
     "next_chunks",
 ]

@@ -49,7 +49,6 @@ from .types import (
     StepFloorAboveFull,
     UnknownSession,
     WrongSessionState,
-    clamp_steps,
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -225,7 +224,7 @@ class Engine:
         """Chunks that start from the next pass on run ``steps`` denoising steps, clamped to
         ``[min_steps, full_steps]``; returns the count applied. A chunk in progress keeps
         the count it started with."""
-        self._steps = clamp_steps(steps, self._min_steps, self.full_steps)
+        self._steps = max(self._min_steps, min(self.full_steps, steps))
         return self._steps
 
     def passes_to_boundary(self, session_id: str) -> int:

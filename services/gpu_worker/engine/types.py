@@ -41,12 +41,6 @@ class EngineConfig:
             )
 
 
-def clamp_steps(steps: int, min_steps: int, full_steps: int) -> int:
-    """The step budget an engine applies when asked for ``steps``: within its floor and the
-    model's full count (any thread may work it out from those two fixed facts)."""
-    return max(min_steps, min(full_steps, steps))
-
-
 @dataclass(frozen=True, slots=True)
 class ChunkResult:
     session_id: str
