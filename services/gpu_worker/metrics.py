@@ -43,3 +43,9 @@ class WorkerMetrics:
             "0 while the real compute cannot keep an emulated GPU's pace",
             registry=r,
         )
+        self.steps = Gauge(
+            "turboserve_worker_steps",
+            "Denoising steps per chunk in force: the model's full count, fewer under the "
+            "quality budget",
+            registry=r,
+        )

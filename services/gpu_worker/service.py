@@ -694,7 +694,8 @@ class WorkerService:
             emulated=self.pace.kind if self.pace.emulated else "",
             handoff_addr=handoff_addr,
         )
-        self._observe(record)
+        steps = loop_status.steps if loop_status else 0
+        self._observe(record, steps)
         beat = Heartbeat(
             worker_id=self.worker_id,
             status=self.status,
@@ -719,7 +720,7 @@ class WorkerService:
             handoff_ms_per_mib=cost.ms_per_mib if cost else None,
             prompt_switch_ms=loop_status.prompt_switch_ms if loop_status else None,
             pass_ends_at=loop_status.pass_ends_at if loop_status else None,
-            steps=loop_status.steps if loop_status else 0,
+            steps=steps,
             full_steps=self.full_steps,
             min_steps=self.min_steps,
         )
@@ -752,7 +753,7 @@ class WorkerService:
                     "session_reannounced", session_id=sid, epoch=f.epoch, last_seq=f.last_seq
                 )
 
-    def _observe(self, record: WorkerRecord) -> None:
+    def _observe(self, record: WorkerRecord, steps: int) -> None:
         m = self.metrics
         for batch, ms in record.chunk_ms.items():
             m.chunk_ms.labels(str(batch)).set(ms)
@@ -762,6 +763,7 @@ class WorkerService:
         m.sessions.labels("suspended").set(len(record.suspended))
         m.sessions.labels("waiting").set(record.waiting)
         m.keeping_pace.set(1 if record.keeping_pace else 0)
+        m.steps.set(steps)
 
     def _telemetry(self) -> dict[str, Any]:
         """The device's report (mode, memory): read here, not from the engine."""

@@ -81,6 +81,7 @@ async def test_a_steps_command_sets_the_steps_of_later_chunks_and_heartbeats(env
         )
         await eventually(lambda: beats[-1].steps == 2, 5, "the budget in the heartbeat")
         assert beats[-1].full_steps == 4 and beats[-1].min_steps == 2
+        assert service.metrics.registry.get_sample_value("turboserve_worker_steps") == 2
 
         # Malformed: refused with a stable code; the worker and the stream go on.
         reply = await _request(ctx, _steps(None, "c2"))
