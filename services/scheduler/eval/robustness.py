@@ -44,7 +44,7 @@ from services.scheduler.eval.service_level import SLO_ATTAINMENT, curve_at_slo, 
 from services.scheduler.eval.tables import markdown_table
 from services.scheduler.sim.simulator import WARM_START_MIN_WINDOW_S
 from services.scheduler.sim.synth import BUILTIN_NAMES, training_traces
-from services.scheduler.sim.traceio import load_trace, write_trace
+from services.scheduler.sim.traceio import load_trace, scale_of, write_trace
 from shared.profile import load_profile
 
 # The curves the bar reads: ours and the two rivals it names.
@@ -90,11 +90,13 @@ def _is_adaptive(run: RunSummary) -> bool:
 
 
 def sweep(trace_key: str, profile: str = DEFAULT_PROFILE, boot_delay_s: float = 30.0) -> TraceSweep:
-    """The three curves' runs on one trace (the evaluation's full plan for ``profile``)."""
+    """The three curves' runs on one trace, as ``sim evaluate`` plans them."""
     trace = load_trace(trace_key)
     prime_trace_cache({trace_key: trace})
     capacity = load_profile(profile).capacity
-    cfg = replace(PlanConfig.full().for_profile(profile, main=True), boot_delay_s=boot_delay_s)
+    # The evaluation's main plan is the default profile's at scale 1; every other is coarser.
+    main = profile == DEFAULT_PROFILE and scale_of(trace.name) == 1
+    cfg = replace(PlanConfig.full().for_profile(profile, main=main), boot_delay_s=boot_delay_s)
     initial = trace.initial_active(max(boot_delay_s, WARM_START_MIN_WINDOW_S))
     facts = TraceFacts(trace_key, trace.name, trace.peak_active(), initial, capacity)
     specs = [s for s in plan_trace(facts, cfg) if s.curve in CURVES]
@@ -145,7 +147,7 @@ def trace_keys(which: str, folder: Path) -> list[str]:
         return [k for k in which.split(",") if k]
     keys = []
     for trace in training_traces(duration_s=1800.0):
-        path = folder / f"{trace.name}.jsonl"
+        path = folder / f"{trace.name}.csv"
         write_trace(trace, path)
         keys.append(str(path))
     return keys

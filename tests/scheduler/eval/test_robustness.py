@@ -16,7 +16,7 @@ from services.scheduler.sim.traceio import write_trace
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> robustness.TraceSweep:
-    path = tmp_path_factory.mktemp("robustness") / "short.jsonl"
+    path = tmp_path_factory.mktemp("robustness") / "short.csv"
     write_trace(synth.generate(synth.spec("steps", seed=7, duration_s=240.0)), path)
     return robustness.sweep(str(path))
 
