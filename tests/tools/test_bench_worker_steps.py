@@ -53,14 +53,14 @@ def test_bench_worker_times_each_step_count_and_writes_the_profiles_steps(tmp_pa
         assert all(ms > 0 for ms in row["steps_chunk_ms_p50"].values())
         assert set(row["steps_ratio"]) == {"3", "2"}
     profile = json.loads(profile_path.read_text())
-    assert profile["steps"]["full"] == 4
+    assert profile["passes_per_chunk"] == 5 and profile["steps"]["full"] == 4
     assert sorted(profile["steps"]["chunk_ms"]) == ["2", "3"]
     assert all(len(t) == 2 for t in profile["steps"]["chunk_ms"].values())
 
     from shared.profile import load_profile
 
     loaded = load_profile(profile_path)  # the scheduler's loader takes it
-    assert loaded.full_steps == 4
+    assert loaded.full_steps == 4 and loaded.pass_ms(1) == loaded.chunk_ms(1) / 5
     assert loaded.chunk_ms_at(2, 3) == profile["steps"]["chunk_ms"]["3"][1]
 
 

@@ -544,6 +544,10 @@ def build_profile(
             "reserved_bytes": int(report["weights_bytes"]),
         }
         profile["sources"]["memory"] = "device total memory; reserved = model + decoder weights."
+    passes = report.get("passes_per_chunk", 1)
+    if passes > 1:  # the engine's pass-level admission; its full step count is passes - 1
+        profile["passes_per_chunk"] = passes
+        profile["sources"]["passes_per_chunk"] = "the engine's denoising steps + 1 cache write."
     reduced = report.get("steps", [])[1:]
     if reduced:
         profile["steps"] = {
