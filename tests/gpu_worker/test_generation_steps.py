@@ -3,7 +3,11 @@ that start after it, and an emulated GPU paces a chunk at ``s`` steps to ``s + 1
 
 from __future__ import annotations
 
+import pytest
+
+from services.gpu_worker.generation import OwnedSession
 from services.gpu_worker.inbox import Control
+from services.gpu_worker.pacing import PlaybackClock
 
 from .conftest import make_engine
 from .test_generation import RecordingSink, _assign, _loop, _run
@@ -76,3 +80,14 @@ def test_steps_are_clamped_and_answered_once_the_status_shows_them():
     assert answered == [(3, 3), (4, 4)]
     steps = [c.steps for c in sink.chunks("s")]
     assert steps[:2] == [3, 3] and steps[-1] == 4
+
+
+def test_pacing_estimates_a_chunk_at_the_budget_in_force():
+    """A session ahead of playback starts its chunk an estimated chunk time before it is due:
+    at fewer steps, fewer passes."""
+    loop = _loop(make_engine(min_steps=2))
+    loop.owned["s"] = OwnedSession(epoch=1, seq_base=0, clock=PlaybackClock(0.0))
+    loop.pass_times.add(1, 10.0)
+    assert loop._estimate() == pytest.approx(0.050)  # 5 passes of 10 ms
+    loop.set_steps(2)
+    assert loop._estimate() == pytest.approx(0.030)  # 3 passes
