@@ -42,6 +42,7 @@ from services.scheduler.eval.runs import (
 )
 from services.scheduler.eval.service_level import SLO_ATTAINMENT, curve_at_slo, static_at_slo
 from services.scheduler.eval.tables import markdown_table
+from services.scheduler.shipped import load_rho_table, table_path_for
 from services.scheduler.sim.simulator import WARM_START_MIN_WINDOW_S
 from services.scheduler.sim.synth import BUILTIN_NAMES, training_traces
 from services.scheduler.sim.traceio import load_trace, scale_of, write_trace
@@ -138,6 +139,28 @@ def bar(swept: TraceSweep, table: RhoTable | None, label: str = "shipped") -> Ba
     )
 
 
+def level_shares(trace_key: str, table: RhoTable) -> list[float]:
+    """The share of the trace's 10 s bins spent at each of ``table``'s volatility levels, the
+    level read as the controller reads it (its middle level until the window has three
+    bins), from the activations alone (arrivals and idle->active flips)."""
+    trace = load_trace(trace_key)
+    tracker = table.tracker()
+    activations = [e.t for e in trace.events if e.event in ("arrive", "active")]
+    counts = [0] * len(table.rho_hat)
+    i = 0
+    t = 0.0
+    while t < trace.duration:
+        while i < len(activations) and activations[i] < t:
+            tracker.record(activations[i])
+            i += 1
+        tracker.observe(t)
+        value = tracker.value(t)
+        counts[len(counts) // 2 if value is None else table.level(value)] += 1
+        t += table.bin_s
+    total = sum(counts)
+    return [c / total for c in counts]
+
+
 def trace_keys(which: str, folder: Path) -> list[str]:
     """``eval``: the built-in traces; ``train``: the profiler's training traces at 30 minutes,
     written to ``folder``; otherwise a comma-separated list of trace names or paths."""
@@ -217,6 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="a candidate rho_hat table (JSON); repeatable; 'shipped' is always included",
     )
+    parser.add_argument(
+        "--levels",
+        action="store_true",
+        help="print the share of time each trace spends at each level of the shipped table",
+    )
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--boot-delay", type=float, default=30.0)
     args = parser.parse_args(argv)
@@ -225,8 +253,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"robustness: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _run(args, tables)
+    except FileNotFoundError as exc:
+        print(f"robustness: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, tables: list[tuple[str, RhoTable | None]]) -> int:
     rows: list[BarRow] = []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.levels:
+            shipped = load_rho_table(table_path_for(args.profile))
+            if shipped is None:
+                print(f"robustness: no shipped table for {args.profile}", file=sys.stderr)
+                return 2
+            body = [
+                [load_trace(key).name, *(f"{100 * x:.0f}" for x in level_shares(key, shipped))]
+                for key in trace_keys(args.traces, Path(tmp))
+            ]
+            print(markdown_table(["trace", *(f"level {i} %" for i in range(10))], body))
+            return 0
         for key in trace_keys(args.traces, Path(tmp)):
             swept = sweep(key, args.profile, args.boot_delay)
             rows.extend(bar(swept, table, label) for label, table in tables)

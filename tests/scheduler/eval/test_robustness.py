@@ -54,3 +54,17 @@ def test_a_bad_table_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
     bad.write_text(json.dumps({"levels": []}))
     assert robustness.main(["--traces", "calm", "--table", str(bad)]) == 2
     assert "rho table" in capsys.readouterr().err
+
+
+def test_level_shares_tell_chaotic_from_churny() -> None:
+    table = load_rho_table()
+    assert table is not None
+    chaotic = robustness.level_shares("chaotic", table)
+    churny = robustness.level_shares("churny", table)
+    assert sum(chaotic) == pytest.approx(1.0) and sum(churny) == pytest.approx(1.0)
+    assert sum(chaotic[7:]) > 0.9 > 0.1 > sum(churny[7:])
+
+
+def test_an_unknown_trace_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert robustness.main(["--levels", "--traces", "no_such_trace"]) == 2
+    assert "no_such_trace" in capsys.readouterr().err

@@ -178,10 +178,11 @@ def _service_at_cost(trace, policy, cost):
 # (chaotic) or sits still while sessions churn (churny), a static pool of turboserve's cost
 # serves slightly more periods on time. Strict: a win there must update the docs.
 _KNOWN_LOSSES = {
-    "chaotic": "regimes of 20-90 s, about a boot delay: the table's headroom "
-    "for bursty levels costs more than a static pool needs",
-    "churny": "steady load, sessions flip every few seconds: the fullest GPU's "
-    "load swings and the pool follows it",
+    "chaotic": "regimes of 20-90 s, about a boot delay: the pool follows them (236 scale "
+    "events) and serves 98.60% of periods for 5.60 GPU-h; 11 static GPUs serve 99.59% for 5.50",
+    "churny": "steady load, sessions flip every few seconds: the volatility level moves "
+    "across levels 0-6, whose settings differ, and the pool flaps (90 scale events): 99.18% "
+    "for 4.40 GPU-h; 8 static GPUs serve 99.98% for 4.00",
 }
 
 
