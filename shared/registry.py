@@ -215,6 +215,10 @@ class WorkerRecord:
     keeping_pace: bool = True
     emulated: str = ""  # the GPU kind it emulates, empty when real
     handoff_addr: str = ""
+    # The quality budget: the denoising steps per chunk in force and the model's full count
+    # (0: not reported).
+    steps: int = 0
+    full_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -655,6 +659,8 @@ def _worker_fields(w: WorkerRecord) -> dict[str, str | bytes | int | float]:
         "keeping_pace": int(w.keeping_pace),
         "emulated": w.emulated,
         "handoff_addr": w.handoff_addr,
+        "steps": w.steps,
+        "full_steps": w.full_steps,
     }
 
 
@@ -678,4 +684,6 @@ def _worker_from(worker_id: str, d: dict[str, Any], alive: bool) -> WorkerRecord
         keeping_pace=d.get("keeping_pace", "1") != "0",
         emulated=d.get("emulated", ""),
         handoff_addr=d.get("handoff_addr", ""),
+        steps=int(d.get("steps", 0)),
+        full_steps=int(d.get("full_steps", 0)),
     )

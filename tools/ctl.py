@@ -310,6 +310,8 @@ class Ctl:
                     "suspended": len(w.suspended),
                     "waiting": w.waiting,
                     "keeping_pace": w.keeping_pace,
+                    "steps": w.steps or None,
+                    "full_steps": w.full_steps or None,
                     "chunk_ms": w.chunk_ms,
                     "pass_ms": w.pass_ms,
                     "sessions": sessions,
@@ -553,16 +555,21 @@ def status_json(status: dict[str, Any]) -> str:
 def format_status(status: dict[str, Any]) -> str:
     """The status as a table: one line per worker, then its sessions indented."""
     lines = []
-    header = f"{'WORKER':<24} {'STATUS':<9} {'KIND':<14} {'SESSIONS':>8} {'WAIT':>4} {'CHUNK MS BY BATCH'}"
+    header = (
+        f"{'WORKER':<24} {'STATUS':<9} {'KIND':<14} {'SESSIONS':>8} {'WAIT':>4} {'STEPS':>5} "
+        "CHUNK MS BY BATCH"
+    )
     lines.append(header)
     for w in status["workers"]:
         kind = f"{w['kind']}{' (emu)' if w['emulated'] else ''}"
         chunk = " ".join(f"{b}:{ms:.0f}" for b, ms in sorted(w["chunk_ms"].items())) or "-"
         # A worker the scheduler declared lost says so; one merely late says "silent".
         alive = "" if w["alive"] or w["status"] == "lost" else " (silent)"
+        # The quality budget: "3/4" while the worker runs fewer than its full steps.
+        steps = f"{w['steps']}/{w['full_steps']}" if w.get("steps") and w.get("full_steps") else "-"
         lines.append(
             f"{w['id']:<24} {w['status'] + alive:<9} {kind:<14} "
-            f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {chunk}"
+            f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {steps:>5} {chunk}"
         )
         for s in w["sessions"]:
             lines.append(

@@ -57,6 +57,8 @@ def worker_card(
         "suspended": list(worker.suspended),
         "waiting": worker.waiting,
         "keeping_pace": worker.keeping_pace,
+        "steps": worker.steps or None,  # the quality budget: steps per chunk in force
+        "full_steps": worker.full_steps or None,
         "pass_ms": {str(k): v for k, v in sorted(worker.pass_ms.items())},
         "load": worker_load(worker, scheduler),
         "worst_latency_ms": max(recent) if recent else None,

@@ -693,8 +693,10 @@ class WorkerService:
             keeping_pace=loop_status.keeping_pace if loop_status else True,
             emulated=self.pace.kind if self.pace.emulated else "",
             handoff_addr=handoff_addr,
+            steps=loop_status.steps if loop_status else 0,
+            full_steps=self.full_steps,
         )
-        steps = loop_status.steps if loop_status else 0
+        steps = record.steps
         self._observe(record, steps)
         beat = Heartbeat(
             worker_id=self.worker_id,

@@ -83,6 +83,13 @@ async def test_a_steps_command_sets_the_steps_of_later_chunks_and_heartbeats(env
         assert beats[-1].full_steps == 4 and beats[-1].min_steps == 2
         assert service.metrics.registry.get_sample_value("turboserve_worker_steps") == 2
 
+        async def recorded() -> bool:
+            records = [w for w in await ctx.registry.workers() if w.id == "wq"]
+            return [(w.steps, w.full_steps) for w in records] == [(2, 4)]
+
+        # Operators see it too (ctl status, /v1/cluster read the registry's record).
+        await eventually(recorded, 5, "the budget in the registry")
+
         # Malformed: refused with a stable code; the worker and the stream go on.
         reply = await _request(ctx, _steps(None, "c2"))
         assert (reply.ok, reply.code, reply.command_id) == (False, "invalid", "c2")

@@ -67,9 +67,13 @@ function workerCard(w, target) {
       el("span", { class: "mono" }, s.id.slice(0, 12), s.suspended ? " (suspended)" : ""), close));
   }
   const kind = w.emulated ? `${w.gpu_kind} (emulated ${w.emulated})` : w.gpu_kind;
+  // The quality budget: shown while the worker runs fewer than its full denoising steps.
+  const steps = w.steps && w.full_steps && w.steps < w.full_steps
+    ? `; ${w.steps}/${w.full_steps} denoising steps` : "";
   return el("div", { class: "card", "data-worker": w.id },
     el("h3", {}, el("span", { class: "mono" }, w.id), statusBadge(w)),
-    el("div", { class: "muted" }, `${kind} on ${w.device}; ${w.sessions.length}/${w.capacity} sessions`),
+    el("div", { class: "muted" },
+      `${kind} on ${w.device}; ${w.sessions.length}/${w.capacity} sessions${steps}`),
     bar,
     el("div", { class: "muted" },
       `load ${fmt(load)} vs target ${fmt(target)}; worst latency 10 s: ${fmt(w.worst_latency_ms, 0)} ms`),
