@@ -108,13 +108,14 @@ def run(args: argparse.Namespace) -> int:
             load_profile(name)  # a bad profile is a one-line error before any work
 
         def write(result: Evaluation) -> None:
-            # After each scale, so that a long evaluation leaves what it has measured.
-            if args.markdown is not None:
-                args.markdown.parent.mkdir(parents=True, exist_ok=True)
-                args.markdown.write_text(markdown_report(result.document))
+            # After each scale, so that a long evaluation leaves what it has measured; the
+            # JSON first, so that nothing measured is lost to a report that cannot be drawn.
             if args.json is not None:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(result.document, indent=2) + "\n")
+            if args.markdown is not None:
+                args.markdown.parent.mkdir(parents=True, exist_ok=True)
+                args.markdown.write_text(markdown_report(result.document))
 
         result = evaluate_scales(
             keys,

@@ -80,11 +80,13 @@ def _summary_table(s: dict[str, Any], traces: dict[str, Any]) -> str:
         [
             "placement gap to exhaustive optimum, avg (max) %; with K = 4",
             f"{PAPER['placement']}",
-            f"{pg['avg']:.3f} ({pg['max']:.2f}); "
+            "not measured (--placement-instances 0)"
+            if pg["avg"] is None
+            else f"{pg['avg']:.3f} ({pg['max']:.2f}); "
             f"{pg.get('tight_capacity_4_avg', float('nan')):.3f} "
             f"({pg.get('tight_capacity_4_max', float('nan')):.2f})",
             "< 2",
-            _met(pg["avg"] < 2.0),
+            "-" if pg["avg"] is None else _met(pg["avg"] < 2.0),
         ],
         [
             "autoscaler gap to clairvoyant at matched p99, avg (max) %, where the clairvoyant's "

@@ -8,6 +8,7 @@ import pytest
 
 from services.scheduler.eval.quality import quality_budget, quality_summary, quality_table
 from services.scheduler.eval.runs import RunSpec, RunSummary
+from tests.scheduler.eval.test_not_reached import document  # noqa: F401  (the fixture)
 
 
 def _run(curve: str, cost: float, stall: float, reduced: float = 0.0, **params) -> RunSummary:
@@ -124,3 +125,18 @@ def test_sim_tables_writes_only_the_quality_budget_section(tmp_path, capsys):
     )
     assert main(["sim", "tables", "--eval", str(path), "--only", "nope"]) == 2
     assert "--only takes sections of" in capsys.readouterr().err
+
+
+def test_a_report_without_the_placement_gap_says_it_was_not_measured(
+    document: dict,  # noqa: F811
+) -> None:
+    # sim evaluate --placement-instances 0 measures no placement gap: the report says so
+    # instead of failing (and losing the figures it would have written).
+    from services.scheduler.eval.report import markdown_report
+
+    summary = {
+        **document["summary"],
+        "placement_gap_to_oracle_pct": {"avg": None, "max": None, "instances": 0},
+    }
+    text = markdown_report({**document, "summary": summary})
+    assert "not measured (--placement-instances 0)" in text
