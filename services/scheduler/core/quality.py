@@ -30,7 +30,14 @@ from services.scheduler.core.placement import Chooser, place_pending
 from services.scheduler.core.types import Decision, GpuState, SetSteps
 from shared.profile import LatencyProfile
 
-__all__ = ["StepBudget", "check_min_steps", "place_in_reduced_room", "steps_for"]
+__all__ = [
+    "StepBudget",
+    "check_min_steps",
+    "floor_of",
+    "place_in_reduced_room",
+    "reduced_capacity",
+    "steps_for",
+]
 
 
 def check_min_steps(min_steps: int | None, profile: LatencyProfile) -> None:
@@ -105,10 +112,6 @@ class StepBudget:
         self.min_steps = min_steps
         # GPUs not at full steps, or whose count is unknown (None: after a restore).
         self._set: dict[str, int | None] = {}
-
-    def steps_of(self, gpu_id: str, profile: LatencyProfile) -> int | None:
-        """The count last sent to ``gpu_id`` (full if none; None: unknown)."""
-        return self._set.get(gpu_id, profile.full_steps)
 
     def forget(self, gpu_ids: Iterable[str]) -> None:
         """After a restore: the counts of these GPUs are unknown, so the next update tells
