@@ -182,8 +182,8 @@ def _rows(traces: dict[str, dict[str, Any]]) -> list[list[object]]:
                 cost_cell(q["turboserve"]),
                 "-" if best is None else f"{cost_cell(q['static'][best])} ({best})",
                 cost_cell(q["rivals"].get("hpa")),
-                *(_pct_cell(q[key]["versus"].get("turboserve")) for key, _ in REDUCED_LIMITS),
-                _pct_cell(q["max_reduced_5pct"]["versus"].get("best_static")),
+                *(_pct_cell(q[key], "turboserve") for key, _ in REDUCED_LIMITS),
+                _pct_cell(q["max_reduced_5pct"], "best_static"),
             ]
         )
     return rows
@@ -214,7 +214,12 @@ def _limited_cell(entry: dict[str, Any]) -> float | str | None:
     return "not reached (no run within the limit)" if not entry["runs"] else cost_cell(entry)
 
 
-def _pct_cell(v: dict[str, Any] | None) -> float | str | None:
+def _pct_cell(ours: dict[str, Any], side: str) -> float | str | None:
+    """Ours against ``side``: "at most" where our cheapest run within the limit already
+    serves more than the level (our cost there is at most that run's)."""
+    v = ours["versus"].get(side)
     if v is None or v["pct"] is None:
         return None
-    return v["pct"] if v["reached"] else f"({v['pct']:+.1f}, not reached)"
+    if not v["reached"]:
+        return f"({v['pct']:+.1f}, not reached)"
+    return f"{v['pct']:+.1f} (at most)" if ours.get("upper_bound") else v["pct"]
