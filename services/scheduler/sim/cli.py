@@ -554,7 +554,16 @@ def _at_equal_cost(name: str, mean_gpus: float, one: Any) -> dict[str, Any]:
 
     row: dict[str, Any] = mix(low, high)
     row["policy"] = name
-    for key in ("migrations", "scale_events", "chunks", "peak_gpus", "sessions"):
+    for key in (
+        "migrations",
+        "scale_events",
+        "chunks",
+        "peak_gpus",
+        "sessions",
+        "on_time_full",
+        "on_time_reduced",
+        "late",
+    ):
         if key in row:
             row[key] = round(row[key])
     row["params"] = {**low.get("params", {}), "gpus": f"{mean_gpus:.2f} ({lo}-{hi})"}

@@ -60,20 +60,21 @@ def _cell(row: dict[str, Any], key: str | tuple[str, str]) -> str:
 
 
 def quality_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per row saying how its chunks went under the quality budget (on time at full
-    steps, on time at fewer, late; the share at fewer steps), when any row ran chunks at fewer
-    steps; none otherwise (no policy reduced steps: every chunk ran full steps)."""
-    if not any(row.get("on_time_reduced") or row.get("reduced_pct") for row in rows):
+    """How the chunks went under the quality budget, when any row ran chunks at fewer steps
+    (none otherwise): a line for each such row (on time at full steps, on time at fewer, late;
+    the share at fewer steps), then one naming the rows whose every chunk ran full steps."""
+    reduced = [row for row in rows if row.get("on_time_reduced") or row.get("reduced_pct")]
+    if not reduced:
         return []
-    out = []
-    for row in rows:
-        if "reduced_pct" not in row:
-            continue  # a document from before the budget
-        out.append(
-            f"quality budget, {row['policy']}: {row['on_time_full']} chunks on time at full "
-            f"steps, {row['on_time_reduced']} on time at fewer, {row['late']} late; "
-            f"{row['reduced_pct']:.2f}% at fewer steps"
-        )
+    out = [
+        f"quality budget, {row['policy']}: {row['on_time_full']} chunks on time at full steps, "
+        f"{row['on_time_reduced']} on time at fewer, {row['late']} late; "
+        f"{row['reduced_pct']:.2f}% at fewer steps"
+        for row in reduced
+    ]
+    full = [row["policy"] for row in rows if row not in reduced and "reduced_pct" in row]
+    if full:
+        out.append(f"quality budget: every chunk of {', '.join(full)} ran full steps")
     return out
 
 

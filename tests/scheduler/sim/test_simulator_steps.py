@@ -53,8 +53,10 @@ def test_a_paced_gpu_over_its_deadline_is_on_time_at_fewer_steps():
     assert fewer.late == 0 and fewer.on_time_full == 0
     assert fewer.on_time_reduced == fewer.chunks and fewer.reduced_pct == 100.0
     assert fewer.stall_adjusted_attainment == 1.0 > full.stall_adjusted_attainment
-    lines = quality_lines([full.to_json(), fewer.to_json()])
-    assert len(lines) == 2 and "100.00% at fewer steps" in lines[1]
+    lines = quality_lines([{**full.to_json(), "policy": "a"}, {**fewer.to_json(), "policy": "b"}])
+    assert lines[0].startswith("quality budget, b: 0 chunks on time at full steps")
+    assert lines[0].endswith("100.00% at fewer steps")
+    assert lines[1:] == ["quality budget: every chunk of a ran full steps"]
     assert quality_lines([full.to_json()]) == []  # nothing reduced: no footer
 
 
