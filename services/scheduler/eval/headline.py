@@ -79,7 +79,8 @@ def _robustness(summary: dict[str, Any]) -> str:
     block = summary.get("robustness")
     if not block or block.get("max_cost_above_best_of_least_loaded_and_hpa_pct") is None:
         return ""
-    per_trace = block.get("per_trace") or {}
+    # A trace where a side did not reach 99% has no figure (None).
+    per_trace = {t: v for t, v in (block.get("per_trace") or {}).items() if v is not None}
     worst = max(per_trace, key=lambda t: per_trace[t]) if per_trace else None
     verdict = "meets" if block.get("met") else "misses"
     return (

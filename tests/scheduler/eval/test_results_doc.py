@@ -52,7 +52,7 @@ def test_sim_tables_writes_the_file(
     path = tmp_path / "eval.json"
     path.write_text(json.dumps(document))
     target = tmp_path / "results.md"
-    names = ["policy_all", "against_the_paper", "service_level"]
+    names = ["headline", "policy_all", "against_the_paper", "service_level"]
     target.write_text("kept above\n" + _markers(names) + "kept below\n")
     assert main(["sim", "tables", "--eval", str(path), "--no-bench", "--write", str(target)]) == 0
     written = target.read_text()
@@ -91,3 +91,20 @@ def test_the_tables_say_the_scale_above_one(document: dict[str, Any]) -> None:  
         doc["config"]["scale"] = 4
     assert "(K = 2, scale 4)" in results.against_the_paper(scaled).splitlines()[0]
     assert "h200-wan-1.3b-measured, scale 4: turboserve GPU-h" in results.service_table(scaled)
+
+
+def test_the_readme_headline_comes_from_sim_tables(
+    document: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(document))
+    readme = tmp_path / "README.md"
+    readme.write_text("# Title\n" + _markers(["headline"]) + "the rest\n")
+    args = ["sim", "tables", "--eval", str(path), "--only", "headline", "--write", str(readme)]
+    assert main(args) == 0
+    written = readme.read_text()
+    assert "old headline" not in written and written.endswith("the rest\n")
+    assert ", scale 1** (" in written  # each line says its profile and scale
+    # The repository's README carries the markers, so the command can keep it current.
+    assert "<!-- sim tables: headline -->" in (RESULTS_DOC.parent.parent / "README.md").read_text()
