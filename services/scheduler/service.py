@@ -25,6 +25,7 @@ from services.scheduler.core.policies import (
     live_policies,
     policy_spec,
 )
+from services.scheduler.core.quality import check_min_steps
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import LeaderElection, Lease
@@ -62,6 +63,13 @@ class SchedulerService:
             raise SettingsError(
                 [f"TURBOSERVE_POLICY={settings.policy!r}: one of {', '.join(live_policies())}"]
             )
+        if settings.min_steps is not None and "min_steps" in policy_spec(settings.policy).params:
+            # Checked here, not when the core is built at a takeover: a floor above the model's
+            # full count stops the service at its start.
+            try:
+                check_min_steps(settings.min_steps, self.profiles[self.default_kind])
+            except ValueError as exc:
+                raise SettingsError([f"TURBOSERVE_MIN_STEPS={settings.min_steps}: {exc}"]) from None
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
