@@ -134,7 +134,7 @@ class LoopStatus:
     # its batch; None before the first timed one): heartbeats carry it to the scheduler, whose
     # placement counts a joining session's wait for the next pass boundary.
     pass_ends_at: float | None = None
-    steps: int = 0  # the step budget in force (the quality budget; 0 before the first status)
+    steps: int = 0  # the step budget in force (the quality budget)
 
 
 class PassTimes:
@@ -192,7 +192,8 @@ class GenerationLoop:
         self.pass_times = PassTimes()
         self.chunk_times = PassTimes()  # whole chunks, by the batch of their last pass
         self._boundary_controls: list[tuple[str, Control[Any]]] = []
-        self._status = LoopStatus()
+        # The budget in force from the start: a heartbeat before the first pass shows it too.
+        self._status = LoopStatus(steps=engine.steps)
         self._waiting = 0
         self._slow_passes = 0  # consecutive emulated passes the real compute could not meet
         self.keeping_pace = True

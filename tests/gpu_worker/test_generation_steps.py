@@ -91,3 +91,12 @@ def test_pacing_estimates_a_chunk_at_the_budget_in_force():
     assert loop._estimate() == pytest.approx(0.050)  # 5 passes of 10 ms
     loop.set_steps(2)
     assert loop._estimate() == pytest.approx(0.030)  # 3 passes
+
+
+def test_the_status_shows_the_budget_before_the_first_pass():
+    """A heartbeat taken before the loop has run (the worker's first) reports the budget in
+    force, not 0 steps, which the scheduler would read as another count and answer with a
+    STEPS command."""
+    engine = make_engine(min_steps=1)
+    loop = _loop(engine)
+    assert loop.status().steps == engine.full_steps == 4
