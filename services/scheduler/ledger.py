@@ -82,6 +82,10 @@ class PoolLedger:
             return False
         self.booting.pop(wid, None)
         self.workers[wid] = KnownWorker(kind, now)
+        # A worker that joins runs full steps, as the core holds a GPU it just heard of; a
+        # budget a decision set after the worker left (a SetSteps carried out late) is stale.
+        self.steps_wanted.pop(wid, None)
+        self.steps_answered.pop(wid, None)
         return True
 
     def leave(self, wid: str) -> bool:
