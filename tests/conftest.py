@@ -59,3 +59,20 @@ async def nats_client(infra: Mesh, isolation: dict[str, str]) -> AsyncIterator[o
         except Exception:  # noqa: BLE001 - the test may not have created it
             pass
     await nc.close()
+
+
+@pytest.fixture
+def env(
+    infra: Mesh,
+    isolation: dict[str, str],
+    nats_client: object,  # deletes the test's streams after it
+    redis_client: object,  # deletes the test's keys after it
+) -> dict[str, str]:
+    """What a service under test reads: the real NATS and Redis, this test's own subject prefix
+    and Redis namespace, warnings only. A test module that needs more defines its own."""
+    return {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_LOG_LEVEL": "warning",
+        **isolation,
+    }

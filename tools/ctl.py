@@ -565,7 +565,7 @@ def format_status(status: dict[str, Any]) -> str:
         chunk = " ".join(f"{b}:{ms:.0f}" for b, ms in sorted(w["chunk_ms"].items())) or "-"
         # A worker the scheduler declared lost says so; one merely late says "silent".
         alive = "" if w["alive"] or w["status"] == "lost" else " (silent)"
-        # The quality budget: "3/4" while the worker runs fewer than its full steps.
+        # The quality budget: the steps in force over the full count ("3/4": fewer).
         steps = f"{w['steps']}/{w['full_steps']}" if w.get("steps") and w.get("full_steps") else "-"
         lines.append(
             f"{w['id']:<24} {w['status'] + alive:<9} {kind:<14} "

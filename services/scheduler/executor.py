@@ -390,7 +390,8 @@ class Executor:
         ledger = self.ledger
 
         async def superseded() -> bool:
-            return ledger.steps_wanted.get(gpu) != steps or not ledger.knows(gpu)
+            # A resend of the full count, with none set by the core, is what it wants.
+            return ledger.steps_wanted.get(gpu, steps) != steps or not ledger.knows(gpu)
 
         try:
             outcome = await self.live.sender.to_worker(

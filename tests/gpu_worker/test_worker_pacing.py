@@ -15,16 +15,6 @@ from tests.gpu_worker.worker_harness import send, start_session, worker_in_proce
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client, redis_client):
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def test_sessions_started_at_different_moments_each_play_at_the_playback_rate(env):
     period, lead = 0.4, 0.4
     async with worker_in_process(env, worker_id="w1", chunk_period_s=period) as (_, ctx, rx):

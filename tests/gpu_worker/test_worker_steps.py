@@ -26,16 +26,6 @@ def test_min_steps_is_read_once_and_must_be_at_least_one(settings):
         settings.from_env({"TURBOSERVE_MIN_STEPS": "two"})
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client, redis_client):
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def _request(ctx: Any, cmd: WorkerCommand) -> CommandReply:
     msg = await ctx.nc.request(ctx.subjects.worker_cmd(cmd.worker_id), encode(cmd), timeout=5)
     return decode("reply", msg.data, CommandReply)

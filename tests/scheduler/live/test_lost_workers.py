@@ -20,16 +20,6 @@ pytestmark = pytest.mark.integration
 SHOWN_S = 2.0
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def test_a_lost_worker_is_shown_lost_without_sessions_then_forgotten(env):
     settings = {"worker_timeout_s": 1.0, "lost_worker_shown_s": SHOWN_S}
     async with mesh_context(env) as (ctx, _), leading(ctx, env, settings=settings) as (live, _core):

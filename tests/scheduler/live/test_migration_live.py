@@ -30,16 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PERIOD = 0.2
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client, redis_client):
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 def assert_consecutive(rx: Received, sid: str) -> list[int]:
     seqs = rx.seqs(sid)
     assert seqs == list(range(len(seqs))), f"{sid}: {seqs}"

@@ -28,16 +28,6 @@ PERIOD = 0.2
 SIDS = ("s1", "s2", "s3")
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client, redis_client):
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 def consecutive(rx: Received, sid: str) -> bool:
     seqs = rx.seqs(sid)
     return seqs == list(range(len(seqs)))

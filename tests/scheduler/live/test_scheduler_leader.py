@@ -32,16 +32,6 @@ from tools.launcher import free_port
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client, redis_client):
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def test_the_lease_has_one_holder_a_term_per_leadership_and_guards_writes(
     redis_client, isolation
 ):

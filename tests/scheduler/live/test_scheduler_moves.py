@@ -30,16 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PERIOD = 0.2
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client, redis_client):
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_lands(env):
     async with (
         mesh_context(env) as (ctx, rx),

@@ -21,16 +21,6 @@ from tests.gpu_worker.worker_harness import mesh_context
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
     async with mesh_context(env) as (ctx, _):
         settings = SchedulerSettings.from_env(env)

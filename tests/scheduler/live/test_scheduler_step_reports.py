@@ -18,16 +18,6 @@ from tests.scheduler.live.scheduler_harness import leading
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
     async with mesh_context(env) as (ctx, _), leading(ctx, env, max_gpus=2) as (live, core):
         for wid in ("wa", "wb"):

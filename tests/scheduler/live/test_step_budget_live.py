@@ -30,16 +30,6 @@ pytestmark = pytest.mark.integration
 FULL_STEPS = 4
 
 
-@pytest.fixture
-def env(infra, isolation, nats_client):  # nats_client: deletes the test's streams after it
-    return {
-        "TURBOSERVE_NATS_URL": infra.nats_url,
-        "TURBOSERVE_REDIS_URL": infra.redis_url,
-        "TURBOSERVE_LOG_LEVEL": "warning",
-        **isolation,
-    }
-
-
 async def test_an_overfull_worker_is_sent_fewer_steps_and_sent_them_again_after_a_restart(env):
     steps_sent: list[int | None] = []
 
