@@ -33,6 +33,7 @@ def profile_doc(scale: int, *, static: float | None, gap: float, quick: bool) ->
                 "max_cost_above_best_of_least_loaded_and_hpa_pct": 14.0,
                 "per_trace": {"calm": -20.0, "bursty": -30.0, "chaotic": 14.0},
                 "met": False,
+                "left_out": {},
             },
             "quality_budget": {
                 "policy": "turboserve_q",
