@@ -4,32 +4,18 @@ evaluation reads for turboserve and the rivals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from services.scheduler.eval.quality import quality_budget, quality_summary, quality_table
-from services.scheduler.eval.runs import RunSpec, RunSummary
+from services.scheduler.eval.runs import RunSummary
 from tests.scheduler.eval.test_not_reached import document  # noqa: F401  (the fixture)
+from tests.scheduler.eval.test_service_level import _run as _service_run
 
 
 def _run(curve: str, cost: float, stall: float, reduced: float = 0.0, **params) -> RunSummary:
-    return RunSummary(
-        spec=RunSpec("t", curve, curve, tuple(params.items())),
-        cost_gpu_h=cost,
-        cost_usd=0.0,
-        p50_ms=0.0,
-        p99_ms=1000.0,
-        max_ms=1000.0,
-        attainment=stall,
-        migrations=0,
-        scale_events=0,
-        peak_gpus=1,
-        decision_p99_ms=0.0,
-        served_floor_gpu_h=0.0,
-        unserved_session_s=0.0,
-        wall_s=0.0,
-        stall_adjusted_attainment=stall,
-        reduced_pct=reduced,
-    )
+    return dataclasses.replace(_service_run(curve, cost, stall, **params), reduced_pct=reduced)
 
 
 def _runs() -> list[RunSummary]:
