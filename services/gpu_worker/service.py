@@ -696,8 +696,7 @@ class WorkerService:
             steps=loop_status.steps if loop_status else 0,
             full_steps=self.full_steps,
         )
-        steps = record.steps
-        self._observe(record, steps)
+        self._observe(record)
         beat = Heartbeat(
             worker_id=self.worker_id,
             status=self.status,
@@ -722,7 +721,7 @@ class WorkerService:
             handoff_ms_per_mib=cost.ms_per_mib if cost else None,
             prompt_switch_ms=loop_status.prompt_switch_ms if loop_status else None,
             pass_ends_at=loop_status.pass_ends_at if loop_status else None,
-            steps=steps,
+            steps=record.steps,
             full_steps=self.full_steps,
             min_steps=self.min_steps,
         )
@@ -755,7 +754,7 @@ class WorkerService:
                     "session_reannounced", session_id=sid, epoch=f.epoch, last_seq=f.last_seq
                 )
 
-    def _observe(self, record: WorkerRecord, steps: int) -> None:
+    def _observe(self, record: WorkerRecord) -> None:
         m = self.metrics
         for batch, ms in record.chunk_ms.items():
             m.chunk_ms.labels(str(batch)).set(ms)
@@ -765,7 +764,7 @@ class WorkerService:
         m.sessions.labels("suspended").set(len(record.suspended))
         m.sessions.labels("waiting").set(record.waiting)
         m.keeping_pace.set(1 if record.keeping_pace else 0)
-        m.steps.set(steps)
+        m.steps.set(record.steps)
 
     def _telemetry(self) -> dict[str, Any]:
         """The device's report (mode, memory): read here, not from the engine."""
