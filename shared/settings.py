@@ -352,6 +352,9 @@ class SchedulerSettings(CommonSettings):
     # Pool limits when the provisioner has not written its own (it normally has).
     min_workers: int = 1
     max_workers: int = 8
+    # After a scale event, no scale event the other way for this long (s): no drain right
+    # after a GPU was asked for, no GPU asked for right after a drain unless sessions wait.
+    scale_cooldown_s: float = 30.0
     # Experiments: the delay the provisioner puts before a worker starts (the same setting).
     boot_delay_s: float = 0.0
     # A requested GPU not ready this long after the request is given up (the same setting).
@@ -394,6 +397,8 @@ class SchedulerSettings(CommonSettings):
         faults.extend(_min_steps_faults(self.min_steps))
         if not 0 <= self.boot_delay_s < math.inf:
             faults.append("TURBOSERVE_BOOT_DELAY_S: must be a finite number >= 0")
+        if not 0 <= self.scale_cooldown_s < math.inf:
+            faults.append("TURBOSERVE_SCALE_COOLDOWN_S: must be a finite number >= 0")
         if self.min_workers < 0:
             faults.append("TURBOSERVE_MIN_WORKERS: must be >= 0")
         if self.max_workers < max(1, self.min_workers):

@@ -68,8 +68,11 @@ class LiveScheduler:
         default_kind: str,
         metrics: SchedulerMetrics,
         handoff_timeout_s: float = 30.0,
+        limits: tuple[int, int] | None = None,
     ) -> None:
         self.ctx = ctx
+        # The pool limits the core was last given (min, max GPUs).
+        self.limits = limits
         self.settings = settings
         self.lease = lease
         self.core = core
@@ -259,6 +262,7 @@ class LiveScheduler:
             await ingest.gone(wid, reason="silent")
         for gpu_id in self.ledger.boot_overdue(now):
             await ingest.gone(gpu_id, reason="boot_timeout")
+        await self.follow_pool_limits()
         self.executor.releases.retry_due(now)
         if now - self._profiles_at > self.settings.profile_refresh_s:
             self.refresh_profiles()
@@ -266,6 +270,29 @@ class LiveScheduler:
             await ingest.reconcile()
         await self.step(Event(now, EventKind.TICK))
         await self._publish_status(now)
+
+    async def follow_pool_limits(self) -> None:
+        """The provisioner's pool limits as they are now: they change while the scheduler
+        leads (a provisioner that starts after the election writes its own over an earlier
+        run's), so the core follows them every tick rather than once at the takeover."""
+        limits = await self.ctx.registry.pool_limits()
+        if limits is None:
+            return
+        wanted = (limits.min_workers, limits.max_workers)
+        if wanted == self.limits:
+            return
+        try:
+            self.core.set_limits(*wanted)
+        except ValueError as exc:
+            log.warning("pool_limits_unusable", error=str(exc))
+            return
+        log.info(
+            "pool_limits_followed",
+            min_workers=wanted[0],
+            max_workers=wanted[1],
+            was=list(self.limits) if self.limits else None,
+        )
+        self.limits = wanted
 
     def refresh_profiles(self, force: bool = False) -> None:
         """The latency model per kind from what the workers of that kind measure."""

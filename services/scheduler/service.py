@@ -124,15 +124,17 @@ class SchedulerService:
         assert self.ctx is not None
         self.metrics.leader.set(1)
         log.info("scheduler_elected", term=lease.term, scheduler_id=self.settings.scheduler_id)
+        limits = await self._limits()
         live = LiveScheduler(
             self.ctx,
             self.settings,
             lease,
-            await self._controller(),
+            live_policy(self.settings, self.profiles, self.default_kind, self.rho_table, *limits),
             self.profiles,
             self.default_kind,
             self.metrics,
             handoff_timeout_s=self.settings.handoff_timeout_s,
+            limits=limits,
         )
         self.live = live
         await live.start()
@@ -151,16 +153,14 @@ class SchedulerService:
             with contextlib.suppress(Exception):
                 await self._election.resign(lease)
 
-    async def _controller(self) -> Policy:
-        """A fresh core for a new leadership, its pool limits from the provisioner's record."""
+    async def _limits(self) -> tuple[int, int]:
+        """The pool limits a new leadership starts from: the provisioner's record, else the
+        settings. The live scheduler follows the record from then on (it changes)."""
         assert self.ctx is not None
-        settings = self.settings
         limits = await self.ctx.registry.pool_limits()
-        min_gpus = limits.min_workers if limits is not None else settings.min_workers
-        max_gpus = limits.max_workers if limits is not None else settings.max_workers
-        return live_policy(
-            settings, self.profiles, self.default_kind, self.rho_table, min_gpus, max_gpus
-        )
+        if limits is None:
+            return self.settings.min_workers, self.settings.max_workers
+        return limits.min_workers, limits.max_workers
 
 
 def live_policy(
@@ -187,6 +187,9 @@ def live_policy(
             "initial_gpus": 0,
             "min_gpus": min_gpus,
             "max_gpus": max_gpus,
+            # The provisioner starts workers up to its floor by itself.
+            "floor_kept": True,
+            "scale_cooldown_s": settings.scale_cooldown_s,
             "gpu_kind": default_kind,
             "gpu_id_prefix": prefix,
         }

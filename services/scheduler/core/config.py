@@ -51,6 +51,15 @@ class ControllerConfig:
     gpu_id_prefix: str | None = None
     min_gpus: int = 1
     max_gpus: int | None = None
+    # The environment keeps ``min_gpus`` GPUs running by itself (the live provisioner starts
+    # workers up to its floor on its own): a scale-out counts the floor as there, so it never
+    # asks for GPUs that the floor's own boots bring anyway.
+    floor_kept: bool = False
+    # Scale cool-down: for this long after a scale event no event the other way fires (no
+    # scale-in after a scale-out, no scale-out after a scale-in unless sessions wait for a
+    # slot), so a pool that just grew is not drained on the next swing, nor one just drained
+    # grown again. 0: off.
+    scale_cooldown_s: float = 0.0
     # Scale-in stabilisation window: the pool never shrinks below the highest target of the
     # last this many seconds (HPA's down-scale stabilisation); None: the table's value at the
     # current level (0 without a table).
@@ -102,7 +111,13 @@ class ControllerConfig:
                 f"peak_surge_s must be >= 0 and below peak_window_s "
                 f"({self.peak_window_s}), got {self.peak_surge_s}"
             )
-        for key in ("eta", "boot_delay_s", "scale_in_delay_s", "retry_backoff_s"):
+        for key in (
+            "eta",
+            "boot_delay_s",
+            "scale_in_delay_s",
+            "retry_backoff_s",
+            "scale_cooldown_s",
+        ):
             value = getattr(self, key)
             if value is None and key == "scale_in_delay_s":
                 continue

@@ -37,6 +37,11 @@ except in a surge: while the active count is above every count of the window old
 ``peak_surge_s``.
 Scale-in stabilisation (not in the paper): the pool never shrinks below the highest target of
 the last ``scale_in_delay_s`` (the table's, 0 without one), as Kubernetes' HPA stabilises.
+Scale cool-down (not in the paper; ``scale_cooldown_s``, 0: off): no scale-in within it of a
+scale-out, and no scale-out within it of a scale-in unless sessions wait for a slot.
+Pool limits: ``min_gpus`` / ``max_gpus`` from the config, replaced between steps by
+:meth:`Controller.set_limits` (a live pool's limits change while it runs); with ``floor_kept``
+the environment keeps the floor itself and a scale-out never asks for the GPUs it brings.
 
 Several kinds: the autoscaler counts GPUs in units of the default kind (``config.gpu_kind``,
 the kind it asks for): a GPU of twice its K counts as two. With one kind every count is the
@@ -60,6 +65,7 @@ ignored), because a live service may replay events after a restart. Sessions dis
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import deque
@@ -144,6 +150,8 @@ class Controller:
             re.sub(r"[^a-z0-9]+", "-", self.gpu_kind.lower()).strip("-") or "gpu"
         )
         self.scale_events = 0
+        # The last scale event: (time, +1 out / -1 in), for the cool-down.
+        self._last_scale: tuple[float, int] | None = None
         check_min_steps(config.min_steps, self._cluster.profile)
         # The quality budget (quality.py): None while off for every kind, and then nothing of
         # it runs.
@@ -223,6 +231,16 @@ class Controller:
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"kind must be a non-empty string, got {kind!r}")
         self._cluster.set_profile(kind, profile)
+
+    def set_limits(self, min_gpus: int, max_gpus: int | None) -> None:
+        """Follow new pool limits (the environment's floor and ceiling), between steps.
+
+        Not an event and returns no decisions: the next step sizes the pool within them. A
+        floor raised above the pool is not requested here when the environment keeps the floor
+        itself (``floor_kept``); a ceiling lowered below it is reached by the next scale-in.
+        Raises ``ValueError`` for limits a :class:`ControllerConfig` refuses."""
+        if (min_gpus, max_gpus) != (self.config.min_gpus, self.config.max_gpus):
+            self.config = dataclasses.replace(self.config, min_gpus=min_gpus, max_gpus=max_gpus)
 
     def restore(
         self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession], t: float
@@ -497,14 +515,41 @@ class Controller:
         target = self._capped(t, target, budget)
         target = self._stabilised(t, target, budget)
         if target > budget and scale_out:
-            self.scale_events += 1
-            return [self._request(math.ceil(target - budget - _EPS), t)]
-        if target < budget:
+            # GPUs the environment is bringing up to its floor by itself count as asked for.
+            asked = budget + self._floor_coming()
+            if target <= asked + _EPS or self._cooling(t, direction=1):
+                return []
+            self._scaled(t, direction=1)
+            return [self._request(math.ceil(target - asked - _EPS), t)]
+        if target < budget and not self._cooling(t, direction=-1):
             out = self._scale_in(budget - target, t)
             if out:
-                self.scale_events += 1
+                self._scaled(t, direction=-1)
             return out
         return []
+
+    def _floor_coming(self) -> float:
+        """With ``floor_kept``: the GPUs the environment still starts to reach its floor on
+        its own, the floor less every GPU that is up (ready, draining or cordoned); 0
+        otherwise. GPUs booting at our request do not count: the environment started the
+        floor's own boots when they were not there."""
+        if not self.config.floor_kept:
+            return 0.0
+        cluster = self._cluster
+        return max(0, self.config.min_gpus - (len(cluster.gpus) - len(cluster.booting)))
+
+    def _cooling(self, t: float, direction: int) -> bool:
+        """Whether a scale event in ``direction`` (+1 out, -1 in) waits out the cool-down of an
+        event the other way: a scale-in never comes within ``scale_cooldown_s`` of a
+        scale-out, nor a scale-out of a scale-in while no session waits for a slot."""
+        last = self._last_scale
+        if last is None or last[1] == direction or t - last[0] >= self.config.scale_cooldown_s:
+            return False
+        return not (direction > 0 and self._cluster.pending)
+
+    def _scaled(self, t: float, direction: int) -> None:
+        self.scale_events += 1
+        self._last_scale = (t, direction)
 
     def _capped(self, t: float, target: float, budget: float) -> float:
         """Peak cap (not in the paper; the table's ``peak_rho``, none without one): the pool

@@ -135,6 +135,9 @@ class _Recorder:
     def set_profile(self, kind: str, profile: LatencyProfile) -> None:
         self.policy.set_profile(kind, profile)
 
+    def set_limits(self, min_gpus: int, max_gpus: int | None) -> None:
+        self.policy.set_limits(min_gpus, max_gpus)
+
     def rho_max(self) -> float:
         return self.policy.rho_max()
 
