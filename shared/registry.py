@@ -17,6 +17,9 @@ Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 - ``{ns}:cluster_events`` list (newest first, capped): migrations and scale events, as JSON
 - ``{ns}:counters``       hash: operator counters (migrations, scale events, peak GPUs)
 
+Read here, owned by the gateways (``services/gateway/store.py``): ``{ns}:gw:activity``, each
+open session's ``active``, ``idle`` (no viewer) or ``paused`` (by its client).
+
 Every ownership or state change is one Lua script: it checks the expected epoch and the allowed
 source states, then writes the session, the placement map and the pending set together. The
 epoch grows by one on every ownership change, and a worker's writes carry the epoch it was given,
@@ -465,6 +468,22 @@ class Registry:
     async def pending_sessions(self) -> list[str]:
         members = cast(list[bytes], await self.r.zrange(self.pending_key, 0, -1))
         return [_str(m) for m in members]
+
+    @property
+    def activity_key(self) -> str:
+        return f"{self.ns}:gw:activity"
+
+    async def unwatched(self, session_ids: list[str]) -> set[str]:
+        """Those of ``session_ids`` that the gateways hold idle (no viewer) or paused (by its
+        client): sessions that wait for nobody, not for a worker."""
+        if not session_ids:
+            return set()
+        raw = cast(list[bytes | None], await self.r.hmget(self.activity_key, session_ids))
+        return {
+            sid
+            for sid, value in zip(session_ids, raw, strict=True)
+            if value is not None and _str(value) in ("idle", "paused")
+        }
 
     # -- workers ------------------------------------------------------------------------------
     async def register_worker(self, worker: WorkerRecord, ttl_s: float) -> None:

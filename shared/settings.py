@@ -657,6 +657,14 @@ class ToolSettings(CommonSettings):
     emulate: str | None = None
     # How long ``up`` waits for its first worker (the provisioner's setting of the same name).
     boot_timeout_s: float = 300.0
+    # What the workers ``up`` starts run, which its banner names (the workers' settings of
+    # the same names): a Wan2.1 model folder, else the stand-in's preset.
+    model: str | None = None
+    preset: str = "tiny"
+    # The sessions' lifetimes (the gateways' settings of the same names), by which ``up``
+    # settles the sessions an earlier run left in a Redis it reuses.
+    idle_after_s: float = 60.0
+    close_after_s: float = 600.0
     # The key ``replay`` calls the gateway with.
     api_key: str = ""
     # The gateway's keys (see GatewaySettings): ``up`` makes a local one when none is set.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 import uuid
@@ -46,6 +47,11 @@ class CtlError(Exception):
 
 # How often a drain looks again at a session that a move already under way is taking away.
 MOVE_POLL_S = 0.2
+# How long `ctl undrain` waits for the scheduler to take the worker back into placement.
+UNDRAIN_WAIT_S = 10.0
+# With a scheduler leading, a drain leaves the active sessions to it this long before it moves
+# one the scheduler left there itself (a policy that never migrates).
+SCHEDULER_MOVE_WAIT_S = 5.0
 
 
 def _mesh_options() -> argparse.ArgumentParser:
@@ -207,7 +213,15 @@ def run(args: argparse.Namespace) -> int:
         # (unless TURBOSERVE_LOG_LEVEL asks for them).
         given = "log_level" in CommonSettings.given()
         configure_logging(mesh.settings.log_level if given else "error")
-        return asyncio.run(_run(args, mesh.settings, mesh))
+        code = asyncio.run(_run(args, mesh.settings, mesh))
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return code
+    except BrokenPipeError:
+        # The reader went away (`ctl status --json | head`): no traceback, as CLI tools do.
+        # Python's advice: point stdout at devnull so the flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except CtlError as exc:
         return fail(command, exc)
     except ConnectError as exc:
@@ -246,8 +260,18 @@ async def _run(args: argparse.Namespace, settings: Any, mesh: CtlTarget) -> int:
                     "takes no new sessions (turboserve ctl undrain to undo)"
                 )
         elif args.ctl_command == "undrain":
-            await ctl.undrain(args.worker)
-            print(f"worker {args.worker} takes sessions again")
+            taken = await ctl.undrain(args.worker)
+            if taken is None:
+                print(
+                    f"worker {args.worker} takes sessions again (no scheduler leads to place any)"
+                )
+            elif taken:
+                print(f"worker {args.worker} takes sessions again: the scheduler places on it")
+            else:
+                raise CtlError(
+                    f"worker {args.worker} is undrained, but the scheduler still holds it out of "
+                    f"placement after {UNDRAIN_WAIT_S:.0f}s; see `turboserve ctl status`"
+                )
         return 0
     finally:
         await close_context(ctx)
@@ -274,6 +298,7 @@ class Ctl:
         registry = self.ctx.registry
         workers = await registry.workers()
         placement = await registry.placement()
+        drains = await registry.operator_drains()
         by_worker: dict[str, list[str]] = {}
         for sid, owner in placement.items():
             by_worker.setdefault(owner, []).append(sid)
@@ -295,7 +320,10 @@ class Ctl:
                     }
                 )
             status = str(w.status)
-            if status == "draining" and not sessions:
+            if status == "draining" and w.id not in drains:
+                # Not an operator's drain: the scheduler's scale-in, which gives it back.
+                status = "releasing"
+            elif status == "draining" and not sessions:
                 status = "drained"
             out_workers.append(
                 {
@@ -318,9 +346,13 @@ class Ctl:
                 }
             )
         pending = await registry.pending_sessions()
+        # A pending session its gateway holds idle (no viewer) or paused waits for its viewer,
+        # not for a worker: the scheduler does not count it pending either.
+        unwatched = await registry.unwatched(pending)
         return {
             "workers": out_workers,
-            "pending": pending,
+            "pending": [sid for sid in pending if sid not in unwatched],
+            "pending_unwatched": [sid for sid in pending if sid in unwatched],
             "scheduler": await registry.scheduler_status(),
             "pool": _pool(await registry.pool_limits()),
         }
@@ -397,10 +429,14 @@ class Ctl:
         self, worker_id: str, wait_s: float, *, stop: bool = False, progress: Any = None
     ) -> int:
         """Record the operator's drain (``hold``, or ``stop`` to have the worker given back)
-        for the scheduler, DRAIN the worker, then move each of its sessions to the ready worker
-        with the most free slots, until it holds none; with ``stop``, then wait for it to be
-        stopped. A session that a move already under way is taking away (the scheduler's
-        evacuation of the same worker) is waited for, not fought. Returns the number moved."""
+        for the scheduler, DRAIN the worker, then see each of its sessions moved away until it
+        holds none; with ``stop``, then wait for it to be stopped. With a scheduler leading,
+        the scheduler moves the active sessions (it knows every worker's slots), and this
+        moves one itself only once the scheduler has left it there for
+        ``SCHEDULER_MOVE_WAIT_S`` (a policy that never migrates); idle ones, and all of them
+        with no scheduler, go to the ready worker with the most free slots. A session that a
+        move already under way is taking away is waited for, not fought. Returns the number
+        of sessions that left the worker for another one, whoever moved them."""
         ctx = self.ctx
         deadline = time.monotonic() + wait_s
         await ctx.registry.set_operator_drain(worker_id, "stop" if stop else "hold")
@@ -409,34 +445,59 @@ class Ctl:
         except CtlError:
             await ctx.registry.clear_operator_drain(worker_id)
             raise
-        moved = 0
+        leave_to_scheduler = time.monotonic() + SCHEDULER_MOVE_WAIT_S
+        seen: set[str] = set()
         while True:
             held = [
                 sid for sid, owner in (await ctx.registry.placement()).items() if owner == worker_id
             ]
+            seen.update(held)
             if not held:
                 break
             if time.monotonic() > deadline:
                 raise CtlError(f"{len(held)} session(s) still on {worker_id} after {wait_s:.0f}s")
+            leading = await ctx.registry.scheduler_status() is not None
             waiting = False
             for sid in held:
-                outcome = await self._move_off(worker_id, sid, deadline)
+                outcome = await self._move_off(
+                    worker_id,
+                    sid,
+                    deadline,
+                    active_too=not leading or (time.monotonic() > leave_to_scheduler),
+                )
                 if outcome is None:
                     waiting = True
-                elif outcome:
-                    moved += 1
-                    if progress is not None:
-                        progress(f"moved {sid} -> {outcome}")
+                elif outcome and progress is not None:
+                    progress(f"moved {sid} -> {outcome}")
             if waiting:
                 await asyncio.sleep(MOVE_POLL_S)
+        moved = await self._moved_away(worker_id, seen)
         if stop:
             await self._await_stopped(worker_id, deadline, wait_s)
         return moved
 
-    async def _move_off(self, worker_id: str, sid: str, deadline: float) -> str | None:
+    async def _moved_away(self, worker_id: str, seen: set[str]) -> int:
+        """How many of ``seen`` (sessions that were on ``worker_id``) run on another worker."""
+        from shared.states import SessionState
+
+        moved = 0
+        for sid in seen:
+            record = await self.ctx.registry.get_session(sid)
+            if (
+                record is not None
+                and record.state is not SessionState.TERMINATED
+                and record.owner not in (None, worker_id)
+            ):
+                moved += 1
+        return moved
+
+    async def _move_off(
+        self, worker_id: str, sid: str, deadline: float, active_too: bool = True
+    ) -> str | None:
         """Move ``sid`` off ``worker_id``: the target's id once moved, "" when it left by
-        itself (closed, or moved by someone else), None while a move under way is taking it
-        (look again later)."""
+        itself (closed, or moved by someone else), None while a move under way is taking it,
+        or while it is active and not ``active_too`` (the scheduler's to move; look again
+        later)."""
         from shared.states import SessionState
 
         record = await self.ctx.registry.get_session(sid)
@@ -444,7 +505,9 @@ class Ctl:
             return ""
         if record.state is SessionState.MIGRATING:
             return None
-        target = await self._target(worker_id)
+        if record.state is not SessionState.SUSPENDED and not active_too:
+            return None
+        target = await self._target(worker_id, active=record.state is not SessionState.SUSPENDED)
         remaining = max(1.0, deadline - time.monotonic())
         try:
             await self.migrate(sid, target, remaining)
@@ -509,22 +572,46 @@ class Ctl:
                 code=refusal.code,
             )
 
-    async def undrain(self, worker_id: str) -> None:
+    async def undrain(self, worker_id: str, wait_s: float = UNDRAIN_WAIT_S) -> bool | None:
         """Take a drained worker back into service: the operator's drain is forgotten and the
-        worker takes sessions again (the scheduler places on it at its next tick)."""
-        await self.ctx.registry.clear_operator_drain(worker_id)
+        worker takes sessions again. With a scheduler leading, wait (up to ``wait_s``) until
+        its view has the worker back in placement: True once it has, False if it has not
+        within ``wait_s``; None when no scheduler leads."""
+        registry = self.ctx.registry
+        await registry.clear_operator_drain(worker_id)
         await self.command(worker_id, _worker_cmd("undrain", worker_id))
+        deadline = time.monotonic() + wait_s
+        while True:
+            status = await registry.scheduler_status()
+            if status is None:
+                return None
+            cordoned = status.get("cordoned")
+            if not isinstance(cordoned, list) or worker_id not in cordoned:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(MOVE_POLL_S)
 
-    async def _target(self, source: str) -> str:
-        """The ready worker with the most free slots, other than ``source``."""
+    async def _target(self, source: str, active: bool = True) -> str:
+        """The ready worker with the most free slots, other than ``source``: the slots its
+        heartbeat says are taken, or the sessions the registry has executing there when that
+        is more (a heartbeat lags the moves onto it). An idle session takes no slot (``active``
+        False): any ready worker may park it."""
+        from shared.states import SessionState
         from shared.wire import WorkerStatus
 
+        registry = self.ctx.registry
+        executing: dict[str, int] = {}
+        for sid, owner in (await registry.placement()).items():
+            record = await registry.get_session(sid)
+            if record is not None and record.state is not SessionState.SUSPENDED:
+                executing[owner] = executing.get(owner, 0) + 1
         best: tuple[int, str] | None = None
-        for w in await self.ctx.registry.workers():
+        for w in await registry.workers():
             if w.id == source or not w.alive or w.status is not WorkerStatus.READY:
                 continue
-            free = w.capacity - w.active
-            if free > 0 and (best is None or (free, w.id) > best):
+            free = w.capacity - max(w.active, executing.get(w.id, 0))
+            if (free > 0 or not active) and (best is None or (free, w.id) > best):
                 best = (free, w.id)
         if best is None:
             raise CtlError(f"no other ready worker with a free slot to move {source}'s sessions to")
@@ -579,6 +666,11 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append("(no workers)")
     if status["pending"]:
         lines.append(f"pending: {len(status['pending'])} session(s) waiting for a worker")
+    if status.get("pending_unwatched"):
+        lines.append(
+            f"unwatched: {len(status['pending_unwatched'])} session(s) on no worker with no "
+            "viewer (placed when watched again)"
+        )
     scheduler = status.get("scheduler")
     if scheduler:
         lines.append("scheduler: " + ", ".join(_brief(k, v) for k, v in scheduler.items()))

@@ -177,6 +177,8 @@ class Mesh:
     secure: bool = False
     credentials: Credentials | None = None
     secured: dict[str, str] = field(default_factory=dict)  # "nats"/"redis" -> URL, no user
+    # What it found of an earlier run in a Redis it reuses, and did with it (None: nothing).
+    earlier_sessions: str | None = None
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Mesh:
@@ -212,6 +214,7 @@ class Mesh:
     def start(self, ready_timeout: float = 90.0) -> None:
         try:
             self.start_infra()
+            self.settle_earlier_run()
             child_env = {
                 **os.environ,
                 **self.env,
@@ -313,6 +316,30 @@ class Mesh:
             if self.credentials is not None:
                 self.secured["redis"] = url
                 self.redis_url = self._url_of("redis", OPERATOR, url)
+
+    def settle_earlier_run(self) -> None:
+        """In a Redis it reuses, the sessions of an earlier run are still there: before any
+        service starts, close those unwatched past their lifetime and idle those unwatched
+        for longer than ``idle_after_s`` (``tools/earlier_run.py``), so that the scheduler
+        never places one that nobody watches; say what it found and did."""
+        if "redis" in {name for name, _ in self.procs}:
+            return  # started here, empty
+        import asyncio
+
+        from tools.earlier_run import settle_earlier_sessions
+
+        settings = ToolSettings.from_env({**os.environ, **self.env})
+        found = asyncio.run(
+            settle_earlier_sessions(
+                self.redis_url,
+                settings.redis_namespace,
+                settings.idle_after_s,
+                settings.close_after_s,
+            )
+        )
+        self.earlier_sessions = found.line(settings.idle_after_s, settings.close_after_s)
+        if self.earlier_sessions is not None and not self.quiet:
+            print(f"turboserve up: {self.earlier_sessions}", file=sys.stderr, flush=True)
 
     def _children_settings(self) -> CommonSettings:
         """The services' settings: the subject prefix and namespace the servers' users get."""
@@ -619,6 +646,7 @@ def run(args: argparse.Namespace) -> int:
             + (f", CPU workers emulating {emulate} GPUs" if keys["TURBOSERVE_EMULATE"] else ""),
             workers=workers_line,
             keys_file=served.api_keys_file,
+            model=model_line(served),
         ),
         flush=True,
     )
@@ -636,10 +664,21 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.2)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan anything
-        mesh.stop()
+        print("turboserve up: stopping", file=sys.stderr, flush=True)
+        codes = mesh.stop()
         with contextlib.suppress(OSError):
             state_path.unlink()
+        print(f"turboserve up: {stopped_line(codes)}", file=sys.stderr, flush=True)
     return code
+
+
+def stopped_line(codes: Mapping[str, int]) -> str:
+    """What Ctrl-C stopped: each process ``up`` started, in the order it stopped them, with
+    the exit code of any that did not stop cleanly."""
+    if not codes:
+        return "stopped (nothing was running)"
+    parts = [name if rc == 0 else f"{name} (exit {rc})" for name, rc in codes.items()]
+    return f"stopped {', '.join(parts)}; the workers stopped with the provisioner"
 
 
 def _await_first_worker(mesh: Mesh, workers: int, log_dir: Path | None, timeout: float) -> str:
@@ -659,6 +698,14 @@ def _await_first_worker(mesh: Mesh, workers: int, log_dir: Path | None, timeout:
     return f"Workers: the first one is ready ({took:.1f} s after the services): sessions start now"
 
 
+def model_line(settings: ToolSettings) -> str:
+    """What the workers run, for the banner: the model folder of ``TURBOSERVE_MODEL``, else the
+    stand-in's preset."""
+    if settings.model:
+        return f"{settings.model} (TURBOSERVE_MODEL)"
+    return f"the stand-in, preset {settings.preset!r} (set TURBOSERVE_MODEL for a Wan2.1 model)"
+
+
 def _first_key(settings: ToolSettings) -> str | None:
     """The key to show in the banner: the first of TURBOSERVE_API_KEYS, or the legacy token."""
     entries = [e.strip() for e in settings.api_keys.split(",") if e.strip()]
@@ -676,6 +723,7 @@ def banner(
     pool: str = "",
     workers: str = "",
     keys_file: str | None = None,
+    model: str = "",
 ) -> str:
     """What a user needs to start: the URL, the keys, a curl line; apart from the logs."""
     auth = f" -H 'Authorization: Bearer {api_key}'" if api_key else ""
@@ -694,6 +742,8 @@ def banner(
         lines.append(f"Operator key: {operator_key}")
     lines += [
         *mesh.security_lines(),
+        *([mesh.earlier_sessions] if mesh.earlier_sessions else []),
+        *([f"Model: {model}"] if model else []),
         *([f"Pool: {pool}"] if pool else []),
         *([workers] if workers else []),
         "Try it:",

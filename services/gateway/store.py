@@ -30,24 +30,34 @@ from typing import cast
 import redis.asyncio as aioredis
 
 # Shared by the scripts below: count the live viewers of a session (KEYS[1] its viewers,
-# KEYS[2] the replicas, ARGV[1] now), dropping those whose replica died. When the last ones
-# died (no detach ever came), the session counts as seen now: its unwatched time starts here.
-# When some are live it counts as seen now too, so the reaper leaves it alone for a while.
+# KEYS[2] the replicas, ARGV[1] now), dropping those whose replica died or stopped. A viewer of
+# a replica that is no longer alive watched until that replica last said it was (a replica
+# that stops says when): the session counts as seen then, so its unwatched time is the same
+# whichever run's gateway it was watched through, and a replica forgotten long ago leaves the
+# time as it was. When some viewers are live it counts as seen now, so the reaper leaves it
+# alone for a while.
 _LIVE_VIEWERS = """
 local function live_viewers(viewers, replicas, sessions, session_id, now)
   local all = redis.call('HGETALL', viewers)
-  local live, dead = 0, 0
+  local live, gone_at = 0, nil
   for i = 1, #all, 2 do
     local until_ = redis.call('ZSCORE', replicas, all[i + 1])
     if until_ and tonumber(until_) > tonumber(now) then
       live = live + 1
     else
       redis.call('HDEL', viewers, all[i])
-      dead = dead + 1
+      if until_ then
+        gone_at = math.max(gone_at or 0, math.min(tonumber(until_), tonumber(now)))
+      end
     end
   end
-  if live > 0 or dead > 0 then
+  if live > 0 then
     redis.call('ZADD', sessions, 'XX', now, session_id)
+  elseif gone_at then
+    local seen = redis.call('ZSCORE', sessions, session_id)
+    if seen and gone_at > tonumber(seen) then
+      redis.call('ZADD', sessions, 'XX', gone_at, session_id)
+    end
   end
   return live
 end
@@ -88,6 +98,17 @@ if not seen or tonumber(seen) > tonumber(ARGV[3]) then return 0 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[1])
 return 1
+"""
+)
+
+# The live viewers of a session and when it was last seen watched, its dead viewers dropped.
+# KEYS: viewers, replicas, sessions. ARGV: session id, now.
+_SETTLE_LUA = (
+    _LIVE_VIEWERS
+    + """
+local live = live_viewers(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
+local seen = redis.call('ZSCORE', KEYS[3], ARGV[1])
+return {live, seen or ''}
 """
 )
 
@@ -167,6 +188,7 @@ class GatewayStore:
         self._claim_close = client.register_script(_CLAIM_CLOSE_LUA)
         self._flip = client.register_script(_FLIP_LUA)
         self._count = client.register_script(_COUNT_LUA)
+        self._settle = client.register_script(_SETTLE_LUA)
         self._reserve = client.register_script(_RESERVE_LUA)
         self._rate = client.register_script(_RATE_LUA)
 
@@ -215,9 +237,11 @@ class GatewayStore:
             added, _ = await pipe.execute()
         return bool(added)
 
-    async def replica_gone(self, replica_id: str) -> None:
-        """This replica stops: its viewers count no more."""
-        await self.r.zrem(self.replicas_key, replica_id)
+    async def replica_gone(self, replica_id: str, now: float | None = None) -> None:
+        """This replica stops: its viewers count no more, and were watched until now (the
+        replica is kept as dead from now, so the next run's reaper knows when)."""
+        now = time.time() if now is None else now
+        await self.r.zadd(self.replicas_key, {replica_id: now})
 
     async def track(self, session_id: str, now: float | None = None) -> None:
         """A new session: active, and its unwatched clock starts now."""
@@ -285,6 +309,16 @@ class GatewayStore:
                 keys=[self.viewers_key(session_id), self.replicas_key], args=[repr(now)]
             )
         )
+
+    async def settle(self, session_id: str, now: float | None = None) -> tuple[int, float | None]:
+        """The session's live viewers, and when it was last seen watched (None: the gateways
+        do not track it); viewers of replicas no longer alive are dropped first."""
+        now = time.time() if now is None else now
+        live, seen = await self._settle(
+            keys=self._lifetime_keys(session_id)[:3], args=[session_id, repr(now)]
+        )
+        seen_text = _text(seen) if isinstance(seen, bytes) else str(seen)
+        return int(live), float(seen_text) if seen_text else None
 
     async def unwatched_since(self, cutoff: float, limit: int = 1000) -> list[tuple[str, float]]:
         """Sessions not seen watched since ``cutoff`` (oldest first), with that time."""

@@ -181,22 +181,34 @@ class LiveScheduler:
             self.ledger.join(w.id, w.gpu_kind, now)
         live = {g.gpu_id for g in gpus}
         sessions = []
-        for sid, owner in (await registry.placement()).items():
+        placement = await registry.placement()
+        pending = await registry.pending_sessions()
+        # A session no one watches (or its client paused) that holds no GPU comes back idle:
+        # it waits for its viewer, not for a worker (an earlier run's session among them).
+        unwatched = await registry.unwatched(
+            [sid for sid, owner in placement.items() if owner not in live] + pending
+        )
+        for sid, owner in placement.items():
             record = await registry.get_session(sid)
             if record is None or record.state is SessionState.TERMINATED:
                 continue
-            if record.state is SessionState.SUSPENDED:
+            if record.state is SessionState.SUSPENDED or sid in unwatched:
                 sessions.append(RestoredSession(sid, active=False, in_host_ram=owner in live))
             else:
                 sessions.append(
                     RestoredSession(sid, active=True, gpu_id=owner if owner in live else None)
                 )
-        for sid in await registry.pending_sessions():
-            sessions.append(RestoredSession(sid, active=True))
+        for sid in pending:
+            sessions.append(RestoredSession(sid, active=sid not in unwatched))
         self.refresh_profiles(force=True)
         self.core.restore(gpus, sessions, now)
         self.ingest.rebuilt = True
-        log.info("scheduler_view_rebuilt", gpus=len(gpus), sessions=len(sessions))
+        log.info(
+            "scheduler_view_rebuilt",
+            gpus=len(gpus),
+            sessions=len(sessions),
+            idle=sum(1 for found in sessions if not found.active),
+        )
         await self.step(Event(now, EventKind.TICK))
 
     # -- one step of the core -------------------------------------------------------------------

@@ -134,7 +134,8 @@ async def _terminated(g, sid) -> bool:
 
 async def test_a_dead_replicas_viewers_expire(gw, http):
     """A viewer counts while its replica says it is alive; once that lapses, the session's
-    unwatched time starts when the reaper finds out, and it goes idle a full idle_after_s later."""
+    unwatched time starts when the replica was last alive (not when the reaper finds out), so
+    a session watched through a replica that died long ago goes idle at once."""
     g = gw.gateway
     s = await create(http)
     sid = s["id"]
@@ -145,9 +146,24 @@ async def test_a_dead_replicas_viewers_expire(gw, http):
     assert not await g.store.go_idle_if_unwatched(sid, now=now + 1)
     assert await g.store.viewers(sid, now=now + 3) == 0
     later = now + 3 + g.settings.idle_after_s
-    assert not await g.store.go_idle_if_unwatched(sid, now=later)  # found dead: the clock starts
-    assert await g.store.unwatched_since(later - 1) == []
-    assert await g.store.go_idle_if_unwatched(sid, now=later + g.settings.idle_after_s)
+    assert not await g.store.go_idle_if_unwatched(sid, now=later)  # found dead: the clock moves
+    [(found, seen)] = await g.store.unwatched_since(later - g.settings.idle_after_s)
+    assert found == sid and seen == pytest.approx(now + 2.0)  # when the replica was last alive
+    assert await g.store.go_idle_if_unwatched(sid, now=later)
+
+
+async def test_a_stopped_replicas_viewers_were_watched_until_it_stopped(gw, http):
+    """A replica that stops (a run of `turboserve up` that ends) says when: a later run's
+    reaper counts its sessions unwatched from then, not from when it finds them."""
+    g = gw.gateway
+    sid = (await create(http))["id"]
+    now = time.time()
+    await g.store.replica_alive("earlier-run", ttl_s=15.0, now=now - 700)
+    await g.store.attach(sid, "a1", "earlier-run", now=now - 700)
+    await g.store.replica_gone("earlier-run", now=now - 690)
+    assert await g.store.settle(sid, now=now) == (0, pytest.approx(now - 690))
+    close_before = now - g.settings.idle_after_s - g.settings.close_after_s
+    assert await g.store.claim_close(sid, close_before, now=now)
 
 
 async def test_a_stopping_replica_takes_its_viewers_with_it(gw_env, nats_client, redis_client, gw):

@@ -406,6 +406,9 @@ class Controller:
             gpu_id = _require(event.gpu_id, event)
             if gpu_id in cluster.cordoned:
                 cluster.mark_undrained(gpu_id)
+                # Back in the pool as a scale-out would bring it: the cool-down keeps a
+                # scale-in from picking it (empty, the least loaded) at once.
+                self._last_scale = (event.t, 1)
         elif kind is EventKind.MIGRATION_FAILED:
             self._migration_failed(_require(sid, event), _require(event.gpu_id, event), event.t)
         elif kind is EventKind.PLACEMENT_FAILED:
