@@ -137,7 +137,24 @@ class Ingest:
             return
         if event.kind is SessionEventKind.CLOSED:
             live.spawn(self.executor.stop_session(sid), f"stop-{sid}")
+        elif event.kind in (SessionEventKind.CREATED, SessionEventKind.ACTIVE):
+            why = await self._not_wanted(sid)
+            if why is not None:
+                log.info("session_event_outdated", session_id=sid, kind=str(event.kind), why=why)
+                return
         await live.step(Event(time.time(), SESSION_EVENTS[event.kind], session_id=sid))
+
+    async def _not_wanted(self, sid: str) -> str | None:
+        """Why a session that an event says is (again) active is not, by the registry and the
+        gateways as they are now (None: it is). An event waits in the durable stream until a
+        scheduler takes it, so it may come from an earlier run: a session closed since, or
+        one that nobody watches any more (its IDLE may have been lost with that run)."""
+        record = await self.registry.get_session(sid)
+        if record is None or record.state is SessionState.TERMINATED:
+            return "closed"
+        if await self.registry.unwatched([sid]):
+            return "unwatched"
+        return None
 
     # -- workers joining and leaving ------------------------------------------------------------
     async def ready(self, wid: str, kind: str) -> None:

@@ -114,3 +114,63 @@ def test_ctl_says_which_mesh_it_talks_to_when_not_the_state_files(
     (line,) = proc.stderr.strip().splitlines()
     assert "from TURBOSERVE_NATS_URL and TURBOSERVE_REDIS_URL" in line
     assert "no `turboserve up` runs from" in line
+
+
+def test_status_into_a_pipe_closed_early_ends_without_a_traceback(
+    infra, bare_env, isolation, redis_client
+):
+    """`ctl status --json | head -1`: the reader goes away before ctl has written it all."""
+    env = {
+        **bare_env,
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+    }
+    # Enough workers that the JSON outgrows a pipe's buffer, so the write meets the closed end.
+    ns = isolation["TURBOSERVE_REDIS_NAMESPACE"]
+    ids = [f"w{i:04d}" for i in range(400)]
+    import redis
+
+    client = redis.Redis.from_url(infra.redis_url)
+    try:
+        client.sadd(f"{ns}:workers", *ids)
+        for wid in ids:
+            client.hset(f"{ns}:worker:{wid}", mapping={"status": "ready", "capacity": 12})
+    finally:
+        client.close()
+    proc = subprocess.run(
+        f"{sys.executable} -m tools.cli ctl status --json | head -1",
+        shell=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "{"
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
+async def test_status_pending_counts_only_sessions_waiting_for_a_worker(redis_client, isolation):
+    """A pending session its gateway holds idle (no viewer) or paused waits for its viewer,
+    as the scheduler counts it: `ctl status` lists it apart, not as waiting for a worker."""
+    from shared.registry import Registry
+    from tools.ctl import Ctl, format_status
+
+    ns = isolation["TURBOSERVE_REDIS_NAMESPACE"]
+    registry = Registry(redis_client, ns)
+    for sid in ("watched", "unwatched", "paused"):
+        await registry.create_session(sid, "p", 0)
+    await redis_client.hset(
+        f"{ns}:gw:activity", mapping={"watched": "active", "unwatched": "idle", "paused": "paused"}
+    )
+
+    class Ctx:
+        pass
+
+    ctx = Ctx()
+    ctx.registry = registry  # type: ignore[attr-defined]
+    status = await Ctl(ctx).status()
+    assert status["pending"] == ["watched"]
+    assert sorted(status["pending_unwatched"]) == ["paused", "unwatched"]
+    text = format_status(status)
+    assert "pending: 1 session(s) waiting for a worker" in text
+    assert "unwatched: 2 session(s)" in text

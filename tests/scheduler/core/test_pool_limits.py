@@ -152,3 +152,24 @@ def test_a_scale_out_after_a_scale_in_waits_unless_sessions_wait() -> None:
     for i in range(K):  # now sessions wait for a slot
         decisions += policy.step(Event(3.0 + i * 0.01, EventKind.ARRIVE, session_id=f"x{i}"))
     assert requests(decisions) >= 1
+
+
+def _undrained(cooldown_s: float) -> list[float]:
+    """Two GPUs, three sessions, the empty one cordoned by an operator, then undrained at 10 s:
+    when the loop gives a GPU back."""
+    policy = live_pool(2, sessions=3, min_gpus=1, max_gpus=4, scale_cooldown_s=cooldown_s)
+    policy.step(Event(0.5, EventKind.GPU_CORDON, gpu_id="w1"))
+    for t in range(1, 10):
+        policy.step(Event(float(t), EventKind.TICK))
+    given_back = []
+    for t in (10.0, *[10.0 + 0.5 * i for i in range(1, 100)]):
+        kind = EventKind.GPU_UNCORDON if t == 10.0 else EventKind.TICK
+        if gives_back(policy.step(Event(t, kind, gpu_id="w1" if t == 10.0 else None))):
+            given_back.append(t)
+    return given_back
+
+
+def test_an_undrained_gpu_is_not_given_back_at_once() -> None:
+    assert _undrained(0.0)[0] - 10.0 < 1.0  # the bug: given back within a second
+    kept = _undrained(30.0)
+    assert not kept or kept[0] >= 40.0
