@@ -159,12 +159,13 @@ def _undrained(cooldown_s: float) -> list[float]:
     when the loop gives a GPU back."""
     policy = live_pool(2, sessions=3, min_gpus=1, max_gpus=4, scale_cooldown_s=cooldown_s)
     policy.step(Event(0.5, EventKind.GPU_CORDON, gpu_id="w1"))
-    for t in range(1, 10):
-        policy.step(Event(float(t), EventKind.TICK))
-    given_back = []
-    for t in (10.0, *[10.0 + 0.5 * i for i in range(1, 100)]):
-        kind = EventKind.GPU_UNCORDON if t == 10.0 else EventKind.TICK
-        if gives_back(policy.step(Event(t, kind, gpu_id="w1" if t == 10.0 else None))):
+    for tick in range(1, 10):
+        policy.step(Event(float(tick), EventKind.TICK))
+    given_back: list[float] = []
+    for i in range(100):
+        t = 10.0 + 0.5 * i
+        kind = EventKind.GPU_UNCORDON if i == 0 else EventKind.TICK
+        if gives_back(policy.step(Event(t, kind, gpu_id="w1" if i == 0 else None))):
             given_back.append(t)
     return given_back
 
