@@ -49,7 +49,8 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             moved = await ctl.drain("wa", 60)
             with contextlib.suppress(CtlError):  # the scheduler may have moved s1 first
                 await moving
-            assert moved == len(SIDS)  # whoever moved them: ctl, or the scheduler
+            # s2 and s3 at least were on wa when the drain began: whoever moved them counts.
+            assert moved >= len(SIDS) - 1
             placement = await ctx.registry.placement()
             assert all(placement[s] == "wb" for s in SIDS)
 

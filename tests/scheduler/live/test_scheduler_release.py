@@ -1,14 +1,16 @@
 """A release that does not go through is tried again until the worker stops.
 
-The core gives a GPU back when it scales in; from then on it leaves it out of the pool. If the
-stop is refused (here: the provisioner keeps a floor of two workers, above the scheduler's own
-minimum of one), the worker must not run on, paid for and unused, because nobody decided to
-keep it: the live scheduler keeps the release pending, tries it again with a growing pause, and
-the worker stops as soon as the provisioner takes the stop. Real provisioner, real worker
+The core gives a GPU back when it scales in; from then on it leaves it out of the pool. The
+scheduler follows the floor the provisioner records, so it does not give back what the floor
+keeps. If a stop is refused all the same (here: a record that says one worker while the
+provisioner keeps two), the worker must not run on, paid for and unused, because nobody decided
+to keep it: the live scheduler keeps the release pending, tries it again with a growing pause,
+and the worker stops as soon as the provisioner takes the stop. Real provisioner, real worker
 processes, real NATS and Redis; the scale-in is the core's own decision."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from services.provisioner.service import ProvisionerService
 from services.scheduler.core.types import Event, EventKind
 from shared.profile import DEFAULT_PROFILE, load_profile
+from shared.registry import PoolLimits
 from shared.runner import running
 from shared.settings import ProvisionerSettings
 from tests.eventually import eventually
@@ -49,8 +52,25 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(
 
         await eventually(two_ready, 90, "the provisioner's two workers")
 
-        # No sessions: the core keeps one GPU (its minimum) and gives the other back.
+        # No sessions, a core started with a floor of one (an earlier run's record): it
+        # follows the provisioner's record of two, and gives nothing back.
         async with leading(ctx, env, boot_delay_s=0.5) as (live, core):
+
+            async def floor_followed() -> bool:
+                return core.config.min_gpus == 2 and len(core.view.gpus) == 2
+
+            await eventually(floor_followed, 10, "the provisioner's floor followed")
+            # The wait below is the test: fifteen ticks, nothing given back.
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                assert len(core.view.gpus) == 2 and not live.ledger.unreleased
+                await asyncio.sleep(0.2)
+
+            # A record that says one worker while the provisioner keeps two: the core keeps one
+            # GPU and gives the other back.
+            limits = await ctx.registry.pool_limits()
+            assert limits is not None
+            await ctx.registry.set_pool_limits(PoolLimits(1, limits.max_workers, limits.backend))
 
             async def one_given_back() -> bool:
                 return len(core.view.gpus) == 1 and len(live.ledger.workers) == 2
