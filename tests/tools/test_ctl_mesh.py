@@ -174,3 +174,24 @@ async def test_status_pending_counts_only_sessions_waiting_for_a_worker(redis_cl
     text = format_status(status)
     assert "pending: 1 session(s) waiting for a worker" in text
     assert "unwatched: 2 session(s)" in text
+
+
+async def test_status_tells_an_operators_drain_from_the_schedulers_release(redis_client, isolation):
+    """Both are `draining` on the worker: the operator's is `drained` once empty, the
+    scheduler's own scale-in is `releasing` (the scheduler's `releasing` count)."""
+    from shared.registry import Registry, WorkerRecord
+    from shared.wire import WorkerStatus
+    from tools.ctl import Ctl
+
+    registry = Registry(redis_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
+    for wid in ("held", "released"):
+        await registry.register_worker(WorkerRecord(wid, WorkerStatus.DRAINING, 12), ttl_s=30)
+    await registry.set_operator_drain("held", "hold")
+
+    class Ctx:
+        pass
+
+    ctx = Ctx()
+    ctx.registry = registry  # type: ignore[attr-defined]
+    status = {w["id"]: w["status"] for w in (await Ctl(ctx).status())["workers"]}
+    assert status == {"held": "drained", "released": "releasing"}
