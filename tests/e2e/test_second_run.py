@@ -1,7 +1,9 @@
 """A second run of the mesh on the NATS and Redis an earlier run used, as `turboserve up` reuses
 them: it settles the earlier run's sessions before its services start (nothing nobody watches
-is placed; what a viewer comes back to still plays), follows the pool limits its provisioner
-writes over the earlier run's, and holds its floor of two workers with no scale event."""
+is placed; what a viewer comes back to still plays), and holds its floor of two workers with no
+scale event though the earlier run's pool record says one. Whether the scheduler takes the lead
+before the provisioner writes its own record is a race here; that the scheduler follows a record
+that changes is held deterministically by ``tests/scheduler/live/test_scheduler_release.py``."""
 
 from __future__ import annotations
 
