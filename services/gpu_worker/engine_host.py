@@ -53,7 +53,9 @@ class EngineHost:
     async def freeze(self, session_id: str, epoch: int, *, on_device: bool) -> FrozenSession:
         task = asyncio.ensure_future(
             self._call(
-                "freeze", lambda: self.generation.freeze(session_id, epoch), session_id=session_id
+                "freeze",
+                lambda: self.generation.freeze(session_id, epoch, on_device=on_device),
+                session_id=session_id,
             )
         )
         try:

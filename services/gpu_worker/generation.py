@@ -460,9 +460,10 @@ class GenerationLoop:
         return applied
 
     # -- handoffs (run as controls, on this thread) -------------------------------------------
-    def freeze(self, session_id: str, epoch: int) -> FrozenSession:
-        """At the session's chunk boundary: its state, exported; it sits out of every pass
-        until :meth:`unfreeze` or :meth:`drop`, so the copy never changes under a transfer."""
+    def freeze(self, session_id: str, epoch: int, *, on_device: bool = False) -> FrozenSession:
+        """At the session's chunk boundary: its state, exported (with ``on_device``, a clone on
+        the engine's device); it sits out of every pass until :meth:`unfreeze` or
+        :meth:`drop`, so the copy never changes under a transfer."""
         owned = self.owned.get(session_id)
         if owned is None or not self.engine.has_session(session_id):
             raise HostRefused(HandoffCode.UNKNOWN_SESSION, f"{session_id} is not on this worker")
@@ -472,7 +473,7 @@ class GenerationLoop:
             )
         if owned.frozen:
             raise HostRefused(HandoffCode.BUSY, f"{session_id} is already being handed off")
-        snapshot = self.engine.export_state(session_id)
+        snapshot = self.engine.export_state(session_id, on_device=on_device)
         owned.frozen = True
         owned.suspend_pending = False
         suspended = session_id in self.engine.suspended_sessions()

@@ -281,3 +281,41 @@ def test_kv_recache_after_frames_were_evicted():
     frame = engine._frame_slot(chunks * config.chunk_frames)
     keep = [f for f in range(history.shape[2]) if not frame <= f < frame + config.chunk_frames]
     assert torch.equal(engine.pool.latent_history(0, 1)[:, :, keep], history[:, :, keep])
+
+
+def test_export_on_device_is_a_clone_the_slots_never_change():
+    # A handoff over NCCL or CUDA IPC freezes the session as a clone on the engine's device
+    # (here the CPU): the pass and the slot moves after the freeze must not reach it.
+    def two_chunks_beside_another():
+        engine = make_engine()
+        engine.add_session("s", "a lighthouse", 3)
+        engine.add_session("other", "a field", 4)
+        run_chunks(engine, "s", 2)
+        return engine
+
+    host_copy = two_chunks_beside_another().export_state("s")
+    reference = make_engine()
+    reference.import_state(host_copy)
+    source = two_chunks_beside_another()
+    frozen = source.export_state("s", on_device=True)
+    assert frozen.misc.device == source.torch_device
+    before = [t.clone() for t in (*frozen.layers, frozen.misc)]
+    slot = source.active_sessions().index("s")
+    for region in source.pool.regions(slot):  # the slot's rows, overwritten in place
+        assert region.data_ptr() not in {t.data_ptr() for t in (*frozen.layers, frozen.misc)}
+        region.fill_(7.0)
+    source.remove_session("other")  # moves rows
+    after = [*frozen.layers, frozen.misc]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    target = make_engine()
+    target.import_state(frozen)
+    assert torch.equal(run_chunks(target, "s", 1)[0], run_chunks(reference, "s", 1)[0])
+
+
+def test_export_on_device_of_a_suspended_session_is_its_host_copy():
+    engine = make_engine()
+    engine.add_session("s", "a cat", 1)
+    run_chunks(engine, "s", 1)
+    engine.suspend("s")
+    state = engine.export_state("s", on_device=True)
+    assert state.misc.device.type == "cpu" and state.seq == 1

@@ -338,10 +338,13 @@ class Engine:
             self._release_slot(session_id)
         del self._sessions[session_id]
 
-    def export_state(self, session_id: str) -> SessionSnapshot:
-        """A host copy of the session's state; the session itself is left as it was.
-        Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``. So a state never
-        carries a step count: its next chunk takes the budget of the engine it runs on."""
+    def export_state(self, session_id: str, *, on_device: bool = False) -> SessionSnapshot:
+        """A copy of the session's state; the session itself is left as it was. A host copy,
+        or with ``on_device`` (a handoff over NCCL or CUDA IPC) a clone on the engine's device,
+        which never changes when the slots move; a suspended session's state is in host memory
+        either way. Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``. So a
+        state never carries a step count: its next chunk takes the budget of the engine it
+        runs on."""
         session = self._get(session_id)
         if session.host is not None:
             session.host_exported = True
@@ -357,7 +360,7 @@ class Engine:
             )
         if session.phase:
             raise MidChunk(session_id, self.passes_to_boundary(session_id), "export")
-        return self._read_state(session)
+        return self._read_state(session, on_device=on_device)
 
     def import_state(self, state: SessionSnapshot, *, suspended: bool = False) -> None:
         """Makes the session resident here (or, with ``suspended``, keeps it parked in host
@@ -791,13 +794,16 @@ class Engine:
             self._spare_host.append([*host.layers, host.misc])
 
     def _read_state(
-        self, session: _Session, into: list[torch.Tensor] | None = None
+        self, session: _Session, into: list[torch.Tensor] | None = None, on_device: bool = False
     ) -> SessionSnapshot:
         slot = self._resident.index(session.session_id)
         if session.awaiting_text:  # its state must hold its prompt before it leaves
             self._write_prompt(slot, self.prompts.get(session.prompt))
             session.awaiting_text = False
-        layers, misc = self.pool.read(slot, pin=self._pin, into=into)
+        if on_device:
+            layers, misc = self.pool.clone(slot)
+        else:
+            layers, misc = self.pool.read(slot, pin=self._pin, into=into)
         return SessionSnapshot(
             session_id=session.session_id,
             seq=session.seq,

@@ -135,6 +135,15 @@ class SlotPool:
             torch.cuda.synchronize(self.device)
         return copies[:-1], copies[-1]
 
+    def clone(self, slot: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A copy of the slot on its own device (the regions' clones, not views: slots move
+        when sessions leave, and a view would change under a transfer). One slot's worth of
+        device memory until the copy is dropped; complete when it returns."""
+        copies = [region.clone() for region in self.regions(slot)]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return copies[:-1], copies[-1]
+
     def write(self, slot: int, layers: list[torch.Tensor], misc: torch.Tensor) -> None:
         for region, source in zip(self.regions(slot), [*layers, misc], strict=True):
             region.copy_(source, non_blocking=source.is_pinned())
