@@ -94,9 +94,10 @@ class EngineHost:
             return HandoffRefusal(HandoffCode.EXISTS, f"{sid} is already on {self.worker_id}")
         if not incoming.suspended:
             taken = len(status.active) + sum(1 for s in self._reserved.values() if not s)
-            if taken >= self.capacity:
+            capacity = status.capacity or self.capacity  # lowered after a pass out of memory
+            if taken >= capacity:
                 return HandoffRefusal(
-                    HandoffCode.FULL, f"all {self.capacity} slots of {self.worker_id} are taken"
+                    HandoffCode.FULL, f"all {capacity} slots of {self.worker_id} are taken"
                 )
         try:
             self.layout.check(incoming.snapshot)

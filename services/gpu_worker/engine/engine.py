@@ -29,11 +29,15 @@ from typing import Any
 
 import torch
 
+from shared.logging import get_logger
+from shared.settings import DEFAULT_SLOTS
+
 from .. import telemetry as telemetry_mod
 from ..model.config import ModelConfig
 from ..model.dit import ChunkCaches
 from ..model.load import ModelSpec, load_model
 from ..model.schedule import sigmas, sub_schedule
+from . import memory
 from .prompts import PromptEncoder
 from .slots import SlotPool
 from .types import (
@@ -42,6 +46,7 @@ from .types import (
     EngineFull,
     IncompatibleState,
     MidChunk,
+    PassOutOfMemory,
     RecoveryPoint,
     SessionAlreadyResident,
     SessionSnapshot,
@@ -50,6 +55,8 @@ from .types import (
     UnknownSession,
     WrongSessionState,
 )
+
+log = get_logger("turboserve.engine")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -138,9 +145,23 @@ class Engine:
             recache = "kv" if loaded.longlive or not config.checkpoint else "cross"
         self.prompt_recache = recache
         self.prompts = PromptEncoder(self.text_encoder)
+        self.memory = self._memory_budget(config)
+        self._capacity = self.memory.sessions
+        log.info(
+            "memory_budget",
+            device=str(self._device),
+            sessions=self._capacity,
+            slot_bytes=self.memory.slot_bytes,
+            slots_bytes=self._capacity * self.memory.slot_bytes,
+            needed_bytes=self.memory.needed(self._capacity),
+            available_bytes=self.memory.available,
+            decode_peak_bytes=self.memory.decode_peak,
+            decode_measured=self.memory.decode_measured,
+            max_decodes_per_pass=config.max_decodes_per_pass,
+        )
         self.pool = SlotPool(
             self.model_config,
-            config.max_sessions,
+            self._capacity,
             self._device,
             self.dtype,
             self.decoder.state_numel,
@@ -190,7 +211,77 @@ class Engine:
 
     @property
     def capacity(self) -> int:
-        return self.config.max_sessions
+        """Sessions this engine takes: the memory budget's, lowered after a pass that ran out
+        of memory (the slots stay allocated; fewer sessions decode less at once)."""
+        return self._capacity
+
+    # -- memory ---------------------------------------------------------------------------
+    def _memory_budget(self, config: EngineConfig) -> memory.MemoryBudget:
+        """How many slots fit (``memory.py``), before any is allocated."""
+        empty = SlotPool(self.model_config, 0, self._device, self.dtype, self.decoder.state_numel)
+        peak, measured = self._decode_peak()
+        budget = memory.MemoryBudget(
+            where=str(self._device),
+            available=memory.available_bytes(self._device),
+            slot_bytes=empty.memory_per_slot,
+            decode_peak=peak,
+            decode_measured=measured,
+            max_decodes=config.max_decodes_per_pass,
+        )
+        return memory.plan(budget, config.max_sessions, DEFAULT_SLOTS)
+
+    @torch.inference_mode()
+    def _decode_peak(self) -> tuple[int, bool]:
+        """What one chunk's decode allocates beyond its inputs: measured on CUDA (a decode of
+        zeros, fresh and continuing), estimated on the CPU (four times its state and its
+        frames in float32: no allocator statistics there)."""
+        config = self.model_config
+        shape = (1, config.out_dim, config.chunk_frames, config.latent_height, config.latent_width)
+        numel = self.decoder.state_numel
+        item = torch.empty((), dtype=self.dtype).element_size()
+        if self._device.type != "cuda":
+            frames = config.video_frames_per_chunk * config.height * config.width * 3
+            return 4 * (numel * item + frames * 4), False
+        latents = torch.zeros(shape, device=self._device)
+        state = torch.zeros(1, numel, device=self._device, dtype=self.dtype)
+        peak = 0
+        for fresh in (True, False):
+            torch.cuda.synchronize(self._device)
+            torch.cuda.reset_peak_memory_stats(self._device)
+            base = torch.cuda.memory_allocated(self._device)
+            self.decoder.decode(latents, state, fresh)
+            torch.cuda.synchronize(self._device)
+            peak = max(peak, torch.cuda.max_memory_allocated(self._device) - base)
+        del latents, state
+        memory.free_device_memory(self._device)
+        return peak, True
+
+    def _bound_decodes(self, chosen: Collection[str]) -> list[str]:
+        """``chosen`` without the sessions whose chunk would complete in this pass beyond
+        ``max_decodes_per_pass`` (the first ones keep their turn): those run their
+        cache-write pass, and decode, at a next pass."""
+        bound = self.config.max_decodes_per_pass
+        assert bound is not None
+        finishing = [
+            sid for sid in chosen if 0 < self._sessions[sid].phase == self._sessions[sid].steps
+        ]
+        later = set(finishing[bound:])
+        return [sid for sid in chosen if sid not in later]
+
+    def _out_of_memory(self, session_ids: list[str], error: str) -> PassOutOfMemory:
+        """After a pass ran out of memory: its sessions leave (their state is not whole), the
+        spare host buffers and the allocator's cache are freed, and the capacity drops below
+        the batch that failed (never below one)."""
+        for sid in session_ids:
+            if sid in self._sessions:
+                self.remove_session(sid)
+        self._spare_host.clear()
+        memory.free_device_memory(self._device)
+        self._capacity = max(1, min(self._capacity, len(session_ids)) - 1)
+        log.warning(
+            "pass_out_of_memory", sessions=session_ids, capacity=self._capacity, error=error
+        )
+        return PassOutOfMemory(session_ids, self._capacity, error)
 
     @property
     def fill_chunks(self) -> int:
@@ -493,16 +584,25 @@ class Engine:
             if waiting:  # out of this pass until their prompt is encoded
                 chosen = self._resident if sessions is None else sessions
                 sessions = [sid for sid in chosen if sid not in waiting]
+            if self.config.max_decodes_per_pass is not None:
+                sessions = self._bound_decodes(self._resident if sessions is None else sessions)
             count = self._front(sessions)
             if count == 0:
                 return []
             started = time.perf_counter()
             batch = [self._sessions[sid] for sid in self._resident[:count]]
-            self._apply_pending_prompts(batch)  # those at phase 0 only
-            starts, caches = self._pass_inputs(batch)
-            done, frames = self._pass(batch, starts, caches)
-            frames_cpu = [f.contiguous().cpu() for f in frames]
-            self._sync()
+            failure = None
+            try:
+                self._apply_pending_prompts(batch)  # those at phase 0 only
+                starts, caches = self._pass_inputs(batch)
+                done, frames = self._pass(batch, starts, caches)
+                frames_cpu = [f.contiguous().cpu() for f in frames]
+                self._sync()
+            except torch.OutOfMemoryError as exc:
+                # Cleaned up once out of the handler: its traceback holds the pass's tensors.
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if failure is not None:
+                raise self._out_of_memory([s.session_id for s in batch], failure)
             pass_ms = (time.perf_counter() - started) * 1000.0
             self._pass_ms.setdefault(count, deque(maxlen=256)).append(pass_ms)
             for session in batch:
@@ -790,8 +890,14 @@ class Engine:
 
     def _recycle_host(self, session: _Session) -> None:
         host, session.host = session.host, None
-        if host is not None and not session.host_exported and len(self._spare_host) < self.capacity:
+        if host is None or session.host_exported:
+            return
+        if len(self._spare_host) < self.config.spare_host_buffers:
             self._spare_host.append([*host.layers, host.misc])
+        elif self._pin:
+            # Freed, not cached: the host allocator keeps page-locked blocks until told.
+            del host
+            torch.accelerator.empty_host_cache()
 
     def _read_state(
         self, session: _Session, into: list[torch.Tensor] | None = None, on_device: bool = False
@@ -907,6 +1013,10 @@ def next_chunks(engine: Engine) -> list[ChunkResult]:
             if sid in owed or _passes_for_chunk(engine, sid) > left
         ]
         done = engine.pass_step(chosen)
+        results.extend(r for r in done if r.session_id in owed)
+        owed.difference_update(r.session_id for r in done)
+    while owed:  # chunks whose decode a bound on decodes per pass put off
+        done = engine.pass_step([sid for sid in engine.active_sessions() if sid in owed])
         results.extend(r for r in done if r.session_id in owed)
         owed.difference_update(r.session_id for r in done)
     return results

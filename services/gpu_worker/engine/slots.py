@@ -68,6 +68,13 @@ class SlotPool:
         return (self.region_numel * self.config.num_layers + self.misc_numel) * item
 
     @property
+    def memory_per_slot(self) -> int:
+        """What one slot takes: its state and its chunk in progress (``inflight``). A pool of
+        capacity 0 allocates nothing, so this is known before any slot exists."""
+        inflight = int(torch.Size(self.inflight.shape[1:]).numel()) * 4  # float32
+        return self.bytes_per_slot + inflight
+
+    @property
     def scratch(self) -> tuple[int, int]:
         config = self.config
         start = (config.sink_frames + config.window_frames) * config.tokens_per_frame

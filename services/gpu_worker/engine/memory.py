@@ -1,0 +1,130 @@
+"""The engine's memory budget: how many session slots fit, decided before one is allocated.
+
+Slots are preallocated at full size (``slots.py``), so a worker that takes more sessions than
+its device holds fails at the first busy pass, not at start. The budget is::
+
+    sessions * slot + decodes * decode_peak + slot + margin <= available
+
+- ``slot``: one session's state and its chunk in progress (``SlotPool.slot_bytes``);
+- ``decode_peak``: what one chunk's decode allocates on top (diffusers builds the Wan VAE's
+  activations afresh on every decode): measured once at start on CUDA, estimated on the CPU;
+- ``decodes``: the decodes one pass may run (``EngineConfig.max_decodes_per_pass``; without a
+  bound, every session's);
+- one more ``slot``: a handoff's clone on the device (a freeze, or a state arriving before it
+  is adopted);
+- ``margin``: a share of what is available, for the DiT pass's activations and the allocator's
+  fragmentation (not measured yet);
+- ``available``: free device memory after the weights are loaded (``torch.cuda.mem_get_info``),
+  or the host's available memory (``/proc/meminfo``) on the CPU.
+
+:func:`plan` is pure; the probes around it read the device.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .types import EngineError
+
+MARGIN = 0.10  # of what is available: the pass's activations and fragmentation (see above)
+_MEMINFO = Path("/proc/meminfo")
+
+
+class MemoryBudgetExceeded(EngineError):
+    """The sessions asked for (or a single one) do not fit in what the device has; names the
+    numbers. Retrying does not help: lower the sessions, the resolution or the decodes per
+    pass, or free the device."""
+
+    def __init__(self, sessions: int, needed: int, available: int, budget: MemoryBudget) -> None:
+        super().__init__(
+            f"{sessions} session(s) need {human(needed)} ({human(budget.slot_bytes)} a slot, "
+            f"{budget.decodes_for(sessions)} decode(s) of {human(budget.decode_peak)} a pass, "
+            f"one slot for a handoff, a {MARGIN:.0%} margin); {human(available)} is available "
+            f"on {budget.where}"
+        )
+        self.sessions = sessions
+        self.needed = needed
+        self.available = available
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    where: str  # the device, as in messages
+    available: int
+    slot_bytes: int
+    decode_peak: int  # one chunk's decode, on top of the slots
+    decode_measured: bool  # measured (CUDA) or estimated (CPU)
+    max_decodes: int | None  # per pass; None: every session's
+    sessions: int = 0  # what the budget gives (set by ``plan``)
+
+    def decodes_for(self, sessions: int) -> int:
+        return sessions if self.max_decodes is None else min(self.max_decodes, sessions)
+
+    def needed(self, sessions: int) -> int:
+        reserve = self.decodes_for(sessions) * self.decode_peak + self.slot_bytes
+        return sessions * self.slot_bytes + reserve + int(MARGIN * self.available)
+
+    def fits(self, sessions: int) -> bool:
+        return self.needed(sessions) <= self.available
+
+
+def plan(budget: MemoryBudget, asked: int | None, ceiling: int) -> MemoryBudget:
+    """``budget`` with its ``sessions``: ``asked`` if it fits (else :class:`MemoryBudgetExceeded`
+    naming the numbers), or without it the most up to ``ceiling`` that fit (at least one)."""
+    if asked is not None:
+        if not budget.fits(asked):
+            raise MemoryBudgetExceeded(asked, budget.needed(asked), budget.available, budget)
+        return _with(budget, asked)
+    for sessions in range(ceiling, 0, -1):
+        if budget.fits(sessions):
+            return _with(budget, sessions)
+    raise MemoryBudgetExceeded(1, budget.needed(1), budget.available, budget)
+
+
+def _with(budget: MemoryBudget, sessions: int) -> MemoryBudget:
+    return MemoryBudget(
+        budget.where,
+        budget.available,
+        budget.slot_bytes,
+        budget.decode_peak,
+        budget.decode_measured,
+        budget.max_decodes,
+        sessions,
+    )
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory of ``device`` now: CUDA's free memory, or the host's available RAM."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    return host_available_bytes()
+
+
+def host_available_bytes(meminfo: Path = _MEMINFO) -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` (what the kernel could give without swapping)."""
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"no MemAvailable in {meminfo}")
+
+
+def free_device_memory(device: torch.device) -> None:
+    """After an out-of-memory error: drop what Python still holds, and give the allocator's
+    cached blocks back (CUDA) so the next pass starts from what the slots take."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def human(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.2f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return f"{value:.2f} GiB"
