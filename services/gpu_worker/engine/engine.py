@@ -233,15 +233,14 @@ class Engine:
     @torch.inference_mode()
     def _decode_peak(self) -> tuple[int, bool]:
         """What one chunk's decode allocates beyond its inputs: measured on CUDA (a decode of
-        zeros, fresh and continuing), estimated on the CPU (four times its state and its
-        frames in float32: no allocator statistics there)."""
+        zeros, fresh and continuing), estimated on the CPU (no allocator statistics there)."""
         config = self.model_config
         shape = (1, config.out_dim, config.chunk_frames, config.latent_height, config.latent_width)
         numel = self.decoder.state_numel
         item = torch.empty((), dtype=self.dtype).element_size()
         if self._device.type != "cuda":
-            frames = config.video_frames_per_chunk * config.height * config.width * 3
-            return 4 * (numel * item + frames * 4), False
+            frames = config.video_frames_per_chunk * config.height * config.width * 3 * 4
+            return memory.estimated_decode_peak(numel * item, frames), False
         latents = torch.zeros(shape, device=self._device)
         state = torch.zeros(1, numel, device=self._device, dtype=self.dtype)
         peak = 0

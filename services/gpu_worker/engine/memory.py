@@ -97,6 +97,13 @@ def _with(budget: MemoryBudget, sessions: int) -> MemoryBudget:
     )
 
 
+def estimated_decode_peak(state_bytes: int, frame_bytes: int) -> int:
+    """What one chunk's decode allocates, without a device to measure it on: four times its
+    decoder state and its frames in float32 (the Wan VAE rebuilds its cache and upsamples in
+    float activations; a worker on CUDA measures it instead)."""
+    return 4 * (state_bytes + frame_bytes)
+
+
 def available_bytes(device: torch.device) -> int:
     """Free memory of ``device`` now: CUDA's free memory, or the host's available RAM."""
     if device.type == "cuda":
