@@ -23,10 +23,13 @@ its device holds fails at the first busy pass, not at start. The budget is::
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from shared.profile import DEFAULT_PROFILE, load_profile
+from shared.settings import DEFAULT_SLOTS, WorkerSettings, parse_resolution
 
 from .types import EngineError
 
@@ -135,3 +138,49 @@ def human(nbytes: int) -> str:
             return f"{value:.2f} {unit}" if unit != "B" else f"{int(value)} B"
         value /= 1024
     return f"{value:.2f} GiB"
+
+
+# A worker's interpreter with torch and its service imported, before the model (measured on
+# the CPU: about 250 MiB resident).
+PROCESS_BYTES = 256 << 20
+
+
+def cpu_pool_shortfall(workers: int, settings: WorkerSettings, emulate: str) -> str:
+    """Why ``workers`` CPU workers of these settings cannot all fit in this host's available
+    memory ('' when they can): each takes its process, the stand-in's weights, its slots (the
+    sessions it will take), a decode's peak per decode and a slot for a handoff. Only the
+    stand-ins are sized here (a model folder's weights are not read before start)."""
+    if workers < 1 or settings.model or settings.checkpoint:
+        return ""
+    from ..model.config import get_preset
+    from ..model.decoder import LatentDecoder
+    from ..model.dit import CausalWanModel
+    from .slots import SlotPool
+
+    config = get_preset(settings.preset)
+    if settings.resolution and (size := parse_resolution(settings.resolution)):
+        config = replace(config, height=size[0], width=size[1])
+    sessions = settings.max_sessions
+    if sessions is None and emulate:
+        sessions = load_profile(settings.emulate_profile or DEFAULT_PROFILE).capacity
+    sessions = sessions or DEFAULT_SLOTS
+    item = 4  # float32 on the CPU
+    with torch.device("meta"):
+        dit, decoder = CausalWanModel(config), LatentDecoder(config)
+        slot = SlotPool(config, 0, torch.device("meta"), torch.float32, decoder.state_numel)
+    weights = sum(p.numel() for p in [*dit.parameters(), *decoder.parameters()]) * item
+    frames = config.video_frames_per_chunk * config.height * config.width * 3 * 4
+    peak = estimated_decode_peak(decoder.state_numel * item, frames)
+    decodes = sessions if settings.max_decodes_per_pass is None else settings.max_decodes_per_pass
+    per_worker = PROCESS_BYTES + weights + (sessions + 1) * slot.memory_per_slot
+    per_worker += min(decodes, sessions) * peak
+    available = host_available_bytes()
+    if workers * per_worker + int(MARGIN * available) <= available:
+        return ""
+    return (
+        f"{workers} CPU worker(s) of {sessions} session(s) of {settings.preset} at "
+        f"{config.height}x{config.width} need {human(workers * per_worker)} "
+        f"({human(per_worker)} each: {human(slot.memory_per_slot)} a slot), and this host has "
+        f"{human(available)} available; start fewer workers (--workers), or set "
+        "TURBOSERVE_MAX_SESSIONS, TURBOSERVE_RESOLUTION or TURBOSERVE_MAX_DECODES_PER_PASS lower"
+    )
