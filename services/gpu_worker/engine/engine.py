@@ -39,7 +39,7 @@ from ..model.load import ModelSpec, load_model
 from ..model.schedule import sigmas, sub_schedule
 from . import memory
 from .prompts import PromptEncoder
-from .slots import SlotPool
+from .slots import SlotPool, wait_for_stream
 from .types import (
     ChunkResult,
     EngineConfig,
@@ -245,11 +245,11 @@ class Engine:
         state = torch.zeros(1, numel, device=self._device, dtype=self.dtype)
         peak = 0
         for fresh in (True, False):
-            torch.cuda.synchronize(self._device)
+            wait_for_stream(self._device)
             torch.cuda.reset_peak_memory_stats(self._device)
             base = torch.cuda.memory_allocated(self._device)
             self.decoder.decode(latents, state, fresh)
-            torch.cuda.synchronize(self._device)
+            wait_for_stream(self._device)
             peak = max(peak, torch.cuda.max_memory_allocated(self._device) - base)
         del latents, state
         memory.free_device_memory(self._device)
@@ -714,8 +714,7 @@ class Engine:
         return done, frames
 
     def _sync(self) -> None:
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+        wait_for_stream(self._device)
 
     def _complete(
         self, session: _Session, frames: torch.Tensor, gen_ms: float, batch: int

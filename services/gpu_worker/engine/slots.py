@@ -28,6 +28,13 @@ import torch
 from ..model.config import ModelConfig
 
 
+def wait_for_stream(device: torch.device) -> None:
+    """Wait for the work queued on this thread's current stream of ``device`` (nothing on the
+    CPU), not the whole device: the text encoder's stream runs on (``model/text.py``)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 class SlotPool:
     def __init__(
         self,
@@ -138,8 +145,7 @@ class SlotPool:
         copies = into if into is not None else self.host_buffers(pin)
         for region, host in zip(self.regions(slot), copies, strict=True):
             host.copy_(region, non_blocking=host.is_pinned())
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for_stream(self.device)
         return copies[:-1], copies[-1]
 
     def clone(self, slot: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -147,12 +153,10 @@ class SlotPool:
         when sessions leave, and a view would change under a transfer). One slot's worth of
         device memory until the copy is dropped; complete when it returns."""
         copies = [region.clone() for region in self.regions(slot)]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for_stream(self.device)
         return copies[:-1], copies[-1]
 
     def write(self, slot: int, layers: list[torch.Tensor], misc: torch.Tensor) -> None:
         for region, source in zip(self.regions(slot), [*layers, misc], strict=True):
             region.copy_(source, non_blocking=source.is_pinned())
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for_stream(self.device)
