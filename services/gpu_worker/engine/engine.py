@@ -76,6 +76,19 @@ def noise_seed(seed: int, seq: int, step: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def draw_noise(
+    seeds: list[int], shape: tuple[int, ...], generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``[len(seeds), *shape]`` standard normal float32 noise on the CPU, row ``i`` drawn from
+    a CPU generator seeded with ``seeds[i]``: the same numbers on any host and any GPU."""
+    generator = torch.Generator() if generator is None else generator
+    out = torch.empty(len(seeds), *shape)
+    for row, seed in zip(out, seeds, strict=True):
+        generator.manual_seed(seed)
+        torch.randn(shape, generator=generator, out=row)
+    return out
+
+
 @dataclass(slots=True)
 class _Session:
     session_id: str
@@ -180,7 +193,10 @@ class Engine:
         }
         self._sessions: dict[str, _Session] = {}
         self._resident: list[str] = []  # slot i holds self._resident[i]
-        self._generator = torch.Generator(device=self._device)
+        # Noise is drawn on the CPU and copied over: CUDA's generator gives other numbers on
+        # GPUs with other SM counts, so a session moved across GPU kinds would not continue
+        # exactly (the state layout's check cannot see the GPU model).
+        self._generator = torch.Generator()
         self._chunk_ms: dict[int, deque[float]] = {}
         self._pass_ms: dict[int, deque[float]] = {}
         self._switch_ms: deque[float] = deque(maxlen=64)  # prompt switches (incl. re-cache)
@@ -728,11 +744,9 @@ class Engine:
     def _noise(self, sessions: list[_Session], step: int) -> torch.Tensor:
         config = self.model_config
         shape = (config.in_dim, config.chunk_frames, config.latent_height, config.latent_width)
-        draws = []
-        for session in sessions:
-            self._generator.manual_seed(noise_seed(session.seed, session.seq, step))
-            draws.append(torch.randn(shape, generator=self._generator, device=self._device))
-        return torch.stack(draws)
+        return draw_noise(
+            [noise_seed(s.seed, s.seq, step) for s in sessions], shape, self._generator
+        ).to(self._device)
 
     def _frame_slot(self, position: int) -> int:
         """Where the chunk starting at latent frame ``position`` is kept in the cache."""
