@@ -35,7 +35,7 @@ from shared.settings import DEFAULT_SLOTS
 from .. import telemetry as telemetry_mod
 from ..model.config import ModelConfig
 from ..model.dit import ChunkCaches
-from ..model.load import ModelSpec, load_model
+from ..model.load import LoadedModel, ModelSpec, load_model
 from ..model.schedule import sigmas, sub_schedule
 from . import memory
 from .prompts import PromptEncoder
@@ -133,7 +133,9 @@ def _flush_denormals(enabled: bool) -> Iterator[None]:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        """``loaded``: components built elsewhere (the GPU check's random weights in Wan's
+        geometry), in this engine's dtype on its device; None: as ``config`` says."""
         self.config = config
         self._device = resolve_device(config.device)
         default = "bfloat16" if self._device.type == "cuda" else "float32"
@@ -147,7 +149,7 @@ class Engine:
             text_device=config.text_device,
             seed=config.seed,
         )
-        loaded = load_model(spec, self._device, self.dtype)
+        loaded = loaded or load_model(spec, self._device, self.dtype)
         self.model_config: ModelConfig = loaded.config
         self.model = loaded.dit
         self.decoder = loaded.decoder

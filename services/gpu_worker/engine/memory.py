@@ -52,6 +52,7 @@ class MemoryBudgetExceeded(EngineError):
         self.sessions = sessions
         self.needed = needed
         self.available = available
+        self.budget = budget
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,9 +134,11 @@ class UMT5TextEncoder:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         return cls(model.to(device=device, dtype=dtype), tokenizer, max_len)
 
-    def encode(self, prompt: str) -> torch.Tensor:
+    def encode(self, prompt: str, *, own_stream: bool = True) -> torch.Tensor:
+        """``own_stream=False``: on the caller's current stream instead (what the GPU check
+        compares the encoder's own stream with)."""
         device = next(self.model.parameters()).device
-        stream = self.stream(device)
+        stream = self.stream(device) if own_stream else None
         if stream is None:
             return self._encode(prompt, device)
         with torch.cuda.stream(stream):  # this thread's current stream, for the call only
