@@ -27,6 +27,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import structlog
 import torch
 
 from shared.logging import get_logger
@@ -74,6 +75,11 @@ def noise_seed(seed: int, seq: int, step: int) -> int:
     """The seed of one noise draw: a session's RNG state is just (seed, seq)."""
     digest = hashlib.blake2b(f"{seed}:{seq}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _log_if_configured(event: str, **facts: Any) -> None:
+    if structlog.is_configured():
+        log.info(event, **facts)
 
 
 def draw_noise(
@@ -162,7 +168,8 @@ class Engine:
         self.prompts = PromptEncoder(self.text_encoder)
         self.memory = self._memory_budget(config)
         self._capacity = self.memory.sessions
-        log.info(
+        # Services configure logging (to stderr); a tool that did not keeps its stdout clean.
+        _log_if_configured(
             "memory_budget",
             device=str(self._device),
             sessions=self._capacity,
