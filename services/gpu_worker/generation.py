@@ -364,6 +364,10 @@ class GenerationLoop:
             log.warning("engine_full", session_id=sid, capacity=engine.capacity)
             self.outbox.put(HandBack(sid, cmd.epoch))
             return
+        except PassOutOfMemory as exc:  # its rebuild ran out of memory: another worker's turn
+            log.warning("restore_out_of_memory", session_id=sid, error=str(exc))
+            self.outbox.put(HandBack(sid, cmd.epoch))
+            return
         except EngineError as exc:  # a log it cannot use: start over (and say so)
             log.warning("recovery_failed", session_id=sid, error=str(exc))
             point = None

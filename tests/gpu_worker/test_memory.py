@@ -87,10 +87,17 @@ class OutOfMemoryOnDecode:
         return getattr(self.decoder, name)
 
     def decode(self, latents, state, fresh):
+        self._maybe_fail()
+        return self.decoder.decode(latents, state, fresh)
+
+    def rebuild(self, latents, state):
+        self._maybe_fail()
+        return self.decoder.rebuild(latents, state)
+
+    def _maybe_fail(self) -> None:
         if self.armed:
             torch.empty(1)  # an allocation, as where a real one fails
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
-        return self.decoder.decode(latents, state, fresh)
 
 
 def test_a_pass_out_of_memory_lets_its_sessions_go_and_lowers_the_capacity():
@@ -157,3 +164,61 @@ def test_the_worker_hands_back_the_sessions_of_a_pass_out_of_memory_and_goes_on(
         loop.inbox.close()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def test_a_restore_out_of_memory_lets_that_session_go_and_keeps_the_others():
+    source = make_engine()
+    source.add_session("s", "a harbour", 4)
+    run_chunks(source, "s", 2)
+    point = source.recovery_point("s")
+    engine = make_engine(max_sessions=4)
+    decoder = OutOfMemoryOnDecode(engine.decoder)
+    engine.decoder = decoder
+    engine.add_session("kept", "a field", 5)
+    decoder.armed = True
+    with pytest.raises(PassOutOfMemory) as failed:
+        engine.restore(point)
+    assert failed.value.sessions == ["s"] and engine.capacity == 1
+    assert engine.active_sessions() == ["kept"] and not engine.has_session("s")
+    decoder.armed = False
+    assert [r.session_id for r in next_chunks(engine)] == ["kept"]
+
+
+def test_the_worker_hands_back_a_session_whose_restore_ran_out_of_memory():
+    source = make_engine()
+    source.add_session("s", "a fox", 1)
+    run_chunks(source, "s", 1)
+    engine = make_engine(max_sessions=4)
+    decoder = OutOfMemoryOnDecode(engine.decoder)
+    engine.decoder = decoder
+    decoder.armed = True
+    loop = GenerationLoop(engine, CommandInbox(), worker_id="w", period_s=0.0, lead_s=0.0)
+    sink = RecordingSink(loop)
+    loop.offer_recovery("s", 5, source.recovery_point("s"))
+    loop.inbox.put(_assign("s", 5, seq=1))
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        eventually_sync(lambda: sink.handed_back == [("s", 5)], 30, "the session handed back")
+        assert "s" not in loop.owned and not engine.has_session("s")
+    finally:
+        loop.inbox.close()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_freeze_with_no_room_for_a_clone_gives_the_host_copy(monkeypatch):
+    engine = make_engine()
+    engine.add_session("s", "a cat", 1)
+    run_chunks(engine, "s", 1)
+    expected = engine.export_state("s")
+
+    def no_room(slot):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.06 GiB")
+
+    monkeypatch.setattr(engine.pool, "clone", no_room)
+    state = engine.export_state("s", on_device=True)
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip([*state.layers, state.misc], [*expected.layers, expected.misc], strict=True)
+    )

@@ -292,16 +292,16 @@ class Engine:
         later = set(finishing[bound:])
         return [sid for sid in chosen if sid not in later]
 
-    def _out_of_memory(self, session_ids: list[str], error: str) -> PassOutOfMemory:
-        """After a pass ran out of memory: its sessions leave (their state is not whole), the
-        spare host buffers and the allocator's cache are freed, and the capacity drops below
-        the batch that failed (never below one)."""
+    def _out_of_memory(self, session_ids: list[str], error: str, load: int) -> PassOutOfMemory:
+        """After a pass (or a restore) ran out of memory: its sessions leave (their state is not
+        whole), the spare host buffers and the allocator's cache are freed, and the capacity
+        drops below ``load``, the sessions the failed work ran for (never below one)."""
         for sid in session_ids:
             if sid in self._sessions:
                 self.remove_session(sid)
         self._spare_host.clear()
         memory.free_device_memory(self._device)
-        self._capacity = max(1, min(self._capacity, len(session_ids)) - 1)
+        self._capacity = max(1, min(self._capacity, load) - 1)
         log.warning(
             "pass_out_of_memory", sessions=session_ids, capacity=self._capacity, error=error
         )
@@ -564,26 +564,35 @@ class Engine:
             if point.session_id in self._sessions:
                 raise SessionAlreadyResident(point.session_id)
             slot = self._claim_slot()
-            self.pool.clear(slot)
-            self.pool.misc[slot, : self.pool.history_numel].copy_(
-                history.to(self._device, self.dtype)
+            load, failure = len(self._resident) + 1, None
+            try:
+                self._rebuild(slot, point, history)
+            except torch.OutOfMemoryError as exc:
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if failure is not None:  # out of the handler: its traceback holds the tensors
+                raise self._out_of_memory([point.session_id], failure, load)
+
+    def _rebuild(self, slot: int, point: RecoveryPoint, history: torch.Tensor) -> None:
+        """``restore``'s work in ``slot``; the session is resident from its re-cache on, so an
+        out-of-memory error there lets it go whole (``_out_of_memory``)."""
+        self.pool.clear(slot)
+        self.pool.misc[slot, : self.pool.history_numel].copy_(history.to(self._device, self.dtype))
+        self._write_prompt(slot, self.prompts.get(point.prompt))
+        session = _Session(
+            point.session_id,
+            point.seed,
+            point.prompt,
+            point.seq,
+            point.position,
+            point.pending_prompt,
+        )
+        self._sessions[point.session_id] = session
+        self._resident.append(point.session_id)
+        if session.position > 0:
+            self._recache(slot, session)
+            self.decoder.rebuild(
+                self._recent_latents(slot, session), self.pool.decoder_state(slot, slot + 1)
             )
-            self._write_prompt(slot, self.prompts.get(point.prompt))
-            session = _Session(
-                point.session_id,
-                point.seed,
-                point.prompt,
-                point.seq,
-                point.position,
-                point.pending_prompt,
-            )
-            self._sessions[point.session_id] = session
-            self._resident.append(point.session_id)
-            if session.position > 0:
-                self._recache(slot, session)
-                self.decoder.rebuild(
-                    self._recent_latents(slot, session), self.pool.decoder_state(slot, slot + 1)
-                )
 
     # -- the pass ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -626,7 +635,7 @@ class Engine:
                 # Cleaned up once out of the handler: its traceback holds the pass's tensors.
                 failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if failure is not None:
-                raise self._out_of_memory([s.session_id for s in batch], failure)
+                raise self._out_of_memory([s.session_id for s in batch], failure, len(batch))
             pass_ms = (time.perf_counter() - started) * 1000.0
             self._pass_ms.setdefault(count, deque(maxlen=256)).append(pass_ms)
             for session in batch:
@@ -927,9 +936,15 @@ class Engine:
         if session.awaiting_text:  # its state must hold its prompt before it leaves
             self._write_prompt(slot, self.prompts.get(session.prompt))
             session.awaiting_text = False
+        layers = None
         if on_device:
-            layers, misc = self.pool.clone(slot)
-        else:
+            try:
+                layers, misc = self.pool.clone(slot)
+            except torch.OutOfMemoryError:
+                # No room for a clone: the host copy (the handoff then goes by gloo).
+                log.warning("freeze_clone_out_of_memory", session_id=session.session_id)
+                memory.free_device_memory(self._device)
+        if layers is None:
             layers, misc = self.pool.read(slot, pin=self._pin, into=into)
         return SessionSnapshot(
             session_id=session.session_id,

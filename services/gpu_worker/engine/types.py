@@ -210,7 +210,7 @@ class MidChunk(EngineError):
 
 
 class PassOutOfMemory(EngineError):
-    """A pass ran out of device memory. Its sessions left the engine (their state is not
+    """A pass (or a restore, which runs the model) ran out of device memory. Its sessions left the engine (their state is not
     whole after a pass that stopped part-way: they continue elsewhere from their last chunk
     boundary), the allocator's cache was emptied, and the capacity lowered to ``capacity``."""
 
