@@ -419,6 +419,7 @@ class WorkerService:
             capacity=engine.capacity,
             layout=engine.layout,
             registry=ctx.registry,
+            reservations=engine.reservations,
         )
         del engine  # from here on the generation thread's alone
         self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)

@@ -40,7 +40,7 @@ from ..model.load import LoadedModel, ModelSpec, load_model
 from ..model.schedule import sigmas, sub_schedule
 from . import memory
 from .prompts import PromptEncoder
-from .slots import SlotPool, wait_for_stream
+from .slots import SlotPool, SlotReservations, wait_for_stream
 from .types import (
     ChunkResult,
     EngineConfig,
@@ -188,6 +188,8 @@ class Engine:
             self.dtype,
             self.decoder.state_numel,
         )
+        # Slots held for arriving handoffs (the engine's only thread-safe part).
+        self.reservations = SlotReservations(self.pool)
         self._sigmas = sigmas(self.model_config)  # the full schedule
         full = len(self._sigmas)
         self._min_steps = full if config.min_steps is None else config.min_steps
@@ -497,8 +499,14 @@ class Engine:
             session.host_exported = True  # not ours to recycle
             self._sessions[state.session_id] = session
             return
-        slot = self._claim_slot()
-        self.pool.write(slot, state.layers, state.misc)
+        slot = self._claim_slot(arriving=state.session_id)
+        held = self.reservations.held(state.session_id)
+        if held is not None and self._in_slot(state, held):
+            if held != slot:  # received straight into its reserved slot: into place
+                self.pool.move(held, slot)
+        else:
+            self.pool.write(slot, state.layers, state.misc)
+        self.reservations.release(state.session_id)
         self._sessions[state.session_id] = _Session(
             state.session_id,
             state.seed,
@@ -841,10 +849,24 @@ class Engine:
         except KeyError:
             raise UnknownSession(session_id) from None
 
-    def _claim_slot(self) -> int:
-        if len(self._resident) >= self.capacity:
-            raise EngineFull(self.capacity)
-        return len(self._resident)
+    def _claim_slot(self, arriving: str | None = None) -> int:
+        """The next slot, ``len(resident)``; never a slot reserved for a handoff (but
+        ``arriving``'s own)."""
+        with self.reservations.lock:
+            slot = len(self._resident)
+            if slot >= self.capacity or slot >= self.reservations.ceiling(ignore=arriving):
+                raise EngineFull(self.capacity)
+            self.reservations.resident = slot + 1
+        return slot
+
+    def _in_slot(self, state: SessionSnapshot, slot: int) -> bool:
+        """Whether ``state``'s tensors are the rows of ``slot`` (received into them)."""
+        rows = self.pool.regions(slot)
+        tensors = [*state.layers, state.misc]
+        return len(rows) == len(tensors) and all(
+            t.data_ptr() == r.data_ptr() and t.shape == r.shape
+            for t, r in zip(tensors, rows, strict=True)
+        )
 
     def _release_slot(self, session_id: str) -> None:
         """Frees the session's slot, moving the last resident session into the hole so that
@@ -855,6 +877,8 @@ class Engine:
             self.pool.move(last, slot)
             self._resident[slot] = self._resident[last]
         self._resident.pop()
+        with self.reservations.lock:
+            self.reservations.resident = len(self._resident)
 
     def _front(self, chosen: Collection[str] | None) -> int:
         """Moves the ``chosen`` resident sessions to slots ``0..m-1`` (all when None); returns

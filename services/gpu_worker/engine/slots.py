@@ -23,6 +23,8 @@ chunk boundary, where it holds nothing).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..model.config import ModelConfig
@@ -160,3 +162,45 @@ class SlotPool:
         for region, source in zip(self.regions(slot), [*layers, misc], strict=True):
             region.copy_(source, non_blocking=source.is_pinned())
         wait_for_stream(self.device)
+
+
+class SlotReservations:
+    """Slots held for sessions arriving by a handoff, which are received straight into them
+    (no second copy, no fresh buffers). Thread-safe, unlike the rest of the engine: the event
+    loop reserves and releases, the generation thread claims slots and adopts.
+
+    Resident sessions keep slots ``0..n-1``, so a reservation takes the highest free slot at
+    or above ``resident`` (the slots claimed so far), and a claim is refused at the lowest
+    reserved slot: neither ever touches the other's rows."""
+
+    def __init__(self, pool: SlotPool) -> None:
+        self.pool = pool
+        self.lock = threading.Lock()
+        self.resident = 0  # slots claimed by resident sessions (kept by the engine, under lock)
+        self._held: dict[str, int] = {}
+
+    def reserve(self, session_id: str) -> list[torch.Tensor] | None:
+        """The rows of a slot held for ``session_id`` (one per layer, then misc), or None when
+        every free slot is taken."""
+        with self.lock:
+            slot = self._held.get(session_id)
+            if slot is None:
+                taken = set(self._held.values())
+                free = [i for i in range(self.resident, self.pool.capacity) if i not in taken]
+                if not free:
+                    return None
+                slot = self._held[session_id] = max(free)
+        return self.pool.regions(slot)
+
+    def held(self, session_id: str) -> int | None:
+        with self.lock:
+            return self._held.get(session_id)
+
+    def release(self, session_id: str) -> None:
+        with self.lock:
+            self._held.pop(session_id, None)
+
+    def ceiling(self, ignore: str | None = None) -> int:
+        """(Under ``lock``.) The first slot a claim may not take."""
+        slots = [slot for sid, slot in self._held.items() if sid != ignore]
+        return min(slots, default=self.pool.capacity)
