@@ -110,3 +110,10 @@ def test_the_table_has_a_row_per_step():
     assert "| sdpa | yes | 0.5 | masked_ms: 2.0 |" in rows
     assert "| handoff | skipped | 0.1 | skipped: no GPU |" in rows
     assert "| up | **no** | 0.2 | error: a / b |" in rows
+
+
+def test_the_steps_limits_keep_the_check_under_eight_minutes_on_a_gpu():
+    from tools.gpucheck import STEPS
+
+    assert sum(step.limit_cuda_s for step in STEPS) < 8 * 60
+    assert [step.name for step in STEPS] == list(FIGURES)  # in order of value
