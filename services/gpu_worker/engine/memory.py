@@ -10,8 +10,8 @@ its device holds fails at the first busy pass, not at start. The budget is::
   activations afresh on every decode): measured once at start on CUDA, estimated on the CPU;
 - ``decodes``: the decodes one pass may run (``EngineConfig.max_decodes_per_pass``; without a
   bound, every session's);
-- one more ``slot``: a handoff's clone on the device (a freeze, or a state arriving before it
-  is adopted);
+- one more ``slot``: a handoff's clone on the device (a freeze for NCCL or CUDA IPC; a state
+  arriving is received into a free slot instead, ``SlotReservations``);
 - ``margin``: a share of what is available, for the DiT pass's activations and the allocator's
   fragmentation (not measured yet);
 - ``available``: free device memory after the weights are loaded (``torch.cuda.mem_get_info``),
