@@ -443,8 +443,12 @@ class WorkerSettings(CommonSettings):
     preset: str = "tiny"
     # "auto" = first CUDA device when there is one, else the CPU.
     device: str = "auto"
-    # Session slots; none = 8, or the emulated profile's capacity K.
+    # Session slots; none = as many as fit in free memory (at most 8), or the emulated
+    # profile's capacity K. A number that does not fit is refused at start.
     max_sessions: int | None = None
+    # The chunks one pass may decode (the VAE's peak memory is per chunk; the others decode at
+    # the next pass); none = every chunk that completes.
+    max_decodes_per_pass: int | None = None
     # The causal DiT (Self-Forcing / LongLive .pt, safetensors); none: the folder's, or the
     # seeded stand-in.
     checkpoint: str | None = None
@@ -501,6 +505,8 @@ class WorkerSettings(CommonSettings):
             faults.append(f"TURBOSERVE_WORKER_ID={self.worker_id!r}: 1-128 of [A-Za-z0-9_-]")
         if self.max_sessions is not None and self.max_sessions < 1:
             faults.append("TURBOSERVE_MAX_SESSIONS: must be >= 1")
+        if self.max_decodes_per_pass is not None and self.max_decodes_per_pass < 1:
+            faults.append("TURBOSERVE_MAX_DECODES_PER_PASS: must be >= 1")
         if self.heartbeat_s <= 0:
             faults.append("TURBOSERVE_HEARTBEAT_S: must be > 0")
         if self.chunk_period_s is not None and not 0 <= self.chunk_period_s < math.inf:

@@ -61,6 +61,11 @@ TOP_LEVEL = (
     ),
     Subcommand("chaos", "tools.chaos", "a replay while components are killed at random"),
     Subcommand(
+        "gpu-check",
+        "tools.gpucheck",
+        "the GPU path measured in one go (8 steps); --device cpu: the dry run",
+    ),
+    Subcommand(
         "sim", "services.scheduler.sim.cli", "traces, the discrete-event simulator, the profiler"
     ),
 )

@@ -44,7 +44,9 @@ from shared.settings import (
     DEFAULT_NATS_URL,
     DEFAULT_REDIS_URL,
     CommonSettings,
+    SettingsError,
     ToolSettings,
+    WorkerSettings,
     mask_url,
 )
 
@@ -495,6 +497,18 @@ def _write_state(directory: Path, state: dict[str, object]) -> Path:
     return path
 
 
+def _cpu_pool_shortfall(workers: int, keys: dict[str, str]) -> str:
+    """Why the CPU workers would not fit in this host's memory ('' if they would, or if their
+    settings are wrong: each worker then says so itself). Imports torch: only for a CPU pool."""
+    from services.gpu_worker.engine.memory import cpu_pool_shortfall
+
+    try:
+        settings = WorkerSettings.from_env({**os.environ, **keys})
+    except SettingsError:
+        return ""
+    return cpu_pool_shortfall(workers, settings, keys["TURBOSERVE_EMULATE"])
+
+
 def has_gpu() -> bool:
     """Whether NVML finds an NVIDIA GPU here (no torch import: start-up stays quick)."""
     try:
@@ -585,6 +599,9 @@ def run(args: argparse.Namespace) -> int:
     if emulate is None:
         emulate = "" if has_gpu() else "H20"
     keys["TURBOSERVE_EMULATE"] = "" if emulate.lower() == "none" else emulate
+    if not has_gpu() and (short := _cpu_pool_shortfall(workers, keys)):
+        print(f"turboserve up: {short}", file=sys.stderr)
+        return 1
     log_dir = None
     if args.logs == "file":
         log_dir = states / "logs"

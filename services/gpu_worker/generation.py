@@ -33,6 +33,7 @@ from services.gpu_worker.engine import (
     Engine,
     EngineError,
     EngineFull,
+    PassOutOfMemory,
     RecoveryPoint,
 )
 from services.gpu_worker.fmp4 import Fragment, chunk_start_s, encode_chunk
@@ -135,6 +136,7 @@ class LoopStatus:
     # placement counts a joining session's wait for the next pass boundary.
     pass_ends_at: float | None = None
     steps: int = 0  # the step budget in force (the quality budget)
+    capacity: int = 0  # sessions the engine takes now (lowered after a pass out of memory)
 
 
 class PassTimes:
@@ -362,6 +364,10 @@ class GenerationLoop:
             log.warning("engine_full", session_id=sid, capacity=engine.capacity)
             self.outbox.put(HandBack(sid, cmd.epoch))
             return
+        except PassOutOfMemory as exc:  # its rebuild ran out of memory: another worker's turn
+            log.warning("restore_out_of_memory", session_id=sid, error=str(exc))
+            self.outbox.put(HandBack(sid, cmd.epoch))
+            return
         except EngineError as exc:  # a log it cannot use: start over (and say so)
             log.warning("recovery_failed", session_id=sid, error=str(exc))
             point = None
@@ -460,9 +466,10 @@ class GenerationLoop:
         return applied
 
     # -- handoffs (run as controls, on this thread) -------------------------------------------
-    def freeze(self, session_id: str, epoch: int) -> FrozenSession:
-        """At the session's chunk boundary: its state, exported; it sits out of every pass
-        until :meth:`unfreeze` or :meth:`drop`, so the copy never changes under a transfer."""
+    def freeze(self, session_id: str, epoch: int, *, on_device: bool = False) -> FrozenSession:
+        """At the session's chunk boundary: its state, exported (with ``on_device``, a clone on
+        the engine's device); it sits out of every pass until :meth:`unfreeze` or
+        :meth:`drop`, so the copy never changes under a transfer."""
         owned = self.owned.get(session_id)
         if owned is None or not self.engine.has_session(session_id):
             raise HostRefused(HandoffCode.UNKNOWN_SESSION, f"{session_id} is not on this worker")
@@ -472,7 +479,7 @@ class GenerationLoop:
             )
         if owned.frozen:
             raise HostRefused(HandoffCode.BUSY, f"{session_id} is already being handed off")
-        snapshot = self.engine.export_state(session_id)
+        snapshot = self.engine.export_state(session_id, on_device=on_device)
         owned.frozen = True
         owned.suspend_pending = False
         suspended = session_id in self.engine.suspended_sessions()
@@ -584,7 +591,11 @@ class GenerationLoop:
             # Published before the pass runs: the event loop must see it during the pass.
             self._status = replace(self._status, pass_ends_at=self._pass_ends_at)
         started = time.perf_counter()
-        results = self.engine.pass_step(participants)
+        try:
+            results = self.engine.pass_step(participants)
+        except PassOutOfMemory as exc:
+            self._hand_back(exc)
+            return
         pass_ms = (time.perf_counter() - started) * 1000.0
         if self.pass_floor_ms is not None:
             pass_ms = self._pace_to_floor(batch, pass_ms)
@@ -601,6 +612,24 @@ class GenerationLoop:
         self._announce_prompts(participants)
         if results:
             self._deliver(results)
+
+    def _hand_back(self, failed: PassOutOfMemory) -> None:
+        """A pass ran out of memory and the engine let its sessions go: each goes back to
+        pending in the registry, to be placed again (a worker with its recovery log continues
+        it from its last chunk, and its viewers hear so); this worker goes on with the others,
+        at the lower capacity its heartbeats now carry."""
+        log.warning(
+            "handed_back_out_of_memory",
+            sessions=failed.sessions,
+            capacity=failed.capacity,
+            error=str(failed),
+        )
+        for sid in failed.sessions:
+            owned = self.owned.get(sid)
+            if owned is None:
+                continue
+            self.outbox.put(HandBack(sid, owned.epoch))
+            self.drop(sid, reason="out_of_memory")
 
     def _announce_prompts(self, participants: list[str]) -> None:
         """Prompt changes that waited for their encoding and applied in this pass: the chunk in
@@ -762,6 +791,7 @@ class GenerationLoop:
             prompt_switch_ms=engine.prompt_switch_ms(),
             pass_ends_at=self._pass_ends_at,
             steps=engine.steps,
+            capacity=engine.capacity,
         )
         self._status = status  # one reference swap: readers see the old or the new, whole
 

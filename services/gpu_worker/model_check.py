@@ -121,6 +121,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="480x832",
         help="video HEIGHTxWIDTH the per-session memory is given for (480x832)",
     )
+    check.add_argument(
+        "--gpu-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="the GPU memory (GiB) the session count is given for; default: this host's "
+        "first GPU, else 80",
+    )
     check.set_defaults(func=run)
 
 
@@ -139,18 +147,73 @@ def run(args: argparse.Namespace) -> int:
     except ModelFolderError as exc:
         print(f"model check: {exc}", file=sys.stderr)
         return 1
-    reports = check(folder, resolution)
+    facts: dict[str, int | None] = {}
+    reports = check(folder, resolution, facts)
     print(f"{folder.root} ({folder.layout} layout)")
     width = max(len(name) for name in COMPONENTS)
     for report in reports:
         print(f"  {report.component:<{width}}  {'ok  ' if report.ok else 'FAIL'}  {report.text}")
     ok = all(r.ok for r in reports)
+    if ok:
+        gpu = gpu_bytes(args.gpu_memory)
+        for line in memory_lines(facts, gpu, resolution):
+            print(f"  {line}")
     print("a worker can run this model" if ok else "a worker could not run this model")
     return 0 if ok else 1
 
 
-def check(folder: ModelFolder, resolution: tuple[int, int]) -> list[Report]:
-    facts: dict[str, int | None] = {}
+def gpu_bytes(gib: float | None) -> tuple[int, str]:
+    """The GPU memory the session count is given for, and where that figure comes from."""
+    if gib is not None:
+        return int(gib * (1 << 30)), "--gpu-memory"
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return int(props.total_memory), props.name
+    return 80 << 30, "no GPU here: an 80 GiB card"
+
+
+def memory_lines(
+    facts: dict[str, int | None], gpu: tuple[int, str], resolution: tuple[int, int]
+) -> list[str]:
+    """What one slot takes and the sessions per GPU the worker's memory budget gives
+    (``engine/memory.py``), with the decode's peak estimated (a worker measures it at start)."""
+    from services.gpu_worker.engine.memory import (
+        MemoryBudget,
+        MemoryBudgetExceeded,
+        estimated_decode_peak,
+        plan,
+    )
+
+    total, source = gpu
+    slot, weights = facts.get("slot_bytes") or 0, facts.get("weights_bytes") or 0
+    peak = estimated_decode_peak(facts.get("decoder_bytes") or 0, facts.get("frame_bytes") or 0)
+    lines = [
+        f"memory: one slot {human_bytes(slot)} at {resolution[0]}x{resolution[1]} (KV, "
+        f"cross-attention, latents, VAE cache, chunk in progress); weights "
+        f"{human_bytes(weights)} in bf16; a decode's peak about {human_bytes(peak)} (estimated)"
+    ]
+    for decodes in (None, 1):
+        budget = MemoryBudget(
+            f"a {human_bytes(total)} GPU", total - weights, slot, peak, False, decodes
+        )
+        try:
+            sessions = plan(budget, None, 256).sessions
+        except MemoryBudgetExceeded:
+            sessions = 0
+        bound = "every chunk decoded in its pass" if decodes is None else "one decode a pass"
+        lines.append(
+            f"sessions per GPU: {sessions} on {human_bytes(total)} ({source}), {bound} "
+            "(TURBOSERVE_MAX_DECODES_PER_PASS)"
+        )
+    return lines
+
+
+def check(
+    folder: ModelFolder, resolution: tuple[int, int], facts: dict[str, int | None] | None = None
+) -> list[Report]:
+    facts = {} if facts is None else facts
     checks: dict[str, Callable[[Component, dict[str, int | None], tuple[int, int]], str]] = {
         "text encoder": _text_encoder,
         "tokenizer": _tokenizer,
@@ -195,7 +258,8 @@ def _text_encoder(part: Component, facts: dict[str, int | None], _: tuple[int, i
     else:
         config = UMT5Config.from_pretrained(str(part.path))
     facts["text_dim"] = int(config.d_model)
-    weights = _weights(weight_files(part))[0]
+    weights, params = _weights(weight_files(part))
+    facts["weights_bytes"] = (facts.get("weights_bytes") or 0) + params * BF16
     return (
         f"{_where(part)}: umT5 encoder, d_model {config.d_model}, {config.num_layers} "
         f"layers, {weights}"
@@ -226,7 +290,9 @@ def _vae(part: Component, facts: dict[str, int | None], resolution: tuple[int, i
     facts["z_dim"] = int(z_dim)
     latent = (resolution[0] // 8, resolution[1] // 8)
     cache = cache_layout(vae, latent).numel * BF16
-    weights, _ = _weights(weight_files(part))
+    facts["decoder_numel"] = cache_layout(vae, latent).numel
+    weights, params = _weights(weight_files(part))
+    facts["weights_bytes"] = (facts.get("weights_bytes") or 0) + params * BF16
     return (
         f"{_where(part)}: AutoencoderKLWan z_dim {z_dim}, base {base_dim}, "
         f"{weights}; decoder cache {human_bytes(cache)} per session at "
@@ -269,7 +335,13 @@ def _dit(part: Component, facts: dict[str, int | None], resolution: tuple[int, i
         raise ValueError("; ".join(problems))
     with torch.device("meta"):
         pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16, 0)
+        decoder = int(facts.get("decoder_numel") or 0)
+        whole = SlotPool(config, 0, torch.device("meta"), torch.bfloat16, decoder)
     params = sum(math.prod(t.shape) for t in tensors.values())
+    facts["slot_bytes"] = whole.memory_per_slot
+    facts["decoder_bytes"] = decoder * BF16
+    facts["frame_bytes"] = config.video_frames_per_chunk * config.height * config.width * 3 * 4
+    facts["weights_bytes"] = (facts.get("weights_bytes") or 0) + params * BF16
     dtypes = "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}))
     return (
         f"{_where(part)}: dim {config.dim}, {config.num_layers} layers, {config.num_heads} "

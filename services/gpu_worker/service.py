@@ -28,7 +28,12 @@ from nats.errors import Error as NatsError
 from redis.exceptions import RedisError
 
 from services.gpu_worker import telemetry
-from services.gpu_worker.engine import Engine, EngineConfig, StepFloorAboveFull
+from services.gpu_worker.engine import (
+    Engine,
+    EngineConfig,
+    MemoryBudgetExceeded,
+    StepFloorAboveFull,
+)
 from services.gpu_worker.engine.prompts import PromptEncoder
 from services.gpu_worker.engine_host import EngineHost
 from services.gpu_worker.generation import GenerationLoop, SessionFacts
@@ -337,7 +342,13 @@ class WorkerService:
         config = EngineConfig(
             preset=self.settings.preset,
             device=self.settings.device,
-            max_sessions=self.pace.slots,
+            # Unset and not emulating: as many as the memory budget gives.
+            max_sessions=(
+                None
+                if self.settings.max_sessions is None and self.pace.emulated is None
+                else self.pace.slots
+            ),
+            max_decodes_per_pass=self.settings.max_decodes_per_pass,
             seed=self.settings.seed,
             checkpoint=self.settings.checkpoint,
             model=self.settings.model,
@@ -350,6 +361,8 @@ class WorkerService:
         )
         try:
             engine = await asyncio.to_thread(Engine, config)
+        except MemoryBudgetExceeded as exc:
+            raise SettingsError([f"TURBOSERVE_MAX_SESSIONS: {exc}"]) from None
         except StepFloorAboveFull as exc:
             raise SettingsError(
                 [
@@ -406,6 +419,7 @@ class WorkerService:
             capacity=engine.capacity,
             layout=engine.layout,
             registry=ctx.registry,
+            reservations=engine.reservations,
         )
         del engine  # from here on the generation thread's alone
         self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)
@@ -667,7 +681,7 @@ class WorkerService:
         assert ctx is not None
         device = self._telemetry()
         loop_status = self.generation.status() if self.generation is not None else None
-        capacity = self.capacity
+        capacity = loop_status.capacity if loop_status and loop_status.capacity else self.capacity
         chunk_ms = dict(loop_status.chunk_ms) if loop_status else {}
         pass_ms = dict(loop_status.pass_ms) if loop_status else {}
         sessions = loop_status.sessions if loop_status else ()

@@ -33,15 +33,20 @@ def check(*args: str) -> tuple[int, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["diffusers", "original"])
 def test_a_folder_a_worker_can_run(folders, layout):
-    code, out = check(str(folders[layout]), "--resolution", "64x64")
+    code, out = check(str(folders[layout]), "--resolution", "64x64", "--gpu-memory", "0.05")
     assert code == 0, out
     assert f"({layout} layout)" in out and "a worker can run this model" in out
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
-    assert set(lines) == {"text", "tokenizer", "VAE", "DiT"}
+    assert set(lines) == {"text", "tokenizer", "VAE", "DiT", "memory:", "sessions"}
+    assert "one slot" in lines["memory:"] and "at 64x64" in lines["memory:"]
+    counts = [line for line in out.splitlines() if "sessions per GPU:" in line]
+    assert len(counts) == 2 and all("(--gpu-memory)" in line for line in counts), out
+    every, one = (int(line.split("sessions per GPU: ")[1].split()[0]) for line in counts)
+    assert 1 <= every < one  # one decode a pass leaves room for more sessions
     assert "umT5 encoder, d_model 24" in lines["text"] and "parameters" in lines["text"]
     assert "AutoencoderKLWan z_dim 16" in lines["VAE"] and "decoder cache" in lines["VAE"]
     assert "dim 32, 2 layers, 2 heads" in lines["DiT"] and "KV state" in lines["DiT"]
-    assert all(" ok " in line for line in lines.values())
+    assert all(" ok " in lines[part] for part in ("text", "tokenizer", "VAE", "DiT"))
 
 
 @pytest.mark.slow

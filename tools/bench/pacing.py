@@ -203,6 +203,8 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
         "ahead_ms_max": round(max(ahead, default=0.0), 1),
         "late_ms_p99": round(percentile(late, 0.99), 1) if late else 0.0,
         "late_ms_max": round(max(late, default=0.0), 1),
+        # chunks done by their due time, of those in the window
+        "on_time_share": round(sum(1 for ms in late if ms <= 0.0) / len(late), 4) if late else None,
         "first_chunk_s": [round(f, 3) for f in firsts],
         "first_chunk_s_max": round(max(firsts), 3) if firsts else None,
     }
