@@ -74,7 +74,10 @@ def test_every_chunk_of_uniform_noise_at_480x832_is_within_its_bound(bitrate):
 def test_a_smooth_chunk_takes_one_encode_far_under_its_bound():
     y, x = np.mgrid[0:480, 0:832]
     frames = np.stack(
-        [np.stack([(x + 4 * i) % 256, (y + 2 * i) % 256, (x + y) // 5 % 256], -1) for i in range(12)]
+        [
+            np.stack([(x + 4 * i) % 256, (y + 2 * i) % 256, (x + y) // 5 % 256], -1)
+            for i in range(12)
+        ]
     ).astype(np.uint8)
     fragment = encode_chunk(frames, 16.0, 0.0)
     assert fragment.encodes == 1 and len(fragment.data) < fragment.limit_bytes / 2
@@ -113,4 +116,3 @@ def test_a_session_moved_to_a_new_worker_goes_on_along_the_same_timeline():
     first = sink.chunks("s")[0]
     assert first.seq == 5 and first.start_s == pytest.approx(5 * first.duration_s)
     assert decode_fragment(first.fmp4)[1][0] == pytest.approx(first.start_s, abs=1e-4)
-

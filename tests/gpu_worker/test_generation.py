@@ -318,7 +318,7 @@ def test_a_chunk_carries_as_much_video_as_its_period():
     loop.inbox.put(_assign("s", 1))
     _run(loop, lambda: len(sink.chunks("s")) >= 2)
     for chunk in sink.chunks("s"):
-            assert abs(chunk.duration_s - 0.25) < 1e-9  # its duration is the period
+        assert abs(chunk.duration_s - 0.25) < 1e-9  # its duration is the period
 
 
 def test_a_prompt_still_encoding_is_announced_at_the_chunk_it_really_starts():
