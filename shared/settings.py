@@ -30,7 +30,8 @@ _LOG_FORMATS = ("auto", "json", "console")
 # above 50 Mbit/s a chunk of a long period no longer fits the largest NATS payload (64 MiB).
 MIN_VIDEO_BITRATE = 100_000
 MAX_VIDEO_BITRATE = 50_000_000
-DEFAULT_VIDEO_BITRATE = 2_000_000  # 480p streaming: a 0.75 s chunk is at most 183 KiB
+DEFAULT_VIDEO_BITRATE = 2_000_000  # 480p streaming: a 0.75 s chunk is at most 187 KiB
+DEFAULT_STREAM_SESSIONS = 64  # the default pool's largest: 8 workers x 8 slots
 
 
 class SettingsError(ValueError):
@@ -84,7 +85,7 @@ class CommonSettings:
     video_bitrate: int = DEFAULT_VIDEO_BITRATE
     # Sessions the chunk stream keeps the resume window of (its max_bytes): the pool's
     # largest size times the sessions a worker holds (default: 8 workers x 8 slots).
-    stream_sessions: int = 64
+    stream_sessions: int = DEFAULT_STREAM_SESSIONS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Self:

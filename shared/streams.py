@@ -4,6 +4,9 @@
   disk, so no event is lost while the scheduler restarts.
 - chunks: worker -> gateways; in memory, short retention, a bounded number per session, so any
   gateway can stream any session and a reconnecting client (``Last-Event-ID``) gets what it missed.
+  Its bytes are sized for that resume window: ``TURBOSERVE_STREAM_SESSIONS`` sessions x
+  ``CHUNKS_PER_SESSION`` chunks x the most bytes a chunk's message takes at
+  ``TURBOSERVE_VIDEO_BITRATE`` (:class:`shared.video.ChunkRetention`; docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from __future__ import annotations
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError
 
+from shared.video import CHUNK_RETENTION_S, CHUNKS_PER_SESSION, ChunkRetention
 from shared.wire import Subjects
 
-CHUNK_RETENTION_S = 300.0
-CHUNKS_PER_SESSION = 64
 SCHEDULER_DURABLE = "scheduler"
 
 
-def stream_configs(subjects: Subjects) -> list[api.StreamConfig]:
+def stream_configs(
+    subjects: Subjects, retention: ChunkRetention | None = None
+) -> list[api.StreamConfig]:
+    retention = retention or ChunkRetention()
     return [
         api.StreamConfig(
             name=subjects.sessions_stream,
@@ -34,15 +39,18 @@ def stream_configs(subjects: Subjects) -> list[api.StreamConfig]:
             storage=api.StorageType.MEMORY,
             max_age=CHUNK_RETENTION_S,
             max_msgs_per_subject=CHUNKS_PER_SESSION,
-            max_bytes=512 * 1024 * 1024,
+            max_bytes=retention.max_bytes,
             discard=api.DiscardPolicy.OLD,
         ),
     ]
 
 
-async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
-    """Create the streams, or bring an existing one's config up to date."""
-    for config in stream_configs(subjects):
+async def ensure_streams(
+    js: JetStreamContext, subjects: Subjects, retention: ChunkRetention | None = None
+) -> None:
+    """Create the streams, or bring an existing one's config up to date (the chunk stream's
+    bytes from ``retention``: every service passes its settings' own)."""
+    for config in stream_configs(subjects, retention):
         try:
             await js.add_stream(config)
         except BadRequestError:

@@ -9,6 +9,16 @@ the deployment files (the NATS limits) and ``turboserve model check``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+from shared.settings import (
+    DEFAULT_CHUNK_PERIOD_S,
+    DEFAULT_STREAM_SESSIONS,
+    DEFAULT_VIDEO_BITRATE,
+    CommonSettings,
+)
+
+MIB = 1024 * 1024
 
 # The container around the H.264 of one chunk: ftyp + moov (about 0.7 KiB) and moof (a sample
 # entry per frame), with room to spare.
@@ -64,3 +74,39 @@ def retention_bytes(bitrate: int, sessions: int, period_s: float) -> int:
     """The chunk stream's ``max_bytes``: every session's resume window at the chunk bound,
     ``sessions x CHUNKS_PER_SESSION x chunk_wire_bytes(bitrate, period_s)``."""
     return sessions * CHUNKS_PER_SESSION * chunk_wire_bytes(bitrate, period_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRetention:
+    """What the chunk stream keeps: every session's resume window at the chunk bound of the
+    bitrate, for ``sessions`` sessions (one formula for the stream's declaration and the NATS
+    server's limits)."""
+
+    video_bitrate: int = DEFAULT_VIDEO_BITRATE
+    sessions: int = DEFAULT_STREAM_SESSIONS
+    period_s: float = DEFAULT_CHUNK_PERIOD_S
+
+    @classmethod
+    def of(cls, settings: CommonSettings) -> ChunkRetention:
+        return cls(settings.video_bitrate, settings.stream_sessions)
+
+    @property
+    def max_bytes(self) -> int:
+        """The chunk stream's ``max_bytes``."""
+        return retention_bytes(self.video_bitrate, self.sessions, self.period_s)
+
+    @property
+    def memory_store_bytes(self) -> int:
+        """The NATS server's JetStream ``max_memory_store``: the chunk stream's bytes and a
+        quarter more (consumers, indexes), in whole MiB (the sessions stream is on disk)."""
+        return -(-self.max_bytes * 5 // 4 // MIB) * MIB
+
+
+def nats_limits_config(retention: ChunkRetention, store_dir: str | None = None) -> str:
+    """The nats-server settings that carry the chunks (one config's text): ``max_payload``
+    explicit (NATS's default, which a chunk at the bitrate fits) and the JetStream memory."""
+    store = f'  store_dir: "{store_dir}"\n' if store_dir else ""
+    return (
+        f"max_payload: {NATS_DEFAULT_MAX_PAYLOAD}\n"
+        f"jetstream {{\n{store}  max_memory_store: {retention.memory_store_bytes}\n}}\n"
+    )

@@ -53,7 +53,7 @@ from shared.settings import (
 )
 from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
-from shared.video import PayloadTooSmall, check_payload
+from shared.video import ChunkRetention, PayloadTooSmall, check_payload
 from shared.wire import (
     WORKER_WIDE_COMMANDS,
     Chunk,
@@ -396,7 +396,7 @@ class WorkerService:
     async def start(self, ctx: ServiceContext) -> None:
         loop = asyncio.get_running_loop()
         self.ctx = ctx
-        await ensure_streams(ctx.js, ctx.subjects)
+        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
         self.ops = await start_ops(
             ctx,
             self.metrics.registry,
