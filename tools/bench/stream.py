@@ -2,10 +2,12 @@
 WebSocket: bytes per second per viewer, encode time per chunk, delivery p99, and what a
 session puts on NATS.
 
-Two kinds of frames, at 480x832 by default:
+Three kinds of frames, at ``--size`` WIDTHxHEIGHT (832x480, Wan2.1's, by default):
 
 - ``standin``: the stand-in model's own frames (the ``tiny`` preset at that resolution, on the
   CPU): smooth, the easy case for a video codec;
+- ``gradient``: model-like content: smooth colour gradients drifting, with a fine texture on
+  them (``tools.bench.gateway.model_like``, the gateway bench's chunks);
 - ``textured``: a synthetic sequence the bench makes: a multi-scale texture (2, 8 and 32 pixel
   cells) panning 7 pixels right and 5 down per frame, across chunk boundaries; the hard case.
 
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
     from shared.wire import Subjects
 
-KINDS = ("standin", "textured")
+KINDS = ("standin", "gradient", "textured")
 FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
 
 
@@ -79,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured time first (2)")
     p.add_argument("--period", type=float, default=0.75, help="chunk period, s (0.75)")
     p.add_argument("--frames", type=int, default=12, help="frames per chunk (12)")
-    p.add_argument("--size", default="480x832", help="HEIGHTxWIDTH (480x832)")
+    p.add_argument("--size", default="832x480", help="WIDTHxHEIGHT (832x480)")
     p.add_argument(
         "--chunks",
         type=int,
@@ -136,8 +138,8 @@ def plan_of(args: argparse.Namespace) -> StreamPlan:
         or not 1 <= args.encode_runs <= 1000
     ):
         faults.append("--frames must be 1-64, --chunks 1-64, --encode-runs 1-1000")
-    if m is None or not (16 <= int(m[1]) <= 2160 and 16 <= int(m[2]) <= 3840):
-        faults.append("--size must be HEIGHTxWIDTH, 16-2160 by 16-3840")
+    if m is None or not (16 <= int(m[1]) <= 3840 and 16 <= int(m[2]) <= 2160):
+        faults.append("--size must be WIDTHxHEIGHT, 16-3840 by 16-2160")
     if not kinds or set(kinds) - set(KINDS):
         faults.append(f"--kinds must name some of {', '.join(KINDS)}")
     if faults:
@@ -150,8 +152,8 @@ def plan_of(args: argparse.Namespace) -> StreamPlan:
         args.warmup,
         args.period,
         args.frames,
-        int(m[1]),
         int(m[2]),
+        int(m[1]),
         args.chunks,
         args.encode_runs,
         kinds,
@@ -190,6 +192,16 @@ def textured(plan: StreamPlan) -> list[np.ndarray]:
         idx = range(c * plan.frames, (c + 1) * plan.frames)
         chunks.append(np.stack([np.roll(texture, (5 * i, 7 * i), axis=(0, 1)) for i in idx]))
     return chunks
+
+
+def gradient(plan: StreamPlan) -> list[np.ndarray]:
+    """Smooth gradients drifting with a fine texture (continuing across chunks)."""
+    from tools.bench.gateway import model_like
+
+    return [
+        model_like(plan.width, plan.height, plan.frames, c * plan.frames)
+        for c in range(plan.chunks)
+    ]
 
 
 def standin(plan: StreamPlan) -> list[np.ndarray]:
@@ -534,7 +546,8 @@ async def bench(plan: StreamPlan) -> dict[str, Any]:
 
     frames: dict[str, Any] = {}
     for kind in plan.kinds:
-        chunks = await asyncio.to_thread(standin if kind == "standin" else textured, plan)
+        make = {"standin": standin, "gradient": gradient, "textured": textured}[kind]
+        chunks = await asyncio.to_thread(make, plan)
         encoded = await asyncio.to_thread(encode_all, chunks, plan)
         side: dict[str, Any] = {
             "nats_bytes_per_s": round(
@@ -564,7 +577,7 @@ async def bench(plan: StreamPlan) -> dict[str, Any]:
         frames[kind] = side
     return {
         "frames": frames,
-        "size": f"{plan.height}x{plan.width}",
+        "size": f"{plan.width}x{plan.height}",
         "frames_per_chunk": plan.frames,
         "period_s": plan.period,
         "viewers": plan.viewers,
