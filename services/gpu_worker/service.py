@@ -258,6 +258,7 @@ class Publisher:
                 self._unrecorded[sid] = item
                 self._to_record.set()
             else:
+                self._recent[sid].pop()  # told as unpublished: not sent again after all
                 await self._unpublished(head, f"NATS refused it: {refused!r}")
         elif isinstance(item, SessionNotice):
             if self._is_fenced(item.session_id, item.epoch) or not await self._owns(item):
@@ -307,8 +308,11 @@ class Publisher:
         await self._send_owed()
 
     async def _send_owed(self) -> None:
-        """The notices NATS did not take, oldest first, until one is refused again."""
-        while self._owed:
+        """The notices NATS did not take, oldest first, until one is refused again. Kept while
+        the connection is down: what the client buffers then goes out at the reconnection,
+        before the streams (lost with a restarted server's memory) are declared again, and
+        would reach no viewer; the reconnection's hook sends them after."""
+        while self._owed and self.ctx.nc.is_connected:
             notice = self._owed[0]
             if self._is_fenced(notice.session_id, notice.epoch):
                 self._owed.popleft()
