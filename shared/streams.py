@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
 
 from shared.video import CHUNK_RETENTION_S, CHUNKS_PER_SESSION, ChunkRetention
 from shared.wire import Subjects
@@ -53,5 +53,12 @@ async def ensure_streams(
     for config in stream_configs(subjects, retention):
         try:
             await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+        except (BadRequestError, ServerError) as refused:
+            # It exists (declared by another service, or before a restart): JetStream refuses
+            # the add, as a bad request, or, counting the stream's memory twice, as a lack of
+            # memory; an update takes the config as it is now. Where there is no such stream,
+            # the add's own refusal is the fault (the server has not the memory for it).
+            try:
+                await js.update_stream(config)
+            except NotFoundError:
+                raise refused from None
