@@ -49,11 +49,18 @@ def build_text_encoder(seed: int = 0) -> UMT5EncoderModel:
     return UMT5EncoderModel(config).eval()
 
 
-def build_vae(seed: int = 0) -> AutoencoderKLWan:
+def build_vae(seed: int = 0, light: bool = False) -> AutoencoderKLWan:
+    """``light``: the fewest channels and blocks the Wan VAE takes (no attention), so a chunk
+    at 480x832 decodes in seconds on a CPU; its strides and latent are Wan's all the same."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    vae: AutoencoderKLWan = AutoencoderKLWan(base_dim=8, z_dim=16)
+    if light:
+        vae: AutoencoderKLWan = AutoencoderKLWan(
+            base_dim=2, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[]
+        )
+    else:
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16)
     return vae.eval()
 
 
@@ -80,14 +87,17 @@ def build_transformer(seed: int = 0) -> WanTransformer3DModel:
     return model
 
 
-def build_folder(root: Path, layout: str = "diffusers", seed: int = 0) -> Path:
-    """A tiny Wan2.1 text-to-video folder in ``layout`` (``diffusers`` or ``original``)."""
+def build_folder(
+    root: Path, layout: str = "diffusers", seed: int = 0, light_vae: bool = False
+) -> Path:
+    """A tiny Wan2.1 text-to-video folder in ``layout`` (``diffusers`` or ``original``);
+    ``light_vae``: :func:`build_vae`'s light one (the diffusers layout)."""
     from safetensors.torch import save_file
 
     from services.gpu_worker.model.checkpoint import from_diffusers
 
     root.mkdir(parents=True, exist_ok=True)
-    text, vae, dit = build_text_encoder(seed), build_vae(seed), build_transformer(seed)
+    text, vae, dit = build_text_encoder(seed), build_vae(seed, light_vae), build_transformer(seed)
     if layout == "diffusers":
         build_tokenizer(root / "tokenizer")
         text.save_pretrained(str(root / "text_encoder"))

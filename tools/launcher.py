@@ -49,6 +49,7 @@ from shared.settings import (
     WorkerSettings,
     mask_url,
 )
+from shared.video import ChunkRetention, nats_limits_config
 
 SERVICES = ("scheduler", "provisioner", "gateway")  # started in this order, stopped in reverse
 
@@ -259,30 +260,21 @@ class Mesh:
             port = free_port()
             url = f"nats://127.0.0.1:{port}"
             store = self.tmpdir / "jetstream"
+            # The limits that carry the chunks, as compose and the manifests set them.
+            retention = ChunkRetention.of(self._children_settings())
             if self.credentials is None:
-                argv = [
-                    nats_server_binary(),
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    str(port),
-                    "-js",
-                    "-sd",
-                    str(store),
-                ]
+                text = f'listen: "127.0.0.1:{port}"\n' + nats_limits_config(retention, str(store))
             else:
-                subjects = self._children_settings().subjects
-                conf = _write_private(
-                    self.tmpdir / "nats.conf",
-                    nats_server_config(
-                        subjects,
-                        self.credentials.nats,
-                        host="127.0.0.1",
-                        port=port,
-                        store_dir=str(store),
-                    ),
+                text = nats_server_config(
+                    self._children_settings().subjects,
+                    self.credentials.nats,
+                    host="127.0.0.1",
+                    port=port,
+                    store_dir=str(store),
+                    retention=retention,
                 )
-                argv = [nats_server_binary(), "-c", str(conf)]
+            conf = _write_private(self.tmpdir / "nats.conf", text)
+            argv = [nats_server_binary(), "-c", str(conf)]
             proc = self._spawn("nats", argv, os.environ, log_to=self.tmpdir / "nats.log")
             _wait_until(lambda: probe_nats(url), 20, "embedded nats-server", proc, self.abort)
             self.nats_url = url

@@ -4,7 +4,12 @@ One line per component (text encoder, tokenizer, VAE, DiT): what was found, its 
 parameter count and the memory it needs (weights in the worker's dtype, plus the per-session
 state it adds), or what is missing or does not fit. Weights are not loaded: shapes come from
 safetensors headers, configs and memory-mapped ``.pth`` files, and every key is checked against
-the model the worker would build (on the meta device). Exits 1 when a worker could not run it.
+the model the worker would build (on the meta device). Then the video: the resolution the folder
+will run at (``--resolution``, else ``TURBOSERVE_RESOLUTION``, else Wan2.1's 480x832), the most
+bytes a chunk takes at ``TURBOSERVE_VIDEO_BITRATE`` and whether its NATS message fits the
+``max_payload`` (``--max-payload``, else the server's at ``TURBOSERVE_NATS_URL``, else NATS's
+default 1 MiB when no server answers; the line says which). Exits 1 when a worker could not run
+it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.gpu_worker.model.folder import (
     COMPONENTS,
@@ -26,6 +32,9 @@ from services.gpu_worker.model.folder import (
     dit_heads,
     find_components,
 )
+
+if TYPE_CHECKING:
+    from shared.settings import WorkerSettings
 
 BF16 = 2
 _BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
@@ -118,8 +127,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     check.add_argument(
         "--resolution",
-        default="480x832",
-        help="video HEIGHTxWIDTH the per-session memory is given for (480x832)",
+        default=None,
+        help="video HEIGHTxWIDTH it runs at (default: TURBOSERVE_RESOLUTION, else 480x832)",
+    )
+    check.add_argument(
+        "--max-payload",
+        type=int,
+        default=None,
+        help="the NATS max_payload (bytes) to check a chunk against (default: the server's at "
+        "TURBOSERVE_NATS_URL, else NATS's default 1 MiB)",
     )
     check.add_argument(
         "--gpu-memory",
@@ -133,15 +149,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.settings import parse_resolution
+    from shared.settings import SettingsError, WorkerSettings, parse_resolution
 
-    resolution = parse_resolution(args.resolution)
-    if resolution is None:
-        print(
-            f"model check: --resolution {args.resolution!r}: HEIGHTxWIDTH, multiples of 16",
-            file=sys.stderr,
-        )
+    try:
+        settings = WorkerSettings.from_env()
+    except SettingsError as exc:
+        print(f"model check: {exc}", file=sys.stderr)
         return 2
+    given = args.resolution or settings.resolution
+    resolution = parse_resolution(given or DEFAULT_RESOLUTION)
+    if resolution is None:
+        print(f"model check: resolution {given!r}: HEIGHTxWIDTH, multiples of 16", file=sys.stderr)
+        return 2
+    source = (
+        "--resolution"
+        if args.resolution
+        else "TURBOSERVE_RESOLUTION"
+        if settings.resolution
+        else "Wan2.1's, no TURBOSERVE_RESOLUTION set"
+    )
     try:
         folder = find_components(args.folder, args.checkpoint)
     except ModelFolderError as exc:
@@ -153,13 +179,82 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(name) for name in COMPONENTS)
     for report in reports:
         print(f"  {report.component:<{width}}  {'ok  ' if report.ok else 'FAIL'}  {report.text}")
-    ok = all(r.ok for r in reports)
+    video = video_report(settings, resolution, source, args.max_payload)
+    print(f"  {video.component:<{width}}  {'ok  ' if video.ok else 'FAIL'}  {video.text}")
+    ok = all(r.ok for r in reports) and video.ok
     if ok:
         gpu = gpu_bytes(args.gpu_memory)
         for line in memory_lines(facts, gpu, resolution):
             print(f"  {line}")
     print("a worker can run this model" if ok else "a worker could not run this model")
     return 0 if ok else 1
+
+
+DEFAULT_RESOLUTION = "480x832"  # Wan2.1's: what a loaded model runs at with none set
+
+
+def video_report(
+    settings: WorkerSettings,
+    resolution: tuple[int, int],
+    source: str,
+    max_payload: int | None,
+) -> Report:
+    """The video a worker would send of this folder: its size, a chunk's bound at the
+    bitrate, and whether its message fits NATS's max_payload."""
+    from services.gpu_worker.encoder import chunk_duration_s
+    from services.gpu_worker.model.config import get_preset
+    from shared.settings import DEFAULT_CHUNK_PERIOD_S
+    from shared.video import chunk_bytes_limit, chunk_wire_bytes
+
+    frames = get_preset("wan-1.3b").video_frames_per_chunk
+    period = DEFAULT_CHUNK_PERIOD_S if settings.chunk_period_s is None else settings.chunk_period_s
+    duration = chunk_duration_s(frames, period)
+    if max_payload is not None:
+        limit, where = max_payload, "--max-payload"
+    else:
+        limit, where = server_max_payload(settings.nats_url)
+    bitrate = settings.video_bitrate
+    wire = chunk_wire_bytes(bitrate, duration)
+    fits = wire <= limit
+    text = (
+        f"{resolution[0]}x{resolution[1]} ({source}), {frames} frames per {duration:g} s chunk: "
+        f"at most {human_bytes(chunk_bytes_limit(bitrate, duration))} of H.264 at "
+        f"TURBOSERVE_VIDEO_BITRATE={bitrate}, {wire} bytes on NATS; "
+        f"{'fits' if fits else 'does NOT fit'} max_payload {limit} ({where})"
+    )
+    return Report("video", fits, text)
+
+
+def server_max_payload(url: str) -> tuple[int, str]:
+    """The max_payload of the NATS server at ``url`` and where the figure comes from: the
+    server, or NATS's default when none answers (within two seconds)."""
+    import asyncio
+
+    from shared.settings import mask_url
+    from shared.video import NATS_DEFAULT_MAX_PAYLOAD
+
+    async def quiet(_: Exception) -> None:
+        return None
+
+    async def ask() -> int:
+        import nats
+
+        nc = await nats.connect(
+            url,
+            connect_timeout=2,
+            max_reconnect_attempts=0,
+            allow_reconnect=False,
+            error_cb=quiet,
+        )
+        try:
+            return int(nc.max_payload)
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(asyncio.wait_for(ask(), 5)), f"the server at {mask_url(url)}"
+    except Exception:  # noqa: BLE001 - no server: the default, said so
+        return NATS_DEFAULT_MAX_PAYLOAD, f"NATS's default: no server answered at {mask_url(url)}"
 
 
 def gpu_bytes(gib: float | None) -> tuple[int, str]:

@@ -88,7 +88,7 @@ async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
     headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
     # from=start: every chunk from the first, however late this client attaches.
     async with http.get(
-        f"/v1/sessions/{sid}/stream", params={"from": "start"}, headers=headers
+        f"/v1/sessions/{sid}/stream", params={"from": "start", "format": "fmp4"}, headers=headers
     ) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET /v1/sessions/{sid}/stream: {resp.status}")
@@ -97,9 +97,11 @@ async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
             buf += data
             while b"\n\n" in buf:
                 block, buf = buf.split(b"\n\n", 1)
-                fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
+                lines = [line.split(b": ", 1) for line in block.split(b"\n") if b": " in line]
+                fields = dict(lines)
+                data = b"\n".join(v for k, v in lines if k == b"data")  # joined as SSE says
                 if fields.get(b"event") == b"chunk":
-                    timing = orjson.loads(fields[b"data"])["timing"]
+                    timing = orjson.loads(data)["timing"]
                     stream.chunks.append((time.time(), timing["due_at"], timing["done_at"]))
                     stream.first.set()
                 elif fields.get(b"event") == b"end":
