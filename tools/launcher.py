@@ -12,6 +12,7 @@ on Ctrl-C or SIGTERM stops everything it started, in order, leaving no process b
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -320,17 +321,27 @@ class Mesh:
             return  # started here, empty
         import asyncio
 
-        from tools.earlier_run import settle_earlier_sessions
+        from tools.earlier_run import EarlierSessions, settle_earlier_sessions
 
         settings = ToolSettings.from_env({**os.environ, **self.env})
-        found = asyncio.run(
-            settle_earlier_sessions(
-                self.redis_url,
-                settings.redis_namespace,
-                settings.idle_after_s,
-                settings.close_after_s,
+
+        def settle() -> EarlierSessions:
+            return asyncio.run(
+                settle_earlier_sessions(
+                    self.redis_url,
+                    settings.redis_namespace,
+                    settings.idle_after_s,
+                    settings.close_after_s,
+                )
             )
-        )
+
+        # A caller inside an event loop (a test, a tool that embeds the mesh) cannot start a
+        # second one on its thread: the settling then runs on a thread of its own.
+        if _loop_running():
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                found = pool.submit(settle).result()
+        else:
+            found = settle()
         self.earlier_sessions = found.line(settings.idle_after_s, settings.close_after_s)
         if self.earlier_sessions is not None and not self.quiet:
             print(f"turboserve up: {self.earlier_sessions}", file=sys.stderr, flush=True)
@@ -767,3 +778,13 @@ def banner(
         "",
     ]
     return "\n".join(lines)
+
+
+def _loop_running() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
