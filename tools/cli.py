@@ -60,9 +60,7 @@ TOP_LEVEL = (
         "replay", "tools.replay", "play a session trace against a running gateway (load generator)"
     ),
     Subcommand("chaos", "tools.chaos", "a replay while components are killed at random"),
-    Subcommand(
-        "sim", "services.scheduler.sim.cli", "traces, the discrete-event simulator, the profiler"
-    ),
+    Subcommand("sim", "lab.sim.cli", "traces, the discrete-event simulator, the profiler"),
 )
 BENCH = (
     Subcommand("control", "tools.bench.control", "the control plane's overhead (event to command)"),

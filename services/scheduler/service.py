@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-import services.scheduler.eval.rivals  # noqa: F401  (registers the rivals it may run)
+import services.scheduler.core.rivals  # noqa: F401  (registers the rivals it may run)
 from services.scheduler.core.autoscale import RhoTable, RhoTableError
 from services.scheduler.core.policies import (
     Policy,

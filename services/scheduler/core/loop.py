@@ -50,7 +50,7 @@ plain GPU count.
 The same class, with switches, is every built-in policy (see ``policies.py``): the static
 baselines turn off migration and autoscaling and use another chooser for step 2.
 
-Extension hooks for other policies (the evaluation's rivals, ``services.scheduler.eval.rivals``):
+Extension hooks for other policies (the evaluation's rivals, ``services.scheduler.core.rivals``):
 ``current_rho_hat(t)`` and ``target_gpus(t, n_required, rho_max, budget, rho_hat, delta)``.
 ``target_gpus`` is called up to twice per step (before and after the rebalance); keep any state
 it records idempotent for equal ``t``.

@@ -40,7 +40,7 @@ default to ``gpus = 16`` (the paper's H20 cluster). Without ``rho_table`` (and w
 ``services.scheduler.shipped.load_rho_table()``.
 
 Other modules add policies with :func:`register_policy`: the evaluation's rivals (HPA-style,
-threshold, predictive, clairvoyant) are registered by ``services.scheduler.eval.rivals`` when
+threshold, predictive, clairvoyant) are registered by ``services.scheduler.core.rivals`` when
 it is imported. A policy that needs what only an offline run knows (the future) is registered
 with ``live=False``; the scheduler service refuses it (``shared.policies.LIVE_POLICIES`` holds
 the names of the live ones, for the settings' check).

@@ -87,7 +87,7 @@ def test_each_policy_takes_its_own_frozen_config():
 
 
 def test_every_policy_declares_whether_it_autoscales_and_is_live():
-    import services.scheduler.eval.rivals  # noqa: F401  (the evaluation's rivals too)
+    import services.scheduler.core.rivals  # noqa: F401  (the evaluation's rivals too)
 
     future = [(0.0, "s0", "arrive")]
     for name in available_policies():
