@@ -112,7 +112,7 @@ def _adaptive(runs: Sequence[RunSummary]) -> RunSummary:
 
 
 def _min_steps(runs: Sequence[RunSummary]) -> int:
-    from services.scheduler.core.policies import QUALITY_MIN_STEPS
+    from lab.sim.policies import QUALITY_MIN_STEPS
 
     given = {r.spec.param("min_steps") for r in runs} - {None}
     return int(given.pop()) if len(given) == 1 else QUALITY_MIN_STEPS

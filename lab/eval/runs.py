@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import services.scheduler.core.rivals  # noqa: F401  (registers the rival policies)
 from lab.sim.traceio import Trace, load_trace
 from services.scheduler.core.cluster import ClusterView
 from services.scheduler.core.policies import Policy

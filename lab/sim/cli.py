@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument(
         "--policy",
         default="turboserve",
-        help="a registered policy name, several separated by commas, or 'all' "
+        help="a policy name (lab.sim.policies), several separated by commas, or 'all' "
         "(default: turboserve)",
     )
     run.add_argument(
@@ -294,7 +294,6 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    import services.scheduler.core.rivals  # noqa: F401  (the evaluation's rivals run by name too)
     from lab.sim.report import progress_bar, quality_lines, results_table
     from lab.sim.simulator import simulate
     from lab.sim.traceio import load_trace
@@ -572,9 +571,9 @@ def _at_equal_cost(name: str, mean_gpus: float, one: Any) -> dict[str, Any]:
 
 
 def _all_policies() -> list[str]:
-    from services.scheduler.core.policies import available_policies
+    from lab.sim.policies import POLICIES
 
-    return list(available_policies())
+    return list(POLICIES)
 
 
 def _default_static_gpus(trace: Any, profile: Any) -> int:

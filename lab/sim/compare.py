@@ -89,9 +89,8 @@ def simulate_replay(
     the replay ran, in compressed seconds (default: the compressed trace's length).
     ``parked_on_gpu``: an idle session's state stays with the worker it was suspended on, and a
     resume elsewhere is a migration (as in the live mesh; the simulator's default is not)."""
-    import services.scheduler.core.rivals  # noqa: F401  (the live policy may be a rival)
+    from lab.sim.policies import POLICIES
     from lab.sim.simulator import PolicyError, simulate
-    from services.scheduler.core.policies import policy_spec
 
     played = compress(trace, speed)
     if duration_s is not None:
@@ -99,7 +98,7 @@ def simulate_replay(
             played.name, tuple(e for e in played.events if e.t <= duration_s), duration_s
         )
     try:
-        autoscales = policy_spec(policy).autoscales
+        autoscales = POLICIES[policy].autoscales
     except KeyError as exc:
         raise PolicyError(exc.args[0]) from None
     policy_params: dict[str, Any]

@@ -64,10 +64,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab.sim.policies import POLICIES
 from lab.sim.traceio import Trace, TraceEvent
 from lab.sim.viewer import ServiceLedger, summary
 from services.scheduler.core.autoscale import FALLBACK_RHO_HAT
-from services.scheduler.core.policies import Policy, get_policy, policy_spec
+from services.scheduler.core.policies import Policy
 from services.scheduler.core.types import (
     Assign,
     Decision,
@@ -852,9 +853,9 @@ def simulate(
     parked_on_gpu: bool = False,
     **params: Any,
 ) -> SimResult:
-    """Run ``policy`` (a registered name, or a :class:`Policy`) over ``trace`` (a Trace, a
-    built-in trace name or a path). ``params`` are the policy's loose parameters
-    (``policies.policy_config``); a policy that takes them also gets ``boot_delay_s``, so that
+    """Run ``policy`` (a name of ``lab.sim.policies.POLICIES``, or a :class:`Policy`) over
+    ``trace`` (a Trace, a built-in trace name or a path). ``params`` are the policy's loose parameters
+    (``Policies.config``); a policy that takes them also gets ``boot_delay_s``, so that
     it knows what the environment does, and, unless the caller names ``gpus`` or
     ``initial_gpus`` or passes ``warm_start=False``, a warm pool (:func:`warm_start_gpus`) as
     ``initial_gpus``.
@@ -917,7 +918,7 @@ def make_policy(
     optional: tuple[str, ...] = ("boot_delay_s",),
     **params: Any,
 ) -> Policy:
-    """Build a registered policy, telling it the environment's boot delay and giving it the
+    """Build a policy of ``POLICIES``, telling it the environment's boot delay and giving it the
     shipped rho_hat table unless ``params`` name one. Keys in ``optional`` were added by the
     environment, not the caller: a policy that does not take one is built without it."""
     resolved = resolve_profile(profile)
@@ -955,9 +956,9 @@ def _build_policy(
     policy does not take. An unknown name, a parameter it does not take or a value out of
     range is a :class:`PolicyError`."""
     try:
-        spec = policy_spec(name)
+        spec = POLICIES[name]
         taken = {k: v for k, v in params.items() if k in spec.params or k not in optional}
-        return get_policy(name, profile, spec.config(taken)), taken
+        return POLICIES.build(name, profile, spec.config(taken)), taken
     except KeyError as exc:
         raise PolicyError(exc.args[0]) from None
     except (TypeError, ValueError) as exc:

@@ -1,6 +1,7 @@
-"""The evaluation's rival policies, registered by name with the core's registry when this module
-is imported (``turboserve sim``, the evaluation, the replay's comparison and the scheduler
-service import it; all but ``clairvoyant`` may run live).
+"""The rival policies the live scheduler may run, besides TurboServe's own: what production
+runs today, and a forecasting variant of our loop. The core's list of live policies
+(``policies.LIVE_POLICIES``) names them; the simulator and the evaluation run them as they run
+the others (the offline-only clairvoyant is the lab's, ``lab.sim.policies``).
 
 All are the core's :class:`Controller` (same cluster view, same placement, same scale-in by
 drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook):
@@ -26,16 +27,6 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
     ``cooldown_in_s`` again. No rho_hat table, no idle reserve, no volatility signal. Distinct
     from ``no_migration`` (the TurboServe autoscaler without migration, an ablation) and from
     ``hpa`` (proportional, 300 s down-scale stabilisation).
-``clairvoyant``
-    Our loop, with the same rho_hat (fixed, or the adaptive table fed by the same volatility
-    tracker) and the same placement, but told the future: at time t it holds
-    ``gpus_for(max active over [t, t + boot_delay_s + lookahead_slack_s])``, so it asks for a
-    GPU exactly one boot delay (plus one tick) before it is needed and lets it go as soon as
-    it is not needed within that horizon.  Needs ``future=`` (a trace: an object with
-    ``events`` of ``(t, session_id, event)``, or a list of such rows), so the live scheduler
-    cannot run it (registered ``live=False``).  It takes no idle reserve and no peak cap from
-    the table (``idle_reserve=0``, ``peak_rho=0`` unless given): it knows who comes back and
-    how high the load goes.
 ``turboserve_predictive``
     Our loop, with the GPU count sized for a short-horizon forecast of active sessions one
     boot delay ahead.  Default ``mode="sessions"``: Holt's linear trend (double exponential
@@ -54,21 +45,16 @@ drain) with a different answer to "how many GPUs now?" (the ``target_gpus`` hook
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from services.scheduler.core.autoscale import gpus_for
 from services.scheduler.core.config import ControllerConfig
-from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import Policy, PolicySpec, Profiles, register_policy
+from services.scheduler.core.loop import Controller, Profiles
 from services.scheduler.core.types import Decision, Event, EventKind
 
 __all__ = [
-    "ClairvoyantConfig",
-    "ClairvoyantController",
     "HpaConfig",
     "HpaController",
     "PredictiveConfig",
@@ -76,10 +62,6 @@ __all__ = [
     "ThresholdConfig",
     "ThresholdController",
 ]
-
-# Loose parameters: ``gpus`` is another name for ``initial_gpus`` (as for the autoscalers).
-_GPUS = {"gpus": "initial_gpus"}
-
 
 # ---- HPA-style reactive scaler ---------------------------------------------------------------
 
@@ -150,102 +132,6 @@ class HpaController(Controller):
         if desired >= budget:
             return desired
         return min(budget, max(r for _, r in recs))
-
-
-def _hpa(profiles: Profiles, config: HpaConfig) -> Policy:
-    return HpaController(profiles, config)
-
-
-# ---- clairvoyant --------------------------------------------------------------------------
-
-
-class _RangeMax:
-    """Max of a step function over [a, b] in O(1) per query (sparse table)."""
-
-    def __init__(self, times: list[float], values: list[int]) -> None:
-        # Nothing is active before the first event.
-        times = [float("-inf"), *times]
-        values = [0, *values]
-        self.times = times
-        table = [list(values)]
-        span = 1
-        while 2 * span <= len(values):
-            prev = table[-1]
-            table.append([max(prev[i], prev[i + span]) for i in range(len(prev) - span)])
-            span *= 2
-        self.table = table
-
-    def query(self, a: float, b: float) -> int:
-        lo = max(0, bisect.bisect_right(self.times, a) - 1)
-        hi = max(lo, bisect.bisect_right(self.times, b) - 1)
-        k = (hi - lo + 1).bit_length() - 1
-        row = self.table[k]
-        return max(row[lo], row[hi - (1 << k) + 1])
-
-
-def active_timeline(future: object) -> tuple[list[float], list[int]]:
-    """(times, active count from that time on) from a trace or rows of (t, sid, event)."""
-    rows = getattr(future, "events", future)
-    if not isinstance(rows, Iterable):
-        raise TypeError(
-            f"future must be a trace or rows of (t, session_id, event), got {type(future).__name__}"
-        )
-    active: set[str] = set()
-    times: list[float] = []
-    counts: list[int] = []
-    for row in rows:
-        t, sid, kind = (
-            (row[0], row[1], row[2])
-            if isinstance(row, tuple | list)
-            else (row.t, row.session_id, row.event)
-        )
-        if kind in ("arrive", "active"):
-            active.add(sid)
-        else:
-            active.discard(sid)
-        if times and times[-1] == t:
-            counts[-1] = len(active)
-        else:
-            times.append(float(t))
-            counts.append(len(active))
-    return times, counts
-
-
-@dataclass(frozen=True, slots=True)
-class ClairvoyantConfig(ControllerConfig):
-    """``clairvoyant``: the controller's settings, the trace it will be run on (``future``,
-    required) and how far past one boot delay it looks. The idle reserve stands in for the
-    sessions that will come back, and the peak cap guesses from the past that load will not
-    outgrow its recent peak; the clairvoyant knows both, so by default it takes neither and
-    sizes for the true demand alone."""
-
-    idle_reserve: float | None = 0.0
-    peak_rho: float | None = 0.0
-    future: object = None
-    lookahead_slack_s: float = 1.0
-
-
-class ClairvoyantController(Controller):
-    def __init__(self, profiles: Profiles, config: ClairvoyantConfig) -> None:
-        if config.future is None:
-            raise TypeError("policy 'clairvoyant' needs future= (the trace it will be run on)")
-        super().__init__(profiles, replace(config, name="clairvoyant", placement="least_loaded"))
-        times, counts = active_timeline(config.future)
-        self._demand = _RangeMax(times, counts)
-        self.horizon_s = config.boot_delay_s + config.lookahead_slack_s
-
-    def target_gpus(
-        self, t: float, n_required: int, rho_max: float, budget: float, rho_hat: float, delta: float
-    ) -> float:
-        peak = max(n_required, self._demand.query(t, t + self.horizon_s))
-        target = max(gpus_for(peak, self._cluster.capacity, rho_hat, delta), self.config.min_gpus)
-        if self.config.max_gpus is not None:
-            target = min(target, self.config.max_gpus)
-        return target
-
-
-def _clairvoyant(profiles: Profiles, config: ClairvoyantConfig) -> Policy:
-    return ClairvoyantController(profiles, config)
 
 
 # ---- predictive ---------------------------------------------------------------------------
@@ -354,10 +240,6 @@ class PredictiveController(Controller):
         return max(target, budget) if up else min(target, budget)
 
 
-def _predictive(profiles: Profiles, config: PredictiveConfig) -> Policy:
-    return PredictiveController(profiles, config)
-
-
 # ---- conventional threshold autoscaler --------------------------------------------------------
 
 
@@ -444,31 +326,3 @@ class ThresholdController(Controller):
             return budget
         self._below_since = None
         return budget
-
-
-def _least_loaded_autoscale(profiles: Profiles, config: ThresholdConfig) -> Policy:
-    return ThresholdController(profiles, config)
-
-
-register_policy(
-    PolicySpec("hpa", HpaConfig, _hpa, autoscales=True, aliases={**_GPUS, "rho_hat": "target"})
-)
-register_policy(
-    PolicySpec(
-        "clairvoyant", ClairvoyantConfig, _clairvoyant, autoscales=True, live=False, aliases=_GPUS
-    )
-)
-register_policy(
-    PolicySpec(
-        "turboserve_predictive", PredictiveConfig, _predictive, autoscales=True, aliases=_GPUS
-    )
-)
-register_policy(
-    PolicySpec(
-        "least_loaded_autoscale",
-        ThresholdConfig,
-        _least_loaded_autoscale,
-        autoscales=True,
-        aliases={**_GPUS, "rho_hat": "high"},
-    )
-)

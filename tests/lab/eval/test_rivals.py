@@ -1,12 +1,12 @@
-"""The evaluation's rival policies: registered by their module, and doing what their docstrings
-say."""
+"""The rival policies (the core's live ones and the lab's clairvoyant): listed, and doing what
+their docstrings say."""
 
 from __future__ import annotations
 
 import pytest
 
-import services.scheduler.core.rivals  # noqa: F401  (registers them)
-from services.scheduler.core.policies import available_policies
+from lab.sim.policies import POLICIES
+from services.scheduler.core.policies import LIVE_POLICIES
 from services.scheduler.core.types import Drain, Event, EventKind, Migrate, Release, RequestGpus
 from shared.profile import load_profile
 from tests.scheduler.core.harness import build
@@ -18,9 +18,9 @@ def _requests(decisions):
     return [d for d in decisions if isinstance(d, RequestGpus)]
 
 
-def test_rivals_are_registered():
-    names = set(available_policies())
-    assert {"hpa", "clairvoyant", "turboserve_predictive", "least_loaded_autoscale"} <= names
+def test_rivals_are_listed_and_the_clairvoyant_only_offline():
+    assert {"hpa", "turboserve_predictive", "least_loaded_autoscale"} <= set(LIVE_POLICIES)
+    assert "clairvoyant" in POLICIES and "clairvoyant" not in LIVE_POLICIES
 
 
 def test_clairvoyant_needs_the_future():
