@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -185,23 +184,14 @@ def write_sections(text: str, tables: dict[str, str]) -> str:
 
 def _policy_all() -> str:
     """The ``sim run --trace bursty --policy all`` table, run now (a few minutes: it includes
-    each policy's cost to serve 99% of periods)."""
-    import contextlib
-    import io
+    each policy's cost to serve 99% of periods), without its wall times."""
+    from lab.sim.cli import RunRequest, sim_run, sweep_at_slo
 
-    from lab.sim.cli import register as register_sim
-
-    parser = argparse.ArgumentParser()
-    register_sim(parser.add_subparsers())
-    sim_args = parser.parse_args(["sim", "run", "--trace", "bursty", "--policy", "all"])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        sim_args.func(sim_args)
-    lines = [
-        line
-        for line in out.getvalue().splitlines()
-        if line.strip() and not line.startswith("simulated ")
-    ]
+    report = sim_run(RunRequest(trace="bursty", policy="all"))
+    for line in report.warnings:
+        print(line, file=sys.stderr)
+    sweep_at_slo(report)
+    lines = [line for line in report.lines(wall=False) + report.sweep_lines(wall=False) if line]
     # A blank line around the table, so that markdown neither runs the text into it nor it
     # into the text.
     blocks: list[str] = []
@@ -213,15 +203,10 @@ def _policy_all() -> str:
 
 
 def _bench() -> str:
-    """The ``bench scheduler`` table, run now through the command line (a minute or so): the
-    benchmark is a tool, and services do not import tools."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.cli", "bench", "scheduler", "--gpus", "64,256,1024"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
+    """The ``bench scheduler --gpus 64,256,1024`` table, run now (a minute or so)."""
+    from tools.bench.scheduler import bench_one, format_table
+
+    return format_table([bench_one(gpus, steps=3000, seed=0) for gpus in (64, 256, 1024)])
 
 
 def _profiles(document: dict[str, Any]) -> dict[str, dict[str, Any]]:

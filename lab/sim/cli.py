@@ -1,4 +1,4 @@
-"""``turboserve sim traces|run|profile`` (and ``evaluate``, from ``lab.eval``).
+"""``turboserve sim traces|run|profile`` (and ``evaluate`` and ``tables``, from ``lab.eval``).
 
 Top-level imports stay light: numpy, the core and the simulator load inside ``run`` functions.
 """
@@ -6,11 +6,12 @@ Top-level imports stay light: numpy, the core and the simulator load inside ``ru
 from __future__ import annotations
 
 import argparse
-import importlib
+import dataclasses
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -190,12 +191,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     prof.set_defaults(func=run_profile)
 
-    try:
-        eval_cli = importlib.import_module("lab.eval.cli")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("lab.eval.cli", "lab.eval"):
-            raise
-        return
+    from lab.eval import cli as eval_cli
+
     eval_cli.register(sim_sub)
 
 
@@ -248,9 +245,17 @@ def run_sim(args: argparse.Namespace) -> int:
     from lab.sim.traceio import TraceError
     from shared.profile import ProfileError
 
+    request = RunRequest.of(args)
     try:
-        _check_run_args(args)
-        return _run_sim(args)
+        report = sim_run(request)
+        for line in report.warnings:
+            print(line, file=sys.stderr)
+        for line in report.lines():
+            print(line)
+        if request.sweeps:
+            sweep_at_slo(report)
+            for line in report.sweep_lines():
+                print(line)
     except (
         TraceError,
         ProfileError,
@@ -264,48 +269,201 @@ def run_sim(args: argparse.Namespace) -> int:
         # environment cannot carry out: one line that names it, no traceback.
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         return fail("sim run", message)
+    if args.json is not None:
+        rows = report.rows
+        doc: Any = rows[0] if len(rows) == 1 else {"trace": report.trace, "runs": rows}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
 
 
 class UsageError(ValueError):
     """A command-line value out of range: printed as one line, exit status 2."""
 
 
-def _check_run_args(args: argparse.Namespace) -> None:
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """What ``sim run`` is asked, its flags as values (``--param`` as KEY=VALUE strings)."""
+
+    trace: str
+    policy: str = "turboserve"
+    gpus: int | None = None
+    cold_start: bool = False
+    rho_hat: float | None = None
+    delta: float | None = None
+    boot_delay: float = DEFAULT_BOOT_DELAY_S
+    profile: str | None = None
+    tick: float = 1.0
+    resume_ms: float = 0.0
+    param: tuple[str, ...] = ()
+    timeline: bool = False
+    at_slo: bool | None = None
+    jobs: int = 1
+
+    @property
+    def sweeps(self) -> bool:
+        """Whether ``sim run`` also sweeps each policy's cost to serve 99% of periods (by
+        default with ``--policy all`` only)."""
+        return self.at_slo if self.at_slo is not None else self.policy == "all"
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> RunRequest:
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+        return cls(**{**values, "param": tuple(values["param"])})
+
+
+@dataclass(slots=True)
+class RunReport:
+    """What ``sim run`` measured: one row per policy run (``SimResult.to_json()``, with
+    ``cost_at_slo`` once :func:`sweep_at_slo` ran), and what it prints: :meth:`lines`, then
+    :meth:`sweep_lines`."""
+
+    request: RunRequest
+    trace: str
+    heading: str  # the trace and the profile
+    profile: str  # the profile's name
+    rows: list[dict[str, Any]]
+    note: str  # how the static pools were sized (--policy all), or ""
+    wall_s: float  # the runs' wall time
+    price: float | None  # the profile's price of a GPU-hour (None: it has none)
+    # The sweep (:func:`sweep_at_slo`): each policy's cost to serve 99% of periods (None: not
+    # swept yet) and its wall time.
+    at_slo: dict[str, dict[str, Any] | None] | None = None
+    sweep_wall_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # for stderr: what was left out
+
+    def lines(self, wall: bool = True) -> list[str]:
+        """The runs' report as ``sim run`` prints it; ``wall``: with the wall-time line."""
+        from lab.sim.report import quality_lines, results_table
+
+        out = [self.heading, results_table(self.rows, extra=["gpus"] if self.note else ())]
+        if self.note:
+            out.append(self.note)
+        out += quality_lines(self.rows)
+        out.append(
+            "late ms: past each chunk's due time (0: on time); deadline % and stall-adj. %: "
+            "the periods served on time in these runs."
+            + (
+                ""
+                if self.request.sweeps
+                else " The cost to serve 99% of periods (the headline figure) needs a sweep of "
+                "each policy's setting: --at-slo, or turboserve sim evaluate [--traces DIR]"
+            )
+        )
+        if wall:
+            out.append(f"simulated {len(self.rows)} run(s) in {self.wall_s:.2f} s wall")
+        return out
+
+    def sweep_lines(self, wall: bool = True) -> list[str]:
+        """The sweep's report as ``sim run`` prints it (nothing before :func:`sweep_at_slo`);
+        ``wall``: with the wall-time line."""
+        from lab.eval.service_level import SLO_ATTAINMENT, cost_cell
+        from lab.eval.tables import markdown_table
+
+        if self.at_slo is None:
+            return []
+        request, price = self.request, self.price
+        table = []
+        for row in self.rows:
+            entry = self.at_slo[row["policy"]]
+            if entry is None:
+                table.append([row["policy"], "not swept by the evaluation", None, None, None])
+                continue
+            table.append(
+                [
+                    row["policy"],
+                    cost_cell(entry),
+                    entry["cost_gpu_hours"] * price
+                    if price is not None and entry["reached"]
+                    else None,
+                    (
+                        f"none of its sweep (up to {entry['gpus']} GPUs)"
+                        if not entry["reached"] and "gpus" in entry
+                        else "none of its sweep"
+                        if not entry["reached"]
+                        else f"{entry['gpus']} GPUs"
+                        if "gpus" in entry
+                        else "its curve, at most (its cheapest point serves more)"
+                        if entry.get("upper_bound")
+                        else "its curve"
+                    ),
+                    entry["runs"],
+                ]
+            )
+        level = f"{100 * SLO_ATTAINMENT:g}%"
+        out = [
+            "",
+            f"cost to serve {level} of chunk periods on time (stall-adjusted), each policy's "
+            f"setting swept on {request.trace} as sim evaluate sweeps it:",
+            markdown_table(
+                ["policy", f"GPU-h @ {level}", f"$ @ {level}", "read at", "runs"], table, digits=2
+            ),
+            *_comparisons_at_slo(self.at_slo),
+        ]
+        ignored = [
+            flag
+            for flag, given in (
+                ("--rho-hat", request.rho_hat is not None),
+                ("--delta", request.delta is not None),
+                ("--param", bool(request.param)),
+                ("--gpus", request.gpus is not None),
+                ("--cold-start", request.cold_start),
+                ("--tick", request.tick != 1.0),
+                ("--resume-ms", request.resume_ms != 0.0),
+            )
+            if given
+        ]
+        if ignored:
+            out.append(
+                f"note: {', '.join(ignored)} apply to the runs above, not to the sweep (it uses "
+                f"the evaluation's settings)"
+            )
+        if wall:
+            runs = sum(e["runs"] for e in self.at_slo.values() if e)
+            out.append(f"simulated {runs} run(s) for the sweep in {self.sweep_wall_s:.1f} s wall")
+        return out
+
+
+def _check_run_args(request: RunRequest) -> None:
     """Ranges the simulator itself needs; the policy checks its own knobs (rho_hat, delta,
     --param) when it is built and says what it does not take."""
-    if args.gpus is not None and args.gpus < 0:
-        raise UsageError(f"--gpus must be >= 0, got {args.gpus}")
-    if not (math.isfinite(args.boot_delay) and args.boot_delay >= 0):
+    if request.gpus is not None and request.gpus < 0:
+        raise UsageError(f"--gpus must be >= 0, got {request.gpus}")
+    if not (math.isfinite(request.boot_delay) and request.boot_delay >= 0):
         raise UsageError(
-            f"--boot-delay must be a finite number of seconds >= 0, got {args.boot_delay:g}"
+            f"--boot-delay must be a finite number of seconds >= 0, got {request.boot_delay:g}"
         )
-    if not (math.isfinite(args.tick) and args.tick > 0):
-        raise UsageError(f"--tick must be > 0 seconds, got {args.tick:g}")
-    if not (math.isfinite(args.resume_ms) and args.resume_ms >= 0):
-        raise UsageError(f"--resume-ms must be >= 0, got {args.resume_ms:g}")
-    if args.rho_hat is not None and not (0.0 < args.rho_hat <= 1.0):
-        raise UsageError(f"--rho-hat must be in (0, 1], got {args.rho_hat:g}")
-    if args.delta is not None and not (math.isfinite(args.delta) and args.delta >= 0):
-        raise UsageError(f"--delta must be >= 0, got {args.delta:g}")
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
-    if not any(name.strip() for name in args.policy.split(",")):
-        raise UsageError(f"--policy needs a policy name, got {args.policy!r}")
+    if not (math.isfinite(request.tick) and request.tick > 0):
+        raise UsageError(f"--tick must be > 0 seconds, got {request.tick:g}")
+    if not (math.isfinite(request.resume_ms) and request.resume_ms >= 0):
+        raise UsageError(f"--resume-ms must be >= 0, got {request.resume_ms:g}")
+    if request.rho_hat is not None and not (0.0 < request.rho_hat <= 1.0):
+        raise UsageError(f"--rho-hat must be in (0, 1], got {request.rho_hat:g}")
+    if request.delta is not None and not (math.isfinite(request.delta) and request.delta >= 0):
+        raise UsageError(f"--delta must be >= 0, got {request.delta:g}")
+    if request.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {request.jobs}")
+    if not any(name.strip() for name in request.policy.split(",")):
+        raise UsageError(f"--policy needs a policy name, got {request.policy!r}")
 
 
-def _run_sim(args: argparse.Namespace) -> int:
-    from lab.sim.report import progress_bar, quality_lines, results_table
+def sim_run(request: RunRequest) -> RunReport:
+    """Run the policies ``request`` names on its trace (``sim run``'s runs, without printing;
+    the sweep is :func:`sweep_at_slo`)."""
+    from lab.sim.report import progress_bar
     from lab.sim.simulator import simulate
     from lab.sim.traceio import load_trace
     from shared.profile import load_profile
 
-    trace = load_trace(args.trace)
-    profile = load_profile() if args.profile is None else load_profile(args.profile)
-    params = _parse_params(args.param)
-    if args.rho_hat is not None:
-        params["rho_hat"] = args.rho_hat
-    if args.delta is not None:
-        params["delta"] = args.delta
+    _check_run_args(request)
+    trace = load_trace(request.trace)
+    profile = load_profile() if request.profile is None else load_profile(request.profile)
+    params = _parse_params(list(request.param))
+    if request.rho_hat is not None:
+        params["rho_hat"] = request.rho_hat
+    if request.delta is not None:
+        params["delta"] = request.delta
+    warnings: list[str] = []
 
     def one(policy: str, gpus: int | None, static_params: dict[str, Any]) -> dict[str, Any]:
         kw = dict(params)
@@ -318,17 +476,17 @@ def _run_sim(args: argparse.Namespace) -> int:
             }
         elif gpus is not None and "gpus" not in kw:
             kw["gpus"] = gpus
-        elif args.cold_start and "gpus" not in kw and "initial_gpus" not in kw:
+        elif request.cold_start and "gpus" not in kw and "initial_gpus" not in kw:
             kw["warm_start"] = False  # the policy's own default start (one GPU)
         try:
             result = simulate(
                 trace,
                 policy,
                 profile,
-                boot_delay_s=args.boot_delay,
-                tick_s=args.tick,
+                boot_delay_s=request.boot_delay,
+                tick_s=request.tick,
                 progress=progress_bar(f"{policy} on {trace.name}"),
-                resume_ms=args.resume_ms,
+                resume_ms=request.resume_ms,
                 **kw,
             )
         except TypeError as exc:
@@ -339,39 +497,38 @@ def _run_sim(args: argparse.Namespace) -> int:
                 trace,
                 policy,
                 profile,
-                boot_delay_s=args.boot_delay,
-                tick_s=args.tick,
+                boot_delay_s=request.boot_delay,
+                tick_s=request.tick,
                 progress=progress_bar(f"{policy} on {trace.name}"),
-                resume_ms=args.resume_ms,
+                resume_ms=request.resume_ms,
                 future=trace,
                 **kw,
             )
-        return result.to_json(timeline=args.timeline)
+        return result.to_json(timeline=request.timeline)
 
     rows: list[dict[str, Any]] = []
     note = ""
-    if args.policy == "all":
+    if request.policy == "all":
         rows.append(one("turboserve", None, {}))
         mean_gpus = rows[0]["cost_gpu_seconds"] / trace.duration
         if params:
             # With --policy all the autoscaling knobs are meant for the autoscalers: say so
             # instead of silently ignoring them for the static pools.
-            print(
+            warnings.append(
                 f"note: {', '.join(sorted(params))} not given to the static pools "
-                f"({', '.join(STATIC_POLICIES)}, no_autoscale)",
-                file=sys.stderr,
+                f"({', '.join(STATIC_POLICIES)}, no_autoscale)"
             )
         for name in _all_policies():
             if name == "turboserve":
                 continue
             try:
-                if name in STATIC_POLICIES and args.gpus is None:
+                if name in STATIC_POLICIES and request.gpus is None:
                     rows.append(_at_equal_cost(name, mean_gpus, one))
                 else:
-                    rows.append(one(name, args.gpus if name in STATIC_POLICIES else None, {}))
+                    rows.append(one(name, request.gpus if name in STATIC_POLICIES else None, {}))
             except TypeError as exc:  # e.g. a policy that needs a parameter we cannot guess
-                print(f"skipped {name}: {exc}", file=sys.stderr)
-        if args.gpus is None:
+                warnings.append(f"skipped {name}: {exc}")
+        if request.gpus is None:
             note = (
                 f"static pools ({', '.join(STATIC_POLICIES)}) at turboserve's cost: each "
                 f"figure interpolated between {math.floor(mean_gpus)} and "
@@ -379,119 +536,47 @@ def _run_sim(args: argparse.Namespace) -> int:
                 f"matches them; no_autoscale is sized for the trace's peak"
             )
         else:
-            note = f"static pools at {args.gpus} GPUs (--gpus): not matched to any cost"
+            note = f"static pools at {request.gpus} GPUs (--gpus): not matched to any cost"
     else:
-        for name in (p.strip() for p in args.policy.split(",") if p.strip()):
-            rows.append(one(name, args.gpus, params))
-    print(
-        f"trace {trace.name}: {trace.duration / 60:.0f} min, {trace.sessions} sessions, "
-        f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
-        f"deadline {profile.deadline_ms:g} ms); boot delay {args.boot_delay:g} s"
+        for name in (p.strip() for p in request.policy.split(",") if p.strip()):
+            rows.append(one(name, request.gpus, params))
+    report = RunReport(
+        request=request,
+        trace=trace.name,
+        heading=(
+            f"trace {trace.name}: {trace.duration / 60:.0f} min, {trace.sessions} sessions, "
+            f"peak {trace.peak_active()} active; profile {profile.name} (K={profile.capacity}, "
+            f"deadline {profile.deadline_ms:g} ms); boot delay {request.boot_delay:g} s"
+        ),
+        rows=rows,
+        note=note,
+        wall_s=sum(r["wall_s"] for r in rows),
+        price=profile.price_usd_per_gpu_hour,
+        profile=profile.name,
+        warnings=warnings,
     )
-    print(results_table(rows, extra=["gpus"] if args.policy == "all" else ()))
-    if note:
-        print(note)
-    for line in quality_lines(rows):
-        print(line)
-    at_slo = args.at_slo if args.at_slo is not None else args.policy == "all"
-    print(
-        "late ms: past each chunk's due time (0: on time); deadline % and stall-adj. %: the "
-        "periods served on time in these runs."
-        + (
-            ""
-            if at_slo
-            else " The cost to serve 99% of periods (the headline figure) needs a sweep of each "
-            "policy's setting: --at-slo, or turboserve sim evaluate [--traces DIR]"
-        )
-    )
-    print(f"simulated {len(rows)} run(s) in {sum(r['wall_s'] for r in rows):.2f} s wall")
-    if at_slo:
-        _print_at_slo(args, rows, profile)
-    if args.json is not None:
-        doc: Any = rows[0] if len(rows) == 1 else {"trace": trace.name, "runs": rows}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+    return report
 
 
-def _print_at_slo(args: argparse.Namespace, rows: list[dict[str, Any]], profile: Any) -> None:
+def sweep_at_slo(report: RunReport) -> None:
     """Each row's policy swept on the trace as ``sim evaluate`` sweeps it: its cost to serve
-    99% of chunk periods on time, printed and kept in the row (``cost_at_slo``)."""
+    99% of chunk periods on time, kept in the report and in the row (``cost_at_slo``)."""
     from lab.eval.evaluate import costs_at_slo
-    from lab.eval.service_level import SLO_ATTAINMENT, cost_cell
-    from lab.eval.tables import markdown_table
 
+    request = report.request
     started = time.perf_counter()
     entries = costs_at_slo(
-        args.trace,
-        [row["policy"] for row in rows],
-        profile=args.profile or profile.name,
-        boot_delay_s=args.boot_delay,
-        jobs=args.jobs,
+        request.trace,
+        [row["policy"] for row in report.rows],
+        profile=request.profile or report.profile,
+        boot_delay_s=request.boot_delay,
+        jobs=request.jobs,
         progress=sys.stderr.isatty(),
     )
-    price = profile.price_usd_per_gpu_hour
-    table = []
-    for row in rows:
-        entry = row["cost_at_slo"] = entries[row["policy"]]
-        if entry is None:
-            table.append([row["policy"], "not swept by the evaluation", None, None, None])
-            continue
-        cost = cost_cell(entry)
-        table.append(
-            [
-                row["policy"],
-                cost,
-                entry["cost_gpu_hours"] * price if price is not None and entry["reached"] else None,
-                (
-                    f"none of its sweep (up to {entry['gpus']} GPUs)"
-                    if not entry["reached"] and "gpus" in entry
-                    else "none of its sweep"
-                    if not entry["reached"]
-                    else f"{entry['gpus']} GPUs"
-                    if "gpus" in entry
-                    else "its curve, at most (its cheapest point serves more)"
-                    if entry.get("upper_bound")
-                    else "its curve"
-                ),
-                entry["runs"],
-            ]
-        )
-    level = f"{100 * SLO_ATTAINMENT:g}%"
-    print()
-    print(
-        f"cost to serve {level} of chunk periods on time (stall-adjusted), each policy's "
-        f"setting swept on {args.trace} as sim evaluate sweeps it:"
-    )
-    print(
-        markdown_table(
-            ["policy", f"GPU-h @ {level}", f"$ @ {level}", "read at", "runs"], table, digits=2
-        )
-    )
-    for line in _comparisons_at_slo(entries):
-        print(line)
-    ignored = [
-        flag
-        for flag, given in (
-            ("--rho-hat", args.rho_hat is not None),
-            ("--delta", args.delta is not None),
-            ("--param", bool(args.param)),
-            ("--gpus", args.gpus is not None),
-            ("--cold-start", args.cold_start),
-            ("--tick", args.tick != 1.0),
-            ("--resume-ms", args.resume_ms != 0.0),
-        )
-        if given
-    ]
-    if ignored:
-        print(
-            f"note: {', '.join(ignored)} apply to the runs above, not to the sweep (it uses "
-            f"the evaluation's settings)"
-        )
-    print(
-        f"simulated {sum(e['runs'] for e in entries.values() if e)} run(s) for the sweep in "
-        f"{time.perf_counter() - started:.1f} s wall"
-    )
+    for row in report.rows:
+        row["cost_at_slo"] = entries[row["policy"]]
+    report.at_slo = entries
+    report.sweep_wall_s = time.perf_counter() - started
 
 
 def _comparisons_at_slo(entries: dict[str, dict[str, Any] | None]) -> list[str]:

@@ -47,3 +47,31 @@ def test_results_table_rows():
     # A document written before the stall-adjusted column existed shows a dash there.
     del row["stall_adjusted_attainment"]
     assert "| 95.28 | - | 3 |" in results_table([row]).splitlines()[2]
+
+
+def test_sim_run_prints_the_report_its_function_returns(tmp_path, capsys):
+    """`sim run` prints what ``sim_run`` returns (``sim tables`` calls the function, never
+    the command): the same lines, the wall times (and the decision times) apart."""
+    from lab.sim.cli import RunRequest, sim_run
+    from tools.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("t,session_id,event\n0,a,arrive\n2,b,arrive\n5,a,depart\n9,b,depart\n")
+    argv = ["--trace", str(trace), "--policy", "turboserve,least_loaded", "--gpus", "1"]
+    assert main(["sim", "run", *argv]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    request = RunRequest(trace=str(trace), policy="turboserve,least_loaded", gpus=1)
+    report = sim_run(request)
+    assert [r["policy"] for r in report.rows] == ["turboserve", "least_loaded"]
+    assert report.sweep_lines() == []  # not swept: the default with named policies
+    lines = "\n".join(report.lines(wall=False)).splitlines()
+    column = lines[1].split(" | ").index("decision p99 ms")
+
+    def timeless(line: str) -> str:
+        cells = line.split(" | ")
+        return " | ".join(cells[:column] + cells[column + 1 :]) if line.startswith("|") else line
+
+    assert [timeless(line) for line in printed if not line.startswith("simulated ")] == [
+        timeless(line) for line in lines
+    ]
+    assert printed[-1].startswith("simulated 2 run(s) in ")
