@@ -42,6 +42,14 @@ NOT_IN_PURE = (
     "PIL",
 )
 
+# The policy core imports only itself and these contracts of shared/: the latency profiles and
+# the names of the policies the live scheduler may run.
+CORE = "services.scheduler.core"
+CORE_CONTRACTS = ("shared.profile", "shared.policies")
+# What the lab may use of the services: the policy core and the shipped rho_hat tables (the
+# profiler writes them, the evaluation reads them as the live scheduler does).
+LAB_USES = (CORE, "services.scheduler.shipped")
+
 # (importing file, imported module) -> why it is allowed for now. Each entry names the owner's
 # move that removes it.
 ALLOWED: dict[tuple[str, str], str] = {}
@@ -169,6 +177,21 @@ def breaches(imp: Import) -> list[Breach]:
         found.append("services and shared never import tools")
     if _within(imp.importer, "shared") and top == "services":
         found.append("shared imports no service")
+    if imp.importer.partition(".")[0] in ("services", "shared") and top == "lab":
+        found.append("services and shared never import lab")
+    if (
+        _within(imp.importer, CORE)
+        and _ours(imp.module)
+        and not _within(imp.module, CORE)
+        and not any(_within(imp.module, c) for c in CORE_CONTRACTS)
+    ):
+        found.append("the core imports only the core and shared's contracts")
+    if (
+        _within(imp.importer, "lab")
+        and top == "services"
+        and not any(_within(imp.module, u) for u in LAB_USES)
+    ):
+        found.append("the lab uses only the policy core and the shipped tables of the services")
     if (
         _within(imp.importer, "tools")
         and top in ("services", "shared")
@@ -304,6 +327,67 @@ def _check(path: str, source: str) -> list[str]:
         ),
         ("shared/__init__.py", "import services\n", "shared imports no service"),
         (
+            "services/scheduler/service.py",
+            "import lab.eval.rivals\n",
+            "services and shared never import lab",
+        ),
+        (
+            "services/scheduler/core/policies.py",
+            "from lab.sim.policies import POLICIES\n",
+            "services and shared never import lab",
+        ),
+        (
+            "services/gateway/app.py",
+            "def f():\n    from lab.sim import synth\n",
+            "services and shared never import lab",
+        ),
+        (
+            "services/scheduler/live.py",
+            "import importlib\nimportlib.import_module('lab.eval.cli')\n",
+            "services and shared never import lab",
+        ),
+        ("shared/settings.py", "from lab import sim\n", "services and shared never import lab"),
+        (
+            "services/scheduler/core/loop.py",
+            "from services.scheduler.measured import live_profile\n",
+            "the core imports only the core and shared's contracts",
+        ),
+        (
+            "services/scheduler/core/policies.py",
+            "from ..shipped import load_rho_table\n",
+            "the core imports only the core and shared's contracts",
+        ),
+        (
+            "services/scheduler/core/cluster.py",
+            "from shared.wire import Heartbeat\n",
+            "the core imports only the core and shared's contracts",
+        ),
+        (
+            "services/scheduler/core/types.py",
+            "def f():\n    import shared.registry\n",
+            "the core imports only the core and shared's contracts",
+        ),
+        (
+            "services/scheduler/core/autoscale.py",
+            "from lab.sim.traceio import Trace\n",
+            "the core imports only the core and shared's contracts",
+        ),
+        (
+            "services/scheduler/core/loop.py",
+            "import tools.report\n",
+            "the core imports only the core and shared's contracts",
+        ),
+        (
+            "lab/eval/runs.py",
+            "from services.scheduler.live import LiveScheduler\n",
+            "the lab uses only the policy core and the shipped tables of the services",
+        ),
+        (
+            "lab/sim/compare.py",
+            "from services.gpu_worker import pacing\n",
+            "the lab uses only the policy core and the shipped tables of the services",
+        ),
+        (
             "tools/ctl.py",
             "from services.gateway.service import _private_helper\n",
             "tools use only public names of services and shared",
@@ -356,6 +440,12 @@ def test_the_checker_flags_a_made_up_breach(path: str, source: str, rule: str) -
         ("services/gpu_worker/engine/engine.py", "from ..model.config import ModelConfig\n"),
         ("lab/eval/plots.py", "import matplotlib.pyplot\n"),
         ("services/scheduler/core/loop.py", "from shared.profile import LatencyProfile\n"),
+        ("services/scheduler/core/policies.py", "from shared.policies import LIVE_POLICIES\n"),
+        ("services/scheduler/core/loop.py", "import math\nfrom .cluster import Cluster\n"),
+        ("lab/sim/simulator.py", "from services.scheduler.core.loop import Controller\n"),
+        ("lab/sim/profiler.py", "from services.scheduler.shipped import save_rho_table\n"),
+        ("lab/eval/results.py", "from tools.bench.scheduler import bench_one\n"),
+        ("tools/replay.py", "from lab.sim.viewer import summary\n"),
         (
             "tools/ctl.py",
             "from services.gateway.service import GatewayService\n"
