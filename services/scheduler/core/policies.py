@@ -170,8 +170,8 @@ class PolicySpec(Generic[AnyConfig]):
     """A policy as a list holds it: its config type, how it is built from one, and what it is.
 
     ``autoscales``: it sizes the pool itself (the live service gives it the provisioner's
-    limits), else it keeps the pool it is given. ``aliases``: other names for config fields in loose parameters (old name -> field).
-    ``quality_budget``: it may lower a GPU's denoising steps (it takes ``min_steps``); the
+    limits), else it keeps the pool it is given. ``aliases``: other names for config fields in
+    loose parameters (old name -> field). ``quality_budget``: it may lower a GPU's denoising steps (it takes ``min_steps``); the
     rivals never do, though their configs extend :class:`ControllerConfig`."""
 
     name: str
