@@ -222,6 +222,8 @@ class WorkerRecord:
     # (0: not reported).
     steps: int = 0
     full_steps: int = 0
+    # Chunks it made but could not publish since it started (its viewers were told of each).
+    chunks_unpublished: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -680,6 +682,7 @@ def _worker_fields(w: WorkerRecord) -> dict[str, str | bytes | int | float]:
         "handoff_addr": w.handoff_addr,
         "steps": w.steps,
         "full_steps": w.full_steps,
+        "chunks_unpublished": w.chunks_unpublished,
     }
 
 
@@ -705,4 +708,5 @@ def _worker_from(worker_id: str, d: dict[str, Any], alive: bool) -> WorkerRecord
         handoff_addr=d.get("handoff_addr", ""),
         steps=int(d.get("steps", 0)),
         full_steps=int(d.get("full_steps", 0)),
+        chunks_unpublished=int(d.get("chunks_unpublished", 0)),
     )

@@ -29,6 +29,7 @@ from shared.registry import Registry
 from shared.security import inbox_prefix, url_user
 from shared.settings import CommonSettings, mask_url
 from shared.streams import ensure_streams
+from shared.video import ChunkRetention
 from shared.wire import Subjects
 
 log = get_logger("turboserve.runner")
@@ -257,7 +258,7 @@ async def open_context(settings: CommonSettings, name: str) -> ServiceContext:
     )
 
     async def declare_streams() -> None:
-        await ensure_streams(ctx.js, ctx.subjects)
+        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
 
     hooks.append(declare_streams)
     return ctx

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from shared.video import ChunkRetention, nats_limits_config
 from shared.wire import Subjects
 
 GATEWAY = "gateway"
@@ -186,12 +187,20 @@ def nats_authorization(subjects: Subjects, passwords: Mapping[str, str]) -> str:
 
 
 def nats_server_config(
-    subjects: Subjects, passwords: Mapping[str, str], *, host: str, port: int, store_dir: str
+    subjects: Subjects,
+    passwords: Mapping[str, str],
+    *,
+    host: str,
+    port: int,
+    store_dir: str,
+    retention: ChunkRetention | None = None,
 ) -> str:
-    """A whole nats-server config: listen address, JetStream store, authorization."""
+    """A whole nats-server config: listen address, the limits that carry the chunks
+    (``max_payload``, JetStream's store and memory), authorization."""
     return (
         f'listen: "{host}:{port}"\n'
-        f'jetstream {{ store_dir: "{store_dir}" }}\n' + nats_authorization(subjects, passwords)
+        + nats_limits_config(retention or ChunkRetention(), store_dir)
+        + nats_authorization(subjects, passwords)
     )
 
 

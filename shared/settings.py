@@ -26,6 +26,12 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_FORMATS = ("auto", "json", "console")
+# A chunk's bitrate: below 100 kbit/s a 480p chunk is mush even at libx264's coarsest steps;
+# above 50 Mbit/s a chunk of a long period no longer fits the largest NATS payload (64 MiB).
+MIN_VIDEO_BITRATE = 100_000
+MAX_VIDEO_BITRATE = 50_000_000
+DEFAULT_VIDEO_BITRATE = 2_000_000  # 480p streaming: a 0.75 s chunk is at most 187 KiB
+DEFAULT_STREAM_SESSIONS = 64  # the default pool's largest: 8 workers x 8 slots
 
 
 class SettingsError(ValueError):
@@ -73,6 +79,13 @@ class CommonSettings:
     # The ops endpoint (/healthz, /metrics): 0 = a free port on loopback, logged (local runs);
     # N = port N on every interface (deployments: probes and scrapers); -1 = off.
     metrics_port: int = 0
+    # The H.264 bitrate of a chunk (bits/s; libx264's maxrate, with a VBV buffer): it bounds a
+    # chunk's bytes on NATS, and with stream_sessions the chunk stream's retention in bytes
+    # (every service declares the streams, so every service reads both).
+    video_bitrate: int = DEFAULT_VIDEO_BITRATE
+    # Sessions the chunk stream keeps the resume window of (its max_bytes): the pool's
+    # largest size times the sessions a worker holds (default: 8 workers x 8 slots).
+    stream_sessions: int = DEFAULT_STREAM_SESSIONS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Self:
@@ -135,6 +148,13 @@ class CommonSettings:
         for name in ("connect_timeout_s", "shutdown_grace_s"):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
+        if not MIN_VIDEO_BITRATE <= self.video_bitrate <= MAX_VIDEO_BITRATE:
+            faults.append(
+                f"TURBOSERVE_VIDEO_BITRATE={self.video_bitrate}: bits per second, "
+                f"{MIN_VIDEO_BITRATE}-{MAX_VIDEO_BITRATE}"
+            )
+        if self.stream_sessions < 1:
+            faults.append("TURBOSERVE_STREAM_SESSIONS: must be >= 1")
         if not -1 <= self.metrics_port <= 65535:
             faults.append(
                 f"TURBOSERVE_METRICS_PORT={self.metrics_port}: -1 (off), 0 (a free port) or 1-65535"
@@ -264,6 +284,9 @@ class GatewaySettings(CommonSettings):
     # /readyz says ready only once a worker can take a session; true for a pool that starts
     # at zero workers (the first session then waits for one to boot).
     ready_without_workers: bool = False
+    # The JPEG frames of ``?format=jpeg`` viewers, made here from the chunk's H.264 (once per
+    # chunk for all of a session's JPEG viewers on this gateway, only while it has one).
+    jpeg_quality: int = 80
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
@@ -292,6 +315,8 @@ class GatewaySettings(CommonSettings):
         ):
             if getattr(self, name) < 1:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be >= 1")
+        if not 1 <= self.jpeg_quality <= 95:
+            faults.append("TURBOSERVE_JPEG_QUALITY: must be 1-95")
         if any(c.isspace() for c in self.operator_key):
             faults.append("TURBOSERVE_OPERATOR_KEY: must not contain whitespace")
         faults += self._key_faults()
@@ -443,8 +468,12 @@ class WorkerSettings(CommonSettings):
     preset: str = "tiny"
     # "auto" = first CUDA device when there is one, else the CPU.
     device: str = "auto"
-    # Session slots; none = 8, or the emulated profile's capacity K.
+    # Session slots; none = as many as fit in free memory (at most 8), or the emulated
+    # profile's capacity K. A number that does not fit is refused at start.
     max_sessions: int | None = None
+    # The chunks one pass may decode (the VAE's peak memory is per chunk; the others decode at
+    # the next pass); none = every chunk that completes.
+    max_decodes_per_pass: int | None = None
     # The causal DiT (Self-Forcing / LongLive .pt, safetensors); none: the folder's, or the
     # seeded stand-in.
     checkpoint: str | None = None
@@ -465,7 +494,9 @@ class WorkerSettings(CommonSettings):
     chunk_period_s: float | None = None
     # How far ahead of its due time a chunk may be done (the viewer's buffer); none = one period.
     pace_lead_s: float | None = None
-    jpeg_quality: int = 80
+    # Threads that encode chunks (H.264) off the generation thread; none: one per session
+    # slot, at most the host's CPU count.
+    encode_threads: int | None = None
     gpu_kind: str = "cpu"
     # After every chunk, log what rebuilds the session (its latents in the attention window,
     # prompt, seed, seq) in Redis, so that it continues exactly on another worker if this one
@@ -501,6 +532,8 @@ class WorkerSettings(CommonSettings):
             faults.append(f"TURBOSERVE_WORKER_ID={self.worker_id!r}: 1-128 of [A-Za-z0-9_-]")
         if self.max_sessions is not None and self.max_sessions < 1:
             faults.append("TURBOSERVE_MAX_SESSIONS: must be >= 1")
+        if self.max_decodes_per_pass is not None and self.max_decodes_per_pass < 1:
+            faults.append("TURBOSERVE_MAX_DECODES_PER_PASS: must be >= 1")
         if self.heartbeat_s <= 0:
             faults.append("TURBOSERVE_HEARTBEAT_S: must be > 0")
         if self.chunk_period_s is not None and not 0 <= self.chunk_period_s < math.inf:
@@ -514,8 +547,8 @@ class WorkerSettings(CommonSettings):
             faults.append(
                 f"TURBOSERVE_PROMPT_RECACHE={self.prompt_recache!r}: one of auto, kv, cross"
             )
-        if not 1 <= self.jpeg_quality <= 100:
-            faults.append("TURBOSERVE_JPEG_QUALITY: must be 1-100")
+        if self.encode_threads is not None and self.encode_threads < 1:
+            faults.append("TURBOSERVE_ENCODE_THREADS: must be >= 1")
         if self.pace_lead_s is not None and not 0 <= self.pace_lead_s < math.inf:
             faults.append("TURBOSERVE_PACE_LEAD_S: must be a finite number >= 0")
         if not 0 <= self.handoff_port <= 65535:

@@ -4,21 +4,26 @@
   disk, so no event is lost while the scheduler restarts.
 - chunks: worker -> gateways; in memory, short retention, a bounded number per session, so any
   gateway can stream any session and a reconnecting client (``Last-Event-ID``) gets what it missed.
+  Its bytes are sized for that resume window: ``TURBOSERVE_STREAM_SESSIONS`` sessions x
+  ``CHUNKS_PER_SESSION`` chunks x the most bytes a chunk's message takes at
+  ``TURBOSERVE_VIDEO_BITRATE`` (:class:`shared.video.ChunkRetention`; docs/gateway.md).
 """
 
 from __future__ import annotations
 
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
 
+from shared.video import CHUNK_RETENTION_S, CHUNKS_PER_SESSION, ChunkRetention
 from shared.wire import Subjects
 
-CHUNK_RETENTION_S = 300.0
-CHUNKS_PER_SESSION = 64
 SCHEDULER_DURABLE = "scheduler"
 
 
-def stream_configs(subjects: Subjects) -> list[api.StreamConfig]:
+def stream_configs(
+    subjects: Subjects, retention: ChunkRetention | None = None
+) -> list[api.StreamConfig]:
+    retention = retention or ChunkRetention()
     return [
         api.StreamConfig(
             name=subjects.sessions_stream,
@@ -34,16 +39,26 @@ def stream_configs(subjects: Subjects) -> list[api.StreamConfig]:
             storage=api.StorageType.MEMORY,
             max_age=CHUNK_RETENTION_S,
             max_msgs_per_subject=CHUNKS_PER_SESSION,
-            max_bytes=512 * 1024 * 1024,
+            max_bytes=retention.max_bytes,
             discard=api.DiscardPolicy.OLD,
         ),
     ]
 
 
-async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
-    """Create the streams, or bring an existing one's config up to date."""
-    for config in stream_configs(subjects):
+async def ensure_streams(
+    js: JetStreamContext, subjects: Subjects, retention: ChunkRetention | None = None
+) -> None:
+    """Create the streams, or bring an existing one's config up to date (the chunk stream's
+    bytes from ``retention``: every service passes its settings' own)."""
+    for config in stream_configs(subjects, retention):
         try:
             await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+        except (BadRequestError, ServerError) as refused:
+            # It exists (declared by another service, or before a restart): JetStream refuses
+            # the add, as a bad request, or, counting the stream's memory twice, as a lack of
+            # memory; an update takes the config as it is now. Where there is no such stream,
+            # the add's own refusal is the fault (the server has not the memory for it).
+            try:
+                await js.update_stream(config)
+            except NotFoundError:
+                raise refused from None

@@ -18,7 +18,9 @@ from typing import Annotated, Any, Protocol, TypeVar, cast
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+# 2: a chunk is its H.264 fragment alone (the per-frame JPEG list and its ``encoding`` left the
+# wire; a gateway makes JPEG for the viewers that ask for it).
+PROTOCOL_VERSION = 2
 DEFAULT_PREFIX = "ts"
 
 
@@ -254,15 +256,20 @@ class Heartbeat(_Msg, tag="heartbeat"):
     steps: int = 0
     full_steps: int = 0
     min_steps: int = 0
+    # Chunks this worker made but could not publish since it started (each one told to its
+    # session's viewers as an ``unpublished`` notice).
+    chunks_unpublished: int = 0
 
 
 class Chunk(_Msg, tag="chunk"):
+    """One chunk of a session's video: its frames as a self-contained fragmented MP4 (H.264:
+    init segment + one fragment, keyframe first; services/gpu_worker/fmp4.py), at most the
+    bound ``TURBOSERVE_VIDEO_BITRATE`` sets for its duration, and how it was made."""
+
     session_id: Id
     seq: int
     worker_id: Id
     epoch: int
-    encoding: str  # e.g. "jpeg": each entry of ``frames`` is one JPEG image
-    frames: list[bytes]
     width: int
     height: int
     fps: float
@@ -270,13 +277,11 @@ class Chunk(_Msg, tag="chunk"):
     batch: int  # sessions in that step
     due_at: float  # when the chunk was due (wall clock, seconds)
     done_at: float  # when it was generated
-    # The same chunk as a self-contained fragmented MP4 (H.264: init segment + one fragment,
-    # keyframe first; services/gpu_worker/fmp4.py); empty when the worker made none.
-    fmp4: bytes = b""
+    fmp4: bytes
     fmp4_mime: str = ""  # e.g. 'video/mp4; codecs="avc1.42C01E"'
     start_s: float = 0.0  # the chunk's first frame on the session's timeline (the fragment's)
     duration_s: float = 0.0  # its playback time (frames / fps)
-    encode_ms: float = 0.0  # time spent encoding it (every format), after gen_ms
+    encode_ms: float = 0.0  # time spent encoding it, after gen_ms
     steps: int = 0  # the denoising steps it ran (0: a sender that does not say)
 
 
@@ -296,6 +301,10 @@ class NoticeKind(enum.StrEnum):
     RESTARTED = "restarted"  # the state was lost: the video starts over from the prompt
     RECOVERED = "recovered"  # its worker was lost; rebuilt on another from its log, from next_seq
     PROMPT = "prompt"  # a new prompt conditions the chunks from ``next_seq`` on
+    # the chunk before ``next_seq`` was made but could not be published (NATS refused it or
+    # was away, or it could not be encoded within its bound; ``detail`` says which): the
+    # video skips it and goes on at ``next_seq``
+    UNPUBLISHED = "unpublished"
 
 
 class SessionNotice(_Msg, tag="session_notice"):

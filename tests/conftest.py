@@ -25,9 +25,15 @@ def infra() -> Iterator[Mesh]:
 
 @pytest.fixture
 def isolation() -> dict[str, str]:
-    """A subject prefix and Redis namespace of this test's own."""
+    """A subject prefix and Redis namespace of this test's own, and a chunk stream sized for a
+    test's few sessions (JetStream reserves a stream's max_bytes of the shared server's
+    memory: a leftover stream of the default 64 sessions holds a gigabyte)."""
     tag = "t" + uuid.uuid4().hex[:10]
-    return {"TURBOSERVE_SUBJECT_PREFIX": tag, "TURBOSERVE_REDIS_NAMESPACE": tag}
+    return {
+        "TURBOSERVE_SUBJECT_PREFIX": tag,
+        "TURBOSERVE_REDIS_NAMESPACE": tag,
+        "TURBOSERVE_STREAM_SESSIONS": "4",
+    }
 
 
 @pytest.fixture

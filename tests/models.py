@@ -12,12 +12,13 @@ Wan-layout safetensors with Wan's ``config.json``).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from tools.bench.random_wan import build_tokenizer as build_tokenizer  # the tests' too
 
 if (
     TYPE_CHECKING
@@ -26,48 +27,9 @@ if (
     from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
     from transformers.models.umt5.modeling_umt5 import UMT5EncoderModel
 
-CORPUS = [
-    "a red fox running through snow",
-    "a blue whale in the deep ocean",
-    "a wolf at night",
-    "a storm at sea with lightning",
-    "the quick brown fox jumps over the lazy dog",
-    "a city street in the rain at dusk",
-    "sunlight through green leaves in a forest",
-    "an old man reading a newspaper on a bench",
-    "waves crashing on a rocky shore",
-    "a cat sleeping by the window",
-    "mountains under a starry sky",
-    "a train crossing a bridge",
-]
 TEXT_DIM = 24  # umT5's d_model here (4096 in umT5-XXL)
 HEADS, HEAD_DIM = 2, 16  # the DiT: dim 32
 RESOLUTION = (64, 64)  # a latent of 8x8, 16 tokens per latent frame
-
-
-def build_tokenizer(out: Path) -> None:
-    import sentencepiece as spm
-    from transformers import T5Tokenizer
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS * 8),
-        model_writer=model,
-        vocab_size=64,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-        model_type="unigram",
-        character_coverage=1.0,
-        minloglevel=2,
-    )
-    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
-    vocab = [
-        (processor.id_to_piece(i), processor.get_score(i))
-        for i in range(processor.get_piece_size())
-    ]
-    T5Tokenizer(vocab=vocab, extra_ids=0).save_pretrained(str(out))
 
 
 def build_text_encoder(seed: int = 0) -> UMT5EncoderModel:
@@ -87,11 +49,18 @@ def build_text_encoder(seed: int = 0) -> UMT5EncoderModel:
     return UMT5EncoderModel(config).eval()
 
 
-def build_vae(seed: int = 0) -> AutoencoderKLWan:
+def build_vae(seed: int = 0, light: bool = False) -> AutoencoderKLWan:
+    """``light``: the fewest channels and blocks the Wan VAE takes (no attention), so a chunk
+    at 480x832 decodes in seconds on a CPU; its strides and latent are Wan's all the same."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    vae: AutoencoderKLWan = AutoencoderKLWan(base_dim=8, z_dim=16)
+    if light:
+        vae: AutoencoderKLWan = AutoencoderKLWan(
+            base_dim=2, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, attn_scales=[]
+        )
+    else:
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16)
     return vae.eval()
 
 
@@ -118,14 +87,17 @@ def build_transformer(seed: int = 0) -> WanTransformer3DModel:
     return model
 
 
-def build_folder(root: Path, layout: str = "diffusers", seed: int = 0) -> Path:
-    """A tiny Wan2.1 text-to-video folder in ``layout`` (``diffusers`` or ``original``)."""
+def build_folder(
+    root: Path, layout: str = "diffusers", seed: int = 0, light_vae: bool = False
+) -> Path:
+    """A tiny Wan2.1 text-to-video folder in ``layout`` (``diffusers`` or ``original``);
+    ``light_vae``: :func:`build_vae`'s light one (the diffusers layout)."""
     from safetensors.torch import save_file
 
     from services.gpu_worker.model.checkpoint import from_diffusers
 
     root.mkdir(parents=True, exist_ok=True)
-    text, vae, dit = build_text_encoder(seed), build_vae(seed), build_transformer(seed)
+    text, vae, dit = build_text_encoder(seed), build_vae(seed, light_vae), build_transformer(seed)
     if layout == "diffusers":
         build_tokenizer(root / "tokenizer")
         text.save_pretrained(str(root / "text_encoder"))

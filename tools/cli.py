@@ -60,6 +60,11 @@ TOP_LEVEL = (
         "replay", "tools.replay", "play a session trace against a running gateway (load generator)"
     ),
     Subcommand("chaos", "tools.chaos", "a replay while components are killed at random"),
+    Subcommand(
+        "gpu-check",
+        "tools.gpucheck",
+        "the GPU path measured in one go (8 steps); --device cpu: the dry run",
+    ),
     Subcommand("sim", "lab.sim.cli", "traces, the discrete-event simulator, the profiler"),
 )
 BENCH = (

@@ -340,6 +340,7 @@ class Ctl:
                     "keeping_pace": w.keeping_pace,
                     "steps": w.steps or None,
                     "full_steps": w.full_steps or None,
+                    "chunks_unpublished": w.chunks_unpublished,
                     "chunk_ms": w.chunk_ms,
                     "pass_ms": w.pass_ms,
                     "sessions": sessions,
@@ -644,7 +645,7 @@ def format_status(status: dict[str, Any]) -> str:
     lines = []
     header = (
         f"{'WORKER':<24} {'STATUS':<9} {'KIND':<14} {'SESSIONS':>8} {'WAIT':>4} {'STEPS':>5} "
-        "CHUNK MS BY BATCH"
+        f"{'UNPUB':>5} CHUNK MS BY BATCH"
     )
     lines.append(header)
     for w in status["workers"]:
@@ -656,7 +657,8 @@ def format_status(status: dict[str, Any]) -> str:
         steps = f"{w['steps']}/{w['full_steps']}" if w.get("steps") and w.get("full_steps") else "-"
         lines.append(
             f"{w['id']:<24} {w['status'] + alive:<9} {kind:<14} "
-            f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {steps:>5} {chunk}"
+            f"{len(w['sessions']):>4}/{w['capacity']:<3} {w['waiting']:>4} {steps:>5} "
+            f"{w.get('chunks_unpublished', 0):>5} {chunk}"
         )
         for s in w["sessions"]:
             lines.append(

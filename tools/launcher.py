@@ -44,9 +44,12 @@ from shared.settings import (
     DEFAULT_NATS_URL,
     DEFAULT_REDIS_URL,
     CommonSettings,
+    SettingsError,
     ToolSettings,
+    WorkerSettings,
     mask_url,
 )
+from shared.video import ChunkRetention, nats_limits_config
 
 SERVICES = ("scheduler", "provisioner", "gateway")  # started in this order, stopped in reverse
 
@@ -257,30 +260,21 @@ class Mesh:
             port = free_port()
             url = f"nats://127.0.0.1:{port}"
             store = self.tmpdir / "jetstream"
+            # The limits that carry the chunks, as compose and the manifests set them.
+            retention = ChunkRetention.of(self._children_settings())
             if self.credentials is None:
-                argv = [
-                    nats_server_binary(),
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    str(port),
-                    "-js",
-                    "-sd",
-                    str(store),
-                ]
+                text = f'listen: "127.0.0.1:{port}"\n' + nats_limits_config(retention, str(store))
             else:
-                subjects = self._children_settings().subjects
-                conf = _write_private(
-                    self.tmpdir / "nats.conf",
-                    nats_server_config(
-                        subjects,
-                        self.credentials.nats,
-                        host="127.0.0.1",
-                        port=port,
-                        store_dir=str(store),
-                    ),
+                text = nats_server_config(
+                    self._children_settings().subjects,
+                    self.credentials.nats,
+                    host="127.0.0.1",
+                    port=port,
+                    store_dir=str(store),
+                    retention=retention,
                 )
-                argv = [nats_server_binary(), "-c", str(conf)]
+            conf = _write_private(self.tmpdir / "nats.conf", text)
+            argv = [nats_server_binary(), "-c", str(conf)]
             proc = self._spawn("nats", argv, os.environ, log_to=self.tmpdir / "nats.log")
             _wait_until(lambda: probe_nats(url), 20, "embedded nats-server", proc, self.abort)
             self.nats_url = url
@@ -495,6 +489,18 @@ def _write_state(directory: Path, state: dict[str, object]) -> Path:
     return path
 
 
+def _cpu_pool_shortfall(workers: int, keys: dict[str, str]) -> str:
+    """Why the CPU workers would not fit in this host's memory ('' if they would, or if their
+    settings are wrong: each worker then says so itself). Imports torch: only for a CPU pool."""
+    from services.gpu_worker.engine.memory import cpu_pool_shortfall
+
+    try:
+        settings = WorkerSettings.from_env({**os.environ, **keys})
+    except SettingsError:
+        return ""
+    return cpu_pool_shortfall(workers, settings, keys["TURBOSERVE_EMULATE"])
+
+
 def has_gpu() -> bool:
     """Whether NVML finds an NVIDIA GPU here (no torch import: start-up stays quick)."""
     try:
@@ -585,6 +591,9 @@ def run(args: argparse.Namespace) -> int:
     if emulate is None:
         emulate = "" if has_gpu() else "H20"
     keys["TURBOSERVE_EMULATE"] = "" if emulate.lower() == "none" else emulate
+    if not has_gpu() and (short := _cpu_pool_shortfall(workers, keys)):
+        print(f"turboserve up: {short}", file=sys.stderr)
+        return 1
     log_dir = None
     if args.logs == "file":
         log_dir = states / "logs"

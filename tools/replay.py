@@ -649,7 +649,10 @@ async def _read_stream(http: Any, log: SessionLog, max_reconnects: int = 60) -> 
             # from=start: the viewer's account begins at seq 0 even when it attaches after
             # the first chunks (a stream starts at the live edge otherwise).
             async with http.request(
-                "GET", f"/v1/sessions/{log.id}/stream?from=start", headers=headers
+                # fmp4: one line an event, and no JPEG made for a client that reads timings
+                "GET",
+                f"/v1/sessions/{log.id}/stream?from=start&format=fmp4",
+                headers=headers,
             ) as resp:
                 if resp.status in (401, 403, 404):
                     log.errors.append(f"stream {resp.status}")
@@ -675,8 +678,8 @@ async def _follow(resp: Any, log: SessionLog) -> bool:
         line = raw.rstrip(b"\r\n")
         if line.startswith(b"event:"):
             event = line[6:].strip().decode()
-        elif line.startswith(b"data:"):
-            data = line[5:].strip()
+        elif line.startswith(b"data:"):  # an event's data lines, joined as SSE says
+            data = data + b"\n" + line[5:].strip() if data else line[5:].strip()
         elif not line:
             if event == "chunk" and data:
                 body = orjson.loads(data)

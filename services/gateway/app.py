@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from services.gateway import cluster, errors, probes, sessions, sse, webrtc, ws
 from services.gateway.auth import KeyRing
 from services.gateway.feeds import FeedHub
+from services.gateway.jpegs import Jpegs
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_json
 from services.gateway.pages import PAGES, Pages
@@ -82,7 +83,14 @@ def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
     def on_chunk(chunk: Any) -> None:
         gw.note_chunk_latency(chunk.worker_id, chunk.done_at, metrics.observe_chunk(chunk))
 
-    hub = FeedHub(ctx.js, ctx.subjects, registry, settings.client_queue_chunks, on_chunk)
+    hub = FeedHub(
+        ctx.js,
+        ctx.subjects,
+        registry,
+        settings.client_queue_chunks,
+        on_chunk,
+        jpegs=Jpegs(settings.jpeg_quality),
+    )
     ctx.reconnect_hooks.append(hub.resubscribe_all)  # after the streams are declared again
     gw = Gateway(
         ctx=ctx,

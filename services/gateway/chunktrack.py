@@ -9,9 +9,9 @@ Two ways a chunk becomes video, chosen per peer and per chunk:
   first in every chunk and no B-frames, which is what WebRTC's H.264 wants. What aiortc cannot do
   with packets: answer the peer's keyframe requests (the next keyframe is the next chunk's, at
   most a period away) or follow its bandwidth estimate (the stream is the worker's bitrate);
-- **re-encode** (a VP8 peer, or a chunk without a fragment): the chunk's JPEG frames decoded to
-  ``av.VideoFrame`` and encoded by aiortc for that peer, at a CPU cost per viewer
-  (``turboserve bench webrtc-cost``; docs/gateway.md has the figures).
+- **re-encode** (a VP8 peer): the chunk's fragment decoded to ``av.VideoFrame`` and encoded by
+  aiortc for that peer, at a CPU cost per viewer (``turboserve bench webrtc-cost``;
+  docs/gateway.md has the figures).
 
 Timestamps: one 90 kHz clock per track, continuous across chunks (a frame lasts ``1/fps`` of
 its chunk); :class:`FrameClock` is the pure part, tested without sockets.
@@ -30,7 +30,6 @@ from typing import Any
 import av
 import av.bitstream
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from PIL import Image
 
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
@@ -89,13 +88,11 @@ def annexb_packets(fragment: bytes) -> list[av.Packet[Any]]:
     return out
 
 
-def decode_jpegs(frames: list[bytes]) -> list[av.VideoFrame]:
-    """A chunk's JPEG frames as video frames (CPU work: run it off the event loop)."""
-    out = []
-    for data in frames:
-        with Image.open(io.BytesIO(data)) as image:
-            out.append(av.VideoFrame.from_image(image.convert("RGB")))  # type: ignore[no-untyped-call]
-    return out
+def decode_fragment(fragment: bytes) -> list[av.VideoFrame]:
+    """A chunk's frames, decoded from its fragment, for a peer that needs them re-encoded (CPU
+    work: run it off the event loop)."""
+    with av.open(io.BytesIO(fragment), "r", format="mp4") as container:
+        return list(container.decode(video=0))
 
 
 class ChunkTrack(MediaStreamTrack):
@@ -141,11 +138,9 @@ class ChunkTrack(MediaStreamTrack):
         if isinstance(item, Entry):
             chunk = item.item
             if isinstance(chunk, ChunkView):
-                passing = self.pass_through and chunk.has_fragment
+                passing = self.pass_through
                 frames, cpu_s = await asyncio.to_thread(
-                    _timed,
-                    annexb_packets if passing else decode_jpegs,
-                    chunk.fragment_bytes() if passing else chunk.frame_bytes(),
+                    _timed, annexb_packets if passing else decode_fragment, chunk.fragment_bytes()
                 )
                 self.decode_s += cpu_s
                 self.chunks["passed" if passing else "reencoded"] += 1

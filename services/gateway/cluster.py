@@ -59,6 +59,8 @@ def worker_card(
         "keeping_pace": worker.keeping_pace,
         "steps": worker.steps or None,  # the quality budget: steps per chunk in force
         "full_steps": worker.full_steps or None,
+        # chunks it made but could not publish (each told to its viewers)
+        "chunks_unpublished": worker.chunks_unpublished,
         "pass_ms": {str(k): v for k, v in sorted(worker.pass_ms.items())},
         "load": worker_load(worker, scheduler),
         "worst_latency_ms": max(recent) if recent else None,

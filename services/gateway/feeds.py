@@ -10,8 +10,12 @@ queued chunks are dropped and it gets a :class:`Lag` marker instead, so it skips
 holds up anyone else (what it asked to catch up on is delivered whole first).
 
 What a feed relays is fenced: a chunk or notice from an owner the session has left (an epoch
-below the highest seen) is dropped, as is a chunk whose frames are not in the wire's compact
-form (they go out verbatim). A feed ends on the session's ``StreamEnd``, or when the registry
+below the highest seen) is dropped, as is a chunk whose fragment is not in the wire's compact
+form (it goes out verbatim).
+
+JPEG is made here, from the fragment, once per chunk for every JPEG viewer of the feed
+(:mod:`jpegs`): started as the chunk arrives while the feed has a JPEG viewer, or on the first
+JPEG viewer's demand for a chunk from the ring; a feed with no JPEG viewer decodes nothing. A feed ends on the session's ``StreamEnd``, or when the registry
 says the session is over and the stream has nothing more for it.
 """
 
@@ -31,7 +35,8 @@ from nats.js import api as js_api
 from redis.exceptions import RedisError
 
 from services.gateway import errors
-from services.gateway.chunkview import ChunkView, FeedMsg, fragment_fault, frames_fault
+from services.gateway.chunkview import ChunkView, FeedMsg, fragment_fault
+from services.gateway.jpegs import JpegFrames, Jpegs
 from shared.logging import get_logger
 from shared.registry import Registry
 from shared.states import SessionState
@@ -54,14 +59,25 @@ CONSUMER_INACTIVE_S = 60.0
 
 
 class Entry:
-    """One chunk or notice. ``ws`` caches its WebSocket message per stream format: every socket
-    of a feed shares it (SSE events are cheap to make: the frames are spliced in as they came)."""
+    """One chunk or notice. ``ws`` caches its WebSocket message per stream format, ``sse`` its
+    JPEG event: every client of a feed shares them (an fMP4 SSE event is cheap to make: the
+    fragment is spliced in as it came). ``jpeg``: its JPEG frames, once a JPEG viewer wanted
+    them."""
 
-    __slots__ = ("item", "ws")
+    __slots__ = ("item", "jpeg", "sse", "ws")
 
     def __init__(self, item: ChunkView | SessionNotice) -> None:
         self.item = item
         self.ws: dict[str, bytes | str] = {}
+        self.sse: bytes | None = None
+        self.jpeg: asyncio.Future[JpegFrames] | None = None
+
+    def jpegs(self, maker: Jpegs) -> asyncio.Future[JpegFrames]:
+        """This chunk's JPEG frames, made once (the first call starts them)."""
+        assert isinstance(self.item, ChunkView)
+        if self.jpeg is None:
+            self.jpeg = maker.start(self.item.fragment_bytes())
+        return self.jpeg
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +102,9 @@ class Viewer:
     ``next_seq`` is one the client has (a worker lost after publishing a chunk but before
     recording it: its successor makes that seq again, and the client must still hear of it)."""
 
-    def __init__(self, feed: Feed, last_seq: int, queue_chunks: int) -> None:
+    def __init__(self, feed: Feed, last_seq: int, queue_chunks: int, jpeg: bool = False) -> None:
         self.feed = feed
+        self.jpeg = jpeg  # it takes JPEG frames: the feed makes them as chunks arrive
         self.cursor = last_seq
         self.epoch: int | None = None
         self.base_cap = queue_chunks
@@ -168,6 +185,7 @@ class Feed:
         self.ring: deque[Entry] = deque()
         self.ring_chunks = 0
         self.viewers: set[Viewer] = set()
+        self.jpeg_viewers = 0
         self.top_seq = -1
         self.top_epoch = -1  # the newest owner's epoch: an older one is fenced off
         self.end: End | None = None
@@ -228,6 +246,8 @@ class Feed:
         if item.session_id != self.session_id or not self._admit(msg.subject, item):
             return
         entry = Entry(item)
+        if self.jpeg_viewers and isinstance(item, ChunkView):
+            entry.jpegs(self.hub.jpegs)  # under way before any viewer asks
         self._keep(entry)
         if isinstance(item, ChunkView) and item.seq > self.top_seq:
             self.top_seq = item.seq
@@ -247,7 +267,7 @@ class Feed:
             )
             return False
         if isinstance(item, ChunkView):
-            fault = frames_fault(item.frames) or fragment_fault(item.fmp4)
+            fault = fragment_fault(item.fmp4)
             if fault is not None:
                 log.warning("bad_message_dropped", subject=subject, fault=fault)
                 return False
@@ -262,8 +282,9 @@ class Feed:
             if isinstance(self.ring.popleft().item, ChunkView):
                 self.ring_chunks -= 1
 
-    def add(self, last_seq: int) -> Viewer:
-        viewer = Viewer(self, last_seq, self.hub.queue_chunks)
+    def add(self, last_seq: int, jpeg: bool = False) -> Viewer:
+        viewer = Viewer(self, last_seq, self.hub.queue_chunks, jpeg)
+        self.jpeg_viewers += jpeg
         for entry in self.ring:
             viewer.offer(entry, catching_up=True)
         if self.end is not None:
@@ -314,7 +335,9 @@ class FeedHub:
         registry: Registry,
         queue_chunks: int,
         on_chunk: Callable[[ChunkView], None],
+        jpegs: Jpegs | None = None,
     ) -> None:
+        self.jpegs = jpegs or Jpegs(quality=80)
         self.js = js
         self.subjects = subjects
         self.registry = registry
@@ -324,8 +347,9 @@ class FeedHub:
         self.open: set[Feed] = set()  # every feed with a subscription
         self.closed = False
 
-    async def join(self, session_id: str, last_seq: int) -> Viewer:
-        """A viewer of ``session_id`` that gets the chunks after ``last_seq``, then live ones."""
+    async def join(self, session_id: str, last_seq: int, jpeg: bool = False) -> Viewer:
+        """A viewer of ``session_id`` that gets the chunks after ``last_seq``, then live ones
+        (``jpeg``: it takes JPEG frames)."""
         if self.closed:
             raise errors.Unavailable("gateway is shutting down; retry on another replica")
         try:
@@ -345,7 +369,7 @@ class FeedHub:
         except (NatsError, TimeoutError) as exc:
             log.warning("feed_subscribe_failed", session_id=session_id, error=repr(exc))
             raise errors.Unavailable("the chunk stream is not answering; retry") from None
-        return feed.add(last_seq)
+        return feed.add(last_seq, jpeg)
 
     async def _start(self, feed: Feed) -> Feed:
         await feed.start()
@@ -354,6 +378,8 @@ class FeedHub:
 
     async def leave(self, viewer: Viewer) -> None:
         feed = viewer.feed
+        if viewer in feed.viewers:
+            feed.jpeg_viewers -= viewer.jpeg
         feed.viewers.discard(viewer)
         if not feed.viewers:
             if self.feeds.get(feed.session_id) is feed:
@@ -421,6 +447,7 @@ class FeedHub:
     async def close(self, reason: str = "gateway_shutdown") -> None:
         """End every viewer (with ``reason``) and close every subscription; idempotent."""
         self.closed = True
+        self.jpegs.close()
         feeds = list(self.open)
         self.open.clear()
         self.feeds.clear()

@@ -1,14 +1,16 @@
 """Which encoding a stream sends, as the client asks with ``?format=`` on ``.../stream`` and
 ``.../ws``.
 
-- ``jpeg`` (the default for API clients): one JPEG per frame, as always; simple clients draw
-  them as they come.
+- ``jpeg`` (the default for API clients): one JPEG per frame; simple clients draw them as
+  they come, with no video decoder. The gateway makes them from the chunk's H.264 (decoded
+  once per chunk for all of the session's JPEG viewers on this gateway, and only while it has
+  one): CPU on the gateway, and about five times the bytes of ``fmp4`` to each viewer
+  (docs/results.md).
 - ``fmp4``: the chunk as the worker encoded it once, a self-contained fragmented MP4 (H.264,
-  keyframe first: init segment + one fragment), for Media Source Extensions or any decoder.
+  keyframe first: init segment + one fragment), for Media Source Extensions or any decoder;
+  relayed as it came, at no CPU cost to the gateway.
 
-The gateway never encodes: both forms come from the worker in the same wire ``Chunk``. A chunk
-that carries no fragment (a worker that made none) goes out as ``jpeg`` even on an ``fmp4``
-stream; its ``encoding`` says so.
+What crosses NATS is the fragment alone, whatever the viewers take.
 """
 
 from __future__ import annotations

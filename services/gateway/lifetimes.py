@@ -57,11 +57,12 @@ async def detach(gw: Gateway, attachment_id: str) -> None:
 
 @contextlib.asynccontextmanager
 async def watching(
-    gw: Gateway, session_id: str, last_seq: int, transport: str
+    gw: Gateway, session_id: str, last_seq: int, transport: str, jpeg: bool = False
 ) -> AsyncIterator[Viewer]:
     """A viewer of the session's chunks after ``last_seq`` for as long as the block runs:
-    attached (the session counts as watched) and counted among ``transport``'s clients."""
-    viewer = await gw.hub.join(session_id, last_seq)
+    attached (the session counts as watched) and counted among ``transport``'s clients
+    (``jpeg``: it takes JPEG frames, which this gateway then makes)."""
+    viewer = await gw.hub.join(session_id, last_seq, jpeg)
     try:
         attachment = await attach(gw, session_id)
     except BaseException:

@@ -16,6 +16,7 @@ from shared.logging import get_logger
 from shared.runner import ServiceContext
 from shared.settings import GatewaySettings
 from shared.streams import ensure_streams
+from shared.video import ChunkRetention
 
 log = get_logger("turboserve.gateway")
 
@@ -31,7 +32,7 @@ class GatewayService:
         self._loops: list[asyncio.Task[None]] = []
 
     async def start(self, ctx: ServiceContext) -> None:
-        await ensure_streams(ctx.js, ctx.subjects)
+        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
         gw = self.gateway = build_gateway(ctx, self.settings)
         await lifetimes.alive(gw)  # before any viewer attaches
         if gw.keys.open:

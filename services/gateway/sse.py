@@ -8,8 +8,16 @@ A stream without ``Last-Event-ID`` starts at the live edge (the newest chunk); `
 asks for what the chunk stream still holds (``bodies.start_of``).
 
 ``?format=jpeg`` (default) or ``?format=fmp4`` (:mod:`formats`): a ``chunk`` event's data holds
-either ``frames`` (a list of base64 JPEGs) or ``fragment`` (the base64 of the chunk's
-self-contained fragmented MP4, with ``mime``, ``start_s`` and ``duration_s``).
+either ``frames`` (a list of base64 JPEGs, made by this gateway from the chunk's video) or
+``fragment`` (the base64 of the chunk's self-contained fragmented MP4, with ``mime``,
+``start_s`` and ``duration_s``).
+
+Line lengths: a client reads an event line by line, and a stock one bounds a line (aiohttp's
+client: twice its ``read_bufsize``, 512 KiB). A JPEG event puts each frame on a ``data:`` line
+of its own (SSE joins the lines of an event with a line feed, which JSON reads as blank), so no
+line is longer than one frame (about 80 KiB of base64 for a 832x480 frame of a model's video);
+an fMP4 event is one line, at most the chunk's bound (``TURBOSERVE_VIDEO_BITRATE`` over the
+chunk's period, base64: 250 KiB at the default).
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from aiohttp import web
 from services.gateway import bodies, lifetimes
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
-from services.gateway.formats import DEFAULT_FORMAT, StreamFormat, format_of
+from services.gateway.formats import StreamFormat, format_of
+from services.gateway.jpegs import JpegFrames, Jpegs
 from services.gateway.state import GATEWAY_STATE, authorized_session
 from shared.logging import get_logger
 from shared.states import SessionState
@@ -65,15 +74,13 @@ def notice_data(notice: SessionNotice) -> dict[str, object]:
     }
 
 
-def chunk_event(chunk: ChunkView, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
-    if fmt is StreamFormat.FMP4 and chunk.has_fragment:
-        return fragment_event(chunk)
-    # The frames go out as the base64 text they came in: spliced in, never decoded.
+def jpeg_event(chunk: ChunkView, jpeg: JpegFrames) -> bytes:
+    """A chunk's JPEG frames as an SSE event, one frame per ``data:`` line."""
     head = orjson.dumps(
         {
             "session_id": chunk.session_id,
             "seq": chunk.seq,
-            "encoding": f"{chunk.encoding}/base64",
+            "encoding": "jpeg/base64",
             "width": chunk.width,
             "height": chunk.height,
             "fps": chunk.fps,
@@ -84,10 +91,11 @@ def chunk_event(chunk: ChunkView, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
             "epoch": chunk.epoch,
         }
     )
-    return b'event: chunk\nid: %d\ndata: %s,"frames":%s}\n\n' % (
+    frames = b",\ndata: ".join(b'"%s"' % f for f in jpeg.base64)
+    return b'event: chunk\nid: %d\ndata: %s,"frames":[\ndata: %s]}\n\n' % (
         chunk.seq,
         head[:-1],
-        bytes(chunk.frames),
+        frames,
     )
 
 
@@ -119,11 +127,17 @@ def fragment_event(chunk: ChunkView) -> bytes:
     )
 
 
-def entry_event(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes:
+async def entry_event(entry: Entry, fmt: StreamFormat, jpegs: Jpegs) -> bytes:
+    """The SSE event of a chunk or notice (a chunk's JPEG frames made once, shared by every
+    JPEG viewer of the feed)."""
     item = entry.item
-    if isinstance(item, ChunkView):
-        return chunk_event(item, fmt)
-    return b"event: state\ndata: %s\n\n" % orjson.dumps(notice_data(item))
+    if not isinstance(item, ChunkView):
+        return b"event: state\ndata: %s\n\n" % orjson.dumps(notice_data(item))
+    if fmt is StreamFormat.FMP4:
+        return fragment_event(item)
+    if entry.sse is None:
+        entry.sse = jpeg_event(item, await entry.jpegs(jpegs))
+    return entry.sse
 
 
 def lag_event(session_id: str, lag: Lag) -> bytes:
@@ -150,7 +164,8 @@ async def stream_session(request: web.Request) -> web.StreamResponse:
         return await _ended(request, end_event(record.id, record.last_seq, "closed"))
     if gw.closing.is_set():
         return await _ended(request, end_event(record.id, last_seq, "gateway_shutdown"))
-    async with lifetimes.watching(gw, record.id, last_seq, "sse") as viewer:
+    jpeg = fmt is StreamFormat.JPEG
+    async with lifetimes.watching(gw, record.id, last_seq, "sse", jpeg) as viewer:
         try:
             resp = web.StreamResponse(headers=SSE_HEADERS)
             await resp.prepare(request)
@@ -193,7 +208,7 @@ async def _pump(
             continue
         quiet_s = 0.0
         if isinstance(item, Entry):
-            await resp.write(entry_event(item, fmt))
+            await resp.write(await entry_event(item, fmt, gw.hub.jpegs))
             if isinstance(item.item, ChunkView):
                 sent = item.item.seq
         elif isinstance(item, Lag):

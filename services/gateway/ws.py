@@ -5,7 +5,7 @@ Server to client:
 - a **binary** message per chunk: a 4-byte big-endian length ``n``, then ``n`` bytes of JSON
   header ``{"type": "chunk", "session_id", "seq", "encoding": "jpeg", "width", "height", "fps",
   "frame_sizes": [...], "timing": {...}, "worker_id", "epoch"}``, then the frames' JPEG bytes back to
-  back (``frame_sizes`` says where each ends);
+  back (``frame_sizes`` says where each ends; the gateway makes them from the chunk's video);
   With ``?format=fmp4`` (:mod:`formats`; ``jpeg`` is the default) the header is
   ``{"type": "chunk", "session_id", "seq", "encoding": "fmp4", "mime", "width", "height",
   "fps", "start_s", "duration_s", "fragment_size", "timing", "worker_id", "epoch"}`` and the
@@ -40,7 +40,8 @@ from services.gateway import bodies, errors, lifetimes, steering
 from services.gateway.auth import authorize_session
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
-from services.gateway.formats import DEFAULT_FORMAT, StreamFormat, format_of
+from services.gateway.formats import StreamFormat, format_of
+from services.gateway.jpegs import JpegFrames, Jpegs
 from services.gateway.sse import fragment_header, notice_data, timing
 from services.gateway.state import GATEWAY_STATE, Gateway, check_rate, load_session
 from shared.logging import get_logger
@@ -51,14 +52,14 @@ log = get_logger("turboserve.gateway")
 HEADER_LEN = struct.Struct(">I")
 
 
-def frames_message(chunk: ChunkView) -> bytes:
-    frames = chunk.frame_bytes()
+def frames_message(chunk: ChunkView, jpeg: JpegFrames) -> bytes:
+    frames = jpeg.frames
     header = orjson.dumps(
         {
             "type": "chunk",
             "session_id": chunk.session_id,
             "seq": chunk.seq,
-            "encoding": chunk.encoding,
+            "encoding": "jpeg",
             "width": chunk.width,
             "height": chunk.height,
             "fps": chunk.fps,
@@ -79,14 +80,11 @@ def fragment_message(chunk: ChunkView) -> bytes:
     return b"".join([HEADER_LEN.pack(len(header)), header, fragment])
 
 
-def entry_message(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes | str:
+async def entry_message(entry: Entry, fmt: StreamFormat, jpegs: Jpegs) -> bytes | str:
+    """The socket message of a chunk or notice, made once per format for every socket of the
+    feed (a chunk's JPEG frames made once, shared with its SSE JPEG viewers)."""
     item = entry.item
-    if isinstance(item, ChunkView):
-        if fmt is StreamFormat.FMP4 and not item.has_fragment:
-            fmt = StreamFormat.JPEG  # a worker that made no fragment: its frames, said so
-        key = str(fmt)
-    else:
-        key = "state"  # the same text in every format
+    key = str(fmt) if isinstance(item, ChunkView) else "state"  # a notice: one text for all
     message = entry.ws.get(key)
     if message is None:
         if not isinstance(item, ChunkView):
@@ -94,7 +92,7 @@ def entry_message(entry: Entry, fmt: StreamFormat = DEFAULT_FORMAT) -> bytes | s
         elif fmt is StreamFormat.FMP4:
             message = fragment_message(item)
         else:
-            message = frames_message(item)
+            message = frames_message(item, await entry.jpegs(jpegs))
         entry.ws[key] = message
     return message
 
@@ -119,7 +117,8 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
     if gw.closing.is_set():
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
     try:
-        async with lifetimes.watching(gw, record.id, last_seq, "ws") as viewer:
+        jpeg = fmt is StreamFormat.JPEG
+        async with lifetimes.watching(gw, record.id, last_seq, "ws", jpeg) as viewer:
             await ws.prepare(request)
             controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(steering.CONTROLS_IN_FLIGHT)
             # Held while a control is applied and answered: the end of the stream waits for it,
@@ -198,7 +197,7 @@ async def _send(
             if item is None:
                 continue  # the WebSocket's own ping/pong keeps the connection alive
             if isinstance(item, Entry):
-                message = entry_message(item, fmt)
+                message = await entry_message(item, fmt, gw.hub.jpegs)
                 if isinstance(message, bytes):
                     await ws.send_bytes(message)
                 else:

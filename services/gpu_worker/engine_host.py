@@ -4,7 +4,8 @@ This runs on the event loop and never touches the engine: every change to a sess
 unfreeze, release, adopt) is a control in the inbox that the generation thread, which owns the
 engine, runs at a pass boundary (a freeze at the session's own chunk boundary); the event loop
 awaits its answer. Admission reads only the loop's published status and the engine's immutable
-state layout. A frozen session keeps its slot and sits out of every pass, so an aborted handoff
+state layout; an arriving state is received into a slot held by the engine's thread-safe
+``SlotReservations``. A frozen session keeps its slot and sits out of every pass, so an aborted handoff
 resumes it exactly where it stopped, and its exported copy never changes under the transfer.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import torch
 
 from services.gpu_worker.engine import EngineError, StateLayout
+from services.gpu_worker.engine.slots import SlotReservations
 from services.gpu_worker.generation import GenerationLoop
 from services.gpu_worker.handoff.codes import HandoffCode
 from services.gpu_worker.handoff.host import FrozenSession, HandoffRefusal, HostRefused
@@ -38,6 +40,7 @@ class EngineHost:
         capacity: int,
         layout: StateLayout,
         registry: Registry | None = None,
+        reservations: SlotReservations | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.device = device
@@ -47,13 +50,16 @@ class EngineHost:
         self.inbox = inbox
         self.is_draining = is_draining
         self.registry = registry
+        self.reservations = reservations  # the engine's slots held for arriving states
         self._reserved: dict[str, bool] = {}  # session id -> arrives suspended
 
     # -- source ---------------------------------------------------------------------------------
     async def freeze(self, session_id: str, epoch: int, *, on_device: bool) -> FrozenSession:
         task = asyncio.ensure_future(
             self._call(
-                "freeze", lambda: self.generation.freeze(session_id, epoch), session_id=session_id
+                "freeze",
+                lambda: self.generation.freeze(session_id, epoch, on_device=on_device),
+                session_id=session_id,
             )
         )
         try:
@@ -92,9 +98,10 @@ class EngineHost:
             return HandoffRefusal(HandoffCode.EXISTS, f"{sid} is already on {self.worker_id}")
         if not incoming.suspended:
             taken = len(status.active) + sum(1 for s in self._reserved.values() if not s)
-            if taken >= self.capacity:
+            capacity = status.capacity or self.capacity  # lowered after a pass out of memory
+            if taken >= capacity:
                 return HandoffRefusal(
-                    HandoffCode.FULL, f"all {self.capacity} slots of {self.worker_id} are taken"
+                    HandoffCode.FULL, f"all {capacity} slots of {self.worker_id} are taken"
                 )
         try:
             self.layout.check(incoming.snapshot)
@@ -103,8 +110,16 @@ class EngineHost:
         return None
 
     def receive_buffers(self, incoming: FrozenSession, device: str) -> list[torch.Tensor] | None:
-        """Let the endpoint allocate (the engine copies the state into a slot on adopt)."""
-        return None
+        """The rows of a slot the engine holds for the session, when the state arrives where
+        the engine keeps it (NCCL or CUDA IPC on a GPU worker, gloo on a CPU one): received
+        straight into its slot, adopted without a copy or fresh buffers. None (the endpoint
+        allocates; adopt copies) for a session that arrives suspended (it stays in host memory),
+        for state received elsewhere, or when no slot is free."""
+        if self.reservations is None or incoming.suspended:
+            return None
+        if torch.device(device) != self.reservations.pool.device:
+            return None
+        return self.reservations.reserve(incoming.snapshot.session_id)
 
     def reserve(self, session_id: str) -> None:
         # Counted as an executing session until adopted: the safe side for admission.
@@ -112,6 +127,8 @@ class EngineHost:
 
     def unreserve(self, session_id: str) -> None:
         self._reserved.pop(session_id, None)
+        if self.reservations is not None:
+            self.reservations.release(session_id)
 
     async def adopt(self, frozen: FrozenSession, epoch: int) -> None:
         record = None

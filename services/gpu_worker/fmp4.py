@@ -8,6 +8,15 @@ Media Source Extensions can append chunk after chunk: each carries its own ``fty
 ``tfdt`` is the chunk's own start on the session's timeline (``start_s``), so the fragments
 of a session line up back to back.
 
+Rate control: CRF with a cap (libx264's ``maxrate`` = ``TURBOSERVE_VIDEO_BITRATE``, and a VBV
+buffer of half a chunk's bits), so easy pictures stay small and a busy one is held to the
+bitrate. The VBV of ``ultrafast`` is not exact, so the bound is checked, not assumed: a chunk is
+at most ``shared.video.chunk_bytes_limit`` (its duration at the bitrate, plus the container), and one
+that comes out larger is encoded again with a coarser floor on the quantiser (``qmin``) until
+it fits (uniform noise at 480x832 needs one retry). At ``qmin`` 51, x264's coarsest, a chunk
+that still does not fit is refused (:class:`FragmentTooLarge`): only a bitrate far below any
+setting the worker accepts gets there.
+
 Why H.264 (libx264, ``yuv420p``, the ``zerolatency`` tune: no B-frames, no lookahead): every
 browser plays it through MSE, most with hardware decode, and the FFmpeg that PyAV ships has
 the encoder. PyAV's mp4 muxer does the container; the options below only ask it for
@@ -28,6 +37,8 @@ from typing import Any, Final
 import numpy as np
 
 from services.gpu_worker.codec import frames_array
+from shared.settings import DEFAULT_VIDEO_BITRATE
+from shared.video import chunk_bytes_limit
 
 TIMESCALE = 90_000  # ticks per second, the video norm: 16 fps and 12 fps are both whole ticks
 CODEC: Final = "libx264"  # Final keeps the literal, so PyAV's typing knows a video stream
@@ -35,6 +46,9 @@ CODEC: Final = "libx264"  # Final keeps the literal, so PyAV's typing knows a vi
 # fifth of a 0.75 s period is 150 ms); CRF 26 keeps the textured case well under JPEG's size.
 PRESET = "ultrafast"
 CRF = 26
+# The quantiser floors of the encodes of one chunk: the capped CRF first, then coarser ones
+# while the chunk is over its bound.
+QMIN_STEPS: tuple[int | None, ...] = (None, 36, 44, 51)
 MOVFLAGS = "frag_keyframe+empty_moov+default_base_moof+frag_discont+skip_trailer"
 
 
@@ -47,6 +61,19 @@ class Fragment:
     start_s: float  # the first frame's time on the session's timeline
     duration_s: float
     encode_ms: float
+    limit_bytes: int = 0  # the bound it was held to (0: none)
+    encodes: int = 1  # how many encodes it took to fit the bound
+
+
+class FragmentTooLarge(Exception):
+    """Even at libx264's coarsest quantiser the chunk is over its bound: not sent."""
+
+    retryable = False
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"chunk of {size} bytes over its bound of {limit} bytes")
+        self.size = size
+        self.limit = limit
 
 
 def chunk_start_s(seq: int, duration_s: float) -> float:
@@ -57,19 +84,55 @@ def chunk_start_s(seq: int, duration_s: float) -> float:
 
 
 def encode_chunk(
-    frames: Any, fps: float, start_s: float, *, crf: int = CRF, preset: str = PRESET
+    frames: Any,
+    fps: float,
+    start_s: float,
+    *,
+    bitrate: int = DEFAULT_VIDEO_BITRATE,
+    crf: int = CRF,
+    preset: str = PRESET,
 ) -> Fragment:
-    """``frames``: uint8 ``[T, H, W, 3]`` RGB (a tensor or an array), played at ``fps``."""
-    import av  # FFmpeg: imported where used, so contract code and tests need not load it
-
+    """``frames``: uint8 ``[T, H, W, 3]`` RGB (a tensor or an array), played at ``fps``, held
+    to ``bitrate`` (bits/s): the fragment is at most ``shared.video.chunk_bytes_limit`` bytes, or
+    :class:`FragmentTooLarge` is raised."""
     array = frames_array(frames)
     if not len(array):
         raise ValueError("a fragment needs at least one frame")
     array = _even(array)
-    count, height, width, _ = array.shape
+    count = int(array.shape[0])
     if fps <= 0:
         raise ValueError(f"fps must be positive, got {fps}")
     started = time.perf_counter()
+    limit = chunk_bytes_limit(bitrate, count / fps)
+    data = b""
+    for encodes, qmin in enumerate(QMIN_STEPS, start=1):
+        data = _encode(array, fps, start_s, bitrate, crf, preset, qmin)
+        if len(data) <= limit:
+            return Fragment(
+                data=data,
+                mime=mime_of(data),
+                start_s=start_s,
+                duration_s=count / fps,
+                encode_ms=(time.perf_counter() - started) * 1000.0,
+                limit_bytes=limit,
+                encodes=encodes,
+            )
+    raise FragmentTooLarge(len(data), limit)
+
+
+def _encode(
+    array: np.ndarray,
+    fps: float,
+    start_s: float,
+    bitrate: int,
+    crf: int,
+    preset: str,
+    qmin: int | None,
+) -> bytes:
+    import av  # FFmpeg: imported where used, so contract code and tests need not load it
+
+    count, height, width, _ = array.shape
+    duration_s = count / fps
     buffer = io.BytesIO()
     tick = Fraction(1, TIMESCALE)
     with av.open(
@@ -80,13 +143,20 @@ def encode_chunk(
         stream.time_base = tick
         stream.codec_context.time_base = tick
         # One GOP per chunk: the keyframe is the chunk's first frame, no other.
-        stream.options = {
+        options: dict[str, str] = {
             "preset": preset,
             "tune": "zerolatency",
             "crf": str(crf),
+            "maxrate": str(bitrate),
+            # Half a chunk's bits, starting half full: the chunk's bits stay near the cap.
+            "bufsize": str(max(1, round(bitrate * duration_s / 2))),
+            "x264-params": "vbv-init=0.5",
             "g": str(max(count, 1)),
             "keyint_min": str(max(count, 1)),
         }
+        if qmin is not None:
+            options["qmin"] = str(qmin)
+        stream.options = dict(options)
         for i, frame in enumerate(array):
             picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
             picture.pts = round((start_s + i / fps) * TIMESCALE)
@@ -95,14 +165,7 @@ def encode_chunk(
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
-    data = buffer.getvalue()
-    return Fragment(
-        data=data,
-        mime=mime_of(data),
-        start_s=start_s,
-        duration_s=count / fps,
-        encode_ms=(time.perf_counter() - started) * 1000.0,
-    )
+    return buffer.getvalue()
 
 
 def mime_of(data: bytes) -> str:

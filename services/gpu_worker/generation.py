@@ -2,8 +2,9 @@
 
 At every pass boundary it takes what the inbox holds (commands from the scheduler, controls from
 the event loop), applies it, decides which sessions take the next batched pass (pacing: a
-session ahead of playback sits out, see :mod:`pacing`), runs the pass, encodes the chunks the
-pass completed and puts them in the outbox, which the event loop drains and publishes. When
+session ahead of playback sits out, see :mod:`pacing`), runs the pass, hands the chunks the
+pass completed to the encoder pool (:mod:`encoder`) and puts them in the outbox, in order, while
+they encode; the event loop drains the outbox and publishes each chunk once it is encoded. When
 nobody is due it waits on the inbox with a timeout to the next due pass, so a new command is
 heard at once.
 
@@ -23,51 +24,39 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from services.gpu_worker.codec import encode_frames
+from services.gpu_worker.encoder import ChunkEncoder, EncodedChunk, default_threads, playback_fps
 from services.gpu_worker.engine import (
     ChunkResult,
     Engine,
     EngineError,
     EngineFull,
+    PassOutOfMemory,
     RecoveryPoint,
 )
-from services.gpu_worker.fmp4 import Fragment, chunk_start_s, encode_chunk
 from services.gpu_worker.handoff.codes import HandoffCode
 from services.gpu_worker.handoff.host import FrozenSession, HostRefused
 from services.gpu_worker.inbox import CommandInbox, Control, InboxItem
 from services.gpu_worker.outbox import Forget, HandBack, Outbox, OutChunk
 from services.gpu_worker.pacing import ChunkEstimate, PlaybackClock, plan_pass
 from shared.logging import get_logger
+from shared.settings import DEFAULT_VIDEO_BITRATE
 from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
 
 log = get_logger("turboserve.worker")
 
-FPS = 16.0  # playback rate of an unpaced worker's chunks (a chunk period of 0)
-
-# NATS's default max_payload (1 MiB): a chunk is one message, JPEG frames and fragment together.
-WIRE_BUDGET_BYTES = 1024 * 1024
-WIRE_OVERHEAD_BYTES = 4096  # the message's other fields, with room to spare
-
-
-def playback_fps(frames: int, period_s: float) -> float:
-    """The rate a chunk's frames play at: a chunk carries as much video as its period, whatever
-    sets the period (emulation, the profile, TURBOSERVE_CHUNK_PERIOD_S) and however many frames
-    this chunk has (a model's first chunk may carry fewer). Unpaced (period 0): FPS."""
-    if period_s <= 0 or frames <= 0:
-        return FPS
-    return frames / period_s
-
 
 @dataclass(frozen=True, slots=True)
-class EncodedChunk:
-    jpeg: list[bytes]
-    fmp4: Fragment
-    fps: float
-    encode_ms: float  # both formats together
+class TimedEncode:
+    """A chunk being encoded whose whole time (passes and encode) goes into the chunk times."""
+
+    encoded: Future[EncodedChunk]
+    batch: int
+    gen_ms: float
 
 
 @dataclass(slots=True)
@@ -135,6 +124,7 @@ class LoopStatus:
     # placement counts a joining session's wait for the next pass boundary.
     pass_ends_at: float | None = None
     steps: int = 0  # the step budget in force (the quality budget)
+    capacity: int = 0  # sessions the engine takes now (lowered after a pass out of memory)
 
 
 class PassTimes:
@@ -163,7 +153,7 @@ class GenerationLoop:
         worker_id: str,
         period_s: float,
         lead_s: float,
-        jpeg_quality: int = 80,
+        encoder: ChunkEncoder | None = None,
         pass_floor_ms: Callable[[int], float] | None = None,
         clock: Callable[[], float] = time.time,
         on_chunk: Callable[[float], None] | None = None,
@@ -179,7 +169,11 @@ class GenerationLoop:
         self.worker_id = worker_id
         self.period_s = period_s
         self.lead_s = lead_s
-        self.jpeg_quality = jpeg_quality
+        # The H.264 encoders (default: one thread per slot, at the default bitrate).
+        self.encoder = encoder or ChunkEncoder(
+            default_threads(engine.capacity), bitrate=DEFAULT_VIDEO_BITRATE, period_s=period_s
+        )
+        self._timed_encodes: list[TimedEncode] = []
         # Emulation: the least wall time of a pass at a batch size (a GPU kind's profile).
         self.pass_floor_ms = pass_floor_ms
         self.now = clock
@@ -205,6 +199,7 @@ class GenerationLoop:
         while not self.inbox.closed:
             for item, arrived in self.inbox.take_timed(wait):
                 self._apply(item, arrived)
+            self._time_encodes()
             self._settle_boundaries()
             now = self.now()
             plan = plan_pass(now, self._candidates(), self.lead_s, self._estimate())
@@ -362,6 +357,10 @@ class GenerationLoop:
             log.warning("engine_full", session_id=sid, capacity=engine.capacity)
             self.outbox.put(HandBack(sid, cmd.epoch))
             return
+        except PassOutOfMemory as exc:  # its rebuild ran out of memory: another worker's turn
+            log.warning("restore_out_of_memory", session_id=sid, error=str(exc))
+            self.outbox.put(HandBack(sid, cmd.epoch))
+            return
         except EngineError as exc:  # a log it cannot use: start over (and say so)
             log.warning("recovery_failed", session_id=sid, error=str(exc))
             point = None
@@ -460,9 +459,10 @@ class GenerationLoop:
         return applied
 
     # -- handoffs (run as controls, on this thread) -------------------------------------------
-    def freeze(self, session_id: str, epoch: int) -> FrozenSession:
-        """At the session's chunk boundary: its state, exported; it sits out of every pass
-        until :meth:`unfreeze` or :meth:`drop`, so the copy never changes under a transfer."""
+    def freeze(self, session_id: str, epoch: int, *, on_device: bool = False) -> FrozenSession:
+        """At the session's chunk boundary: its state, exported (with ``on_device``, a clone on
+        the engine's device); it sits out of every pass until :meth:`unfreeze` or
+        :meth:`drop`, so the copy never changes under a transfer."""
         owned = self.owned.get(session_id)
         if owned is None or not self.engine.has_session(session_id):
             raise HostRefused(HandoffCode.UNKNOWN_SESSION, f"{session_id} is not on this worker")
@@ -472,7 +472,7 @@ class GenerationLoop:
             )
         if owned.frozen:
             raise HostRefused(HandoffCode.BUSY, f"{session_id} is already being handed off")
-        snapshot = self.engine.export_state(session_id)
+        snapshot = self.engine.export_state(session_id, on_device=on_device)
         owned.frozen = True
         owned.suspend_pending = False
         suspended = session_id in self.engine.suspended_sessions()
@@ -584,7 +584,11 @@ class GenerationLoop:
             # Published before the pass runs: the event loop must see it during the pass.
             self._status = replace(self._status, pass_ends_at=self._pass_ends_at)
         started = time.perf_counter()
-        results = self.engine.pass_step(participants)
+        try:
+            results = self.engine.pass_step(participants)
+        except PassOutOfMemory as exc:
+            self._hand_back(exc)
+            return
         pass_ms = (time.perf_counter() - started) * 1000.0
         if self.pass_floor_ms is not None:
             pass_ms = self._pace_to_floor(batch, pass_ms)
@@ -601,6 +605,24 @@ class GenerationLoop:
         self._announce_prompts(participants)
         if results:
             self._deliver(results)
+
+    def _hand_back(self, failed: PassOutOfMemory) -> None:
+        """A pass ran out of memory and the engine let its sessions go: each goes back to
+        pending in the registry, to be placed again (a worker with its recovery log continues
+        it from its last chunk, and its viewers hear so); this worker goes on with the others,
+        at the lower capacity its heartbeats now carry."""
+        log.warning(
+            "handed_back_out_of_memory",
+            sessions=failed.sessions,
+            capacity=failed.capacity,
+            error=str(failed),
+        )
+        for sid in failed.sessions:
+            owned = self.owned.get(sid)
+            if owned is None:
+                continue
+            self.outbox.put(HandBack(sid, owned.epoch))
+            self.drop(sid, reason="out_of_memory")
 
     def _announce_prompts(self, participants: list[str]) -> None:
         """Prompt changes that waited for their encoding and applied in this pass: the chunk in
@@ -644,12 +666,13 @@ class GenerationLoop:
                 continue
             gen_ms = owned.chunk_ms or r.gen_ms
             seq = owned.seq_base + r.seq
-            encoded = self._encode(r.frames, seq)
+            encoded = self.encoder.submit(r.frames, seq)
             if owned.chunk_batch == r.batch and r.steps == self.engine.full_steps:
                 # Every pass of it at one batch size, at full steps. A chunk's time is its
                 # passes and its encoding: the profile this worker measures (heartbeats) and
-                # the scheduler's latency model (full steps; fewer scale by passes) see it whole.
-                self.chunk_times.add(r.batch, gen_ms + encoded.encode_ms)
+                # the scheduler's latency model (full steps; fewer scale by passes) see it
+                # whole, once its encode ends (:meth:`_time_encodes`).
+                self._timed_encodes.append(TimedEncode(encoded, r.batch, gen_ms))
             due = owned.clock.chunk_done(done_at, self.period_s)
             if self.on_chunk is not None:
                 self.on_chunk(max(0.0, done_at - due))
@@ -658,58 +681,33 @@ class GenerationLoop:
                 seq=seq,
                 worker_id=self.worker_id,
                 epoch=owned.epoch,
-                encoding="jpeg",
-                frames=encoded.jpeg,
                 width=int(r.frames.shape[2]),
                 height=int(r.frames.shape[1]),
-                fps=encoded.fps,
+                fps=playback_fps(int(r.frames.shape[0]), self.period_s),
                 gen_ms=gen_ms,
                 batch=r.batch,
                 due_at=due,
                 done_at=done_at,
-                fmp4=encoded.fmp4.data,
-                fmp4_mime=encoded.fmp4.mime,
-                start_s=encoded.fmp4.start_s,
-                duration_s=encoded.fmp4.duration_s,
-                encode_ms=encoded.encode_ms,
+                fmp4=b"",  # the encoder's, when it is done (OutChunk.chunk)
                 steps=r.steps,
             )
             point = None
             if self.recovery_log and not owned.suspend_pending:
                 point = self.engine.recovery_point(r.session_id)
-            self.outbox.put(OutChunk(chunk, point))
+            self.outbox.put(OutChunk(chunk, point, encoded))
+        self._time_encodes()
 
-    def _encode(self, frames: Any, seq: int) -> EncodedChunk:
-        """Both formats of a chunk, once, here: every gateway fans out these bytes as they are.
-        The fragment stands alone (keyframe first, no encoder state kept), so a migration, a
-        recovery or a viewer joining mid-stream needs nothing from earlier chunks."""
-        started = time.perf_counter()
-        count = int(frames.shape[0])
-        fps = playback_fps(count, self.period_s)
-        jpeg = encode_frames(frames, fmt="jpeg", quality=self.jpeg_quality)
-        fragment = encode_chunk(frames, fps, chunk_start_s(seq, count / fps))
-        # bytes travel base64 in the JSON message: 4/3 of their size
-        wire_bytes = (sum(map(len, jpeg)) + len(fragment.data)) * 4 // 3 + WIRE_OVERHEAD_BYTES
-        if wire_bytes > WIRE_BUDGET_BYTES:
-            # Both would not fit one NATS message: the chunk goes out as JPEG alone, as before
-            # there was a fragment, and fMP4 viewers get it as JPEG ("encoding" says so).
-            log.warning(
-                "fragment_left_out",
-                seq=seq,
-                wire_bytes=wire_bytes,
-                limit=WIRE_BUDGET_BYTES,
-                fragment_bytes=len(fragment.data),
-            )
-            fragment = Fragment(
-                data=b"",
-                mime="",
-                start_s=fragment.start_s,
-                duration_s=fragment.duration_s,
-                encode_ms=fragment.encode_ms,
-            )
-        return EncodedChunk(
-            jpeg=jpeg, fmp4=fragment, fps=fps, encode_ms=(time.perf_counter() - started) * 1000.0
-        )
+    def _time_encodes(self) -> None:
+        """The chunk times of the chunks whose encode ended (an encode that failed times
+        nothing: its chunk is not published)."""
+        pending = []
+        for timed in self._timed_encodes:
+            if not timed.encoded.done():
+                pending.append(timed)
+            elif timed.encoded.exception() is None:
+                encode_ms = timed.encoded.result().encode_ms
+                self.chunk_times.add(timed.batch, timed.gen_ms + encode_ms)
+        self._timed_encodes = pending
 
     def _notify(
         self, sid: str, owned: OwnedSession, kind: NoticeKind, next_seq: int, detail: str = ""
@@ -762,6 +760,7 @@ class GenerationLoop:
             prompt_switch_ms=engine.prompt_switch_ms(),
             pass_ends_at=self._pass_ends_at,
             steps=engine.steps,
+            capacity=engine.capacity,
         )
         self._status = status  # one reference swap: readers see the old or the new, whole
 

@@ -43,6 +43,12 @@ class WorkerMetrics:
             "0 while the real compute cannot keep an emulated GPU's pace",
             registry=r,
         )
+        self.chunks_unpublished = Counter(
+            "turboserve_chunks_unpublished",
+            "Chunks made but not published (NATS refused or was away, or over the bound), "
+            "each told to the session's viewers as an unpublished notice",
+            registry=r,
+        )
         self.steps = Gauge(
             "turboserve_worker_steps",
             "Denoising steps per chunk in force: the model's full count, fewer under the "

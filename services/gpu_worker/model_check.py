@@ -4,7 +4,12 @@ One line per component (text encoder, tokenizer, VAE, DiT): what was found, its 
 parameter count and the memory it needs (weights in the worker's dtype, plus the per-session
 state it adds), or what is missing or does not fit. Weights are not loaded: shapes come from
 safetensors headers, configs and memory-mapped ``.pth`` files, and every key is checked against
-the model the worker would build (on the meta device). Exits 1 when a worker could not run it.
+the model the worker would build (on the meta device). Then the video: the resolution the folder
+will run at (``--resolution``, else ``TURBOSERVE_RESOLUTION``, else Wan2.1's 480x832), the most
+bytes a chunk takes at ``TURBOSERVE_VIDEO_BITRATE`` and whether its NATS message fits the
+``max_payload`` (``--max-payload``, else the server's at ``TURBOSERVE_NATS_URL``, else NATS's
+default 1 MiB when no server answers; the line says which). Exits 1 when a worker could not run
+it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.gpu_worker.model.folder import (
     COMPONENTS,
@@ -26,6 +32,9 @@ from services.gpu_worker.model.folder import (
     dit_heads,
     find_components,
 )
+
+if TYPE_CHECKING:
+    from shared.settings import WorkerSettings
 
 BF16 = 2
 _BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
@@ -118,39 +127,188 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     check.add_argument(
         "--resolution",
-        default="480x832",
-        help="video HEIGHTxWIDTH the per-session memory is given for (480x832)",
+        default=None,
+        help="video HEIGHTxWIDTH it runs at (default: TURBOSERVE_RESOLUTION, else 480x832)",
+    )
+    check.add_argument(
+        "--max-payload",
+        type=int,
+        default=None,
+        help="the NATS max_payload (bytes) to check a chunk against (default: the server's at "
+        "TURBOSERVE_NATS_URL, else NATS's default 1 MiB)",
+    )
+    check.add_argument(
+        "--gpu-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="the GPU memory (GiB) the session count is given for; default: this host's "
+        "first GPU, else 80",
     )
     check.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.settings import parse_resolution
+    from shared.settings import SettingsError, WorkerSettings, parse_resolution
 
-    resolution = parse_resolution(args.resolution)
-    if resolution is None:
-        print(
-            f"model check: --resolution {args.resolution!r}: HEIGHTxWIDTH, multiples of 16",
-            file=sys.stderr,
-        )
+    try:
+        settings = WorkerSettings.from_env()
+    except SettingsError as exc:
+        print(f"model check: {exc}", file=sys.stderr)
         return 2
+    given = args.resolution or settings.resolution
+    resolution = parse_resolution(given or DEFAULT_RESOLUTION)
+    if resolution is None:
+        print(f"model check: resolution {given!r}: HEIGHTxWIDTH, multiples of 16", file=sys.stderr)
+        return 2
+    source = (
+        "--resolution"
+        if args.resolution
+        else "TURBOSERVE_RESOLUTION"
+        if settings.resolution
+        else "Wan2.1's, no TURBOSERVE_RESOLUTION set"
+    )
     try:
         folder = find_components(args.folder, args.checkpoint)
     except ModelFolderError as exc:
         print(f"model check: {exc}", file=sys.stderr)
         return 1
-    reports = check(folder, resolution)
+    facts: dict[str, int | None] = {}
+    reports = check(folder, resolution, facts)
     print(f"{folder.root} ({folder.layout} layout)")
     width = max(len(name) for name in COMPONENTS)
     for report in reports:
         print(f"  {report.component:<{width}}  {'ok  ' if report.ok else 'FAIL'}  {report.text}")
-    ok = all(r.ok for r in reports)
+    video = video_report(settings, resolution, source, args.max_payload)
+    print(f"  {video.component:<{width}}  {'ok  ' if video.ok else 'FAIL'}  {video.text}")
+    ok = all(r.ok for r in reports) and video.ok
+    if ok:
+        gpu = gpu_bytes(args.gpu_memory)
+        for line in memory_lines(facts, gpu, resolution):
+            print(f"  {line}")
     print("a worker can run this model" if ok else "a worker could not run this model")
     return 0 if ok else 1
 
 
-def check(folder: ModelFolder, resolution: tuple[int, int]) -> list[Report]:
-    facts: dict[str, int | None] = {}
+DEFAULT_RESOLUTION = "480x832"  # Wan2.1's: what a loaded model runs at with none set
+
+
+def video_report(
+    settings: WorkerSettings,
+    resolution: tuple[int, int],
+    source: str,
+    max_payload: int | None,
+) -> Report:
+    """The video a worker would send of this folder: its size, a chunk's bound at the
+    bitrate, and whether its message fits NATS's max_payload."""
+    from services.gpu_worker.encoder import chunk_duration_s
+    from services.gpu_worker.model.config import get_preset
+    from shared.settings import DEFAULT_CHUNK_PERIOD_S
+    from shared.video import chunk_bytes_limit, chunk_wire_bytes
+
+    frames = get_preset("wan-1.3b").video_frames_per_chunk
+    period = DEFAULT_CHUNK_PERIOD_S if settings.chunk_period_s is None else settings.chunk_period_s
+    duration = chunk_duration_s(frames, period)
+    if max_payload is not None:
+        limit, where = max_payload, "--max-payload"
+    else:
+        limit, where = server_max_payload(settings.nats_url)
+    bitrate = settings.video_bitrate
+    wire = chunk_wire_bytes(bitrate, duration)
+    fits = wire <= limit
+    text = (
+        f"{resolution[0]}x{resolution[1]} ({source}), {frames} frames per {duration:g} s chunk: "
+        f"at most {human_bytes(chunk_bytes_limit(bitrate, duration))} of H.264 at "
+        f"TURBOSERVE_VIDEO_BITRATE={bitrate}, {wire} bytes on NATS; "
+        f"{'fits' if fits else 'does NOT fit'} max_payload {limit} ({where})"
+    )
+    return Report("video", fits, text)
+
+
+def server_max_payload(url: str) -> tuple[int, str]:
+    """The max_payload of the NATS server at ``url`` and where the figure comes from: the
+    server, or NATS's default when none answers (within two seconds)."""
+    import asyncio
+
+    from shared.settings import mask_url
+    from shared.video import NATS_DEFAULT_MAX_PAYLOAD
+
+    async def quiet(_: Exception) -> None:
+        return None
+
+    async def ask() -> int:
+        import nats
+
+        nc = await nats.connect(
+            url,
+            connect_timeout=2,
+            max_reconnect_attempts=0,
+            allow_reconnect=False,
+            error_cb=quiet,
+        )
+        try:
+            return int(nc.max_payload)
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(asyncio.wait_for(ask(), 5)), f"the server at {mask_url(url)}"
+    except Exception:  # noqa: BLE001 - no server: the default, said so
+        return NATS_DEFAULT_MAX_PAYLOAD, f"NATS's default: no server answered at {mask_url(url)}"
+
+
+def gpu_bytes(gib: float | None) -> tuple[int, str]:
+    """The GPU memory the session count is given for, and where that figure comes from."""
+    if gib is not None:
+        return int(gib * (1 << 30)), "--gpu-memory"
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return int(props.total_memory), props.name
+    return 80 << 30, "no GPU here: an 80 GiB card"
+
+
+def memory_lines(
+    facts: dict[str, int | None], gpu: tuple[int, str], resolution: tuple[int, int]
+) -> list[str]:
+    """What one slot takes and the sessions per GPU the worker's memory budget gives
+    (``engine/memory.py``), with the decode's peak estimated (a worker measures it at start)."""
+    from services.gpu_worker.engine.memory import (
+        MemoryBudget,
+        MemoryBudgetExceeded,
+        estimated_decode_peak,
+        plan,
+    )
+
+    total, source = gpu
+    slot, weights = facts.get("slot_bytes") or 0, facts.get("weights_bytes") or 0
+    peak = estimated_decode_peak(facts.get("decoder_bytes") or 0, facts.get("frame_bytes") or 0)
+    lines = [
+        f"memory: one slot {human_bytes(slot)} at {resolution[0]}x{resolution[1]} (KV, "
+        f"cross-attention, latents, VAE cache, chunk in progress); weights "
+        f"{human_bytes(weights)} in bf16; a decode's peak about {human_bytes(peak)} (estimated)"
+    ]
+    for decodes in (None, 1):
+        budget = MemoryBudget(
+            f"a {human_bytes(total)} GPU", total - weights, slot, peak, False, decodes
+        )
+        try:
+            sessions = plan(budget, None, 256).sessions
+        except MemoryBudgetExceeded:
+            sessions = 0
+        bound = "every chunk decoded in its pass" if decodes is None else "one decode a pass"
+        lines.append(
+            f"sessions per GPU: {sessions} on {human_bytes(total)} ({source}), {bound} "
+            "(TURBOSERVE_MAX_DECODES_PER_PASS)"
+        )
+    return lines
+
+
+def check(
+    folder: ModelFolder, resolution: tuple[int, int], facts: dict[str, int | None] | None = None
+) -> list[Report]:
+    facts = {} if facts is None else facts
     checks: dict[str, Callable[[Component, dict[str, int | None], tuple[int, int]], str]] = {
         "text encoder": _text_encoder,
         "tokenizer": _tokenizer,
@@ -195,7 +353,8 @@ def _text_encoder(part: Component, facts: dict[str, int | None], _: tuple[int, i
     else:
         config = UMT5Config.from_pretrained(str(part.path))
     facts["text_dim"] = int(config.d_model)
-    weights = _weights(weight_files(part))[0]
+    weights, params = _weights(weight_files(part))
+    facts["weights_bytes"] = (facts.get("weights_bytes") or 0) + params * BF16
     return (
         f"{_where(part)}: umT5 encoder, d_model {config.d_model}, {config.num_layers} "
         f"layers, {weights}"
@@ -226,7 +385,9 @@ def _vae(part: Component, facts: dict[str, int | None], resolution: tuple[int, i
     facts["z_dim"] = int(z_dim)
     latent = (resolution[0] // 8, resolution[1] // 8)
     cache = cache_layout(vae, latent).numel * BF16
-    weights, _ = _weights(weight_files(part))
+    facts["decoder_numel"] = cache_layout(vae, latent).numel
+    weights, params = _weights(weight_files(part))
+    facts["weights_bytes"] = (facts.get("weights_bytes") or 0) + params * BF16
     return (
         f"{_where(part)}: AutoencoderKLWan z_dim {z_dim}, base {base_dim}, "
         f"{weights}; decoder cache {human_bytes(cache)} per session at "
@@ -269,7 +430,13 @@ def _dit(part: Component, facts: dict[str, int | None], resolution: tuple[int, i
         raise ValueError("; ".join(problems))
     with torch.device("meta"):
         pool = SlotPool(config, 1, torch.device("meta"), torch.bfloat16, 0)
+        decoder = int(facts.get("decoder_numel") or 0)
+        whole = SlotPool(config, 0, torch.device("meta"), torch.bfloat16, decoder)
     params = sum(math.prod(t.shape) for t in tensors.values())
+    facts["slot_bytes"] = whole.memory_per_slot
+    facts["decoder_bytes"] = decoder * BF16
+    facts["frame_bytes"] = config.video_frames_per_chunk * config.height * config.width * 3 * 4
+    facts["weights_bytes"] = (facts.get("weights_bytes") or 0) + params * BF16
     dtypes = "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()}))
     return (
         f"{_where(part)}: dim {config.dim}, {config.num_layers} layers, {config.num_heads} "

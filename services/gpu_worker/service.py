@@ -28,9 +28,16 @@ from nats.errors import Error as NatsError
 from redis.exceptions import RedisError
 
 from services.gpu_worker import telemetry
-from services.gpu_worker.engine import Engine, EngineConfig, StepFloorAboveFull
+from services.gpu_worker.encoder import ChunkEncoder, chunk_duration_s, default_threads
+from services.gpu_worker.engine import (
+    Engine,
+    EngineConfig,
+    MemoryBudgetExceeded,
+    StepFloorAboveFull,
+)
 from services.gpu_worker.engine.prompts import PromptEncoder
 from services.gpu_worker.engine_host import EngineHost
+from services.gpu_worker.fmp4 import FragmentTooLarge
 from services.gpu_worker.generation import GenerationLoop, SessionFacts
 from services.gpu_worker.handoff.endpoint import HandoffEndpoint
 from services.gpu_worker.inbox import CommandInbox, Control
@@ -51,10 +58,13 @@ from shared.settings import (
 )
 from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
+from shared.video import ChunkRetention, PayloadTooSmall, check_payload
 from shared.wire import (
     WORKER_WIDE_COMMANDS,
+    Chunk,
     CommandReply,
     Heartbeat,
+    NoticeKind,
     ProvisionerEvent,
     SessionNotice,
     WorkerCmdKind,
@@ -146,10 +156,21 @@ class Publisher:
     latest unrecorded chunk of a session is recorded (a record says "up to this seq"), so a
     Redis that stalls delays the records, never the chunks. The record is fenced by (owner,
     epoch): a worker whose session moved on learns it there, publishes nothing more of that
-    session at that epoch, and tells the generation thread to drop it."""
+    session at that epoch, and tells the generation thread to drop it.
+
+    Nothing is dropped in silence: a chunk that cannot go out (its encode failed its bound,
+    NATS refused it or is away) is counted (``on_unpublished``) and told to the session's
+    viewers by an ``unpublished`` notice, and the session goes on at the next seq. A notice
+    that cannot go out either is kept, and sent before anything else once NATS takes
+    messages again."""
 
     def __init__(
-        self, ctx: ServiceContext, worker_id: str, outbox: Outbox, fence: Callable[[str, int], None]
+        self,
+        ctx: ServiceContext,
+        worker_id: str,
+        outbox: Outbox,
+        fence: Callable[[str, int], None],
+        on_unpublished: Callable[[], None] = lambda: None,
     ) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
@@ -163,6 +184,9 @@ class Publisher:
         self._to_record = asyncio.Event()
         self._fenced: dict[str, int] = {}  # session -> the epoch the registry refused
         self._releases: set[asyncio.Task[None]] = set()
+        self._owed: deque[SessionNotice] = deque()  # notices NATS did not take, in order
+        self.on_unpublished = on_unpublished
+        self.unpublished = 0
         outbox.on_put = self._wake
 
     def _wake(self) -> None:
@@ -184,6 +208,7 @@ class Publisher:
 
     async def publish_queued(self) -> None:
         async with self._publishing:
+            await self._send_owed()
             for item in self.outbox.take():
                 await self._publish(item)
 
@@ -206,6 +231,7 @@ class Publisher:
                 for data in list(chunks):
                     await self.ctx.nc.publish(self.ctx.subjects.chunks(sid), data)
                     count += 1
+            await self._send_owed()
         log.info("chunks_republished", chunks=count, sessions=len(self._recent))
 
     def _is_fenced(self, session_id: str, epoch: int) -> bool:
@@ -214,16 +240,31 @@ class Publisher:
 
     async def _publish(self, item: Outgoing) -> None:
         if isinstance(item, OutChunk):
-            chunk = item.chunk
-            sid = chunk.session_id
-            if self._is_fenced(sid, chunk.epoch):
+            head = item.head
+            sid = head.session_id
+            if item.encoded is not None:
+                with contextlib.suppress(Exception):  # an encode that failed: below
+                    await asyncio.wrap_future(item.encoded)
+            if self._is_fenced(sid, head.epoch):
+                return
+            try:
+                chunk = item.chunk
+            except FragmentTooLarge as exc:
+                await self._unpublished(head, f"not encoded within its bound: {exc}")
+                return
+            except Exception as exc:  # noqa: BLE001 - one chunk's encode, never the service
+                await self._unpublished(head, f"not encoded: {exc!r}")
                 return
             data = encode(chunk)
             # Kept first: a chunk NATS would not take now goes out again after reconnection.
             self._recent.setdefault(sid, deque(maxlen=RECENT_CHUNKS)).append(data)
-            if await self._send(sid, data, seq=chunk.seq):
+            refused = await self._refused(sid, data, seq=chunk.seq, wire_bytes=len(data))
+            if refused is None:
                 self._unrecorded[sid] = item
                 self._to_record.set()
+            else:
+                self._recent[sid].pop()  # told as unpublished: not sent again after all
+                await self._unpublished(head, f"NATS refused it: {refused!r}")
         elif isinstance(item, SessionNotice):
             if self._is_fenced(item.session_id, item.epoch) or not await self._owns(item):
                 return
@@ -241,12 +282,49 @@ class Publisher:
     async def _send(self, session_id: str, data: bytes, **what: object) -> bool:
         """Publish on the session's chunk subject; False (logged) when NATS refuses it now
         (reconnecting, its buffer full): the publisher goes on with the next item."""
+        return await self._refused(session_id, data, **what) is None
+
+    async def _refused(self, session_id: str, data: bytes, **what: object) -> NatsError | None:
+        """Publish on the session's chunk subject; what NATS refused it with (logged), or
+        None when it took it."""
         try:
             await self.ctx.nc.publish(self.ctx.subjects.chunks(session_id), data)
         except NatsError as exc:
             log.warning("not_published", session_id=session_id, error=repr(exc), **what)
-            return False
-        return True
+            return exc
+        return None
+
+    async def _unpublished(self, chunk: Chunk, reason: str) -> None:
+        """A chunk that did not go out: counted, and its viewers told (now, or once NATS takes
+        the notice); the session goes on at the next seq."""
+        self.unpublished += 1
+        self.on_unpublished()
+        log.warning("chunk_unpublished", session_id=chunk.session_id, seq=chunk.seq, reason=reason)
+        self._owed.append(
+            SessionNotice(
+                session_id=chunk.session_id,
+                kind=NoticeKind.UNPUBLISHED,
+                worker_id=self.worker_id,
+                epoch=chunk.epoch,
+                next_seq=chunk.seq + 1,
+                detail=f"chunk {chunk.seq} was not published ({reason})",
+            )
+        )
+        await self._send_owed()
+
+    async def _send_owed(self) -> None:
+        """The notices NATS did not take, oldest first, until one is refused again. Kept while
+        the connection is down: what the client buffers then goes out at the reconnection,
+        before the streams (lost with a restarted server's memory) are declared again, and
+        would reach no viewer; the reconnection's hook sends them after."""
+        while self._owed and self.ctx.nc.is_connected:
+            notice = self._owed[0]
+            if self._is_fenced(notice.session_id, notice.epoch):
+                self._owed.popleft()
+                continue
+            if not await self._send(notice.session_id, encode(notice), notice=str(notice.kind)):
+                return
+            self._owed.popleft()
 
     async def _record(self, item: OutChunk) -> None:
         chunk = item.chunk
@@ -314,6 +392,7 @@ class WorkerService:
         self.inbox = CommandInbox()
         self.generation: GenerationLoop | None = None
         self.publisher: Publisher | None = None
+        self.encoder: ChunkEncoder | None = None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._thread_done: asyncio.Future[None] | None = None
@@ -326,7 +405,7 @@ class WorkerService:
     async def start(self, ctx: ServiceContext) -> None:
         loop = asyncio.get_running_loop()
         self.ctx = ctx
-        await ensure_streams(ctx.js, ctx.subjects)
+        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
         self.ops = await start_ops(
             ctx,
             self.metrics.registry,
@@ -337,7 +416,13 @@ class WorkerService:
         config = EngineConfig(
             preset=self.settings.preset,
             device=self.settings.device,
-            max_sessions=self.pace.slots,
+            # Unset and not emulating: as many as the memory budget gives.
+            max_sessions=(
+                None
+                if self.settings.max_sessions is None and self.pace.emulated is None
+                else self.pace.slots
+            ),
+            max_decodes_per_pass=self.settings.max_decodes_per_pass,
             seed=self.settings.seed,
             checkpoint=self.settings.checkpoint,
             model=self.settings.model,
@@ -350,6 +435,8 @@ class WorkerService:
         )
         try:
             engine = await asyncio.to_thread(Engine, config)
+        except MemoryBudgetExceeded as exc:
+            raise SettingsError([f"TURBOSERVE_MAX_SESSIONS: {exc}"]) from None
         except StepFloorAboveFull as exc:
             raise SettingsError(
                 [
@@ -369,6 +456,28 @@ class WorkerService:
             min_steps=engine.min_steps,
             **engine.sources,
         )
+        # A chunk must fit one message of this server: refused now, not chunk after chunk.
+        frames = engine.model_config.video_frames_per_chunk
+        try:
+            wire_bytes = check_payload(
+                self.settings.video_bitrate,
+                chunk_duration_s(frames, self.pace.period_s),
+                ctx.nc.max_payload,
+            )
+        except PayloadTooSmall as exc:
+            raise SettingsError([str(exc)]) from None
+        log.info(
+            "chunk_bound",
+            video_bitrate=self.settings.video_bitrate,
+            chunk_wire_bytes=wire_bytes,
+            max_payload=ctx.nc.max_payload,
+            resolution=f"{engine.model_config.height}x{engine.model_config.width}",
+        )
+        self.encoder = ChunkEncoder(
+            self.settings.encode_threads or default_threads(engine.capacity),
+            bitrate=self.settings.video_bitrate,
+            period_s=self.pace.period_s,
+        )
         self.capacity, self.state_bytes = engine.capacity, engine.state_bytes
         self.full_steps, self.min_steps = engine.full_steps, engine.min_steps
         self.device, self.prompts = torch.device(engine.device), engine.prompts
@@ -378,13 +487,17 @@ class WorkerService:
             worker_id=self.worker_id,
             period_s=self.pace.period_s,
             lead_s=self.pace.lead_s,
-            jpeg_quality=self.settings.jpeg_quality,
+            encoder=self.encoder,
             pass_floor_ms=self.pace.pass_floor_ms if self.pace.emulated else None,
             on_chunk=self.metrics.lateness.observe,
             recovery_log=self.settings.recovery_log,
         )
         self.publisher = Publisher(
-            ctx, self.worker_id, self.generation.outbox, self.generation.fence
+            ctx,
+            self.worker_id,
+            self.generation.outbox,
+            self.generation.fence,
+            on_unpublished=self.metrics.chunks_unpublished.inc,
         )
         ctx.reconnect_hooks.append(self.publisher.republish)  # after the streams are declared again
         ctx.spawn(self.publisher.publish_forever(), name="worker-publish")
@@ -406,6 +519,7 @@ class WorkerService:
             capacity=engine.capacity,
             layout=engine.layout,
             registry=ctx.registry,
+            reservations=engine.reservations,
         )
         del engine  # from here on the generation thread's alone
         self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)
@@ -433,6 +547,8 @@ class WorkerService:
         self.inbox.close()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
+        if self.encoder is not None:  # the chunks handed to the encoders are encoded
+            await asyncio.to_thread(self.encoder.close)
         if self.publisher is not None:  # what the generation thread made last goes out
             await self.publisher.publish_queued()
             await self.publisher.record_queued()
@@ -667,7 +783,7 @@ class WorkerService:
         assert ctx is not None
         device = self._telemetry()
         loop_status = self.generation.status() if self.generation is not None else None
-        capacity = self.capacity
+        capacity = loop_status.capacity if loop_status and loop_status.capacity else self.capacity
         chunk_ms = dict(loop_status.chunk_ms) if loop_status else {}
         pass_ms = dict(loop_status.pass_ms) if loop_status else {}
         sessions = loop_status.sessions if loop_status else ()
@@ -695,6 +811,7 @@ class WorkerService:
             handoff_addr=handoff_addr,
             steps=loop_status.steps if loop_status else 0,
             full_steps=self.full_steps,
+            chunks_unpublished=self.publisher.unpublished if self.publisher else 0,
         )
         self._observe(record)
         beat = Heartbeat(
@@ -724,6 +841,7 @@ class WorkerService:
             steps=record.steps,
             full_steps=self.full_steps,
             min_steps=self.min_steps,
+            chunks_unpublished=record.chunks_unpublished,
         )
         # NATS first: the scheduler hears a worker whose Redis writes fail (Redis restarting).
         await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))

@@ -29,6 +29,7 @@ from shared.profile import LatencyProfile, ProfileError
 from shared.runner import ServiceContext
 from shared.settings import SchedulerSettings, SettingsError
 from shared.streams import ensure_streams
+from shared.video import ChunkRetention
 
 log = get_logger("turboserve.scheduler")
 
@@ -67,7 +68,7 @@ class SchedulerService:
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
-        await ensure_streams(ctx.js, ctx.subjects)
+        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
         self._election = LeaderElection(
             ctx.redis, ctx.registry.ns, self.settings.scheduler_id, self.settings.leader_ttl_s
         )

@@ -61,7 +61,10 @@ async def read_sse(resp: aiohttp.ClientResponse, want: int, timeout: float = 90.
             if line.startswith(":"):
                 continue
             field, _, value = line.partition(":")
-            current[field] = value.lstrip(" ")
+            value = value.removeprefix(" ")
+            if field == "data" and "data" in current:  # an event's lines, joined as SSE says
+                value = current["data"] + "\n" + value
+            current[field] = value
     return events
 
 

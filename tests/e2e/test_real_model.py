@@ -42,7 +42,10 @@ class Stream:
             line = raw.decode().rstrip("\n")
             if line:
                 field, _, value = line.partition(":")
-                event[field] = value.lstrip(" ")
+                value = value.removeprefix(" ")
+                if field == "data" and "data" in event:  # an event's lines, joined
+                    value = event["data"] + "\n" + value
+                event[field] = value
                 continue
             if event.get("event") == "chunk":
                 data = orjson.loads(event["data"])

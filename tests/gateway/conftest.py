@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
-from PIL import Image
 
 from services.gateway.service import GatewayService
 from services.gateway.store import GatewayStore
+from services.gpu_worker.fmp4 import Fragment, chunk_start_s, encode_chunk
 from shared.runner import ServiceContext, running
 from shared.settings import GatewaySettings
 from shared.wire import Chunk, NoticeKind, SessionNotice, StreamEnd, Subjects, encode
@@ -89,10 +90,19 @@ async def create(http: aiohttp.ClientSession, key: str = API_KEY, **body: Any) -
     return await resp.json()
 
 
-def jpeg(width: int = 16, height: int = 16, shade: int = 128) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (width, height), (shade, 64, 200)).save(out, format="JPEG")
-    return out.getvalue()
+def picture(width: int = 16, height: int = 16, shade: int = 128) -> np.ndarray:
+    """One frame of a flat colour (RGB ``[H, W, 3]``)."""
+    frame = np.empty((height, width, 3), np.uint8)
+    frame[:] = (shade, 64, 200)
+    return frame
+
+
+@functools.lru_cache(maxsize=256)
+def fragment(width: int, height: int, shade: int, frames: int, seq: int = 0) -> Fragment:
+    """A chunk's fragment as a worker encodes it: ``frames`` frames of one picture (cached:
+    the same picture encodes to the same bytes)."""
+    stack = np.stack([picture(width, height, shade)] * frames)
+    return encode_chunk(stack, 16.0, chunk_start_s(seq, frames / 16.0))
 
 
 class FakeWorker:
@@ -111,24 +121,31 @@ class FakeWorker:
         late_s: float = 0.0,
         frames: int = 2,
         epoch: int = 1,
-        frame: bytes | None = None,
+        width: int = 16,
+        height: int = 16,
+        shade: int | None = None,
+        fmp4: bytes | None = None,
     ) -> None:
+        """A chunk of ``frames`` frames of a flat picture (``shade``: default from the seq), or
+        of the fragment ``fmp4`` as given."""
         now = time.time()
-        frame = jpeg(shade=seq % 255) if frame is None else frame
+        made = fragment(width, height, seq % 255 if shade is None else shade, frames)
         msg = Chunk(
             session_id=session_id,
             seq=seq,
             worker_id=self.worker_id,
             epoch=epoch,
-            encoding="jpeg",
-            frames=[frame] * frames,
-            width=16,
-            height=16,
+            width=width,
+            height=height,
             fps=16.0,
             gen_ms=12.5,
             batch=1,
             due_at=now - late_s,
             done_at=now,
+            fmp4=made.data if fmp4 is None else fmp4,
+            fmp4_mime=made.mime,
+            start_s=seq * made.duration_s,
+            duration_s=made.duration_s,
         )
         await self.nc.publish(self.subjects.chunks(session_id), encode(msg))
 
@@ -185,5 +202,8 @@ async def read_sse(
             if line.startswith(":"):
                 continue
             field, _, value = line.partition(":")
-            current[field] = value.lstrip(" ")
+            value = value.removeprefix(" ")
+            if field == "data" and "data" in current:  # an event's lines, joined as SSE says
+                value = current["data"] + "\n" + value
+            current[field] = value
     return events

@@ -5,6 +5,7 @@ from the first it gets, wherever it joined. ``?format=jpeg`` stays the default."
 from __future__ import annotations
 
 import base64
+import io
 import struct
 import time
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from services.gpu_worker.fmp4 import chunk_start_s, decode_fragment, encode_chunk
 from shared.wire import Chunk, encode
 from tests.eventually import eventually
-from tests.gateway.conftest import bearer, create, jpeg, read_sse
+from tests.gateway.conftest import bearer, create, read_sse
 
 pytestmark = pytest.mark.integration
 
@@ -32,31 +33,25 @@ def _frames(seq: int, count: int) -> np.ndarray:
     )
 
 
-async def publish(worker, sid: str, seq: int, *, fragment: bool = True, registry=None) -> None:
-    """What a worker publishes: both forms of one chunk (9 frames first, 12 after, as Wan);
-    with ``registry``, then records its progress as a worker does (a new viewer's live edge)."""
+async def publish(worker, sid: str, seq: int, *, registry=None) -> None:
+    """What a worker publishes: one chunk's fragment (9 frames first, 12 after, as Wan); with
+    ``registry``, then records its progress as a worker does (a new viewer's live edge)."""
     count = 9 if seq == 0 else 12
     fps = count / PERIOD_S
     encoded = encode_chunk(_frames(seq, count), fps, chunk_start_s(seq, PERIOD_S))
     now = time.time()
-    fragment_fields: dict[str, Any] = (
-        {
-            "fmp4": encoded.data,
-            "fmp4_mime": encoded.mime,
-            "start_s": encoded.start_s,
-            "duration_s": encoded.duration_s,
-            "encode_ms": encoded.encode_ms,
-        }
-        if fragment
-        else {}
-    )
+    fragment_fields: dict[str, Any] = {
+        "fmp4": encoded.data,
+        "fmp4_mime": encoded.mime,
+        "start_s": encoded.start_s,
+        "duration_s": encoded.duration_s,
+        "encode_ms": encoded.encode_ms,
+    }
     msg = Chunk(
         session_id=sid,
         seq=seq,
         worker_id=worker.worker_id,
         epoch=1,
-        encoding="jpeg",
-        frames=[jpeg(WIDTH, HEIGHT)] * count,
         width=WIDTH,
         height=HEIGHT,
         fps=fps,
@@ -165,23 +160,44 @@ async def _claimed(gw, sid: str, worker):
     return gw.ctx.registry
 
 
-async def test_jpeg_stays_the_default_and_a_chunk_without_a_fragment_goes_out_as_jpeg(
+async def test_jpeg_stays_the_default_made_here_once_per_chunk_for_all_its_jpeg_viewers(
     http, gw, worker
 ):
+    """The wire carries the fragment alone: JPEG viewers get frames this gateway decodes from
+    it, once per chunk however many watch, and nothing is decoded for fMP4 viewers."""
+    from PIL import Image
+
     s = await create(http)
     sid = s["id"]
-    async with (
-        http.get(s["stream_url"], headers=bearer(s["token"])) as plain,
-        http.get(s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])) as video,
-    ):
-        await eventually(lambda: _viewers(gw, sid, 2))
+    jpegs = gw.gateway.hub.jpegs
+    async with http.get(
+        s["stream_url"], params={"format": "fmp4"}, headers=bearer(s["token"])
+    ) as video:
+        await eventually(lambda: _viewers(gw, sid, 1))
+        made = jpegs.made
         await publish(worker, sid, 0)
-        await publish(worker, sid, 1, fragment=False)
-        plain_events = [orjson.loads(e["data"]) for e in await read_sse(plain, want=2)]
-        video_events = [orjson.loads(e["data"]) for e in await read_sse(video, want=2)]
-    assert [c["encoding"] for c in plain_events] == ["jpeg/base64"] * 2
-    assert len(plain_events[0]["frames"]) == 9 and "fragment" not in plain_events[0]
-    assert [c["encoding"] for c in video_events] == ["fmp4/base64", "jpeg/base64"]
+        assert [orjson.loads(e["data"])["seq"] for e in await read_sse(video, want=1)] == [0]
+        assert jpegs.made == made  # nobody watches JPEG: nothing decoded
+        async with (
+            http.get(s["stream_url"], headers=bearer(s["token"])) as plain,
+            http.get(s["stream_url"], params={"format": "jpeg"}, headers=bearer(s["token"])) as ws,
+        ):
+            await eventually(lambda: _viewers(gw, sid, 3))
+            for seq in (1, 2):
+                await publish(worker, sid, seq)
+            # The newest chunk (0, from the feed's ring: decoded on demand) then the live ones.
+            plain_events = [orjson.loads(e["data"]) for e in await read_sse(plain, want=3)]
+            other_events = [orjson.loads(e["data"]) for e in await read_sse(ws, want=3)]
+            video_events = [orjson.loads(e["data"]) for e in await read_sse(video, want=2)]
+    assert [c["seq"] for c in plain_events] == [0, 1, 2] == [c["seq"] for c in other_events]
+    assert [c["encoding"] for c in plain_events] == ["jpeg/base64"] * 3
+    assert [c["encoding"] for c in video_events] == ["fmp4/base64"] * 2
+    assert jpegs.made == made + 3  # three chunks, two JPEG viewers: each chunk decoded once
+    first = plain_events[1]
+    assert len(first["frames"]) == 12 and "fragment" not in first
+    image = Image.open(io.BytesIO(base64.b64decode(first["frames"][0])))
+    assert image.format == "JPEG" and image.size == (WIDTH, HEIGHT)
+    assert np.abs(np.asarray(image).astype(int) - _frames(1, 1)[0].astype(int)).mean() < 20
 
 
 async def test_a_bad_format_is_refused_with_a_stable_code(http, gw):

@@ -10,7 +10,8 @@ import pytest
 
 from services.gateway.chunkview import ChunkView
 from services.gateway.formats import StreamFormat
-from services.gateway.sse import chunk_event
+from services.gateway.jpegs import JpegFrames
+from services.gateway.sse import fragment_event, jpeg_event
 from services.gateway.ws import fragment_message, frames_message
 from shared.wire import Chunk, decode, encode
 
@@ -21,8 +22,6 @@ def _chunk(steps: int) -> Chunk:
         seq=4,
         worker_id="w",
         epoch=1,
-        encoding="jpeg",
-        frames=[b"\xff\xd8a"],
         width=4,
         height=2,
         fps=16.0,
@@ -41,7 +40,12 @@ def _view(steps: int) -> ChunkView:
 
 
 def _sse(view: ChunkView, fmt: StreamFormat) -> dict:
-    return orjson.loads(chunk_event(view, fmt).split(b"data: ", 1)[1])["timing"]
+    if fmt is StreamFormat.FMP4:
+        event = fragment_event(view)
+    else:
+        event = jpeg_event(view, JpegFrames([b"\xff\xd8a"]))
+    lines = [line[6:] for line in event.split(b"\n") if line.startswith(b"data: ")]
+    return orjson.loads(b"\n".join(lines))["timing"]
 
 
 def _ws(message: bytes) -> dict:
@@ -55,7 +59,7 @@ def test_timing_carries_the_chunks_steps_everywhere(steps):
     timings = [
         _sse(view, StreamFormat.JPEG),
         _sse(view, StreamFormat.FMP4),
-        _ws(frames_message(view)),
+        _ws(frames_message(view, JpegFrames([b"\xff\xd8a"]))),
         _ws(fragment_message(view)),
     ]
     assert [t["steps"] for t in timings] == [steps] * 4

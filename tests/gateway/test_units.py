@@ -14,10 +14,11 @@ import structlog
 from services.gateway import errors
 from services.gateway.admission import judge_pool
 from services.gateway.auth import KeyRing, digest, new_session_token
-from services.gateway.chunkview import ChunkView, FeedMsg, frames_fault
+from services.gateway.chunkview import ChunkView, FeedMsg, fragment_fault
 from services.gateway.cluster import merge_latency, worker_load
 from services.gateway.feeds import End, Entry, Lag, Viewer
-from services.gateway.sse import chunk_event
+from services.gateway.jpegs import JpegFrames
+from services.gateway.sse import fragment_event, jpeg_event
 from services.gateway.ws import frames_message
 from shared.registry import PoolLimits, WorkerRecord
 from shared.settings import GatewaySettings, SettingsError
@@ -128,14 +129,12 @@ def test_429_carries_retry_after_in_whole_seconds():
     assert errors.RateLimited("x", retry_after_s=0.01).response().headers["Retry-After"] == "1"
 
 
-def wire_chunk(seq: int, frames: list[bytes] | None = None, epoch: int = 1) -> Chunk:
+def wire_chunk(seq: int, fmp4: bytes = b"\x00\x00\x00\x18ftyp", epoch: int = 1) -> Chunk:
     return Chunk(
         session_id="s",
         seq=seq,
         worker_id="w",
         epoch=epoch,
-        encoding="jpeg",
-        frames=frames or [b"\xff\xd8a", b"\xff\xd8bc"],
         width=4,
         height=2,
         fps=16.0,
@@ -143,30 +142,42 @@ def wire_chunk(seq: int, frames: list[bytes] | None = None, epoch: int = 1) -> C
         batch=1,
         due_at=10.0,
         done_at=10.5,
+        fmp4=fmp4,
     )
 
 
-def chunk(seq: int, frames: list[bytes] | None = None, epoch: int = 1) -> ChunkView:
+def chunk(seq: int, fmp4: bytes = b"\x00\x00\x00\x18ftyp", epoch: int = 1) -> ChunkView:
     """A chunk as the gateway reads it off the wire."""
-    return decode("s.chunks", encode(wire_chunk(seq, frames, epoch)), ChunkView)
+    return decode("s.chunks", encode(wire_chunk(seq, fmp4, epoch)), ChunkView)
 
 
-def test_chunk_view_is_the_wires_chunk_with_frames_kept_as_text():
+def sse_data(event: bytes) -> dict:
+    """An SSE event's data, its ``data:`` lines joined as a client joins them."""
+    lines = [
+        line.removeprefix(b"data: ") for line in event.split(b"\n") if line.startswith(b"data: ")
+    ]
+    return orjson.loads(b"\n".join(lines))
+
+
+def test_chunk_view_is_the_wires_chunk_with_its_fragment_kept_as_text():
     wire = {f.name: f.type for f in msgspec.structs.fields(Chunk)}
     view = {f.name: f.type for f in msgspec.structs.fields(ChunkView)}
-    assert view.pop("frames") is msgspec.Raw and wire.pop("frames") == list[bytes]
     assert view.pop("fmp4") is msgspec.Raw and wire.pop("fmp4") is bytes
     assert view == wire
     assert ChunkView.__struct_config__.tag == Chunk.__struct_config__.tag
-    original = wire_chunk(3, [b"\xff\xd8one", b"two"])
-    view_of = chunk(3, [b"\xff\xd8one", b"two"])
+    original = wire_chunk(3, b"\x00fragment")
+    view_of = chunk(3, b"\x00fragment")
     for f in msgspec.structs.fields(Chunk):
-        if f.name not in ("frames", "fmp4"):
+        if f.name != "fmp4":
             assert getattr(view_of, f.name) == getattr(original, f.name), f.name
-    assert view_of.frame_bytes() == original.frames
-    data = orjson.loads(chunk_event(view_of).split(b"data: ", 1)[1])
-    assert [base64.b64decode(x) for x in data["frames"]] == original.frames
+    assert view_of.fragment_bytes() == original.fmp4
+    data = sse_data(fragment_event(view_of))
+    assert base64.b64decode(data["fragment"]) == original.fmp4
     assert data["timing"]["latency_ms"] == 500.0 and data["seq"] == 3
+    frames = [b"\xff\xd8one", b"two"]
+    data = sse_data(jpeg_event(view_of, JpegFrames(frames)))
+    assert [base64.b64decode(x) for x in data["frames"]] == frames
+    assert data["encoding"] == "jpeg/base64" and data["seq"] == 3
     # a malformed message on the subject is dropped, never raised
     assert (
         decode_or_drop("s.chunks", b'{"type":"chunk","seq":"x"}', FeedMsg, structlog.get_logger())
@@ -253,7 +264,7 @@ def test_history_asked_for_is_delivered_whole_before_the_bound_applies():
 
 def test_websocket_chunk_framing():
     frames = [b"\xff\xd8one", b"\xff\xd8second"]
-    data = frames_message(chunk(7, frames))
+    data = frames_message(chunk(7), JpegFrames(frames))
     (n,) = struct.unpack(">I", data[:4])
     header = orjson.loads(data[4 : 4 + n])
     assert header["type"] == "chunk" and header["seq"] == 7 and header["frame_sizes"] == [5, 8]
@@ -271,9 +282,35 @@ def test_worker_load_and_latency_merge():
     assert merge_latency({"a": [(1, 5.0), (2, 1.0)], "b": [(2, 7.0)]}) == [[1, 5.0], [2, 7.0]]
 
 
-def test_frames_are_relayed_only_in_the_wires_compact_form():
-    good = msgspec.json.encode([b"\xff\xd8a", b"b"])
-    assert frames_fault(msgspec.Raw(good)) is None
-    assert "line break" in frames_fault(msgspec.Raw(good.replace(b"[", b"[\n")))
-    assert frames_fault(msgspec.Raw(b'"QUJD"')) is not None  # not a list
-    assert frames_fault(msgspec.Raw(b'["not base64!"]')) is not None
+def test_a_fragment_is_relayed_only_in_the_wires_compact_form():
+    good = msgspec.json.encode(b"\x00\x00\x00\x18ftyp")
+    assert fragment_fault(msgspec.Raw(good)) is None
+    assert "line break" in fragment_fault(msgspec.Raw(good[:3] + b"\n" + good[3:]))
+    assert fragment_fault(msgspec.Raw(b'["QUJD"]')) is not None  # not a string
+    assert fragment_fault(msgspec.Raw(b'"not base64!"')) is not None
+    assert fragment_fault(msgspec.Raw(b'""')) == "fmp4 is empty"
+
+
+def test_a_jpeg_event_of_832x480_frames_has_no_line_a_stock_client_cannot_read():
+    """aiohttp's client reads a line of at most twice its read_bufsize (512 KiB by default):
+    each frame of a JPEG event is a line of its own, the whole event far longer."""
+    import io
+
+    import aiohttp.helpers
+    import numpy as np
+    from PIL import Image
+
+    limit = 2 * aiohttp.helpers.DEFAULT_CHUNK_SIZE
+    rng = np.random.default_rng(1)
+    y, x = np.mgrid[0:480, 0:832]
+    frames = []
+    for i in range(12):  # a textured, moving picture: about 60-100 KB a frame at quality 80
+        picture = np.stack([(x + 8 * i) % 256, (y * 3) % 256, (x ^ y) % 256], -1)
+        noisy = (picture + rng.integers(0, 24, picture.shape)).clip(0, 255).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(noisy).save(out, format="JPEG", quality=80)
+        frames.append(out.getvalue())
+    event = jpeg_event(chunk(1), JpegFrames(frames))
+    assert len(event) > limit  # one line would break a stock client
+    assert max(len(line) for line in event.split(b"\n")) < limit
+    assert [base64.b64decode(f) for f in sse_data(event)["frames"]] == frames

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -281,3 +283,89 @@ def test_kv_recache_after_frames_were_evicted():
     frame = engine._frame_slot(chunks * config.chunk_frames)
     keep = [f for f in range(history.shape[2]) if not frame <= f < frame + config.chunk_frames]
     assert torch.equal(engine.pool.latent_history(0, 1)[:, :, keep], history[:, :, keep])
+
+
+def test_export_on_device_is_a_clone_the_slots_never_change():
+    # A handoff over NCCL or CUDA IPC freezes the session as a clone on the engine's device
+    # (here the CPU): the pass and the slot moves after the freeze must not reach it.
+    def two_chunks_beside_another():
+        engine = make_engine()
+        engine.add_session("s", "a lighthouse", 3)
+        engine.add_session("other", "a field", 4)
+        run_chunks(engine, "s", 2)
+        return engine
+
+    host_copy = two_chunks_beside_another().export_state("s")
+    reference = make_engine()
+    reference.import_state(host_copy)
+    source = two_chunks_beside_another()
+    frozen = source.export_state("s", on_device=True)
+    assert frozen.misc.device == source.torch_device
+    before = [t.clone() for t in (*frozen.layers, frozen.misc)]
+    slot = source.active_sessions().index("s")
+    for region in source.pool.regions(slot):  # the slot's rows, overwritten in place
+        assert region.data_ptr() not in {t.data_ptr() for t in (*frozen.layers, frozen.misc)}
+        region.fill_(7.0)
+    source.remove_session("other")  # moves rows
+    after = [*frozen.layers, frozen.misc]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    target = make_engine()
+    target.import_state(frozen)
+    assert torch.equal(run_chunks(target, "s", 1)[0], run_chunks(reference, "s", 1)[0])
+
+
+def test_export_on_device_of_a_suspended_session_is_its_host_copy():
+    engine = make_engine()
+    engine.add_session("s", "a cat", 1)
+    run_chunks(engine, "s", 1)
+    engine.suspend("s")
+    state = engine.export_state("s", on_device=True)
+    assert state.misc.device.type == "cpu" and state.seq == 1
+
+
+def test_a_state_received_into_its_reserved_slot_is_adopted_in_place():
+    source = make_engine()
+    source.add_session("s", "a lighthouse", 3)
+    run_chunks(source, "s", 2)
+    state = source.export_state("s")
+    reference = make_engine()
+    reference.import_state(state)
+    expected = run_chunks(reference, "s", 1)[0]
+
+    target = make_engine(max_sessions=3)
+    target.add_session("a", "a field", 1)
+    rows = target.reservations.reserve("s")
+    assert rows is not None and rows[0].data_ptr() == target.pool.layers[0][2].data_ptr()
+    for row, part in zip(rows, [*state.layers, state.misc], strict=True):
+        row.copy_(part)  # what the transport does
+    target.add_session("b", "a city", 2)  # slot 1: below the reserved one
+    with pytest.raises(EngineFull):
+        target.add_session("c", "a sea", 4)  # the reserved slot is not for the taking
+    received = replace(state, layers=rows[:-1], misc=rows[-1])
+    target.import_state(received)  # already in place (slot 2): nothing to copy
+    assert target.active_sessions() == ["a", "b", "s"]
+    assert target.reservations.held("s") is None
+    results = {r.session_id: r for r in next_chunks(target)}
+    diff = (results["s"].frames.int() - expected.int()).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3  # batched with two others
+
+
+def test_a_reserved_slot_above_the_next_one_moves_into_place_and_a_release_frees_it():
+    source = make_engine()
+    source.add_session("s", "a lighthouse", 3)
+    run_chunks(source, "s", 1)
+    state = source.export_state("s")
+    target = make_engine(max_sessions=4)
+    rows = target.reservations.reserve("s")
+    assert rows is not None and target.reservations.held("s") == 3
+    for row, part in zip(rows, [*state.layers, state.misc], strict=True):
+        row.copy_(part)
+    target.import_state(replace(state, layers=rows[:-1], misc=rows[-1]))
+    assert target.active_sessions() == ["s"]
+    assert torch.equal(target.pool.misc[0], state.misc)  # moved to slot 0
+    other = target.reservations.reserve("t")
+    assert other is not None
+    target.reservations.release("t")  # an aborted handoff
+    for sid in ("a", "b", "c"):
+        target.add_session(sid, "p", 0)
+    assert len(target.active_sessions()) == 4

@@ -77,3 +77,28 @@ def test_unknown_transport_names_are_refused():
         select_transport(HOST, HOST, src_asks="ucx")
     with pytest.raises(NoTransport, match="destination asks for unknown"):
         select_transport(HOST, HOST, dst_asks="rdma")
+
+
+@pytest.mark.parametrize(
+    ("device", "dst", "expected"),
+    [
+        ("cuda:0", GPU_A_OTHER_INDEX, CUDA_IPC),  # frozen on the device, same GPU
+        ("cuda:0", GPU_B, NCCL),  # frozen on the device, another GPU
+        ("cpu", GPU_B, GLOO),  # a suspended session's host copy, from a CUDA worker
+        ("cuda:0", HOST, GLOO),
+    ],
+)
+def test_the_offer_says_where_the_frozen_state_is(device, dst, expected):
+    from services.gpu_worker.handoff.source import state_place
+
+    held = state_place(device, GPU_A)
+    assert held.uuid == ("GPU-aaaa" if device.startswith("cuda") else "")
+    assert select_transport(held, dst) == expected
+
+
+def test_forcing_a_device_transport_on_a_host_copy_is_refused():
+    from services.gpu_worker.handoff.source import state_place
+
+    for forced in (NCCL, CUDA_IPC):
+        with pytest.raises(NoTransport, match="host memory"):
+            select_transport(state_place("cpu", GPU_A), GPU_B, src_asks=forced)

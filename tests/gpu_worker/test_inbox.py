@@ -85,8 +85,6 @@ def test_the_outbox_holds_every_item_and_has_room_below_its_bound():
                 seq=seq,
                 worker_id="w",
                 epoch=1,
-                encoding="jpeg",
-                frames=[],
                 width=8,
                 height=8,
                 fps=16.0,
@@ -94,6 +92,7 @@ def test_the_outbox_holds_every_item_and_has_room_below_its_bound():
                 batch=1,
                 due_at=0.0,
                 done_at=0.0,
+                fmp4=b"",
             )
         )
 

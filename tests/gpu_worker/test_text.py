@@ -94,6 +94,7 @@ def test_umt5_path_equals_transformers_own_encoder(tiny_umt5, layout):
         length = int((got.abs().sum(dim=1) > 0).sum())
         assert 0 < length < 32 and got[length:].abs().sum() == 0  # padding rows are zero
     assert not torch.equal(ours.encode("a red fox"), ours.encode("a blue whale"))
+    assert ours.stream(cpu) is None  # on the CPU, no stream: it runs as it always did
 
 
 def test_original_umt5_with_a_wrong_key_is_one_clear_error(tiny_umt5, tmp_path):

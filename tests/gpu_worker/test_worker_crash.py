@@ -85,9 +85,7 @@ async def test_a_killed_workers_session_continues_exactly_on_another(env):
     seqs = sorted(chunks)
     assert seqs == list(range(len(seqs))), seqs  # no seq missing
     for seq, copies in chunks.items():
-        assert all(c.frames == copies[0].frames for c in copies), (
-            f"seq {seq} made twice, differently"
-        )
+        assert all(c.fmp4 == copies[0].fmp4 for c in copies), f"seq {seq} made twice, differently"
     kinds = [n.kind for n in rx.notices["s"]]
     assert kinds[0] is NoticeKind.PLACED and NoticeKind.RECOVERED in kinds
     assert NoticeKind.RESTARTED not in kinds
@@ -96,13 +94,13 @@ async def test_a_killed_workers_session_continues_exactly_on_another(env):
     print(f"stream stalled {stall_s:.2f}s across the crash of {victim}")  # reported by -s
     # The frames are those of the same session with no failure (the default weights rebuild
     # bitwise; docs/worker.md gives the tolerance for other weights).
-    return_frames = {seq: copies[0].frames for seq, copies in chunks.items()}
+    return_frames = {seq: copies[0].fmp4 for seq, copies in chunks.items()}
     reference = await reference_frames(env, len(return_frames))
     for seq in sorted(reference):
         assert return_frames[seq] == reference[seq], f"chunk {seq} differs from the no-failure run"
 
 
-async def reference_frames(env, count: int) -> dict[int, list[bytes]]:
+async def reference_frames(env, count: int) -> dict[int, bytes]:
     """The same session (prompt, seed) generated with no failure, alone on one worker."""
     ref_env = {
         **env,
@@ -117,7 +115,7 @@ async def reference_frames(env, count: int) -> dict[int, list[bytes]]:
     ):
         await create(ctx, "s", "a paper boat on a river", 7)
         await eventually(lambda: len(rx.chunks["s"]) >= count, 60, "reference chunks")
-        out = {c.seq: c.frames for _, c in rx.chunks["s"][:count]}
+        out = {c.seq: c.fmp4 for _, c in rx.chunks["s"][:count]}
         keys = [k async for k in ctx.redis.scan_iter(match=f"{ctx.registry.ns}:*")]
         if keys:
             await ctx.redis.delete(*keys)

@@ -50,7 +50,10 @@ async def test_sessions_started_at_different_moments_each_play_at_the_playback_r
 
 async def test_a_new_session_is_heard_while_others_wait_far_ahead(env):
     # A long period: the first session is soon far ahead and the loop waits on its inbox.
-    async with worker_in_process(env, worker_id="w2", chunk_period_s=30.0, pace_lead_s=0.0) as (
+    # At 200 kbit/s a 30 s chunk still fits one NATS message (the worker refuses more).
+    async with worker_in_process(
+        env, worker_id="w2", chunk_period_s=30.0, pace_lead_s=0.0, video_bitrate=200_000
+    ) as (
         service,
         ctx,
         rx,

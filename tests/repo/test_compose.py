@@ -13,7 +13,19 @@ import pytest
 import yaml
 
 from shared.security import ROLES, nats_authorization, redis_users
-from shared.settings import GatewaySettings, ProvisionerSettings, SchedulerSettings, WorkerSettings
+from shared.settings import (
+    CommonSettings,
+    GatewaySettings,
+    ProvisionerSettings,
+    SchedulerSettings,
+    WorkerSettings,
+)
+from shared.video import (
+    NATS_DEFAULT_MAX_PAYLOAD,
+    ChunkRetention,
+    chunk_wire_bytes,
+    nats_limits_config,
+)
 from shared.wire import Subjects
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,12 +150,27 @@ def test_auth_configs_are_the_generated_ones(compose):
 
 def test_servers_load_the_auth_configs(compose):
     nats, redis = compose["services"]["nats"], compose["services"]["redis"]
-    [nats_config] = nats["configs"]
-    assert nats_config["source"] == "nats_auth"
-    assert nats["command"][nats["command"].index("--config") + 1] == nats_config["target"]
+    limits, auth = nats["configs"]
+    assert (limits["source"], auth["source"]) == ("nats_limits", "nats_auth")
+    assert nats["command"][nats["command"].index("--config") + 1] == limits["target"]
+    included = compose["configs"]["nats_limits"]["content"].splitlines()[-1]
+    assert included == f"include ./{Path(auth['target']).name}"
+    assert Path(auth["target"]).parent == Path(limits["target"]).parent
     [redis_config] = redis["configs"]
     assert redis_config["source"] == "redis_users"
     assert redis["command"][:2] == ["redis-server", redis_config["target"]]
+
+
+def test_nats_carries_the_chunks_with_the_limits_the_code_computes(compose):
+    """max_payload and the JetStream memory are shared/video.py's for the default bitrate and
+    sessions, so the chunk stream's resume window fits and a chunk fits one message."""
+    env = compose["x-turboserve-env"]
+    settings = CommonSettings.from_env({k: str(v) for k, v in env.items()})
+    content = compose["configs"]["nats_limits"]["content"]
+    assert content == nats_limits_config(ChunkRetention.of(settings)) + "include ./auth.conf\n"
+    retention = ChunkRetention.of(settings)
+    assert retention.memory_store_bytes > retention.max_bytes
+    assert chunk_wire_bytes(settings.video_bitrate, 0.75) < NATS_DEFAULT_MAX_PAYLOAD
 
 
 def test_worker_reserves_a_gpu(compose):

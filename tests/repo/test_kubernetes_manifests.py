@@ -158,3 +158,27 @@ def test_schedulers_run_active_and_standby():
     assert gateway["spec"]["replicas"] >= 2
     services = {d["metadata"]["name"] for _, d in DOCS if d["kind"] == "Service"}
     assert services == {"nats", "redis", "gateway"}
+
+
+def test_nats_carries_the_chunks_with_the_limits_the_code_computes():
+    """The NATS server loads shared/video.py's limits for the settings the ConfigMap gives
+    every process (the default bitrate and sessions)."""
+    from shared.settings import CommonSettings
+    from shared.video import ChunkRetention, nats_limits_config
+
+    shared_env = _one("ConfigMap", "turboserve-config")["data"]
+    settings = CommonSettings.from_env({k: str(v) for k, v in shared_env.items()})
+    limits = _one("ConfigMap", "turboserve-nats")["data"]["nats.conf"]
+    assert limits == nats_limits_config(ChunkRetention.of(settings))
+    nats = _one("StatefulSet", "nats")["spec"]["template"]["spec"]
+    [container] = nats["containers"]
+    config = container["args"][container["args"].index("--config") + 1]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "limits"]
+    assert config == f"{mount['mountPath']}/nats.conf"
+    [volume] = [v for v in nats["volumes"] if v["name"] == "limits"]
+    assert volume["configMap"]["name"] == "turboserve-nats"
+    # the JetStream memory fits in the container's memory limit
+    memory_limit = container["resources"]["limits"]["memory"]
+    assert memory_limit.endswith("Gi") and int(memory_limit[:-2]) * 1024**3 > int(
+        limits.split("max_memory_store: ")[1].split()[0]
+    )

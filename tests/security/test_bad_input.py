@@ -129,7 +129,10 @@ async def _read_sse(resp: aiohttp.ClientResponse, stream: Stream) -> None:
             current = {}
         elif not line.startswith(":"):
             name, _, value = line.partition(":")
-            current[name] = value.lstrip(" ")
+            value = value.removeprefix(" ")
+            if name == "data" and "data" in current:  # an event's lines, joined as SSE says
+                value = current["data"] + "\n" + value
+            current[name] = value
 
 
 async def _open_stream(http: aiohttp.ClientSession, sid: str, token: str) -> Stream:
@@ -675,8 +678,6 @@ async def test_chunk_subject_the_gateway_reads(mesh):
         seq=top,
         worker_id=WORKER,
         epoch=record.epoch,
-        encoding="jpeg",
-        frames=[b"\xff\xd8not-a-real-jpeg"],
         width=16,
         height=16,
         fps=16.0,
@@ -684,12 +685,13 @@ async def test_chunk_subject_the_gateway_reads(mesh):
         batch=1,
         due_at=now,
         done_at=now,
+        fmp4=b"not-a-real-fragment",
     )
     body = orjson.loads(encode(chunk))
     variants = bad_variants(chunk, "session_id")
-    variants["frames missing"] = orjson.dumps({k: v for k, v in body.items() if k != "frames"})
-    variants["frames not a list"] = orjson.dumps({**body, "frames": "QUJD"})
-    variants["frames not base64"] = orjson.dumps({**body, "frames": ["not base64 !"]})
+    variants["fmp4 missing"] = orjson.dumps({k: v for k, v in body.items() if k != "fmp4"})
+    variants["fmp4 not a string"] = orjson.dumps({**body, "fmp4": ["QUJD"]})
+    variants["fmp4 not base64"] = orjson.dumps({**body, "fmp4": "not base64 !"})
     with capture_logs() as logs:
         await send_bad(m, logs, subject, variants, listeners=1)
         # stale: a chunk from the owner before this one
@@ -726,9 +728,9 @@ async def watched_session(m: BadInputMesh) -> AsyncIterator[tuple[dict[str, Any]
         )
 
 
-async def test_gateway_relays_no_chunk_whose_frames_break_the_contract(mesh):
-    """The gateway relays frames verbatim (SSE) or decodes them late (WebSocket): frames that
-    are not a compact list of base64 strings are dropped before any client sees them."""
+async def test_gateway_relays_no_chunk_whose_fragment_breaks_the_contract(mesh):
+    """The gateway relays a fragment verbatim (SSE) or decodes it late (WebSocket, JPEG): one
+    that is not a compact, non-empty base64 string is dropped before any client sees it."""
     m = mesh
     async with watched_session(m) as (session, stream):
         record = await m.registry.get_session(session["id"])
@@ -739,8 +741,6 @@ async def test_gateway_relays_no_chunk_whose_frames_break_the_contract(mesh):
             seq=top + 1000,
             worker_id=WORKER,
             epoch=record.epoch,
-            encoding="jpeg",
-            frames=[b"\xff\xd8x"],
             width=16,
             height=16,
             fps=16.0,
@@ -748,20 +748,20 @@ async def test_gateway_relays_no_chunk_whose_frames_break_the_contract(mesh):
             batch=1,
             due_at=now,
             done_at=now,
+            fmp4=b"\x00\x00\x00\x18ftyp",
         )
         body = orjson.loads(encode(good))
         subject = m.subjects.chunks(session["id"])
         with capture_logs() as logs:
-            await m.nc.publish(subject, orjson.dumps({**body, "frames": "QUJD"}))
-            # valid JSON, but a raw line break inside an SSE data line ends the event there
-            await m.nc.publish(subject, encode(good).replace(b'"frames":[', b'"frames":[\n'))
+            await m.nc.publish(subject, orjson.dumps({**body, "fmp4": ["QUJD"]}))
+            await m.nc.publish(subject, orjson.dumps({**body, "fmp4": ""}))  # no video
             await m.nc.flush()
             await eventually(lambda: dropped(logs, subject) >= 2, 30, "both dropped")
         await eventually(lambda: len(stream.chunk_seqs()) >= 4, 30, "the stream goes on")
         assert top + 1000 not in stream.chunk_seqs()
         for event, _, data in stream.events:
             if event == "chunk":
-                assert isinstance(orjson.loads(data)["frames"], list)
+                assert isinstance(orjson.loads(data)["frames"], list)  # a JPEG viewer's
 
 
 async def test_gateway_relays_no_chunk_from_a_stale_owner(mesh):
@@ -778,8 +778,6 @@ async def test_gateway_relays_no_chunk_from_a_stale_owner(mesh):
             seq=top + 50,
             worker_id="wstale",
             epoch=record.epoch - 1,
-            encoding="jpeg",
-            frames=[b"\xff\xd8x"],
             width=16,
             height=16,
             fps=16.0,
@@ -787,6 +785,7 @@ async def test_gateway_relays_no_chunk_from_a_stale_owner(mesh):
             batch=1,
             due_at=now,
             done_at=now,
+            fmp4=b"\x00\x00\x00\x18ftyp",
         )
         with capture_logs() as logs:
             await m.nc.publish(m.subjects.chunks(session["id"]), encode(stale))

@@ -81,7 +81,8 @@ def test_nats_config_lists_each_user_once_and_refuses_bad_passwords():
     text = nats_server_config(
         SUBJECTS, {r: f"pw-{r}" for r in ROLES}, host="127.0.0.1", port=4333, store_dir="/tmp/js"
     )
-    assert text.startswith('listen: "127.0.0.1:4333"\njetstream { store_dir: "/tmp/js" }\n')
+    assert text.startswith('listen: "127.0.0.1:4333"\nmax_payload: 1048576\njetstream {\n')
+    assert '  store_dir: "/tmp/js"\n  max_memory_store: ' in text
     for role in ROLES:
         assert text.count(f'{{user: "{role}", password: "pw-{role}"') == 1
     assert text.count("allow_responses: true") == 2  # the worker and the provisioner answer

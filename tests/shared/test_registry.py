@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import redis.asyncio as aioredis
@@ -125,8 +126,9 @@ async def test_workers_and_heartbeat_ttl(registry):
         return not (await registry.workers())[0].alive
 
     await eventually(expired, 5, "the heartbeat's TTL to expire")
-    await registry.heartbeat(w, ttl_s=5)
-    assert (await registry.workers())[0].alive
+    await registry.heartbeat(dataclasses.replace(w, chunks_unpublished=3), ttl_s=5)
+    [got] = await registry.workers()
+    assert got.alive and got.chunks_unpublished == 3  # what ctl status shows per worker
     await registry.set_worker_status("w1", WorkerStatus.DRAINING)
     assert (await registry.workers())[0].status is WorkerStatus.DRAINING
     await registry.remove_worker("w1")

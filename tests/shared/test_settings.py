@@ -63,13 +63,21 @@ def test_all_faults_reported_together():
     [
         ("TURBOSERVE_WORKER_ID", "bad id"),
         ("TURBOSERVE_MAX_SESSIONS", "0"),
-        ("TURBOSERVE_JPEG_QUALITY", "101"),
         ("TURBOSERVE_HEARTBEAT_S", "-1"),
+        ("TURBOSERVE_VIDEO_BITRATE", "1000"),
+        ("TURBOSERVE_ENCODE_THREADS", "0"),
+        ("TURBOSERVE_STREAM_SESSIONS", "0"),
     ],
 )
 def test_worker_validation(var, value):
     with pytest.raises(SettingsError, match=var):
         WorkerSettings.from_env({var: value})
+
+
+def test_the_gateway_makes_jpeg_at_a_quality_it_validates():
+    assert GatewaySettings.from_env({}).jpeg_quality == 80
+    with pytest.raises(SettingsError, match="TURBOSERVE_JPEG_QUALITY"):
+        GatewaySettings.from_env({"TURBOSERVE_JPEG_QUALITY": "101"})
 
 
 def test_provisioner_bounds():

@@ -73,7 +73,7 @@ def test_small_run_writes_each_format_for_each_kind_of_frames(infra, tmp_path):
     assert "delivery p99" in proc.stdout and "webrtc" in proc.stdout
     assert "3 for webrtc" in proc.stdout
     result = json.loads(out.read_text())
-    assert set(result["frames"]) == {"standin", "textured"}
+    assert set(result["frames"]) == {"standin", "gradient", "textured"}
     assert result["webrtc_viewers"] == 3 and "3 loopback aiortc viewers" in result["webrtc"]
     for side in result["frames"].values():
         rtc = side["webrtc"]
@@ -87,3 +87,5 @@ def test_small_run_writes_each_format_for_each_kind_of_frames(infra, tmp_path):
             assert r["bytes_per_s"] > 0 and 0 < r["encode_ms_p50"] <= r["encode_ms_p99"]
             assert r["delivery_ms_p99"] is not None and r["delivery_ms_p99"] >= 0
             assert r["viewers"] == 4 and r["lags"] == 0
+        # what a session puts on NATS: its fragments alone, the same whatever its viewers take
+        assert 0 < side["nats_bytes_per_s"] < side["jpeg_sse"]["bytes_per_s"]

@@ -47,7 +47,7 @@ def test_json_keeps_the_chunk_times_by_batch():
 def test_table_orders_batches_and_names_profiles_without_printing_them():
     text = format_status(STATUS)
     assert "1:420 2:491 10:1059" in text
-    assert "  3/4 1:420" in text  # the worker runs 3 of its 4 denoising steps
+    assert "  3/4     0 1:420" in text  # 3 of its 4 denoising steps, no chunk unpublished
     assert "s1" in text and "seq 6" in text
     assert "profiles=(H20: h20-longlive-1.3b-nvlink)" in text
     assert "a long paragraph" not in text and "rho_hat=0.7" in text

@@ -3,12 +3,17 @@
 A gateway runs as its own process (as in production) on the NATS and Redis of this machine
 (or embedded ones). The benchmark creates sessions through the API, opens ``--clients`` SSE
 streams spread over them, and injects chunks on NATS at the real rate (one per session every
-``--period`` seconds, sessions staggered across the period, ``--frames`` JPEG frames of
-``--size`` each). Each chunk carries the wall time of its publish (``done_at``); a client's
-delivery latency is its receipt time minus that: NATS, JetStream, the gateway's fan-out and the
-SSE socket together. The clients and the injector share one process, the gateway has its own.
+``--period`` seconds, sessions staggered across the period, each a worker's H.264 fragment of
+``--frames`` frames of ``--size``: a moving gradient with texture, encoded at
+``TURBOSERVE_VIDEO_BITRATE``). The clients read ``?format=`` ``--format``: ``fmp4`` is relayed
+as it came, ``jpeg`` makes the gateway decode each chunk once and JPEG-encode its frames. Each
+chunk carries the wall time of its publish (``done_at``); a client's delivery latency is its
+receipt time minus that: NATS, JetStream, the gateway's fan-out and the SSE socket together.
+The gateway's CPU time over the measured window (its process, every thread, from
+``/proc``) is reported per client. The clients and the injector share one process, the
+gateway has its own.
 
-    turboserve bench gateway --clients 1000 --json out.json
+    turboserve bench gateway --clients 1000 --size 832x480 --format fmp4 --json out.json
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
 import os
 import re
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+import numpy as np
 
 from tools.report import percentile
 
@@ -75,6 +80,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--size", default="64x64", help="frame size WxH (default 64x64, the tiny preset)"
     )
     p.add_argument(
+        "--format",
+        dest="fmt",
+        choices=("jpeg", "fmp4"),
+        default="jpeg",
+        help="what the clients ask for (default jpeg, the API's default)",
+    )
+    p.add_argument(
         "--json",
         dest="json_out",
         default=None,
@@ -96,6 +108,7 @@ class DeliveryPlan:
     frames: int
     width: int
     height: int
+    fmt: str = "jpeg"
 
 
 @dataclass
@@ -146,6 +159,7 @@ def plan_of(args: argparse.Namespace) -> DeliveryPlan:
         args.frames,
         int(m[1]),
         int(m[2]),
+        args.fmt,
     )
 
 
@@ -167,14 +181,25 @@ def print_table(r: dict[str, Any]) -> None:
     from tools.report import markdown_table
 
     print(
-        f"gateway delivery, {r['clients']} SSE clients on {r['sessions']} sessions, a chunk per "
-        f"session every {r['period_s']} s ({r['chunks_per_s']:.0f} chunks/s in, "
-        f"{r['events_per_s']:.0f} events/s out, {r['event_kib']:.1f} KiB each)"
+        f"gateway delivery, {r['clients']} SSE clients ({r['format']}, {r['size']}) on "
+        f"{r['sessions']} sessions, a chunk per session every {r['period_s']} s "
+        f"({r['chunks_per_s']:.0f} chunks/s in, {r['events_per_s']:.0f} events/s out, "
+        f"{r['event_kib']:.1f} KiB each)"
     )
     print()
     print(
         markdown_table(
-            ("clients", "sessions", "events", "p50 ms", "p99 ms", "max ms", "lags", "bar (p99)"),
+            (
+                "clients",
+                "sessions",
+                "events",
+                "p50 ms",
+                "p99 ms",
+                "max ms",
+                "lags",
+                "gateway CPU ms/s per client",
+                "bar (p99)",
+            ),
             [
                 (
                     r["clients"],
@@ -184,22 +209,63 @@ def print_table(r: dict[str, Any]) -> None:
                     f"{r['delivery_ms_p99']:.1f}",
                     f"{r['delivery_ms_max']:.1f}",
                     r["lags"],
+                    "n/a"
+                    if r["gateway_cpu_ms_per_s_per_client"] is None
+                    else f"{r['gateway_cpu_ms_per_s_per_client']:.3f}",
                     "< 50 ms",
                 )
             ],
-            align="rrrrrrrr",
+            align="rrrrrrrrr",
         )
     )
 
 
-def _frame(width: int, height: int) -> bytes:
-    from PIL import Image
+# Distinct chunks the injector cycles through (each encoded once, as a worker encodes once).
+DISTINCT_CHUNKS = 4
 
-    # Noise compresses like real video content does not; a gradient is closer to a frame.
-    img = Image.linear_gradient("L").resize((width, height)).convert("RGB")
-    out = io.BytesIO()
-    img.save(out, format="JPEG", quality=80)
-    return out.getvalue()
+
+def model_like(width: int, height: int, count: int, start: int = 0) -> np.ndarray:
+    """``count`` frames of a model-like picture: smooth colour gradients drifting, with a fine
+    texture on them (noise compresses like real video content does not; flat colour is too
+    easy)."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    rng = np.random.default_rng(3)
+    texture = rng.random((height // 4 + 1, width // 4 + 1), np.float32)
+    texture = np.repeat(np.repeat(texture, 4, 0), 4, 1)[:height, :width] * 24.0
+    out = []
+    for i in range(start, start + count):
+        r = 128 + 100 * np.sin((x + 6 * i) / 97.0) + texture
+        g = 128 + 100 * np.sin((y - 4 * i) / 71.0 + x / 181.0)
+        b = 128 + 100 * np.cos((x + y + 5 * i) / 131.0) + np.roll(texture, 3 * i, axis=1)
+        out.append(np.stack([r, g, b], -1).clip(0, 255).astype(np.uint8))
+    return np.stack(out)
+
+
+def fragments(plan: DeliveryPlan) -> list[Any]:
+    """The chunks' fragments, as a worker encodes them (``fmp4.Fragment``)."""
+    from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
+    from shared.settings import WorkerSettings
+
+    bitrate = WorkerSettings.from_env().video_bitrate
+    fps = plan.frames / plan.period
+    return [
+        encode_chunk(
+            model_like(plan.width, plan.height, plan.frames, c * plan.frames),
+            fps,
+            chunk_start_s(c, plan.period),
+            bitrate=bitrate,
+        )
+        for c in range(DISTINCT_CHUNKS)
+    ]
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """A process's CPU time (user + system, every thread), from ``/proc``; None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def bench(plan: DeliveryPlan) -> dict[str, Any]:
@@ -211,18 +277,24 @@ async def bench(plan: DeliveryPlan) -> dict[str, Any]:
     except MeshStartError as exc:
         raise BenchError(str(exc)) from None
     try:
-        async with gateway_process(infra.nats_url, infra.redis_url, "bench") as (tag, port, url):
-            return await _measure(plan, infra.nats_url, tag, port, url)
+        pids: list[int] = []
+        async with gateway_process(infra.nats_url, infra.redis_url, "bench", pids) as (
+            tag,
+            port,
+            url,
+        ):
+            return await _measure(plan, infra.nats_url, tag, port, url, pids[0])
     finally:
         infra.stop()
 
 
 @contextlib.asynccontextmanager
 async def gateway_process(
-    nats_url: str, redis_url: str, prefix: str
+    nats_url: str, redis_url: str, prefix: str, pids: list[int] | None = None
 ) -> AsyncIterator[tuple[str, int, str]]:
     """A gateway process on its own subject prefix and Redis namespace, ready: yields
-    ``(tag, port, url)``; stopped and its streams and keys removed afterwards."""
+    ``(tag, port, url)`` (its pid appended to ``pids``, where given); stopped and its streams
+    and keys removed afterwards."""
     import aiohttp
 
     from tools.launcher import free_port
@@ -231,6 +303,8 @@ async def gateway_process(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     gateway = _start_gateway(nats_url, redis_url, tag, port)
+    if pids is not None:
+        pids.append(gateway.pid)
     try:
         async with aiohttp.ClientSession(url) as http:
             await _wait_ready(http, gateway)
@@ -368,7 +442,7 @@ async def _wait_ready(http: aiohttp.ClientSession, gateway: subprocess.Popen[byt
 
 
 async def _measure(
-    plan: DeliveryPlan, nats_url: str, tag: str, port: int, url: str
+    plan: DeliveryPlan, nats_url: str, tag: str, port: int, url: str, pid: int
 ) -> dict[str, Any]:
     import aiohttp
 
@@ -379,14 +453,16 @@ async def _measure(
     stop = asyncio.Event()
     opening = asyncio.Semaphore(OPENING_AT_ONCE)
     clients = [
-        _client(port, sessions[i % len(sessions)], tally, measuring, stop, opening)
+        _client(port, sessions[i % len(sessions)], tally, measuring, stop, opening, plan.fmt)
         for i in range(plan.clients)
     ]
+    encoded = await asyncio.to_thread(fragments, plan)
+    cpu = CpuWindow(pid, measuring)
     (chunks, event_bytes), window = await watch_and_inject(
         clients,
         nats_url,
         asyncio.wait_for(tally.all_open.wait(), timeout=120),  # or failed
-        lambda nc: _inject(nc, tag, plan, [s for s, _ in sessions], stop),
+        lambda nc: _inject(nc, tag, plan, [s for s, _ in sessions], stop, encoded, cpu),
         plan.warmup,
         plan.seconds,
         measuring,
@@ -409,6 +485,15 @@ async def _measure(
         "size": f"{plan.width}x{plan.height}",
         "events": len(lat),
         "events_per_s": round(len(lat) / window.seconds, 1),
+        "format": plan.fmt,
+        "gateway_cpu_ms_per_s_per_client": (
+            None
+            if cpu.seconds is None
+            else round(1000 * cpu.seconds / window.seconds / plan.clients, 4)
+        ),
+        "gateway_cpu_share": (
+            None if cpu.seconds is None else round(cpu.seconds / window.seconds, 3)
+        ),
         "chunks_per_s": round(chunks / total_time, 1),
         "event_kib": round(event_bytes / 1024, 1),
         "lags": tally.lags,
@@ -522,11 +607,12 @@ async def _client(
     measuring: asyncio.Event,
     stop: asyncio.Event,
     opening: asyncio.Semaphore,
+    fmt: str = "jpeg",
 ) -> None:
     """Connect one client (a few at a time, as users arrive) and hold it until ``stop``."""
     session_id, token = session
     request = (
-        f"GET /v1/sessions/{session_id}/stream HTTP/1.1\r\nHost: bench\r\n"
+        f"GET /v1/sessions/{session_id}/stream?format={fmt} HTTP/1.1\r\nHost: bench\r\n"
         f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
     ).encode()
     loop = asyncio.get_running_loop()
@@ -549,31 +635,56 @@ async def _client(
             transport.close()
 
 
+class CpuWindow:
+    """The gateway process's CPU time over the measured window: read when ``measuring`` turns
+    on, and again when the injector sees it off."""
+
+    def __init__(self, pid: int, measuring: asyncio.Event) -> None:
+        self.pid = pid
+        self.measuring = measuring
+        self._start: float | None = None
+        self.seconds: float | None = None
+
+    def tick(self) -> None:
+        if self.measuring.is_set() and self._start is None:
+            self._start = process_cpu_s(self.pid)
+        elif not self.measuring.is_set() and self._start is not None and self.seconds is None:
+            end = process_cpu_s(self.pid)
+            self.seconds = None if end is None else end - self._start
+
+
 async def _inject(
-    nc: NatsClient, tag: str, plan: DeliveryPlan, session_ids: list[str], stop: asyncio.Event
+    nc: NatsClient,
+    tag: str,
+    plan: DeliveryPlan,
+    session_ids: list[str],
+    stop: asyncio.Event,
+    encoded: list[Any],
+    cpu: CpuWindow,
 ) -> tuple[int, int]:
     """Publish one chunk per session per period, the sessions spread evenly over the period.
     Returns the chunks published and the size of one SSE chunk event."""
     from services.gateway.chunkview import ChunkView
-    from services.gateway.sse import chunk_event
+    from services.gateway.jpegs import JpegFrames, fragment_jpegs
+    from services.gateway.sse import fragment_event, jpeg_event
     from shared.wire import Subjects, decode, encode
 
     subjects = Subjects(tag)
-    # The frames' JSON is made once: a worker encodes each chunk's frames once too, and the
+    # The fragments' JSON is made once: a worker encodes each chunk once too, and the
     # injector should spend its time publishing, not encoding the same bytes again.
-    frames = msgspec.Raw(msgspec.json.encode([_frame(plan.width, plan.height)] * plan.frames))
+    raw = [msgspec.Raw(msgspec.json.encode(f.data)) for f in encoded]
     event_bytes = 0
 
     async def publish(i: int, seq: int) -> None:
         nonlocal event_bytes
+        cpu.tick()
         now = time.time()
+        fragment = encoded[seq % len(encoded)]
         chunk = ChunkView(
             session_id=session_ids[i],
             seq=seq,
             worker_id="bench",
             epoch=1,
-            encoding="jpeg",
-            frames=frames,
             width=plan.width,
             height=plan.height,
             fps=plan.frames / plan.period,
@@ -581,13 +692,23 @@ async def _inject(
             batch=1,
             due_at=now,
             done_at=now,
+            fmp4=raw[seq % len(raw)],
+            fmp4_mime=fragment.mime,
+            start_s=fragment.start_s,
+            duration_s=fragment.duration_s,
         )
         data = encode(chunk)  # the wire's Chunk, byte for byte
         await nc.publish(subjects.chunks(session_ids[i]), data)
         if not event_bytes:
-            event_bytes = len(chunk_event(decode("bench", data, ChunkView)))
+            view = decode("bench", data, ChunkView)
+            if plan.fmt == "fmp4":
+                event_bytes = len(fragment_event(view))
+            else:
+                jpegs = JpegFrames(fragment_jpegs(fragment.data, 80))
+                event_bytes = len(jpeg_event(view, jpegs))
 
     published = await paced(plan.period, len(session_ids), stop, publish)
+    cpu.tick()
     await nc.flush()
     return published, event_bytes
 

@@ -1,29 +1,31 @@
-"""``turboserve bench stream``: the same frames as JPEG in SSE, fMP4 in SSE and fMP4 in a
-WebSocket: bytes per second per viewer, encode time per chunk, delivery p99.
+"""``turboserve bench stream``: the same chunks as JPEG in SSE, fMP4 in SSE and fMP4 in a
+WebSocket: bytes per second per viewer, encode time per chunk, delivery p99, and what a
+session puts on NATS.
 
-Two kinds of frames, at 480x832 by default:
+Three kinds of frames, at ``--size`` WIDTHxHEIGHT (832x480, Wan2.1's, by default):
 
 - ``standin``: the stand-in model's own frames (the ``tiny`` preset at that resolution, on the
   CPU): smooth, the easy case for a video codec;
+- ``gradient``: model-like content: smooth colour gradients drifting, with a fine texture on
+  them (``tools.bench.gateway.model_like``, the gateway bench's chunks);
 - ``textured``: a synthetic sequence the bench makes: a multi-scale texture (2, 8 and 32 pixel
   cells) panning 7 pixels right and 5 down per frame, across chunk boundaries; the hard case.
 
 Per kind, the bench:
 
 1. makes ``--chunks`` chunks of ``--frames`` frames (cycled after that);
-2. times each encoding the worker does, per chunk (``codec.encode_frames`` for JPEG,
-   ``fmp4.encode_chunk`` for fMP4), ``--encode-runs`` chunks each, and reports p50 and p99;
+2. times each encoding, per chunk, ``--encode-runs`` chunks each, and reports p50 and p99: the
+   worker's H.264 (``fmp4.encode_chunk`` at ``TURBOSERVE_VIDEO_BITRATE``; every format's), and
+   for JPEG the gateway's decode of the fragment and JPEG encode of its frames
+   (``jpegs.fragment_jpegs``, once per chunk for all of a session's JPEG viewers);
 3. for each format, starts a gateway process on the real NATS and Redis, creates
    ``--sessions`` sessions, attaches ``--viewers`` clients spread over them (bare SSE readers;
-   aiohttp WebSockets), publishes one chunk per session per period carrying that format only,
-   and measures, per client, the bytes received per second and the delay from each chunk's
-   publish (its ``done_at``) to its receipt.
+   aiohttp WebSockets), publishes one chunk per session per period, as a worker does (the
+   fragment alone), and measures, per client, the bytes received per second and the delay
+   from each chunk's publish (its ``done_at``) to its receipt.
 
-A chunk carries one format here, so each format's delivery is its own. (A worker publishes
-both in one message; it leaves the fragment out when both would pass NATS's 1 MiB
-max_payload.) A format whose chunk alone is over that limit cannot be carried: its
-``delivery_ms_p99`` is null, with a ``note`` saying why; its bytes per second are what the
-gateway would send (the event the gateway's own code makes, times the chunk rate).
+``nats_bytes_per_s``: what one session puts on NATS (its chunk messages per second), the same
+for every format.
 
 WebRTC (``webrtc``): ``--webrtc-viewers`` loopback aiortc peers (default 4: each decodes the
 video, on the same CPUs as the gateway) offering H.264, so the worker's H.264 passes through;
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
     from shared.wire import Subjects
 
-KINDS = ("standin", "textured")
+KINDS = ("standin", "gradient", "textured")
 FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
 
 
@@ -79,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured time first (2)")
     p.add_argument("--period", type=float, default=0.75, help="chunk period, s (0.75)")
     p.add_argument("--frames", type=int, default=12, help="frames per chunk (12)")
-    p.add_argument("--size", default="480x832", help="HEIGHTxWIDTH (480x832)")
+    p.add_argument("--size", default="832x480", help="WIDTHxHEIGHT (832x480)")
     p.add_argument(
         "--chunks",
         type=int,
@@ -136,8 +138,8 @@ def plan_of(args: argparse.Namespace) -> StreamPlan:
         or not 1 <= args.encode_runs <= 1000
     ):
         faults.append("--frames must be 1-64, --chunks 1-64, --encode-runs 1-1000")
-    if m is None or not (16 <= int(m[1]) <= 2160 and 16 <= int(m[2]) <= 3840):
-        faults.append("--size must be HEIGHTxWIDTH, 16-2160 by 16-3840")
+    if m is None or not (16 <= int(m[1]) <= 3840 and 16 <= int(m[2]) <= 2160):
+        faults.append("--size must be WIDTHxHEIGHT, 16-3840 by 16-2160")
     if not kinds or set(kinds) - set(KINDS):
         faults.append(f"--kinds must name some of {', '.join(KINDS)}")
     if faults:
@@ -150,8 +152,8 @@ def plan_of(args: argparse.Namespace) -> StreamPlan:
         args.warmup,
         args.period,
         args.frames,
-        int(m[1]),
         int(m[2]),
+        int(m[1]),
         args.chunks,
         args.encode_runs,
         kinds,
@@ -192,6 +194,16 @@ def textured(plan: StreamPlan) -> list[np.ndarray]:
     return chunks
 
 
+def gradient(plan: StreamPlan) -> list[np.ndarray]:
+    """Smooth gradients drifting with a fine texture (continuing across chunks)."""
+    from tools.bench.gateway import model_like
+
+    return [
+        model_like(plan.width, plan.height, plan.frames, c * plan.frames)
+        for c in range(plan.chunks)
+    ]
+
+
 def standin(plan: StreamPlan) -> list[np.ndarray]:
     """The stand-in model's frames at the plan's resolution (one session, on the CPU)."""
     from services.gpu_worker.engine import Engine, EngineConfig, next_chunks
@@ -214,27 +226,28 @@ def standin(plan: StreamPlan) -> list[np.ndarray]:
 
 @dataclass
 class Encoded:
-    jpeg: list[list[bytes]] = field(default_factory=list)
     fmp4: list[Any] = field(default_factory=list)  # fmp4.Fragment
-    jpeg_ms: list[float] = field(default_factory=list)
-    fmp4_ms: list[float] = field(default_factory=list)
+    jpeg_ms: list[float] = field(default_factory=list)  # the gateway's, per chunk
+    fmp4_ms: list[float] = field(default_factory=list)  # the worker's, per chunk
 
 
 def encode_all(chunks: list[np.ndarray], plan: StreamPlan) -> Encoded:
-    from services.gpu_worker.codec import encode_frames
+    from services.gateway.jpegs import fragment_jpegs
     from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
+    from shared.settings import GatewaySettings, WorkerSettings
 
+    bitrate = WorkerSettings.from_env().video_bitrate
+    quality = GatewaySettings.from_env().jpeg_quality
     out = Encoded()
     fps = plan.frames / plan.period
     for run_ in range(plan.encode_runs):
         frames = chunks[run_ % len(chunks)]
-        started = time.perf_counter()
-        jpeg = encode_frames(frames, fmt="jpeg", quality=80)
-        out.jpeg_ms.append((time.perf_counter() - started) * 1000.0)
-        fragment = encode_chunk(frames, fps, chunk_start_s(run_, plan.period))
+        fragment = encode_chunk(frames, fps, chunk_start_s(run_, plan.period), bitrate=bitrate)
         out.fmp4_ms.append(fragment.encode_ms)
+        started = time.perf_counter()
+        fragment_jpegs(fragment.data, quality)
+        out.jpeg_ms.append((time.perf_counter() - started) * 1000.0)
         if run_ < len(chunks):
-            out.jpeg.append(jpeg)
             out.fmp4.append(fragment)
     return out
 
@@ -254,19 +267,16 @@ class ViewerTally:
 
 
 def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: StreamPlan) -> Any:
-    """The wire Chunk a worker would publish, with only this format's bytes."""
+    """The wire Chunk a worker would publish (the same for every format)."""
     from shared.wire import Chunk
 
     now = time.time()
     fragment = encoded.fmp4[i]
-    jpeg = fmt == "jpeg_sse"
     return Chunk(
         session_id=sid,
         seq=seq,
         worker_id="bench",
         epoch=1,
-        encoding="jpeg",
-        frames=encoded.jpeg[i] if jpeg else [],
         width=plan.width,
         height=plan.height,
         fps=plan.frames / plan.period,
@@ -274,8 +284,8 @@ def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: 
         batch=1,
         due_at=now,
         done_at=now,
-        fmp4=b"" if jpeg else fragment.data,
-        fmp4_mime="" if jpeg else fragment.mime,
+        fmp4=fragment.data,
+        fmp4_mime=fragment.mime,
         start_s=seq * plan.period,
         duration_s=plan.period,
         encode_ms=0.0,
@@ -285,15 +295,17 @@ def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: 
 def sent_bytes(fmt: str, data: bytes) -> int:
     """What the gateway sends a client for this wire message (its own event code)."""
     from services.gateway.chunkview import ChunkView
-    from services.gateway.formats import StreamFormat
-    from services.gateway.sse import chunk_event
+    from services.gateway.jpegs import JpegFrames, fragment_jpegs
+    from services.gateway.sse import fragment_event, jpeg_event
     from services.gateway.ws import fragment_message
     from shared.wire import decode
 
     view = decode("bench", data, ChunkView)
     if fmt == "fmp4_ws":
         return len(fragment_message(view))
-    return len(chunk_event(view, StreamFormat.FMP4 if fmt == "fmp4_sse" else StreamFormat.JPEG))
+    if fmt == "fmp4_sse":
+        return len(fragment_event(view))
+    return len(jpeg_event(view, JpegFrames(fragment_jpegs(view.fragment_bytes(), 80))))
 
 
 async def deliver(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
@@ -530,11 +542,22 @@ async def _ws_viewer(
 
 
 async def bench(plan: StreamPlan) -> dict[str, Any]:
+    from shared.wire import encode
+
     frames: dict[str, Any] = {}
     for kind in plan.kinds:
-        chunks = await asyncio.to_thread(standin if kind == "standin" else textured, plan)
+        make = {"standin": standin, "gradient": gradient, "textured": textured}[kind]
+        chunks = await asyncio.to_thread(make, plan)
         encoded = await asyncio.to_thread(encode_all, chunks, plan)
-        side: dict[str, Any] = {}
+        side: dict[str, Any] = {
+            "nats_bytes_per_s": round(
+                statistics.mean(
+                    len(encode(chunk_message("fmp4_ws", encoded, i, "s" * 32, 0, plan)))
+                    for i in range(len(encoded.fmp4))
+                )
+                / plan.period
+            )
+        }
         for fmt in FORMATS:
             times = encoded.jpeg_ms if fmt == "jpeg_sse" else encoded.fmp4_ms
             delivered = await deliver(fmt, encoded, plan)
@@ -554,7 +577,7 @@ async def bench(plan: StreamPlan) -> dict[str, Any]:
         frames[kind] = side
     return {
         "frames": frames,
-        "size": f"{plan.height}x{plan.width}",
+        "size": f"{plan.width}x{plan.height}",
         "frames_per_chunk": plan.frames,
         "period_s": plan.period,
         "viewers": plan.viewers,
@@ -562,7 +585,8 @@ async def bench(plan: StreamPlan) -> dict[str, Any]:
         "seconds": plan.seconds,
         "encode_runs": plan.encode_runs,
         "cpu_count": os.cpu_count(),
-        "codec": "H.264 (libx264 via PyAV), fragmented MP4, one keyframe-first fragment per chunk",
+        "codec": "H.264 (libx264 via PyAV), fragmented MP4, one keyframe-first fragment per "
+        "chunk, capped CRF at TURBOSERVE_VIDEO_BITRATE; JPEG made by the gateway from it",
         "webrtc_viewers": plan.webrtc_viewers,
         "webrtc": (
             f"{plan.webrtc_viewers} loopback aiortc viewers offering H.264 (the worker's "
@@ -610,4 +634,5 @@ def print_table(result: dict[str, Any]) -> None:
         for fmt in (*FORMATS, "webrtc"):
             if side[fmt].get("note"):
                 print(f"  {kind} {fmt}: {side[fmt]['note']}")
+        print(f"{kind:<9} NATS, per session: {side['nats_bytes_per_s'] / 1024:.1f} KiB/s")
     print(f"webrtc: {result['webrtc']}")

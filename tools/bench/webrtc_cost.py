@@ -1,5 +1,5 @@
 """What a WebRTC viewer costs the gateway's CPU, one viewer's work in one process: re-encoded,
-each chunk's JPEG frames decoded (:func:`chunktrack.decode_jpegs`) and encoded again by aiortc's
+each chunk's fragment decoded (:func:`chunktrack.decode_fragment`) and encoded again by aiortc's
 own encoders (``vp8``, ``h264``, at aiortc's default bitrates, as a peer without bandwidth
 feedback gets them); passed through (``h264-pass``), each chunk's fMP4 fragment demuxed to
 Annex B packets (:func:`chunktrack.annexb_packets`; "decode" in the table).
@@ -14,16 +14,14 @@ peer's bandwidth and keyframe requests).
 from __future__ import annotations
 
 import argparse
-import io
 import time
 from fractions import Fraction
 
 import numpy as np
 from aiortc.codecs import get_encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
-from PIL import Image
 
-from services.gateway.chunktrack import VIDEO_CLOCK, annexb_packets, decode_jpegs
+from services.gateway.chunktrack import VIDEO_CLOCK, annexb_packets, decode_fragment
 from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
 
 CODECS = {
@@ -40,7 +38,6 @@ CODECS = {
     ),
 }
 CHUNK_FRAMES = 12  # 0.75 s at 16 fps, as Wan's chunks
-JPEG_QUALITY = 85
 
 
 def frames_of(content: str, count: int, height: int, width: int) -> list[np.ndarray]:
@@ -61,15 +58,6 @@ def frames_of(content: str, count: int, height: int, width: int) -> list[np.ndar
         cx, cy = (40 + 8 * i) % width, height // 2
         frame[(xs - cx) ** 2 + (ys - cy) ** 2 < 60**2] = (250, 250, 250)
         out.append(frame)
-    return out
-
-
-def jpegs_of(frames: list[np.ndarray]) -> list[bytes]:
-    out = []
-    for frame in frames:
-        buffer = io.BytesIO()
-        Image.fromarray(frame).save(buffer, format="JPEG", quality=JPEG_QUALITY)
-        out.append(buffer.getvalue())
     return out
 
 
@@ -106,14 +94,21 @@ def measure(
     if codec == "h264-pass":
         return measure_pass_through(content, height, width, fps, seconds)
     count = max(CHUNK_FRAMES, round(fps * seconds))
-    jpegs = jpegs_of(frames_of(content, count, height, width))
+    frames_in = np.stack(frames_of(content, count, height, width))
+    period = CHUNK_FRAMES / fps
+    fragments = [
+        encode_chunk(
+            frames_in[i : i + CHUNK_FRAMES], fps, chunk_start_s(i // CHUNK_FRAMES, period)
+        ).data
+        for i in range(0, count, CHUNK_FRAMES)
+    ]
     encoder = get_encoder(CODECS[codec])
     tick = round(VIDEO_CLOCK / fps)
     decode_s = encode_s = 0.0
     sent = 0
     for start in range(0, count, CHUNK_FRAMES):
         t0 = time.process_time()
-        frames = decode_jpegs(jpegs[start : start + CHUNK_FRAMES])
+        frames = decode_fragment(fragments[start // CHUNK_FRAMES])
         t1 = time.process_time()
         for i, frame in enumerate(frames):
             frame.pts, frame.time_base = (start + i) * tick, Fraction(1, VIDEO_CLOCK)

@@ -196,7 +196,10 @@ def run_benchmark(
     model: str | None = None,
     resolution: str | None = None,
     steps: list[int] | None = None,
+    loaded: Any = None,
 ) -> dict[str, Any]:
+    """``loaded``: model components built elsewhere (``Engine``'s), e.g. random weights in
+    Wan's geometry (``tools/bench/random_wan.py``)."""
     import torch
 
     from services.gpu_worker import telemetry
@@ -223,7 +226,8 @@ def run_benchmark(
                 model=model,
                 resolution=size,
                 min_steps=min(steps) if steps else None,
-            )
+            ),
+            loaded,
         )
     except StepFloorAboveFull as exc:
         raise BenchUsageError(
@@ -237,6 +241,11 @@ def run_benchmark(
                 f"checkpoint {checkpoint!r} is not a safetensors file: {exc}"
             ) from None
         raise
+    init_allocated = (
+        torch.cuda.memory_allocated(engine.torch_device)
+        if engine.torch_device.type == "cuda"
+        else None
+    )
     print(
         f"# {telemetry.describe(engine.torch_device)}; model {engine.model_config.name}; "
         f"dtype {engine.dtype}"
@@ -332,6 +341,7 @@ def run_benchmark(
         "decoder_state_bytes": engine.pool.decoder_numel * engine.pool.misc.element_size(),
     }
     if engine.torch_device.type == "cuda":
+        report["init_allocated_bytes"] = init_allocated
         report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(engine.torch_device)
     return report
 

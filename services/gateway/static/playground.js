@@ -1,9 +1,9 @@
 // TurboServe playground: start a session, watch it over the WebSocket, steer it.
 // Protocol (see docs/gateway.md): binary messages are chunks (4-byte big-endian header length,
 // JSON header, then the chunk: with ?format=fmp4 one fragmented MP4, played by the <video>
-// element through Media Source Extensions (video.js); with ?format=jpeg, or for a chunk that
-// came without a fragment, JPEG frames back to back, drawn on the canvas); text messages are
-// JSON (state, lag, end, ack, error).
+// element through Media Source Extensions (video.js); with ?format=jpeg, JPEG frames back to
+// back (the gateway makes them from the chunk's video), drawn on the canvas); text messages
+// are JSON (state, lag, end, ack, error).
 // The page asks for fmp4 unless the format picker (or #format=jpeg in the address) says jpeg,
 // and falls back to jpeg where the browser cannot play the fragments' codec.
 "use strict";
@@ -195,7 +195,7 @@ async function onChunk(buffer) {
     showSurface("video");
     return;
   }
-  // JPEG frames: the stream's format, or a chunk the worker sent without a fragment.
+  // JPEG frames: the stream's format.
   showSurface("canvas");
   if (ui.screen.width !== header.width || ui.screen.height !== header.height) {
     ui.screen.width = header.width;

@@ -2,6 +2,7 @@
 suspend/resume, export/import)."""
 
 from .engine import Engine, next_chunks
+from .memory import MemoryBudgetExceeded
 from .types import (
     ChunkResult,
     EngineConfig,
@@ -9,6 +10,7 @@ from .types import (
     EngineFull,
     IncompatibleState,
     MidChunk,
+    PassOutOfMemory,
     RecoveryPoint,
     SessionAlreadyResident,
     StateLayout,
@@ -24,7 +26,9 @@ __all__ = [
     "EngineError",
     "EngineFull",
     "IncompatibleState",
+    "MemoryBudgetExceeded",
     "MidChunk",
+    "PassOutOfMemory",
     "RecoveryPoint",
     "SessionAlreadyResident",
     "StateLayout",

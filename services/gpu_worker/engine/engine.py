@@ -27,21 +27,27 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import structlog
 import torch
+
+from shared.logging import get_logger
+from shared.settings import DEFAULT_SLOTS
 
 from .. import telemetry as telemetry_mod
 from ..model.config import ModelConfig
 from ..model.dit import ChunkCaches
-from ..model.load import ModelSpec, load_model
+from ..model.load import LoadedModel, ModelSpec, load_model
 from ..model.schedule import sigmas, sub_schedule
+from . import memory
 from .prompts import PromptEncoder
-from .slots import SlotPool
+from .slots import SlotPool, SlotReservations, wait_for_stream
 from .types import (
     ChunkResult,
     EngineConfig,
     EngineFull,
     IncompatibleState,
     MidChunk,
+    PassOutOfMemory,
     RecoveryPoint,
     SessionAlreadyResident,
     SessionSnapshot,
@@ -50,6 +56,8 @@ from .types import (
     UnknownSession,
     WrongSessionState,
 )
+
+log = get_logger("turboserve.engine")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,6 +75,24 @@ def noise_seed(seed: int, seq: int, step: int) -> int:
     """The seed of one noise draw: a session's RNG state is just (seed, seq)."""
     digest = hashlib.blake2b(f"{seed}:{seq}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _log_if_configured(event: str, **facts: Any) -> None:
+    if structlog.is_configured():
+        log.info(event, **facts)
+
+
+def draw_noise(
+    seeds: list[int], shape: tuple[int, ...], generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``[len(seeds), *shape]`` standard normal float32 noise on the CPU, row ``i`` drawn from
+    a CPU generator seeded with ``seeds[i]``: the same numbers on any host and any GPU."""
+    generator = torch.Generator() if generator is None else generator
+    out = torch.empty(len(seeds), *shape)
+    for row, seed in zip(out, seeds, strict=True):
+        generator.manual_seed(seed)
+        torch.randn(shape, generator=generator, out=row)
+    return out
 
 
 @dataclass(slots=True)
@@ -113,7 +139,9 @@ def _flush_denormals(enabled: bool) -> Iterator[None]:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        """``loaded``: components built elsewhere (the GPU check's random weights in Wan's
+        geometry), in this engine's dtype on its device; None: as ``config`` says."""
         self.config = config
         self._device = resolve_device(config.device)
         default = "bfloat16" if self._device.type == "cuda" else "float32"
@@ -127,7 +155,7 @@ class Engine:
             text_device=config.text_device,
             seed=config.seed,
         )
-        loaded = load_model(spec, self._device, self.dtype)
+        loaded = loaded or load_model(spec, self._device, self.dtype)
         self.model_config: ModelConfig = loaded.config
         self.model = loaded.dit
         self.decoder = loaded.decoder
@@ -138,13 +166,30 @@ class Engine:
             recache = "kv" if loaded.longlive or not config.checkpoint else "cross"
         self.prompt_recache = recache
         self.prompts = PromptEncoder(self.text_encoder)
+        self.memory = self._memory_budget(config)
+        self._capacity = self.memory.sessions
+        # Services configure logging (to stderr); a tool that did not keeps its stdout clean.
+        _log_if_configured(
+            "memory_budget",
+            device=str(self._device),
+            sessions=self._capacity,
+            slot_bytes=self.memory.slot_bytes,
+            slots_bytes=self._capacity * self.memory.slot_bytes,
+            needed_bytes=self.memory.needed(self._capacity),
+            available_bytes=self.memory.available,
+            decode_peak_bytes=self.memory.decode_peak,
+            decode_measured=self.memory.decode_measured,
+            max_decodes_per_pass=config.max_decodes_per_pass,
+        )
         self.pool = SlotPool(
             self.model_config,
-            config.max_sessions,
+            self._capacity,
             self._device,
             self.dtype,
             self.decoder.state_numel,
         )
+        # Slots held for arriving handoffs (the engine's only thread-safe part).
+        self.reservations = SlotReservations(self.pool)
         self._sigmas = sigmas(self.model_config)  # the full schedule
         full = len(self._sigmas)
         self._min_steps = full if config.min_steps is None else config.min_steps
@@ -159,7 +204,10 @@ class Engine:
         }
         self._sessions: dict[str, _Session] = {}
         self._resident: list[str] = []  # slot i holds self._resident[i]
-        self._generator = torch.Generator(device=self._device)
+        # Noise is drawn on the CPU and copied over: CUDA's generator gives other numbers on
+        # GPUs with other SM counts, so a session moved across GPU kinds would not continue
+        # exactly (the state layout's check cannot see the GPU model).
+        self._generator = torch.Generator()
         self._chunk_ms: dict[int, deque[float]] = {}
         self._pass_ms: dict[int, deque[float]] = {}
         self._switch_ms: deque[float] = deque(maxlen=64)  # prompt switches (incl. re-cache)
@@ -190,7 +238,76 @@ class Engine:
 
     @property
     def capacity(self) -> int:
-        return self.config.max_sessions
+        """Sessions this engine takes: the memory budget's, lowered after a pass that ran out
+        of memory (the slots stay allocated; fewer sessions decode less at once)."""
+        return self._capacity
+
+    # -- memory ---------------------------------------------------------------------------
+    def _memory_budget(self, config: EngineConfig) -> memory.MemoryBudget:
+        """How many slots fit (``memory.py``), before any is allocated."""
+        empty = SlotPool(self.model_config, 0, self._device, self.dtype, self.decoder.state_numel)
+        peak, measured = self._decode_peak()
+        budget = memory.MemoryBudget(
+            where=str(self._device),
+            available=memory.available_bytes(self._device),
+            slot_bytes=empty.memory_per_slot,
+            decode_peak=peak,
+            decode_measured=measured,
+            max_decodes=config.max_decodes_per_pass,
+        )
+        return memory.plan(budget, config.max_sessions, DEFAULT_SLOTS)
+
+    @torch.inference_mode()
+    def _decode_peak(self) -> tuple[int, bool]:
+        """What one chunk's decode allocates beyond its inputs: measured on CUDA (a decode of
+        zeros, fresh and continuing), estimated on the CPU (no allocator statistics there)."""
+        config = self.model_config
+        shape = (1, config.out_dim, config.chunk_frames, config.latent_height, config.latent_width)
+        numel = self.decoder.state_numel
+        item = torch.empty((), dtype=self.dtype).element_size()
+        if self._device.type != "cuda":
+            frames = config.video_frames_per_chunk * config.height * config.width * 3 * 4
+            return memory.estimated_decode_peak(numel * item, frames), False
+        latents = torch.zeros(shape, device=self._device)
+        state = torch.zeros(1, numel, device=self._device, dtype=self.dtype)
+        peak = 0
+        for fresh in (True, False):
+            wait_for_stream(self._device)
+            torch.cuda.reset_peak_memory_stats(self._device)
+            base = torch.cuda.memory_allocated(self._device)
+            self.decoder.decode(latents, state, fresh)
+            wait_for_stream(self._device)
+            peak = max(peak, torch.cuda.max_memory_allocated(self._device) - base)
+        del latents, state
+        memory.free_device_memory(self._device)
+        return peak, True
+
+    def _bound_decodes(self, chosen: Collection[str]) -> list[str]:
+        """``chosen`` without the sessions whose chunk would complete in this pass beyond
+        ``max_decodes_per_pass`` (the first ones keep their turn): those run their
+        cache-write pass, and decode, at a next pass."""
+        bound = self.config.max_decodes_per_pass
+        assert bound is not None
+        finishing = [
+            sid for sid in chosen if 0 < self._sessions[sid].phase == self._sessions[sid].steps
+        ]
+        later = set(finishing[bound:])
+        return [sid for sid in chosen if sid not in later]
+
+    def _out_of_memory(self, session_ids: list[str], error: str, load: int) -> PassOutOfMemory:
+        """After a pass (or a restore) ran out of memory: its sessions leave (their state is not
+        whole), the spare host buffers and the allocator's cache are freed, and the capacity
+        drops below ``load``, the sessions the failed work ran for (never below one)."""
+        for sid in session_ids:
+            if sid in self._sessions:
+                self.remove_session(sid)
+        self._spare_host.clear()
+        memory.free_device_memory(self._device)
+        self._capacity = max(1, min(self._capacity, load) - 1)
+        log.warning(
+            "pass_out_of_memory", sessions=session_ids, capacity=self._capacity, error=error
+        )
+        return PassOutOfMemory(session_ids, self._capacity, error)
 
     @property
     def fill_chunks(self) -> int:
@@ -338,10 +455,13 @@ class Engine:
             self._release_slot(session_id)
         del self._sessions[session_id]
 
-    def export_state(self, session_id: str) -> SessionSnapshot:
-        """A host copy of the session's state; the session itself is left as it was.
-        Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``. So a state never
-        carries a step count: its next chunk takes the budget of the engine it runs on."""
+    def export_state(self, session_id: str, *, on_device: bool = False) -> SessionSnapshot:
+        """A copy of the session's state; the session itself is left as it was. A host copy,
+        or with ``on_device`` (a handoff over NCCL or CUDA IPC) a clone on the engine's device,
+        which never changes when the slots move; a suspended session's state is in host memory
+        either way. Only at a chunk boundary: mid-chunk (pass_step) raises ``MidChunk``. So a
+        state never carries a step count: its next chunk takes the budget of the engine it
+        runs on."""
         session = self._get(session_id)
         if session.host is not None:
             session.host_exported = True
@@ -357,7 +477,7 @@ class Engine:
             )
         if session.phase:
             raise MidChunk(session_id, self.passes_to_boundary(session_id), "export")
-        return self._read_state(session)
+        return self._read_state(session, on_device=on_device)
 
     def import_state(self, state: SessionSnapshot, *, suspended: bool = False) -> None:
         """Makes the session resident here (or, with ``suspended``, keeps it parked in host
@@ -379,8 +499,14 @@ class Engine:
             session.host_exported = True  # not ours to recycle
             self._sessions[state.session_id] = session
             return
-        slot = self._claim_slot()
-        self.pool.write(slot, state.layers, state.misc)
+        slot = self._claim_slot(arriving=state.session_id)
+        held = self.reservations.held(state.session_id)
+        if held is not None and self._in_slot(state, held):
+            if held != slot:  # received straight into its reserved slot: into place
+                self.pool.move(held, slot)
+        else:
+            self.pool.write(slot, state.layers, state.misc)
+        self.reservations.release(state.session_id)
         self._sessions[state.session_id] = _Session(
             state.session_id,
             state.seed,
@@ -446,26 +572,35 @@ class Engine:
             if point.session_id in self._sessions:
                 raise SessionAlreadyResident(point.session_id)
             slot = self._claim_slot()
-            self.pool.clear(slot)
-            self.pool.misc[slot, : self.pool.history_numel].copy_(
-                history.to(self._device, self.dtype)
+            load, failure = len(self._resident) + 1, None
+            try:
+                self._rebuild(slot, point, history)
+            except torch.OutOfMemoryError as exc:
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if failure is not None:  # out of the handler: its traceback holds the tensors
+                raise self._out_of_memory([point.session_id], failure, load)
+
+    def _rebuild(self, slot: int, point: RecoveryPoint, history: torch.Tensor) -> None:
+        """``restore``'s work in ``slot``; the session is resident from its re-cache on, so an
+        out-of-memory error there lets it go whole (``_out_of_memory``)."""
+        self.pool.clear(slot)
+        self.pool.misc[slot, : self.pool.history_numel].copy_(history.to(self._device, self.dtype))
+        self._write_prompt(slot, self.prompts.get(point.prompt))
+        session = _Session(
+            point.session_id,
+            point.seed,
+            point.prompt,
+            point.seq,
+            point.position,
+            point.pending_prompt,
+        )
+        self._sessions[point.session_id] = session
+        self._resident.append(point.session_id)
+        if session.position > 0:
+            self._recache(slot, session)
+            self.decoder.rebuild(
+                self._recent_latents(slot, session), self.pool.decoder_state(slot, slot + 1)
             )
-            self._write_prompt(slot, self.prompts.get(point.prompt))
-            session = _Session(
-                point.session_id,
-                point.seed,
-                point.prompt,
-                point.seq,
-                point.position,
-                point.pending_prompt,
-            )
-            self._sessions[point.session_id] = session
-            self._resident.append(point.session_id)
-            if session.position > 0:
-                self._recache(slot, session)
-                self.decoder.rebuild(
-                    self._recent_latents(slot, session), self.pool.decoder_state(slot, slot + 1)
-                )
 
     # -- the pass ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -490,16 +625,25 @@ class Engine:
             if waiting:  # out of this pass until their prompt is encoded
                 chosen = self._resident if sessions is None else sessions
                 sessions = [sid for sid in chosen if sid not in waiting]
+            if self.config.max_decodes_per_pass is not None:
+                sessions = self._bound_decodes(self._resident if sessions is None else sessions)
             count = self._front(sessions)
             if count == 0:
                 return []
             started = time.perf_counter()
             batch = [self._sessions[sid] for sid in self._resident[:count]]
-            self._apply_pending_prompts(batch)  # those at phase 0 only
-            starts, caches = self._pass_inputs(batch)
-            done, frames = self._pass(batch, starts, caches)
-            frames_cpu = [f.contiguous().cpu() for f in frames]
-            self._sync()
+            failure = None
+            try:
+                self._apply_pending_prompts(batch)  # those at phase 0 only
+                starts, caches = self._pass_inputs(batch)
+                done, frames = self._pass(batch, starts, caches)
+                frames_cpu = [f.contiguous().cpu() for f in frames]
+                self._sync()
+            except torch.OutOfMemoryError as exc:
+                # Cleaned up once out of the handler: its traceback holds the pass's tensors.
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if failure is not None:
+                raise self._out_of_memory([s.session_id for s in batch], failure, len(batch))
             pass_ms = (time.perf_counter() - started) * 1000.0
             self._pass_ms.setdefault(count, deque(maxlen=256)).append(pass_ms)
             for session in batch:
@@ -612,8 +756,7 @@ class Engine:
         return done, frames
 
     def _sync(self) -> None:
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+        wait_for_stream(self._device)
 
     def _complete(
         self, session: _Session, frames: torch.Tensor, gen_ms: float, batch: int
@@ -627,11 +770,9 @@ class Engine:
     def _noise(self, sessions: list[_Session], step: int) -> torch.Tensor:
         config = self.model_config
         shape = (config.in_dim, config.chunk_frames, config.latent_height, config.latent_width)
-        draws = []
-        for session in sessions:
-            self._generator.manual_seed(noise_seed(session.seed, session.seq, step))
-            draws.append(torch.randn(shape, generator=self._generator, device=self._device))
-        return torch.stack(draws)
+        return draw_noise(
+            [noise_seed(s.seed, s.seq, step) for s in sessions], shape, self._generator
+        ).to(self._device)
 
     def _frame_slot(self, position: int) -> int:
         """Where the chunk starting at latent frame ``position`` is kept in the cache."""
@@ -708,10 +849,24 @@ class Engine:
         except KeyError:
             raise UnknownSession(session_id) from None
 
-    def _claim_slot(self) -> int:
-        if len(self._resident) >= self.capacity:
-            raise EngineFull(self.capacity)
-        return len(self._resident)
+    def _claim_slot(self, arriving: str | None = None) -> int:
+        """The next slot, ``len(resident)``; never a slot reserved for a handoff (but
+        ``arriving``'s own)."""
+        with self.reservations.lock:
+            slot = len(self._resident)
+            if slot >= self.capacity or slot >= self.reservations.ceiling(ignore=arriving):
+                raise EngineFull(self.capacity)
+            self.reservations.resident = slot + 1
+        return slot
+
+    def _in_slot(self, state: SessionSnapshot, slot: int) -> bool:
+        """Whether ``state``'s tensors are the rows of ``slot`` (received into them)."""
+        rows = self.pool.regions(slot)
+        tensors = [*state.layers, state.misc]
+        return len(rows) == len(tensors) and all(
+            t.data_ptr() == r.data_ptr() and t.shape == r.shape
+            for t, r in zip(tensors, rows, strict=True)
+        )
 
     def _release_slot(self, session_id: str) -> None:
         """Frees the session's slot, moving the last resident session into the hole so that
@@ -722,6 +877,8 @@ class Engine:
             self.pool.move(last, slot)
             self._resident[slot] = self._resident[last]
         self._resident.pop()
+        with self.reservations.lock:
+            self.reservations.resident = len(self._resident)
 
     def _front(self, chosen: Collection[str] | None) -> int:
         """Moves the ``chosen`` resident sessions to slots ``0..m-1`` (all when None); returns
@@ -787,17 +944,32 @@ class Engine:
 
     def _recycle_host(self, session: _Session) -> None:
         host, session.host = session.host, None
-        if host is not None and not session.host_exported and len(self._spare_host) < self.capacity:
+        if host is None or session.host_exported:
+            return
+        if len(self._spare_host) < self.config.spare_host_buffers:
             self._spare_host.append([*host.layers, host.misc])
+        elif self._pin:
+            # Freed, not cached: the host allocator keeps page-locked blocks until told.
+            del host
+            torch.accelerator.empty_host_cache()
 
     def _read_state(
-        self, session: _Session, into: list[torch.Tensor] | None = None
+        self, session: _Session, into: list[torch.Tensor] | None = None, on_device: bool = False
     ) -> SessionSnapshot:
         slot = self._resident.index(session.session_id)
         if session.awaiting_text:  # its state must hold its prompt before it leaves
             self._write_prompt(slot, self.prompts.get(session.prompt))
             session.awaiting_text = False
-        layers, misc = self.pool.read(slot, pin=self._pin, into=into)
+        layers = None
+        if on_device:
+            try:
+                layers, misc = self.pool.clone(slot)
+            except torch.OutOfMemoryError:
+                # No room for a clone: the host copy (the handoff then goes by gloo).
+                log.warning("freeze_clone_out_of_memory", session_id=session.session_id)
+                memory.free_device_memory(self._device)
+        if layers is None:
+            layers, misc = self.pool.read(slot, pin=self._pin, into=into)
         return SessionSnapshot(
             session_id=session.session_id,
             seq=session.seq,
@@ -901,6 +1073,10 @@ def next_chunks(engine: Engine) -> list[ChunkResult]:
             if sid in owed or _passes_for_chunk(engine, sid) > left
         ]
         done = engine.pass_step(chosen)
+        results.extend(r for r in done if r.session_id in owed)
+        owed.difference_update(r.session_id for r in done)
+    while owed:  # chunks whose decode a bound on decodes per pass put off
+        done = engine.pass_step([sid for sid in engine.active_sessions() if sid in owed])
         results.extend(r for r in done if r.session_id in owed)
         owed.difference_update(r.session_id for r in done)
     return results

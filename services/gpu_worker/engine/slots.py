@@ -23,9 +23,18 @@ chunk boundary, where it holds nothing).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..model.config import ModelConfig
+
+
+def wait_for_stream(device: torch.device) -> None:
+    """Wait for the work queued on this thread's current stream of ``device`` (nothing on the
+    CPU), not the whole device: the text encoder's stream runs on (``model/text.py``)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 class SlotPool:
@@ -66,6 +75,13 @@ class SlotPool:
     def bytes_per_slot(self) -> int:
         item = torch.empty((), dtype=self.dtype).element_size()
         return (self.region_numel * self.config.num_layers + self.misc_numel) * item
+
+    @property
+    def memory_per_slot(self) -> int:
+        """What one slot takes: its state and its chunk in progress (``inflight``). A pool of
+        capacity 0 allocates nothing, so this is known before any slot exists."""
+        inflight = int(torch.Size(self.inflight.shape[1:]).numel()) * 4  # float32
+        return self.bytes_per_slot + inflight
 
     @property
     def scratch(self) -> tuple[int, int]:
@@ -131,12 +147,60 @@ class SlotPool:
         copies = into if into is not None else self.host_buffers(pin)
         for region, host in zip(self.regions(slot), copies, strict=True):
             host.copy_(region, non_blocking=host.is_pinned())
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for_stream(self.device)
+        return copies[:-1], copies[-1]
+
+    def clone(self, slot: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A copy of the slot on its own device (the regions' clones, not views: slots move
+        when sessions leave, and a view would change under a transfer). One slot's worth of
+        device memory until the copy is dropped; complete when it returns."""
+        copies = [region.clone() for region in self.regions(slot)]
+        wait_for_stream(self.device)
         return copies[:-1], copies[-1]
 
     def write(self, slot: int, layers: list[torch.Tensor], misc: torch.Tensor) -> None:
         for region, source in zip(self.regions(slot), [*layers, misc], strict=True):
             region.copy_(source, non_blocking=source.is_pinned())
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for_stream(self.device)
+
+
+class SlotReservations:
+    """Slots held for sessions arriving by a handoff, which are received straight into them
+    (no second copy, no fresh buffers). Thread-safe, unlike the rest of the engine: the event
+    loop reserves and releases, the generation thread claims slots and adopts.
+
+    Resident sessions keep slots ``0..n-1``, so a reservation takes the highest free slot at
+    or above ``resident`` (the slots claimed so far), and a claim is refused at the lowest
+    reserved slot: neither ever touches the other's rows."""
+
+    def __init__(self, pool: SlotPool) -> None:
+        self.pool = pool
+        self.lock = threading.Lock()
+        self.resident = 0  # slots claimed by resident sessions (kept by the engine, under lock)
+        self._held: dict[str, int] = {}
+
+    def reserve(self, session_id: str) -> list[torch.Tensor] | None:
+        """The rows of a slot held for ``session_id`` (one per layer, then misc), or None when
+        every free slot is taken."""
+        with self.lock:
+            slot = self._held.get(session_id)
+            if slot is None:
+                taken = set(self._held.values())
+                free = [i for i in range(self.resident, self.pool.capacity) if i not in taken]
+                if not free:
+                    return None
+                slot = self._held[session_id] = max(free)
+        return self.pool.regions(slot)
+
+    def held(self, session_id: str) -> int | None:
+        with self.lock:
+            return self._held.get(session_id)
+
+    def release(self, session_id: str) -> None:
+        with self.lock:
+            self._held.pop(session_id, None)
+
+    def ceiling(self, ignore: str | None = None) -> int:
+        """(Under ``lock``.) The first slot a claim may not take."""
+        slots = [slot for sid, slot in self._held.items() if sid != ignore]
+        return min(slots, default=self.pool.capacity)

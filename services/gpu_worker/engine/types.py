@@ -11,7 +11,16 @@ import torch
 class EngineConfig:
     preset: str = "tiny"
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
-    max_sessions: int = 8
+    # Session slots; None: as many as the memory budget gives (``memory.py``), up to the
+    # default count (``shared.settings.DEFAULT_SLOTS``). A number that does not fit is
+    # refused at start (``MemoryBudgetExceeded``).
+    max_sessions: int | None = 8
+    # The chunks one pass may decode (the decoder's peak memory is per chunk); the others
+    # finish at the next pass. None: every chunk that completes.
+    max_decodes_per_pass: int | None = None
+    # Suspend buffers kept for reuse (page-locked on a GPU: allocating them costs far more
+    # than the copy); more are freed when their session resumes or leaves.
+    spare_host_buffers: int = 2
     seed: int = 0  # weight seed: workers with the same seed hold the same random weights
     # The causal DiT: safetensors or .pt (Self-Forcing, LongLive), Wan or diffusers naming.
     checkpoint: str | None = None
@@ -31,8 +40,12 @@ class EngineConfig:
     min_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1:
+        if self.max_sessions is not None and self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.max_decodes_per_pass is not None and self.max_decodes_per_pass < 1:
+            raise ValueError(f"max_decodes_per_pass must be >= 1, got {self.max_decodes_per_pass}")
+        if self.spare_host_buffers < 0:
+            raise ValueError(f"spare_host_buffers must be >= 0, got {self.spare_host_buffers}")
         if self.min_steps is not None and self.min_steps < 1:
             raise ValueError(f"min_steps must be >= 1, got {self.min_steps}")
         if self.prompt_recache not in ("auto", "kv", "cross"):
@@ -194,6 +207,22 @@ class MidChunk(EngineError):
         self.session_id = session_id
         self.passes_left = passes_left
         self.action = action
+
+
+class PassOutOfMemory(EngineError):
+    """A pass (or a restore, which runs the model) ran out of device memory. Its sessions left the engine (their state is not
+    whole after a pass that stopped part-way: they continue elsewhere from their last chunk
+    boundary), the allocator's cache was emptied, and the capacity lowered to ``capacity``."""
+
+    retryable = True
+
+    def __init__(self, sessions: list[str], capacity: int, error: str) -> None:
+        super().__init__(
+            f"a pass of {len(sessions)} session(s) ran out of memory ({error}); they left "
+            f"the engine, whose capacity is now {capacity}"
+        )
+        self.sessions = sessions
+        self.capacity = capacity
 
 
 class StepFloorAboveFull(ValueError):

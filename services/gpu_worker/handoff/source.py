@@ -40,6 +40,7 @@ from .codes import HandoffCode
 from .host import FrozenSession, HostRefused
 from .links import SEND
 from .rendezvous import new_link_id
+from .selection import Place
 from .stats import HandoffSample
 from .tensors import checksum, spec_of, tensors_of
 from .transports import TransferError
@@ -56,6 +57,15 @@ class _Abort(Exception):
         super().__init__(detail)
         self.code = code
         self.detail = detail
+
+
+def state_place(device: str, worker: Place) -> Place:
+    """Where a frozen state is, as its offer says: ``device`` of its tensors (a CUDA
+    worker's executing session is frozen on the device, a suspended one in host memory) and,
+    on the device, the worker's GPU UUID, from which the destination picks the transport."""
+    if device.startswith("cuda"):
+        return Place(device=device, uuid=worker.uuid)
+    return Place(device=device)
 
 
 def as_code(text: str) -> HandoffCode:
@@ -205,11 +215,11 @@ class Migration:
     async def _offer(self, frozen: FrozenSession) -> HandoffOffer:
         ep, snap = self.ep, frozen.snapshot
         tensors = tensors_of(snap)
-        state_device = str(tensors[0].device) if tensors else "cpu"
+        held = state_place(str(tensors[0].device) if tensors else "cpu", ep.place)
         rendezvous = {
             "store": ep.address,
-            "device": state_device,
-            "uuid": ep.place.uuid if state_device.startswith("cuda") else "",
+            "device": held.device,
+            "uuid": held.uuid,
             "new_link": new_link_id(),
             "tag": str(ep.next_tag()),
         }

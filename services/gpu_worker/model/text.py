@@ -78,7 +78,11 @@ class UMT5TextEncoder:
     it off the generation pass (``engine.prompts``).
 
     ``device`` / ``dtype``: where it runs (bf16 on the GPU by default; umT5-XXL is 5.7 B
-    parameters, 11.4 GB in bf16)."""
+    parameters, 11.4 GB in bf16).
+
+    On a GPU it runs on a CUDA stream of its own, at the lowest priority, and waits for that
+    stream alone: on the default stream the pass's synchronisations would wait for umT5 and
+    umT5 for the pass. (The engine, in turn, waits for its own stream, never the device.)"""
 
     name = "umt5"
 
@@ -87,6 +91,7 @@ class UMT5TextEncoder:
         self.tokenizer = tokenizer
         self.dim = int(model.config.d_model)
         self.max_len = max_len
+        self._stream: torch.cuda.Stream | None = None
 
     @classmethod
     def from_folders(
@@ -129,8 +134,29 @@ class UMT5TextEncoder:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         return cls(model.to(device=device, dtype=dtype), tokenizer, max_len)
 
+    def encode(self, prompt: str, *, own_stream: bool = True) -> torch.Tensor:
+        """``own_stream=False``: on the caller's current stream instead (what the GPU check
+        compares the encoder's own stream with)."""
+        device = next(self.model.parameters()).device
+        stream = self.stream(device) if own_stream else None
+        if stream is None:
+            return self._encode(prompt, device)
+        with torch.cuda.stream(stream):  # this thread's current stream, for the call only
+            out = self._encode(prompt, device)
+        stream.synchronize()
+        return out
+
+    def stream(self, device: torch.device) -> torch.cuda.Stream | None:
+        """The encoder's own low-priority stream on a CUDA ``device`` (None on the CPU)."""
+        if device.type != "cuda":
+            return None
+        if self._stream is None:
+            # CUDA's priorities run from 0 (the lowest, the default's) to negative numbers.
+            self._stream = torch.cuda.Stream(device=device, priority=0)  # type: ignore[no-untyped-call]
+        return self._stream
+
     @torch.inference_mode()
-    def encode(self, prompt: str) -> torch.Tensor:
+    def _encode(self, prompt: str, device: torch.device) -> torch.Tensor:
         tokens = self.tokenizer(
             [clean_prompt(prompt)],
             padding="max_length",
@@ -140,7 +166,6 @@ class UMT5TextEncoder:
             return_attention_mask=True,
             return_tensors="pt",
         )
-        device = next(self.model.parameters()).device
         ids, mask = tokens.input_ids.to(device), tokens.attention_mask.to(device)
         states = self.model(input_ids=ids, attention_mask=mask).last_hidden_state[0].float()
         length = int(mask[0].sum())

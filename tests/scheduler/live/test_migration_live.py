@@ -72,7 +72,7 @@ async def test_a_migrated_session_continues_seamlessly_with_the_frames_it_would_
     assert set(workers[:switch]) == {"wa"} and set(workers[switch:]) == {"wb"}
     for got, want in zip(moved, still, strict=True):
         assert got.seq == want.seq
-        assert got.frames == want.frames, f"chunk {got.seq} differs after the move"
+        assert got.fmp4 == want.fmp4, f"chunk {got.seq} differs after the move"
     kinds = [(n.kind, n.worker_id, n.next_seq) for n in rx.notices["moved"]]
     assert kinds == [(NoticeKind.PLACED, "wa", 0), (NoticeKind.MIGRATED, "wb", switch)]
     assert record.state is SessionState.TERMINATED and record.epoch == report["epoch"] + 1
