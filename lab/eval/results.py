@@ -185,7 +185,7 @@ def write_sections(text: str, tables: dict[str, str]) -> str:
 def _policy_all() -> str:
     """The ``sim run --trace bursty --policy all`` table, run now (a few minutes: it includes
     each policy's cost to serve 99% of periods), without its wall times."""
-    from lab.sim.cli import RunRequest, sim_run, sweep_at_slo
+    from lab.sim.run import RunRequest, sim_run, sweep_at_slo
 
     report = sim_run(RunRequest(trace="bursty", policy="all"))
     for line in report.warnings:

@@ -52,7 +52,7 @@ def test_results_table_rows():
 def test_sim_run_prints_the_report_its_function_returns(tmp_path, capsys):
     """`sim run` prints what ``sim_run`` returns (``sim tables`` calls the function, never
     the command): the same lines, the wall times (and the decision times) apart."""
-    from lab.sim.cli import RunRequest, sim_run
+    from lab.sim.run import RunRequest, sim_run
     from tools.cli import main
 
     trace = tmp_path / "t.csv"
