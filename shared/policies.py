@@ -1,9 +1,10 @@
 """The names of the scheduling policies the live scheduler may run (``TURBOSERVE_POLICY``).
 
-Settings validation reads this list; it cannot ask the scheduler's registry, which the
-settings module does not import. The registry's test holds the two equal. The simulator and
-the evaluation know more policies (the rivals; the clairvoyant one needs the future, so it
-never runs live).
+Settings validation reads this list (the settings import no service). The policy core defines
+the policies and builds its one list, ``services.scheduler.core.policies.LIVE_POLICIES``, on
+these names: a name here without a policy there, or the other way round, stops its import. The
+simulator knows more policies (``lab.sim.policies``: the clairvoyant one needs the future, so
+it never runs live).
 """
 
 from __future__ import annotations

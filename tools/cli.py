@@ -65,9 +65,7 @@ TOP_LEVEL = (
         "tools.gpucheck",
         "the GPU path measured in one go (8 steps); --device cpu: the dry run",
     ),
-    Subcommand(
-        "sim", "services.scheduler.sim.cli", "traces, the discrete-event simulator, the profiler"
-    ),
+    Subcommand("sim", "lab.sim.cli", "traces, the discrete-event simulator, the profiler"),
 )
 BENCH = (
     Subcommand("control", "tools.bench.control", "the control plane's overhead (event to command)"),

@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from services.scheduler.sim.synth import BUILTIN_NAMES
-from services.scheduler.sim.viewer import ServiceLedger, summary
+from lab.sim.synth import BUILTIN_NAMES
+from lab.sim.viewer import ServiceLedger, summary
 
 DEFAULT_DEADLINE_MS = 1250.0
 
@@ -216,7 +216,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.scheduler.sim.traceio import TraceError, load_trace
+    from lab.sim.traceio import TraceError, load_trace
     from shared.cli import fail
     from shared.settings import ToolSettings
     from tools.launcher import read_state
@@ -514,9 +514,9 @@ def compare_with_sim(
 ) -> None:
     """Add ``sim`` (the simulator's figures for what was played, under the same keys) and
     ``error_pct`` to ``result``; the pool's facts come from the mesh's own account."""
+    from lab.sim.compare import error_pct, simulate_replay
+    from lab.sim.traceio import make_trace
     from services.scheduler.shipped import load_rho_table
-    from services.scheduler.sim.compare import error_pct, simulate_replay
-    from services.scheduler.sim.traceio import make_trace
     from shared.profile import profile_from_dict
 
     before: dict[str, Any] = result.get("_before") or {}
@@ -557,7 +557,7 @@ def compare_with_sim(
 
 
 def format_comparison(result: dict[str, Any]) -> str:
-    from services.scheduler.sim.compare import COMPARED
+    from lab.sim.compare import COMPARED
 
     def get(doc: dict[str, Any], key: str) -> Any:
         value: Any = doc

@@ -17,14 +17,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-import services.scheduler.eval.rivals  # noqa: F401  (registers the rivals it may run)
 from services.scheduler.core.autoscale import RhoTable, RhoTableError
-from services.scheduler.core.policies import (
-    Policy,
-    get_policy,
-    live_policies,
-    policy_spec,
-)
+from services.scheduler.core.policies import LIVE_POLICIES, Policy
 from services.scheduler.core.quality import check_min_steps
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
@@ -60,11 +54,11 @@ class SchedulerService:
             self.profiles, self.default_kind, self.rho_table = load_inputs(settings)
         except (ProfileError, RhoTableError, OSError) as exc:
             raise SettingsError([f"scheduler inputs: {exc}"]) from None
-        if settings.policy not in live_policies():
+        if settings.policy not in LIVE_POLICIES:
             raise SettingsError(
-                [f"TURBOSERVE_POLICY={settings.policy!r}: one of {', '.join(live_policies())}"]
+                [f"TURBOSERVE_POLICY={settings.policy!r}: one of {', '.join(LIVE_POLICIES)}"]
             )
-        if settings.min_steps is not None and "min_steps" in policy_spec(settings.policy).params:
+        if settings.min_steps is not None and "min_steps" in LIVE_POLICIES[settings.policy].params:
             # Checked here, not when the core is built at a takeover: a floor above the model's
             # full count stops the service at its start.
             try:
@@ -179,7 +173,7 @@ def live_policy(
     steps down to it while the GPU is over its budget."""
     boot = settings.boot_delay_s + WORKER_START_S
     prefix = settings.gpu_id_prefix or None
-    spec = policy_spec(settings.policy)
+    spec = LIVE_POLICIES[settings.policy]
     params: dict[str, object]
     if spec.autoscales:
         params = {
@@ -210,7 +204,7 @@ def live_policy(
                 policy=settings.policy,
                 why="this policy never lowers the denoising steps; TURBOSERVE_MIN_STEPS is ignored",
             )
-    return get_policy(settings.policy, profiles, spec.config(params))
+    return LIVE_POLICIES.build(settings.policy, profiles, spec.config(params))
 
 
 def load_inputs(

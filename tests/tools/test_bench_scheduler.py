@@ -45,7 +45,7 @@ def test_release_of_a_booting_gpu_removes_it_from_the_boot_queue(monkeypatch):
         return real_step(event)
 
     fake.step = step
-    monkeypatch.setattr(policies, "get_policy", lambda *a, **k: fake)
+    monkeypatch.setattr(policies.Policies, "build", lambda *a, **k: fake)
     bench.bench_one(1, 10, 0)
     assert fake.ready == ["gy"]  # gx was cancelled: no (timed, no-op) GPU_READY for it
 

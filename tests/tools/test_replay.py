@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.sim.traceio import TraceEvent
-from services.scheduler.sim.viewer import ServiceLedger
+from lab.sim.traceio import TraceEvent
+from lab.sim.viewer import ServiceLedger
 from tools.replay import (
     ReplayConfig,
     SessionLog,

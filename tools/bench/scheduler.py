@@ -84,14 +84,14 @@ def bench_one(
     gpus: int, steps: int, seed: int, profile_name: str | None = None, step_reports: bool = True
 ) -> dict[str, Any]:
     from services.scheduler.core.config import ControllerConfig
-    from services.scheduler.core.policies import get_policy
+    from services.scheduler.core.policies import LIVE_POLICIES
     from services.scheduler.core.types import Event, EventKind
     from shared.profile import load_profile
 
     # min_gpus = G keeps the cluster at its size while it fills (an almost empty cluster would
     # rightly scale in); above G the controller scales out and back in freely.
     profile = load_profile() if profile_name is None else load_profile(profile_name)
-    policy = get_policy(
+    policy = LIVE_POLICIES.build(
         "turboserve",
         profile,
         ControllerConfig(rho_hat=0.7, delta=0.1, initial_gpus=gpus, min_gpus=gpus),

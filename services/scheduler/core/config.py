@@ -26,7 +26,7 @@ PLACEMENTS = ("soonest_first_chunk", "least_loaded", "round_robin", "memory_awar
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     """Settings of one controller. Defaults are TurboServe's; the built-in policies
-    (``policies.get_policy``) are this class with switches."""
+    (``policies.LIVE_POLICIES``) are this class with switches."""
 
     name: str = "turboserve"
     # Placement rule for new, re-activated and displaced sessions (``placement.CHOOSERS``).

@@ -50,7 +50,7 @@ plain GPU count.
 The same class, with switches, is every built-in policy (see ``policies.py``): the static
 baselines turn off migration and autoscaling and use another chooser for step 2.
 
-Extension hooks for other policies (the evaluation's rivals, ``services.scheduler.eval.rivals``):
+Extension hooks for other policies (the rivals, ``rivals.py``; the lab's clairvoyant):
 ``current_rho_hat(t)`` and ``target_gpus(t, n_required, rho_max, budget, rho_hat, delta)``.
 ``target_gpus`` is called up to twice per step (before and after the rebalance); keep any state
 it records idempotent for equal ``t``.
@@ -113,13 +113,17 @@ from shared.profile import LatencyProfile
 _EPS = 1e-9
 
 
+# A latency profile, or GPU kind -> profile: what every policy is built on.
+Profiles = LatencyProfile | Mapping[str, LatencyProfile]
+
+
 class Controller:
     """The TurboServe loop (and, with switches, the baselines). Deterministic for an event
     sequence; no I/O; decisions are applied to its own view before they are returned."""
 
     def __init__(
         self,
-        profiles: LatencyProfile | Mapping[str, LatencyProfile],
+        profiles: Profiles,
         config: ControllerConfig | None = None,
     ) -> None:
         config = ControllerConfig() if config is None else config

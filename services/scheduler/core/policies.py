@@ -1,37 +1,40 @@
-"""Policies by name: one interface, one registry, the built-in policies.
+"""Policies by name: one interface, the built-in policies, and the one list of the policies the
+live scheduler may run.
 
 A policy keeps its own view of the cluster, applies its own decisions to it immediately, and
 returns them from ``step``; the environment (simulator or live service) carries them out and
 reports pool events back. :class:`Policy` lists everything an environment may call.
 
-Each registered policy takes one frozen config (its :class:`PolicySpec` names the type):
+:data:`LIVE_POLICIES` is a :class:`Policies`: a fixed mapping of name -> :class:`PolicySpec`,
+written out here; nothing adds to it by being imported. Each spec takes one frozen config:
 
-* ``get_policy(name, profiles, config)`` builds it; ``config`` must be of the policy's type
-  (None: its defaults). ``profiles`` is a :class:`LatencyProfile` or a mapping GPU kind ->
-  profile (values: the core reads no files; load them with ``shared.profile`` and the rho table
-  with ``services.scheduler.shipped``).
-* ``policy_config(name, params)`` turns loose parameters (a command line's ``--param``, a
-  sweep's settings) into that config: each key must be a field of it (or an alias a policy
+* ``LIVE_POLICIES.build(name, profiles, config)`` builds a policy; ``config`` must be of the
+  policy's type (None: its defaults). ``profiles`` is a :class:`LatencyProfile` or a mapping GPU
+  kind -> profile (values: the core reads no files; load them with ``shared.profile`` and the
+  rho table with ``services.scheduler.shipped``).
+* ``LIVE_POLICIES.config(name, params)`` turns loose parameters (a command line's ``--param``,
+  a sweep's settings) into that config: each key must be a field of it (or an alias a policy
   declares); an unknown one is a ``TypeError`` that names it and lists the accepted ones, a bad
   value a ``ValueError``.
 
-Built-ins (all are :class:`~services.scheduler.core.loop.Controller` with switches):
+The live policies (all are :class:`~services.scheduler.core.loop.Controller` with switches, or
+with another ``target_gpus``):
 
-============== ============ ========= ========= ================================================
-name           placement    migration autoscale config
-============== ============ ========= ========= ================================================
-turboserve     soonest      yes       yes       :class:`ControllerConfig` (``gpus`` is another
-               first chunk                      name for ``initial_gpus`` in loose parameters)
-turboserve_q   soonest ...  yes       yes       same as turboserve, with the quality budget on:
-                                                ``min_steps`` defaults to
-                                                ``QUALITY_MIN_STEPS``; offline only (live:
-                                                turboserve with ``min_steps`` set)
-no_migration   soonest ...  no        yes       same as turboserve
-no_autoscale   soonest ...  yes       no        :class:`NoAutoscaleConfig` (gpus, eta, ...)
-round_robin    round robin  no        no        :class:`StaticConfig` (gpus, gpu_kind, ...)
-least_loaded   least loaded no        no        :class:`StaticConfig`
-memory_aware   best fit     no        no        :class:`StaticConfig`
-============== ============ ========= ========= ================================================
+====================== ============ ========= ========= ========================================
+name                   placement    migration autoscale config
+====================== ============ ========= ========= ========================================
+turboserve             soonest      yes       yes       :class:`ControllerConfig` (``gpus`` is
+                       first chunk                      another name for ``initial_gpus`` in
+                                                        loose parameters)
+no_migration           soonest ...  no        yes       same as turboserve
+no_autoscale           soonest ...  yes       no        :class:`NoAutoscaleConfig` (gpus, eta)
+round_robin            round robin  no        no        :class:`StaticConfig` (gpus, gpu_kind)
+least_loaded           least loaded no        no        :class:`StaticConfig`
+memory_aware           best fit     no        no        :class:`StaticConfig`
+hpa                    least loaded no        yes       ``rivals.HpaConfig``
+least_loaded_autoscale least loaded no        yes       ``rivals.ThresholdConfig``
+turboserve_predictive  least loaded yes       yes       ``rivals.PredictiveConfig``
+====================== ============ ========= ========= ========================================
 
 The policy sets the switches of a :class:`ControllerConfig` it is given (``name``,
 ``placement``, ``migrate``, ``autoscale``); loose parameters may not name them. Static policies
@@ -39,17 +42,17 @@ default to ``gpus = 16`` (the paper's H20 cluster). Without ``rho_table`` (and w
 ``rho_hat``) the autoscalers use the fixed ``FALLBACK_RHO_HAT``; the shipped table is
 ``services.scheduler.shipped.load_rho_table()``.
 
-Other modules add policies with :func:`register_policy`: the evaluation's rivals (HPA-style,
-threshold, predictive, clairvoyant) are registered by ``services.scheduler.eval.rivals`` when
-it is imported. A policy that needs what only an offline run knows (the future) is registered
-with ``live=False``; the scheduler service refuses it (``shared.policies.LIVE_POLICIES`` holds
-the names of the live ones, for the settings' check).
+The names are ``shared.policies.LIVE_POLICIES``, the settings' check of ``TURBOSERVE_POLICY``
+(the settings import no service): the list here is built on those names and stops the import
+if it defines another set. The simulator knows more policies, those that run only offline (the
+clairvoyant needs the future; ``turboserve_q`` is turboserve with the quality budget always
+on): ``lab.sim.policies`` extends this list with them (:meth:`Policies.extended`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -60,16 +63,23 @@ from services.scheduler.core.config import (
     DEFAULT_RETRY_BACKOFF_S,
     ControllerConfig,
 )
-from services.scheduler.core.loop import Controller
+from services.scheduler.core.loop import Controller, Profiles
+from services.scheduler.core.rivals import (
+    HpaConfig,
+    HpaController,
+    PredictiveConfig,
+    PredictiveController,
+    ThresholdConfig,
+    ThresholdController,
+)
 from services.scheduler.core.types import Decision, Event, RestoredGpu, RestoredSession
+from shared.policies import LIVE_POLICIES as LIVE_NAMES
 from shared.profile import LatencyProfile
 
 DEFAULT_STATIC_GPUS = 16
-# turboserve_q's floor of denoising steps unless given: 3 of a 4-step model's 4 (a chunk at 4/5
-# of its time). Lower floors buy more room at more cost in quality (docs/evaluation.md).
-QUALITY_MIN_STEPS = 3
-Profiles = LatencyProfile | Mapping[str, LatencyProfile]
 
+# Loose parameters of an autoscaler: ``gpus`` is another name for ``initial_gpus``.
+GPUS_ALIAS: Mapping[str, str] = {"gpus": "initial_gpus"}
 # The fields of a ControllerConfig that a policy sets itself.
 SWITCHES = frozenset({"name", "placement", "migrate", "autoscale"})
 
@@ -157,20 +167,17 @@ AnyConfig = TypeVar("AnyConfig", bound=PolicyConfig)
 
 @dataclass(frozen=True, slots=True)
 class PolicySpec(Generic[AnyConfig]):
-    """A registered policy: its config type, how it is built from one, and what it is.
+    """A policy as a list holds it: its config type, how it is built from one, and what it is.
 
     ``autoscales``: it sizes the pool itself (the live service gives it the provisioner's
-    limits), else it keeps the pool it is given. ``live``: the live scheduler may run it
-    (False: it needs what only an offline run knows, e.g. the trace's future).
-    ``aliases``: other names for config fields in loose parameters (old name -> field).
-    ``quality_budget``: it may lower a GPU's denoising steps (it takes ``min_steps``); the
+    limits), else it keeps the pool it is given. ``aliases``: other names for config fields in
+    loose parameters (old name -> field). ``quality_budget``: it may lower a GPU's denoising steps (it takes ``min_steps``); the
     rivals never do, though their configs extend :class:`ControllerConfig`."""
 
     name: str
     config_type: type[AnyConfig]
     build: Callable[[Profiles, AnyConfig], Policy]
     autoscales: bool
-    live: bool = True
     aliases: Mapping[str, str] = field(default_factory=dict)
     quality_budget: bool = False
 
@@ -205,66 +212,69 @@ class PolicySpec(Generic[AnyConfig]):
         return self.config_type(**values)
 
 
-_REGISTRY: dict[str, PolicySpec[Any]] = {}
+class Policies(Mapping[str, PolicySpec[Any]]):
+    """Policies by name: a fixed list of specs, iterated in name order. Looking up a name it
+    does not hold is a ``KeyError`` that lists the ones it does."""
 
+    def __init__(self, *specs: PolicySpec[Any]) -> None:
+        by_name: dict[str, PolicySpec[Any]] = {}
+        for spec in specs:
+            if not spec.name or not isinstance(spec.name, str):
+                raise ValueError(f"policy name must be a non-empty string, got {spec.name!r}")
+            if spec.name in by_name:
+                raise ValueError(f"policy {spec.name!r} is listed twice")
+            by_name[spec.name] = spec
+        self._specs = dict(sorted(by_name.items()))
 
-def register_policy(spec: PolicySpec[Any]) -> None:
-    """Make ``get_policy(spec.name, ...)`` build with ``spec``."""
-    if not spec.name or not isinstance(spec.name, str):
-        raise ValueError(f"policy name must be a non-empty string, got {spec.name!r}")
-    _REGISTRY[spec.name] = spec
+    def __getitem__(self, name: str) -> PolicySpec[Any]:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise KeyError(f"unknown policy {name!r}; available: {', '.join(self)}") from None
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
 
-def available_policies() -> list[str]:
-    return sorted(_REGISTRY)
+    def __len__(self) -> int:
+        return len(self._specs)
 
+    def extended(self, *specs: PolicySpec[Any]) -> Policies:
+        """These policies and ``specs`` (a name listed twice is a ``ValueError``)."""
+        return Policies(*self._specs.values(), *specs)
 
-def live_policies() -> list[str]:
-    """The registered policies the live scheduler may run."""
-    return sorted(name for name, spec in _REGISTRY.items() if spec.live)
+    def config(self, name: str, params: Mapping[str, object]) -> PolicyConfig:
+        """Policy ``name``'s config from loose parameters (see :meth:`PolicySpec.config`)."""
+        config: PolicyConfig = self[name].config(params)
+        return config
 
-
-def policy_spec(name: str) -> PolicySpec[Any]:
-    """The registered policy ``name`` (``KeyError`` listing the known ones)."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown policy {name!r}; available: {', '.join(available_policies())}"
-        ) from None
-
-
-def policy_config(name: str, params: Mapping[str, object]) -> PolicyConfig:
-    """Policy ``name``'s config from loose parameters (see :meth:`PolicySpec.config`)."""
-    config: PolicyConfig = policy_spec(name).config(params)
-    return config
-
-
-def get_policy(name: str, profiles: Profiles, config: PolicyConfig | None = None) -> Policy:
-    """A fresh policy object on ``profiles`` (a profile, or GPU kind -> profile), set by
-    ``config`` (of the policy's own config type; None: its defaults)."""
-    spec = policy_spec(name)
-    if not isinstance(profiles, LatencyProfile | Mapping):
-        raise TypeError(
-            f"policy {name!r}: profiles must be a LatencyProfile or a mapping of GPU "
-            f"kind to LatencyProfile (load files with shared.profile), "
-            f"got {type(profiles).__name__}"
-        )
-    if config is None:
-        config = spec.config({})
-    elif type(config) is not spec.config_type:
-        raise TypeError(
-            f"policy {name!r} takes a {spec.config_type.__name__}, got {type(config).__name__}"
-        )
-    return spec.build(profiles, config)
+    def build(self, name: str, profiles: Profiles, config: PolicyConfig | None = None) -> Policy:
+        """A fresh policy object on ``profiles`` (a profile, or GPU kind -> profile), set by
+        ``config`` (of the policy's own config type; None: its defaults)."""
+        spec = self[name]
+        if not isinstance(profiles, LatencyProfile | Mapping):
+            raise TypeError(
+                f"policy {name!r}: profiles must be a LatencyProfile or a mapping of GPU "
+                f"kind to LatencyProfile (load files with shared.profile), "
+                f"got {type(profiles).__name__}"
+            )
+        if config is None:
+            config = spec.config({})
+        elif type(config) is not spec.config_type:
+            raise TypeError(
+                f"policy {name!r} takes a {spec.config_type.__name__}, got {type(config).__name__}"
+            )
+        return spec.build(profiles, config)
 
 
 # ---- built-ins ------------------------------------------------------------------------------
 
 
-def _autoscaling(
-    name: str, migrate: bool, min_steps: int | None = None, live: bool = True
+def autoscaling(
+    name: str, migrate: bool, min_steps: int | None = None
 ) -> PolicySpec[ControllerConfig]:
+    """TurboServe's autoscaling loop as policy ``name`` (``migrate``: with live migration;
+    ``min_steps``: the quality budget's floor of denoising steps unless the config sets one)."""
+
     def build(profiles: Profiles, config: ControllerConfig) -> Policy:
         if min_steps is not None and config.min_steps is None:
             config = dataclasses.replace(config, min_steps=min_steps)
@@ -280,8 +290,7 @@ def _autoscaling(
         ControllerConfig,
         build,
         autoscales=True,
-        live=live,
-        aliases={"gpus": "initial_gpus"},
+        aliases=GPUS_ALIAS,
         quality_budget=True,
     )
 
@@ -300,11 +309,38 @@ def _static(name: str) -> PolicySpec[StaticConfig]:
     return PolicySpec(name, StaticConfig, build, autoscales=False)
 
 
-register_policy(_autoscaling("turboserve", migrate=True))
-# Offline only: the live scheduler runs turboserve with TURBOSERVE_MIN_STEPS for the budget.
-register_policy(_autoscaling("turboserve_q", migrate=True, min_steps=QUALITY_MIN_STEPS, live=False))
-register_policy(_autoscaling("no_migration", migrate=False))
-register_policy(PolicySpec("no_autoscale", NoAutoscaleConfig, _no_autoscale, autoscales=False))
-register_policy(_static("round_robin"))
-register_policy(_static("least_loaded"))
-register_policy(_static("memory_aware"))
+# The policies the live scheduler may run: this list and no other.
+LIVE_POLICIES = Policies(
+    autoscaling("turboserve", migrate=True),
+    autoscaling("no_migration", migrate=False),
+    PolicySpec("no_autoscale", NoAutoscaleConfig, _no_autoscale, autoscales=False),
+    _static("round_robin"),
+    _static("least_loaded"),
+    _static("memory_aware"),
+    PolicySpec(
+        "hpa",
+        HpaConfig,
+        HpaController,
+        autoscales=True,
+        aliases={**GPUS_ALIAS, "rho_hat": "target"},
+    ),
+    PolicySpec(
+        "least_loaded_autoscale",
+        ThresholdConfig,
+        ThresholdController,
+        autoscales=True,
+        aliases={**GPUS_ALIAS, "rho_hat": "high"},
+    ),
+    PolicySpec(
+        "turboserve_predictive",
+        PredictiveConfig,
+        PredictiveController,
+        autoscales=True,
+        aliases=GPUS_ALIAS,
+    ),
+)
+if tuple(LIVE_POLICIES) != LIVE_NAMES:
+    raise ImportError(
+        f"the live policies are {', '.join(LIVE_POLICIES)}; shared.policies names "
+        f"{', '.join(LIVE_NAMES)}"
+    )

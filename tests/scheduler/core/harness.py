@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.scheduler.core.policies import Policy, Profiles, get_policy, policy_config
+from lab.sim.policies import POLICIES
+from services.scheduler.core.loop import Profiles
+from services.scheduler.core.policies import Policy
 from services.scheduler.core.types import (
     Assign,
     Decision,
@@ -31,8 +33,9 @@ from services.scheduler.core.types import (
 
 
 def build(name: str, profiles: Profiles, **params: object) -> Policy:
-    """Policy ``name`` from loose parameters, as a command line's ``--param`` gives them."""
-    return get_policy(name, profiles, policy_config(name, params))
+    """Policy ``name`` (of the simulator's: the live ones and the offline ones) from loose
+    parameters, as a command line's ``--param`` gives them."""
+    return POLICIES.build(name, profiles, POLICIES.config(name, params))
 
 
 class Env:

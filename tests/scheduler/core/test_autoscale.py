@@ -374,7 +374,5 @@ def test_controller_takes_the_peak_cap_of_the_current_level():
     assert build("turboserve", PROFILE, rho_table=table, peak_rho=0.0).current_peak_rho(t) == 0.0
     assert build("turboserve", PROFILE, rho_hat=0.7).current_peak_rho(t) == 0.0
     # The clairvoyant knows how high the load goes: no cap from the table.
-    import services.scheduler.eval.rivals  # noqa: F401  (registers it)
-
     future = [(0.0, "s0", "arrive")]
     assert build("clairvoyant", PROFILE, rho_table=table, future=future).current_peak_rho(t) == 0.0

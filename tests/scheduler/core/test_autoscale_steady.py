@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.sim.simulator import simulate
-from services.scheduler.sim.traceio import Trace, TraceEvent
+from lab.sim.simulator import simulate
+from lab.sim.traceio import Trace, TraceEvent
 
 H20 = "h20-longlive-1.3b-nvlink"
 H200 = "h200-wan-1.3b-measured"

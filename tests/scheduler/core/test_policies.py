@@ -7,19 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from services.scheduler.core import policies
+from lab.sim.policies import POLICIES
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.policies import (
+    LIVE_POLICIES,
     NoAutoscaleConfig,
+    Policies,
     Policy,
     PolicySpec,
     StaticConfig,
-    available_policies,
-    get_policy,
-    live_policies,
-    policy_config,
-    policy_spec,
-    register_policy,
 )
 from services.scheduler.core.types import (
     Assign,
@@ -33,7 +29,7 @@ from services.scheduler.core.types import (
     SetSteps,
     Suspend,
 )
-from shared.policies import LIVE_POLICIES
+from shared import policies as names
 from shared.profile import load_profile
 from shared.settings import SchedulerSettings, SettingsError
 
@@ -52,54 +48,59 @@ BUILT_INS = [
 
 
 def test_registry_lists_built_ins_and_rejects_unknowns():
-    assert set(BUILT_INS) <= set(available_policies())
+    assert set(BUILT_INS) <= set(LIVE_POLICIES)
     for name in BUILT_INS:
-        policy = get_policy(name, PROFILE)
+        policy = LIVE_POLICIES.build(name, PROFILE)
         assert isinstance(policy, Policy) and policy.name == name
     with pytest.raises(KeyError, match="unknown policy 'nope'; available: .*turboserve"):
-        get_policy("nope", PROFILE)
+        LIVE_POLICIES.build("nope", PROFILE)
     with pytest.raises(TypeError, match="'round_robin' does not take rho_hat; it takes .*gpus"):
-        policy_config("round_robin", {"rho_hat": 0.5})
+        LIVE_POLICIES.config("round_robin", {"rho_hat": 0.5})
     with pytest.raises(TypeError, match="'turboserve' does not take placement"):
-        policy_config("turboserve", {"placement": "round_robin"})  # the policy's own switch
+        LIVE_POLICIES.config("turboserve", {"placement": "round_robin"})  # the policy's own switch
     with pytest.raises(TypeError, match="not both"):
-        policy_config("turboserve", {"gpus": 2, "initial_gpus": 3})
+        LIVE_POLICIES.config("turboserve", {"gpus": 2, "initial_gpus": 3})
     with pytest.raises(ValueError, match="rho_hat must be in"):
-        policy_config("turboserve", {"rho_hat": 1.5})
+        LIVE_POLICIES.config("turboserve", {"rho_hat": 1.5})
 
 
 def test_each_policy_takes_its_own_frozen_config():
-    config = policy_config("turboserve", {"gpus": 3, "rho_hat": 0.6})
+    config = LIVE_POLICIES.config("turboserve", {"gpus": 3, "rho_hat": 0.6})
     assert config == ControllerConfig(initial_gpus=3, rho_hat=0.6)
-    assert policy_config("round_robin", {"gpus": 3}) == StaticConfig(gpus=3)
-    assert policy_config("no_autoscale", {"eta": 0.2}) == NoAutoscaleConfig(eta=0.2)
+    assert LIVE_POLICIES.config("round_robin", {"gpus": 3}) == StaticConfig(gpus=3)
+    assert LIVE_POLICIES.config("no_autoscale", {"eta": 0.2}) == NoAutoscaleConfig(eta=0.2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.rho_hat = 0.5  # type: ignore[misc]
     # The policy sets its switches on the config it is given.
-    policy = get_policy("no_migration", PROFILE, ControllerConfig(rho_hat=0.6))
+    policy = LIVE_POLICIES.build("no_migration", PROFILE, ControllerConfig(rho_hat=0.6))
     assert policy.config.migrate is False and policy.config.name == "no_migration"
-    assert get_policy("least_loaded", PROFILE, StaticConfig(gpus=2)).view.billed_gpus == 2
+    assert LIVE_POLICIES.build("least_loaded", PROFILE, StaticConfig(gpus=2)).view.billed_gpus == 2
     # Another policy's config is refused, naming the one it takes.
     with pytest.raises(TypeError, match="'round_robin' takes a StaticConfig, got ControllerConfig"):
-        get_policy("round_robin", PROFILE, ControllerConfig())
+        LIVE_POLICIES.build("round_robin", PROFILE, ControllerConfig())
     with pytest.raises(TypeError, match="takes a StaticConfig, got NoAutoscaleConfig"):
-        get_policy("least_loaded", PROFILE, NoAutoscaleConfig())
+        LIVE_POLICIES.build("least_loaded", PROFILE, NoAutoscaleConfig())
 
 
-def test_every_policy_declares_whether_it_autoscales_and_is_live():
-    import services.scheduler.eval.rivals  # noqa: F401  (the evaluation's rivals too)
-
+def test_every_policy_declares_whether_it_autoscales():
     future = [(0.0, "s0", "arrive")]
-    for name in available_policies():
-        spec = policy_spec(name)
+    for name in POLICIES:
+        spec = POLICIES[name]
         params = {"future": future} if "future" in spec.params else {}
-        policy = get_policy(name, PROFILE, policy_config(name, params))
+        policy = POLICIES.build(name, PROFILE, POLICIES.config(name, params))
         assert isinstance(policy, Policy)
         assert policy.autoscales is spec.autoscales, name
-    assert {n for n in BUILT_INS if policy_spec(n).autoscales} == {"turboserve", "no_migration"}
-    # The settings check reads the names from shared/ (it cannot import the scheduler).
-    assert live_policies() == sorted(LIVE_POLICIES)
-    assert "clairvoyant" in available_policies() and "clairvoyant" not in LIVE_POLICIES
+    assert {n for n in BUILT_INS if LIVE_POLICIES[n].autoscales} == {"turboserve", "no_migration"}
+
+
+def test_the_live_policies_are_one_list_named_in_shared_and_the_lab_adds_the_offline_ones():
+    # The settings check reads the names from shared/ (it cannot import the scheduler); the
+    # core's list is built on them.
+    assert tuple(LIVE_POLICIES) == names.LIVE_POLICIES
+    assert set(POLICIES) - set(LIVE_POLICIES) == {"clairvoyant", "turboserve_q"}
+    assert all(POLICIES[name] is LIVE_POLICIES[name] for name in LIVE_POLICIES)
+    with pytest.raises(ValueError, match="'turboserve' is listed twice"):
+        LIVE_POLICIES.extended(LIVE_POLICIES["turboserve"])
 
 
 def test_settings_refuse_a_policy_the_live_scheduler_cannot_run():
@@ -113,22 +114,22 @@ def test_settings_refuse_a_policy_the_live_scheduler_cannot_run():
     assert SchedulerSettings.from_env({"TURBOSERVE_POLICY": "hpa"}).policy == "hpa"
 
 
-def test_register_policy_adds_a_spec(monkeypatch):
-    monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
+def test_a_list_extended_with_a_spec_builds_it():
     seen = {}
 
     def build_mine(profile, config):
         seen.update(gpus=config.gpus, profile=profile.name)
-        return get_policy("least_loaded", profile, config)
+        return LIVE_POLICIES.build("least_loaded", profile, config)
 
-    register_policy(PolicySpec("mine", StaticConfig, build_mine, autoscales=False, live=False))
+    mine = LIVE_POLICIES.extended(PolicySpec("mine", StaticConfig, build_mine, autoscales=False))
+    assert isinstance(mine, Policies)
     pcie = load_profile("h20-longlive-1.3b-pcie")
-    assert build("mine", pcie, gpus=3).view.billed_gpus == 3
+    assert mine.build("mine", pcie, mine.config("mine", {"gpus": 3})).view.billed_gpus == 3
     assert seen == {"gpus": 3, "profile": "h20-longlive-1.3b-pcie"}
-    assert "mine" in available_policies() and "mine" not in live_policies()
+    assert "mine" in mine and "mine" not in LIVE_POLICIES
     # The core reads no files: a profile's name or path is refused, with the way to load it.
     with pytest.raises(TypeError, match="shared.profile"):
-        build("mine", "h20-longlive-1.3b-pcie", gpus=3)
+        mine.build("mine", "h20-longlive-1.3b-pcie")
 
 
 def test_static_policies_place_by_their_rule():
@@ -445,7 +446,7 @@ def test_the_live_service_gives_an_autoscaler_the_pool_limits_and_a_static_polic
         policy = live_policy(settings, profiles, PROFILE.gpu_kind, None, 2, 5)
         assert policy.name == name and policy.view.billed_gpus == 0  # it finds the workers
         assert policy.boot_delay_s == 2.0 + WORKER_START_S
-        assert policy.autoscales is policy_spec(name).autoscales
+        assert policy.autoscales is LIVE_POLICIES[name].autoscales
         if policy.autoscales:
             assert (policy.config.min_gpus, policy.config.max_gpus) == (2, 5), name
         out = policy.step(Event(0.0, EventKind.GPU_READY, gpu_id="w1"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from lab.sim.policies import POLICIES
 from services.scheduler.core.config import ControllerConfig
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import get_policy, policy_config
 from services.scheduler.core.quality import steps_for
 from services.scheduler.core.types import (
     Assign,
@@ -111,15 +111,15 @@ def test_off_the_controller_never_sets_steps():
 
 
 def test_turboserve_q_is_turboserve_with_a_floor_and_the_rivals_take_none():
-    q = get_policy("turboserve_q", H20, policy_config("turboserve_q", {"gpus": 1}))
+    q = POLICIES.build("turboserve_q", H20, POLICIES.config("turboserve_q", {"gpus": 1}))
     assert isinstance(q, Controller) and q.config.min_steps == 3 and q.name == "turboserve_q"
-    two = policy_config("turboserve_q", {"min_steps": 2})
+    two = POLICIES.config("turboserve_q", {"min_steps": 2})
     assert isinstance(two, ControllerConfig) and two.min_steps == 2
-    plain = get_policy("turboserve", H20)
+    plain = POLICIES.build("turboserve", H20)
     assert isinstance(plain, Controller) and plain.step_budget is None
     for rival in ("round_robin", "least_loaded", "memory_aware", "no_autoscale"):
         with pytest.raises(TypeError, match="does not take min_steps"):
-            policy_config(rival, {"min_steps": 2})
+            POLICIES.config(rival, {"min_steps": 2})
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services.scheduler.core.loop import Controller
-from services.scheduler.core.policies import get_policy, policy_config
+from services.scheduler.core.policies import LIVE_POLICIES
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import LeaderElection
@@ -44,7 +44,9 @@ async def leading(
         "rho_hat": 0.9,
         **core,
     }
-    controller = get_policy("turboserve", {kind: profile}, policy_config("turboserve", params))
+    controller = LIVE_POLICIES.build(
+        "turboserve", {kind: profile}, LIVE_POLICIES.config("turboserve", params)
+    )
     assert isinstance(controller, Controller)
     live = LiveScheduler(
         ctx,

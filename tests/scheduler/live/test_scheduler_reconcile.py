@@ -9,7 +9,7 @@ import time
 import pytest
 
 from services.scheduler.core.config import ControllerConfig
-from services.scheduler.core.policies import get_policy
+from services.scheduler.core.policies import LIVE_POLICIES
 from services.scheduler.core.types import GpuState, RestoredGpu, RestoredSession
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
@@ -28,7 +28,7 @@ async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
         assert lease is not None
         profile = load_profile(DEFAULT_PROFILE)
         kind = profile.gpu_kind
-        core = get_policy(
+        core = LIVE_POLICIES.build(
             "turboserve",
             {kind: profile},
             ControllerConfig(
