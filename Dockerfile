@@ -14,6 +14,7 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
 COPY tools ./tools
+COPY lab ./lab
 RUN pip install ".[k8s]" && useradd --create-home --uid 10001 turboserve
 USER turboserve
 
