@@ -327,7 +327,7 @@ class Publisher:
             self._owed.popleft()
 
     async def _record(self, item: OutChunk) -> None:
-        chunk = item.chunk
+        chunk = item.head  # its facts; the fragment is published already and not needed here
         sid = chunk.session_id
         if self._is_fenced(sid, chunk.epoch):
             return
