@@ -7,7 +7,8 @@
   maintenance and rolling upgrades). The worker stays up, empty and out of placement, and the
   scheduler neither counts it nor gives it back, until ``ctl undrain WORKER`` takes it back
   into service; ``ctl drain WORKER --stop`` (or ``ctl stop WORKER``) drains it and has it
-  given back (stopped).
+  given back (stopped), and is refused before anything moves when that would take the pool
+  below its floor (the provisioner's ``min_workers``).
 
 Which mesh: ``--nats-url`` / ``--redis-url``, else ``TURBOSERVE_NATS_URL`` /
 ``TURBOSERVE_REDIS_URL``, else the NATS and Redis of the ``turboserve up`` running from
