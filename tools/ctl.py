@@ -7,7 +7,8 @@
   maintenance and rolling upgrades). The worker stays up, empty and out of placement, and the
   scheduler neither counts it nor gives it back, until ``ctl undrain WORKER`` takes it back
   into service; ``ctl drain WORKER --stop`` (or ``ctl stop WORKER``) drains it and has it
-  given back (stopped).
+  given back (stopped), and is refused before anything moves when that would take the pool
+  below its floor (the provisioner's ``min_workers``).
 
 Which mesh: ``--nats-url`` / ``--redis-url``, else ``TURBOSERVE_NATS_URL`` /
 ``TURBOSERVE_REDIS_URL``, else the NATS and Redis of the ``turboserve up`` running from
@@ -45,6 +46,8 @@ class CtlError(Exception):
         self.code = code
 
 
+# The provisioner's refusal of a stop that would take the pool below its floor.
+FLOOR_REFUSAL = "min_workers"
 # How often a drain looks again at a session that a move already under way is taking away.
 MOVE_POLL_S = 0.2
 # How long `ctl undrain` waits for the scheduler to take the worker back into placement.
@@ -440,6 +443,8 @@ class Ctl:
         of sessions that left the worker for another one, whoever moved them."""
         ctx = self.ctx
         deadline = time.monotonic() + wait_s
+        if stop:
+            await self._check_floor(worker_id)
         await ctx.registry.set_operator_drain(worker_id, "stop" if stop else "hold")
         try:
             await self.command(worker_id, _worker_cmd("drain", worker_id))
@@ -521,9 +526,35 @@ class Ctl:
             raise CtlError(f"drain of {worker_id} stopped: {exc}", code=exc.code) from None
         return target
 
+    async def _check_floor(self, worker_id: str) -> None:
+        """Refuse, before anything moves, a stop that the provisioner would refuse: one that
+        takes the pool below its floor (``min_workers`` in the provisioner's record). The
+        pool is counted as the provisioner counts it, every worker still up (booting, ready
+        or draining)."""
+        from shared.wire import WorkerStatus
+
+        limits = await self.ctx.registry.pool_limits()
+        if limits is None:
+            return  # no provisioner has said its limits: it answers the stop itself
+        up = [
+            w.id
+            for w in await self.ctx.registry.workers()
+            if w.alive and w.status is not WorkerStatus.LOST
+        ]
+        if worker_id in up and len(up) - 1 < limits.min_workers:
+            raise CtlError(
+                f"stopping {worker_id} would take the pool below its floor of "
+                f"{limits.min_workers} worker(s) (min_workers; {len(up)} up): lower the floor "
+                "(TURBOSERVE_MIN_WORKERS, `turboserve up --workers`) or wait until the pool has "
+                f"grown past it; `turboserve ctl drain {worker_id}` empties it and keeps it up",
+                code=FLOOR_REFUSAL,
+            )
+
     async def _await_stopped(self, worker_id: str, deadline: float, wait_s: float) -> None:
         """The scheduler gives a drained worker recorded ``stop`` back to the provisioner;
-        with no scheduler leading, ask the provisioner here. Done when the worker is gone."""
+        with no scheduler leading, ask the provisioner here. Done when the worker is gone. A
+        scheduler whose stop the provisioner refused for good (its floor) keeps the worker
+        drained and records the drain as ``hold``: that refusal is this command's failure."""
         from shared.wire import WorkerStatus
 
         asked = False
@@ -533,6 +564,15 @@ class Ctl:
             if record is None or not record.alive or record.status is WorkerStatus.LOST:
                 await self.ctx.registry.clear_operator_drain(worker_id)  # nothing left to hold
                 return
+            if (await self.ctx.registry.operator_drains()).get(worker_id) == "hold":
+                limits = await self.ctx.registry.pool_limits()
+                floor = f" of {limits.min_workers}" if limits is not None else ""
+                raise CtlError(
+                    f"the provisioner refused to stop {worker_id}: the pool would fall below "
+                    f"its floor{floor} (min_workers); it stays drained (turboserve ctl undrain "
+                    f"{worker_id} to use it again)",
+                    code=FLOOR_REFUSAL,
+                )
             if not asked and await self.ctx.registry.scheduler_status() is None:
                 await self._provisioner_stop(worker_id)
                 asked = True

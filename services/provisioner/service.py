@@ -24,6 +24,7 @@ from services.provisioner.backend import Backend, BackendError, LaunchError, mak
 from services.provisioner.metrics import ProvisionerMetrics
 from services.provisioner.pool import (
     ID_IN_USE,
+    MIN_WORKERS,
     SHUTTING_DOWN,
     STATUS_OF,
     ManagedState,
@@ -84,9 +85,7 @@ class ProvisionerService:
         self.meter = Meter(ctx.redis, ctx.settings.redis_namespace)
         adopted = await self.backend.open(ctx.spawn, self._on_exit)
         await self._take_over(adopted)
-        await ctx.registry.set_pool_limits(
-            PoolLimits(self.pool.min_workers, self.pool.max_size, self.backend.name)
-        )
+        await self._publish_limits()
         await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=self._on_heartbeat)
         await ctx.nc.subscribe(ctx.subjects.provisioner_cmd, cb=self._on_command)
         # A command published (from another connection) before the server holds our SUB would
@@ -104,6 +103,13 @@ class ProvisionerService:
             boot_delay_s=self.settings.boot_delay_s,
         )
         await self._fill()
+
+    async def _publish_limits(self) -> None:
+        """The pool's limits in the registry, for the scheduler (it follows them)."""
+        assert self.ctx is not None
+        await self.ctx.registry.set_pool_limits(
+            PoolLimits(self.pool.min_workers, self.pool.max_size, self.backend.name)
+        )
 
     async def stop(self) -> None:
         """Refuse new commands; local workers stop with the provisioner (pods do not)."""
@@ -225,6 +231,10 @@ class ProvisionerService:
                 managed.command_id = command_id
                 assert self.ctx is not None
                 self.ctx.spawn(self._release(managed, "stopped"), name=f"release-{wid}")
+            if any(refusal.code == MIN_WORKERS for refusal in verdict.refused):
+                # Asked to go below the floor: the record the scheduler follows may say another
+                # floor (an earlier run's); ours again, so that it is not asked twice.
+                await self._publish_limits()
             for refusal in verdict.refused:
                 self.metrics.refusal("stop", refusal.code)
                 kept = self.pool.get(refusal.worker_id)

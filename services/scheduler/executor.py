@@ -7,7 +7,8 @@ to the worker. Commands are retried
 until answered; a refused or failed one becomes the event the core expects (PLACEMENT_FAILED,
 MIGRATION_FAILED, GPU_GONE). Migrations run in the background (:class:`Migrations`); a
 session a worker handed back is placed again (:meth:`Executor.replace_handed_back`); a release
-that does not go through is tried again (:class:`Releases`) for as long as the worker runs.
+that does not go through is tried again (:class:`Releases`) for as long as the worker runs,
+unless the provisioner refused it for good (its floor): then the core has the GPU again.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ log = get_logger("turboserve.scheduler")
 
 # A migration's report is awaited this long beyond the handoff's own time limit.
 REPORT_GRACE_S = 10.0
+# The provisioner's refusal of a stop that would take the pool below its floor: asking again
+# cannot help until the floor changes, which the pool's record then says.
+FLOOR_REFUSAL = "min_workers"
 
 
 class Executor:
@@ -531,8 +535,12 @@ class Releases:
         after a pause for as long as the worker runs and the core does not take it back. The
         core has already left it out of the pool: a release given up on would leave a worker
         running, paid for and used by nobody."""
-        if await self._patiently(self._release, gpu):
+        outcome = await self._patiently(self._release, gpu)
+        if outcome is True:
             self.ledger.released(gpu)
+            return
+        if outcome == FLOOR_REFUSAL:
+            await self._kept(gpu)
             return
         attempts_before = self.ledger.unreleased.get(gpu)
         pause = self.ledger.release_failed(gpu, time.time())
@@ -544,9 +552,40 @@ class Releases:
                 retry_in_s=round(pause, 1),
             )
 
+    async def _kept(self, gpu: str) -> None:
+        """The provisioner keeps ``gpu`` (its floor): the release is not tried again, and the
+        GPU serves again. The core takes it back; the worker, told to drain, is undrained;
+        an operator's ``stop`` becomes a ``hold`` (the worker stays drained, and ``ctl``
+        reports the refusal)."""
+        self.ledger.kept(gpu)
+        registry = self.executor.registry
+        operator = (await registry.operator_drains()).get(gpu) is not None
+        log.error(
+            "release_refused",
+            gpu_id=gpu,
+            refused=[FLOOR_REFUSAL],
+            retry=False,
+            kept="drained, for the operator" if operator else "in the pool",
+        )
+        if operator:
+            # Held from now on, as `ctl drain` without --stop holds a worker: emptied, kept.
+            self.ledger.our_drains.discard(gpu)
+            await registry.set_operator_drain(gpu, "hold")
+        # The provisioner wrote its limits again with the refusal: the core follows them
+        # before it has the GPU back, so that it does not give it back again at once.
+        await self.live.follow_pool_limits()
+        await self.live.feed_later(Event(time.time(), EventKind.GPU_KEPT, gpu_id=gpu))
+        if operator:
+            await self.live.feed_later(Event(time.time(), EventKind.GPU_CORDON, gpu_id=gpu))
+        else:
+            # Still ours (our_drains) until it beats ready again: not taken for an operator's.
+            await self.live.sender.to_worker(
+                WorkerCommand(kind=WorkerCmdKind.UNDRAIN, worker_id=gpu)
+            )
+
     async def _patiently(
-        self, action: Callable[[str], Awaitable[bool]], arg: str, attempts: int = 10
-    ) -> bool:
+        self, action: Callable[[str], Awaitable[bool | str]], arg: str, attempts: int = 10
+    ) -> bool | str:
         """Carry out ``action(arg)`` through Redis or NATS being away for a while (a release
         must not be lost: the worker would run on, known to nobody); what it returned, or
         False when it never got through."""
@@ -565,10 +604,11 @@ class Releases:
         log.error("action_abandoned", action=action.__name__, arg=arg)
         return False
 
-    async def _release(self, gpu: str) -> bool:
+    async def _release(self, gpu: str) -> bool | str:
         """Give a GPU back: after the migrations off it, and after moving the idle sessions
         parked in its host memory to another worker; the provisioner stops it. True once the
-        provisioner takes the stop; False while something holds it here (tried again)."""
+        provisioner takes the stop; ``FLOOR_REFUSAL`` when it refuses it for good; False
+        while something holds it here (tried again)."""
         live, executor = self.live, self.executor
         moving = list(executor.migrations.from_gpu.get(gpu, ()))
         if moving:
@@ -606,6 +646,8 @@ class Releases:
             codes = [] if reply is None else [r.code for r in reply.refused]
             if reply is not None and reply.ok:
                 return True
+            if FLOOR_REFUSAL in codes:
+                return FLOOR_REFUSAL
             log.warning("release_refused", gpu_id=gpu, refused=codes)
             if "not_drained" not in codes:  # its heartbeat may lag the last migration: retry
                 return False

@@ -231,6 +231,11 @@ class PoolLedger:
         self.unreleased.pop(gpu_id, None)
         self.our_drains.discard(gpu_id)
 
+    def kept(self, gpu_id: str) -> None:
+        """The provisioner refused the stop of ``gpu_id`` for good (its floor): it is no
+        longer to be released."""
+        self.unreleased.pop(gpu_id, None)
+
     def release_failed(self, gpu_id: str, now: float) -> float | None:
         """A release attempt that did not go through: the pause before the next one, or None
         when ``gpu_id`` is no longer to be released (gone meanwhile, or the core took it back)."""

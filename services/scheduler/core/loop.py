@@ -413,6 +413,8 @@ class Controller:
                 # Back in the pool as a scale-out would bring it: the cool-down keeps a
                 # scale-in from picking it (empty, the least loaded) at once.
                 self._last_scale = (event.t, 1)
+        elif kind is EventKind.GPU_KEPT:
+            self._kept(_require(event.gpu_id, event), event.t)
         elif kind is EventKind.MIGRATION_FAILED:
             self._migration_failed(_require(sid, event), _require(event.gpu_id, event), event.t)
         elif kind is EventKind.PLACEMENT_FAILED:
@@ -465,6 +467,16 @@ class Controller:
         cluster.cordoned[gpu_id] = None
         if self.config.migrate:
             out.extend(evacuate(cluster, gpu_id, t))
+
+    def _kept(self, gpu_id: str, t: float) -> None:
+        """A GPU given back that the environment keeps (a release refused for good): it is
+        in the pool again and placeable, counted as a scale-out for the cool-down so that a
+        scale-in does not pick it (empty, the least loaded) at once."""
+        kind = self._released.pop(gpu_id, None)
+        if kind is None or gpu_id in self._cluster.gpus:
+            return
+        self._cluster.add_gpu(gpu_id, kind, GpuState.READY, t)
+        self._last_scale = (t, 1)
 
     def _migration_failed(self, sid: str, gpu_id: str, t: float) -> None:
         """The session is still on ``gpu_id`` (the source of the failed migration)."""

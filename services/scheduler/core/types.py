@@ -47,6 +47,9 @@ class EventKind(enum.StrEnum):
     # until GPU_UNCORDON (or GPU_DRAIN, which gives it back once empty).
     GPU_CORDON = "gpu_cordon"
     GPU_UNCORDON = "gpu_uncordon"  # the operator takes a cordoned GPU back into placement
+    # The environment will not take back a GPU the controller released, for good (its floor):
+    # the controller has it again, READY.
+    GPU_KEPT = "gpu_kept"
     # what happened to a decision (live environments only)
     MIGRATION_FAILED = "migration_failed"  # failed or refused: the session is still on gpu_id
     PLACEMENT_FAILED = "placement_failed"  # an Assign/Resume onto gpu_id did not happen

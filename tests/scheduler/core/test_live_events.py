@@ -268,6 +268,29 @@ def test_a_cordoned_gpu_is_emptied_and_kept_until_uncordoned():
     env.check()
 
 
+def test_a_drain_fills_no_gpu_past_its_slots():
+    """The operator drains ``a`` (5 sessions) while ``b`` holds 8 of its 12 slots and ``c`` 11:
+    four go to b, one to c, and b ends at 12, not 13. With ``c`` full too, the fifth stays on
+    ``a`` (still draining) rather than overfill a GPU, and moves once a slot frees."""
+    controller, env = _filled(FIXED, {"a": 5, "b": 8, "c": 11})
+    out = env.send(Event(1.0, EventKind.GPU_CORDON, gpu_id="a"))
+    moves = [d for d in out if isinstance(d, Migrate)]
+    assert sorted(d.dst for d in moves) == ["b", "b", "b", "b", "c"]
+    assert controller.view.active_counts == {"a": 0, "b": 12, "c": 12}
+    env.check()
+
+    controller, env = _filled(FIXED, {"a": 5, "b": 8, "c": 12})
+    env.send(Event(1.0, EventKind.GPU_CORDON, gpu_id="a"))
+    for t in range(2, 10):
+        env.send(Event(float(t), EventKind.TICK))
+        assert max(controller.view.load(g) for g in ("b", "c")) <= PROFILE.capacity
+    assert controller.view.active_counts == {"a": 1, "b": 12, "c": 12}
+    env.send(Event(10.0, EventKind.DEPART, "c-s0"))
+    env.send(Event(11.0, EventKind.TICK))
+    assert controller.view.active_counts == {"a": 0, "b": 12, "c": 12}
+    env.check()
+
+
 def test_a_cordoned_gpu_is_not_counted_nor_scaled_in_and_a_drain_gives_it_back():
     config = ControllerConfig(rho_hat=0.5, delta=0.1, initial_gpus=0, warmup_s=0.0)
     controller = Controller(PROFILE, config)

@@ -174,3 +174,28 @@ def test_an_undrained_gpu_is_not_given_back_at_once() -> None:
     assert _undrained(0.0)[0] - 10.0 < 1.0  # the bug: given back within a second
     kept = _undrained(30.0)
     assert not kept or kept[0] >= 40.0
+
+
+def test_a_gpu_the_environment_keeps_is_in_the_pool_again() -> None:
+    # The loop gives w1 back (floor 1); the environment refuses for good (its floor is 2):
+    # w1 is READY and placeable again, and not given back again straight after.
+    policy = live_pool(2, sessions=1, min_gpus=1, max_gpus=4, scale_cooldown_s=30.0)
+    out = []
+    for t in range(1, 5):
+        out += policy.step(Event(float(t), EventKind.TICK))
+    given = [d.gpu_id for d in out if isinstance(d, Release)]
+    assert len(given) == 1 and given[0] not in policy.view.gpus
+    kept = given[0]
+    policy.step(Event(5.0, EventKind.GPU_KEPT, gpu_id=kept))
+    assert policy.view.state_of(kept) is GpuState.READY
+    for t in range(6, 30):  # within the cool-down: kept
+        assert not gives_back(policy.step(Event(float(t), EventKind.TICK)))
+    policy.set_limits(2, 4)  # the environment's floor, followed: kept for good
+    for t in range(30, 200):
+        assert not gives_back(policy.step(Event(float(t), EventKind.TICK)))
+    for i in range(2 * K - 1):
+        policy.step(Event(200.0 + i * 0.01, EventKind.ARRIVE, session_id=f"k{i}"))
+    assert policy.view.load(kept) > 0  # it serves
+    # A GPU the loop did not give back is not taken by the event.
+    policy.step(Event(300.0, EventKind.GPU_KEPT, gpu_id="never-ours"))
+    assert policy.view.state_of("never-ours") is None

@@ -114,3 +114,37 @@ async def test_ctl_stop_without_a_scheduler_asks_the_provisioner(env, nats_clien
         assert gone.code == "stopped"
         assert "w1" not in {w.id for w in await ctx.registry.workers() if w.alive}
         assert await ctx.registry.operator_drains() == {}
+
+
+async def test_a_drain_fills_no_worker_past_its_slots(env):
+    """Three sessions drained off ``wa`` onto two workers of two slots each, whose records lag
+    (a heartbeat every 10 s: both still say 0 active while the moves land). Each move goes
+    where the registry counts a free slot, so neither ends with more than its two, and the
+    drain moves all three; by the records alone all three would go to one of them."""
+    slots = {"TURBOSERVE_MAX_SESSIONS": "2"}
+    async with (
+        mesh_context(env) as (ctx, rx),
+        worker_processes(
+            ctx,
+            env,
+            ["wa", "wb", "wc"],
+            per_worker={"wb": slots, "wc": slots},
+            chunk_period_s=PERIOD,
+            heartbeat_s=10.0,
+        ),
+    ):
+        for sid in SIDS:
+            await start_session(ctx, "wa", sid)
+        await eventually(lambda: all(len(rx.chunks[s]) >= 2 for s in SIDS), 30, "streams on wa")
+        assert await ctx.registry.scheduler_status() is None  # ctl moves every session itself
+        ctl = Ctl(ctx)
+        moved = await ctl.drain("wa", 60)
+        assert moved == len(SIDS)
+        placement = await ctx.registry.placement()
+        held = {w: sorted(s for s, owner in placement.items() if owner == w) for w in ("wb", "wc")}
+        assert all(len(sessions) <= 2 for sessions in held.values()), held
+        assert sorted(held["wb"] + held["wc"]) == sorted(SIDS)
+        counts = {s: len(rx.chunks[s]) for s in SIDS}
+        await eventually(
+            lambda: all(len(rx.chunks[s]) >= counts[s] + 2 for s in SIDS), 30, "streams moved"
+        )
