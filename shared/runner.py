@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ from nats.js import JetStreamContext
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import NoPermissionError
 
+from shared.backoff import retried
 from shared.logging import configure_logging, get_logger
 from shared.registry import Registry
 from shared.security import inbox_prefix, url_user
@@ -97,24 +97,25 @@ class ServiceContext:
 async def retry(
     what: str, attempt: Callable[[], Awaitable[Any]], timeout_s: float, first_delay: float = 0.2
 ) -> Any:
-    """Call ``attempt`` until it succeeds or ``timeout_s`` passes (exponential backoff)."""
-    deadline = time.monotonic() + timeout_s
-    delay = first_delay
-    while True:
-        try:
-            return await attempt()
-        except CredentialsRefused:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any connect failure is retried until the deadline
-            if time.monotonic() + delay > deadline:
-                # A timeout's text is empty: say what it was rather than nothing.
-                why = str(exc) or type(exc).__name__
-                raise ConnectError(
-                    f"could not connect to {what} within {timeout_s:.0f}s: {why}"
-                ) from exc
-            log.warning("connect_retry", target=what, error=str(exc), retry_in_s=round(delay, 2))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """Call ``attempt`` until it succeeds or the next pause would end past ``timeout_s``
+    (exponential backoff up to 5 s); refused credentials end it at once."""
+    try:
+        return await retried(
+            attempt,
+            "connect_retry",
+            on=lambda exc: isinstance(exc, Exception) and not isinstance(exc, CredentialsRefused),
+            first_s=first_delay,
+            cap_s=5.0,
+            within_s=timeout_s,
+            say=log.warning,
+            target=what,
+        )
+    except CredentialsRefused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any connect failure is retried until the deadline
+        # A timeout's text is empty: say what it was rather than nothing.
+        why = str(exc) or type(exc).__name__
+        raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {why}") from exc
 
 
 async def connect_nats(
