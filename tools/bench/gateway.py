@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 import numpy as np
 
-from tools.report import percentile
+from shared.quantiles import quantile
 
 if TYPE_CHECKING:
     import aiohttp
@@ -477,7 +477,7 @@ async def _measure(
     return {
         "clients": plan.clients,
         "delivery_ms_p50": round(statistics.median(lat), 2),
-        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
+        "delivery_ms_p99": round(quantile(lat, 0.99), 2),
         "delivery_ms_max": round(max(lat), 2),
         "sessions": plan.sessions,
         "period_s": plan.period,

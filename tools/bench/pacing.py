@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
+from shared.quantiles import quantile
 from tools.bench.control import _cleanup, _env, _scheduler, run_on_infra
-from tools.report import percentile
 
 API_KEY = "bench-key-12345"
 
@@ -203,7 +203,7 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
         "chunks_per_s_mean": round(statistics.fmean(rates), 3),
         "chunks_per_s_max": round(max(rates), 3),
         "ahead_ms_max": round(max(ahead, default=0.0), 1),
-        "late_ms_p99": round(percentile(late, 0.99), 1) if late else 0.0,
+        "late_ms_p99": round(quantile(late, 0.99), 1) if late else 0.0,
         "late_ms_max": round(max(late, default=0.0), 1),
         # chunks done by their due time, of those in the window
         "on_time_share": round(sum(1 for ms in late if ms <= 0.0) / len(late), 4) if late else None,

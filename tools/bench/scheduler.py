@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.report import percentile
+from shared.quantiles import quantile
 
 if TYPE_CHECKING:
     from services.scheduler.core.types import Event
@@ -148,8 +148,8 @@ def bench_one(
         "gpus": gpus,
         "sessions": target,
         "steps": steps,
-        "decision_ms_p50": round(percentile(times, 0.50), 4),
-        "decision_ms_p99": round(percentile(times, 0.99), 4),
+        "decision_ms_p50": round(quantile(times, 0.50), 4),
+        "decision_ms_p99": round(quantile(times, 0.99), 4),
         "decision_ms_max": round(times[-1], 4),
         "decisions_per_step": round(decisions / steps, 3),
         "step_reports": step_reports,

@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared.quantiles import quantile
 from tools.bench.gateway import BenchError
-from tools.report import percentile
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -414,7 +414,7 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
     return {
         "bytes_per_s": round(tally.bytes_received / window.seconds / plan.viewers),
         "delivery_ms_p50": round(statistics.median(lat), 2),
-        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
+        "delivery_ms_p99": round(quantile(lat, 0.99), 2),
         "viewers": plan.viewers,
         "sessions": plan.sessions,
         "chunks_received": len(lat),
@@ -564,7 +564,7 @@ async def bench(plan: StreamPlan) -> dict[str, Any]:
             side[fmt] = {
                 "bytes_per_s": delivered.pop("bytes_per_s"),
                 "encode_ms_p50": round(statistics.median(times), 2),
-                "encode_ms_p99": round(percentile(times, 0.99), 2),
+                "encode_ms_p99": round(quantile(times, 0.99), 2),
                 "delivery_ms_p99": delivered.pop("delivery_ms_p99"),
                 **delivered,
             }
@@ -606,7 +606,7 @@ async def webrtc_entry(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     return {
         "bytes_per_s": delivered.pop("bytes_per_s"),
         "encode_ms_p50": round(statistics.median(times), 2),
-        "encode_ms_p99": round(percentile(times, 0.99), 2),
+        "encode_ms_p99": round(quantile(times, 0.99), 2),
         "delivery_ms_p99": delivered.pop("delivery_ms_p99"),
         **delivered,
     }

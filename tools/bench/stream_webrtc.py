@@ -166,6 +166,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     import msgspec
     import nats
 
+    from shared.quantiles import quantile
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
     from tools.bench.gateway import (
@@ -175,7 +176,6 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
         measure_while,
     )
     from tools.bench.stream import _inject, chunk_message
-    from tools.report import percentile
 
     settings = GatewaySettings.from_env()
     viewers_n = plan.webrtc_viewers
@@ -254,7 +254,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
             sum(v.tally.payload_bytes for v in viewers) / window.seconds / viewers_n
         ),
         "delivery_ms_p50": round(statistics.median(lat), 2),
-        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
+        "delivery_ms_p99": round(quantile(lat, 0.99), 2),
         "viewers": viewers_n,
         "sessions": len(sessions),
         "chunks_received": len(lat),
