@@ -27,6 +27,7 @@ import orjson
 
 from shared.quantiles import quantile
 from tools.bench.control import _cleanup, _env, _scheduler, run_on_infra
+from tools.sse import read_events
 
 API_KEY = "bench-key-12345"
 
@@ -92,20 +93,13 @@ async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
     ) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET /v1/sessions/{sid}/stream: {resp.status}")
-        buf = b""
-        async for data in resp.content.iter_any():
-            buf += data
-            while b"\n\n" in buf:
-                block, buf = buf.split(b"\n\n", 1)
-                lines = [line.split(b": ", 1) for line in block.split(b"\n") if b": " in line]
-                fields = dict(lines)
-                data = b"\n".join(v for k, v in lines if k == b"data")  # joined as SSE says
-                if fields.get(b"event") == b"chunk":
-                    timing = orjson.loads(data)["timing"]
-                    stream.chunks.append((time.time(), timing["due_at"], timing["done_at"]))
-                    stream.first.set()
-                elif fields.get(b"event") == b"end":
-                    return
+        async for sse in read_events(resp.content.iter_any()):
+            if sse.event == "chunk":
+                timing = orjson.loads(sse.data)["timing"]
+                stream.chunks.append((time.time(), timing["due_at"], timing["done_at"]))
+                stream.first.set()
+            elif sse.event == "end":
+                return
 
 
 async def _create(http: Any) -> tuple[str, str]:

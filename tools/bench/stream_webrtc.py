@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tools.bench.stream import Encoded, StreamPlan
+    from tools.bench.stream_plan import Encoded, StreamPlan
 
 # How long all viewers get to negotiate and connect before the first chunk.
 CONNECT_S = 30.0
@@ -175,7 +175,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
         gateway_process,
         measure_while,
     )
-    from tools.bench.stream import _inject, chunk_message
+    from tools.bench.stream_plan import chunk_message, inject
 
     settings = GatewaySettings.from_env()
     viewers_n = plan.webrtc_viewers
@@ -217,7 +217,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
                         for sid, _ in sessions
                     ]
                     _, window = await measure_while(
-                        _inject(
+                        inject(
                             nc,
                             Subjects(tag),
                             plan,
