@@ -5,7 +5,7 @@ policy's ``step``, in three parts:
 
 - :class:`~services.scheduler.ingest.Ingest`: what it hears becomes the core's events (session
   events from the durable JetStream consumer, worker heartbeats, provisioner events, the
-  registry), and when each worker's pass ends becomes the policy's ``note_step``;
+  registry), and when each worker's pass ends becomes the policy's ``note_pass``;
 - :class:`~services.scheduler.executor.Executor`: every decision becomes commands, retried until
   answered; a refused or failed one becomes the event the core expects;
 - :class:`~services.scheduler.ledger.PoolLedger`: the book of the pool (workers known and when last

@@ -112,7 +112,7 @@ def bench_one(
 
     # Pass-end reports (untimed): the environment tells the controller when each GPU's current
     # pass ends, so placement takes its step-phase path (a scan of the least-loaded GPUs).
-    report = policy.note_step if step_reports else None
+    report = policy.note_pass if step_reports else None
     pass_s = 0.2
 
     def _report_all(now: float) -> None:
