@@ -29,6 +29,7 @@ from shared.registry import Registry
 from shared.security import inbox_prefix, url_user
 from shared.settings import CommonSettings, mask_url
 from shared.streams import ensure_streams
+from shared.supervisor import Supervisor
 from shared.video import ChunkRetention
 from shared.wire import Subjects
 
@@ -67,31 +68,22 @@ class ServiceContext:
     # Run after every reconnection to NATS (a NATS that restarted lost its memory streams and
     # the consumers on them): the streams are declared again first, then these, in order.
     reconnect_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _failure: asyncio.Future[BaseException] | None = None
+    _tasks: Supervisor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._tasks = Supervisor(on_failure=self._failed)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start a supervised task: its failure stops the service; it is cancelled at shutdown."""
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+        return self._tasks.spawn(coro, name)
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None and self._failure is not None and not self._failure.done():
-            log.error("task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
+    def _failed(self, exc: BaseException) -> None:
+        if self._failure is not None and not self._failure.done():
             self._failure.set_result(exc)
 
     async def cancel_tasks(self, grace_s: float) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace_s)
+        await self._tasks.cancel(wait_s=grace_s)
 
 
 async def retry(

@@ -58,6 +58,7 @@ from shared.settings import (
 )
 from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
+from shared.supervisor import Supervisor
 from shared.video import ChunkRetention, PayloadTooSmall, check_payload
 from shared.wire import (
     WORKER_WIDE_COMMANDS,
@@ -183,7 +184,7 @@ class Publisher:
         self._unrecorded: dict[str, OutChunk] = {}  # session -> its latest unrecorded chunk
         self._to_record = asyncio.Event()
         self._fenced: dict[str, int] = {}  # session -> the epoch the registry refused
-        self._hand_backs: set[asyncio.Task[None]] = set()
+        self._hand_backs = Supervisor("hand_back_failed", log=log)
         self._owed: deque[SessionNotice] = deque()  # notices NATS did not take, in order
         self.on_unpublished = on_unpublished
         self.unpublished = 0
@@ -219,8 +220,7 @@ class Publisher:
 
     async def finish_hand_backs(self) -> None:
         """Wait for the hand-backs under way (at shutdown: none is left half done)."""
-        if self._hand_backs:
-            await asyncio.gather(*self._hand_backs, return_exceptions=True)
+        await self._hand_backs.wait()
 
     async def republish(self) -> None:
         """After a NATS reconnection: publish each session's recent chunks again, before any
@@ -270,9 +270,9 @@ class Publisher:
                 return
             await self._send(item.session_id, encode(item), notice=str(item.kind))
         elif isinstance(item, HandBack):
-            task = asyncio.create_task(self.hand_back(item.session_id, item.epoch))
-            self._hand_backs.add(task)
-            task.add_done_callback(self._hand_backs.discard)
+            self._hand_backs.spawn(
+                self.hand_back(item.session_id, item.epoch), f"hand-back-{item.session_id}"
+            )
         else:
             assert isinstance(item, Forget)
             self._recent.pop(item.session_id, None)
