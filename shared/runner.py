@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,11 +23,13 @@ from nats.js import JetStreamContext
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import NoPermissionError
 
+from shared.backoff import retried
 from shared.logging import configure_logging, get_logger
 from shared.registry import Registry
 from shared.security import inbox_prefix, url_user
 from shared.settings import CommonSettings, mask_url
 from shared.streams import ensure_streams
+from shared.supervisor import Supervisor
 from shared.video import ChunkRetention
 from shared.wire import Subjects
 
@@ -67,54 +68,46 @@ class ServiceContext:
     # Run after every reconnection to NATS (a NATS that restarted lost its memory streams and
     # the consumers on them): the streams are declared again first, then these, in order.
     reconnect_hooks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _failure: asyncio.Future[BaseException] | None = None
+    _tasks: Supervisor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._tasks = Supervisor(on_failure=self._failed)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start a supervised task: its failure stops the service; it is cancelled at shutdown."""
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+        return self._tasks.spawn(coro, name)
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None and self._failure is not None and not self._failure.done():
-            log.error("task_failed", task=task.get_name(), error=repr(exc), exc_info=exc)
+    def _failed(self, exc: BaseException) -> None:
+        if self._failure is not None and not self._failure.done():
             self._failure.set_result(exc)
 
     async def cancel_tasks(self, grace_s: float) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace_s)
+        await self._tasks.cancel(wait_s=grace_s)
 
 
 async def retry(
     what: str, attempt: Callable[[], Awaitable[Any]], timeout_s: float, first_delay: float = 0.2
 ) -> Any:
-    """Call ``attempt`` until it succeeds or ``timeout_s`` passes (exponential backoff)."""
-    deadline = time.monotonic() + timeout_s
-    delay = first_delay
-    while True:
-        try:
-            return await attempt()
-        except CredentialsRefused:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any connect failure is retried until the deadline
-            if time.monotonic() + delay > deadline:
-                # A timeout's text is empty: say what it was rather than nothing.
-                why = str(exc) or type(exc).__name__
-                raise ConnectError(
-                    f"could not connect to {what} within {timeout_s:.0f}s: {why}"
-                ) from exc
-            log.warning("connect_retry", target=what, error=str(exc), retry_in_s=round(delay, 2))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    """Call ``attempt`` until it succeeds or the next pause would end past ``timeout_s``
+    (exponential backoff up to 5 s); refused credentials end it at once."""
+    try:
+        return await retried(
+            attempt,
+            "connect_retry",
+            on=lambda exc: isinstance(exc, Exception) and not isinstance(exc, CredentialsRefused),
+            first_s=first_delay,
+            cap_s=5.0,
+            within_s=timeout_s,
+            say=log.warning,
+            target=what,
+        )
+    except CredentialsRefused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any connect failure is retried until the deadline
+        # A timeout's text is empty: say what it was rather than nothing.
+        why = str(exc) or type(exc).__name__
+        raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {why}") from exc
 
 
 async def connect_nats(

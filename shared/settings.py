@@ -31,7 +31,10 @@ _LOG_FORMATS = ("auto", "json", "console")
 MIN_VIDEO_BITRATE = 100_000
 MAX_VIDEO_BITRATE = 50_000_000
 DEFAULT_VIDEO_BITRATE = 2_000_000  # 480p streaming: a 0.75 s chunk is at most 187 KiB
-DEFAULT_STREAM_SESSIONS = 64  # the default pool's largest: 8 workers x 8 slots
+# The most workers at once, the one default of TURBOSERVE_MAX_WORKERS for the provisioner, the
+# scheduler (until the provisioner writes its limits) and ``turboserve up``.
+DEFAULT_MAX_WORKERS = 8
+DEFAULT_STREAM_SESSIONS = DEFAULT_MAX_WORKERS * 8  # the default pool's largest, at 8 slots each
 
 
 class SettingsError(ValueError):
@@ -376,7 +379,7 @@ class SchedulerSettings(CommonSettings):
     rho_table: str = ""
     # Pool limits when the provisioner has not written its own (it normally has).
     min_workers: int = 1
-    max_workers: int = 8
+    max_workers: int = DEFAULT_MAX_WORKERS
     # After a scale event, no scale event the other way for this long (s): no drain right
     # after a GPU was asked for, no GPU asked for right after a drain unless sessions wait.
     scale_cooldown_s: float = 30.0
@@ -594,7 +597,7 @@ class ProvisionerSettings(CommonSettings):
     # The pool never shrinks below min_workers (kept running from the start, replaced when
     # they die) nor grows past max_workers (booting ones count).
     min_workers: int = 1
-    max_workers: int = 8
+    max_workers: int = DEFAULT_MAX_WORKERS
     # Experiments: a started worker is launched this long after the request; it counts as
     # booting, and costs, from the request.
     boot_delay_s: float = 0.0
@@ -685,7 +688,7 @@ class ToolSettings(CommonSettings):
     port: int = 8080
     # The pool ``up`` starts: workers at start and the most the autoscaler may grow it to.
     min_workers: int = 1
-    max_workers: int = 4
+    max_workers: int = DEFAULT_MAX_WORKERS
     # The GPU kind CPU workers emulate; none: ``up`` decides (H20 where there is no GPU).
     emulate: str | None = None
     # How long ``up`` waits for its first worker (the provisioner's setting of the same name).

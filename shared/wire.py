@@ -248,7 +248,7 @@ class Heartbeat(_Msg, tag="heartbeat"):
     # When the batched pass in flight ends (wall clock, seconds; its start plus the measured
     # time of a pass at its batch): the next boundary where a session can join the batch (in
     # the past while the worker waits between passes). None until it has timed a pass. The
-    # scheduler's placement reads it (the policy's note_step).
+    # scheduler's placement reads it (the policy's note_pass).
     pass_ends_at: float | None = None
     # The quality budget: the denoising steps per chunk in force, the model's full count and
     # the operator's floor (TURBOSERVE_MIN_STEPS; equal to full_steps: the budget is off).

@@ -42,6 +42,7 @@ from shared.security import (
     with_user,
 )
 from shared.settings import (
+    DEFAULT_MAX_WORKERS,
     DEFAULT_NATS_URL,
     DEFAULT_REDIS_URL,
     CommonSettings,
@@ -560,7 +561,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-workers",
         type=int,
         help="the most workers the autoscaler may grow the pool to "
-        "(TURBOSERVE_MAX_WORKERS, default 4)",
+        f"(TURBOSERVE_MAX_WORKERS, default {DEFAULT_MAX_WORKERS})",
     )
     p.add_argument(
         "--emulate",

@@ -29,6 +29,7 @@ import orjson
 
 from lab.sim.synth import BUILTIN_NAMES
 from lab.sim.viewer import ServiceLedger, summary
+from tools.sse import read_events
 
 DEFAULT_DEADLINE_MS = 1250.0
 
@@ -673,37 +674,29 @@ async def _read_stream(http: Any, log: SessionLog, max_reconnects: int = 60) -> 
 
 async def _follow(resp: Any, log: SessionLog) -> bool:
     """Read SSE events; True when the stream ended for good (``event: end``)."""
-    event, data = "", b""
-    async for raw in resp.content:
-        line = raw.rstrip(b"\r\n")
-        if line.startswith(b"event:"):
-            event = line[6:].strip().decode()
-        elif line.startswith(b"data:"):  # an event's data lines, joined as SSE says
-            data = data + b"\n" + line[5:].strip() if data else line[5:].strip()
-        elif not line:
-            if event == "chunk" and data:
-                body = orjson.loads(data)
-                timing = body.get("timing", {})
-                now = time.time()
-                log.owner(body.get("epoch"))
-                log.chunk(
-                    int(body["seq"]),
-                    float(timing.get("due_at", now)),
-                    float(timing.get("done_at", now)),
-                    now,
-                    steps=int(timing.get("steps") or 0),
-                )
-            elif event == "state" and data:
-                state = orjson.loads(data)
-                kind = str(state.get("kind") or state.get("state") or "")
-                log.states.append(kind)
-                log.restarts += kind == "restarted"
-                log.moved = log.moved or kind == "migrated"
-                log.announced = True
-            elif event == "end":
-                log.ended = True
-                return True
-            event, data = "", b""
+    async for sse in read_events(resp.content):
+        if sse.event == "chunk" and sse.data:
+            body = orjson.loads(sse.data)
+            timing = body.get("timing", {})
+            now = time.time()
+            log.owner(body.get("epoch"))
+            log.chunk(
+                int(body["seq"]),
+                float(timing.get("due_at", now)),
+                float(timing.get("done_at", now)),
+                now,
+                steps=int(timing.get("steps") or 0),
+            )
+        elif sse.event == "state" and sse.data:
+            state = orjson.loads(sse.data)
+            kind = str(state.get("kind") or state.get("state") or "")
+            log.states.append(kind)
+            log.restarts += kind == "restarted"
+            log.moved = log.moved or kind == "migrated"
+            log.announced = True
+        elif sse.event == "end":
+            log.ended = True
+            return True
     return False
 
 

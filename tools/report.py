@@ -28,14 +28,6 @@ def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile of ``values`` (``q`` in [0, 1]); 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def progress(line: str) -> None:
     """A progress line on stderr, at once (stdout keeps the result)."""
     print(line, file=sys.stderr, flush=True)

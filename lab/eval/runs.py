@@ -123,8 +123,8 @@ class _Recorder:
     def view(self) -> ClusterView:
         return self.policy.view
 
-    def note_step(self, gpu_id: str, ends_at: float) -> None:
-        self.policy.note_step(gpu_id, ends_at)
+    def note_pass(self, gpu_id: str, ends_at: float) -> None:
+        self.policy.note_pass(gpu_id, ends_at)
 
     def restore(
         self, gpus: Iterable[RestoredGpu], sessions: Iterable[RestoredSession], t: float

@@ -49,6 +49,7 @@ from services.scheduler.core.autoscale import (
 )
 from services.scheduler.shipped import save_rho_table
 from shared.profile import LatencyProfile
+from shared.quantiles import quantile, quantiles
 
 FULL_GRID = {"rho_hat": (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), "delta": (0.1,)}
 QUICK_GRID = {"rho_hat": (0.6, 0.75, 0.9), "delta": (0.1,)}
@@ -141,23 +142,9 @@ def level_edges(samples: list[float]) -> tuple[float, ...]:
     ordered = sorted(samples)
     if not ordered:
         raise ValueError("no volatility samples: training traces too short for the window")
-    edges = []
-    for k in range(1, LEVELS):
-        pos = (len(ordered) - 1) * k / LEVELS
-        lo = int(pos)
-        hi = min(lo + 1, len(ordered) - 1)
-        edges.append(round(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo), 4))
-    return tuple(edges)
-
-
-def _p99(values: list[float]) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * 0.99
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return tuple(
+        round(edge, 4) for edge in quantiles(ordered, [k / LEVELS for k in range(1, LEVELS)])
+    )
 
 
 def per_level_stats(
@@ -208,7 +195,12 @@ def per_level_stats(
         cost = sum(g for g, lv in zip(gpu_s, bin_levels, strict=True) if lv == level)
         s, f = stream.get(level, []), first.get(level, [])
         out[level] = LevelStats(
-            cost, on_time.get(level, 0), len(s) + len(f), missed.get(level, 0), _p99(s), _p99(f)
+            cost,
+            on_time.get(level, 0),
+            len(s) + len(f),
+            missed.get(level, 0),
+            quantile(s, 0.99),
+            quantile(f, 0.99),
         )
     return out
 

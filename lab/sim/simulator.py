@@ -612,7 +612,7 @@ class Simulator:
         end = self.now + pass_s
         self._push(end, _P_STEP, g.gpu_id)
         # Policies that place by pass phase hear when each pass ends.
-        self.policy.note_step(g.gpu_id, end)
+        self.policy.note_pass(g.gpu_id, end)
 
     def _wake(self, gpu_id: str) -> None:
         g = self.gpus.get(gpu_id)

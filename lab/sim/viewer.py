@@ -35,7 +35,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["ServiceLedger", "quantile", "summary"]
+from shared.quantiles import quantiles
+
+__all__ = ["ServiceLedger", "summary"]
 
 # Float sums of pass times may put a chunk a few femtoseconds past a due time it meets exactly.
 _TOLERANCE_MS = 1e-6
@@ -132,20 +134,7 @@ class ServiceLedger:
 
 
 def summary(values: Iterable[float]) -> dict[str, float]:
-    """p50, p99 and max (interpolated quantiles, numpy's default method), 0 when empty."""
+    """p50, p99 and max (the tree's one quantile, :mod:`shared.quantiles`), 0 when empty."""
     ordered = sorted(values)
-    if not ordered:
-        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-    return {
-        "p50": round(quantile(ordered, 0.50), 3),
-        "p99": round(quantile(ordered, 0.99), 3),
-        "max": round(ordered[-1], 3),
-    }
-
-
-def quantile(ordered: list[float], q: float) -> float:
-    """Linear-interpolated quantile of sorted values (numpy's default method)."""
-    pos = (len(ordered) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    p50, p99, top = quantiles(ordered, (0.50, 0.99, 1.0))
+    return {"p50": round(p50, 3), "p99": round(p99, 3), "max": round(top, 3)}

@@ -58,6 +58,7 @@ from shared.settings import (
 )
 from shared.states import IllegalTransition, SessionState
 from shared.streams import ensure_streams
+from shared.supervisor import Supervisor
 from shared.video import ChunkRetention, PayloadTooSmall, check_payload
 from shared.wire import (
     WORKER_WIDE_COMMANDS,
@@ -183,7 +184,7 @@ class Publisher:
         self._unrecorded: dict[str, OutChunk] = {}  # session -> its latest unrecorded chunk
         self._to_record = asyncio.Event()
         self._fenced: dict[str, int] = {}  # session -> the epoch the registry refused
-        self._releases: set[asyncio.Task[None]] = set()
+        self._hand_backs = Supervisor("hand_back_failed", log=log)
         self._owed: deque[SessionNotice] = deque()  # notices NATS did not take, in order
         self.on_unpublished = on_unpublished
         self.unpublished = 0
@@ -217,10 +218,9 @@ class Publisher:
         for item in pending.values():
             await self._record(item)
 
-    async def finish_releases(self) -> None:
+    async def finish_hand_backs(self) -> None:
         """Wait for the hand-backs under way (at shutdown: none is left half done)."""
-        if self._releases:
-            await asyncio.gather(*self._releases, return_exceptions=True)
+        await self._hand_backs.wait()
 
     async def republish(self) -> None:
         """After a NATS reconnection: publish each session's recent chunks again, before any
@@ -270,9 +270,9 @@ class Publisher:
                 return
             await self._send(item.session_id, encode(item), notice=str(item.kind))
         elif isinstance(item, HandBack):
-            task = asyncio.create_task(self.release(item.session_id, item.epoch))
-            self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+            self._hand_backs.spawn(
+                self.hand_back(item.session_id, item.epoch), f"hand-back-{item.session_id}"
+            )
         else:
             assert isinstance(item, Forget)
             self._recent.pop(item.session_id, None)
@@ -360,7 +360,7 @@ class Publisher:
             and record.state is not SessionState.TERMINATED
         )
 
-    async def release(self, session_id: str, epoch: int) -> None:
+    async def hand_back(self, session_id: str, epoch: int) -> None:
         """Put a session back to pending (to be placed elsewhere), if still ours at ``epoch``."""
         try:
             await self.ctx.registry.transition(
@@ -552,8 +552,8 @@ class WorkerService:
         if self.publisher is not None:  # what the generation thread made last goes out
             await self.publisher.publish_queued()
             await self.publisher.record_queued()
-            await self.publisher.finish_releases()
-        await self._release_sessions()
+            await self.publisher.finish_hand_backs()
+        await self._hand_back_sessions()
         if self._heartbeat_task is not None:  # else a late beat would re-register us
             self._heartbeat_task.cancel()
             await asyncio.wait({self._heartbeat_task}, timeout=5.0)
@@ -579,12 +579,12 @@ class WorkerService:
         if self._thread_error is not None:
             raise RuntimeError("generation thread failed") from self._thread_error
 
-    async def _release_sessions(self) -> None:
+    async def _hand_back_sessions(self) -> None:
         """Put the sessions this worker still owns back to pending, to continue elsewhere."""
         if self.generation is None or self.publisher is None:
             return
         for session_id, facts in self.generation.status().facts.items():
-            await self.publisher.release(session_id, facts.epoch)
+            await self.publisher.hand_back(session_id, facts.epoch)
             log.info("session_released", session_id=session_id)
 
     # -- commands (event loop) ------------------------------------------------------------------
@@ -637,7 +637,7 @@ class WorkerService:
         if cmd.session_id is None:
             return refuse("invalid", f"{cmd.kind} needs a session_id")
         if cmd.kind is WorkerCmdKind.ASSIGN and self.status is WorkerStatus.DRAINING:
-            await self._release_assignment(cmd)
+            await self._hand_back_assignment(cmd)
             return refuse("draining", "this worker takes no new sessions")
         if cmd.kind is not WorkerCmdKind.STOP:
             fault = await self._epoch_fault(cmd)
@@ -759,9 +759,9 @@ class WorkerService:
             )
         return ""
 
-    async def _release_assignment(self, cmd: WorkerCommand) -> None:
+    async def _hand_back_assignment(self, cmd: WorkerCommand) -> None:
         assert self.publisher is not None and cmd.session_id is not None
-        await self.publisher.release(cmd.session_id, cmd.epoch)
+        await self.publisher.hand_back(cmd.session_id, cmd.epoch)
 
     def _set_draining(self, draining: bool) -> None:
         if self.status is WorkerStatus.BOOTING:

@@ -33,6 +33,7 @@ from services.provisioner.pool import (
     PoolRefusal,
     PoolVerdict,
 )
+from shared.backoff import retried
 from shared.logging import get_logger
 from shared.meter import Meter
 from shared.ops import OpsServer, close_ops, start_ops
@@ -343,22 +344,30 @@ class ProvisionerService:
         """The backend's terminate, tried again (with a backoff) until it works: a worker we
         let go of must go. None when the provisioner stops first (the worker stays STOPPING;
         a pod is taken over by the next provisioner)."""
-        delay = 1.0
-        while True:
-            try:
-                return await self.backend.terminate(managed.worker_id, self._worker_grace_s)
-            except BackendError as exc:
-                log.warning(
-                    "worker_terminate_failed",
-                    worker_id=managed.worker_id,
-                    error=str(exc),
-                    retry_in_s=delay,
-                )
-            try:
-                await asyncio.wait_for(self._stop_requested.wait(), timeout=delay)
+        tries = 0
+
+        async def attempt() -> str | None:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and self._stop_requested.is_set():
                 return None
-            except TimeoutError:
-                delay = min(2 * delay, MAX_RESTART_BACKOFF_S)
+            return await self.backend.terminate(managed.worker_id, self._worker_grace_s)
+
+        return await retried(
+            attempt,
+            "worker_terminate_failed",
+            on=BackendError,
+            first_s=1.0,
+            cap_s=MAX_RESTART_BACKOFF_S,
+            pause=self._pause_unless_stopping,
+            say=log.warning,
+            worker_id=managed.worker_id,
+        )
+
+    async def _pause_unless_stopping(self, seconds: float) -> None:
+        """A pause between retries that ends early when the provisioner is told to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), timeout=seconds)
 
     async def _cancel_boot(self, worker_id: str) -> None:
         task = self._boots.pop(worker_id, None)

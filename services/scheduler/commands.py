@@ -8,7 +8,6 @@ SUSPEND of a suspended session), so a retry after a lost reply does no harm.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from shared.backoff import retried
 from shared.logging import get_logger
 from shared.runner import ServiceContext
 from shared.wire import (
@@ -86,53 +86,68 @@ class CommandSender:
         """Send until answered; ``superseded`` is asked before each retry."""
         cmd = self.stamp(cmd)
         subject = self.ctx.subjects.worker_cmd(cmd.worker_id)
-        delay = self.backoff_s
-        why = ""
-        for attempt in range(self.attempts):
-            if attempt and superseded is not None and await superseded():
+        tries = itertools.count()
+
+        async def send() -> CommandOutcome:
+            if next(tries) and superseded is not None and await superseded():
                 return CommandOutcome(None, SUPERSEDED)
             try:
                 msg = await self.ctx.nc.request(subject, encode(cmd), timeout=self.reply_timeout_s)
             except NoRespondersError:
-                why = f"no worker {cmd.worker_id} listening"
+                raise _Unanswered(f"no worker {cmd.worker_id} listening") from None
             except NatsTimeout:
-                why = f"worker {cmd.worker_id} did not answer in {self.reply_timeout_s}s"
-            else:
-                try:
-                    return CommandOutcome(decode(msg.subject, msg.data, CommandReply))
-                except WireError as exc:
-                    why = str(exc)
-            log.info(
+                raise _Unanswered(
+                    f"worker {cmd.worker_id} did not answer in {self.reply_timeout_s}s"
+                ) from None
+            try:
+                return CommandOutcome(decode(msg.subject, msg.data, CommandReply))
+            except WireError as exc:
+                raise _Unanswered(str(exc)) from exc
+
+        try:
+            return await retried(
+                send,
                 "command_retry",
+                on=_Unanswered,
+                first_s=self.backoff_s,
+                cap_s=2.0,
+                attempts=self.attempts,
+                say=log.info,
+                error_key="why",
                 kind=str(cmd.kind),
                 worker_id=cmd.worker_id,
                 session_id=cmd.session_id,
-                attempt=attempt + 1,
-                why=why,
             )
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
-        return CommandOutcome(None, why)
+        except _Unanswered as exc:
+            return CommandOutcome(None, str(exc))
 
     async def to_provisioner(self, cmd: ProvisionerCommand) -> ProvisionerReply | None:
         """Send a provisioner command until it is answered (None: nobody answered); what
         happens to each worker follows as provisioner events."""
         if not cmd.command_id:
             cmd = msgspec.structs.replace(cmd, command_id=f"s{self.term}-{next(self._ids)}")
-        delay = self.backoff_s
-        for attempt in range(self.attempts):
-            try:
-                msg = await self.ctx.nc.request(
-                    self.ctx.subjects.provisioner_cmd, encode(cmd), timeout=self.reply_timeout_s
-                )
-                return decode(msg.subject, msg.data, ProvisionerReply)
-            except (NoRespondersError, NatsTimeout, WireError) as exc:
-                log.info(
-                    "provisioner_retry",
-                    kind=str(cmd.kind),
-                    attempt=attempt + 1,
-                    why=type(exc).__name__,
-                )
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
-        return None
+
+        async def send() -> ProvisionerReply:
+            msg = await self.ctx.nc.request(
+                self.ctx.subjects.provisioner_cmd, encode(cmd), timeout=self.reply_timeout_s
+            )
+            return decode(msg.subject, msg.data, ProvisionerReply)
+
+        try:
+            return await retried(
+                send,
+                "provisioner_retry",
+                on=(NoRespondersError, NatsTimeout, WireError),
+                first_s=self.backoff_s,
+                cap_s=2.0,
+                attempts=self.attempts,
+                say=log.info,
+                error_key="why",
+                kind=str(cmd.kind),
+            )
+        except (NoRespondersError, NatsTimeout, WireError):
+            return None  # the caller says what went unanswered
+
+
+class _Unanswered(Exception):
+    """A worker command got no usable reply (tried again); the text says why."""

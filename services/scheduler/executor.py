@@ -36,6 +36,7 @@ from services.scheduler.core.types import (
     Suspend,
 )
 from services.scheduler.ledger import RELEASE_STOP_ATTEMPTS
+from shared.backoff import retried
 from shared.logging import get_logger
 from shared.registry import Registry, RegistryError, SessionRecord
 from shared.states import IllegalTransition, SessionState
@@ -589,20 +590,21 @@ class Releases:
         """Carry out ``action(arg)`` through Redis or NATS being away for a while (a release
         must not be lost: the worker would run on, known to nobody); what it returned, or
         False when it never got through."""
-        for attempt in range(attempts):
-            try:
-                return await action(arg)
-            except (RedisError, NatsError) as exc:
-                log.warning(
-                    "action_retry",
-                    action=action.__name__,
-                    arg=arg,
-                    attempt=attempt + 1,
-                    error=str(exc),
-                )
-                await asyncio.sleep(min(5.0, 0.5 * 2**attempt))
-        log.error("action_abandoned", action=action.__name__, arg=arg)
-        return False
+        try:
+            return await retried(
+                lambda: action(arg),
+                "action_retry",
+                on=(RedisError, NatsError),
+                first_s=0.5,
+                cap_s=5.0,
+                attempts=attempts,
+                say=log.warning,
+                action=action.__name__,
+                arg=arg,
+            )
+        except (RedisError, NatsError) as exc:
+            log.error("action_abandoned", action=action.__name__, arg=arg, error=str(exc))
+            return False
 
     async def _release(self, gpu: str) -> bool | str:
         """Give a GPU back: after the migrations off it, and after moving the idle sessions

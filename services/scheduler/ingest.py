@@ -3,7 +3,7 @@
 Session events from the durable JetStream consumer (created -> ARRIVE, active, idle, closed ->
 DEPART; a prompt is forwarded to the worker), worker heartbeats (a worker it did not know ->
 GPU_READY; one that falls silent -> GPU_GONE; an operator's drain -> GPU_DRAIN or GPU_CORDON;
-when the pass in flight ends -> the policy's ``note_step``), provisioner events (ready, gone),
+when the pass in flight ends -> the policy's ``note_pass``), provisioner events (ready, gone),
 migration reports (to the migration waiting for each), and the registry, read every tick
 (workers that joined or expired, operators' drains) and every few ticks to repair the core's
 view (:meth:`Ingest.reconcile`).
@@ -71,7 +71,7 @@ class Ingest:
         core = self.live.core
         if known:
             if beat.pass_ends_at is not None:
-                core.note_step(wid, beat.pass_ends_at)
+                core.note_pass(wid, beat.pass_ends_at)
             steps = self.ledger.steps_to_resend(beat)
             if steps is not None:  # restarted, or a STEPS command was lost
                 self.executor.send_steps(wid, steps)

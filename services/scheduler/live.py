@@ -5,7 +5,7 @@ policy's ``step``, in three parts:
 
 - :class:`~services.scheduler.ingest.Ingest`: what it hears becomes the core's events (session
   events from the durable JetStream consumer, worker heartbeats, provisioner events, the
-  registry), and when each worker's pass ends becomes the policy's ``note_step``;
+  registry), and when each worker's pass ends becomes the policy's ``note_pass``;
 - :class:`~services.scheduler.executor.Executor`: every decision becomes commands, retried until
   answered; a refused or failed one becomes the event the core expects;
 - :class:`~services.scheduler.ledger.PoolLedger`: the book of the pool (workers known and when last
@@ -52,6 +52,7 @@ from shared.runner import ServiceContext, subscriptions_live
 from shared.settings import SchedulerSettings
 from shared.states import SessionState
 from shared.streams import SCHEDULER_DURABLE
+from shared.supervisor import Supervisor
 from shared.wire import WorkerStatus
 
 log = get_logger("turboserve.scheduler")
@@ -92,7 +93,7 @@ class LiveScheduler:
         self.executor = Executor(self)
         self.ingest = Ingest(self)
         self._followups: deque[Event] = deque()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Supervisor("scheduler_task_failed", log=log)
         self._subs: list[Any] = []
         self._loops: list[asyncio.Task[Any]] = []
         self._ticks = 0
@@ -133,13 +134,8 @@ class LiveScheduler:
             loop.cancel()
         if self._loops:
             await asyncio.wait(self._loops, timeout=5.0)
-        tasks = list(self._tasks)
-        if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+        await self._tasks.wait(timeout_s=2.0)
+        await self._tasks.cancel(wait_s=5.0)
         if self.psub is not None:
             psub, self.psub = self.psub, None
             with contextlib.suppress(Exception):
@@ -147,20 +143,7 @@ class LiveScheduler:
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``coro`` in a task this leadership tracks (and ends with it)."""
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "scheduler_task_failed",
-                task=task.get_name(),
-                error=repr(task.exception()),
-                exc_info=task.exception(),
-            )
+        return self._tasks.spawn(coro, name)
 
     @property
     def guard(self) -> tuple[str, str]:

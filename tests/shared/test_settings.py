@@ -129,3 +129,10 @@ def test_handoff_host_auto_is_this_hosts_address():
     assert given.handoff_address() == "10.0.0.7"
     auto = WorkerSettings.from_env({"TURBOSERVE_HANDOFF_HOST": "auto"})
     assert auto.handoff_address() == socket.gethostbyname(socket.gethostname())
+
+
+def test_max_workers_has_one_default_everywhere() -> None:
+    from shared.settings import DEFAULT_MAX_WORKERS, SchedulerSettings, ToolSettings
+
+    for cls in (ProvisionerSettings, SchedulerSettings, ToolSettings):
+        assert cls.from_env({}).max_workers == DEFAULT_MAX_WORKERS, cls.__name__

@@ -14,7 +14,7 @@ def test_defaults_are_this_hosts_servers_and_the_home_state_folder() -> None:
     settings = ToolSettings.from_env({})
     assert (settings.nats_url, settings.redis_url) == (DEFAULT_NATS_URL, DEFAULT_REDIS_URL)
     assert settings.state_path == Path.home() / ".turboserve"
-    assert (settings.port, settings.min_workers, settings.max_workers) == (8080, 1, 4)
+    assert (settings.port, settings.min_workers, settings.max_workers) == (8080, 1, 8)
 
 
 def test_values_come_from_the_environment(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ class _Fake:
         self.view = _FakeView()
         self.ready: list[str] = []
 
-    def note_step(self, gpu_id, t):
+    def note_pass(self, gpu_id, t):
         pass
 
     def step(self, event):

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import orjson
 
-from tools.report import percentile
+from shared.quantiles import quantile
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -103,11 +103,11 @@ async def measure(nats_url: str, redis_url: str, events: int, sessions: int) -> 
         await _cleanup(env)
     return {
         "event_to_command_ms_p50": round(statistics.median(event_ms), 3),
-        "event_to_command_ms_p99": round(percentile(event_ms, 0.99), 3),
+        "event_to_command_ms_p99": round(quantile(event_ms, 0.99), 3),
         "event_to_command_ms_max": round(max(event_ms), 3),
         "event_samples": len(event_ms),
         "create_to_first_step_ms_p50": round(statistics.median(create_ms), 3),
-        "create_to_first_step_ms_p99": round(percentile(create_ms, 0.99), 3),
+        "create_to_first_step_ms_p99": round(quantile(create_ms, 0.99), 3),
         "create_samples": len(create_ms),
     }
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import orjson
 
+from shared.quantiles import quantile
 from tools.bench.control import _cleanup, _env, _scheduler, run_on_infra
-from tools.report import percentile
+from tools.sse import read_events
 
 API_KEY = "bench-key-12345"
 
@@ -92,20 +93,13 @@ async def _read(http: Any, sid: str, token: str, stream: _Stream) -> None:
     ) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET /v1/sessions/{sid}/stream: {resp.status}")
-        buf = b""
-        async for data in resp.content.iter_any():
-            buf += data
-            while b"\n\n" in buf:
-                block, buf = buf.split(b"\n\n", 1)
-                lines = [line.split(b": ", 1) for line in block.split(b"\n") if b": " in line]
-                fields = dict(lines)
-                data = b"\n".join(v for k, v in lines if k == b"data")  # joined as SSE says
-                if fields.get(b"event") == b"chunk":
-                    timing = orjson.loads(data)["timing"]
-                    stream.chunks.append((time.time(), timing["due_at"], timing["done_at"]))
-                    stream.first.set()
-                elif fields.get(b"event") == b"end":
-                    return
+        async for sse in read_events(resp.content.iter_any()):
+            if sse.event == "chunk":
+                timing = orjson.loads(sse.data)["timing"]
+                stream.chunks.append((time.time(), timing["due_at"], timing["done_at"]))
+                stream.first.set()
+            elif sse.event == "end":
+                return
 
 
 async def _create(http: Any) -> tuple[str, str]:
@@ -203,7 +197,7 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
         "chunks_per_s_mean": round(statistics.fmean(rates), 3),
         "chunks_per_s_max": round(max(rates), 3),
         "ahead_ms_max": round(max(ahead, default=0.0), 1),
-        "late_ms_p99": round(percentile(late, 0.99), 1) if late else 0.0,
+        "late_ms_p99": round(quantile(late, 0.99), 1) if late else 0.0,
         "late_ms_max": round(max(late, default=0.0), 1),
         # chunks done by their due time, of those in the window
         "on_time_share": round(sum(1 for ms in late if ms <= 0.0) / len(late), 4) if late else None,

@@ -26,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from shared.quantiles import quantiles
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("provisioner", help="provisioner: command round trips, worker boots")
@@ -169,14 +171,10 @@ def _print(figures: dict[str, Any]) -> None:
 
 
 def _row(samples_ms: Sequence[float]) -> dict[str, float | int]:
-    ordered = sorted(samples_ms)
-    if not ordered:
+    if not samples_ms:
         return {"n": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
-
-    def pick(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-    return {"n": len(ordered), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": ordered[-1]}
+    p50, p99, top = quantiles(samples_ms, (0.5, 0.99, 1.0))
+    return {"n": len(samples_ms), "p50_ms": p50, "p99_ms": p99, "max_ms": top}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.report import percentile
+from shared.quantiles import quantile
 
 if TYPE_CHECKING:
     from services.scheduler.core.types import Event
@@ -112,7 +112,7 @@ def bench_one(
 
     # Pass-end reports (untimed): the environment tells the controller when each GPU's current
     # pass ends, so placement takes its step-phase path (a scan of the least-loaded GPUs).
-    report = policy.note_step if step_reports else None
+    report = policy.note_pass if step_reports else None
     pass_s = 0.2
 
     def _report_all(now: float) -> None:
@@ -148,8 +148,8 @@ def bench_one(
         "gpus": gpus,
         "sessions": target,
         "steps": steps,
-        "decision_ms_p50": round(percentile(times, 0.50), 4),
-        "decision_ms_p99": round(percentile(times, 0.99), 4),
+        "decision_ms_p50": round(quantile(times, 0.50), 4),
+        "decision_ms_p99": round(quantile(times, 0.99), 4),
         "decision_ms_max": round(times[-1], 4),
         "decisions_per_step": round(decisions / steps, 3),
         "step_reports": step_reports,

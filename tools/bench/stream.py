@@ -50,13 +50,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared.quantiles import quantile
 from tools.bench.gateway import BenchError
-from tools.report import percentile
+from tools.bench.stream_plan import Encoded, StreamPlan, chunk_message, inject
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client as NatsClient
-
-    from shared.wire import Subjects
+    pass
 
 KINDS = ("standin", "gradient", "textured")
 FORMATS = ("jpeg_sse", "fmp4_sse", "fmp4_ws")
@@ -98,24 +97,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help='write {"frames": {"standin": {...}, "textured": {...}}, ...} here',
     )
     p.set_defaults(func=run)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamPlan:
-    """What ``bench stream`` measures, from its options."""
-
-    viewers: int
-    sessions: int
-    seconds: float
-    warmup: float
-    period: float
-    frames: int
-    height: int
-    width: int
-    chunks: int
-    encode_runs: int
-    kinds: tuple[str, ...]
-    webrtc_viewers: int = 4
 
 
 def plan_of(args: argparse.Namespace) -> StreamPlan:
@@ -224,13 +205,6 @@ def standin(plan: StreamPlan) -> list[np.ndarray]:
 # -- encoding ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Encoded:
-    fmp4: list[Any] = field(default_factory=list)  # fmp4.Fragment
-    jpeg_ms: list[float] = field(default_factory=list)  # the gateway's, per chunk
-    fmp4_ms: list[float] = field(default_factory=list)  # the worker's, per chunk
-
-
 def encode_all(chunks: list[np.ndarray], plan: StreamPlan) -> Encoded:
     from services.gateway.jpegs import fragment_jpegs
     from services.gpu_worker.fmp4 import chunk_start_s, encode_chunk
@@ -264,32 +238,6 @@ class ViewerTally:
     bytes_received: int = 0
     errors: list[str] = field(default_factory=list)
     lags: int = 0
-
-
-def chunk_message(fmt: str, encoded: Encoded, i: int, sid: str, seq: int, plan: StreamPlan) -> Any:
-    """The wire Chunk a worker would publish (the same for every format)."""
-    from shared.wire import Chunk
-
-    now = time.time()
-    fragment = encoded.fmp4[i]
-    return Chunk(
-        session_id=sid,
-        seq=seq,
-        worker_id="bench",
-        epoch=1,
-        width=plan.width,
-        height=plan.height,
-        fps=plan.frames / plan.period,
-        gen_ms=0.0,
-        batch=1,
-        due_at=now,
-        done_at=now,
-        fmp4=fragment.data,
-        fmp4_mime=fragment.mime,
-        start_s=seq * plan.period,
-        duration_s=plan.period,
-        encode_ms=0.0,
-    )
 
 
 def sent_bytes(fmt: str, data: bytes) -> int:
@@ -398,7 +346,7 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
                 viewers,
                 settings.nats_url,
                 asyncio.sleep(1.0 + plan.viewers / 50),  # attached
-                lambda nc: _inject(
+                lambda nc: inject(
                     nc, Subjects(tag), plan, [s for s, _ in sessions], messages, stop
                 ),
                 plan.warmup,
@@ -414,40 +362,12 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
     return {
         "bytes_per_s": round(tally.bytes_received / window.seconds / plan.viewers),
         "delivery_ms_p50": round(statistics.median(lat), 2),
-        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
+        "delivery_ms_p99": round(quantile(lat, 0.99), 2),
         "viewers": plan.viewers,
         "sessions": plan.sessions,
         "chunks_received": len(lat),
         "lags": tally.lags,
     }
-
-
-async def _inject(
-    nc: NatsClient,
-    subjects: Subjects,
-    plan: StreamPlan,
-    session_ids: list[str],
-    messages: list[list[dict[str, Any]]],
-    stop: asyncio.Event,
-    published: dict[tuple[str, int], float] | None = None,
-) -> None:
-    """One chunk per session per period, sessions spread over the period; each prepared
-    chunk gets its seq and its publish time (``done_at``) on the way out, also kept in
-    ``published`` by (session, seq) where given."""
-    import msgspec
-
-    from tools.bench.gateway import paced
-
-    async def publish(i: int, seq: int) -> None:
-        chunk = messages[i][seq % len(messages[i])]
-        now = time.time()
-        chunk.update(seq=seq, due_at=now, done_at=now, start_s=seq * plan.period)
-        await nc.publish(subjects.chunks(session_ids[i]), msgspec.json.encode(chunk))
-        if published is not None:
-            published[(session_ids[i], seq)] = now
-
-    await paced(plan.period, len(session_ids), stop, publish)
-    await nc.flush()
 
 
 async def _viewer(
@@ -564,7 +484,7 @@ async def bench(plan: StreamPlan) -> dict[str, Any]:
             side[fmt] = {
                 "bytes_per_s": delivered.pop("bytes_per_s"),
                 "encode_ms_p50": round(statistics.median(times), 2),
-                "encode_ms_p99": round(percentile(times, 0.99), 2),
+                "encode_ms_p99": round(quantile(times, 0.99), 2),
                 "delivery_ms_p99": delivered.pop("delivery_ms_p99"),
                 **delivered,
             }
@@ -606,7 +526,7 @@ async def webrtc_entry(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     return {
         "bytes_per_s": delivered.pop("bytes_per_s"),
         "encode_ms_p50": round(statistics.median(times), 2),
-        "encode_ms_p99": round(percentile(times, 0.99), 2),
+        "encode_ms_p99": round(quantile(times, 0.99), 2),
         "delivery_ms_p99": delivered.pop("delivery_ms_p99"),
         **delivered,
     }

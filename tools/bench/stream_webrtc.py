@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tools.bench.stream import Encoded, StreamPlan
+    from tools.bench.stream_plan import Encoded, StreamPlan
 
 # How long all viewers get to negotiate and connect before the first chunk.
 CONNECT_S = 30.0
@@ -166,6 +166,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
     import msgspec
     import nats
 
+    from shared.quantiles import quantile
     from shared.settings import GatewaySettings
     from shared.wire import Subjects
     from tools.bench.gateway import (
@@ -174,8 +175,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
         gateway_process,
         measure_while,
     )
-    from tools.bench.stream import _inject, chunk_message
-    from tools.report import percentile
+    from tools.bench.stream_plan import chunk_message, inject
 
     settings = GatewaySettings.from_env()
     viewers_n = plan.webrtc_viewers
@@ -217,7 +217,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
                         for sid, _ in sessions
                     ]
                     _, window = await measure_while(
-                        _inject(
+                        inject(
                             nc,
                             Subjects(tag),
                             plan,
@@ -254,7 +254,7 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
             sum(v.tally.payload_bytes for v in viewers) / window.seconds / viewers_n
         ),
         "delivery_ms_p50": round(statistics.median(lat), 2),
-        "delivery_ms_p99": round(percentile(lat, 0.99), 2),
+        "delivery_ms_p99": round(quantile(lat, 0.99), 2),
         "viewers": viewers_n,
         "sessions": len(sessions),
         "chunks_received": len(lat),

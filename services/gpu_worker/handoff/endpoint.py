@@ -31,6 +31,7 @@ from shared.logging import get_logger
 from shared.registry import Registry
 from shared.runner import subscriptions_live
 from shared.settings import WorkerSettings
+from shared.supervisor import Supervisor
 from shared.wire import (
     HandoffAnswer,
     HandoffMsg,
@@ -93,7 +94,7 @@ class HandoffEndpoint:
         self._tags = itertools.count(1)
         self._stats = HandoffStats(stats_keep)
         self._sub: Any = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Supervisor("handoff_task_failed", log=self.log)
         self.outcomes: dict[str, asyncio.Future[HandoffOutcome]] = {}  # source: by transfer id
         self.reception = Reception(self)
         self.closing = False
@@ -121,13 +122,8 @@ class HandoffEndpoint:
         if self.closing:
             return
         self.closing = True
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=self.timeout_s + 1.0)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.timeout_s)
+        await self._tasks.wait(timeout_s=self.timeout_s + 1.0)
+        await self._tasks.cancel(wait_s=self.timeout_s)
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -196,20 +192,7 @@ class HandoffEndpoint:
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         """A tracked task (cancelled by ``close``); its failure is logged, never lost."""
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.log.error(
-                "handoff_task_failed",
-                task=task.get_name(),
-                error=repr(task.exception()),
-                exc_info=task.exception(),
-            )
+        return self._tasks.spawn(coro, name)
 
     def record(self, sample: HandoffSample) -> None:
         self._stats.add(sample)

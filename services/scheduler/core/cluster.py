@@ -38,7 +38,7 @@ class Gpu:
     state: GpuState
     since: float  # time of the request (BOOTING) or of becoming READY
     sessions: dict[str, None] = field(default_factory=dict)  # active sessions, ordered
-    step_end: float = NEVER  # when its pass in flight ends (Controller.note_step)
+    step_end: float = NEVER  # when its pass in flight ends (Controller.note_pass)
 
 
 @dataclass(slots=True)

@@ -212,7 +212,7 @@ class Controller:
             out.extend(self.step_budget.update(cluster))
         return _coalesce(out) if len(out) > 1 else out
 
-    def note_step(self, gpu_id: str, ends_at: float) -> None:
+    def note_pass(self, gpu_id: str, ends_at: float) -> None:
         """The environment reports that ``gpu_id`` started a batched pass (a whole coalesced step
         when the profile has one pass per chunk) ending at ``ends_at``: the next boundary where
         a joining session can enter (the simulator knows it; a live worker knows its batch and

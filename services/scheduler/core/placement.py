@@ -60,7 +60,7 @@ class SoonestFirstChunk:
 
     A session that becomes active joins its GPU's batch at the next boundary: it waits for the
     pass in flight (until ``Gpu.step_end``, reported by the environment through
-    ``Controller.note_step``; at most ``pass_ms(load)``, a whole step when the profile has one
+    ``Controller.note_pass``; at most ``pass_ms(load)``, a whole step when the profile has one
     pass per chunk), then runs ``passes_per_chunk`` passes of ``load + 1`` sessions. Its first
     chunk is thus ready after ``max(0, step_end - now) + chunk_ms(load + 1)``, on the GPU's own
     kind's profile; this picks the GPU with room that minimises it (ties: the least latency

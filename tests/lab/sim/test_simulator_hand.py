@@ -66,7 +66,7 @@ class ScriptedPolicy:
         self.seen.append((event.t, *key))
         return list(self.script.get(key, []))
 
-    def note_step(self, gpu_id, ends_at):
+    def note_pass(self, gpu_id, ends_at):
         pass  # it places by script, not by pass phase
 
 

@@ -44,7 +44,7 @@ class ScriptedPolicy:
     def step(self, event):
         return list(self.script.get((event.kind, event.session_id or event.gpu_id), []))
 
-    def note_step(self, gpu_id, ends_at):
+    def note_pass(self, gpu_id, ends_at):
         self.steps.append((gpu_id, ends_at))
 
 

@@ -95,7 +95,7 @@ class _AllOnOneGpu:
             return [Assign(event.session_id, "g0")]
         return []
 
-    def note_step(self, gpu_id, ends_at):
+    def note_pass(self, gpu_id, ends_at):
         pass
 
 
@@ -149,7 +149,7 @@ class _Scripted:
             return [Migrate("s1", "g0", "g1"), Release("g0"), RequestGpus(("g2",), "h20")]
         return []
 
-    def note_step(self, gpu_id, ends_at):
+    def note_pass(self, gpu_id, ends_at):
         pass
 
 

@@ -397,7 +397,7 @@ def test_idle_reserve_sizes_the_pool_for_returning_sessions():
 
 
 def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
-    """With step reports (Controller.note_step) a newly active session goes to the GPU whose
+    """With step reports (Controller.note_pass) a newly active session goes to the GPU whose
     step in flight ends soonest, unless a lighter GPU still delivers its first chunk earlier;
     without them it is the least loaded GPU. The least_loaded baseline ignores step reports."""
     profile = load_profile()
@@ -407,13 +407,13 @@ def test_turboserve_places_a_new_session_where_its_first_chunk_comes_soonest():
         env.send(Event(0.0, EventKind.ARRIVE, f"s{i}"))
     assert sorted(policy.view.active_counts.values()) == [2, 3]  # least loaded, no reports
     busy, light = sorted(policy.view.active_counts, key=policy.view.load, reverse=True)
-    policy.note_step(light, 10.0 + profile.chunk_ms(2) / 1000)  # just started a step
-    policy.note_step(busy, 10.05)  # its step ends in 50 ms
+    policy.note_pass(light, 10.0 + profile.chunk_ms(2) / 1000)  # just started a step
+    policy.note_pass(busy, 10.05)  # its step ends in 50 ms
     out = env.send(Event(10.0, EventKind.ARRIVE, "new"))
     # busy: 50 + chunk(4) = 683 ms; light: chunk(2) + chunk(3) = 1053 ms.
     assert Assign("new", busy) in out
     baseline = build("least_loaded", PROFILE, gpus=2)
-    baseline.note_step("h20-0000", 5.0)  # the hook exists on every Controller ...
+    baseline.note_pass("h20-0000", 5.0)  # the hook exists on every Controller ...
     first = baseline.step(Event(0.0, EventKind.ARRIVE, "a"))
     assert first == [Assign("a", "h20-0000")]  # ... but only turboserve's chooser reads it
 

@@ -1,5 +1,5 @@
 """Live and simulated placement take the same path: a worker's heartbeat says when its pass in
-flight ends, the live scheduler hands that to the policy (``note_step``, as the simulator does),
+flight ends, the live scheduler hands that to the policy (``note_pass``, as the simulator does),
 and a session that becomes active goes where its first chunk comes soonest."""
 
 from __future__ import annotations
