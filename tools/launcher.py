@@ -513,6 +513,19 @@ def _cpu_pool_shortfall(workers: int, keys: dict[str, str]) -> str:
     return cpu_pool_shortfall(workers, settings, keys["TURBOSERVE_EMULATE"])
 
 
+def _cpu_workers_that_fit(workers: int, max_workers: int, keys: dict[str, str]) -> int:
+    """The most CPU workers, from ``workers`` up to ``max_workers``, that this host's memory
+    holds (``workers`` fit: the caller checked)."""
+    low, high = workers, max_workers
+    while low < high:  # fitting is monotone in the count: a bisection
+        mid = (low + high + 1) // 2
+        if _cpu_pool_shortfall(mid, keys):
+            high = mid - 1
+        else:
+            low = mid
+    return max(low, 1)
+
+
 def has_gpu() -> bool:
     """Whether NVML finds an NVIDIA GPU here (no torch import: start-up stays quick)."""
     try:
@@ -603,9 +616,30 @@ def run(args: argparse.Namespace) -> int:
     if emulate is None:
         emulate = "" if has_gpu() else "H20"
     keys["TURBOSERVE_EMULATE"] = "" if emulate.lower() == "none" else emulate
-    if not has_gpu() and (short := _cpu_pool_shortfall(workers, keys)):
-        print(f"turboserve up: {short}", file=sys.stderr)
-        return 1
+    if not has_gpu():
+        if short := _cpu_pool_shortfall(workers, keys):
+            print(f"turboserve up: {short}", file=sys.stderr)
+            return 1
+        fits = _cpu_workers_that_fit(workers, max_workers, keys)
+        if fits < max_workers:
+            # A ceiling the host cannot hold would be met only when load comes, as an OOM kill
+            # mid-stream: the default comes down to what fits; a ceiling asked for is kept.
+            asked = args.max_workers is not None or "TURBOSERVE_MAX_WORKERS" in os.environ
+            said = "--max-workers" if args.max_workers is not None else "TURBOSERVE_MAX_WORKERS"
+            if not asked:
+                max_workers = fits
+                keys["TURBOSERVE_MAX_WORKERS"] = str(fits)
+                print(
+                    f"turboserve up: at most {fits} CPU worker(s) fit in this host's memory: "
+                    f"the pool grows to {fits}",
+                    file=sys.stderr,
+                )
+            else:
+                print(
+                    f"turboserve up: only {fits} CPU worker(s) fit in this host's memory, "
+                    f"and {said} is {max_workers}: the pool may grow past what it holds",
+                    file=sys.stderr,
+                )
     log_dir = None
     if args.logs == "file":
         log_dir = states / "logs"

@@ -11,7 +11,7 @@ import pytest
 
 from services.gpu_worker.engine.memory import cpu_pool_shortfall, host_available_bytes
 from shared.settings import WorkerSettings
-from tools.launcher import has_gpu
+from tools.launcher import _cpu_pool_shortfall, _cpu_workers_that_fit, has_gpu
 
 
 def test_the_pool_is_sized_against_available_memory():
@@ -30,6 +30,19 @@ def test_the_pool_is_sized_against_available_memory():
     assert cpu_pool_shortfall(1, bounded, "") == ""
     assert cpu_pool_shortfall(0, huge, "") == ""  # a pool that starts empty
     assert host_available_bytes() > 0
+
+
+@pytest.mark.parametrize("sessions", ["2", "12", "24", "48", "400"])
+def test_the_ceiling_up_lowers_to_is_the_most_workers_that_fit(sessions):
+    keys = {
+        "TURBOSERVE_MAX_SESSIONS": sessions,
+        "TURBOSERVE_RESOLUTION": "480x832",
+        "TURBOSERVE_EMULATE": "",
+    }
+    if _cpu_pool_shortfall(1, keys):
+        return  # not even one fits: up refuses before it asks for a ceiling
+    by_count = max(n for n in range(1, 9) if not _cpu_pool_shortfall(n, keys))
+    assert _cpu_workers_that_fit(1, 8, keys) == by_count
 
 
 @pytest.mark.slow
