@@ -69,12 +69,6 @@ CIRCLES_ALLOWED: dict[tuple[str, ...], str] = {
     "the hand-set weights lazily, and they build on the DiT's parts: those parts move to a "
     "module both import",
     (
-        "services.provisioner.backend",
-        "services.provisioner.k8s",
-        "services.provisioner.local",
-    ): "backend builds the local or the Kubernetes backend, which import its names back: "
-    "backends/ with a registry that imports nothing back",
-    (
         "services.scheduler.executor",
         "services.scheduler.ingest",
         "services.scheduler.live",
