@@ -63,9 +63,6 @@ CIRCLES_ALLOWED: dict[tuple[str, ...], str] = {
         "services.gpu_worker.handoff.source",
     ): "each role holds the endpoint and reaches into its NATS, registry and host: a pure "
     "protocol per role and a narrow I/O object passed in",
-    ("services.gpu_worker.model.dit", "services.gpu_worker.model.visible"): "the DiT loads "
-    "the hand-set weights lazily, and they build on the DiT's parts: those parts move to a "
-    "module both import",
     (
         "services.scheduler.executor",
         "services.scheduler.ingest",
