@@ -68,12 +68,6 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
 # breaks it. An entry nothing needs any more fails the suite, so the list only shrinks.
 CIRCLES_ALLOWED: dict[tuple[str, ...], str] = {
     (
-        "services.gpu_worker.handoff.destination",
-        "services.gpu_worker.handoff.endpoint",
-        "services.gpu_worker.handoff.source",
-    ): "each role holds the endpoint and reaches into its NATS, registry and host: a pure "
-    "protocol per role and a narrow I/O object passed in",
-    (
         "services.scheduler.executor",
         "services.scheduler.ingest",
         "services.scheduler.live",
