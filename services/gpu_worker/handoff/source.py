@@ -91,6 +91,7 @@ class Migration:
         self._t_offer = 0.0
         self._lock: asyncio.Lock | None = None  # the peer's send lock, while held
         self._outcome: asyncio.Future[HandoffOutcome] | None = None
+        self._unfinished: list[Action] = []  # what is left of the batch being carried out
         self.ms = {"freeze": 0.0, "offer": 0.0, "connect": 0.0, "transfer": 0.0, "commit": 0.0}
 
     def left(self) -> float:
@@ -106,12 +107,15 @@ class Migration:
         try:
             return await self._drive(actions)
         except asyncio.CancelledError:
-            if self.protocol.state in (SourceState.NEW, SourceState.FREEZING, SourceState.DONE):
-                raise  # the freeze is cancellation-safe (StateHost's contract)
-            # The worker is closing after the freeze: give the session back, whatever else
-            # gets cancelled meanwhile.
             self._unlock()
-            await asyncio.shield(self._drive(self.protocol.handle(Closing())))
+            if self.protocol.state is SourceState.DONE and self._unfinished:
+                # Cut off while ending (a release, an unfreeze, the report): finish the end,
+                # from the action that was cut, whatever else gets cancelled meanwhile.
+                await asyncio.shield(self._carry_out(self._unfinished))
+            elif self.protocol.state not in (SourceState.NEW, SourceState.FREEZING):
+                # The worker is closing after the freeze (which is cancellation-safe, by
+                # StateHost's contract): give the session back.
+                await asyncio.shield(self._drive(self.protocol.handle(Closing())))
             raise
         finally:
             self._unlock()
@@ -132,11 +136,15 @@ class Migration:
                 self.io.forget_outcome(self.transfer_id)
 
     async def _carry_out(self, actions: list[Action]) -> MigrationReport | None:
-        for action in actions:
+        for i, action in enumerate(actions):
+            self._unfinished = actions[i:]
             if isinstance(action, Effect):
                 await self._effect(action)
             elif isinstance(action, Report):
-                return await self._done(action)
+                report = await self._done(action)
+                self._unfinished = []
+                return report
+        self._unfinished = []
         return None
 
     def _check_command(self) -> str:
