@@ -217,7 +217,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.sim.traceio import TraceError, load_trace
+    from lab.sim.catalog import load_trace
+    from lab.sim.traceio import TraceError
     from shared.cli import fail
     from shared.settings import ToolSettings
     from tools.launcher import read_state

@@ -99,8 +99,8 @@ def evaluate(
     placement gap measured already (it depends on no trace), else measured here on
     ``placement_instances`` instances."""
     from lab.eval.placement_gap import placement_gap
+    from lab.sim.catalog import load_trace
     from lab.sim.simulator import WARM_START_MIN_WINDOW_S
-    from lab.sim.traceio import load_trace
     from shared.profile import load_profile
 
     started = time.perf_counter()
@@ -242,8 +242,8 @@ def costs_at_slo(
     evaluation does not sweep."""
     from lab.eval.plan import STATIC_BASELINES
     from lab.eval.service_level import curve_at_slo, static_at_slo
+    from lab.sim.catalog import load_trace, scale_of
     from lab.sim.simulator import WARM_START_MIN_WINDOW_S
-    from lab.sim.traceio import load_trace, scale_of
     from shared.profile import load_profile
 
     trace = load_trace(trace_key)

@@ -41,9 +41,10 @@ from lab.eval.runs import (
 )
 from lab.eval.service_level import SLO_ATTAINMENT, curve_at_slo, static_at_slo
 from lab.eval.tables import markdown_table
+from lab.sim.catalog import load_trace, scale_of
 from lab.sim.simulator import WARM_START_MIN_WINDOW_S
 from lab.sim.synth import BUILTIN_NAMES, training_traces
-from lab.sim.traceio import load_trace, scale_of, write_trace
+from lab.sim.traceio import write_trace
 from services.scheduler.core.autoscale import RhoTable
 from services.scheduler.shipped import load_rho_table, table_path_for
 from shared.profile import load_profile

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.sim.traceio import Trace, load_trace
+from lab.sim.catalog import load_trace
+from lab.sim.traceio import Trace
 from services.scheduler.core.cluster import ClusterView
 from services.scheduler.core.policies import Policy
 from services.scheduler.core.types import Decision, Event, RestoredGpu, RestoredSession

@@ -528,8 +528,8 @@ def check_table(
     built-in traces (``eval``), the training traces at 30 minutes (``train``) or both. A
     report only: nothing here feeds the table."""
     from lab.sim import synth
+    from lab.sim.catalog import load_trace
     from lab.sim.simulator import simulate
-    from lab.sim.traceio import load_trace
     from services.scheduler.shipped import DEFAULT_TABLE_PATH, load_rho_table
     from shared.profile import load_profile
 

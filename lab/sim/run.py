@@ -209,9 +209,9 @@ def _check_run_args(request: RunRequest) -> None:
 def sim_run(request: RunRequest) -> RunReport:
     """Run the policies ``request`` names on its trace (``sim run``'s runs, without printing;
     the sweep is :func:`sweep_at_slo`)."""
+    from lab.sim.catalog import load_trace
     from lab.sim.report import progress_bar
     from lab.sim.simulator import simulate
-    from lab.sim.traceio import load_trace
     from shared.profile import load_profile
 
     _check_run_args(request)

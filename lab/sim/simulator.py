@@ -864,7 +864,7 @@ def simulate(
     ``profile``: a :class:`LatencyProfile`, a shipped name or a path (None: the default).
     A policy built by name that takes a ``rho_table`` gets the shipped table unless the
     caller gives one (``rho_table=None``: none, the fixed rho_hat)."""
-    from lab.sim.traceio import load_trace
+    from lab.sim.catalog import load_trace
 
     if not isinstance(trace, Trace):
         trace = load_trace(trace)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from services.provisioner.backend import BACKENDS, BackendUnavailable, make_backend
+from services.provisioner.backends.base import BackendUnavailable
+from services.provisioner.backends.registry import BACKENDS, make_backend
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

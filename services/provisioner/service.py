@@ -20,7 +20,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from services.provisioner.backend import Backend, BackendError, LaunchError, make_backend
+from services.provisioner.backends.base import Backend, BackendError, LaunchError
+from services.provisioner.backends.registry import make_backend
 from services.provisioner.metrics import ProvisionerMetrics
 from services.provisioner.pool import (
     ID_IN_USE,

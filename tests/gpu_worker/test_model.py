@@ -5,7 +5,8 @@ import torch
 
 from services.gpu_worker.engine import next_chunks
 from services.gpu_worker.model import CausalWanModel, build_model, get_preset
-from services.gpu_worker.model.dit import apply_rope, rope_angles, rope_split
+from services.gpu_worker.model.dit import apply_rope, rope_angles
+from services.gpu_worker.model.embedding import rope_split
 from services.gpu_worker.model.schedule import sigmas
 
 from .conftest import make_engine

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from services.provisioner.k8s import pod_name, pool_label
+from services.provisioner.backends.k8s import pod_name, pool_label
 from shared.settings import CommonSettings, ProvisionerSettings, SettingsError
 from shared.wire import (
     MAX_WORKERS_PER_COMMAND,

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from services.provisioner.backend import LaunchError
-from services.provisioner.k8s import (
+from services.provisioner.backends.base import LaunchError
+from services.provisioner.backends.k8s import (
     API_USE,
     POOL_LABEL,
     WORKER_ID_ANNOTATION,

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.provisioner.k8s import API_USE, WORKER_CONTAINER
+from services.provisioner.backends.k8s import API_USE, WORKER_CONTAINER
 from shared.settings import (
     GatewaySettings,
     ProvisionerSettings,

@@ -53,7 +53,10 @@ def test_top_level_help_imports_no_subcommand_module() -> None:
         (["ctl", "status", "--help"], ("tools.ctl",)),
         (["gateway", "--help"], ("services.gateway.service",)),
         (["scheduler", "--help"], ("services.scheduler.service",)),
-        (["provisioner", "--help"], ("services.provisioner.service", "services.provisioner.local")),
+        (
+            ["provisioner", "--help"],
+            ("services.provisioner.service", "services.provisioner.backends.local"),
+        ),
     ],
 )
 def test_services_without_the_model_never_import_torch(

@@ -1,5 +1,9 @@
 """The destination's side of a handoff.
 
+The steps and every decision are :class:`~.protocol.DestinationProtocol`'s (``protocol.py``);
+this driver makes the local checks, carries out the protocol's actions through the endpoint's
+narrow I/O (``io.py``) and feeds back what came of them.
+
 1. An offer arrives (a NATS request). It is answered at once: refused with a stable code
    (``invalid_offer``, ``incompatible``, ``draining``, ``full``, ``exists``,
    ``unknown_session``, ``stale_epoch``), or accepted after ``StateHost.reserve`` with the
@@ -19,18 +23,30 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import redis.exceptions
 import torch
 
-from shared.registry import SessionNotFound, StaleEpoch
-from shared.states import IllegalTransition, SessionState
+from shared.states import SessionState
 from shared.wire import HandoffAnswer, HandoffOffer, HandoffOutcome
 
 from .codes import HandoffCode
 from .host import FrozenSession, HandoffRefusal
+from .io import HandoffIO, RegistryDown, RegistryLost
 from .links import RECV
+from .protocol import (
+    Action,
+    Answer,
+    Closing,
+    DestinationProtocol,
+    Done,
+    Effect,
+    Event,
+    Failed,
+    Lost,
+    Seen,
+    Step,
+    Tell,
+)
 from .rendezvous import parse_address
 from .selection import NoTransport, Place, select_transport
 from .tensors import (
@@ -44,15 +60,11 @@ from .tensors import (
 )
 from .transports import TransferError
 
-if TYPE_CHECKING:
-    from .endpoint import HandoffEndpoint
-
 _LINK_ID = re.compile(r"[0-9a-f]{1,32}")
 _MAX_TAG = (1 << 31) - TAGS_PER_TRANSFER  # a transfer's tags run from its tag up
-_CAS_ERRORS = (StaleEpoch, IllegalTransition, SessionNotFound)
 
 
-class _Discard(Exception):
+class _Refuse(Exception):
     def __init__(self, code: HandoffCode, detail: str) -> None:
         super().__init__(detail)
         self.code = code
@@ -62,85 +74,76 @@ class _Discard(Exception):
 @dataclass(slots=True)
 class _Incoming:
     offer: HandoffOffer
-    transport: str
-    link_id: str
-    deadline: float  # time.monotonic()
-    skeleton: FrozenSession  # the offered session, meta tensors
+    protocol: DestinationProtocol
+    transport: str = ""
+    link_id: str = ""
+    deadline: float = 0.0  # time.monotonic()
+    skeleton: FrozenSession | None = None  # the offered session, meta tensors
+    tensors: list[torch.Tensor] | None = None  # what arrived, verified
     task: asyncio.Task[None] | None = None
-    committing: bool = False  # past this point only the registry CAS decides
+
+    @property
+    def committing(self) -> bool:  # past this point only the registry CAS decides
+        return self.protocol.committing
 
 
 class Reception:
-    def __init__(self, ep: HandoffEndpoint) -> None:
-        self.ep = ep
-        self.incoming: dict[str, _Incoming] = {}  # by transfer id
+    def __init__(self, io: HandoffIO) -> None:
+        self.io = io
+        self.incoming: dict[str, _Incoming] = {}  # by transfer id, from accept to commit
 
     # -- 1: the answer --------------------------------------------------------------------
     async def consider(self, offer: HandoffOffer) -> HandoffAnswer:
+        incoming = _Incoming(offer, DestinationProtocol(offer.session_id, offer.src, offer.epoch))
         try:
-            transport, link_id, incoming_skeleton = await self._admit(offer)
-        except _Discard as refusal:
-            self.ep.log.info(
-                "offer_refused",
-                session_id=offer.session_id,
-                src=offer.src,
-                code=str(refusal.code),
-                detail=refusal.detail,
-            )
-            return HandoffAnswer(
-                transfer_id=offer.transfer_id,
-                accepted=False,
-                code=refusal.code,
-                detail=refusal.detail,
-            )
-        self.ep.host.reserve(offer.session_id)
-        incoming = _Incoming(
-            offer, transport, link_id, time.monotonic() + self.ep.timeout_s, incoming_skeleton
-        )
-        self.incoming[offer.transfer_id] = incoming
-        incoming.task = self.ep.spawn(self._receive(incoming), name=f"receive-{offer.session_id}")
-        return HandoffAnswer(
-            transfer_id=offer.transfer_id,
-            accepted=True,
-            transport=transport,
-            rendezvous={"link": link_id},
-        )
+            self._admit(incoming)
+        except _Refuse as refusal:
+            actions = incoming.protocol.admit((refusal.code, refusal.detail))
+        else:
+            actions = incoming.protocol.admit(None)
+        while True:
+            answer = await self._carry_out(incoming, actions)
+            if answer is not None:
+                return answer
+            actions = incoming.protocol.handle(await self._step(incoming, Step.READ))
 
-    async def _admit(self, offer: HandoffOffer) -> tuple[str, str, FrozenSession]:
-        """The transport and link for ``offer`` and its skeleton, or :class:`_Discard` with the
-        refusal."""
-        ep = self.ep
-        if ep.closing:
-            raise _Discard(HandoffCode.DRAINING, f"{ep.worker_id} is shutting down")
+    def _admit(self, incoming: _Incoming) -> None:
+        """The local checks: the offer itself, a transport both sides have, the host's room;
+        the transport and link it will use. Raises :class:`_Refuse`."""
+        io, offer = self.io, incoming.offer
+        if io.closing:
+            raise _Refuse(HandoffCode.DRAINING, f"{io.worker_id} is shutting down")
         self._check_offer(offer)
         rdv = offer.rendezvous
         try:
             transport = select_transport(
                 Place(rdv.get("device", "cpu"), rdv.get("uuid", "")),
-                ep.place,
+                io.place,
                 offer.transport,
-                ep.settings.handoff_transport,
+                io.preferred_transport,
             )
         except NoTransport as exc:
-            raise _Discard(HandoffCode.INCOMPATIBLE, str(exc)) from None
+            raise _Refuse(HandoffCode.INCOMPATIBLE, str(exc)) from None
         if any(i.offer.session_id == offer.session_id for i in self.incoming.values()):
-            raise _Discard(HandoffCode.EXISTS, "this session is already arriving here")
-        incoming = skeleton(offer)
-        refusal: HandoffRefusal | None = ep.host.admission(incoming)
+            raise _Refuse(HandoffCode.EXISTS, "this session is already arriving here")
+        incoming_skeleton = skeleton(offer)
+        refusal: HandoffRefusal | None = io.host.admission(incoming_skeleton)
         if refusal is not None:
-            raise _Discard(refusal.code, refusal.detail)
-        await self._check_registry(offer)
-        cached = ep.links.get(offer.src, RECV, transport)
+            raise _Refuse(refusal.code, refusal.detail)
+        cached = io.links.get(offer.src, RECV, transport)
         offered = rdv.get(f"link.{transport}")
-        link_id = offered if cached is not None and cached.link_id == offered else rdv["new_link"]
-        return transport, link_id, incoming
+        incoming.transport = transport
+        incoming.link_id = (
+            offered if cached is not None and cached.link_id == offered else rdv["new_link"]
+        )
+        incoming.skeleton = incoming_skeleton
 
     def _check_offer(self, offer: HandoffOffer) -> None:
         rdv = offer.rendezvous
         try:
-            if offer.dst != self.ep.worker_id:
-                raise BadSpec(f"the offer is for {offer.dst}, this is {self.ep.worker_id}")
-            if offer.src == self.ep.worker_id:
+            if offer.dst != self.io.worker_id:
+                raise BadSpec(f"the offer is for {offer.dst}, this is {self.io.worker_id}")
+            if offer.src == self.io.worker_id:
                 raise BadSpec("an offer from this worker to itself")
             if offer.transfer_id in self.incoming:
                 raise BadSpec(f"transfer {offer.transfer_id} is already arriving")
@@ -151,69 +154,160 @@ class Reception:
             if not rdv.get("tag", "").isdigit() or int(rdv["tag"]) > _MAX_TAG:
                 raise BadSpec(f"rendezvous tag must be an integer up to {_MAX_TAG}")
         except (BadSpec, ValueError) as exc:
-            raise _Discard(HandoffCode.INVALID_OFFER, str(exc)) from None
+            raise _Refuse(HandoffCode.INVALID_OFFER, str(exc)) from None
 
-    async def _check_registry(self, offer: HandoffOffer) -> None:
-        try:
-            record = await self.ep.registry.get_session(offer.session_id)
-        except redis.exceptions.RedisError as exc:
-            raise _Discard(HandoffCode.REGISTRY_UNAVAILABLE, str(exc)) from None
-        if record is None:
-            raise _Discard(HandoffCode.UNKNOWN_SESSION, f"no session {offer.session_id}")
-        expected = (SessionState.MIGRATING, offer.src, offer.epoch)
-        if (record.state, record.owner, record.epoch) != expected:
-            raise _Discard(
-                HandoffCode.STALE_EPOCH,
-                f"the registry has {record.state}, owner {record.owner}, epoch {record.epoch}; "
-                f"the offer needs migrating, owner {offer.src}, epoch {offer.epoch}",
+    # -- the protocol's actions -----------------------------------------------------------
+    async def _carry_out(self, incoming: _Incoming, actions: list[Action]) -> HandoffAnswer | None:
+        """Carry out ``actions``; returns the answer to the offer when they hold one."""
+        io, offer = self.io, incoming.offer
+        answer = None
+        for action in actions:
+            if isinstance(action, Answer):
+                answer = self._answer(incoming, action)
+            elif isinstance(action, Tell):
+                await self._tell(
+                    offer,
+                    committed=action.committed,
+                    epoch=action.epoch,
+                    code=action.code,
+                    detail=action.detail,
+                )
+            elif action is Effect.RESERVE:
+                io.host.reserve(offer.session_id)
+                incoming.deadline = time.monotonic() + io.timeout_s
+                self.incoming[offer.transfer_id] = incoming
+            elif action is Effect.UNRESERVE:
+                io.host.unreserve(offer.session_id)
+            elif action is Effect.DROP_LINK:
+                # The transfer may be half done: the link is in an unknown state, and the
+                # source drops its side too (an aborted transfer costs both sides their link).
+                link = io.links.get(offer.src, RECV, incoming.transport)
+                if link is not None and link.link_id == incoming.link_id:
+                    await asyncio.shield(io.links.drop(link))
+            elif action is Effect.REQUEUE:
+                try:
+                    await io.move(
+                        offer.session_id, SessionState.PENDING, incoming.protocol.epoch, None
+                    )
+                except (RegistryLost, RegistryDown) as exc:
+                    io.log.error(
+                        "adopt_failed_requeue_failed", session_id=offer.session_id, error=str(exc)
+                    )
+            elif action is Step.RECEIVE:
+                incoming.task = io.spawn(
+                    self._receive(incoming), name=f"receive-{offer.session_id}"
+                )
+            elif isinstance(action, Step):
+                pass  # the caller runs it and feeds its event back
+            else:
+                raise AssertionError(f"the destination has no action {action}")
+        return answer
+
+    def _answer(self, incoming: _Incoming, action: Answer) -> HandoffAnswer:
+        offer = incoming.offer
+        if not action.accepted:
+            self.io.log.info(
+                "offer_refused",
+                session_id=offer.session_id,
+                src=offer.src,
+                code=str(action.code),
+                detail=action.detail,
             )
+            return HandoffAnswer(
+                transfer_id=offer.transfer_id,
+                accepted=False,
+                code=action.code or "",
+                detail=action.detail,
+            )
+        return HandoffAnswer(
+            transfer_id=offer.transfer_id,
+            accepted=True,
+            transport=incoming.transport,
+            rendezvous={"link": incoming.link_id},
+        )
+
+    async def _step(self, incoming: _Incoming, step: Step) -> Event:
+        io, offer = self.io, incoming.offer
+        if step is Step.READ:
+            try:
+                record = await io.read(offer.session_id)
+            except RegistryDown as exc:
+                return Failed(HandoffCode.REGISTRY_UNAVAILABLE, str(exc))
+            return Seen(None) if record is None else Seen(record.state, record.owner, record.epoch)
+        if step is Step.RECEIVE:
+            try:
+                incoming.tensors = await self._fetch(incoming)
+            except _Refuse as stop:
+                return Failed(stop.code, stop.detail)
+            return Done()
+        if step is Step.COMMIT:
+            target = SessionState.SUSPENDED if offer.suspended else SessionState.EXECUTING
+            try:
+                record = await io.move(offer.session_id, target, offer.epoch, io.worker_id)
+            except RegistryLost as exc:
+                return Lost(str(exc))
+            except RegistryDown as exc:
+                return Failed(HandoffCode.REGISTRY_UNAVAILABLE, str(exc))
+            return Done(record.epoch)
+        if step is Step.ADOPT:
+            assert incoming.tensors is not None
+            try:
+                await io.host.adopt(frozen_from(offer, incoming.tensors), incoming.protocol.epoch)
+            except Exception as exc:  # noqa: BLE001 - whatever the host raises, the session must not hang
+                io.log.error(
+                    "adopt_failed", session_id=offer.session_id, error=repr(exc), exc_info=exc
+                )
+                return Failed(HandoffCode.ADOPT_FAILED, repr(exc))
+            io.log.info(
+                "handoff_adopted",
+                session_id=offer.session_id,
+                src=offer.src,
+                epoch=incoming.protocol.epoch,
+                nbytes=offer.nbytes,
+                suspended=offer.suspended,
+            )
+            return Done()
+        raise AssertionError(f"the destination has no step {step}")
 
     # -- 2-4: receive, verify, commit, adopt ----------------------------------------------
     async def _receive(self, incoming: _Incoming) -> None:
-        ep, offer = self.ep, incoming.offer
+        """The receive task: from the transfer to the outcome the source is told."""
+        protocol, offer = incoming.protocol, incoming.offer
+        step: Step | None = Step.RECEIVE
         try:
-            tensors = await self._fetch(incoming)
-            incoming.committing = True
-            target = SessionState.SUSPENDED if offer.suspended else SessionState.EXECUTING
-            try:
-                record = await ep.registry.transition(
-                    offer.session_id, target, expected_epoch=offer.epoch, owner=ep.worker_id
-                )
-            except _CAS_ERRORS as exc:
-                raise _Discard(HandoffCode.STALE_EPOCH, f"the source took it back: {exc}") from None
-            except redis.exceptions.RedisError as exc:
-                raise _Discard(HandoffCode.REGISTRY_UNAVAILABLE, str(exc)) from None
-        except _Discard as stop:
-            ep.host.unreserve(offer.session_id)
-            ep.log.info(
-                "handoff_discarded",
-                session_id=offer.session_id,
-                src=offer.src,
-                code=str(stop.code),
-                detail=stop.detail,
-            )
-            await self._tell(offer, committed=False, code=stop.code, detail=stop.detail)
-            return
-        except asyncio.CancelledError:  # the source's abort notice, or this worker closing
-            ep.host.unreserve(offer.session_id)
-            # The transfer may be half done: the link is in an unknown state, and the source
-            # drops its side too (an aborted transfer costs both sides their link).
-            link = ep.links.get(offer.src, RECV, incoming.transport)
-            if link is not None and link.link_id == incoming.link_id:
-                await asyncio.shield(ep.links.drop(link))
-            raise
+            while step is not None:
+                try:
+                    event = await self._step(incoming, step)
+                except asyncio.CancelledError:  # the source's abort notice, or closing
+                    await self._carry_out(incoming, protocol.handle(Closing()))
+                    raise
+                actions = protocol.handle(event)
+                if step is Step.COMMIT or not protocol.committing:
+                    # Arrived or discarded: no more an arrival that an abort notice can stop.
+                    self.incoming.pop(offer.transfer_id, None)
+                tell = next((a for a in actions if isinstance(a, Tell)), None)
+                if tell is not None and not tell.committed:
+                    self.io.log.info(
+                        "handoff_discarded",
+                        session_id=offer.session_id,
+                        src=offer.src,
+                        code=str(tell.code),
+                        detail=tell.detail,
+                    )
+                await self._carry_out(incoming, actions)
+                step = next((a for a in actions if isinstance(a, Step)), None)
         finally:
             self.incoming.pop(offer.transfer_id, None)
-        await self._adopt(offer, tensors, record.epoch)
 
     async def _fetch(self, incoming: _Incoming) -> list[torch.Tensor]:
-        ep, offer, deadline = self.ep, incoming.offer, incoming.deadline
-        transport = ep.transport(incoming.transport)
-        device = ep.link_device(transport.name)
-        into = ep.host.receive_buffers(incoming.skeleton, str(device))
+        io, offer, deadline = self.io, incoming.offer, incoming.deadline
+        assert incoming.skeleton is not None
+        transport = io.transport(incoming.transport)
+        device = io.link_device(transport.name)
+        into = io.host.receive_buffers(incoming.skeleton, str(device))
         link = None
         try:
-            link = await ep.links.open(
+            link = await io.links.open(
                 offer.src,
                 RECV,
                 transport,
@@ -222,7 +316,7 @@ class Reception:
                 device,
                 deadline,
             )
-            tensors = await ep.run(
+            tensors = await io.run(
                 transport.recv,
                 link.handle,
                 offer.tensors,
@@ -233,47 +327,16 @@ class Reception:
             )
         except TransferError as exc:
             if link is not None:
-                await ep.links.drop(link)
-            raise _Discard(HandoffCode.TRANSFER_FAILED, str(exc)) from None
+                await io.links.drop(link)
+            raise _Refuse(HandoffCode.TRANSFER_FAILED, str(exc)) from None
         try:
             if offer.checksum:  # a pass over every byte: off the loop
-                await ep.run(verify, tensors, offer.tensors, offer.nbytes, offer.checksum)
+                await io.run(verify, tensors, offer.tensors, offer.nbytes, offer.checksum)
             else:
                 verify(tensors, offer.tensors, offer.nbytes)
         except VerificationFailed as exc:
-            raise _Discard(HandoffCode.VERIFICATION_FAILED, str(exc)) from None
+            raise _Refuse(HandoffCode.VERIFICATION_FAILED, str(exc)) from None
         return tensors
-
-    async def _adopt(self, offer: HandoffOffer, tensors: list[torch.Tensor], epoch: int) -> None:
-        ep = self.ep
-        try:
-            await ep.host.adopt(frozen_from(offer, tensors), epoch)
-        except Exception as exc:  # noqa: BLE001 - whatever the host raises, the session must not hang
-            # The registry already names us: put the session back to pending so that the
-            # scheduler places it again (its state is lost: it restarts from its prompt).
-            ep.log.error("adopt_failed", session_id=offer.session_id, error=repr(exc), exc_info=exc)
-            ep.host.unreserve(offer.session_id)
-            try:
-                await ep.registry.transition(
-                    offer.session_id, SessionState.PENDING, expected_epoch=epoch, owner=None
-                )
-            except (*_CAS_ERRORS, redis.exceptions.RedisError) as cas_exc:
-                ep.log.error(
-                    "adopt_failed_requeue_failed", session_id=offer.session_id, error=str(cas_exc)
-                )
-            await self._tell(
-                offer, committed=True, epoch=epoch, code=HandoffCode.ADOPT_FAILED, detail=repr(exc)
-            )
-            return
-        ep.log.info(
-            "handoff_adopted",
-            session_id=offer.session_id,
-            src=offer.src,
-            epoch=epoch,
-            nbytes=offer.nbytes,
-            suspended=offer.suspended,
-        )
-        await self._tell(offer, committed=True, epoch=epoch)
 
     async def _tell(
         self,
@@ -284,8 +347,8 @@ class Reception:
         code: HandoffCode | None = None,
         detail: str = "",
     ) -> None:
-        await self.ep.publish(
-            self.ep.subjects.worker_handoff(offer.src),
+        await self.io.tell(
+            offer.src,
             HandoffOutcome(
                 transfer_id=offer.transfer_id,
                 session_id=offer.session_id,
@@ -302,9 +365,10 @@ class Reception:
         incoming = self.incoming.get(outcome.transfer_id)
         if incoming is None:
             return False
-        if not incoming.committing and incoming.task is not None:
-            self.ep.log.info(
-                "handoff_abort_notice", session_id=outcome.session_id, detail=outcome.detail
-            )
-            incoming.task.cancel()
+        for action in incoming.protocol.abort_notice():
+            if action is Effect.CANCEL_RECEIVE and incoming.task is not None:
+                self.io.log.info(
+                    "handoff_abort_notice", session_id=outcome.session_id, detail=outcome.detail
+                )
+                incoming.task.cancel()
         return True

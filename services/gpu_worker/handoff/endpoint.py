@@ -8,8 +8,10 @@
     await endpoint.close()
 
 The destination role needs no call: offers arrive on the worker's handoff subject. The
-protocol is in :mod:`.source` and :mod:`.destination`; ``docs/migration.md`` tells it as a
-numbered sequence.
+protocol's state tables are in :mod:`.protocol`, their drivers in :mod:`.source` and
+:mod:`.destination`, which reach the endpoint only as the narrow :class:`~.io.HandoffIO` it
+implements (the NATS connection and the registry stay here); ``docs/migration.md`` tells the
+protocol as a numbered sequence.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 import msgspec
+import nats.errors
+import redis.exceptions
 import torch
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from shared.logging import get_logger
-from shared.registry import Registry
+from shared.registry import Registry, SessionNotFound, SessionRecord, StaleEpoch
 from shared.runner import subscriptions_live
 from shared.settings import WorkerSettings
+from shared.states import IllegalTransition, SessionState
 from shared.supervisor import Supervisor
 from shared.wire import (
     HandoffAnswer,
@@ -40,6 +45,7 @@ from shared.wire import (
     MigrationReport,
     Subjects,
     WorkerCommand,
+    decode,
     decode_or_drop,
     encode,
 )
@@ -47,6 +53,7 @@ from shared.wire import (
 from .codes import HandoffCode
 from .destination import Reception
 from .host import StateHost
+from .io import NoAnswer, RegistryDown, RegistryLost
 from .links import Links
 from .rendezvous import StoreClients, StoreServer
 from .selection import GLOO, TRANSPORTS, Place
@@ -58,6 +65,7 @@ from .transports import Transport, make_transport
 T = TypeVar("T")
 _THREADS = 16  # blocking transfers, link builds and teardowns; a stuck one ends at its deadline
 _TAG_SPAN = 1 << 20  # transfer tags cycle below 2**20 * TAGS_PER_TRANSFER = 2**30
+_CAS_ERRORS = (StaleEpoch, IllegalTransition, SessionNotFound)
 
 
 class HandoffEndpoint:
@@ -82,6 +90,7 @@ class HandoffEndpoint:
         # tests and audits; it costs a pass over the bytes on both sides.
         self.checksum = checksum
         self.timeout_s = settings.handoff_timeout_s
+        self.preferred_transport = settings.handoff_transport
         self.bind_host = settings.handoff_address()  # resolved once (``auto``: a DNS lookup)
         self.log = get_logger("turboserve.handoff").bind(worker_id=self.worker_id)
         self.place = device_place(host.device)
@@ -95,7 +104,7 @@ class HandoffEndpoint:
         self._stats = HandoffStats(stats_keep)
         self._sub: Any = None
         self._tasks = Supervisor("handoff_task_failed", log=self.log)
-        self.outcomes: dict[str, asyncio.Future[HandoffOutcome]] = {}  # source: by transfer id
+        self._outcomes: dict[str, asyncio.Future[HandoffOutcome]] = {}  # source: by transfer id
         self.reception = Reception(self)
         self.closing = False
 
@@ -164,6 +173,70 @@ class HandoffEndpoint:
     async def forget_peer(self, worker_id: str) -> int:
         """``worker_id`` left the pool: tear down every link with it; returns how many."""
         return await self.links.drop_peer(worker_id)
+
+    # -- the two roles' I/O (HandoffIO) ---------------------------------------------------
+    async def move(
+        self, session_id: str, state: SessionState, expected_epoch: int, owner: str | None
+    ) -> SessionRecord:
+        try:
+            return await self.registry.transition(
+                session_id, state, expected_epoch=expected_epoch, owner=owner
+            )
+        except _CAS_ERRORS as exc:
+            raise RegistryLost(str(exc)) from None
+        except redis.exceptions.RedisError as exc:
+            raise RegistryDown(str(exc)) from None
+
+    async def read(self, session_id: str) -> SessionRecord | None:
+        try:
+            return await self.registry.get_session(session_id)
+        except redis.exceptions.RedisError as exc:
+            raise RegistryDown(str(exc)) from None
+
+    async def ask(self, offer: HandoffOffer, timeout_s: float) -> HandoffAnswer:
+        subject = self.subjects.worker_handoff(offer.dst)
+        try:
+            reply = await self.nc.request(subject, encode(offer), timeout=timeout_s)
+        except nats.errors.NoRespondersError:
+            raise NoAnswer(f"no worker {offer.dst} listens", delivered=False) from None
+        except (nats.errors.TimeoutError, TimeoutError):
+            # It may have accepted: it gets the abort notice.
+            raise NoAnswer(f"{offer.dst} did not answer the offer", delivered=True) from None
+        try:
+            return decode(reply.subject or subject, reply.data, HandoffAnswer)
+        except ValueError as exc:
+            raise NoAnswer(f"bad answer: {exc}", delivered=True) from None
+
+    async def tell(self, worker_id: str, outcome: HandoffOutcome) -> None:
+        await self.publish(self.subjects.worker_handoff(worker_id), outcome)
+
+    def expect_outcome(self, transfer_id: str) -> asyncio.Future[HandoffOutcome]:
+        future: asyncio.Future[HandoffOutcome] = asyncio.get_running_loop().create_future()
+        self._outcomes[transfer_id] = future
+        return future
+
+    def forget_outcome(self, transfer_id: str) -> None:
+        self._outcomes.pop(transfer_id, None)
+
+    async def report(self, report: MigrationReport) -> None:
+        await self.publish(self.subjects.migrations, report)
+        try:
+            await self.registry.record_cluster_event(
+                "migration",
+                session_id=report.session_id,
+                src=report.src,
+                dst=report.dst,
+                ok=report.ok,
+                code=report.code,
+                nbytes=report.nbytes,
+                total_ms=round(report.total_ms, 2),
+                command_id=report.command_id,
+            )
+            await self.registry.bump_counters(
+                **{"migrations" if report.ok else "migrations_failed": 1}
+            )
+        except redis.exceptions.RedisError as exc:
+            self.log.warning("cluster_event_failed", error=str(exc))
 
     # -- plumbing shared by the two roles -------------------------------------------------
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -247,7 +320,7 @@ class HandoffEndpoint:
             self.log.warning("answer_failed", transfer_id=answer.transfer_id, error=str(exc))
 
     def _on_outcome(self, outcome: HandoffOutcome) -> None:
-        future = self.outcomes.get(outcome.transfer_id)
+        future = self._outcomes.get(outcome.transfer_id)
         if future is not None:
             if not future.done():
                 future.set_result(outcome)

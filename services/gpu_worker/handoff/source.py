@@ -1,6 +1,8 @@
 """The source's side of a handoff: one :class:`Migration` per MIGRATE command.
 
-With ``e`` the session's epoch in the command:
+The steps and every decision are :class:`~.protocol.SourceProtocol`'s (``protocol.py``); this
+driver carries out its actions through the endpoint's narrow I/O (``io.py``), measures each
+step and feeds back what came of it. With ``e`` the session's epoch in the command:
 
 1. freeze the session at its next chunk boundary (``StateHost.freeze``);
 2. registry CAS executing|suspended -> migrating, expected ``e`` (epoch e+1, owner: us);
@@ -18,13 +20,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import TYPE_CHECKING
 
-import nats.errors
-import redis.exceptions
-
-from shared.registry import SessionNotFound, StaleEpoch
-from shared.states import IllegalTransition, SessionState
+from shared.states import SessionState
 from shared.wire import (
     HandoffAnswer,
     HandoffOffer,
@@ -32,31 +29,39 @@ from shared.wire import (
     MigrationReport,
     WorkerCmdKind,
     WorkerCommand,
-    decode,
-    encode,
 )
 
 from .codes import HandoffCode
 from .host import FrozenSession, HostRefused
+from .io import HandoffIO, NoAnswer, RegistryDown, RegistryLost
 from .links import SEND
+from .protocol import (
+    Action,
+    Closing,
+    Done,
+    Effect,
+    Event,
+    Failed,
+    Lost,
+    Outcome,
+    Report,
+    Seen,
+    SourceProtocol,
+    SourceState,
+    Step,
+    as_code,
+)
 from .rendezvous import new_link_id
 from .selection import Place
 from .stats import HandoffSample
 from .tensors import checksum, spec_of, tensors_of
 from .transports import TransferError
 
-if TYPE_CHECKING:
-    from .endpoint import HandoffEndpoint
-
-_CAS_ERRORS = (StaleEpoch, IllegalTransition, SessionNotFound)
 _ABORT_RETRY_S = 0.2
-
-
-class _Abort(Exception):
-    def __init__(self, code: HandoffCode, detail: str = "") -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
+# While the machine is in these states the destination may send an outcome, and the link to
+# it carries this transfer (one at a time per peer).
+_TALKING = (SourceState.OFFERING, SourceState.SENDING, SourceState.AWAITING)
+_LOCKED = (SourceState.OFFERING, SourceState.SENDING)
 
 
 def state_place(device: str, worker: Place) -> Place:
@@ -68,82 +73,79 @@ def state_place(device: str, worker: Place) -> Place:
     return Place(device=device)
 
 
-def as_code(text: str) -> HandoffCode:
-    """A peer's code as ours (a code this version does not know reads as ``aborted``)."""
-    try:
-        return HandoffCode(text)
-    except ValueError:
-        return HandoffCode.ABORTED
-
-
 class Migration:
-    def __init__(self, ep: HandoffEndpoint, cmd: WorkerCommand) -> None:
-        self.ep = ep
+    def __init__(self, io: HandoffIO, cmd: WorkerCommand) -> None:
+        self.io = io
         self.cmd = cmd
         self.sid = cmd.session_id or ""
         self.dst = cmd.target or ""
         self.started = time.perf_counter()
-        self.deadline = time.monotonic() + ep.timeout_s
+        self.deadline = time.monotonic() + io.timeout_s
         self.transfer_id = uuid.uuid4().hex
-        self.epoch = cmd.epoch  # the session's epoch as we last wrote it
+        self.protocol = SourceProtocol(io.worker_id, self.dst, cmd.epoch)
         self.frozen: FrozenSession | None = None
-        self.accepted = False  # the destination took the offer: tell it if we give up
+        self.offer: HandoffOffer | None = None
+        self.answer: HandoffAnswer | None = None
         self.transport = ""
         self.nbytes = 0
         self._t_offer = 0.0
+        self._lock: asyncio.Lock | None = None  # the peer's send lock, while held
+        self._outcome: asyncio.Future[HandoffOutcome] | None = None
+        self._unfinished: list[Action] = []  # what is left of the batch being carried out
         self.ms = {"freeze": 0.0, "offer": 0.0, "connect": 0.0, "transfer": 0.0, "commit": 0.0}
 
     def left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
     async def refuse(self, code: HandoffCode, detail: str) -> MigrationReport:
-        return await self._done(False, code, detail)
+        report = await self._carry_out(self.protocol.refuse(code, detail))
+        assert report is not None
+        return report
 
     async def run(self) -> MigrationReport:
-        problem = self._check_command()
-        if problem:
-            return await self._done(False, HandoffCode.INVALID_COMMAND, problem)
+        actions = self.protocol.start(self._check_command())
         try:
-            self.frozen = await self._freeze()  # cancellation-safe by the StateHost contract
-        except _Abort as stop:
-            return await self._done(False, stop.code, stop.detail)
-        try:
-            return await self._migrate()
+            return await self._drive(actions)
         except asyncio.CancelledError:
-            await asyncio.shield(self._settle())
+            self._unlock()
+            if self.protocol.state is SourceState.DONE and self._unfinished:
+                # Cut off while ending (a release, an unfreeze, the report): finish the end,
+                # from the action that was cut, whatever else gets cancelled meanwhile.
+                await asyncio.shield(self._carry_out(self._unfinished))
+            elif self.protocol.state not in (SourceState.NEW, SourceState.FREEZING):
+                # The worker is closing after the freeze (which is cancellation-safe, by
+                # StateHost's contract): give the session back.
+                await asyncio.shield(self._drive(self.protocol.handle(Closing())))
             raise
+        finally:
+            self._unlock()
+            self.io.forget_outcome(self.transfer_id)
 
-    async def _migrate(self) -> MigrationReport:
-        try:
-            await self._to_migrating()
-        except _Abort as stop:
-            await self.ep.host.unfreeze(self.sid, self.epoch)
-            return await self._done(False, stop.code, stop.detail)
-        assert self.frozen is not None
-        try:
-            outcome = await self._hand_over(self.frozen)
-        except _Abort as stop:
-            return await self._abort(stop.code, stop.detail)
-        if not outcome.committed:
-            return await self._abort(as_code(outcome.code), outcome.detail)
-        return await self._committed(outcome.epoch, outcome.code, outcome.detail)
+    async def _drive(self, actions: list[Action]) -> MigrationReport:
+        """Carry out actions and feed back their events until the protocol reports."""
+        while True:
+            report = await self._carry_out(actions)
+            if report is not None:
+                return report
+            step = next(a for a in actions if isinstance(a, Step))
+            event = await self._step(step)
+            actions = self.protocol.handle(event)
+            if self.protocol.state not in _LOCKED:
+                self._unlock()
+            if self.protocol.state not in _TALKING:
+                self.io.forget_outcome(self.transfer_id)
 
-    async def _settle(self) -> None:
-        """Cancelled (the worker is closing) after the freeze: give the session back."""
-        detail = "the source worker is closing"
-        if self.epoch == self.cmd.epoch:  # our CAS to migrating may or may not have landed
-            record = await self.ep.registry.get_session(self.sid)
-            if not (
-                record
-                and record.state is SessionState.MIGRATING
-                and record.owner == self.ep.worker_id
-                and record.epoch == self.epoch + 1
-            ):
-                await self.ep.host.unfreeze(self.sid, self.epoch)
-                await self._done(False, HandoffCode.ABORTED, detail)
-                return
-            self.epoch = record.epoch
-        await self._abort(HandoffCode.ABORTED, detail)
+    async def _carry_out(self, actions: list[Action]) -> MigrationReport | None:
+        for i, action in enumerate(actions):
+            self._unfinished = actions[i:]
+            if isinstance(action, Effect):
+                await self._effect(action)
+            elif isinstance(action, Report):
+                report = await self._done(action)
+                self._unfinished = []
+                return report
+        self._unfinished = []
+        return None
 
     def _check_command(self) -> str:
         cmd = self.cmd
@@ -151,91 +153,111 @@ class Migration:
             return f"a {cmd.kind} command is not a migration"
         if not self.sid or not self.dst:
             return "a migration needs session_id and target"
-        if self.dst == self.ep.worker_id:
+        if self.dst == self.io.worker_id:
             return f"the target {self.dst} is this worker"
         return ""
 
-    # -- 1-2: freeze, then the registry says migrating ------------------------------------
-    async def _freeze(self) -> FrozenSession:
-        on_device = self.ep.place.on_cuda and self.ep.settings.handoff_transport != "gloo"
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- the steps ------------------------------------------------------------------------
+    async def _step(self, step: Step) -> Event:
+        if step is Step.FREEZE:
+            return await self._freeze()
+        if step is Step.CLAIM:
+            self._t_offer = time.perf_counter()
+            return await self._move(self.protocol.epoch, migrating=True)
+        if step is Step.OFFER:
+            return await self._offer()
+        if step is Step.SEND:
+            return await self._send()
+        if step is Step.AWAIT_OUTCOME:
+            return await self._await_outcome()
+        if step is Step.TAKE_BACK:
+            return await self._take_back()
+        if step is Step.READ:
+            try:
+                record = await self.io.read(self.sid)
+            except RegistryDown as exc:
+                return Failed(HandoffCode.REGISTRY_UNAVAILABLE, str(exc))
+            return Seen(None) if record is None else Seen(record.state, record.owner, record.epoch)
+        raise AssertionError(f"the source has no step {step}")
+
+    async def _freeze(self) -> Event:
+        io = self.io
+        on_device = io.place.on_cuda and io.preferred_transport != "gloo"
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(self.left()):
-                frozen = await self.ep.host.freeze(self.sid, self.epoch, on_device=on_device)
+                frozen = await io.host.freeze(self.sid, self.protocol.epoch, on_device=on_device)
         except HostRefused as exc:
-            raise _Abort(exc.code, exc.detail) from None
+            return Failed(exc.code, exc.detail)
         except TimeoutError:
-            raise _Abort(
-                HandoffCode.TIMEOUT, "the session did not reach a chunk boundary"
-            ) from None
+            return Failed(HandoffCode.TIMEOUT, "the session did not reach a chunk boundary")
         except Exception as exc:  # noqa: BLE001 - a failed freeze is reported, not raised
-            self.ep.log.error("freeze_failed", session_id=self.sid, error=repr(exc), exc_info=exc)
-            raise _Abort(HandoffCode.HOST_ERROR, f"freeze: {exc!r}") from None
+            io.log.error("freeze_failed", session_id=self.sid, error=repr(exc), exc_info=exc)
+            return Failed(HandoffCode.HOST_ERROR, f"freeze: {exc!r}")
         self.ms["freeze"] = (time.perf_counter() - t0) * 1000.0
         self.nbytes = sum(t.numel() * t.element_size() for t in tensors_of(frozen.snapshot))
-        return frozen
+        self.frozen = frozen
+        self.protocol.frozen(frozen.suspended)
+        return Done()
 
-    async def _to_migrating(self) -> None:
-        self._t_offer = time.perf_counter()
+    async def _move(self, expected_epoch: int, *, migrating: bool) -> Event:
+        """The claim (to migrating) or the take-back (to the state before)."""
+        state = SessionState.MIGRATING if migrating else self.protocol.back_state()
         try:
-            record = await self.ep.registry.transition(
-                self.sid,
-                SessionState.MIGRATING,
-                expected_epoch=self.epoch,
-                owner=self.ep.worker_id,
-            )
-        except _CAS_ERRORS as exc:
-            raise _Abort(HandoffCode.STALE_EPOCH, str(exc)) from None
-        except redis.exceptions.RedisError as exc:
-            raise _Abort(HandoffCode.REGISTRY_UNAVAILABLE, str(exc)) from None
-        self.epoch = record.epoch
+            record = await self.io.move(self.sid, state, expected_epoch, self.io.worker_id)
+        except RegistryLost as exc:
+            return Failed(HandoffCode.STALE_EPOCH, str(exc)) if migrating else Lost(str(exc))
+        except RegistryDown as exc:
+            return Failed(HandoffCode.REGISTRY_UNAVAILABLE, str(exc))
+        return Done(record.epoch)
 
-    # -- 3-4: offer, transfer, outcome ----------------------------------------------------
-    async def _hand_over(self, frozen: FrozenSession) -> HandoffOutcome:
-        ep = self.ep
-        future: asyncio.Future[HandoffOutcome] = asyncio.get_running_loop().create_future()
-        ep.outcomes[self.transfer_id] = future
+    async def _offer(self) -> Event:
+        io, frozen = self.io, self.frozen
+        assert frozen is not None
+        self._outcome = io.expect_outcome(self.transfer_id)
+        lock = io.send_lock(self.dst)
+        await lock.acquire()
+        self._lock = lock
+        self.offer = offer = await self._make_offer(frozen)
         try:
-            async with ep.send_lock(self.dst):
-                offer = await self._offer(frozen)
-                answer = await self._ask(offer)
-                self.ms["offer"] = (time.perf_counter() - self._t_offer) * 1000.0
-                await self._send(frozen, offer, answer)
-            t0 = time.perf_counter()
-            try:
-                async with asyncio.timeout(self.left()):
-                    outcome = await future
-            except TimeoutError:
-                raise _Abort(HandoffCode.TIMEOUT, "no outcome from the destination") from None
-            self.ms["commit"] = (time.perf_counter() - t0) * 1000.0
-            return outcome
-        finally:
-            ep.outcomes.pop(self.transfer_id, None)
+            answer = await io.ask(offer, max(self.left(), 0.001))
+        except NoAnswer as exc:
+            return Failed(HandoffCode.UNREACHABLE, exc.detail, delivered=exc.delivered)
+        if not answer.accepted:
+            return Failed(as_code(answer.code), answer.detail or f"{self.dst} refused")
+        self.ms["offer"] = (time.perf_counter() - self._t_offer) * 1000.0
+        self.answer = answer
+        return Done()
 
-    async def _offer(self, frozen: FrozenSession) -> HandoffOffer:
-        ep, snap = self.ep, frozen.snapshot
+    async def _make_offer(self, frozen: FrozenSession) -> HandoffOffer:
+        io, snap = self.io, frozen.snapshot
         tensors = tensors_of(snap)
-        held = state_place(str(tensors[0].device) if tensors else "cpu", ep.place)
+        held = state_place(str(tensors[0].device) if tensors else "cpu", io.place)
         rendezvous = {
-            "store": ep.address,
+            "store": io.address,
             "device": held.device,
             "uuid": held.uuid,
             "new_link": new_link_id(),
-            "tag": str(ep.next_tag()),
+            "tag": str(io.next_tag()),
         }
-        for transport, link_id in ep.links.ids(self.dst, SEND).items():
+        for transport, link_id in io.links.ids(self.dst, SEND).items():
             rendezvous[f"link.{transport}"] = link_id
         return HandoffOffer(
             transfer_id=self.transfer_id,
             session_id=self.sid,
-            epoch=self.epoch,
-            src=ep.worker_id,
+            epoch=self.protocol.epoch,
+            src=io.worker_id,
             dst=self.dst,
-            transport=ep.settings.handoff_transport,
+            transport=io.preferred_transport,
             rendezvous=rendezvous,
             tensors=[spec_of(t) for t in tensors],
             nbytes=self.nbytes,
-            checksum=await ep.run(checksum, tensors) if ep.checksum else "",
+            checksum=await io.run(checksum, tensors) if io.checksum else "",
             suspended=frozen.suspended,
             next_seq=frozen.next_seq,
             engine_seq=snap.seq,
@@ -250,40 +272,16 @@ class Migration:
             command_id=self.cmd.command_id,
         )
 
-    async def _ask(self, offer: HandoffOffer) -> HandoffAnswer:
-        subject = self.ep.subjects.worker_handoff(self.dst)
+    async def _send(self) -> Event:
+        io, frozen, offer, answer = self.io, self.frozen, self.offer, self.answer
+        assert frozen is not None and offer is not None and answer is not None
         try:
-            reply = await self.ep.nc.request(
-                subject, encode(offer), timeout=max(self.left(), 0.001)
-            )
-        except nats.errors.NoRespondersError:
-            raise _Abort(HandoffCode.UNREACHABLE, f"no worker {self.dst} listens") from None
-        except (nats.errors.TimeoutError, TimeoutError):
-            self.accepted = True  # it may have accepted: send it the abort notice
-            raise _Abort(HandoffCode.UNREACHABLE, f"{self.dst} did not answer the offer") from None
-        try:
-            answer = decode(reply.subject or subject, reply.data, HandoffAnswer)
-        except ValueError as exc:
-            self.accepted = True
-            raise _Abort(HandoffCode.UNREACHABLE, f"bad answer: {exc}") from None
-        if not answer.accepted:
-            raise _Abort(as_code(answer.code), answer.detail or f"{self.dst} refused")
-        self.accepted = True
-        return answer
-
-    async def _send(
-        self, frozen: FrozenSession, offer: HandoffOffer, answer: HandoffAnswer
-    ) -> None:
-        ep = self.ep
-        try:
-            transport = ep.transport(answer.transport)
+            transport = io.transport(answer.transport)
         except ValueError:
-            raise _Abort(
-                HandoffCode.TRANSFER_FAILED, f"unknown transport {answer.transport!r}"
-            ) from None
+            return Failed(HandoffCode.TRANSFER_FAILED, f"unknown transport {answer.transport!r}")
         self.transport = transport.name
         link_id = answer.rendezvous.get("link", "")
-        cached = ep.links.get(self.dst, SEND, transport.name)
+        cached = io.links.get(self.dst, SEND, transport.name)
         if link_id != offer.rendezvous["new_link"] and (
             cached is None
             or link_id != offer.rendezvous.get(f"link.{transport.name}")
@@ -291,25 +289,25 @@ class Migration:
         ):
             # Not the new link, nor the cached one we offered (it may have been torn down
             # since): building it would wait for a destination that reuses its own.
-            raise _Abort(
+            return Failed(
                 HandoffCode.TRANSFER_FAILED,
                 f"the answer names link {link_id!r}, which this worker does not hold",
             )
         link = None
         try:
-            link = await ep.links.open(
+            link = await io.links.open(
                 self.dst,
                 SEND,
                 transport,
                 link_id,
-                ep.address,
-                ep.link_device(transport.name),
+                io.address,
+                io.link_device(transport.name),
                 self.deadline,
             )
             if link is not cached:
                 self.ms["connect"] = link.connect_ms
             t0 = time.perf_counter()
-            await ep.run(
+            await io.run(
                 transport.send,
                 link.handle,
                 tensors_of(frozen.snapshot),
@@ -319,110 +317,81 @@ class Migration:
             self.ms["transfer"] = (time.perf_counter() - t0) * 1000.0
         except TransferError as exc:
             if link is not None:
-                await ep.links.drop(link)
-            raise _Abort(HandoffCode.TRANSFER_FAILED, str(exc)) from None
+                await io.links.drop(link)
+            return Failed(HandoffCode.TRANSFER_FAILED, str(exc))
+        return Done()
 
-    # -- 5: the end -----------------------------------------------------------------------
-    async def _committed(self, epoch: int, code: str, detail: str) -> MigrationReport:
-        await self.ep.host.release(self.sid)
-        if code == HandoffCode.ADOPT_FAILED:
-            return await self._done(False, HandoffCode.ADOPT_FAILED, detail, epoch=epoch)
-        self.ep.record(
-            HandoffSample(
-                nbytes=self.nbytes,
-                offer_ms=self.ms["offer"],
-                transfer_ms=self.ms["transfer"],
-                commit_ms=self.ms["commit"],
-                connect_ms=self.ms["connect"],
+    async def _await_outcome(self) -> Event:
+        assert self._outcome is not None
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.left()):
+                outcome = await self._outcome
+        except TimeoutError:
+            return Failed(HandoffCode.TIMEOUT, "no outcome from the destination")
+        self.ms["commit"] = (time.perf_counter() - t0) * 1000.0
+        return Outcome(outcome.committed, outcome.epoch, outcome.code, outcome.detail)
+
+    async def _take_back(self) -> Event:
+        """The take-back's CAS, tried again while the registry is away, up to the budget."""
+        retry_until = time.monotonic() + self.io.timeout_s
+        while True:
+            event = await self._move(self.protocol.epoch, migrating=False)
+            if not isinstance(event, Failed) or time.monotonic() > retry_until:
+                if isinstance(event, Failed):
+                    self.io.log.error("abort_not_written", session_id=self.sid, error=event.detail)
+                return event
+            await asyncio.sleep(_ABORT_RETRY_S)
+
+    # -- the effects and the end ----------------------------------------------------------
+    async def _effect(self, effect: Effect) -> None:
+        io = self.io
+        if effect is Effect.UNFREEZE:
+            await io.host.unfreeze(self.sid, self.protocol.epoch)
+        elif effect is Effect.RELEASE:
+            await io.host.release(self.sid)
+        elif effect is Effect.RECORD:
+            io.record(
+                HandoffSample(
+                    nbytes=self.nbytes,
+                    offer_ms=self.ms["offer"],
+                    transfer_ms=self.ms["transfer"],
+                    commit_ms=self.ms["commit"],
+                    connect_ms=self.ms["connect"],
+                )
             )
-        )
-        return await self._done(True, None, detail, epoch=epoch)
-
-    async def _abort(self, code: HandoffCode, detail: str) -> MigrationReport:
-        """Take the session back (CAS at e+1), or learn that the destination has it."""
-        ep = self.ep
-        if self.accepted:
-            # Let the destination discard now rather than at its deadline; the transfer may
-            # have stopped half-way, so both sides drop their link (rebuilt on next use).
-            await ep.publish(
-                ep.subjects.worker_handoff(self.dst),
+        elif effect is Effect.NOTIFY_ABORT:
+            # The destination discards now rather than at its deadline; the transfer may have
+            # stopped half-way, so both sides drop their link (rebuilt on next use).
+            code, detail = self.protocol.why
+            await io.tell(
+                self.dst,
                 HandoffOutcome(
                     transfer_id=self.transfer_id,
                     session_id=self.sid,
                     committed=False,
-                    epoch=self.epoch,
+                    epoch=self.protocol.epoch,
                     code=HandoffCode.ABORTED,
                     detail=f"{code}: {detail}",
                 ),
             )
-            link = ep.links.get(self.dst, SEND, self.transport) if self.transport else None
+            link = io.links.get(self.dst, SEND, self.transport) if self.transport else None
             if link is not None:
-                await ep.links.drop(link)
-        assert self.frozen is not None
-        back = SessionState.SUSPENDED if self.frozen.suspended else SessionState.EXECUTING
-        retry_until = time.monotonic() + ep.timeout_s
-        while True:
-            try:
-                record = await ep.registry.transition(
-                    self.sid, back, expected_epoch=self.epoch, owner=ep.worker_id
-                )
-                break
-            except _CAS_ERRORS:
-                return await self._resolve(code, detail)
-            except redis.exceptions.RedisError as exc:
-                if time.monotonic() > retry_until:
-                    # Neither side can write: the session stays frozen here, migrating in the
-                    # registry at e+1 under our name; an operator or a restart settles it.
-                    ep.log.error("abort_not_written", session_id=self.sid, error=str(exc))
-                    return await self._done(
-                        False,
-                        HandoffCode.REGISTRY_UNAVAILABLE,
-                        f"{code}: {detail}; abort not written: {exc}",
-                    )
-                await asyncio.sleep(_ABORT_RETRY_S)
-        await ep.host.unfreeze(self.sid, record.epoch)
-        return await self._done(False, code, detail, epoch=record.epoch)
+                await io.links.drop(link)
+        else:
+            raise AssertionError(f"the source has no effect {effect}")
 
-    async def _resolve(self, code: HandoffCode, detail: str) -> MigrationReport:
-        """Our abort CAS lost: whoever changed the session, it is not ours any more."""
-        record = await self.ep.registry.get_session(self.sid)
-        await self.ep.host.release(self.sid)
-        if (
-            record is not None
-            and record.owner == self.dst
-            and record.state in (SessionState.EXECUTING, SessionState.SUSPENDED)
-        ):
-            return await self._done(
-                True,
-                None,
-                f"committed by {self.dst} (its outcome did not reach us: {detail})",
-                epoch=record.epoch,
-            )
-        seen = (
-            "gone"
-            if record is None
-            else f"{record.state}, owner {record.owner}, epoch {record.epoch}"
-        )
-        return await self._done(
-            False,
-            HandoffCode.LOST,
-            f"{code}; the registry says {seen}",
-            epoch=record.epoch if record else self.epoch,
-        )
-
-    async def _done(
-        self, ok: bool, code: HandoffCode | None, detail: str, epoch: int | None = None
-    ) -> MigrationReport:
-        ep = self.ep
+    async def _done(self, end: Report) -> MigrationReport:
+        io = self.io
         report = MigrationReport(
             session_id=self.sid or "-",
-            src=ep.worker_id,
+            src=io.worker_id,
             dst=self.dst or "-",
-            ok=ok,
+            ok=end.ok,
             command_id=self.cmd.command_id,
-            code=str(code) if code else "",
-            detail=detail,
-            epoch=self.epoch if epoch is None else epoch,
+            code=str(end.code) if end.code else "",
+            detail=end.detail,
+            epoch=end.epoch,
             nbytes=self.nbytes,
             suspended=bool(self.frozen and self.frozen.suspended),
             transport=self.transport,
@@ -433,32 +402,17 @@ class Migration:
             connect_ms=self.ms["connect"],
             total_ms=(time.perf_counter() - self.started) * 1000.0,
         )
-        ep.log.info(
+        io.log.info(
             "migration",
             session_id=report.session_id,
             dst=report.dst,
-            ok=ok,
+            ok=end.ok,
             code=report.code,
-            detail=detail,
+            detail=end.detail,
             epoch=report.epoch,
             nbytes=self.nbytes,
             transport=self.transport,
             total_ms=round(report.total_ms, 2),
         )
-        await ep.publish(ep.subjects.migrations, report)
-        try:
-            await ep.registry.record_cluster_event(
-                "migration",
-                session_id=report.session_id,
-                src=report.src,
-                dst=report.dst,
-                ok=ok,
-                code=report.code,
-                nbytes=self.nbytes,
-                total_ms=round(report.total_ms, 2),
-                command_id=report.command_id,
-            )
-            await ep.registry.bump_counters(**{"migrations" if ok else "migrations_failed": 1})
-        except redis.exceptions.RedisError as exc:
-            ep.log.warning("cluster_event_failed", error=str(exc))
+        await io.report(report)
         return report

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .embedding import rope_split, sinusoidal_embedding
+from .visible import init_visible_dit, unfit_reason
 
 
 @dataclass(slots=True)
@@ -59,19 +61,6 @@ class LayerNorm(nn.LayerNorm):
         weight = self.weight.float() if self.weight is not None else None
         bias = self.bias.float() if self.bias is not None else None
         return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
-
-
-def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
-    half = dim // 2
-    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t.device) / half)
-    angles = torch.outer(t.to(torch.float64), freqs)
-    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1).float()
-
-
-def rope_split(head_dim: int) -> tuple[int, int, int]:
-    """Complex pairs per axis (frame, height, width), Wan's 3D RoPE split of the head dim."""
-    c = head_dim // 2
-    return c - 2 * (c // 3), c // 3, c // 3
 
 
 def _axis_freqs(pairs: int, device: torch.device) -> torch.Tensor:
@@ -252,11 +241,9 @@ class CausalWanModel(nn.Module):
         a config large enough) the hand-set weights of ``visible.py``, which make the frames
         a visibly moving picture that follows the prompt, the seed and the cache. Not a
         trained model; ``load_checkpoint`` replaces all of it."""
-        from .visible import init_visible_dit, unfit_reason  # it imports this module
-
         self._init_random(generator)
         if unfit_reason(self.config) is None:
-            init_visible_dit(self, generator)
+            init_visible_dit(self, self.config, generator)
 
     def _blocks(self) -> list[Block]:
         # nn.ModuleList yields plain Modules to the type checker; these are all Blocks.

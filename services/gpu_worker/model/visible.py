@@ -48,16 +48,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from .config import ModelConfig
-from .dit import rope_split, sinusoidal_embedding
+from .embedding import rope_split, sinusoidal_embedding
 from .schedule import sigmas
-
-if TYPE_CHECKING:
-    from .dit import CausalWanModel
 
 VISIBLE_DIMS = 3  # latent directions the decoder shows: one colour each
 _BASIS_SEED = 0x5EED  # fixed: the DiT and the decoder must agree on the subspace
@@ -108,11 +105,12 @@ def unfit_reason(config: ModelConfig) -> str | None:
 
 
 @torch.no_grad()
-def init_visible_dit(model: CausalWanModel, generator: torch.Generator) -> None:
-    """Overwrites blocks 0-1, the embeddings and the head (module docstring); later blocks
-    keep their weights but pass the stream through. Deterministic in ``generator``, from
-    which the prompt's colour map and the drift direction are drawn."""
-    config = model.config
+def init_visible_dit(model: nn.Module, config: ModelConfig, generator: torch.Generator) -> None:
+    """Overwrites blocks 0-1, the embeddings and the head of ``model``, a ``CausalWanModel``
+    of ``config`` (module docstring); later blocks keep their weights but pass the stream
+    through. Deterministic in ``generator``, from which the prompt's colour map and the drift
+    direction are drawn. Takes any module by its parameters' names, so that this module need
+    not import the DiT that calls it."""
     reason = unfit_reason(config)
     if reason:
         raise ValueError(f"preset {config.name!r} cannot take the visible weights: {reason}")

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from lab.sim import synth
-from lab.sim.traceio import load_trace, make_trace, scale_of, write_trace
+from lab.sim.catalog import load_trace, scale_of
+from lab.sim.traceio import make_trace, write_trace
 from tools.cli import main
 
 PROFILE = "h20-longlive-1.3b-nvlink"

@@ -9,8 +9,9 @@ import re
 import pytest
 
 from lab.sim import synth
+from lab.sim.catalog import TRACE_DIR, load_trace
 from lab.sim.simulator import simulate, warm_start_gpus
-from lab.sim.traceio import TRACE_DIR, load_trace, read_trace, write_trace
+from lab.sim.traceio import read_trace, write_trace
 from tools.cli import main
 
 STATIC = ("round_robin", "least_loaded", "memory_aware")

@@ -1,10 +1,8 @@
-"""One interface for every way of getting a GPU worker; ``TURBOSERVE_BACKEND`` picks one.
+"""The contract every backend keeps: the interface, its errors and what a worker inherits.
 
 A backend only launches and terminates workers and says when one died; what to start, when,
 and whether a STOP is allowed is the service's (``service.py``) and the pool's (``pool.py``).
-
-- ``local``: ``turboserve worker`` processes on this host, one per GPU (``local.py``).
-- ``kubernetes``: one pod per worker, created and deleted by name (``k8s.py``).
+The backends import this module; it imports none of them (``registry.py`` picks one by name).
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ from shared.settings import ProvisionerSettings
 # (worker id, what happened: "exit code 1", "pod Failed: OOMKilled")
 OnExit = Callable[[str, str], None]
 Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
-
-BACKENDS = ("local", "kubernetes")
 
 
 class BackendUnavailable(RuntimeError):
@@ -64,18 +60,6 @@ class Backend(Protocol):
         """The provisioner stops: returns the workers that stop with it (local processes do;
         pods keep running and are taken over by the next provisioner)."""
         ...
-
-
-def make_backend(settings: ProvisionerSettings) -> Backend:
-    if settings.backend == "local":
-        from services.provisioner.local import LocalBackend
-
-        return LocalBackend(settings)
-    if settings.backend == "kubernetes":
-        from services.provisioner.k8s import KubernetesBackend
-
-        return KubernetesBackend(settings)
-    raise ValueError(f"unknown backend {settings.backend!r}: one of {', '.join(BACKENDS)}")
 
 
 def mesh_env(settings: ProvisionerSettings) -> dict[str, str]:

@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from services.provisioner.backend import (
+from services.provisioner.backends.base import (
     BackendError,
     BackendUnavailable,
     LaunchError,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from services.provisioner.backend import LaunchError, OnExit, Spawn, mesh_env
+from services.provisioner.backends.base import LaunchError, OnExit, Spawn, mesh_env
 from services.provisioner.gpus import GpuDevice, discover
 from shared.logging import get_logger
 from shared.proc import die_with_parent
