@@ -74,12 +74,6 @@ CIRCLES_ALLOWED: dict[tuple[str, ...], str] = {
         "services.provisioner.local",
     ): "backend builds the local or the Kubernetes backend, which import its names back: "
     "backends/ with a registry that imports nothing back",
-    (
-        "services.scheduler.executor",
-        "services.scheduler.ingest",
-        "services.scheduler.live",
-    ): "the executor and the ingest hold the live scheduler and reach into its core, lock "
-    "and step: the core decides and the shell reports outcomes as events",
     ("tools.bench.stream", "tools.bench.stream_webrtc"): "the stream bench runs the WebRTC "
     "part, which uses the stream bench's plan and messages: those move to a module both import",
 }

@@ -63,7 +63,7 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(
             # The wait below is the test: fifteen ticks, nothing given back.
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
-                assert len(core.view.gpus) == 2 and not live.ledger.unreleased
+                assert len(core.view.gpus) == 2 and not live.pool.unreleased
                 await asyncio.sleep(0.2)
 
             # A record that says one worker while the provisioner keeps two: the core keeps one
@@ -73,16 +73,16 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(
             await ctx.registry.set_pool_limits(PoolLimits(1, limits.max_workers, limits.backend))
 
             async def one_given_back() -> bool:
-                return len(core.view.gpus) == 1 and len(live.ledger.workers) == 2
+                return len(core.view.gpus) == 1 and len(live.pool.workers) == 2
 
             await eventually(one_given_back, 30, "the core's scale-in")
             kept = next(iter(core.view.gpus))
-            released = next(w for w in live.ledger.workers if w != kept)
+            released = next(w for w in live.pool.workers if w != kept)
 
             # The provisioner refuses the stop (its floor): the release stays pending and is
             # tried again, the worker still runs, and the status says so.
             async def refused_twice() -> bool:
-                return live.ledger.unreleased.get(released, (0.0, 0))[1] >= 2
+                return live.pool.unreleased.get(released, (0.0, 0))[1] >= 2
 
             await eventually(refused_twice, 30, "a second refused attempt")
             assert released in provisioner.backend.workers
@@ -93,11 +93,11 @@ async def test_a_refused_release_is_retried_until_the_worker_stops(
             provisioner.pool.min_workers = 1
 
             async def stopped() -> bool:
-                return released not in live.ledger.workers and not live.ledger.unreleased
+                return released not in live.pool.workers and not live.pool.unreleased
 
             await eventually(stopped, 60, "the retried release to stop the worker")
             assert released not in provisioner.backend.workers
-            assert kept in provisioner.backend.workers and set(live.ledger.workers) == {kept}
+            assert kept in provisioner.backend.workers and set(live.pool.workers) == {kept}
             assert set(core.view.gpus) == {kept}
 
 
@@ -123,11 +123,11 @@ async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
             ctx, env, settings={"boot_timeout_s": 1.0}, min_gpus=0, max_gpus=1, boot_delay_s=0.5
         ) as (live, core):
             await live.step(Event(time.time(), EventKind.ARRIVE, session_id="s"))
-            assert len(live.ledger.booting) == 1, "the core asked for no GPU"
-            late = next(iter(live.ledger.booting))
+            assert len(live.pool.booting) == 1, "the core asked for no GPU"
+            late = next(iter(live.pool.booting))
 
             async def timed_out() -> bool:
-                return late not in live.ledger.booting
+                return late not in live.pool.booting
 
             await eventually(timed_out, 10, "the boot timeout")
             await live.step(Event(time.time(), EventKind.DEPART, session_id="s"))
@@ -138,7 +138,7 @@ async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
             await eventually(came_up, 30, "the late worker's process")
 
             async def stopped() -> bool:
-                return late not in provisioner.backend.workers and late not in live.ledger.workers
+                return late not in provisioner.backend.workers and late not in live.pool.workers
 
             await eventually(stopped, 90, "the late worker to be stopped")
-            assert late not in core.view.gpus and not live.ledger.unreleased
+            assert late not in core.view.gpus and not live.pool.unreleased
