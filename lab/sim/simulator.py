@@ -1,5 +1,8 @@
 """Discrete-event simulator with pass-level timing and playback pacing, driving any policy
-through ``Policy.step``.
+through the core's :class:`~services.scheduler.core.pool.Pool`, as the live scheduler does: the
+policy's ``step``, and what the live pool adds (what an ``Assign`` or ``Resume`` becomes by the
+session's state, a worker the core does not take, each pass's heartbeat, where a released GPU's
+parked sessions go).
 
 The model is the live worker's (``services/gpu_worker/pacing.py``), so that a simulated run and
 a live replay of the same trace can be compared figure by figure:
@@ -28,8 +31,9 @@ a live replay of the same trace can be compared figure by figure:
   it); the clock starts when it is done. Suspending is free: it overlaps the user's idle time.
   With ``parked_on_gpu`` (as the live mesh works: an idle session's state stays in the host
   memory of the worker it was suspended on), a resume on another GPU first moves the state
-  there: a migration, counted and priced as one (also when that worker was released meanwhile:
-  the live scheduler moves parked state off a worker before releasing it). Without it (the
+  there: a migration, counted and priced as one. A released worker's parked state first moves
+  to the GPU the core picks (``Pool.parking_for``), a migration each, as the live scheduler
+  moves it before the release; with no GPU to take it, a later resume pays the move. Without it (the
   default, the paper's assumption), parked state is reachable from every GPU at no cost.
 * **GPUs.** A requested GPU costs from the request on, is BOOTING for ``boot_delay_s`` and
   serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
