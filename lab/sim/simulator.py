@@ -116,6 +116,9 @@ _TRACE_KINDS = {
 # idle GPU.)
 _P_STEP, _P_COPY, _P_WAKE, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3, 4, 5
 _EPS_S = 1e-9
+# The kind the core's books keep for a worker picks the profile measured from its heartbeats,
+# live; the simulator measures none (the policy keeps each GPU's kind in its view).
+_NO_KIND = ""
 
 
 class PolicyError(TypeError, ValueError):
@@ -384,6 +387,7 @@ class Simulator:
             elif prio == _P_READY:
                 self._gpu_ready(payload)
             else:
+                self._heartbeats()
                 self._call(Event(t, EventKind.TICK))
             if self.progress is not None and t >= next_report:
                 self.progress(t / end if end > 0 else 1.0)
@@ -403,7 +407,7 @@ class Simulator:
         for gpu_id, ready in _initial_gpus(self.policy):
             self.gpus[gpu_id] = _Gpu(gpu_id, requested_at=0.0, ready=ready)
             if ready:
-                self.pool.join(gpu_id, self.policy.view.kind_of(gpu_id) or "", 0.0)
+                self.pool.join(gpu_id, _NO_KIND, 0.0)
             else:
                 self.pool.booting[gpu_id] = 0.0
                 self._push(self.boot_delay_s, _P_READY, gpu_id)
@@ -442,7 +446,7 @@ class Simulator:
         if g is None or g.released_at is not None or g.release_pending:
             return  # cancelled while booting
         g.ready = True
-        self.pool.join(gpu_id, self.policy.view.kind_of(gpu_id) or "", self.now)
+        self.pool.join(gpu_id, _NO_KIND, self.now)
         self._call(WorkerJoined(self.now, gpu_id, None))
 
     def _call(self, event: Event | WorkerJoined) -> None:
@@ -681,22 +685,29 @@ class Simulator:
         g.busy = True
         end = self.now + pass_s
         self._push(end, _P_STEP, g.gpu_id)
-        # Policies that place by pass phase hear when each pass ends (the worker's heartbeat,
-        # with its step budget in force).
-        phase = WorkerPhase.DRAINING if g.draining else WorkerPhase.READY
-        seen = WorkerSeen(
-            g.gpu_id,
-            phase,
-            self.now,
-            parked=self.parked.get(g.gpu_id, 0),
-            steps=g.steps or self._full_steps,
-            full_steps=self._full_steps,
-            min_steps=1,
-            pass_ends_at=end,
-        )
-        decisions = self.pool.decide(WorkerHeard(self.now, seen))
-        if decisions:
-            self._apply(decisions)
+        # Policies that place by pass phase hear when each pass ends (exactly: a live worker's
+        # heartbeat carries it).
+        self.pool.note_pass(g.gpu_id, end)
+
+    def _heartbeats(self) -> None:
+        """Every worker's heartbeat, once a tick: its step budget in force and the sessions
+        parked in its host memory, as a live worker reports them."""
+        for g in list(self.gpus.values()):
+            if not g.ready or g.released_at is not None or g.release_pending:
+                continue
+            seen = WorkerSeen(
+                g.gpu_id,
+                WorkerPhase.DRAINING if g.draining else WorkerPhase.READY,
+                self.now,
+                parked=self.parked.get(g.gpu_id, 0),
+                steps=g.steps or self._full_steps,
+                full_steps=self._full_steps,
+                min_steps=1,
+            )
+            self.pool.hear(seen, self.now)
+            decisions = self.pool.decide(WorkerHeard(self.now, seen))
+            if decisions:
+                self._apply(decisions)
 
     def _wake(self, gpu_id: str) -> None:
         g = self.gpus.get(gpu_id)

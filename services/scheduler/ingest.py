@@ -301,17 +301,15 @@ class Ingest:
         """Repair the core's view where the registry says otherwise: sessions it never heard
         of (a lost event), sessions placed elsewhere than it thinks, and sessions handed back."""
         shell, registry, pool = self.shell, self.registry, self.pool
-        view = pool.view
-        known = set(view.placement) | set(view.pending) | set(view.idle_sessions)
         pending = await registry.pending_sessions()
-        for sid in pending:
-            if sid not in known:
-                await shell.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
+        for sid in pool.unheard(pending):
+            await shell.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
         if pending:
             await shell.step(HandedBack(time.time(), tuple(pending)))
         placement = await registry.placement()
+        unheard = set(pool.unheard(placement))
         for sid, owner in placement.items():
-            if sid in known or not pool.knows(owner):
+            if sid not in unheard or not pool.knows(owner):
                 continue
             # A session the core never heard of runs on a worker (written back after Redis
             # restarted empty, say): the core learns it; placing it finds where it is.
@@ -324,24 +322,14 @@ class Ingest:
             await shell.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
             if record.state is SessionState.SUSPENDED:
                 await shell.step(Event(time.time(), EventKind.IDLE, session_id=sid))
-        for sid, gpu in view.placement.items():
-            registered = placement.get(sid)
-            if sid in pool.moving:
-                # Not a failure: the core moved it when it decided, the registry follows at the
-                # commit; the migration's own outcome corrects the core if it fails. Taking it
-                # back now would have the core move it (or others) again, then back.
-                continue
-            if registered is not None and registered != gpu and pool.knows(registered):
-                record = await registry.get_session(sid)
-                if record is not None and record.state is SessionState.EXECUTING:
-                    await shell.step(
-                        Event(
-                            time.time(),
-                            EventKind.MIGRATION_FAILED,
-                            session_id=sid,
-                            gpu_id=registered,
-                        )
+        for sid, registered in pool.misplaced(placement):
+            record = await registry.get_session(sid)
+            if record is not None and record.state is SessionState.EXECUTING:
+                await shell.step(
+                    Event(
+                        time.time(), EventKind.MIGRATION_FAILED, session_id=sid, gpu_id=registered
                     )
+                )
         await self._requeue_lost_by_workers(placement)
 
     async def _requeue_lost_by_workers(self, placement: dict[str, str]) -> None:

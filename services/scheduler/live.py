@@ -405,8 +405,11 @@ def _trigger(fact: Input) -> tuple[str, str | None, str | None]:
     name = type(fact).__name__
     if isinstance(fact, Event):
         return str(fact.kind), fact.session_id, fact.gpu_id
-    if isinstance(fact, WorkerJoined | GpuRefused):
-        return name, None, fact.gpu_id
+    # Named by the policy's event they step: the trigger operators look for.
+    if isinstance(fact, WorkerJoined):
+        return str(EventKind.GPU_READY), None, fact.gpu_id
+    if isinstance(fact, GpuRefused):
+        return str(EventKind.GPU_GONE), None, fact.gpu_id
     if isinstance(fact, WorkerHeard):
         return name, None, fact.seen.worker_id
     if isinstance(fact, ParkedStateMoved):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -288,9 +288,11 @@ class Pool:
                     Event(fact.t, EventKind.GPU_READY, gpu_id=fact.gpu_id, gpu_kind=fact.kind)
                 )
             )
-            if self.knows(fact.gpu_id) and self.view.state_of(fact.gpu_id) is None:
+            released = any(isinstance(d, Release) and d.gpu_id == fact.gpu_id for d in out)
+            if self.knows(fact.gpu_id) and fact.gpu_id not in self.view.gpus and not released:
                 # One the core gave back (or gave up on) while it booted, which came up all
-                # the same: stopped rather than paid for unused.
+                # the same: stopped rather than paid for unused (unless the policy gives it
+                # back in this very step).
                 self.unreleased.setdefault(fact.gpu_id, PendingRelease(0.0, 0))
                 out.append(ReleaseUnknown(fact.gpu_id))
             return out
@@ -367,6 +369,29 @@ class Pool:
             # The core's view was behind: the session runs elsewhere. Repair the view.
             return Event(t, EventKind.MIGRATION_FAILED, session_id=sid, gpu_id=owner)
         return Claim(sid, gpu, seen.epoch, requeue=True)
+
+    # -- repairing the view from the registry ---------------------------------------------------
+    def unheard(self, sids: Iterable[str]) -> list[str]:
+        """The sessions of ``sids`` the core never heard of (a lost event, or written back
+        after Redis restarted empty), in their order: they are to arrive."""
+        view = self.view
+        known = set(view.placement) | set(view.pending) | set(view.idle_sessions)
+        return [sid for sid in sids if sid not in known]
+
+    def misplaced(self, placement: Mapping[str, str]) -> list[tuple[str, str]]:
+        """Sessions the registry's ``placement`` has on another known worker than the core, as
+        (session, that worker): where they run, unless a migration of theirs is in flight (the
+        core moved it when it decided, the registry follows at the commit, and the migration's
+        own outcome corrects the core if it fails: taking it back now would have the core move
+        it, or others, again and then back)."""
+        out = []
+        for sid, gpu in self.view.placement.items():
+            registered = placement.get(sid)
+            if sid in self.moving or registered is None or registered == gpu:
+                continue
+            if self.knows(registered):
+                out.append((sid, registered))
+        return out
 
     # -- workers --------------------------------------------------------------------------------
     def knows(self, wid: str | None) -> bool:
@@ -574,12 +599,18 @@ class Pool:
         the full count, with none set by the core, is)."""
         return self.steps_wanted.get(gpu_id, steps) != steps or not self.knows(gpu_id)
 
+    def note_pass(self, wid: str, ends_at: float) -> None:
+        """A known worker's pass in flight ends at ``ends_at``: the next boundary where a
+        session can join its batch (the policy's ``note_step``). Not a decision."""
+        if wid in self.workers:
+            self.policy.note_step(wid, ends_at)
+
     def _heard(self, seen: WorkerSeen) -> list[Command]:
         wid = seen.worker_id
         if not self.knows(wid):
             return []
         if seen.pass_ends_at is not None:
-            self.policy.note_step(wid, seen.pass_ends_at)
+            self.note_pass(wid, seen.pass_ends_at)
         steps = self.steps_to_resend(seen)
         if steps is None:
             return []

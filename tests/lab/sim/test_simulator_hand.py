@@ -62,6 +62,8 @@ class ScriptedPolicy:
         self.seen: list[tuple] = []
 
     def step(self, event):
+        if event.kind is EventKind.GPU_READY:
+            self.view.gpus[event.gpu_id] = None  # it holds every GPU that comes up
         key = (event.kind, event.session_id or event.gpu_id)
         self.seen.append((event.t, *key))
         return list(self.script.get(key, []))

@@ -481,3 +481,39 @@ def test_a_heartbeat_tells_the_policy_where_the_pass_in_flight_ends():
     p.decide(WorkerHeard(1.0, seen("b", 1.0, pass_ends_at=3.0)))
     p.decide(Event(1.0, EventKind.ARRIVE, session_id="s"))
     assert p.view.gpu_of("s") == "b", "its first chunk comes soonest there"
+
+
+# -- repairing the view -----------------------------------------------------------------------
+def test_sessions_the_core_never_heard_of_are_to_arrive_in_their_order():
+    p = pool(
+        "a",
+        sessions=(
+            RestoredSession("placed", True, "a"),
+            RestoredSession("waiting", True),
+            RestoredSession("idle", False),
+        ),
+    )
+    assert p.unheard(["new2", "placed", "waiting", "idle", "new1"]) == ["new2", "new1"]
+
+
+def test_a_session_the_registry_has_on_another_known_worker_runs_there_unless_it_moves():
+    p = pool(
+        "a",
+        "b",
+        sessions=(
+            RestoredSession("s", True, "a"),
+            RestoredSession("m", True, "a"),
+            RestoredSession("here", True, "a"),
+            RestoredSession("lost", True, "a"),
+        ),
+    )
+    p.moving["m"] = 1
+    registry = {"s": "b", "m": "b", "here": "a", "lost": "gone"}
+    assert p.misplaced(registry) == [("s", "b")]
+
+
+def test_a_worker_the_policy_gives_back_as_it_joins_is_released_once():
+    p = pool("a")
+    p.join("b", "H20", 1.0)
+    p.policy.step = lambda event: [Release("b")]  # type: ignore[method-assign]
+    assert p.decide(WorkerJoined(1.0, "b", "H20")) == [Release("b")]
