@@ -692,9 +692,8 @@ class Simulator:
     def _heartbeats(self) -> None:
         """Every worker's heartbeat, once a tick: its step budget in force and the sessions
         parked in its host memory, as a live worker reports them."""
-        for g in list(self.gpus.values()):
-            if not g.ready or g.released_at is not None or g.release_pending:
-                continue
+        for gpu_id in list(self.pool.workers):  # the ready ones not given back
+            g = self.gpus[gpu_id]
             seen = WorkerSeen(
                 g.gpu_id,
                 WorkerPhase.DRAINING if g.draining else WorkerPhase.READY,
