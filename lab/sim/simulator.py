@@ -1,5 +1,8 @@
 """Discrete-event simulator with pass-level timing and playback pacing, driving any policy
-through ``Policy.step``.
+through the core's :class:`~services.scheduler.core.pool.Pool`, as the live scheduler does: the
+policy's ``step``, and what the live pool adds (what an ``Assign`` or ``Resume`` becomes by the
+session's state, a worker the core does not take, each pass's heartbeat, where a released GPU's
+parked sessions go).
 
 The model is the live worker's (``services/gpu_worker/pacing.py``), so that a simulated run and
 a live replay of the same trace can be compared figure by figure:
@@ -28,8 +31,9 @@ a live replay of the same trace can be compared figure by figure:
   it); the clock starts when it is done. Suspending is free: it overlaps the user's idle time.
   With ``parked_on_gpu`` (as the live mesh works: an idle session's state stays in the host
   memory of the worker it was suspended on), a resume on another GPU first moves the state
-  there: a migration, counted and priced as one (also when that worker was released meanwhile:
-  the live scheduler moves parked state off a worker before releasing it). Without it (the
+  there: a migration, counted and priced as one. A released worker's parked state first moves
+  to the GPU the core picks (``Pool.parking_for``), a migration each, as the live scheduler
+  moves it before the release; with no GPU to take it, a later resume pays the move. Without it (the
   default, the paper's assumption), parked state is reachable from every GPU at no cost.
 * **GPUs.** A requested GPU costs from the request on, is BOOTING for ``boot_delay_s`` and
   serves nothing, then the policy hears ``GPU_READY``. A released GPU stops costing at the end
@@ -69,9 +73,22 @@ from lab.sim.traceio import Trace, TraceEvent
 from lab.sim.viewer import ServiceLedger, summary
 from services.scheduler.core.autoscale import FALLBACK_RHO_HAT
 from services.scheduler.core.policies import Policy
+from services.scheduler.core.pool import (
+    CheckHandedBack,
+    Claim,
+    Command,
+    Found,
+    Pool,
+    ReleaseUnknown,
+    ResumeThere,
+    SessionSeen,
+    WorkerHeard,
+    WorkerJoined,
+    WorkerPhase,
+    WorkerSeen,
+)
 from services.scheduler.core.types import (
     Assign,
-    Decision,
     Drain,
     Event,
     EventKind,
@@ -99,6 +116,9 @@ _TRACE_KINDS = {
 # idle GPU.)
 _P_STEP, _P_COPY, _P_WAKE, _P_READY, _P_TRACE, _P_TICK = 0, 1, 2, 3, 4, 5
 _EPS_S = 1e-9
+# The kind the core's books keep for a worker picks the profile measured from its heartbeats,
+# live; the simulator measures none (the policy keeps each GPU's kind in its view).
+_NO_KIND = ""
 
 
 class PolicyError(TypeError, ValueError):
@@ -297,6 +317,10 @@ class Simulator:
         self.profile = profile
         self.boot_delay_s = float(boot_delay_s)
         self.tick_s = float(tick_s)
+        # The core as the live scheduler runs it: the policy and the books of its workers.
+        # Simulated workers never fall silent, and a requested GPU always boots.
+        self.pool = Pool(policy, math.inf, math.inf, self.tick_s)
+        self.parked: dict[str, int] = {}  # GPU -> idle sessions parked in its host memory
         self.period_s = (
             profile.deadline_ms / 1000.0 if chunk_period_s is None else float(chunk_period_s)
         )
@@ -363,6 +387,7 @@ class Simulator:
             elif prio == _P_READY:
                 self._gpu_ready(payload)
             else:
+                self._heartbeats()
                 self._call(Event(t, EventKind.TICK))
             if self.progress is not None and t >= next_report:
                 self.progress(t / end if end > 0 else 1.0)
@@ -381,7 +406,10 @@ class Simulator:
         """GPUs the policy starts with (static pools, ``initial_gpus``) are READY at t=0."""
         for gpu_id, ready in _initial_gpus(self.policy):
             self.gpus[gpu_id] = _Gpu(gpu_id, requested_at=0.0, ready=ready)
-            if not ready:
+            if ready:
+                self.pool.join(gpu_id, _NO_KIND, 0.0)
+            else:
+                self.pool.booting[gpu_id] = 0.0
                 self._push(self.boot_delay_s, _P_READY, gpu_id)
             self.held += 1
         self.peak = self.held
@@ -418,11 +446,12 @@ class Simulator:
         if g is None or g.released_at is not None or g.release_pending:
             return  # cancelled while booting
         g.ready = True
-        self._call(Event(self.now, EventKind.GPU_READY, gpu_id=gpu_id))
+        self.pool.join(gpu_id, _NO_KIND, self.now)
+        self._call(WorkerJoined(self.now, gpu_id, None))
 
-    def _call(self, event: Event) -> None:
+    def _call(self, event: Event | WorkerJoined) -> None:
         t0 = time.perf_counter()
-        decisions = self.policy.step(event)
+        decisions = self.pool.decide(event)
         self.decision_ms.append((time.perf_counter() - t0) * 1000.0)
         if decisions:
             self._apply(decisions)
@@ -430,28 +459,34 @@ class Simulator:
 
     # ---- decisions out --------------------------------------------------------------------
 
-    def _apply(self, decisions: list[Decision]) -> None:
+    def _apply(self, decisions: list[Command]) -> None:
         touched: set[str] = set()
         scaled_out = scaled_in = False
         for d in decisions:
             if isinstance(d, Assign | Resume):
                 s = self._session(d, d.session_id)
+                placed = self.pool.place(self._seen(d, s), isinstance(d, Resume), self.now)
+                if placed is None or isinstance(placed, Event):
+                    # The simulated registry is the core's view: it never lags.
+                    raise SimulationError(self.now, d, f"the core makes {placed!r} of it")
                 self._place(d, s, d.session_id, d.gpu_id)
                 # The worker starts the session, and its playback clock, now (a resume once
                 # its state is back from host RAM).
                 s.clocked = True
                 s.due = self.now
                 copy_ms = 0.0
-                if isinstance(d, Resume):
+                if not isinstance(placed, Claim) or placed.requeue:
                     copy_ms = self.resume_ms  # state comes back from host RAM
-                    if s.parked_on is not None and s.parked_on != d.gpu_id:
-                        copy_ms += self._migration_ms  # from another worker's host first
+                    if not isinstance(placed, ResumeThere):
+                        # From another worker's host first (a worker released meanwhile
+                        # had it moved off: priced the same).
+                        copy_ms += self._migration_ms
                         self.migrations += 1
                 if copy_ms > 0:
                     s.pending_copy_ms += copy_ms
                     s.due = self.now + copy_ms / 1000.0
                     self._start_copy(d.session_id, s)
-                s.parked_on = None
+                self._unpark(s)
                 touched.add(d.gpu_id)
             elif isinstance(d, Migrate):
                 s = self._session(d, d.session_id)
@@ -469,6 +504,7 @@ class Simulator:
                     self.gpus[s.gpu].members.discard(d.session_id)
                     if self.parked_on_gpu:
                         s.parked_on = s.gpu
+                        self.parked[s.gpu] = self.parked.get(s.gpu, 0) + 1
                 s.gpu = None
             elif isinstance(d, RequestGpus):
                 for gpu_id in d.gpu_ids:
@@ -487,6 +523,10 @@ class Simulator:
                 self._release(d)
             elif isinstance(d, SetSteps):
                 self._set_steps(d)
+            elif isinstance(d, ReleaseUnknown):
+                self._release(Release(d.gpu_id))
+            elif isinstance(d, CheckHandedBack):
+                raise SimulationError(self.now, d, "a simulated worker never hands a session back")
             else:
                 raise SimulationError(self.now, d, "unknown decision type")
         self.scale_out += int(scaled_out)
@@ -496,6 +536,21 @@ class Simulator:
             g = self.gpus[gpu_id]
             if not g.busy:
                 self._start_step(g)
+
+    def _seen(self, d: Assign | Resume, s: _Session) -> SessionSeen:
+        """The session as the live registry would hold it when ``d`` is carried out: pending
+        (new, or its worker gone), or suspended with its state parked on a worker (without
+        ``parked_on_gpu``: on whichever it resumes on)."""
+        if s.parked_on is not None:
+            return SessionSeen(d.session_id, d.gpu_id, Found.SUSPENDED, s.parked_on)
+        if isinstance(d, Resume):
+            return SessionSeen(d.session_id, d.gpu_id, Found.SUSPENDED, d.gpu_id)
+        return SessionSeen(d.session_id, d.gpu_id, Found.PENDING)
+
+    def _unpark(self, s: _Session) -> None:
+        if s.parked_on is not None:
+            self.parked[s.parked_on] -= 1
+            s.parked_on = None
 
     def _session(self, d: object, sid: str) -> _Session:
         s = self.sessions.get(sid)
@@ -530,6 +585,7 @@ class Simulator:
                 f"full steps + 1 = {full + 1}: fewer steps cannot be timed",
             )
         g.steps = d.steps
+        self.pool.steps_sent(d.gpu_id, self.now)  # a simulated worker applies it at once
 
     def _release(self, d: Release) -> None:
         g = self._gpu(d, d.gpu_id)
@@ -539,11 +595,29 @@ class Simulator:
         for sid in g.members:  # idle, never suspended: their state goes to host RAM now
             self.sessions[sid].gpu = None
         g.members.clear()
+        if self.parked.get(d.gpu_id):
+            self._move_parked(d.gpu_id)
+        self.pool.released(d.gpu_id)
+        self.pool.leave(d.gpu_id)
         if g.busy:
             g.release_pending = True  # held and billed until the pass in flight ends
         else:
             g.released_at = self.now
             self.held -= 1
+
+    def _move_parked(self, gpu_id: str) -> None:
+        """The idle sessions parked on a GPU given back move to the worker the core picks (a
+        migration each, as the live scheduler moves them before the release); with none to
+        take them, their state stays reachable where it was (a resume then pays the move)."""
+        target = self.pool.parking_for(gpu_id)
+        if target is None:
+            return
+        for s in self.sessions.values():
+            if s.parked_on == gpu_id:
+                self._unpark(s)
+                s.parked_on = target
+                self.parked[target] = self.parked.get(target, 0) + 1
+                self.migrations += 1
 
     # ---- pass-level timing ----------------------------------------------------------------
 
@@ -611,8 +685,28 @@ class Simulator:
         g.busy = True
         end = self.now + pass_s
         self._push(end, _P_STEP, g.gpu_id)
-        # Policies that place by pass phase hear when each pass ends.
-        self.policy.note_pass(g.gpu_id, end)
+        # Policies that place by pass phase hear when each pass ends (exactly: a live worker's
+        # heartbeat carries it).
+        self.pool.note_pass(g.gpu_id, end)
+
+    def _heartbeats(self) -> None:
+        """Every worker's heartbeat, once a tick: its step budget in force and the sessions
+        parked in its host memory, as a live worker reports them."""
+        for gpu_id in list(self.pool.workers):  # the ready ones not given back
+            g = self.gpus[gpu_id]
+            seen = WorkerSeen(
+                g.gpu_id,
+                WorkerPhase.DRAINING if g.draining else WorkerPhase.READY,
+                self.now,
+                parked=self.parked.get(g.gpu_id, 0),
+                steps=g.steps or self._full_steps,
+                full_steps=self._full_steps,
+                min_steps=1,
+            )
+            self.pool.hear(seen, self.now)
+            decisions = self.pool.decide(WorkerHeard(self.now, seen))
+            if decisions:
+                self._apply(decisions)
 
     def _wake(self, gpu_id: str) -> None:
         g = self.gpus.get(gpu_id)

@@ -3,31 +3,50 @@
 ``Assign``/``Resume``/``Suspend`` go to workers (ownership first moved in the registry by a
 compare-and-set guarded by the lease), ``Migrate`` through the migration protocol,
 ``RequestGpus``/``Release`` to the provisioner, ``Drain`` and ``SetSteps`` (the quality budget)
-to the worker. Commands are retried
-until answered; a refused or failed one becomes the event the core expects (PLACEMENT_FAILED,
-MIGRATION_FAILED, GPU_GONE). Migrations run in the background (:class:`Migrations`); a
-session a worker handed back is placed again (:meth:`Executor.replace_handed_back`); a release
-that does not go through is tried again (:class:`Releases`) for as long as the worker runs,
-unless the provisioner refused it for good (its floor): then the core has the GPU again.
+to the worker. The executor decides nothing: what an ``Assign`` or ``Resume`` becomes once the
+session's record is read is the core's (:meth:`~services.scheduler.core.pool.Pool.place`), and
+so is where a released GPU's idle sessions go. Commands are retried until answered; how one
+ended comes back to the core as an event or a fact (PLACEMENT_FAILED, MIGRATION_FAILED,
+GPU_GONE; :class:`~services.scheduler.core.pool.GpuRefused`,
+:class:`~services.scheduler.core.pool.ParkedStateMoved`,
+:class:`~services.scheduler.core.pool.MoveEnded`). Migrations run in the background
+(:class:`Migrations`); a release that does not go through is tried again (:class:`Releases`)
+for as long as the worker runs, unless the provisioner refused it for good (its floor): then
+the core has the GPU again (``GPU_KEPT``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 from nats.errors import Error as NatsError
 from redis.exceptions import RedisError
 
+from services.scheduler.commands import CommandSender
+from services.scheduler.core.pool import (
+    RELEASE_STOP_ATTEMPTS,
+    CheckHandedBack,
+    Claim,
+    Command,
+    Found,
+    GpuRefused,
+    Input,
+    MoveEnded,
+    MoveThenResume,
+    ParkedStateMoved,
+    Pool,
+    ReleaseUnknown,
+    ResumeThere,
+    SessionSeen,
+)
 from services.scheduler.core.types import (
     Assign,
-    Decision,
     Drain,
     Event,
     EventKind,
-    GpuState,
     Migrate,
     Release,
     RequestGpus,
@@ -35,8 +54,9 @@ from services.scheduler.core.types import (
     SetSteps,
     Suspend,
 )
-from services.scheduler.ledger import RELEASE_STOP_ATTEMPTS
+from services.scheduler.metrics import SchedulerMetrics
 from shared.backoff import retried
+from shared.leader import Lease
 from shared.logging import get_logger
 from shared.registry import Registry, RegistryError, SessionRecord
 from shared.states import IllegalTransition, SessionState
@@ -48,9 +68,6 @@ from shared.wire import (
     WorkerCommand,
 )
 
-if TYPE_CHECKING:
-    from services.scheduler.live import LiveScheduler
-
 log = get_logger("turboserve.scheduler")
 
 # A migration's report is awaited this long beyond the handoff's own time limit.
@@ -59,77 +76,125 @@ REPORT_GRACE_S = 10.0
 # cannot help until the floor changes, which the pool's record then says.
 FLOOR_REFUSAL = "min_workers"
 
+# What the registry's session state tells the core when a placement is carried out.
+FOUND = {
+    SessionState.PENDING: Found.PENDING,
+    SessionState.EXECUTING: Found.EXECUTING,
+    SessionState.SUSPENDED: Found.SUSPENDED,
+    SessionState.MIGRATING: Found.MIGRATING,
+    SessionState.TERMINATED: Found.GONE,
+}
+
+
+class Shell(Protocol):
+    """What the executor needs of the leadership it serves: tracked tasks, and two ways to
+    give the core what happened (``feed``: found while carrying out a decision, stepped right
+    after it under the step lock; ``feed_later``: from a background task, a step of its own)."""
+
+    stopping: asyncio.Event
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+
+    def feed(self, fact: Input) -> None: ...
+
+    async def feed_later(self, fact: Input) -> None: ...
+
+    async def follow_pool_limits(self) -> None: ...
+
+
+def seen(sid: str, gpu: str, record: SessionRecord | None) -> SessionSeen:
+    """The registry's record of ``sid`` as the core reads it, for a placement onto ``gpu``."""
+    if record is None:
+        return SessionSeen(sid, gpu, Found.GONE)
+    return SessionSeen(sid, gpu, FOUND[record.state], record.owner, record.epoch)
+
 
 class Executor:
-    """Carries out the core's decisions for one leadership (``live``: the scheduler it serves)."""
+    """Carries out the core's decisions for one leadership."""
 
-    def __init__(self, live: LiveScheduler) -> None:
-        self.live = live
-        self.registry = live.ctx.registry
-        self.ledger = live.ledger
+    def __init__(
+        self,
+        shell: Shell,
+        pool: Pool,
+        registry: Registry,
+        sender: CommandSender,
+        lease: Lease,
+        metrics: SchedulerMetrics,
+        handoff_timeout_s: float,
+        tick_s: float,
+    ) -> None:
+        self.shell = shell
+        self.pool = pool
+        self.registry = registry
+        self.sender = sender
+        self.lease = lease
+        self.metrics = metrics
+        self.handoff_timeout_s = handoff_timeout_s
+        self.tick_s = tick_s
         self.migrations = Migrations(self)
         self.releases = Releases(self)
         self._session_locks: dict[str, asyncio.Lock] = {}
 
-    async def execute(self, decision: Decision) -> None:
-        live = self.live
+    async def execute(self, decision: Command) -> None:
+        shell = self.shell
         try:
             if isinstance(decision, Assign):
-                await self._assign(decision.session_id, decision.gpu_id)
+                await self._place(decision.session_id, decision.gpu_id, resume=False)
             elif isinstance(decision, Resume):
-                await self._resume(decision.session_id, decision.gpu_id)
+                await self._place(decision.session_id, decision.gpu_id, resume=True)
             elif isinstance(decision, Suspend):
                 await self._suspend(decision.session_id, decision.gpu_id)
             elif isinstance(decision, Migrate):
                 self.migrations.start(decision)
             elif isinstance(decision, RequestGpus):
-                self.ledger.request(decision.gpu_ids, time.time())
-                live.spawn(self._request(list(decision.gpu_ids), decision.kind), "request-gpus")
-                live.metrics.scale_events.labels("out").inc()
+                shell.spawn(self._request(list(decision.gpu_ids), decision.kind), "request-gpus")
+                self.metrics.scale_events.labels("out").inc()
                 # Counted as decisions, as the simulator counts them; the provisioner records
                 # each worker it starts or stops as a cluster event.
                 await self.registry.bump_counters(scale_out_events=1)
             elif isinstance(decision, Drain):
-                self.ledger.our_drains.add(decision.gpu_id)
-                live.spawn(self._drain(decision.gpu_id), f"drain-{decision.gpu_id}")
+                shell.spawn(self._drain(decision.gpu_id), f"drain-{decision.gpu_id}")
             elif isinstance(decision, Release):
-                self.ledger.release(decision.gpu_id)
                 self.releases.start(decision.gpu_id)
-                live.metrics.scale_events.labels("in").inc()
+                self.metrics.scale_events.labels("in").inc()
                 await self.registry.bump_counters(scale_in_events=1)
             elif isinstance(decision, SetSteps):
-                self.ledger.want_steps(decision.gpu_id, decision.steps)
                 self.send_steps(decision.gpu_id, decision.steps)
+            elif isinstance(decision, ReleaseUnknown):
+                log.warning("gpu_ready_after_release", gpu_id=decision.gpu_id)
+                self.releases.start(decision.gpu_id)
+            elif isinstance(decision, CheckHandedBack):
+                await self._check_handed_back(decision.session_id, decision.gpu_id)
         except RegistryError as exc:  # GuardFailed included: the lease is gone
             log.warning("decision_not_carried_out", decision=describe(decision), error=str(exc))
 
     # -- sessions -------------------------------------------------------------------------------
-    async def _assign(self, sid: str, gpu: str) -> None:
-        live = self.live
+    async def _place(self, sid: str, gpu: str, resume: bool) -> None:
+        """An Assign or a Resume, as the core makes of the session's record."""
         record = await self.registry.get_session(sid)
-        if record is None or record.state is SessionState.TERMINATED:
-            live.feed(Event(time.time(), EventKind.DEPART, session_id=sid))
-            return
-        if record.state is SessionState.SUSPENDED and self.ledger.knows(record.owner):
-            await self._resume(sid, gpu)  # its state is parked on a worker: resume it there
-            return
-        if record.state is not SessionState.PENDING:
-            if record.owner == gpu and record.state is SessionState.EXECUTING:
-                return  # already there
-            if self.ledger.knows(record.owner):
-                # The core's view was behind: the session runs elsewhere. Repair the view.
-                live.feed(
-                    Event(
-                        time.time(), EventKind.MIGRATION_FAILED, session_id=sid, gpu_id=record.owner
-                    )
-                )
-                return
-            requeued = await self.requeue(record)
+        what = self.pool.place(seen(sid, gpu, record), resume, time.time())
+        if what is None:
+            return  # already there
+        if isinstance(what, Event):
+            self.shell.feed(what)
+        elif isinstance(what, Claim):
+            await self.claim_and_assign(what)
+        elif isinstance(what, ResumeThere):
+            await self._resume_there(what)
+        else:
+            self.shell.spawn(self.move_then_resume(what), f"resume-{sid}")
+
+    async def claim_and_assign(self, claim: Claim) -> None:
+        """Claim the session for its GPU in the registry (back to pending first when its
+        worker is gone), then ASSIGN it there."""
+        sid, gpu, epoch = claim.session_id, claim.gpu_id, claim.epoch
+        if claim.requeue:
+            requeued = await self.requeue(sid, epoch)
             if requeued is None:
                 return
-            record = requeued
+            epoch = requeued.epoch
         try:
-            claimed = await self.registry.claim(sid, gpu, record.epoch, guard=live.guard)
+            claimed = await self.registry.claim(sid, gpu, epoch, guard=self.lease.guard)
         except (IllegalTransition, RegistryError) as exc:
             log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
             return
@@ -144,35 +209,50 @@ class Executor:
             token_hash=claimed.token_hash,
             owner_key=claimed.owner_key,
         )
-        live.spawn(self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}")
+        self.shell.spawn(
+            self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}"
+        )
 
-    async def requeue(self, record: SessionRecord) -> SessionRecord | None:
+    async def _resume_there(self, what: ResumeThere) -> None:
+        sid, gpu = what.session_id, what.gpu_id
+        record = await self.registry.transition(
+            sid,
+            SessionState.EXECUTING,
+            expected_epoch=what.epoch,
+            bump_epoch=False,
+            guard=self.lease.guard,
+        )
+        cmd = WorkerCommand(
+            kind=WorkerCmdKind.RESUME, worker_id=gpu, epoch=record.epoch, session_id=sid
+        )
+        self.shell.spawn(
+            self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"resume-{sid}"
+        )
+
+    async def requeue(self, sid: str, epoch: int) -> SessionRecord | None:
         """Back to pending (its worker is gone): the registry's half of a re-placement."""
         try:
             return await self.registry.transition(
-                record.id,
-                SessionState.PENDING,
-                expected_epoch=record.epoch,
-                owner=None,
-                guard=self.live.guard,
+                sid, SessionState.PENDING, expected_epoch=epoch, owner=None, guard=self.lease.guard
             )
         except (IllegalTransition, RegistryError) as exc:
-            log.info("requeue_skipped", session_id=record.id, reason=str(exc))
+            log.info("requeue_skipped", session_id=sid, reason=str(exc))
             return None
 
     async def _suspend(self, sid: str, gpu: str) -> None:
         record = await self.registry.get_session(sid)
         if record is None:
             return
-        if sid in self.migrations.moving or record.state is SessionState.MIGRATING:
+        if sid in self.pool.moving or record.state is SessionState.MIGRATING:
             # The core moved it when it decided; the registry names the source until the
             # handoff commits. Dropping the suspend would leave it running where it lands,
-            # unwatched and holding a slot the core counts free: suspend it there instead.
-            self.live.spawn(self._suspend_after_move(sid), f"suspend-{sid}")
+            # unwatched and holding a slot the core counts free: the core is told where it
+            # is once the move has ended (MoveEnded).
+            self.shell.spawn(self._suspend_after_move(sid), f"suspend-{sid}")
             return
         if record.owner != gpu or record.state is not SessionState.EXECUTING:
             return
-        self.live.spawn(self._deliver(sid, await self._suspend_command(record)), f"suspend-{sid}")
+        self.shell.spawn(self._deliver(sid, await self._suspend_command(record)), f"suspend-{sid}")
 
     async def _suspend_command(self, record: SessionRecord) -> WorkerCommand:
         """Mark an executing session suspended and the SUSPEND for its owner. Idle/active flips
@@ -183,7 +263,7 @@ class Executor:
             SessionState.SUSPENDED,
             expected_epoch=record.epoch,
             bump_epoch=False,
-            guard=self.live.guard,
+            guard=self.lease.guard,
         )
         assert record.owner is not None
         return WorkerCommand(
@@ -194,92 +274,29 @@ class Executor:
         )
 
     async def _suspend_after_move(self, sid: str) -> None:
-        """The suspend of a session whose migration was in flight, once that has ended, on
-        the worker that holds it then; nothing if it became active again meanwhile."""
-        live = self.live
-        deadline = time.monotonic() + live.handoff_timeout_s + REPORT_GRACE_S
-        while time.monotonic() < deadline and not live.stopping.is_set():
-            if sid not in self.migrations.moving:  # then the registry: a parked state's move
+        """Once the migration in flight of a session the core suspended has ended, where the
+        registry has it then, to the core (which suspends it there unless it became active
+        again meanwhile)."""
+        deadline = time.monotonic() + self.handoff_timeout_s + REPORT_GRACE_S
+        record = None
+        while time.monotonic() < deadline and not self.shell.stopping.is_set():
+            if sid not in self.pool.moving:  # then the registry: a parked state's move
                 record = await self.registry.get_session(sid)
                 if record is None or record.state is not SessionState.MIGRATING:
                     break
             await asyncio.sleep(0.05)
-        async with live.lock:  # in order with the decisions that follow
-            if not live.core.view.is_idle(sid):
-                return
-            found = await self.registry.get_session(sid)
-            if (
-                found is None
-                or found.state is not SessionState.EXECUTING
-                or not self.ledger.knows(found.owner)
-            ):
-                return
-            cmd = await self._suspend_command(found)
-        await self._deliver(sid, cmd)
-
-    async def _resume(self, sid: str, gpu: str) -> None:
-        live = self.live
-        record = await self.registry.get_session(sid)
-        if record is None or record.state is SessionState.TERMINATED:
-            live.feed(Event(time.time(), EventKind.DEPART, session_id=sid))
-            return
-        if record.state is SessionState.EXECUTING and record.owner == gpu:
-            return
-        holder = record.owner
-        if (
-            record.state is SessionState.SUSPENDED
-            and holder is not None
-            and self.ledger.knows(holder)
-        ):
-            if holder == gpu:
-                record = await self.registry.transition(
-                    sid,
-                    SessionState.EXECUTING,
-                    expected_epoch=record.epoch,
-                    bump_epoch=False,
-                    guard=live.guard,
-                )
-                cmd = WorkerCommand(
-                    kind=WorkerCmdKind.RESUME, worker_id=gpu, epoch=record.epoch, session_id=sid
-                )
-                live.spawn(
-                    self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"resume-{sid}"
-                )
-            else:  # its state is parked on another worker: move it there, then resume
-                live.spawn(self.move_then_resume(sid, holder, gpu), f"resume-{sid}")
-            return
-        if record.state is SessionState.MIGRATING:
-            live.feed(Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=gpu))
-            return
-        await self._assign(sid, gpu)  # its state is gone: placed anew (its worker says so)
-
-    async def move_then_resume(self, sid: str, src: str, dst: str) -> None:
-        """Move a suspended session's parked state from ``src`` to ``dst``, then resume it
-        there (unless it went idle again meanwhile)."""
-        live = self.live
-        report = await self.migrations.run(sid, src, dst)
-        if report is None or not report.ok:
-            await live.feed_later(
-                Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=dst)
-            )
-            return
-        async with live.lock:
-            if live.core.view.is_idle(sid):
-                return  # idle again while its state moved: it stays suspended where it is
+        else:
             record = await self.registry.get_session(sid)
-            if record is None or record.owner != dst or record.state is not SessionState.SUSPENDED:
-                return
-            record = await self.registry.transition(
-                sid,
-                SessionState.EXECUTING,
-                expected_epoch=record.epoch,
-                bump_epoch=False,
-                guard=live.guard,
-            )
-        cmd = WorkerCommand(
-            kind=WorkerCmdKind.RESUME, worker_id=dst, epoch=record.epoch, session_id=sid
-        )
-        await self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED)
+        executing = record is not None and record.state is SessionState.EXECUTING
+        owner = record.owner if record is not None else None
+        await self.shell.feed_later(MoveEnded(time.time(), sid, owner, executing))
+
+    async def move_then_resume(self, move: MoveThenResume) -> None:
+        """Move a suspended session's parked state from its source to its destination; the
+        core then resumes it there (unless it went idle again meanwhile)."""
+        report = await self.migrations.run(move.session_id, move.src, move.dst)
+        ok = report is not None and report.ok
+        await self.shell.feed_later(ParkedStateMoved(time.time(), move.session_id, move.dst, ok))
 
     async def _deliver(
         self, sid: str, cmd: WorkerCommand, on_failure: EventKind | None = None
@@ -288,7 +305,7 @@ class Executor:
         leaves the session nowhere becomes ``on_failure`` (with the registry put right)."""
         lock = self._session_locks.setdefault(sid, asyncio.Lock())
         async with lock:
-            outcome = await self.live.sender.to_worker(
+            outcome = await self.sender.to_worker(
                 cmd, superseded=superseded_check(self.registry, sid, cmd.epoch)
             )
         if outcome.ok or outcome.superseded:
@@ -306,8 +323,8 @@ class Executor:
         if cmd.kind is WorkerCmdKind.ASSIGN:
             record = await self.registry.get_session(sid)
             if record is not None and record.owner == cmd.worker_id and record.epoch == cmd.epoch:
-                await self.requeue(record)
-        await self.live.feed_later(
+                await self.requeue(sid, record.epoch)
+        await self.shell.feed_later(
             Event(time.time(), on_failure, session_id=sid, gpu_id=cmd.worker_id)
         )
 
@@ -319,7 +336,7 @@ class Executor:
         cmd = WorkerCommand(
             kind=WorkerCmdKind.STOP, worker_id=record.owner, epoch=record.epoch, session_id=sid
         )
-        await self.live.sender.to_worker(cmd)
+        await self.sender.to_worker(cmd)
         self._session_locks.pop(sid, None)
 
     async def forward_prompt(self, sid: str, prompt: str | None) -> None:
@@ -340,30 +357,22 @@ class Executor:
         )
         await self._deliver(sid, cmd)
 
-    async def replace_handed_back(self, pending: list[str]) -> None:
-        """Sessions the core has on a GPU that the registry has pending again: a worker that
+    async def _check_handed_back(self, sid: str, gpu: str) -> None:
+        """A session the core has on ``gpu`` that the registry has pending again: a worker that
         found no free slot for an assignment handed it back (it holds a slot until a chunk
         boundary that the core already counts free). Placed again, not on that GPU for the
-        backoff, instead of waiting for the viewer's next action. Checked under the step lock,
-        so an assignment the core has just decided has claimed the session already."""
-        if not pending:
-            return
-        live = self.live
-        async with live.lock:
-            for sid in pending:
-                gpu = live.core.view.gpu_of(sid)
-                if gpu is None or sid in self.migrations.moving:
-                    continue
-                record = await self.registry.get_session(sid)
-                if record is not None and record.state is SessionState.PENDING:
-                    log.warning("session_handed_back", session_id=sid, gpu_id=gpu)
-                    await live.step_locked(
-                        Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=gpu)
-                    )
+        backoff, instead of waiting for the viewer's next action. Carried out under the step
+        lock, so an assignment the core has just decided has claimed the session already."""
+        record = await self.registry.get_session(sid)
+        if record is not None and record.state is SessionState.PENDING:
+            log.warning("session_handed_back", session_id=sid, gpu_id=gpu)
+            self.shell.feed(
+                Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=gpu)
+            )
 
     # -- the pool -------------------------------------------------------------------------------
     async def _request(self, gpu_ids: list[str], kind: str) -> None:
-        reply = await self.live.sender.to_provisioner(
+        reply = await self.sender.to_provisioner(
             ProvisionerCommand(
                 kind=ProvisionerCmdKind.START, count=len(gpu_ids), worker_ids=gpu_ids, gpu_kind=kind
             )
@@ -372,40 +381,37 @@ class Executor:
             log.warning("provisioner_unanswered", requested=gpu_ids)
             return  # booting until they come, or time out
         for refusal in reply.refused:
-            if refusal.worker_id and self.ledger.refused(refusal.worker_id):
+            if refusal.worker_id and refusal.worker_id in self.pool.booting:
                 log.warning(
                     "gpu_refused",
                     gpu_id=refusal.worker_id,
                     code=refusal.code,
                     detail=refusal.detail,
                 )
-                await self.live.feed_later(
-                    Event(time.time(), EventKind.GPU_GONE, gpu_id=refusal.worker_id)
-                )
+                await self.shell.feed_later(GpuRefused(time.time(), refusal.worker_id))
 
     async def _drain(self, gpu: str) -> None:
-        await self.live.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
+        await self.sender.to_worker(WorkerCommand(kind=WorkerCmdKind.DRAIN, worker_id=gpu))
 
     # -- the quality budget ---------------------------------------------------------------------
     def send_steps(self, gpu: str, steps: int) -> None:
-        """Send ``gpu`` its step budget in the background (the ledger marked it under way)."""
-        self.live.spawn(self._steps(gpu, steps), f"steps-{gpu}")
+        """Send ``gpu`` its step budget in the background (the core marked it under way)."""
+        self.shell.spawn(self._steps(gpu, steps), f"steps-{gpu}")
 
     async def _steps(self, gpu: str, steps: int) -> None:
-        ledger = self.ledger
+        pool = self.pool
 
         async def superseded() -> bool:
-            # A resend of the full count, with none set by the core, is what it wants.
-            return ledger.steps_wanted.get(gpu, steps) != steps or not ledger.knows(gpu)
+            return pool.steps_superseded(gpu, steps)
 
         try:
-            outcome = await self.live.sender.to_worker(
+            outcome = await self.sender.to_worker(
                 WorkerCommand(kind=WorkerCmdKind.STEPS, worker_id=gpu, steps=steps), superseded
             )
         finally:
             # A lost or refused command shows in the worker's next heartbeat, which sends the
-            # budget again (Ingest.on_beat).
-            ledger.steps_sent(gpu, time.time())
+            # budget again (the core's WorkerHeard).
+            pool.steps_sent(gpu, time.time())
         reply = outcome.reply
         if reply is None or not reply.ok:
             log.info(
@@ -421,31 +427,20 @@ class Migrations:
     (it comes on the migrations subject); a failed one becomes MIGRATION_FAILED."""
 
     def __init__(self, executor: Executor) -> None:
-        self.live = executor.live
+        self.executor = executor
         self.registry = executor.registry
         self._reports: dict[str, asyncio.Future[MigrationReport]] = {}  # by command id
         self.from_gpu: dict[str, set[asyncio.Task[Any]]] = {}  # the Migrates off each GPU
-        # Sessions with a Migrate in flight -> how many: the core already has them on the
-        # destination while the registry names the source until the commit.
-        self.moving: dict[str, int] = {}
 
     def start(self, decision: Migrate) -> None:
-        """Carry out a Migrate in the background."""
+        """Carry out a Migrate in the background (the core counted it in flight)."""
         sid, src = decision.session_id, decision.src
-        self.moving[sid] = self.moving.get(sid, 0) + 1
-        task = self.live.spawn(self._migrate(sid, src, decision.dst), f"migrate-{sid}")
+        executor = self.executor
+        task = executor.shell.spawn(self._migrate(sid, src, decision.dst), f"migrate-{sid}")
         off_src = self.from_gpu.setdefault(src, set())
         off_src.add(task)
         task.add_done_callback(off_src.discard)
-        task.add_done_callback(lambda _task: self.moved(sid))
-
-    def moved(self, sid: str) -> None:
-        """A migration of ``sid`` ended (whichever way)."""
-        left = self.moving.get(sid, 0) - 1
-        if left > 0:
-            self.moving[sid] = left
-        else:
-            self.moving.pop(sid, None)
+        task.add_done_callback(lambda _task: executor.pool.migration_ended(sid))
 
     async def _migrate(self, sid: str, src: str, dst: str) -> None:
         report = await self.run(sid, src, dst)
@@ -455,14 +450,15 @@ class Migrations:
         where = record.owner if record is not None and record.owner else src
         if record is not None and record.owner == dst:
             return  # the report was lost, the migration was not
-        await self.live.feed_later(
+        await self.executor.shell.feed_later(
             Event(time.time(), EventKind.MIGRATION_FAILED, session_id=sid, gpu_id=where)
         )
 
     async def run(self, sid: str, src: str, dst: str) -> MigrationReport | None:
         """MIGRATE to the source and the report of the handoff; None when the session was not
         there to move, the source refused, or no report came in time."""
-        live = self.live
+        executor = self.executor
+        sender, metrics = executor.sender, executor.metrics
         record = await self.registry.get_session(sid)
         if (
             record is None
@@ -470,7 +466,7 @@ class Migrations:
             or record.state not in (SessionState.EXECUTING, SessionState.SUSPENDED)
         ):
             return None
-        cmd = live.sender.stamp(
+        cmd = sender.stamp(
             WorkerCommand(
                 kind=WorkerCmdKind.MIGRATE,
                 worker_id=src,
@@ -482,20 +478,20 @@ class Migrations:
         waiter: asyncio.Future[MigrationReport] = asyncio.get_running_loop().create_future()
         self._reports[cmd.command_id] = waiter
         try:
-            outcome = await live.sender.to_worker(
+            outcome = await sender.to_worker(
                 cmd, superseded=superseded_check(self.registry, sid, cmd.epoch)
             )
             if not outcome.ok:
-                live.metrics.migrations.labels("refused").inc()
+                metrics.migrations.labels("refused").inc()
                 return None
             try:
-                report = await asyncio.wait_for(waiter, live.handoff_timeout_s + REPORT_GRACE_S)
+                report = await asyncio.wait_for(waiter, executor.handoff_timeout_s + REPORT_GRACE_S)
             except TimeoutError:
-                live.metrics.migrations.labels("unreported").inc()
+                metrics.migrations.labels("unreported").inc()
                 return None
         finally:
             self._reports.pop(cmd.command_id, None)
-        live.metrics.migrations.labels("ok" if report.ok else "failed").inc()
+        metrics.migrations.labels("ok" if report.ok else "failed").inc()
         return report
 
     def on_report(self, report: MigrationReport) -> None:
@@ -512,23 +508,20 @@ class Releases:
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self.live = executor.live
-        self.ledger = executor.ledger
+        self.pool = executor.pool
         self.in_flight: dict[str, asyncio.Task[Any]] = {}  # the release under way per GPU
 
     def start(self, gpu: str) -> None:
         """Give ``gpu`` back in the background, unless that is already under way."""
         if gpu in self.in_flight:
             return
-        task = self.live.spawn(self._give_back(gpu), f"release-{gpu}")
+        task = self.executor.shell.spawn(self._give_back(gpu), f"release-{gpu}")
         self.in_flight[gpu] = task
         task.add_done_callback(lambda _task: self.in_flight.pop(gpu, None))
 
     def retry_due(self, now: float) -> None:
         """Start the releases whose pause is over."""
-        view = self.live.core.view
-        held = [gpu for gpu in self.ledger.unreleased if view.state_of(gpu) is not None]
-        for gpu in self.ledger.releases_due(now, held, self.in_flight):
+        for gpu in self.pool.releases_due(now, self.in_flight):
             self.start(gpu)
 
     async def _give_back(self, gpu: str) -> None:
@@ -538,13 +531,13 @@ class Releases:
         running, paid for and used by nobody."""
         outcome = await self._patiently(self._release, gpu)
         if outcome is True:
-            self.ledger.released(gpu)
+            self.pool.released(gpu)
             return
         if outcome == FLOOR_REFUSAL:
             await self._kept(gpu)
             return
-        attempts_before = self.ledger.unreleased.get(gpu)
-        pause = self.ledger.release_failed(gpu, time.time())
+        attempts_before = self.pool.unreleased.get(gpu)
+        pause = self.pool.release_failed(gpu, time.time())
         if pause is not None and attempts_before is not None:
             log.warning(
                 "release_pending",
@@ -558,9 +551,9 @@ class Releases:
         GPU serves again. The core takes it back; the worker, told to drain, is undrained;
         an operator's ``stop`` becomes a ``hold`` (the worker stays drained, and ``ctl``
         reports the refusal)."""
-        self.ledger.kept(gpu)
         registry = self.executor.registry
         operator = (await registry.operator_drains()).get(gpu) is not None
+        self.pool.kept(gpu, operator=operator)
         log.error(
             "release_refused",
             gpu_id=gpu,
@@ -570,17 +563,17 @@ class Releases:
         )
         if operator:
             # Held from now on, as `ctl drain` without --stop holds a worker: emptied, kept.
-            self.ledger.our_drains.discard(gpu)
             await registry.set_operator_drain(gpu, "hold")
         # The provisioner wrote its limits again with the refusal: the core follows them
         # before it has the GPU back, so that it does not give it back again at once.
-        await self.live.follow_pool_limits()
-        await self.live.feed_later(Event(time.time(), EventKind.GPU_KEPT, gpu_id=gpu))
+        shell = self.executor.shell
+        await shell.follow_pool_limits()
+        await shell.feed_later(Event(time.time(), EventKind.GPU_KEPT, gpu_id=gpu))
         if operator:
-            await self.live.feed_later(Event(time.time(), EventKind.GPU_CORDON, gpu_id=gpu))
+            await shell.feed_later(Event(time.time(), EventKind.GPU_CORDON, gpu_id=gpu))
         else:
             # Still ours (our_drains) until it beats ready again: not taken for an operator's.
-            await self.live.sender.to_worker(
+            await self.executor.sender.to_worker(
                 WorkerCommand(kind=WorkerCmdKind.UNDRAIN, worker_id=gpu)
             )
 
@@ -611,7 +604,7 @@ class Releases:
         parked in its host memory to another worker; the provisioner stops it. True once the
         provisioner takes the stop; ``FLOOR_REFUSAL`` when it refuses it for good; False
         while something holds it here (tried again)."""
-        live, executor = self.live, self.executor
+        executor = self.executor
         moving = list(executor.migrations.from_gpu.get(gpu, ()))
         if moving:
             await asyncio.wait(moving)
@@ -622,9 +615,7 @@ class Releases:
             record = await registry.get_session(sid)
             if record is None or record.state is not SessionState.SUSPENDED:
                 continue
-            view = live.core.view
-            ready = [g for g, state in view.gpus.items() if state is GpuState.READY]
-            target = self.ledger.parking_for(gpu, ready)
+            target = self.pool.parking_for(gpu)
             if target is None:
                 log.warning("release_blocked", gpu_id=gpu, reason="nowhere to move idle sessions")
                 return False
@@ -642,7 +633,7 @@ class Releases:
             log.warning("release_blocked", gpu_id=gpu, sessions=left)
             return False
         for _ in range(RELEASE_STOP_ATTEMPTS):
-            reply = await live.sender.to_provisioner(
+            reply = await executor.sender.to_provisioner(
                 ProvisionerCommand(kind=ProvisionerCmdKind.STOP, worker_ids=[gpu])
             )
             codes = [] if reply is None else [r.code for r in reply.refused]
@@ -653,7 +644,7 @@ class Releases:
             log.warning("release_refused", gpu_id=gpu, refused=codes)
             if "not_drained" not in codes:  # its heartbeat may lag the last migration: retry
                 return False
-            await asyncio.sleep(live.settings.tick_s * 2)
+            await asyncio.sleep(executor.tick_s * 2)
         return False
 
 
@@ -667,9 +658,9 @@ def superseded_check(registry: Registry, sid: str, epoch: int) -> Callable[[], A
     return check
 
 
-def describe(decision: Decision) -> str:
+def describe(decision: Command) -> str:
     """A decision in a few words, for the log."""
-    if isinstance(decision, Assign | Resume | Suspend):
+    if isinstance(decision, Assign | Resume | Suspend | CheckHandedBack):
         return f"{type(decision).__name__.lower()} {decision.session_id} -> {decision.gpu_id}"
     if isinstance(decision, Migrate):
         return f"migrate {decision.session_id} {decision.src} -> {decision.dst}"

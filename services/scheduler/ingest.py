@@ -2,27 +2,41 @@
 
 Session events from the durable JetStream consumer (created -> ARRIVE, active, idle, closed ->
 DEPART; a prompt is forwarded to the worker), worker heartbeats (a worker it did not know ->
-GPU_READY; one that falls silent -> GPU_GONE; an operator's drain -> GPU_DRAIN or GPU_CORDON;
-when the pass in flight ends -> the policy's ``note_pass``), provisioner events (ready, gone),
+:class:`~services.scheduler.core.pool.WorkerJoined`; one that falls silent -> GPU_GONE; an
+operator's drain -> GPU_DRAIN or GPU_CORDON; a known worker's pass boundary and step budget ->
+:class:`~services.scheduler.core.pool.WorkerHeard`), provisioner events (ready, gone),
 migration reports (to the migration waiting for each), and the registry, read every tick
 (workers that joined or expired, operators' drains) and every few ticks to repair the core's
-view (:meth:`Ingest.reconcile`).
+view (:meth:`Ingest.reconcile`). What each of those calls for is the core's to decide
+(:class:`~services.scheduler.core.pool.Pool`); the ingest only reads and reports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import FetchTimeoutError
 from redis.exceptions import RedisError
 
-from services.scheduler.core.types import Event, EventKind, GpuState
+from services.scheduler.core.pool import (
+    HandedBack,
+    Input,
+    Pool,
+    WorkerHeard,
+    WorkerJoined,
+    WorkerPhase,
+    WorkerSeen,
+)
+from services.scheduler.core.types import Event, EventKind
+from services.scheduler.executor import Executor
 from shared.logging import get_logger
-from shared.registry import WorkerRecord
+from shared.registry import Registry, WorkerRecord
+from shared.settings import SchedulerSettings
 from shared.states import SessionState
 from shared.wire import (
     Heartbeat,
@@ -33,9 +47,6 @@ from shared.wire import (
     WorkerStatus,
     decode_or_drop,
 )
-
-if TYPE_CHECKING:
-    from services.scheduler.live import LiveScheduler
 
 log = get_logger("turboserve.scheduler")
 
@@ -49,14 +60,84 @@ SESSION_EVENTS = {
 FETCH_BATCH = 32
 
 
-class Ingest:
-    """Turns what one leadership hears into the core's events (``live``: the scheduler)."""
+class Steps(Protocol):
+    """What the ingest needs of the leadership it serves: a step of the core per fact, the
+    latency model refreshed before a worker joins, and tracked tasks."""
 
-    def __init__(self, live: LiveScheduler) -> None:
-        self.live = live
-        self.registry = live.ctx.registry
-        self.ledger = live.ledger
-        self.executor = live.executor
+    stopping: asyncio.Event
+
+    async def step(self, fact: Input) -> None: ...
+
+    def refresh_profiles(self, force: bool = False) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+
+
+def beat_seen(beat: Heartbeat) -> WorkerSeen:
+    """A heartbeat as the core reads it."""
+    return WorkerSeen(
+        beat.worker_id,
+        WorkerPhase(beat.status.value),
+        beat.at,
+        kind=beat.gpu_kind,
+        parked=len(beat.suspended),
+        steps=beat.steps,
+        full_steps=beat.full_steps,
+        min_steps=beat.min_steps,
+        pass_ends_at=beat.pass_ends_at,
+    )
+
+
+def record_seen(record: WorkerRecord) -> WorkerSeen:
+    """A worker's registry record as the core reads it."""
+    return WorkerSeen(
+        record.id,
+        WorkerPhase(record.status.value),
+        record.updated_at,
+        kind=record.gpu_kind,
+        alive=record.alive,
+        parked=len(record.suspended),
+        steps=record.steps,
+        full_steps=record.full_steps,
+    )
+
+
+def record_beat(record: WorkerRecord) -> Heartbeat:
+    """A registry record standing in for a heartbeat not heard yet (the latency model)."""
+    return Heartbeat(
+        worker_id=record.id,
+        status=record.status,
+        capacity=record.capacity,
+        active=record.active,
+        sessions=list(record.sessions),
+        device=record.device,
+        chunk_ms=dict(record.chunk_ms),
+        gpu_kind=record.gpu_kind,
+        at=record.updated_at,
+    )
+
+
+class Ingest:
+    """Turns what one leadership hears into the core's events."""
+
+    def __init__(
+        self,
+        shell: Steps,
+        pool: Pool,
+        executor: Executor,
+        registry: Registry,
+        settings: SchedulerSettings,
+        default_kind: str,
+    ) -> None:
+        self.shell = shell
+        self.pool = pool
+        self.executor = executor
+        self.registry = registry
+        self.settings = settings
+        self.default_kind = default_kind
+        # The latest heartbeat of every worker heard (or its record until one is): what the
+        # latency model is measured from, and which sessions each worker says it holds.
+        self.beats: dict[str, Heartbeat] = {}
         self.rebuilt = False  # until then, heartbeats are only recorded (restore comes first)
 
     # -- NATS -----------------------------------------------------------------------------------
@@ -64,22 +145,18 @@ class Ingest:
         beat = decode_or_drop(msg.subject, msg.data, Heartbeat, log)
         if beat is None:
             return
-        known = self.ledger.hear(beat, time.time())
+        self.beats[beat.worker_id] = beat
+        seen = beat_seen(beat)
+        known = self.pool.hear(seen, time.time())
         if not self.rebuilt:
             return
         wid = beat.worker_id
-        core = self.live.core
         if known:
-            if beat.pass_ends_at is not None:
-                core.note_pass(wid, beat.pass_ends_at)
-            steps = self.ledger.steps_to_resend(beat)
-            if steps is not None:  # restarted, or a STEPS command was lost
-                self.executor.send_steps(wid, steps)
-            if (
-                beat.status is WorkerStatus.DRAINING
-                and wid not in self.ledger.our_drains
-                and core.view.state_of(wid) is GpuState.READY
-            ):
+            # Not a step: a pass boundary changes no decision by itself, and a budget sent
+            # again is the one the core set; neither waits for the step lock.
+            for decision in self.pool.decide(WorkerHeard(time.time(), seen)):
+                await self.executor.execute(decision)
+            if self.pool.drained_by_operator(seen):
                 mode = (await self.registry.operator_drains()).get(wid, "hold")
                 await self._follow_operator_drain(wid, mode)
             return
@@ -90,8 +167,8 @@ class Ingest:
         event = decode_or_drop(msg.subject, msg.data, ProvisionerEvent, log)
         if event is None or not self.rebuilt:
             return  # a worker that came meanwhile is in the registry, which rebuild reads
-        if event.status is WorkerStatus.READY and not self.ledger.knows(event.worker_id):
-            await self.ready(event.worker_id, event.gpu_kind or self.live.default_kind)
+        if event.status is WorkerStatus.READY and not self.pool.knows(event.worker_id):
+            await self.ready(event.worker_id, event.gpu_kind or self.default_kind)
         elif event.status is WorkerStatus.GONE:
             await self.gone(event.worker_id, reason=event.code or "gone")
 
@@ -100,13 +177,9 @@ class Ingest:
         if report is not None:
             self.executor.migrations.on_report(report)
 
-    async def consume(self) -> None:
-        """Session events from the durable consumer, each acked once the core has it."""
-        live = self.live
-        while not live.stopping.is_set():
-            psub = live.psub
-            if psub is None:
-                return
+    async def consume(self, psub: Any) -> None:
+        """Session events from the durable consumer ``psub``, each acked once the core has it."""
+        while not self.shell.stopping.is_set():
             try:
                 msgs = await psub.fetch(batch=FETCH_BATCH, timeout=1.0)
             except (TimeoutError, FetchTimeoutError, NatsTimeout):
@@ -131,18 +204,18 @@ class Ingest:
                     )
 
     async def on_session_event(self, event: SessionEvent) -> None:
-        live, sid = self.live, event.session_id
+        shell, sid = self.shell, event.session_id
         if event.kind is SessionEventKind.PROMPT:
-            live.spawn(self.executor.forward_prompt(sid, event.prompt), f"prompt-{sid}")
+            shell.spawn(self.executor.forward_prompt(sid, event.prompt), f"prompt-{sid}")
             return
         if event.kind is SessionEventKind.CLOSED:
-            live.spawn(self.executor.stop_session(sid), f"stop-{sid}")
+            shell.spawn(self.executor.stop_session(sid), f"stop-{sid}")
         elif event.kind in (SessionEventKind.CREATED, SessionEventKind.ACTIVE):
             why = await self._not_wanted(sid)
             if why is not None:
                 log.info("session_event_outdated", session_id=sid, kind=str(event.kind), why=why)
                 return
-        await live.step(Event(time.time(), SESSION_EVENTS[event.kind], session_id=sid))
+        await shell.step(Event(time.time(), SESSION_EVENTS[event.kind], session_id=sid))
 
     async def _not_wanted(self, sid: str) -> str | None:
         """Why a session that an event says is (again) active is not, by the registry and the
@@ -158,95 +231,85 @@ class Ingest:
 
     # -- workers joining and leaving ------------------------------------------------------------
     async def ready(self, wid: str, kind: str) -> None:
-        live = self.live
-        if not self.ledger.join(wid, kind, time.time()):
+        if not self.pool.join(wid, kind, time.time()):
             return
-        live.refresh_profiles(force=True)
-        await live.step(Event(time.time(), EventKind.GPU_READY, gpu_id=wid, gpu_kind=kind))
-        if self.ledger.knows(wid) and live.core.view.state_of(wid) is None:
-            # The core does not take it: one it gave back (or gave up on) while it booted,
-            # which came up all the same. Stop it rather than pay for it unused.
-            log.warning("gpu_ready_after_release", gpu_id=wid)
-            self.ledger.release_unwanted(wid)
-            self.executor.releases.start(wid)
+        self.shell.refresh_profiles(force=True)
+        await self.shell.step(WorkerJoined(time.time(), wid, kind))
 
     async def gone(self, wid: str, reason: str) -> None:
-        if not self.ledger.leave(wid):
+        if not self.pool.leave(wid):
             return
+        self.beats.pop(wid, None)
         log.warning("gpu_gone", gpu_id=wid, reason=reason)
         registry = self.registry
         for sid, owner in (await registry.placement()).items():
             if owner == wid:
                 record = await registry.get_session(sid)
                 if record is not None and record.owner == wid:
-                    await self.executor.requeue(record)
-        await self.live.step(Event(time.time(), EventKind.GPU_GONE, gpu_id=wid))
+                    await self.executor.requeue(sid, record.epoch)
+        await self.shell.step(Event(time.time(), EventKind.GPU_GONE, gpu_id=wid))
         await registry.clear_operator_drain(wid)
         # Every view (ctl, /v1/cluster, the dashboard) shows it lost, then forgets it; a
         # worker that stopped cleanly removed its record already, and stays removed.
-        await registry.mark_worker_lost(wid, self.live.settings.lost_worker_shown_s)
+        await registry.mark_worker_lost(wid, self.settings.lost_worker_shown_s)
 
     # -- the registry, every tick ---------------------------------------------------------------
     async def scan_registry(self) -> None:
         """Workers as the registry sees them (a heartbeat missed on NATS is still in Redis): a
         ready one the core does not know joins, a known one whose record expired is gone."""
-        records = {w.id: w for w in await self.registry.workers()}
-        await self._follow_operator_drains(records)
+        found = await self.registry.workers()
+        records = [record_seen(w) for w in found]
+        await self._follow_operator_drains({r.worker_id: r for r in records})
         now = time.time()
-        for wid in self.ledger.expired(records, now):
+        pool = self.pool
+        for wid in pool.expired(records, now):
             await self.gone(wid, reason="expired")
-        for wid in self.ledger.lost_records(records, now):
-            log.warning("worker_record_lost", gpu_id=wid, status=str(records[wid].status))
-            await self.registry.mark_worker_lost(wid, self.live.settings.lost_worker_shown_s)
-        for wid, kind in self.ledger.joining(records):
+        by_id = {w.id: w for w in found}
+        for wid in pool.lost_records(records, now):
+            log.warning("worker_record_lost", gpu_id=wid, status=str(by_id[wid].status))
+            await self.registry.mark_worker_lost(wid, self.settings.lost_worker_shown_s)
+        for wid, kind in pool.joining(records):
+            self.beats.setdefault(wid, record_beat(by_id[wid]))
             await self.ready(wid, kind)
 
-    async def _follow_operator_drains(self, records: dict[str, WorkerRecord]) -> None:
+    async def _follow_operator_drains(self, records: dict[str, WorkerSeen]) -> None:
         """An operator's drains as ``turboserve ctl`` records them: ``hold`` cordons the GPU
         (emptied, kept out of placement and of the autoscaler's count, never released), ``stop``
         drains it to be given back; a cordoned GPU whose worker is ready again and no longer
         held (``ctl undrain``) is uncordoned."""
         drains = await self.registry.operator_drains()
-        view = self.live.core.view
-        for wid in list(self.ledger.workers):
+        pool = self.pool
+        for wid in list(pool.workers):
             record = records.get(wid)
-            mode = self.ledger.drain_mode(wid, record, drains)
+            mode = pool.drain_mode(wid, record, drains)
             if mode is not None:
                 await self._follow_operator_drain(wid, mode)
-            elif (
-                wid in view.cordoned and record is not None and record.status is WorkerStatus.READY
-            ):
+                continue
+            undrain = pool.undrained(wid, record, time.time())
+            if undrain is not None:
                 log.info("operator_undrain", gpu_id=wid)
-                await self.live.step(Event(time.time(), EventKind.GPU_UNCORDON, gpu_id=wid))
+                await self.shell.step(undrain)
 
     async def _follow_operator_drain(self, wid: str, mode: str) -> None:
-        view = self.live.core.view
-        state = view.state_of(wid)
-        cordoned = wid in view.cordoned
-        if mode == "stop" and (state is GpuState.READY or cordoned):
+        event = self.pool.follow_drain(wid, mode, time.time())
+        if event is not None:
             log.info("operator_drain", gpu_id=wid, mode=mode)
-            self.ledger.our_drains.add(wid)  # the core gives it back once empty
-            await self.live.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id=wid))
-        elif mode == "hold" and not cordoned and state in (GpuState.READY, GpuState.DRAINING):
-            log.info("operator_drain", gpu_id=wid, mode=mode)
-            self.ledger.our_drains.discard(wid)  # the operator's now, even if a scale-in began it
-            await self.live.step(Event(time.time(), EventKind.GPU_CORDON, gpu_id=wid))
+            await self.shell.step(event)
 
     # -- the registry, every few ticks ----------------------------------------------------------
     async def reconcile(self) -> None:
         """Repair the core's view where the registry says otherwise: sessions it never heard
-        of (a lost event), and sessions placed elsewhere than it thinks."""
-        live, registry, pool = self.live, self.registry, self.ledger
-        view = live.core.view
-        known = set(view.placement) | set(view.pending) | set(view.idle_sessions)
+        of (a lost event), sessions placed elsewhere than it thinks, and sessions handed back."""
+        shell, registry, pool = self.shell, self.registry, self.pool
         pending = await registry.pending_sessions()
-        for sid in pending:
-            if sid not in known:
-                await live.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
-        await self.executor.replace_handed_back(pending)
+        for sid in pool.unheard(pending):
+            await shell.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
+        if pending:
+            await shell.step(HandedBack(time.time(), tuple(pending)))
         placement = await registry.placement()
+        unheard = set(pool.unheard(placement))
         for sid, owner in placement.items():
-            if sid in known or not pool.knows(owner):
+            if sid not in unheard or not pool.knows(owner):
                 continue
             # A session the core never heard of runs on a worker (written back after Redis
             # restarted empty, say): the core learns it; placing it finds where it is.
@@ -256,36 +319,26 @@ class Ingest:
                 SessionState.SUSPENDED,
             ):
                 continue
-            await live.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
+            await shell.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
             if record.state is SessionState.SUSPENDED:
-                await live.step(Event(time.time(), EventKind.IDLE, session_id=sid))
-        for sid, gpu in view.placement.items():
-            registered = placement.get(sid)
-            if sid in self.executor.migrations.moving:
-                # Not a failure: the core moved it when it decided, the registry follows at the
-                # commit; the migration's own outcome corrects the core if it fails. Taking it
-                # back now would have the core move it (or others) again, then back.
-                continue
-            if registered is not None and registered != gpu and pool.knows(registered):
-                record = await registry.get_session(sid)
-                if record is not None and record.state is SessionState.EXECUTING:
-                    await live.step(
-                        Event(
-                            time.time(),
-                            EventKind.MIGRATION_FAILED,
-                            session_id=sid,
-                            gpu_id=registered,
-                        )
+                await shell.step(Event(time.time(), EventKind.IDLE, session_id=sid))
+        for sid, registered in pool.misplaced(placement):
+            record = await registry.get_session(sid)
+            if record is not None and record.state is SessionState.EXECUTING:
+                await shell.step(
+                    Event(
+                        time.time(), EventKind.MIGRATION_FAILED, session_id=sid, gpu_id=registered
                     )
+                )
         await self._requeue_lost_by_workers(placement)
 
     async def _requeue_lost_by_workers(self, placement: dict[str, str]) -> None:
         """A worker that keeps saying it does not have a session it owns (an assignment it
         lost): the session goes back to pending and is placed again."""
-        grace = self.live.settings.worker_timeout_s
+        grace = self.settings.worker_timeout_s
         for sid, owner in placement.items():
-            beat = self.ledger.beats.get(owner)
-            if beat is None or not self.ledger.knows(owner) or sid in beat.sessions:
+            beat = self.beats.get(owner)
+            if beat is None or not self.pool.knows(owner) or sid in beat.sessions:
                 continue
             record = await self.registry.get_session(sid)
             if (
@@ -296,7 +349,7 @@ class Ingest:
             ):
                 continue
             log.warning("session_lost_by_worker", session_id=sid, gpu_id=owner)
-            if await self.executor.requeue(record) is not None:
-                await self.live.step(
+            if await self.executor.requeue(sid, record.epoch) is not None:
+                await self.shell.step(
                     Event(time.time(), EventKind.PLACEMENT_FAILED, session_id=sid, gpu_id=owner)
                 )

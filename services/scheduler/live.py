@@ -3,13 +3,17 @@
 While this scheduler leads, :class:`LiveScheduler` is the thin adapter of the design around the
 policy's ``step``, in three parts:
 
-- :class:`~services.scheduler.ingest.Ingest`: what it hears becomes the core's events (session
-  events from the durable JetStream consumer, worker heartbeats, provisioner events, the
-  registry), and when each worker's pass ends becomes the policy's ``note_pass``;
+- :class:`~services.scheduler.core.pool.Pool`: the core, pure: the policy and the books of the
+  pool (workers known and when last heard, GPUs booting, GPUs given back that still run, step
+  budgets, migrations in flight), and every decision beyond the policy's (resume or assign,
+  parking, releasing a GPU it does not hold, re-sending a step budget);
+- :class:`~services.scheduler.ingest.Ingest`: what it hears becomes the core's events and facts
+  (session events from the durable JetStream consumer, worker heartbeats, provisioner events,
+  the registry), and when each worker's pass ends becomes the policy's ``note_pass``;
 - :class:`~services.scheduler.executor.Executor`: every decision becomes commands, retried until
-  answered; a refused or failed one becomes the event the core expects;
-- :class:`~services.scheduler.ledger.PoolLedger`: the book of the pool (workers known and when last
-  heard, GPUs booting, GPUs given back that still run), pure.
+  answered; how one ended goes back to the core as an event or a fact.
+
+Neither part holds this scheduler: each gets the narrow part it needs (``Steps``, ``Shell``).
 
 Here: the lifecycle of a leadership, one step of the core at a time (and the events its
 decisions give rise to, stepped right after), the timer, the latency model measured per kind,
@@ -32,6 +36,15 @@ from redis.exceptions import RedisError
 
 from services.scheduler.commands import CommandSender
 from services.scheduler.core.policies import Policy
+from services.scheduler.core.pool import (
+    GpuRefused,
+    Input,
+    MoveEnded,
+    ParkedStateMoved,
+    Pool,
+    WorkerHeard,
+    WorkerJoined,
+)
 from services.scheduler.core.types import (
     Event,
     EventKind,
@@ -41,7 +54,6 @@ from services.scheduler.core.types import (
 )
 from services.scheduler.executor import Executor, describe
 from services.scheduler.ingest import Ingest
-from services.scheduler.ledger import PoolLedger
 from services.scheduler.measured import differs, live_profile
 from services.scheduler.metrics import SchedulerMetrics
 from shared.leader import Lease
@@ -53,7 +65,7 @@ from shared.settings import SchedulerSettings
 from shared.states import SessionState
 from shared.streams import SCHEDULER_DURABLE
 from shared.supervisor import Supervisor
-from shared.wire import WorkerStatus
+from shared.wire import Heartbeat, WorkerStatus
 
 log = get_logger("turboserve.scheduler")
 
@@ -87,12 +99,19 @@ class LiveScheduler:
         self.lock = asyncio.Lock()  # one step of the core at a time
         self.stopping = asyncio.Event()
         self.psub: Any = None  # the durable consumer of session events
-        self.ledger = PoolLedger(
-            settings.worker_timeout_s, settings.boot_timeout_s, settings.tick_s
+        self.pool = Pool(core, settings.worker_timeout_s, settings.boot_timeout_s, settings.tick_s)
+        self.executor = Executor(
+            self,
+            self.pool,
+            ctx.registry,
+            self.sender,
+            lease,
+            metrics,
+            handoff_timeout_s=handoff_timeout_s,
+            tick_s=settings.tick_s,
         )
-        self.executor = Executor(self)
-        self.ingest = Ingest(self)
-        self._followups: deque[Event] = deque()
+        self.ingest = Ingest(self, self.pool, self.executor, ctx.registry, settings, default_kind)
+        self._followups: deque[Input] = deque()
         self._tasks = Supervisor("scheduler_task_failed", log=log)
         self._subs: list[Any] = []
         self._loops: list[asyncio.Task[Any]] = []
@@ -118,10 +137,10 @@ class LiveScheduler:
         # The two loops are supervised by the service: one that fails takes the scheduler down
         # (a standby takes over) rather than leaving a leader that no longer decides.
         self._loops = [
-            ctx.spawn(ingest.consume(), name="scheduler-events"),
+            ctx.spawn(ingest.consume(self.psub), name="scheduler-events"),
             ctx.spawn(self._tick_forever(), name="scheduler-tick"),
         ]
-        log.info("scheduler_leading", term=self.lease.term, gpus=len(self.ledger.workers))
+        log.info("scheduler_leading", term=self.lease.term, gpus=len(self.pool.workers))
 
     async def stop(self) -> None:
         """Stop deciding (leadership lost or shutdown); commands in flight end or are dropped."""
@@ -161,7 +180,7 @@ class LiveScheduler:
                 continue
             state = GpuState.READY if w.status is WorkerStatus.READY else GpuState.DRAINING
             gpus.append(RestoredGpu(w.id, w.gpu_kind, state, cordoned=held.get(w.id) == "hold"))
-            self.ledger.join(w.id, w.gpu_kind, now)
+            self.pool.join(w.id, w.gpu_kind, now)
         live = {g.gpu_id for g in gpus}
         sessions = []
         placement = await registry.placement()
@@ -195,44 +214,43 @@ class LiveScheduler:
         await self.step(Event(now, EventKind.TICK))
 
     # -- one step of the core -------------------------------------------------------------------
-    async def step(self, event: Event) -> None:
+    async def step(self, fact: Input) -> None:
+        """One step of the core on ``fact`` (one at a time), and of the facts its decisions
+        give rise to."""
         async with self.lock:
-            await self.step_locked(event)
+            self._followups.append(fact)
+            while self._followups:
+                current = self._followups.popleft()
+                started = time.perf_counter()
+                decisions = self.pool.decide(current)
+                self.metrics.decision_seconds.observe(time.perf_counter() - started)
+                if decisions:
+                    rho_max = self.core.rho_max()
+                    gpus = self.core.view.billed_gpus
+                    kind, session_id, gpu_id = _trigger(current)
+                    rho_hat, _ = self.core.current_rho_hat(current.t)
+                    for decision in decisions:
+                        self.metrics.decisions.labels(type(decision).__name__).inc()
+                        log.info(
+                            "decision",
+                            trigger=kind,
+                            session_id=session_id,
+                            gpu_id=gpu_id,
+                            decision=describe(decision),
+                            rho_max=round(rho_max, 3),
+                            rho_hat=rho_hat,
+                            gpus=gpus,
+                        )
+                        await self.executor.execute(decision)
 
-    async def step_locked(self, event: Event) -> None:
-        """``step`` for a caller that holds the step lock already."""
-        self._followups.append(event)
-        while self._followups:
-            current = self._followups.popleft()
-            started = time.perf_counter()
-            decisions = self.core.step(current)
-            self.metrics.decision_seconds.observe(time.perf_counter() - started)
-            if decisions:
-                rho_max = self.core.rho_max()
-                rho_hat, _ = self.core.current_rho_hat(current.t)
-                gpus = self.core.view.billed_gpus
-                for decision in decisions:
-                    self.metrics.decisions.labels(type(decision).__name__).inc()
-                    log.info(
-                        "decision",
-                        trigger=str(current.kind),
-                        session_id=current.session_id,
-                        gpu_id=current.gpu_id,
-                        decision=describe(decision),
-                        rho_max=round(rho_max, 3),
-                        rho_hat=rho_hat,
-                        gpus=gpus,
-                    )
-                    await self.executor.execute(decision)
+    def feed(self, fact: Input) -> None:
+        """A fact found while carrying out a decision: stepped right after (under the lock)."""
+        self._followups.append(fact)
 
-    def feed(self, event: Event) -> None:
-        """An event found while carrying out a decision: stepped right after (under the lock)."""
-        self._followups.append(event)
-
-    async def feed_later(self, event: Event) -> None:
-        """An event from a background task: a step of its own."""
+    async def feed_later(self, fact: Input) -> None:
+        """A fact from a background task: a step of its own."""
         if not self.stopping.is_set():
-            await self.step(event)
+            await self.step(fact)
 
     # -- the timer ------------------------------------------------------------------------------
     async def _tick_forever(self) -> None:
@@ -253,9 +271,9 @@ class LiveScheduler:
         self._ticks += 1
         ingest = self.ingest
         await ingest.scan_registry()
-        for wid in self.ledger.silent(now):
+        for wid in self.pool.silent(now):
             await ingest.gone(wid, reason="silent")
-        for gpu_id in self.ledger.boot_overdue(now):
+        for gpu_id in self.pool.boot_overdue(now):
             await ingest.gone(gpu_id, reason="boot_timeout")
         await self.follow_pool_limits()
         self.executor.releases.retry_due(now)
@@ -293,7 +311,7 @@ class LiveScheduler:
         """The latency model per kind from what the workers of that kind measure."""
         self._profiles_at = time.time()
         current = self.core.view.profiles
-        for kind, beats in self.ledger.beats_by_kind().items():
+        for kind, beats in self._beats_by_kind().items():
             fallback = self.fallback.get(kind) or self.fallback[self.default_kind]
             try:
                 profile = live_profile(kind, beats, fallback)
@@ -312,6 +330,16 @@ class LiveScheduler:
                     deadline_ms=profile.deadline_ms,
                     migration_ms=round(profile.migration_per_session_ms, 2),
                 )
+
+    def _beats_by_kind(self) -> dict[str, list[Heartbeat]]:
+        """The latest heartbeats of the known workers, by their kind."""
+        out: dict[str, list[Heartbeat]] = {}
+        beats = self.ingest.beats
+        for wid, worker in self.pool.workers.items():
+            beat = beats.get(wid)
+            if beat is not None:
+                out.setdefault(worker.kind, []).append(beat)
+        return out
 
     async def _publish_status(self, now: float) -> None:
         view = self.core.view
@@ -335,7 +363,7 @@ class LiveScheduler:
             "idle_sessions": len(view.idle_sessions),
             "updated_at": now,
             # Given back by the core, still running: a release being retried.
-            "releasing": len(self.ledger.unreleased),
+            "releasing": len(self.pool.unreleased),
         }
         status["rho"] = {
             gpu: round(view.load(gpu) / max(1, view.capacity_of(gpu)), 4) for gpu in view.gpus
@@ -352,3 +380,23 @@ class LiveScheduler:
         await self.ctx.registry.set_scheduler_status(
             status, ttl_s=max(3.0, 4 * self.settings.tick_s)
         )
+
+
+def _trigger(fact: Input) -> tuple[str, str | None, str | None]:
+    """What a decision's log line names as its trigger: an event's kind, or a fact's, and the
+    session and GPU it is about."""
+    name = type(fact).__name__
+    if isinstance(fact, Event):
+        return str(fact.kind), fact.session_id, fact.gpu_id
+    # Named by the policy's event they step: the trigger operators look for.
+    if isinstance(fact, WorkerJoined):
+        return str(EventKind.GPU_READY), None, fact.gpu_id
+    if isinstance(fact, GpuRefused):
+        return str(EventKind.GPU_GONE), None, fact.gpu_id
+    if isinstance(fact, WorkerHeard):
+        return name, None, fact.seen.worker_id
+    if isinstance(fact, ParkedStateMoved):
+        return name, fact.session_id, fact.dst
+    if isinstance(fact, MoveEnded):
+        return name, fact.session_id, fact.owner
+    return name, None, None

@@ -17,6 +17,9 @@ Contract between the core and its environments (simulator, live service):
   ``Assign``/``Resume`` onto ``gpu_id`` did not happen: the session is on no GPU) and
   ``GPU_DRAIN`` (evacuate ``gpu_id`` and release it once empty). The simulator never sends
   them; carrying out every decision is its model.
+* What the environment reports beyond these events (a session's record, a worker joining or
+  heard, how a move ended) are the facts of :mod:`services.scheduler.core.pool`, whose ``Pool``
+  wraps the policy and makes the decisions a real pool adds.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from services.scheduler.core.types import (
     Assign,
     Drain,
     EventKind,
+    GpuState,
     Migrate,
     Release,
     RequestGpus,
@@ -62,6 +63,8 @@ class ScriptedPolicy:
         self.seen: list[tuple] = []
 
     def step(self, event):
+        if event.kind is EventKind.GPU_READY:
+            self.view.gpus[event.gpu_id] = None  # it holds every GPU that comes up
         key = (event.kind, event.session_id or event.gpu_id)
         self.seen.append((event.t, *key))
         return list(self.script.get(key, []))
@@ -336,3 +339,24 @@ def test_an_overloaded_gpu_stalls_every_viewer_and_their_clocks_slip():
     assert sorted(round(x, 6) for x in r.latencies_ms) == [20.0] * 10 + [100.0] + [300.0] * 2
     assert r.on_time_chunks == 1 and r.missed_periods == 12
     assert r.stall_adjusted_attainment == pytest.approx(1 / 13)
+
+
+@pytest.mark.parametrize(("back_on", "migrations"), [("g1", 1), ("g2", 2)])
+def test_a_released_gpus_parked_state_moves_where_the_core_parks_it(back_on, migrations):
+    # As the live mesh runs (parked_on_gpu): a is suspended on g0, which is then given back;
+    # its parked state moves first, to the ready GPU with the fewest parked sessions (a tie:
+    # the smaller id, g1), a migration. Resumed there it is not moved again; elsewhere it is.
+    trace = make_trace(
+        "p",
+        [(0.0, "a", "arrive"), (0.25, "a", "idle"), (0.5, "a", "active"), (0.9, "a", "depart")],
+    )
+    policy = ScriptedPolicy(
+        {
+            (EventKind.ARRIVE, "a"): [Assign("a", "g0")],
+            (EventKind.IDLE, "a"): [Suspend("a", "g0"), Release("g0")],
+            (EventKind.ACTIVE, "a"): [Resume("a", back_on)],
+        }
+    )
+    policy.view = SimpleNamespace(gpus=dict.fromkeys(("g0", "g1", "g2"), GpuState.READY))
+    r = simulate(trace, policy, PROFILE, tick_s=0, chunk_period_s=0, parked_on_gpu=True)
+    assert r.migrations == migrations

@@ -42,6 +42,8 @@ class ScriptedPolicy:
         self.steps: list[tuple[str, float]] = []
 
     def step(self, event):
+        if event.kind is EventKind.GPU_READY:
+            self.view.gpus[event.gpu_id] = None  # it holds every GPU that comes up
         return list(self.script.get((event.kind, event.session_id or event.gpu_id), []))
 
     def note_pass(self, gpu_id, ends_at):

@@ -38,7 +38,7 @@ async def test_a_lost_worker_is_shown_lost_without_sessions_then_forgotten(env):
             WorkerRecord("w-ghost", WorkerStatus.BOOTING, capacity=4), ttl_s=0.6
         )
         await eventually(
-            lambda: "w-dead" in live.ledger.workers, 5, "the scheduler takes the worker in"
+            lambda: "w-dead" in live.pool.workers, 5, "the scheduler takes the worker in"
         )
 
         async def both_lost() -> bool:

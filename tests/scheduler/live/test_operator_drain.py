@@ -58,7 +58,7 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
             # wait is the test: fifteen ticks in which nothing may change.
             await asyncio.sleep(3.0)
             assert core.view.state_of("wa") is GpuState.DRAINING and core.view.cordoned == ("wa",)
-            assert "wa" not in live.ledger.unreleased
+            assert "wa" not in live.pool.unreleased
             status = {w["id"]: w for w in (await ctl.status())["workers"]}
             assert status["wa"]["status"] == "drained" and status["wa"]["alive"]
             scheduler = await ctx.registry.scheduler_status()
@@ -85,7 +85,7 @@ async def test_an_operator_drain_holds_until_undrain_with_the_loop_running(env):
                 await ctl.drain("wa", 4, stop=True)
 
             async def given_back() -> bool:  # the loop's next tick, on a busy machine too
-                return core.view.state_of("wa") is None and "wa" in live.ledger.unreleased
+                return core.view.state_of("wa") is None and "wa" in live.pool.unreleased
 
             await eventually(given_back, 10, "wa given back")
 

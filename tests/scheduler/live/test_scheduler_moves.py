@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from services.scheduler.core.pool import MoveThenResume
 from services.scheduler.core.types import Event, EventKind
 from shared.states import SessionState
 from shared.wire import NoticeKind, WorkerCmdKind, WorkerCommand
@@ -43,7 +44,7 @@ async def test_a_pause_decided_during_a_migration_suspends_the_session_where_it_
             assert core.view.placement == {"s": "wa"} and set(core.view.gpus) == {"wa", "wb"}
             # An operator drains wa: the core moves s to wb at once (in its view) ...
             await live.step(Event(time.time(), EventKind.GPU_DRAIN, gpu_id="wa"))
-            assert core.view.placement.get("s") == "wb" and "s" in live.executor.migrations.moving
+            assert core.view.placement.get("s") == "wb" and "s" in live.pool.moving
             # ... and the viewer pauses before the handoff has committed.
             await live.step(Event(time.time(), EventKind.IDLE, session_id="s"))
             assert core.view.is_idle("s")
@@ -91,7 +92,7 @@ async def test_a_resume_whose_parked_state_moves_stays_suspended_if_the_viewer_p
 
         async with leading(ctx, env) as (live, core):
             assert core.view.is_idle("s")  # the viewer paused again before the move was done
-            await live.executor.move_then_resume("s", "wa", "wb")
+            await live.executor.move_then_resume(MoveThenResume("s", "wa", "wb"))
             record = await ctx.registry.get_session("s")
             assert record.owner == "wb" and record.state is SessionState.SUSPENDED
             count = len(rx.chunks["s"])

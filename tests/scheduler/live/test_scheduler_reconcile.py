@@ -42,16 +42,16 @@ async def test_a_session_being_migrated_is_not_taken_back_to_its_source(env):
             now,
         )
         live = LiveScheduler(ctx, settings, lease, core, {kind: profile}, kind, SchedulerMetrics())
-        live.ledger.join("a", kind, now)
-        live.ledger.join("b", kind, now)
+        live.pool.join("a", kind, now)
+        live.pool.join("b", kind, now)
         record = await ctx.registry.create_session("s", "p", 0)
         await ctx.registry.claim("s", "a", record.epoch)  # the handoff a -> b has not committed
 
-        live.executor.migrations.moving["s"] = 1  # a Migrate a -> b in flight
+        live.pool.moving["s"] = 1  # a Migrate a -> b in flight
         await live.ingest.reconcile()
         assert core.view.placement["s"] == "b"
 
-        live.executor.migrations.moved("s")  # it ended, and the registry still says a: it failed
-        assert not live.executor.migrations.moving
+        live.pool.migration_ended("s")  # it ended, and the registry still says a: it failed
+        assert not live.pool.moving
         await live.ingest.reconcile()
         assert core.view.placement["s"] == "a"

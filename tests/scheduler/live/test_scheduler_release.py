@@ -102,7 +102,7 @@ async def test_a_release_the_floor_refuses_is_not_asked_again(
             # The wait below is the test: fifteen ticks, nothing given back.
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
-                assert len(core.view.gpus) == 2 and not live.ledger.unreleased
+                assert len(core.view.gpus) == 2 and not live.pool.unreleased
                 await asyncio.sleep(0.2)
             assert stops == []
 
@@ -127,7 +127,7 @@ async def test_a_release_the_floor_refuses_is_not_asked_again(
             await eventually(kept, 30, "the refused GPU kept in the pool")
             await asyncio.sleep(5.0)
             assert stops == [[released]], stops
-            assert not live.ledger.unreleased and len(core.view.gpus) == 2
+            assert not live.pool.unreleased and len(core.view.gpus) == 2
             assert released in provisioner.backend.workers
             status = await ctx.registry.scheduler_status()
             assert status is not None and status["releasing"] == 0 and status["gpus"] == 2
@@ -170,7 +170,7 @@ async def test_ctl_stop_at_the_floor_is_refused_at_once_and_nothing_retries(
             # Nothing retries: no stop was ever sent; the worker serves on. The wait is the test.
             await asyncio.sleep(3.0)
             assert stops == []
-            assert core.view.state_of(victim) is GpuState.READY and not live.ledger.unreleased
+            assert core.view.state_of(victim) is GpuState.READY and not live.pool.unreleased
             assert await ctx.registry.operator_drains() == {}
 
             # A stop that reaches the provisioner all the same (recorded by a ctl that checked
@@ -184,7 +184,7 @@ async def test_ctl_stop_at_the_floor_is_refused_at_once_and_nothing_retries(
             assert await ctx.registry.operator_drains() == {victim: "hold"}
             await asyncio.sleep(5.0)
             assert stops == [[victim]], stops
-            assert not live.ledger.unreleased and victim in provisioner.backend.workers
+            assert not live.pool.unreleased and victim in provisioner.backend.workers
             status = {w["id"]: w for w in (await ctl.status())["workers"]}
             assert status[victim]["status"] == "drained" and status[victim]["alive"]
 
@@ -206,11 +206,11 @@ async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
             ctx, env, settings={"boot_timeout_s": 1.0}, min_gpus=0, max_gpus=1, boot_delay_s=0.5
         ) as (live, core):
             await live.step(Event(time.time(), EventKind.ARRIVE, session_id="s"))
-            assert len(live.ledger.booting) == 1, "the core asked for no GPU"
-            late = next(iter(live.ledger.booting))
+            assert len(live.pool.booting) == 1, "the core asked for no GPU"
+            late = next(iter(live.pool.booting))
 
             async def timed_out() -> bool:
-                return late not in live.ledger.booting
+                return late not in live.pool.booting
 
             await eventually(timed_out, 10, "the boot timeout")
             await live.step(Event(time.time(), EventKind.DEPART, session_id="s"))
@@ -221,7 +221,7 @@ async def test_a_worker_that_comes_up_after_its_boot_timed_out_is_stopped(
             await eventually(came_up, 30, "the late worker's process")
 
             async def stopped() -> bool:
-                return late not in provisioner.backend.workers and late not in live.ledger.workers
+                return late not in provisioner.backend.workers and late not in live.pool.workers
 
             await eventually(stopped, 90, "the late worker to be stopped")
-            assert late not in core.view.gpus and not live.ledger.unreleased
+            assert late not in core.view.gpus and not live.pool.unreleased

@@ -26,7 +26,7 @@ async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
                 ttl_s=30.0,
             )
         await eventually(
-            lambda: {"wa", "wb"} <= set(live.ledger.workers),
+            lambda: {"wa", "wb"} <= set(live.pool.workers),
             5,
             "the scheduler takes both workers in",
         )
@@ -47,7 +47,7 @@ async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
             await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
 
         def heard() -> bool:
-            beats = live.ledger.beats
+            beats = live.ingest.beats
             return all(w in beats and beats[w].pass_ends_at == ends[w] for w in ends)
 
         await eventually(heard, 5, "both heartbeats heard")

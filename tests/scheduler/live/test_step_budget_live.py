@@ -88,7 +88,7 @@ async def test_an_overfull_worker_is_sent_fewer_steps_and_sent_them_again_after_
                 WorkerRecord("wa", WorkerStatus.READY, capacity=64, gpu_kind=core.gpu_kind),
                 ttl_s=30.0,
             )
-            await eventually(lambda: "wa" in live.ledger.workers, 5, "the scheduler takes wa in")
+            await eventually(lambda: "wa" in live.pool.workers, 5, "the scheduler takes wa in")
             capacity = load_profile(DEFAULT_PROFILE).capacity
             for i in range(capacity + 2):  # more than full steps serve on time; no GPU to add
                 record = await ctx.registry.create_session(f"s{i}", "a fox", i)
@@ -105,6 +105,6 @@ async def test_an_overfull_worker_is_sent_fewer_steps_and_sent_them_again_after_
                 lambda: worker.steps == lowered, 10, "the budget is sent again after a restart"
             )
             assert worker.sent[sent_before:] == [lowered]
-            assert "wa" in live.ledger.workers
+            assert "wa" in live.pool.workers
         finally:
             beating.cancel()
