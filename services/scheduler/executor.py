@@ -101,14 +101,20 @@ class Executor:
     # -- sessions -------------------------------------------------------------------------------
     async def _assign(self, sid: str, gpu: str) -> None:
         live = self.live
-        record = await self.registry.get_session(sid)
+        try:
+            # One round trip when the session is pending: read and claimed in one script.
+            placed = await self.registry.place(sid, gpu, guard=live.guard)
+        except RegistryError as exc:
+            log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
+            return
+        record = placed.record
         if record is None or record.state is SessionState.TERMINATED:
             live.feed(Event(time.time(), EventKind.DEPART, session_id=sid))
             return
-        if record.state is SessionState.SUSPENDED and self.ledger.knows(record.owner):
-            await self._resume(sid, gpu)  # its state is parked on a worker: resume it there
-            return
-        if record.state is not SessionState.PENDING:
+        if not placed.won:
+            if record.state is SessionState.SUSPENDED and self.ledger.knows(record.owner):
+                await self._resume(sid, gpu)  # its state is parked on a worker: resume it there
+                return
             if record.owner == gpu and record.state is SessionState.EXECUTING:
                 return  # already there
             if self.ledger.knows(record.owner):
@@ -122,22 +128,21 @@ class Executor:
             requeued = await self.requeue(record)
             if requeued is None:
                 return
-            record = requeued
-        try:
-            claimed = await self.registry.claim(sid, gpu, record.epoch, guard=live.guard)
-        except (IllegalTransition, RegistryError) as exc:
-            log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
-            return
+            try:
+                record = await self.registry.claim(sid, gpu, requeued.epoch, guard=live.guard)
+            except (IllegalTransition, RegistryError) as exc:
+                log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
+                return
         cmd = WorkerCommand(
             kind=WorkerCmdKind.ASSIGN,
             worker_id=gpu,
-            epoch=claimed.epoch,
+            epoch=record.epoch,
             session_id=sid,
-            prompt=claimed.prompt,
-            seed=claimed.seed,
-            seq=claimed.last_seq + 1,
-            token_hash=claimed.token_hash,
-            owner_key=claimed.owner_key,
+            prompt=record.prompt,
+            seed=record.seed,
+            seq=record.last_seq + 1,
+            token_hash=record.token_hash,
+            owner_key=record.owner_key,
         )
         live.spawn(self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}")
 
