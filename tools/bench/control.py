@@ -193,8 +193,6 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
     from shared.wire import (
         CommandReply,
         Heartbeat,
-        SessionEvent,
-        SessionEventKind,
         WorkerCommand,
         WorkerStatus,
         decode,
@@ -227,40 +225,49 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
             gpu_kind="H20",
             chunk_period_s=1.25,
         )
-        await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
-        await subscriptions_live(ctx.nc)
-        await asyncio.sleep(1.5)  # the scheduler knows the probe
-        samples: list[float] = []
-        plan = [
-            (SessionEventKind.CREATED, "assign"),
-            (SessionEventKind.IDLE, "suspend"),
-            (SessionEventKind.ACTIVE, "resume"),
-        ]
-        i = 0
-        while len(samples) < count:
-            sid = f"b{i}"
-            i += 1
-            await ctx.registry.create_session(sid, "p", 0)
-            for kind, command in plan:
-                arrived.clear()
-                started = time.perf_counter()
-                await ctx.js.publish(
-                    ctx.subjects.session_events, encode(SessionEvent(session_id=sid, kind=kind))
-                )
-                deadline = time.monotonic() + 5
-                while (command, sid) not in received:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"no {command} for {sid} within 5 s")
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(arrived.wait(), 1.0)
-                    arrived.clear()
-                samples.append((received[(command, sid)] - started) * 1000.0)
-            await ctx.registry.transition(sid, _terminated())
+        async with _beating(ctx, beat):
+            await subscriptions_live(ctx.nc)
+            await asyncio.sleep(1.5)  # the scheduler knows the probe
+            return await _time_events(ctx, count, received, arrived)
+
+
+async def _time_events(
+    ctx: Any, count: int, received: dict[tuple[str, str], float], arrived: asyncio.Event
+) -> list[float]:
+    """Each session created, made idle, active again and closed; the command of each timed."""
+    from shared.wire import SessionEvent, SessionEventKind, encode
+
+    samples: list[float] = []
+    plan = [
+        (SessionEventKind.CREATED, "assign"),
+        (SessionEventKind.IDLE, "suspend"),
+        (SessionEventKind.ACTIVE, "resume"),
+    ]
+    i = 0
+    while len(samples) < count:
+        sid = f"b{i}"
+        i += 1
+        await ctx.registry.create_session(sid, "p", 0)
+        for kind, command in plan:
+            arrived.clear()
+            started = time.perf_counter()
             await ctx.js.publish(
-                ctx.subjects.session_events,
-                encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)),
+                ctx.subjects.session_events, encode(SessionEvent(session_id=sid, kind=kind))
             )
-        return samples[:count]
+            deadline = time.monotonic() + 5
+            while (command, sid) not in received:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no {command} for {sid} within 5 s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), 1.0)
+                arrived.clear()
+            samples.append((received[(command, sid)] - started) * 1000.0)
+        await ctx.registry.transition(sid, _terminated())
+        await ctx.js.publish(
+            ctx.subjects.session_events,
+            encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)),
+        )
+    return samples[:count]
 
 
 async def _placements(
@@ -358,16 +365,10 @@ async def _placements(
             chunk_period_s=1.25,
         )
 
-        async def beat_forever() -> None:  # the probe stays known however long the bursts take
-            while True:
-                await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
-                await asyncio.sleep(1.0)
-
         record = WorkerRecord(id="probe", status=WorkerStatus.READY, capacity=burst, gpu_kind="H20")
         await ctx.registry.register_worker(record, ttl_s=120)
         await ctx.nc.subscribe(ctx.subjects.worker_cmd("probe"), cb=on_cmd)
-        beating = asyncio.create_task(beat_forever())
-        stack.callback(beating.cancel)
+        await stack.enter_async_context(_beating(ctx, beat))
         await subscriptions_live(ctx.nc)
         await asyncio.sleep(1.5)  # the scheduler knows the probe
         placed = 0
@@ -401,6 +402,26 @@ async def _placements(
         if any(start <= at <= end for start, end in windows):
             commands[name] = commands.get(name, 0) + 1
     return placed, sum(end - start for start, end in windows), commands
+
+
+@contextlib.asynccontextmanager
+async def _beating(ctx: Any, beat: Any) -> AsyncIterator[None]:
+    """The probe's heartbeat every second meanwhile: it stays known (a probe silent beyond the
+    worker timeout is a lost worker) however long the run takes."""
+    from shared.wire import encode
+
+    async def beat_forever() -> None:
+        while True:
+            await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+            await asyncio.sleep(1.0)
+
+    task = asyncio.create_task(beat_forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _terminated() -> Any:
