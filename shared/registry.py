@@ -18,25 +18,32 @@ Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 - ``{ns}:counters``       hash: operator counters (migrations, scale events, peak GPUs)
 
 Read here, owned by the gateways (``services/gateway/store.py``): ``{ns}:gw:activity``, each
-open session's ``active``, ``idle`` (no viewer) or ``paused`` (by its client).
+open session's ``active``, ``idle`` (no viewer) or ``paused`` (by its client); and the leader
+lease (``shared/leader.py``), which workers check commands against (:meth:`Registry.fencing`).
 
 Every ownership or state change is one Lua script: it checks the expected epoch and the allowed
 source states, then writes the session, the placement map and the pending set together. The
 epoch grows by one on every ownership change, and a worker's writes carry the epoch it was given,
 so a worker whose session was taken away (fenced) can no longer write: two workers can never both
 own a session.
+
+An assignment's claim and the worker's check of it are one round trip each: the scheduler's
+:meth:`Registry.place` reads and claims the session in one script, which returns the record it
+wrote (as every change does); the worker's :meth:`Registry.fencing` reads the leading term and
+the session's owner and epoch in another.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import orjson
 import redis.asyncio as aioredis
 
+from shared.leader import leader_key
 from shared.states import IllegalTransition, SessionState, sources_of
 from shared.wire import WorkerStatus
 
@@ -58,7 +65,7 @@ local allowed = false
 for s in string.gmatch(ARGV[3], '[^,]+') do
   if s == cur[1] then allowed = true end
 end
-if not allowed then return {'state', cur[2], cur[1]} end
+if not allowed then return {'state', cur[2], cur[1], redis.call('HGETALL', KEYS[1])} end
 local epoch = tonumber(cur[2])
 if ARGV[7] == '1' then epoch = epoch + 1 end
 local owner = cur[3] or ''
@@ -78,7 +85,19 @@ if ARGV[4] == 'terminated' then
   redis.call('EXPIRE', KEYS[1], ARGV[8])
   redis.call('DEL', KEYS[5])
 end
-return {'ok', tostring(epoch), ARGV[4]}
+return {'ok', tostring(epoch), ARGV[4], redis.call('HGETALL', KEYS[1])}
+"""
+
+# What a worker checks a command against, in one step: the term that leads the scheduling (the
+# digits before the lease's ':'), and the session's state, owner and epoch.
+_FENCING_LUA = """
+local lead = redis.call('GET', KEYS[1])
+local term = ''
+if lead then term = string.match(lead, '^(%d+):') or string.match(lead, '^(%d+)$') or '' end
+if KEYS[2] == nil then return {term} end
+local cur = redis.call('HMGET', KEYS[2], 'state', 'owner', 'epoch')
+if not cur[1] then return {term} end
+return {term, cur[1], cur[2] or '', cur[3]}
 """
 
 # Create only if absent: a MULTI would not abort after a failed HSETNX and would overwrite.
@@ -200,6 +219,28 @@ class SessionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Placed:
+    """A placement's claim: ``won`` when the session was pending and is now the worker's,
+    ``record`` as it is after the claim, or as found when it was not pending (None: no such
+    session)."""
+
+    won: bool
+    record: SessionRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fencing:
+    """What a worker checks a command against, read in one step: the term that leads the
+    scheduling (None: nobody leads) and the session's owner and epoch (``found`` False: no
+    such session, or none asked for)."""
+
+    term: int | None
+    found: bool = False
+    owner: str | None = None
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     id: str
     status: WorkerStatus
@@ -248,6 +289,7 @@ class Registry:
         self._transition = client.register_script(_TRANSITION_LUA)
         self._progress = client.register_script(_PROGRESS_LUA)
         self._reannounce = client.register_script(_REANNOUNCE_LUA)
+        self._fencing = client.register_script(_FENCING_LUA)
 
     # -- keys ---------------------------------------------------------------------------------
     def session_key(self, session_id: str) -> str:
@@ -326,12 +368,62 @@ class Registry:
         ``owner``: a worker id, ``None`` to clear it, or :data:`KEEP`. ``guard``: a
         ``(key, value)`` that must hold in the same step (a scheduler's leadership), else
         :class:`GuardFailed`. Raises :class:`SessionNotFound`, :class:`StaleEpoch` or
-        :class:`IllegalTransition`.
+        :class:`IllegalTransition`. One round trip: the script returns the record it wrote.
         """
-        allowed = ",".join(sorted(s.value for s in sources_of(target)))
+        status, record = await self._move(
+            session_id, target, sources_of(target), expected_epoch, owner, bump_epoch, guard
+        )
+        if status == "state":
+            raise IllegalTransition(record.state, target)
+        return record
+
+    async def claim(
+        self,
+        session_id: str,
+        worker_id: str,
+        expected_epoch: int,
+        guard: tuple[str, str] | None = None,
+    ) -> SessionRecord:
+        """Give a pending (or re-placed) session to ``worker_id``; exactly one claimant wins."""
+        return await self.transition(
+            session_id,
+            SessionState.EXECUTING,
+            expected_epoch=expected_epoch,
+            owner=worker_id,
+            guard=guard,
+        )
+
+    async def place(
+        self, session_id: str, worker_id: str, guard: tuple[str, str] | None = None
+    ) -> Placed:
+        """A placement's read and claim in one step: a pending session goes to ``worker_id``
+        (its epoch + 1, whatever it was); any other is left as it is and returned as found,
+        for the caller to decide. Raises :class:`GuardFailed` (nothing written)."""
+        pending = frozenset({SessionState.PENDING})
+        try:
+            status, record = await self._move(
+                session_id, SessionState.EXECUTING, pending, None, worker_id, True, guard
+            )
+        except SessionNotFound:
+            return Placed(won=False, record=None)
+        return Placed(won=status == "ok", record=record)
+
+    async def _move(
+        self,
+        session_id: str,
+        target: SessionState,
+        sources: Iterable[SessionState],
+        expected_epoch: int | None,
+        owner: object,
+        bump_epoch: bool,
+        guard: tuple[str, str] | None,
+    ) -> tuple[str, SessionRecord]:
+        """The transition script: ``("ok", record written)`` or ``("state", record as found)``
+        when its state is not one of ``sources``; the other refusals raise."""
+        allowed = ",".join(sorted(s.value for s in sources))
         owner_arg = "\0keep" if owner is KEEP else str(owner or "")
         guard_key, guard_value = guard if guard is not None else (self.pending_key, "")
-        status, epoch, state = await self._transition(
+        reply = await self._transition(
             keys=[
                 self.session_key(session_id),
                 self.placement_key,
@@ -351,35 +443,27 @@ class Registry:
                 guard_value,
             ],
         )
-        status = _str(status)
+        status = _str(reply[0])
         if status == "guard":
             raise GuardFailed(guard_key)
         if status == "missing":
             raise SessionNotFound(session_id)
         if status == "epoch":
-            raise StaleEpoch(session_id, expected_epoch or 0, int(_str(epoch)))
-        if status == "state":
-            raise IllegalTransition(SessionState(_str(state)), target)
-        record = await self.get_session(session_id)
-        if record is None:  # expired between the two calls: only possible for terminated
-            raise SessionNotFound(session_id)
-        return record
+            raise StaleEpoch(session_id, expected_epoch or 0, int(_str(reply[1])))
+        flat = [_str(x) for x in reply[3]]
+        return status, _session_from(dict(zip(flat[0::2], flat[1::2], strict=True)))
 
-    async def claim(
-        self,
-        session_id: str,
-        worker_id: str,
-        expected_epoch: int,
-        guard: tuple[str, str] | None = None,
-    ) -> SessionRecord:
-        """Give a pending (or re-placed) session to ``worker_id``; exactly one claimant wins."""
-        return await self.transition(
-            session_id,
-            SessionState.EXECUTING,
-            expected_epoch=expected_epoch,
-            owner=worker_id,
-            guard=guard,
-        )
+    async def fencing(self, session_id: str | None = None) -> Fencing:
+        """The term that leads the scheduling and ``session_id``'s owner and epoch, read in
+        one step (a worker checks each command against them)."""
+        keys = [leader_key(self.ns)]
+        if session_id is not None:
+            keys.append(self.session_key(session_id))
+        raw = [_str(x) for x in await self._fencing(keys=keys, args=[])]
+        term = int(raw[0]) if raw[0] else None
+        if len(raw) == 1:
+            return Fencing(term)
+        return Fencing(term, found=True, owner=raw[2] or None, epoch=int(raw[3]))
 
     async def record_progress(
         self,

@@ -37,6 +37,7 @@ from services.gpu_worker.engine import (
 )
 from services.gpu_worker.engine.prompts import PromptEncoder
 from services.gpu_worker.engine_host import EngineHost
+from services.gpu_worker.fencing import CommandFence
 from services.gpu_worker.fmp4 import FragmentTooLarge
 from services.gpu_worker.generation import GenerationLoop, SessionFacts
 from services.gpu_worker.handoff.endpoint import HandoffEndpoint
@@ -44,7 +45,6 @@ from services.gpu_worker.inbox import CommandInbox, Control
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.outbox import Forget, HandBack, Outbox, OutChunk, Outgoing
 from services.gpu_worker.recovery import from_fields, to_fields
-from shared.leader import leader_key, parse_term
 from shared.logging import get_logger
 from shared.ops import OpsServer, close_ops, start_ops
 from shared.profile import LatencyProfile
@@ -400,11 +400,13 @@ class WorkerService:
         self.handoff: HandoffEndpoint | None = None
         self.metrics = WorkerMetrics()
         self.ops: OpsServer | None = None
+        self.fence: CommandFence | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext) -> None:
         loop = asyncio.get_running_loop()
         self.ctx = ctx
+        self.fence = CommandFence(ctx.registry, self.worker_id)
         await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
         self.ops = await start_ops(
             ctx,
@@ -624,8 +626,17 @@ class WorkerService:
         ok = CommandReply(worker_id=self.worker_id, ok=True, command_id=cmd.command_id)
         if cmd.worker_id != self.worker_id:
             return refuse("misaddressed", f"command for {cmd.worker_id}")
-        if cmd.term and not await self._term_current(cmd.term):
-            return refuse("stale_leader", f"term {cmd.term} no longer leads the scheduling")
+        assert self.fence is not None
+        # The term, and a session's epoch, as the registry has them now; a STOP's epoch is
+        # checked against what this worker holds (below).
+        faults = await self.fence.faults(
+            cmd,
+            session=cmd.session_id is not None
+            and cmd.kind not in WORKER_WIDE_COMMANDS
+            and cmd.kind not in (WorkerCmdKind.STEPS, WorkerCmdKind.STOP),
+        )
+        if faults.leader:
+            return refuse("stale_leader", faults.leader)
         if cmd.kind is WorkerCmdKind.STEPS:
             if cmd.steps is None:
                 return refuse("invalid", "STEPS needs steps (denoising steps per chunk)")
@@ -640,9 +651,8 @@ class WorkerService:
             await self._hand_back_assignment(cmd)
             return refuse("draining", "this worker takes no new sessions")
         if cmd.kind is not WorkerCmdKind.STOP:
-            fault = await self._epoch_fault(cmd)
-            if fault:
-                return refuse("stale_epoch", fault)
+            if faults.epoch:
+                return refuse("stale_epoch", faults.epoch)
         else:
             # A STOP comes after the registry moved on (closing bumps the epoch), so it is not
             # checked against the registry; one older than what this worker holds is stale.
@@ -740,24 +750,6 @@ class WorkerService:
         if event.worker_id != self.worker_id:
             with contextlib.suppress(Exception):
                 await self.handoff.forget_peer(event.worker_id)
-
-    async def _term_current(self, term: int) -> bool:
-        assert self.ctx is not None
-        raw = await self.ctx.redis.get(leader_key(self.ctx.registry.ns))
-        return parse_term(raw) == term
-
-    async def _epoch_fault(self, cmd: WorkerCommand) -> str:
-        """Fencing: act only on a command whose epoch and owner match the registry."""
-        assert self.ctx is not None and cmd.session_id is not None
-        record = await self.ctx.registry.get_session(cmd.session_id)
-        if record is None:
-            return "no such session"
-        if record.owner != self.worker_id or record.epoch != cmd.epoch:
-            return (
-                f"registry has owner {record.owner} at epoch {record.epoch}, command "
-                f"epoch {cmd.epoch}"
-            )
-        return ""
 
     async def _hand_back_assignment(self, cmd: WorkerCommand) -> None:
         assert self.publisher is not None and cmd.session_id is not None

@@ -170,9 +170,20 @@ class Executor:
 
     # -- sessions -------------------------------------------------------------------------------
     async def _place(self, sid: str, gpu: str, resume: bool) -> None:
-        """An Assign or a Resume, as the core makes of the session's record."""
-        record = await self.registry.get_session(sid)
-        what = self.pool.place(seen(sid, gpu, record), resume, time.time())
+        """An Assign or a Resume, as the core makes of the session's record. The record is read
+        by the registry's placing script, which claims a pending session in the same round
+        trip: the core's answer for a pending session is always that claim (``Pool.place``;
+        ``tests/scheduler/core/test_pool.py`` holds it to that)."""
+        try:
+            placed = await self.registry.place(sid, gpu, guard=self.lease.guard)
+        except RegistryError as exc:
+            log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
+            return
+        if placed.won:
+            assert placed.record is not None
+            self._send_assign(sid, gpu, placed.record)
+            return
+        what = self.pool.place(seen(sid, gpu, placed.record), resume, time.time())
         if what is None:
             return  # already there
         if isinstance(what, Event):
@@ -198,16 +209,20 @@ class Executor:
         except (IllegalTransition, RegistryError) as exc:
             log.info("claim_lost", session_id=sid, gpu_id=gpu, reason=str(exc))
             return
+        self._send_assign(sid, gpu, claimed)
+
+    def _send_assign(self, sid: str, gpu: str, record: SessionRecord) -> None:
+        """ASSIGN ``sid``, claimed for ``gpu`` as ``record`` says, in a task of its own."""
         cmd = WorkerCommand(
             kind=WorkerCmdKind.ASSIGN,
             worker_id=gpu,
-            epoch=claimed.epoch,
+            epoch=record.epoch,
             session_id=sid,
-            prompt=claimed.prompt,
-            seed=claimed.seed,
-            seq=claimed.last_seq + 1,
-            token_hash=claimed.token_hash,
-            owner_key=claimed.owner_key,
+            prompt=record.prompt,
+            seed=record.seed,
+            seq=record.last_seq + 1,
+            token_hash=record.token_hash,
+            owner_key=record.owner_key,
         )
         self.shell.spawn(
             self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}"

@@ -10,6 +10,8 @@ import redis.asyncio as aioredis
 
 from shared.registry import (
     TERMINATED_TTL_S,
+    Fencing,
+    GuardFailed,
     Registry,
     SessionExists,
     SessionNotFound,
@@ -145,3 +147,69 @@ async def test_create_never_overwrites_an_existing_session(registry):
     assert after.prompt == "original" and after.epoch == owned.epoch and after.last_seq == 7
     assert after.state is SessionState.EXECUTING
     assert "keep" not in await registry.pending_sessions()
+
+
+async def test_place_reads_and_claims_a_pending_session_in_one_step(registry):
+    await registry.create_session("s", "a fox", 7, token_hash="h", owner_key="k")
+    placed = await registry.place("s", "w1")
+    assert placed.won
+    rec = placed.record
+    assert rec.state is SessionState.EXECUTING and rec.owner == "w1" and rec.epoch == 1
+    assert (rec.prompt, rec.seed, rec.last_seq, rec.token_hash) == ("a fox", 7, -1, "h")
+    assert rec == await registry.get_session("s")  # what the script returned is what it wrote
+    assert (await registry.placement())["s"] == "w1" and await registry.pending_sessions() == []
+    # not pending any more: nothing written, the record returned as found
+    again = await registry.place("s", "w2")
+    assert not again.won and again.record == rec
+    assert not (await registry.place("ghost", "w1")).won
+    assert (await registry.place("ghost", "w1")).record is None
+
+
+async def test_place_whatever_the_epoch_and_fences_the_old_owner(registry):
+    await registry.create_session("s", "p", 0)
+    first = (await registry.place("s", "w1")).record
+    await registry.transition("s", SessionState.PENDING, expected_epoch=first.epoch, owner=None)
+    second = (await registry.place("s", "w2")).record
+    assert second.owner == "w2" and second.epoch == first.epoch + 2
+    assert not await registry.record_progress("s", "w1", first.epoch, 0)
+    assert await registry.record_progress("s", "w2", second.epoch, 0)
+
+
+async def test_two_placements_exactly_one_wins(infra, registry, isolation):
+    other_client = aioredis.from_url(infra.redis_url)
+    other = Registry(other_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
+    try:
+        for i in range(40):
+            sid = f"race{i}"
+            await registry.create_session(sid, "p", 0)
+            a, b = await asyncio.gather(registry.place(sid, "w1"), other.place(sid, "w2"))
+            assert a.won != b.won
+            winner = a if a.won else b
+            loser = b if a.won else a
+            assert loser.record == winner.record  # the loser sees the winner's claim
+            assert (await registry.get_session(sid)).owner == winner.record.owner
+    finally:
+        await other_client.aclose()
+
+
+async def test_place_under_a_guard_that_no_longer_holds_writes_nothing(registry, redis_client):
+    await registry.create_session("s", "p", 0)
+    lease_key = f"{registry.ns}:scheduler:leader"
+    await redis_client.set(lease_key, "2:b")  # another scheduler leads now
+    with pytest.raises(GuardFailed):
+        await registry.place("s", "w1", guard=(lease_key, "1:a"))
+    rec = await registry.get_session("s")
+    assert rec.state is SessionState.PENDING and rec.owner is None and rec.epoch == 0
+
+
+async def test_fencing_reads_the_leading_term_and_the_owner_together(registry, redis_client):
+    assert await registry.fencing() == Fencing(term=None)
+    lease_key = f"{registry.ns}:scheduler:leader"
+    await redis_client.set(lease_key, "17:sched-a")
+    assert await registry.fencing("ghost") == Fencing(term=17)
+    await registry.create_session("s", "p", 0)
+    assert await registry.fencing("s") == Fencing(term=17, found=True, owner=None, epoch=0)
+    await registry.place("s", "w1")
+    assert await registry.fencing("s") == Fencing(term=17, found=True, owner="w1", epoch=1)
+    await redis_client.set(lease_key, "not-a-lease")
+    assert (await registry.fencing()).term is None

@@ -1,12 +1,19 @@
 """``turboserve bench control``: the control plane's own overhead, on loopback.
 
-Two figures, each over many samples, with the real services in this process on the real NATS
+Three figures, each over many samples, with the real services in this process on the real NATS
 and Redis (those at TURBOSERVE_NATS_URL / TURBOSERVE_REDIS_URL when they answer, else embedded
 ones):
 
 - **event to command**: a session event published on JetStream (created, idle, active) to the
   moment a worker receives the command the scheduler decided from it (ASSIGN, SUSPEND, RESUME);
   the worker here is a probe that answers at once, so nothing but the control plane is timed;
+- **placements per second**: bursts of sessions created at once (as many as the probe's GPU
+  holds), their CREATED events published together; the probe takes each ASSIGN after the
+  checks a worker makes (its term and epoch against the registry, on a Redis client of its
+  own); placements over the time from each burst's first event to its last ASSIGN taken. A
+  second, shorter run, on a redis-server of its own, counts the Redis commands made during the
+  bursts with ``MONITOR`` (those a Lua script makes left out: a script is one round trip), per
+  placement;
 - **create to first step**: ``POST /v1/sessions`` on the gateway to the start of the session's
   first model pass on a real worker (the tiny model on the CPU), that is the first chunk's
   completion minus its model time.
@@ -20,7 +27,7 @@ import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Container, Coroutine, Iterator
 from typing import Any, cast
 
 import orjson
@@ -37,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--events", type=int, default=300, help="session events to time")
     p.add_argument("--sessions", type=int, default=20, help="sessions to create end to end")
+    p.add_argument("--placements", type=int, default=400, help="placements to time in bursts")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.set_defaults(func=run)
 
@@ -44,11 +52,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from shared.cli import fail
 
-    if args.events < 10 or args.sessions < 1:
-        return fail("bench control", "--events must be >= 10 and --sessions >= 1")
+    if args.events < 10 or args.sessions < 1 or args.placements < 10:
+        return fail(
+            "bench control", "--events must be >= 10, --sessions >= 1 and --placements >= 10"
+        )
     return run_on_infra(
         "bench control",
-        lambda nats_url, redis_url: measure(nats_url, redis_url, args.events, args.sessions),
+        lambda nats_url, redis_url: measure(
+            nats_url, redis_url, args.events, args.sessions, args.placements
+        ),
         format_table,
         args.json_out,
     )
@@ -94,14 +106,29 @@ def _env(nats_url: str, redis_url: str) -> dict[str, str]:
     }
 
 
-async def measure(nats_url: str, redis_url: str, events: int, sessions: int) -> dict[str, Any]:
+async def measure(
+    nats_url: str, redis_url: str, events: int, sessions: int, placements: int = 400
+) -> dict[str, Any]:
     env = _env(nats_url, redis_url)
     try:
         event_ms = await _event_to_command(env, events)
+        placed, placed_s, _ = await _placements(env, placements, count_commands=False)
+        with _private_redis() as redis_alone:  # MONITOR then shows this run's commands only
+            counted, _, commands = await _placements(
+                {**env, "TURBOSERVE_REDIS_URL": redis_alone},
+                max(10, placements // 4),
+                count_commands=True,
+            )
         create_ms = await _create_to_first_step(env, sessions)
     finally:
         await _cleanup(env)
+    per_placement = {name: round(n / counted, 2) for name, n in sorted(commands.items())}
     return {
+        "placements_per_s": round(placed / placed_s, 1),
+        "placement_samples": placed,
+        "redis_commands_per_placement": round(sum(commands.values()) / counted, 2),
+        "redis_commands_samples": counted,
+        "redis_commands_per_placement_by_name": per_placement,
         "event_to_command_ms_p50": round(statistics.median(event_ms), 3),
         "event_to_command_ms_p99": round(quantile(event_ms, 0.99), 3),
         "event_to_command_ms_max": round(max(event_ms), 3),
@@ -112,8 +139,38 @@ async def measure(nats_url: str, redis_url: str, events: int, sessions: int) -> 
     }
 
 
+@contextlib.contextmanager
+def _private_redis() -> Iterator[str]:
+    """A redis-server of our own on a free port, gone afterwards; its URL."""
+    import subprocess
+
+    from tools.launcher import free_port, probe_redis, redis_server_binary
+
+    port = free_port()
+    argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1"]
+    argv += ["--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 20
+        while not probe_redis(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the bench's own redis-server did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 @contextlib.asynccontextmanager
 async def _scheduler(env: dict[str, str]) -> AsyncIterator[Any]:
+    async with _scheduler_service(env) as (ctx, _service):
+        yield ctx
+
+
+@contextlib.asynccontextmanager
+async def _scheduler_service(env: dict[str, str]) -> AsyncIterator[tuple[Any, Any]]:
     from services.scheduler.service import SchedulerService
     from shared.runner import running
     from shared.settings import SchedulerSettings
@@ -126,7 +183,7 @@ async def _scheduler(env: dict[str, str]) -> AsyncIterator[Any]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the scheduler did not take the lead")
             await asyncio.sleep(0.05)
-        yield ctx
+        yield ctx, service
 
 
 async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
@@ -136,8 +193,6 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
     from shared.wire import (
         CommandReply,
         Heartbeat,
-        SessionEvent,
-        SessionEventKind,
         WorkerCommand,
         WorkerStatus,
         decode,
@@ -170,40 +225,203 @@ async def _event_to_command(env: dict[str, str], count: int) -> list[float]:
             gpu_kind="H20",
             chunk_period_s=1.25,
         )
-        await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+        async with _beating(ctx, beat):
+            await subscriptions_live(ctx.nc)
+            await asyncio.sleep(1.5)  # the scheduler knows the probe
+            return await _time_events(ctx, count, received, arrived)
+
+
+async def _time_events(
+    ctx: Any, count: int, received: dict[tuple[str, str], float], arrived: asyncio.Event
+) -> list[float]:
+    """Each session created, made idle, active again and closed; the command of each timed."""
+    from shared.wire import SessionEvent, SessionEventKind, encode
+
+    samples: list[float] = []
+    plan = [
+        (SessionEventKind.CREATED, "assign"),
+        (SessionEventKind.IDLE, "suspend"),
+        (SessionEventKind.ACTIVE, "resume"),
+    ]
+    i = 0
+    while len(samples) < count:
+        sid = f"b{i}"
+        i += 1
+        await ctx.registry.create_session(sid, "p", 0)
+        for kind, command in plan:
+            arrived.clear()
+            started = time.perf_counter()
+            await ctx.js.publish(
+                ctx.subjects.session_events, encode(SessionEvent(session_id=sid, kind=kind))
+            )
+            deadline = time.monotonic() + 5
+            while (command, sid) not in received:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no {command} for {sid} within 5 s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), 1.0)
+                arrived.clear()
+            samples.append((received[(command, sid)] - started) * 1000.0)
+        await ctx.registry.transition(sid, _terminated())
+        await ctx.js.publish(
+            ctx.subjects.session_events,
+            encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)),
+        )
+    return samples[:count]
+
+
+async def _placements(
+    env: dict[str, str], count: int, *, count_commands: bool
+) -> tuple[int, float, dict[str, int]]:
+    """Bursts of placements to a probe that fences each ASSIGN as a worker does; the placements
+    made, the seconds they took and (with ``count_commands``) the Redis commands of the run's
+    namespace meanwhile, by name."""
+    import redis.asyncio as aioredis
+
+    from services.gpu_worker.fencing import CommandFence
+    from shared.registry import Registry, WorkerRecord
+    from shared.runner import subscriptions_live
+    from shared.states import SessionState
+    from shared.wire import (
+        CommandReply,
+        Heartbeat,
+        SessionEvent,
+        SessionEventKind,
+        WorkerCmdKind,
+        WorkerCommand,
+        WorkerStatus,
+        decode,
+        encode,
+    )
+
+    env = _env(env["TURBOSERVE_NATS_URL"], env["TURBOSERVE_REDIS_URL"])
+    ns = env["TURBOSERVE_REDIS_NAMESPACE"]
+    taken: dict[str, float] = {}  # session -> when its ASSIGN passed the probe's checks
+    stopped: set[str] = set()
+    refused: list[str] = []
+    progress = asyncio.Event()
+    seen: list[tuple[float, str]] = []  # (server time, command) of the namespace's commands
+    windows: list[tuple[float, float]] = []  # the bursts, first event to last ASSIGN taken
+    mark, caught_up = f"{ns}:monitor-mark", asyncio.Event()
+
+    async with contextlib.AsyncExitStack() as stack:
+        probe_redis = aioredis.from_url(env["TURBOSERVE_REDIS_URL"])
+        stack.push_async_callback(probe_redis.aclose)
+        fence = CommandFence(Registry(probe_redis, ns), "probe")
+
+        async def on_cmd(msg: Any) -> None:
+            cmd = decode(msg.subject, msg.data, WorkerCommand)
+            sid = cmd.session_id or ""
+            ok = True
+            if cmd.kind is WorkerCmdKind.ASSIGN:
+                faults = await fence.faults(cmd, session=True)
+                ok = not (faults.leader or faults.epoch)
+                if ok:
+                    taken[sid] = time.time()
+                else:
+                    refused.append(f"{sid}: {faults}")
+            elif cmd.kind is WorkerCmdKind.STOP:
+                stopped.add(sid)
+            progress.set()
+            if msg.reply:
+                reply = CommandReply(worker_id="probe", ok=ok, command_id=cmd.command_id)
+                await msg.respond(encode(reply))
+
+        async def until(book: Container[str], sids: list[str], what: str) -> None:
+            deadline = time.monotonic() + 30
+            while not all(sid in book for sid in sids):
+                if refused:
+                    raise RuntimeError(f"the probe refused an ASSIGN: {refused[0]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} within 30 s")
+                progress.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(progress.wait(), 0.5)
+
+        if count_commands:
+            monitor_client = aioredis.from_url(env["TURBOSERVE_REDIS_URL"])
+            stack.push_async_callback(monitor_client.aclose)
+            monitor = await stack.enter_async_context(monitor_client.monitor())
+
+            async def watch() -> None:
+                async for line in monitor.listen():
+                    # A script's own calls are part of its one round trip.
+                    if line["client_type"] != "lua" and f" {ns}:" in line["command"]:
+                        if mark in line["command"]:
+                            caught_up.set()
+                        seen.append((line["time"], line["command"].split(" ", 1)[0].upper()))
+
+            watcher = asyncio.create_task(watch())
+            stack.callback(watcher.cancel)
+
+        ctx, service = await stack.enter_async_context(_scheduler_service(env))
+        burst = service.profiles[service.default_kind].capacity
+        beat = Heartbeat(
+            worker_id="probe",
+            status=WorkerStatus.READY,
+            capacity=burst,
+            active=0,
+            gpu_kind="H20",
+            chunk_period_s=1.25,
+        )
+
+        record = WorkerRecord(id="probe", status=WorkerStatus.READY, capacity=burst, gpu_kind="H20")
+        await ctx.registry.register_worker(record, ttl_s=120)
+        await ctx.nc.subscribe(ctx.subjects.worker_cmd("probe"), cb=on_cmd)
+        await stack.enter_async_context(_beating(ctx, beat))
         await subscriptions_live(ctx.nc)
         await asyncio.sleep(1.5)  # the scheduler knows the probe
-        samples: list[float] = []
-        plan = [
-            (SessionEventKind.CREATED, "assign"),
-            (SessionEventKind.IDLE, "suspend"),
-            (SessionEventKind.ACTIVE, "resume"),
-        ]
-        i = 0
-        while len(samples) < count:
-            sid = f"b{i}"
-            i += 1
-            await ctx.registry.create_session(sid, "p", 0)
-            for kind, command in plan:
-                arrived.clear()
-                started = time.perf_counter()
+        placed = 0
+        while placed < count:
+            sids = [f"p{placed + i}" for i in range(min(burst, count - placed))]
+            for sid in sids:
+                await ctx.registry.create_session(sid, "p", 0)
+            started = time.time()
+            for sid in sids:
                 await ctx.js.publish(
-                    ctx.subjects.session_events, encode(SessionEvent(session_id=sid, kind=kind))
+                    ctx.subjects.session_events,
+                    encode(SessionEvent(session_id=sid, kind=SessionEventKind.CREATED)),
                 )
-                deadline = time.monotonic() + 5
-                while (command, sid) not in received:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"no {command} for {sid} within 5 s")
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(arrived.wait(), 1.0)
-                    arrived.clear()
-                samples.append((received[(command, sid)] - started) * 1000.0)
-            await ctx.registry.transition(sid, _terminated())
-            await ctx.js.publish(
-                ctx.subjects.session_events,
-                encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)),
-            )
-        return samples[:count]
+            await until(taken, sids, "not every ASSIGN came")
+            windows.append((started, max(taken[s] for s in sids)))
+            placed += len(sids)
+            for sid in sids:  # their slots free again before the next burst
+                await ctx.registry.transition(sid, SessionState.TERMINATED)
+                await ctx.js.publish(
+                    ctx.subjects.session_events,
+                    encode(SessionEvent(session_id=sid, kind=SessionEventKind.CLOSED)),
+                )
+            await until(stopped, sids, "not every STOP came")
+        if count_commands:
+            # MONITOR's lines reach us after the commands (all of the server's, parsed here):
+            # wait for one sent after the last burst.
+            await probe_redis.exists(mark)
+            await asyncio.wait_for(caught_up.wait(), 60)
+    commands: dict[str, int] = {}
+    for at, name in seen:
+        if any(start <= at <= end for start, end in windows):
+            commands[name] = commands.get(name, 0) + 1
+    return placed, sum(end - start for start, end in windows), commands
+
+
+@contextlib.asynccontextmanager
+async def _beating(ctx: Any, beat: Any) -> AsyncIterator[None]:
+    """The probe's heartbeat every second meanwhile: it stays known (a probe silent beyond the
+    worker timeout is a lost worker) however long the run takes."""
+    from shared.wire import encode
+
+    async def beat_forever() -> None:
+        while True:
+            await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+            await asyncio.sleep(1.0)
+
+    task = asyncio.create_task(beat_forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _terminated() -> Any:
@@ -297,7 +515,7 @@ async def _cleanup(env: dict[str, str]) -> None:
 def format_table(result: dict[str, Any]) -> str:
     from tools.report import markdown_table
 
-    return markdown_table(
+    latency = markdown_table(
         ("figure", "p50 ms", "p99 ms", "samples", "bar"),
         [
             (
@@ -317,3 +535,25 @@ def format_table(result: dict[str, Any]) -> str:
         ],
         align="lrrrl",
     )
+    throughput = markdown_table(
+        ("figure", "value", "placements", "by command"),
+        [
+            (
+                "placements per second",
+                result["placements_per_s"],
+                result["placement_samples"],
+                "-",
+            ),
+            (
+                "Redis commands per placement",
+                result["redis_commands_per_placement"],
+                result["redis_commands_samples"],
+                ", ".join(
+                    f"{name} {n}"
+                    for name, n in result["redis_commands_per_placement_by_name"].items()
+                ),
+            ),
+        ],
+        align="lrrl",
+    )
+    return f"{latency}\n\n{throughput}"
