@@ -3,7 +3,8 @@
 ``types`` (events and decisions), ``config`` (``ControllerConfig``), ``profile`` (latency
 model), ``cluster`` (the controller's view, GPUs of one or more kinds), ``placement`` (min-max
 local search), ``autoscale`` (rho_hat, hysteresis, volatility), ``loop`` (the closed-loop
-``Controller``), ``rivals`` (the live rivals' controllers) and ``policies`` (policies by
+``Controller``), ``rivals`` (the live rivals' controllers), ``staffing`` (the pool sized for the demand
+one boot delay ahead) and ``policies`` (policies by
 name, and ``LIVE_POLICIES``, the one list of those the live scheduler may run). The files it
 is configured from are read by its callers (``services.scheduler.shipped``). See
 docs/scheduler.md.
