@@ -10,9 +10,11 @@ is "how many sessions may be active at t + B?", and its one knob is how sure it 
    ``q_i``). :class:`RateEstimator` estimates the four rates online: events over
    session-seconds of exposure, both decayed with time constant ``rate_window_s``, with the
    Poisson standard error of each (:func:`transition` gives the chance to be active at t + B).
-2. **Arrivals over the boot.** :class:`ArrivalWindows` keeps the arrival counts of every
-   B-long window of the last ``arrival_window_s`` and reads their ``arrival_quantile``; each
-   of those arrivals is thinned by its chance to be active and still there at t + B.
+2. **Arrivals and storms over the boot.** :class:`BootWindows` keeps the arrival counts of
+   every B-long window of the last ``burst_window_s`` and reads their ``burst_quantile``;
+   each of those arrivals is thinned by its chance to be active and still there at t + B.
+   The same quantile of the share of idle sessions woken within a window is a floor on an
+   idle session's chance: a storm wakes many at once, which independent flips never do.
 3. **Square-root staffing.** The active count at t + B is a sum of Bernoullis: its mean plus
    ``z`` standard deviations (``z`` the normal quantile of ``confidence``), the rates'
    uncertainty added to the variance by the delta method (:func:`demand_ahead`). Headroom
@@ -43,7 +45,7 @@ from services.scheduler.core.loop import Controller, Profiles
 from services.scheduler.core.types import Decision, Event, EventKind
 
 __all__ = [
-    "ArrivalWindows",
+    "BootWindows",
     "Demand",
     "Outlook",
     "RateEstimator",
@@ -126,6 +128,12 @@ class Outlook:
         p_aa, p_ia = transition(rates, horizon_s)
         return cls(p_aa, p_ia, _arrival_survival(rates, horizon_s))
 
+    def waking(self, share: float) -> Outlook:
+        """This outlook with an idle session's chance raised to ``share`` of the idle waking
+        within the horizon, each thinned as an arrival is (it woke at some time in it)."""
+        p_ia = max(self.p_ia, share * self.p_new)
+        return self if p_ia == self.p_ia else Outlook(self.p_aa, p_ia, self.p_new)
+
     def mean(self, n_active: int, n_idle: int, arrivals: float) -> float:
         return n_active * self.p_aa + n_idle * self.p_ia + arrivals * self.p_new
 
@@ -158,13 +166,22 @@ class Demand:
 
 
 def demand_ahead(
-    n_active: int, n_idle: int, arrivals: float, chances: tuple[Outlook, ...], z: float
+    n_active: int,
+    n_idle: int,
+    arrivals: float,
+    chances: tuple[Outlook, ...],
+    z: float,
+    wake_share: float = 0.0,
 ) -> Demand:
     """Active sessions one horizon ahead: each active and idle session a Bernoulli of its
-    chain's chance, ``arrivals`` thinned by their survival (``chances``: :func:`outlooks`).
+    chain's chance, ``arrivals`` thinned by their survival (``chances``: :func:`outlooks`);
+    ``wake_share`` (the share of idle sessions a recent boot-long window woke, storms
+    included) is a floor on an idle session's chance (:meth:`Outlook.waking`).
     The variance is the Bernoullis' plus the rates' uncertainty: for each rate, the change of
     the mean when it moves by its standard error, squared (the delta method; the rates are
     shared by every session, so this part grows with the square of the count)."""
+    if wake_share > 0:
+        chances = tuple(c.waking(wake_share) for c in chances)
     base = chances[0]
     mean = base.mean(n_active, n_idle, arrivals)
     var = base.variance(n_active, n_idle, arrivals)
@@ -231,71 +248,99 @@ class RateEstimator:
         )
 
 
-class ArrivalWindows:
-    """Arrival counts in bins of ``horizon_s / BINS_PER_BOOT`` over the last ``window_s``;
-    :meth:`quantile` reads the ``q`` quantile of the counts of every ``horizon_s``-long
-    window of complete bins (sliding by one bin). Fewer complete bins than one window: the
-    counts seen so far, scaled up to a whole window. The bin of the first observation never
-    counts (see :meth:`_windows`)."""
+class BootWindows:
+    """Event counts in bins of ``horizon_s / BINS_PER_BOOT`` over the last ``window_s``, each
+    bin with the population it started with (the ``base`` of its first observation), read
+    over every ``horizon_s``-long window of complete bins (sliding by one bin):
+
+    * :meth:`quantile`: the ``q`` quantile of the windows' counts (arrivals over a boot);
+    * :meth:`share_quantile`: the ``q`` quantile of each window's count over the population
+      its first bin started with (the share of idle sessions that woke within a boot: a storm
+      that wakes many at once shows here, not in the independent flips of the chain).
+
+    Fewer complete bins than one window: the count seen so far scaled up to a whole window
+    (its share likewise). The bin of the first observation never counts: it holds the sessions
+    found running when the loop started (a warm system reports them in at once), which are not
+    events of the process."""
 
     def __init__(self, horizon_s: float, window_s: float) -> None:
         if not (math.isfinite(horizon_s) and horizon_s > 0):
             raise ValueError(f"horizon_s must be > 0 and finite, got {horizon_s}")
         if not (math.isfinite(window_s) and window_s >= horizon_s):
             raise ValueError(
-                f"arrival_window_s must be >= the boot delay ({horizon_s}), got {window_s}"
+                f"burst_window_s must be >= the boot delay ({horizon_s}), got {window_s}"
             )
         self.bin_s = horizon_s / BINS_PER_BOOT
         self.n_bins = max(BINS_PER_BOOT, int(round(window_s / self.bin_s)))
-        self._bins: deque[list[int]] = deque()  # [bin index, count], oldest first
+        self._bins: deque[list[int]] = deque()  # [bin index, count, base], oldest first
         self._first: int | None = None
-        self._cache: tuple[int, float, list[int]] | None = None
+        self._cache: tuple[int, tuple[float, float], list[int], list[float]] | None = None
 
-    def observe(self, t: float) -> None:
-        if self._first is None:
-            self._first = int(t // self.bin_s)
-
-    def record(self, t: float) -> None:
+    def observe(self, t: float, base: int = 0) -> None:
+        """Move the clock to ``t``; ``base`` is the population now (kept for a new bin)."""
         b = int(t // self.bin_s)
-        self.observe(t)
-        if self._bins and self._bins[-1][0] == b:
-            self._bins[-1][1] += 1
-        else:
-            self._bins.append([b, 1])
+        if self._first is None:
+            self._first = b
+        if not self._bins or self._bins[-1][0] < b:
+            self._bins.append([b, 0, base])
+
+    def record(self, t: float, base: int = 0) -> None:
+        """One event at ``t``."""
+        self.observe(t, base)
+        self._bins[-1][1] += 1
 
     def quantile(self, t: float, q: float) -> float:
+        partial, sums, _ = self._read(t)
+        return partial[0] if not sums else _upper_quantile(sums, q)
+
+    def share_quantile(self, t: float, q: float) -> float:
+        partial, _, shares = self._read(t)
+        return partial[1] if not shares else _upper_quantile(shares, q)
+
+    def _read(self, t: float) -> tuple[tuple[float, float], list[int], list[float]]:
         current = int(t // self.bin_s)
         if self._cache is None or self._cache[0] != current:
             self._cache = (current, *self._windows(current))
-        _, partial, sums = self._cache
-        if not sums:
-            return partial
-        # The q quantile of the sorted window sums (nearest rank, upper).
-        return float(sums[min(len(sums) - 1, max(0, math.ceil(q * len(sums)) - 1))])
+        return self._cache[1], self._cache[2], self._cache[3]
 
-    def _windows(self, current: int) -> tuple[float, list[int]]:
+    def _windows(self, current: int) -> tuple[tuple[float, float], list[int], list[float]]:
         if self._first is None:
-            return 0.0, []
-        # The first bin holds the sessions found running when the loop started (a warm system
-        # reports them in at once): they are not arrivals of the process, so it never counts.
+            return (0.0, 0.0), [], []
         lo = max(self._first + 1, current - self.n_bins)
         while self._bins and self._bins[0][0] < lo:
             self._bins.popleft()
-        counts = [0] * max(0, current - lo)
-        for b, c in self._bins:
+        n = max(0, current - lo)
+        counts = [0] * n
+        bases = [0] * n
+        last_base = 0
+        for b, c, base in self._bins:
             if b >= current:
                 break
             counts[b - lo] = c
-        if len(counts) < BINS_PER_BOOT:
-            seen = sum(counts)
-            return (seen * BINS_PER_BOOT / len(counts) if counts else 0.0), []
+            bases[b - lo] = base
+        for i in range(n):  # a bin without an observation starts where the last one was
+            if bases[i] == 0:
+                bases[i] = last_base
+            last_base = bases[i]
+        if n < BINS_PER_BOOT:
+            if not n:
+                return (0.0, 0.0), [], []
+            seen = sum(counts) * BINS_PER_BOOT / n
+            return (seen, min(1.0, seen / bases[0]) if bases[0] else 0.0), [], []
         run = sum(counts[:BINS_PER_BOOT])
         sums = [run]
-        for i in range(BINS_PER_BOOT, len(counts)):
+        for i in range(BINS_PER_BOOT, n):
             run += counts[i] - counts[i - BINS_PER_BOOT]
             sums.append(run)
+        shares = [min(1.0, c / bases[i]) if bases[i] else 0.0 for i, c in enumerate(sums)]
         sums.sort()
-        return 0.0, sums
+        shares.sort()
+        return (0.0, 0.0), sums, shares
+
+
+def _upper_quantile(ordered: list[int] | list[float], q: float) -> float:
+    """The ``q`` quantile of an ascending list (nearest rank, upper)."""
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,8 +351,8 @@ class StaffingConfig(ControllerConfig):
 
     confidence: float = 0.95  # the chance that the demand at t + B fits the pool
     rate_window_s: float = 120.0  # time constant of the rate estimates
-    arrival_window_s: float = 900.0  # the past whose B-long arrival counts are read
-    arrival_quantile: float = 0.9  # which of those counts is taken for the next boot
+    burst_window_s: float = 900.0  # the past whose B-long arrival and wake counts are read
+    burst_quantile: float = 0.9  # which of those counts is taken for the next boot
     fill: float = 1.0  # share of K a GPU is sized to hold
     scale_in_delay_s: float | None = None
 
@@ -315,11 +360,11 @@ class StaffingConfig(ControllerConfig):
         ControllerConfig.__post_init__(self)
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
-        if not 0 <= self.arrival_quantile <= 1:
-            raise ValueError(f"arrival_quantile must be in [0, 1], got {self.arrival_quantile}")
+        if not 0 <= self.burst_quantile <= 1:
+            raise ValueError(f"burst_quantile must be in [0, 1], got {self.burst_quantile}")
         if not 0 < self.fill <= 1:
             raise ValueError(f"fill must be in (0, 1], got {self.fill}")
-        for key in ("rate_window_s", "arrival_window_s"):
+        for key in ("rate_window_s", "burst_window_s"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{key} must be > 0 and finite, got {value}")
@@ -348,14 +393,12 @@ class StaffingController(Controller):
         )
         self.z = NormalDist().inv_cdf(config.confidence)
         self.horizon_s = config.boot_delay_s
-        self.arrival_quantile = config.arrival_quantile
+        self.burst_quantile = config.burst_quantile
         self.fill = config.fill
         self.estimator = RateEstimator(config.rate_window_s)
-        self.arrivals = (
-            ArrivalWindows(self.horizon_s, max(config.arrival_window_s, self.horizon_s))
-            if self.horizon_s > 0
-            else None
-        )
+        window = max(config.burst_window_s, self.horizon_s)
+        self.arrivals = BootWindows(self.horizon_s, window) if self.horizon_s > 0 else None
+        self.wakes = BootWindows(self.horizon_s, window) if self.horizon_s > 0 else None
         self._rates_at: float | None = None
         self._chances = outlooks(Rates(), self.horizon_s)
 
@@ -369,8 +412,10 @@ class StaffingController(Controller):
         cluster = self._cluster
         n_active = cluster.n_active
         self.estimator.advance(event.t, n_active, len(cluster.sessions) - n_active)
-        if self.arrivals is not None:
+        n_idle = len(cluster.sessions) - n_active
+        if self.arrivals is not None and self.wakes is not None:
             self.arrivals.observe(event.t)
+            self.wakes.observe(event.t, n_idle)
         kind = event.kind
         if kind not in _SESSION_EVENTS:
             return
@@ -383,6 +428,8 @@ class StaffingController(Controller):
         if kind is EventKind.ACTIVE or kind is EventKind.ARRIVE:
             if not session.active:
                 self.estimator.count(0)
+                if self.wakes is not None:
+                    self.wakes.record(event.t, n_idle)
         elif kind is EventKind.IDLE:
             if session.active:
                 self.estimator.count(1)
@@ -393,18 +440,19 @@ class StaffingController(Controller):
         """The active count expected one boot delay from ``t``, at the configured confidence."""
         cluster = self._cluster
         n_active = cluster.n_active
-        if self.arrivals is None:
+        if self.arrivals is None or self.wakes is None:
             return Demand(float(n_active), 0.0, float(n_active))
         if self._rates_at is None or t - self._rates_at >= REFRESH_S:
             self._chances = outlooks(self.estimator.rates(), self.horizon_s)
             self._rates_at = t
-        arrivals = self.arrivals.quantile(t, self.arrival_quantile)
+        q = self.burst_quantile
         return demand_ahead(
             n_active,
             len(cluster.sessions) - n_active,
-            arrivals,
+            self.arrivals.quantile(t, q),
             self._chances,
             self.z,
+            self.wakes.share_quantile(t, q),
         )
 
     def target_gpus(

@@ -9,7 +9,7 @@ import pytest
 
 from services.scheduler.core.policies import LIVE_POLICIES
 from services.scheduler.core.staffing import (
-    ArrivalWindows,
+    BootWindows,
     RateEstimator,
     Rates,
     StaffingConfig,
@@ -109,7 +109,7 @@ def test_the_estimator_recovers_a_steady_rate_with_its_poisson_error():
 
 
 def test_arrival_windows_read_the_quantile_of_boot_long_counts_and_skip_the_found_sessions():
-    win = ArrivalWindows(horizon_s=30.0, window_s=900.0)
+    win = BootWindows(horizon_s=30.0, window_s=900.0)
     for _ in range(200):
         win.record(0.0)  # the sessions found running: not arrivals
     for t in range(1, 900):
@@ -129,7 +129,7 @@ def test_it_is_a_live_policy_with_its_config():
     config = LIVE_POLICIES.config("turboserve_staffing", {"confidence": 0.9, "gpus": 3})
     assert isinstance(config, StaffingConfig) and config.initial_gpus == 3
     assert config.hold_s == 6 * config.boot_delay_s
-    for bad in ({"confidence": 1.0}, {"fill": 0.0}, {"arrival_quantile": 2.0}):
+    for bad in ({"confidence": 1.0}, {"fill": 0.0}, {"burst_quantile": 2.0}):
         with pytest.raises(ValueError):
             LIVE_POLICIES.config("turboserve_staffing", bad)
 
