@@ -11,10 +11,13 @@ is "how many sessions may be active at t + B?", and its one knob is how sure it 
    session-seconds of exposure, both decayed with time constant ``rate_window_s``, with the
    Poisson standard error of each (:func:`transition` gives the chance to be active at t + B).
 2. **Arrivals and storms over the boot.** :class:`BootWindows` keeps the arrival counts of
-   every B-long window of the last ``burst_window_s`` and reads their ``burst_quantile``;
-   each of those arrivals is thinned by its chance to be active and still there at t + B.
-   The same quantile of the share of idle sessions woken within a window is a floor on an
-   idle session's chance: a storm wakes many at once, which independent flips never do.
+   every B-long window of the last ``burst_window_s``; each arrival is thinned by its chance
+   to be active and still there at t + B. The same windows' share of idle sessions woken
+   shows storms: a storm wakes many at once, which independent flips never do. By default
+   their mean and variance enter the forecast (the thinned count's variance, and the storms'
+   beyond the flips' own), so the one confidence covers them too; with ``burst_quantile``
+   set, that quantile of the counts is taken as the arrivals, and of the shares as a floor on
+   an idle session's chance.
 3. **Square-root staffing.** The active count at t + B is a sum of Bernoullis: its mean plus
    ``z`` standard deviations (``z`` the normal quantile of ``confidence``), the rates'
    uncertainty added to the variance by the delta method (:func:`demand_ahead`). Headroom
@@ -172,6 +175,8 @@ def demand_ahead(
     chances: tuple[Outlook, ...],
     z: float,
     wake_share: float = 0.0,
+    arrivals_var: float = 0.0,
+    wake_var: float = 0.0,
 ) -> Demand:
     """Active sessions one horizon ahead: each active and idle session a Bernoulli of its
     chain's chance, ``arrivals`` thinned by their survival (``chances``: :func:`outlooks`);
@@ -179,7 +184,11 @@ def demand_ahead(
     included) is a floor on an idle session's chance (:meth:`Outlook.waking`).
     The variance is the Bernoullis' plus the rates' uncertainty: for each rate, the change of
     the mean when it moves by its standard error, squared (the delta method; the rates are
-    shared by every session, so this part grows with the square of the count)."""
+    shared by every session, so this part grows with the square of the count). With
+    ``arrivals`` a mean, ``arrivals_var`` is its count's variance (a thinned count's variance
+    is E[A] p (1 - p) + p^2 Var[A]), and ``wake_var`` the variance of the share of idle
+    sessions woken within the horizon beyond what independent flips give (storms: every idle
+    session wakes with the same share, so it grows with the square of the idle count)."""
     if wake_share > 0:
         chances = tuple(c.waking(wake_share) for c in chances)
     base = chances[0]
@@ -187,6 +196,7 @@ def demand_ahead(
     var = base.variance(n_active, n_idle, arrivals)
     for shifted in chances[1:]:
         var += (shifted.mean(n_active, n_idle, arrivals) - mean) ** 2
+    var += base.p_new**2 * (arrivals_var + n_idle**2 * wake_var)
     sd = math.sqrt(max(0.0, var))
     return Demand(mean, sd, max(0.0, mean + z * sd))
 
@@ -297,6 +307,17 @@ class BootWindows:
         partial, _, shares = self._read(t)
         return partial[1] if not shares else _upper_quantile(shares, q)
 
+    def moments(self, t: float) -> tuple[float, float]:
+        """Mean and variance of the windows' counts (fewer bins than a window: the count
+        scaled up, variance 0)."""
+        partial, sums, _ = self._read(t)
+        return _moments(sums) if sums else (partial[0], 0.0)
+
+    def share_moments(self, t: float) -> tuple[float, float]:
+        """Mean and variance of the windows' shares, as :meth:`moments` reads counts."""
+        partial, _, shares = self._read(t)
+        return _moments(shares) if shares else (partial[1], 0.0)
+
     def _read(self, t: float) -> tuple[tuple[float, float], list[int], list[float]]:
         current = int(t // self.bin_s)
         if self._cache is None or self._cache[0] != current:
@@ -338,6 +359,12 @@ class BootWindows:
         return (0.0, 0.0), sums, shares
 
 
+def _moments(values: list[int] | list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    return mean, max(0.0, sum(v * v for v in values) / n - mean * mean)
+
+
 def _upper_quantile(ordered: list[int] | list[float], q: float) -> float:
     """The ``q`` quantile of an ascending list (nearest rank, upper)."""
     return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
@@ -352,7 +379,9 @@ class StaffingConfig(ControllerConfig):
     confidence: float = 0.95  # the chance that the demand at t + B fits the pool
     rate_window_s: float = 120.0  # time constant of the rate estimates
     burst_window_s: float = 900.0  # the past whose B-long arrival and wake counts are read
-    burst_quantile: float = 0.9  # which of those counts is taken for the next boot
+    # Which of those counts is taken for the next boot; None: their mean and variance, the
+    # variance then covered by the confidence like the rest.
+    burst_quantile: float | None = None
     fill: float = 1.0  # share of K a GPU is sized to hold
     scale_in_delay_s: float | None = None
 
@@ -360,7 +389,7 @@ class StaffingConfig(ControllerConfig):
         ControllerConfig.__post_init__(self)
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
-        if not 0 <= self.burst_quantile <= 1:
+        if self.burst_quantile is not None and not 0 <= self.burst_quantile <= 1:
             raise ValueError(f"burst_quantile must be in [0, 1], got {self.burst_quantile}")
         if not 0 < self.fill <= 1:
             raise ValueError(f"fill must be in (0, 1], got {self.fill}")
@@ -445,14 +474,25 @@ class StaffingController(Controller):
         if self._rates_at is None or t - self._rates_at >= REFRESH_S:
             self._chances = outlooks(self.estimator.rates(), self.horizon_s)
             self._rates_at = t
+        n_idle = len(cluster.sessions) - n_active
         q = self.burst_quantile
+        if q is not None:
+            arrivals = self.arrivals.quantile(t, q)
+            wake = self.wakes.share_quantile(t, q)
+            return demand_ahead(n_active, n_idle, arrivals, self._chances, self.z, wake)
+        arrivals, arrivals_var = self.arrivals.moments(t)
+        wake_mean, wake_var = self.wakes.share_moments(t)
+        # Independent flips alone give the share a binomial variance; only the excess is the
+        # storms' (the chain's Bernoullis hold the rest).
+        excess = max(0.0, wake_var - wake_mean * (1 - wake_mean) / max(1, n_idle))
         return demand_ahead(
             n_active,
-            len(cluster.sessions) - n_active,
-            self.arrivals.quantile(t, q),
+            n_idle,
+            arrivals,
             self._chances,
             self.z,
-            self.wakes.share_quantile(t, q),
+            arrivals_var=arrivals_var,
+            wake_var=excess,
         )
 
     def target_gpus(

@@ -188,3 +188,25 @@ def test_a_gpu_no_longer_needed_is_held_for_the_hold_before_it_goes():
     # The targets of the hold's window include the one of t = 10 (before the departures were
     # applied the loop sized for 60 sessions): nothing goes before t = 10 + 120.
     assert first_in is not None and 120 <= first_in <= 135
+
+
+def test_over_dispersed_arrivals_and_storms_add_headroom():
+    chances = outlooks(Rates(0.13, 0.065, 0.015, 0.017), 30.0)
+    poisson = demand_ahead(60, 40, 20.0, chances, 2.0)
+    bursty = demand_ahead(60, 40, 20.0, chances, 2.0, arrivals_var=400.0)
+    stormy = demand_ahead(60, 40, 20.0, chances, 2.0, wake_var=0.04)
+    assert bursty.mean == pytest.approx(poisson.mean) and bursty.sd > poisson.sd
+    p_new = chances[0].p_new
+    assert bursty.sd**2 - poisson.sd**2 == pytest.approx(p_new**2 * 400.0)
+    assert stormy.sd**2 - poisson.sd**2 == pytest.approx(p_new**2 * 40**2 * 0.04)
+
+
+def test_boot_windows_read_the_moments_of_their_counts():
+    win = BootWindows(horizon_s=30.0, window_s=900.0)
+    win.observe(0.0)
+    for t in range(1, 900):
+        win.record(float(t), base=10)
+    mean, var = win.moments(900.0)
+    assert mean == pytest.approx(30.0, abs=1.0) and var < 1.0
+    share_mean, _ = win.share_moments(900.0)
+    assert share_mean == pytest.approx(1.0)  # 30 wakes over 10 idle: capped at all of them
