@@ -213,6 +213,22 @@ def trace_keys(which: str, scales: Sequence[int], folder: Path, variants: int = 
     return keys
 
 
+def _cached_rivals(key: str, args: argparse.Namespace) -> Rivals:
+    """The rivals of ``key``, from ``--rivals-cache`` when it holds them for the same trace
+    name, profile, boot delay and references (the sweeps are deterministic)."""
+    name = load_trace(key).name
+    tag = f"{name}|{args.profile}|{args.boot_delay:g}|{bool(args.references)}"
+    path = Path(args.rivals_cache) if args.rivals_cache else None
+    cache: dict[str, Any] = json.loads(path.read_text()) if path and path.is_file() else {}
+    if tag in cache:
+        return Rivals(**{**cache[tag], "key": key})
+    found = rivals(key, args.profile, args.boot_delay, args.references)
+    if path is not None:
+        cache[tag] = {f: getattr(found, f) for f in Rivals.__dataclass_fields__}
+        path.write_text(json.dumps(cache, indent=1))
+    return found
+
+
 def _setting(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in filter(None, text.split(",")):
@@ -243,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="append each row here as one JSON line")
     parser.add_argument(
+        "--rivals-cache",
+        help="a JSON file of the rivals' figures by trace: read before a sweep, written after",
+    )
+    parser.add_argument(
         "--references",
         action="store_true",
         help="also read turboserve's and the clairvoyant's curves at 99%% (quick sweeps)",
@@ -259,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for key in trace_keys(args.traces, scales, Path(tmp), args.variants):
-            found = rivals(key, args.profile, args.boot_delay, args.references)
+            found = _cached_rivals(key, args)
             for params in settings:
                 row = candidate_row(found, args.policy, params, args.profile, args.boot_delay)
                 rows.append(row)
