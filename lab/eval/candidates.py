@@ -22,6 +22,9 @@ the evaluation's::
         --set confidence=0.9 --set confidence=0.95,fill=0.9 --json sweeps/staffing.jsonl
 
 Each finished row is printed (and appended to ``--json`` as one JSON line) as it comes.
+With ``--curve`` the settings (a sweep of the policy's knob) are also read per trace as one
+curve at 99%, as ``sim evaluate`` reads HPA's targets and turboserve's rho_hat values
+(:func:`curve_rows`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.eval.extend import next_runs
+from lab.eval.matched import CurvePoint, cost_at_latency
 from lab.eval.plan import STATIC_BASELINES, PlanConfig, TraceFacts, plan_trace
 from lab.eval.runs import DEFAULT_PROFILE, RunSpec, execute, prime_trace_cache, run_all
 from lab.eval.service_level import SLO_ATTAINMENT, curve_at_slo, reaches, static_at_slo
@@ -186,6 +190,42 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def curve_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per trace, the settings' runs read as one curve at 99%, as the evaluation reads every
+    autoscaler's sweep (HPA's targets, turboserve's rho_hat values): the cost on the (cost,
+    missed share) envelope at the level, None where no setting served it; with the most scale
+    events of the settings that did."""
+    out = []
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        mine = [r for r in rows if r["trace"] == trace]
+        first = mine[0]
+        served = [r for r in mine if r["reached"]]
+        cost: float | None = None
+        if served:
+            points = [CurvePoint(r["gpu_h"], 1.0 - r["attainment"]) for r in mine]
+            cost = round(cost_at_latency(points, 1.0 - SLO_ATTAINMENT).value, 4)
+        cheaper = [c for c in (first["least_loaded_gpu_h"], first["hpa_gpu_h"]) if c is not None]
+        out.append(
+            {
+                "trace": trace,
+                "gpu_h": cost,
+                "best_attainment": max(r["attainment"] for r in mine),
+                "scale_events": max((r["scale_events"] for r in served), default=None),
+                "hpa_scale_events": first["hpa_scale_events"],
+                "least_loaded_gpu_h": first["least_loaded_gpu_h"],
+                "hpa_gpu_h": first["hpa_gpu_h"],
+                "vs_cheaper_pct": _pct(cost, min(cheaper) if cheaper else None) if cost else None,
+                "vs_best_static_pct": _pct(cost, first["best_static_gpu_h"]) if cost else None,
+                "turboserve_gpu_h": first.get("turboserve_gpu_h"),
+                "clairvoyant_gpu_h": first.get("clairvoyant_gpu_h"),
+                "vs_clairvoyant_pct": (
+                    _pct(cost, first.get("clairvoyant_gpu_h")) if cost else None
+                ),
+            }
+        )
+    return out
+
+
 def trace_keys(which: str, scales: Sequence[int], folder: Path, variants: int = 2) -> list[str]:
     """``train``: the profiler's training traces at 30 minutes (``variants`` seeds of each
     shape, at each scale, written to ``folder``); a name after ``train:`` keeps the shapes
@@ -259,6 +299,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="append each row here as one JSON line")
     parser.add_argument(
+        "--curve",
+        action="store_true",
+        help="also read the settings as one curve per trace at 99%% (as sim evaluate reads "
+        "an autoscaler's sweep)",
+    )
+    parser.add_argument(
         "--rivals-cache",
         help="a JSON file of the rivals' figures by trace: read before a sweep, written after",
     )
@@ -290,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f.write(line + "\n")
     print(f"at {100 * SLO_ATTAINMENT:g}% of chunk periods on time:")
     print("\n".join(summary(rows)))
+    if args.curve:
+        print("the settings read as one curve per trace:")
+        for row in curve_rows(rows):
+            print(json.dumps(row))
     return 0
 
 

@@ -67,3 +67,26 @@ def test_settings_parse_as_json_values() -> None:
     }
     with pytest.raises(ValueError, match="KEY=VALUE"):
         candidates._setting("confidence")
+
+
+def test_settings_read_as_one_curve_interpolate_at_the_service_level() -> None:
+    def row(confidence: float, gpu_h: float, attainment: float) -> dict[str, object]:
+        return {
+            "trace": "t",
+            "params": {"confidence": confidence},
+            "gpu_h": gpu_h,
+            "attainment": attainment,
+            "reached": attainment >= 0.99,
+            "scale_events": 10,
+            "hpa_scale_events": 5,
+            "least_loaded_gpu_h": 5.0,
+            "hpa_gpu_h": 4.0,
+            "best_static_gpu_h": 5.0,
+        }
+
+    (curve,) = candidates.curve_rows([row(0.9, 3.0, 0.98), row(0.99, 4.0, 1.0)])
+    # Halfway from 2% missed to 0% missed: halfway from 3 to 4 GPU-h.
+    assert curve["gpu_h"] == pytest.approx(3.5)
+    assert curve["vs_cheaper_pct"] == pytest.approx(-12.5)
+    (missed,) = candidates.curve_rows([row(0.9, 3.0, 0.98)])
+    assert missed["gpu_h"] is None and missed["best_attainment"] == 0.98
