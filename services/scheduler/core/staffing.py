@@ -17,7 +17,8 @@ is "how many sessions may be active at t + B?", and its one knob is how sure it 
    their mean and variance enter the forecast (the thinned count's variance, and the storms'
    beyond the flips' own), so the one confidence covers them too; with ``burst_quantile``
    set, that quantile of the counts is taken as the arrivals, and of the shares as a floor on
-   an idle session's chance.
+   an idle session's chance. With ``surge`` (the default) the next boot's arrivals are at
+   least the last boot's: in a surge the long window's mean lags.
 3. **Square-root staffing.** The active count at t + B is a sum of Bernoullis: its mean plus
    ``z`` standard deviations (``z`` the normal quantile of ``confidence``), the rates'
    uncertainty added to the variance by the delta method (:func:`demand_ahead`). Headroom
@@ -284,7 +285,7 @@ class BootWindows:
         self.n_bins = max(BINS_PER_BOOT, int(round(window_s / self.bin_s)))
         self._bins: deque[list[int]] = deque()  # [bin index, count, base], oldest first
         self._first: int | None = None
-        self._cache: tuple[int, tuple[float, float], list[int], list[float]] | None = None
+        self._cache: tuple[int, tuple[float, float], list[int], list[float], int] | None = None
 
     def observe(self, t: float, base: int = 0) -> None:
         """Move the clock to ``t``; ``base`` is the population now (kept for a new bin)."""
@@ -307,6 +308,12 @@ class BootWindows:
         partial, _, shares = self._read(t)
         return partial[1] if not shares else _upper_quantile(shares, q)
 
+    def latest(self, t: float) -> float:
+        """The count of the most recent complete window (the scaled-up partial count before
+        there is one)."""
+        partial, sums, _ = self._read(t)
+        return float(self._cache[4]) if sums and self._cache is not None else partial[0]
+
     def moments(self, t: float) -> tuple[float, float]:
         """Mean and variance of the windows' counts (fewer bins than a window: the count
         scaled up, variance 0)."""
@@ -324,9 +331,9 @@ class BootWindows:
             self._cache = (current, *self._windows(current))
         return self._cache[1], self._cache[2], self._cache[3]
 
-    def _windows(self, current: int) -> tuple[tuple[float, float], list[int], list[float]]:
+    def _windows(self, current: int) -> tuple[tuple[float, float], list[int], list[float], int]:
         if self._first is None:
-            return (0.0, 0.0), [], []
+            return (0.0, 0.0), [], [], 0
         lo = max(self._first + 1, current - self.n_bins)
         while self._bins and self._bins[0][0] < lo:
             self._bins.popleft()
@@ -345,18 +352,19 @@ class BootWindows:
             last_base = bases[i]
         if n < BINS_PER_BOOT:
             if not n:
-                return (0.0, 0.0), [], []
+                return (0.0, 0.0), [], [], 0
             seen = sum(counts) * BINS_PER_BOOT / n
-            return (seen, min(1.0, seen / bases[0]) if bases[0] else 0.0), [], []
+            return (seen, min(1.0, seen / bases[0]) if bases[0] else 0.0), [], [], 0
         run = sum(counts[:BINS_PER_BOOT])
         sums = [run]
         for i in range(BINS_PER_BOOT, n):
             run += counts[i] - counts[i - BINS_PER_BOOT]
             sums.append(run)
         shares = [min(1.0, c / bases[i]) if bases[i] else 0.0 for i, c in enumerate(sums)]
+        latest = sums[-1]
         sums.sort()
         shares.sort()
-        return (0.0, 0.0), sums, shares
+        return (0.0, 0.0), sums, shares, latest
 
 
 def _moments(values: list[int] | list[float]) -> tuple[float, float]:
@@ -383,6 +391,8 @@ class StaffingConfig(ControllerConfig):
     # variance then covered by the confidence like the rest.
     burst_quantile: float | None = None
     fill: float = 1.0  # share of K a GPU is sized to hold
+    # The arrivals of the next boot at least those of the last one (a surge's trend).
+    surge: bool = True
     scale_in_delay_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -424,6 +434,7 @@ class StaffingController(Controller):
         self.horizon_s = config.boot_delay_s
         self.burst_quantile = config.burst_quantile
         self.fill = config.fill
+        self.surge = config.surge
         self.estimator = RateEstimator(config.rate_window_s)
         window = max(config.burst_window_s, self.horizon_s)
         self.arrivals = BootWindows(self.horizon_s, window) if self.horizon_s > 0 else None
@@ -481,6 +492,10 @@ class StaffingController(Controller):
             wake = self.wakes.share_quantile(t, q)
             return demand_ahead(n_active, n_idle, arrivals, self._chances, self.z, wake)
         arrivals, arrivals_var = self.arrivals.moments(t)
+        if self.surge:
+            # A surge under way: the last boot's arrivals say more of the next boot's than
+            # the long window's mean, which dilutes them.
+            arrivals = max(arrivals, self.arrivals.latest(t))
         wake_mean, wake_var = self.wakes.share_moments(t)
         # Independent flips alone give the share a binomial variance; only the excess is the
         # storms' (the chain's Bernoullis hold the rest).

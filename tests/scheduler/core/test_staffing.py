@@ -210,3 +210,16 @@ def test_boot_windows_read_the_moments_of_their_counts():
     assert mean == pytest.approx(30.0, abs=1.0) and var < 1.0
     share_mean, _ = win.share_moments(900.0)
     assert share_mean == pytest.approx(1.0)  # 30 wakes over 10 idle: capped at all of them
+
+
+def test_the_latest_window_is_read_for_a_surge():
+    win = BootWindows(horizon_s=30.0, window_s=900.0)
+    win.observe(0.0)
+    for t in range(1, 870):
+        if t % 3 == 0:
+            win.record(float(t))  # one every 3 s: 10 a boot
+    for t in range(870, 900):
+        for _ in range(5):
+            win.record(float(t))  # a surge: 150 in the last boot
+    mean, _ = win.moments(900.0)
+    assert mean < 20.0 and win.latest(900.0) == 150.0
