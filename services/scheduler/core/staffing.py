@@ -384,7 +384,9 @@ class StaffingConfig(ControllerConfig):
     cap are not used) and the demand model's. ``scale_in_delay_s`` is the ski-rental hold
     (None: ``HOLD_BOOTS`` boot delays)."""
 
-    confidence: float = 0.95  # the chance that the demand at t + B fits the pool
+    # The chance that the demand at t + B fits the pool (0.99: the cheapest setting that served
+    # 99% of periods on every training trace it was swept on).
+    confidence: float = 0.99
     rate_window_s: float = 120.0  # time constant of the rate estimates
     burst_window_s: float = 900.0  # the past whose B-long arrival and wake counts are read
     # Which of those counts is taken for the next boot; None: their mean and variance, the
