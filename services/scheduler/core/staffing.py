@@ -453,8 +453,8 @@ class StaffingController(Controller):
         the event is applied."""
         cluster = self._cluster
         n_active = cluster.n_active
-        self.estimator.advance(event.t, n_active, len(cluster.sessions) - n_active)
         n_idle = len(cluster.sessions) - n_active
+        self.estimator.advance(event.t, n_active, n_idle)
         if self.arrivals is not None and self.wakes is not None:
             self.arrivals.observe(event.t)
             self.wakes.observe(event.t, n_idle)
