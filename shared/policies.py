@@ -19,4 +19,5 @@ LIVE_POLICIES = (
     "round_robin",
     "turboserve",
     "turboserve_predictive",
+    "turboserve_staffing",
 )

@@ -34,6 +34,9 @@ memory_aware           best fit     no        no        :class:`StaticConfig`
 hpa                    least loaded no        yes       ``rivals.HpaConfig``
 least_loaded_autoscale least loaded no        yes       ``rivals.ThresholdConfig``
 turboserve_predictive  least loaded yes       yes       ``rivals.PredictiveConfig``
+turboserve_staffing    soonest ...  yes       yes       ``staffing.StaffingConfig`` (the pool
+                                                        for the demand one boot ahead at a
+                                                        stated ``confidence``)
 ====================== ============ ========= ========= ========================================
 
 The policy sets the switches of a :class:`ControllerConfig` it is given (``name``,
@@ -72,6 +75,7 @@ from services.scheduler.core.rivals import (
     ThresholdConfig,
     ThresholdController,
 )
+from services.scheduler.core.staffing import StaffingConfig, StaffingController
 from services.scheduler.core.types import Decision, Event, RestoredGpu, RestoredSession
 from shared.policies import LIVE_POLICIES as LIVE_NAMES
 from shared.profile import LatencyProfile
@@ -335,6 +339,13 @@ LIVE_POLICIES = Policies(
         "turboserve_predictive",
         PredictiveConfig,
         PredictiveController,
+        autoscales=True,
+        aliases=GPUS_ALIAS,
+    ),
+    PolicySpec(
+        "turboserve_staffing",
+        StaffingConfig,
+        StaffingController,
         autoscales=True,
         aliases=GPUS_ALIAS,
     ),
