@@ -43,9 +43,10 @@ from lab.eval.matched import CurvePoint, cost_at_latency
 from lab.eval.plan import STATIC_BASELINES, PlanConfig, TraceFacts, plan_trace
 from lab.eval.runs import DEFAULT_PROFILE, RunSpec, execute, prime_trace_cache, run_all
 from lab.eval.service_level import SLO_ATTAINMENT, curve_at_slo, reaches, static_at_slo
+from lab.sim.catalog import load_trace
 from lab.sim.simulator import WARM_START_MIN_WINDOW_S, warm_pool
 from lab.sim.synth import BUILTIN_NAMES, scaled, training_traces
-from lab.sim.traceio import load_trace, write_trace
+from lab.sim.traceio import write_trace
 from shared.profile import load_profile
 
 # The rivals' curves a setting is read against, and the references read beside them on

@@ -8,7 +8,8 @@ import pytest
 from lab.eval import candidates
 from lab.eval.runs import RunSpec, execute, prime_trace_cache
 from lab.sim import synth
-from lab.sim.traceio import load_trace, write_trace
+from lab.sim.catalog import load_trace
+from lab.sim.traceio import write_trace
 
 
 @pytest.fixture(scope="module")
