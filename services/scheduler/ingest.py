@@ -33,7 +33,7 @@ from services.scheduler.core.pool import (
     WorkerSeen,
 )
 from services.scheduler.core.types import Event, EventKind
-from services.scheduler.executor import Executor
+from services.scheduler.executor import Executor, seen
 from shared.logging import get_logger
 from shared.registry import Registry, WorkerRecord
 from shared.settings import SchedulerSettings
@@ -334,19 +334,14 @@ class Ingest:
 
     async def _requeue_lost_by_workers(self, placement: dict[str, str]) -> None:
         """A worker that keeps saying it does not have a session it owns (an assignment it
-        lost): the session goes back to pending and is placed again."""
-        grace = self.settings.worker_timeout_s
-        for sid, owner in placement.items():
-            beat = self.beats.get(owner)
-            if beat is None or not self.pool.knows(owner) or sid in beat.sessions:
-                continue
+        lost): the session goes back to pending and is placed again, as the core decides."""
+        holding = {wid: beat.sessions for wid, beat in self.beats.items()}
+        for sid, owner in self.pool.unlisted(placement, holding):
             record = await self.registry.get_session(sid)
-            if (
-                record is None
-                or record.owner != owner
-                or record.state is not SessionState.EXECUTING
-                or beat.at - record.updated_at < grace
-            ):
+            if record is None:
+                continue
+            beat_at = self.beats[owner].at
+            if not self.pool.lost_by_worker(seen(sid, owner, record), record.updated_at, beat_at):
                 continue
             log.warning("session_lost_by_worker", session_id=sid, gpu_id=owner)
             if await self.executor.requeue(sid, record.epoch) is not None:

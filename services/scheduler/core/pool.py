@@ -393,6 +393,31 @@ class Pool:
                 out.append((sid, registered))
         return out
 
+    def unlisted(
+        self, placement: Mapping[str, str], holding: Mapping[str, Collection[str]]
+    ) -> list[tuple[str, str]]:
+        """Sessions the registry's ``placement`` has on a known worker whose last heartbeat
+        leaves them out (``holding``: the sessions each worker heard from says it has), as
+        (session, worker): each is lost to its worker if :meth:`lost_by_worker` says so."""
+        out = []
+        for sid, owner in placement.items():
+            listed = holding.get(owner)
+            if listed is not None and self.knows(owner) and sid not in listed:
+                out.append((sid, owner))
+        return out
+
+    def lost_by_worker(self, seen: SessionSeen, updated_at: float, beat_at: float) -> bool:
+        """Whether a session its worker's heartbeat leaves out is lost to it (an assignment it
+        lost): the registry still has it executing there, and did so for a worker's timeout
+        before that heartbeat (an assignment just claimed is not in a beat yet). It goes back
+        to pending and is placed again."""
+        return (
+            seen.state is Found.EXECUTING
+            and seen.owner == seen.gpu_id
+            and self.knows(seen.owner)
+            and beat_at - updated_at >= self.worker_timeout_s
+        )
+
     # -- workers --------------------------------------------------------------------------------
     def knows(self, wid: str | None) -> bool:
         return wid is not None and wid in self.workers

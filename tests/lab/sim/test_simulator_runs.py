@@ -14,6 +14,9 @@ from lab.sim.simulator import simulate, warm_start_gpus
 from lab.sim.traceio import read_trace, write_trace
 from tools.cli import main
 
+# Live policies that `sim evaluate` does not sweep yet (the staffing autoscaler is read by
+# lab.eval.candidates until it is chosen): `sim run --policy all` runs them without a cost at 99%.
+NOT_SWEPT = {"turboserve_staffing"}
 STATIC = ("round_robin", "least_loaded", "memory_aware")
 
 
@@ -241,6 +244,10 @@ def test_cli_all_policies_on_one_trace(tmp_path, capsys):
     assert "cost to serve 99% of chunk periods on time" in table
     for row in doc["runs"]:
         entry = row["cost_at_slo"]
+        if row["policy"] in NOT_SWEPT:  # the evaluation has no sweep of it: the table says so
+            lines = [ln for ln in table.splitlines() if "not swept by the evaluation" in ln]
+            assert entry is None and any(ln.startswith(f"| {row['policy']} ") for ln in lines)
+            continue
         assert entry["runs"] >= 2 and entry["cost_gpu_hours"] > 0, row["policy"]
         cell = f"{entry['cost_gpu_hours']:.2f}" if entry["reached"] else "not reached (best"
         assert f"| {row['policy']} " in table and cell in table

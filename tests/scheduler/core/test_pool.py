@@ -517,3 +517,19 @@ def test_a_worker_the_policy_gives_back_as_it_joins_is_released_once():
     p.join("b", "H20", 1.0)
     p.policy.step = lambda event: [Release("b")]  # type: ignore[method-assign]
     assert p.decide(WorkerJoined(1.0, "b", "H20")) == [Release("b")]
+
+
+def test_a_session_its_worker_leaves_out_is_lost_to_it_only_after_a_worker_timeout():
+    p = pool("a", "b", sessions=(RestoredSession("s", True, "a"), RestoredSession("t", True, "b")))
+    placement = {"s": "a", "t": "b", "u": "gone"}
+    # b's beat lists t; a's leaves s out; a worker not heard from says nothing either way.
+    assert p.unlisted(placement, {"a": {"x"}, "b": {"t"}}) == [("s", "a")]
+    assert p.unlisted(placement, {"b": set()}) == [("t", "b")]
+    timeout = p.worker_timeout_s
+    executing = SessionSeen("s", "a", Found.EXECUTING, "a", 4)
+    assert p.lost_by_worker(executing, 100.0, 100.0 + timeout)
+    assert not p.lost_by_worker(executing, 100.0, 100.0 + timeout - 0.1)  # just claimed
+    # Moved on meanwhile: no longer executing there, or no longer that worker's.
+    assert not p.lost_by_worker(replace(executing, state=Found.SUSPENDED), 0.0, 1e9)
+    assert not p.lost_by_worker(replace(executing, owner="b"), 0.0, 1e9)
+    assert not p.lost_by_worker(SessionSeen("s", "gone", Found.EXECUTING, "gone", 4), 0.0, 1e9)
