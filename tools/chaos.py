@@ -200,6 +200,7 @@ async def chaos(
         "seq_gaps": result["seq_gaps"],
         "seq_repeats": result["seq_repeats"],
         "silent_restarts": result["silent_restarts"],
+        "silent_restart_sessions": result["silent_restart_sessions"],
         "restarts": result["restarts"],
         "stall_s": result["stall_s"],
         "stall_p99_s": result["stall_s"]["p99"],

@@ -54,6 +54,8 @@ class SessionLog:
     last_epoch: int | None = None  # the owner epoch of the last chunk
     announced: bool = False  # a state event came since the last chunk
     silent_restarts: int = 0  # the owner changed with no state event: never expected
+    # Each silent restart, to find it in the logs: the chunk's seq, the epochs, the wall clock.
+    silent: list[dict[str, Any]] = field(default_factory=list)
     received: list[float] = field(default_factory=list)  # when each chunk arrived
     stall_s: float = 0.0  # the longest wait for a chunk beyond one period, while active
     ended: bool = False  # its stream ended with `event: end`
@@ -86,13 +88,16 @@ class SessionLog:
             self.ledger.spell_ended((now - self.next_due) * 1000.0, first=False)
         self.spell_start = None
 
-    def owner(self, epoch: int | None) -> None:
+    def owner(self, epoch: int | None, seq: int | None = None) -> None:
         """A chunk from the owner at ``epoch``: a new owner is always announced first (placed,
         migrated, recovered, restarted); one that is not would be a silent restart."""
         if epoch is None:
             return
         if self.last_epoch is not None and epoch != self.last_epoch and not self.announced:
             self.silent_restarts += 1
+            self.silent.append(
+                {"seq": seq, "from_epoch": self.last_epoch, "epoch": epoch, "at": time.time()}
+            )
         self.last_epoch, self.announced = epoch, False
 
     def chunk(self, seq: int, due_at: float, done_at: float, now: float, steps: int = 0) -> None:
@@ -680,7 +685,7 @@ async def _follow(resp: Any, log: SessionLog) -> bool:
             body = orjson.loads(sse.data)
             timing = body.get("timing", {})
             now = time.time()
-            log.owner(body.get("epoch"))
+            log.owner(body.get("epoch"), seq=body.get("seq"))
             log.chunk(
                 int(body["seq"]),
                 float(timing.get("due_at", now)),
@@ -788,6 +793,12 @@ def summarize(
         "stall_s": summary([max(0.0, log.stall_s) for log in logs if log.id is not None]),
         "restarts": sum(log.restarts for log in logs),
         "silent_restarts": sum(log.silent_restarts for log in logs),
+        # Which sessions restarted silently, and where, to read their logs around it.
+        "silent_restart_sessions": [
+            {"trace_id": log.trace_id, "id": log.id, "states": log.states[-8:], "at": log.silent}
+            for log in logs
+            if log.silent
+        ],
         "latency_ms": service["latency_ms"],
         "delivery_ms": summary([x for log in logs for x in log.delivery_ms]),
         "deadline_ms": deadline_ms,

@@ -23,9 +23,15 @@ from services.gpu_worker.generation import GenerationLoop
 from services.gpu_worker.handoff.codes import HandoffCode
 from services.gpu_worker.handoff.host import FrozenSession, HandoffRefusal, HostRefused
 from services.gpu_worker.inbox import CommandInbox, Control
+from services.gpu_worker.outbox import Flushed
+from shared.logging import get_logger
 from shared.registry import Registry
 
+log = get_logger("turboserve.worker")
+
 T = TypeVar("T")
+# How long a freeze waits for the session's chunks made before it to go out.
+FLUSH_WAIT_S = 2.0
 
 
 class EngineHost:
@@ -63,11 +69,26 @@ class EngineHost:
             )
         )
         try:
-            return await asyncio.shield(task)
+            frozen = await asyncio.shield(task)
+            await self._flushed(session_id)
+            return frozen
         except asyncio.CancelledError:
-            # Cancellation-safe: whenever the freeze lands, undo it (same epoch).
+            # Cancellation-safe: whenever the freeze lands (or has landed), undo it (same epoch).
             task.add_done_callback(lambda t: self._unfreeze_after_cancel(t, session_id, epoch))
             raise
+
+    async def _flushed(self, session_id: str) -> None:
+        """Wait until every chunk the session made before its freeze is out (published, or
+        told as unpublished), for at most ``FLUSH_WAIT_S``. A chunk still being encoded when
+        the session froze would otherwise reach the viewers after the new owner's ``migrated``
+        notice: its viewers would hear of the new owner, then get the old one's last chunk.
+        Past the wait (NATS away), the handoff goes on: the order is then not kept."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.generation.outbox.put(Flushed(session_id, done))
+        try:
+            await asyncio.wait_for(done, FLUSH_WAIT_S)
+        except TimeoutError:
+            log.warning("freeze_flush_timed_out", session_id=session_id, wait_s=FLUSH_WAIT_S)
 
     def _unfreeze_after_cancel(
         self, task: asyncio.Future[Any], session_id: str, epoch: int

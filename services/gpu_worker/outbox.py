@@ -16,6 +16,7 @@ the order the generation thread made them, however the encoder threads finish.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -75,7 +76,16 @@ class Forget:
     session_id: str
 
 
-Outgoing = OutChunk | SessionNotice | HandBack | Forget
+@dataclass(frozen=True, slots=True)
+class Flushed:
+    """A marker: when the publisher reaches it, everything put before it is out (published, or
+    told as unpublished). ``done`` is an event-loop future the publisher resolves."""
+
+    session_id: str
+    done: asyncio.Future[None]
+
+
+Outgoing = OutChunk | SessionNotice | HandBack | Forget | Flushed
 
 
 def _nothing() -> None:

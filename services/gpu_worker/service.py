@@ -43,7 +43,7 @@ from services.gpu_worker.generation import GenerationLoop, SessionFacts
 from services.gpu_worker.handoff.endpoint import HandoffEndpoint
 from services.gpu_worker.inbox import CommandInbox, Control
 from services.gpu_worker.metrics import WorkerMetrics
-from services.gpu_worker.outbox import Forget, HandBack, Outbox, OutChunk, Outgoing
+from services.gpu_worker.outbox import Flushed, Forget, HandBack, Outbox, OutChunk, Outgoing
 from services.gpu_worker.recovery import from_fields, to_fields
 from shared.logging import get_logger
 from shared.ops import OpsServer, close_ops, start_ops
@@ -273,6 +273,9 @@ class Publisher:
             self._hand_backs.spawn(
                 self.hand_back(item.session_id, item.epoch), f"hand-back-{item.session_id}"
             )
+        elif isinstance(item, Flushed):
+            if not item.done.done():
+                item.done.set_result(None)
         else:
             assert isinstance(item, Forget)
             self._recent.pop(item.session_id, None)
