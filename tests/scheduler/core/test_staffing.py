@@ -249,7 +249,7 @@ def test_churn_slots_keep_room_on_each_gpu_for_the_batch_being_refilled():
                 policy.step(Event(t, EventKind.ACTIVE, session_id=f"s{i - 2}"))
         return sum(1 for _ in policy.view.gpus)
 
-    assert pool(churn_slots=1.0) > pool()
+    assert pool(churn_slots=10.0) > pool(churn_slots=1.0) >= pool()
     for bad in ({"churn_slots": -1.0}, {"surge_recent_s": 0.0}):
         with pytest.raises(ValueError):
             LIVE_POLICIES.config("turboserve_staffing", bad)
