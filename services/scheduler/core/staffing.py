@@ -417,6 +417,9 @@ class StaffingConfig(ControllerConfig):
     # Their void chunks still run while their places are refilled (0: off).
     churn_slots: float = 0.0
     scale_in_delay_s: float | None = None
+    # Scale-event band: a scale-out asks for this share more than the target, and a target
+    # within this share below the pool keeps the pool (0: off). Fewer, larger scale events.
+    band: float = 0.0
 
     def __post_init__(self) -> None:
         ControllerConfig.__post_init__(self)
@@ -426,6 +429,8 @@ class StaffingConfig(ControllerConfig):
             raise ValueError(f"burst_quantile must be in [0, 1], got {self.burst_quantile}")
         if not 0 < self.fill <= 1:
             raise ValueError(f"fill must be in (0, 1], got {self.fill}")
+        if not (math.isfinite(self.band) and 0 <= self.band < 1):
+            raise ValueError(f"band must be in [0, 1), got {self.band}")
         if not (math.isfinite(self.churn_slots) and self.churn_slots >= 0):
             raise ValueError(f"churn_slots must be >= 0, got {self.churn_slots}")
         if self.surge_recent_s is not None and not (
@@ -466,6 +471,7 @@ class StaffingController(Controller):
         self.surge = config.surge
         self.surge_recent_s = config.surge_recent_s
         self.churn_slots = config.churn_slots
+        self.band = config.band
         self.period_s = self._cluster.profile.deadline_ms / 1000.0  # one chunk period
         self.estimator = RateEstimator(config.rate_window_s)
         window = max(config.burst_window_s, self.horizon_s)
@@ -563,6 +569,11 @@ class StaffingController(Controller):
         unpacked = len(cluster.pending) - capacity * len(cluster.booting)
         if unpacked > 0:
             target = max(target, math.ceil(budget) + math.ceil(unpacked / capacity - _EPS))
+        if self.band > 0:
+            if target > budget + _EPS:
+                target = math.ceil(target * (1 + self.band) - _EPS)
+            elif target >= budget * (1 - self.band) - _EPS:
+                target = math.ceil(budget - _EPS)
         target = max(target, self.config.min_gpus)
         if self.config.max_gpus is not None:
             target = min(target, self.config.max_gpus)

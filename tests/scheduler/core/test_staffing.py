@@ -253,3 +253,15 @@ def test_churn_slots_keep_room_on_each_gpu_for_the_batch_being_refilled():
     for bad in ({"churn_slots": -1.0}, {"surge_recent_s": 0.0}):
         with pytest.raises(ValueError):
             LIVE_POLICIES.config("turboserve_staffing", bad)
+
+
+def test_a_band_makes_fewer_larger_scale_outs():
+    def events(**params: object) -> int:
+        policy = _controller(confidence=0.9, initial_gpus=1, **params)
+        for i in range(300):
+            policy.step(Event(float(i), EventKind.ARRIVE, session_id=f"s{i}"))
+        return policy.scale_events
+
+    assert events(band=0.3) < events()
+    with pytest.raises(ValueError):
+        LIVE_POLICIES.config("turboserve_staffing", {"band": 1.0})
