@@ -530,12 +530,18 @@ class StaffingController(Controller):
             wake = self.wakes.share_quantile(t, q)
             return demand_ahead(n_active, n_idle, arrivals, self._chances, self.z, wake)
         arrivals, arrivals_var = self.arrivals.moments(t)
+        rate = arrivals  # the window's mean, per boot
         if self.surge:
             # A surge under way: the last boot's arrivals say more of the next boot's than
             # the long window's mean, which dilutes them.
             arrivals = max(arrivals, self.arrivals.latest(t))
         if self.surge_recent_s is not None:
-            arrivals = max(arrivals, self.arrivals.recent(t, self.surge_recent_s))
+            # The last few seconds against the window's rate: only a count the window's
+            # Poisson rate would not give at this confidence is read as a surge's onset.
+            recent = self.arrivals.recent(t, self.surge_recent_s)
+            share = min(1.0, self.surge_recent_s / self.horizon_s)
+            if recent * share > rate * share + self.z * math.sqrt(max(rate * share, 1.0)):
+                arrivals = max(arrivals, recent)
         wake_mean, wake_var = self.wakes.share_moments(t)
         # Independent flips alone give the share a binomial variance; only the excess is the
         # storms' (the chain's Bernoullis hold the rest).
