@@ -322,9 +322,9 @@ class BootWindows:
         lo = current - n_back
         if self._first is not None:
             lo = max(lo, self._first + 1)
-        elapsed = t - lo * self.bin_s
-        if elapsed <= _EPS:
-            return 0.0
+        # At least ``span_s``: a bin just begun (or the first bins after the found sessions)
+        # would scale a handful of events up to a surge.
+        elapsed = max(t - lo * self.bin_s, span_s)
         count = sum(c for b, c, _ in self._bins if b >= lo)
         return count * (self.bin_s * BINS_PER_BOOT) / elapsed
 
@@ -537,10 +537,12 @@ class StaffingController(Controller):
             arrivals = max(arrivals, self.arrivals.latest(t))
         if self.surge_recent_s is not None:
             # The last few seconds against the window's rate: only a count the window's
-            # Poisson rate would not give at this confidence is read as a surge's onset.
+            # rate would not give at this confidence (its Poisson spread, or the windows' own
+            # where they are over-dispersed) is read as a surge's onset.
             recent = self.arrivals.recent(t, self.surge_recent_s)
             share = min(1.0, self.surge_recent_s / self.horizon_s)
-            if recent * share > rate * share + self.z * math.sqrt(max(rate * share, 1.0)):
+            spread = max(arrivals_var, rate) * share  # over-dispersed windows: their variance
+            if recent * share > rate * share + self.z * math.sqrt(max(spread, 1.0)):
                 arrivals = max(arrivals, recent)
         wake_mean, wake_var = self.wakes.share_moments(t)
         # Independent flips alone give the share a binomial variance; only the excess is the
