@@ -314,6 +314,20 @@ class BootWindows:
         partial, sums, _ = self._read(t)
         return float(self._cache[4]) if sums and self._cache is not None else partial[0]
 
+    def recent(self, t: float, span_s: float) -> float:
+        """The events of the last ``span_s`` (whole bins, the current partial one included)
+        as a rate, scaled to one horizon: a surge's onset, before a whole window sees it."""
+        current = int(t // self.bin_s)
+        n_back = max(1, int(round(span_s / self.bin_s)))
+        lo = current - n_back
+        if self._first is not None:
+            lo = max(lo, self._first + 1)
+        # At least ``span_s``: a bin just begun (or the first bins after the found sessions)
+        # would scale a handful of events up to a surge.
+        elapsed = max(t - lo * self.bin_s, span_s)
+        count = sum(c for b, c, _ in self._bins if b >= lo)
+        return count * (self.bin_s * BINS_PER_BOOT) / elapsed
+
     def moments(self, t: float) -> tuple[float, float]:
         """Mean and variance of the windows' counts (fewer bins than a window: the count
         scaled up, variance 0)."""
@@ -395,7 +409,17 @@ class StaffingConfig(ControllerConfig):
     fill: float = 1.0  # share of K a GPU is sized to hold
     # The arrivals of the next boot at least those of the last one (a surge's trend).
     surge: bool = True
+    # The arrivals of the next boot at least the rate of the last this many seconds over a
+    # boot (None: off): a flash crowd's onset, seen before a whole boot-long window holds it.
+    surge_recent_s: float | None = None
+    # Slots per GPU kept for churn: this many times the sessions expected to leave a full
+    # GPU's batch (active -> idle, departures) within one chunk period, from the online rates.
+    # Their void chunks still run while their places are refilled (0: off).
+    churn_slots: float = 0.0
     scale_in_delay_s: float | None = None
+    # Scale-event band: a scale-out asks for this share more than the target, and a target
+    # within this share below the pool keeps the pool (0: off). Fewer, larger scale events.
+    band: float = 0.0
 
     def __post_init__(self) -> None:
         ControllerConfig.__post_init__(self)
@@ -405,6 +429,14 @@ class StaffingConfig(ControllerConfig):
             raise ValueError(f"burst_quantile must be in [0, 1], got {self.burst_quantile}")
         if not 0 < self.fill <= 1:
             raise ValueError(f"fill must be in (0, 1], got {self.fill}")
+        if not (math.isfinite(self.band) and 0 <= self.band < 1):
+            raise ValueError(f"band must be in [0, 1), got {self.band}")
+        if not (math.isfinite(self.churn_slots) and self.churn_slots >= 0):
+            raise ValueError(f"churn_slots must be >= 0, got {self.churn_slots}")
+        if self.surge_recent_s is not None and not (
+            math.isfinite(self.surge_recent_s) and self.surge_recent_s > 0
+        ):
+            raise ValueError(f"surge_recent_s must be > 0, got {self.surge_recent_s}")
         for key in ("rate_window_s", "burst_window_s"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value > 0):
@@ -437,6 +469,10 @@ class StaffingController(Controller):
         self.burst_quantile = config.burst_quantile
         self.fill = config.fill
         self.surge = config.surge
+        self.surge_recent_s = config.surge_recent_s
+        self.churn_slots = config.churn_slots
+        self.band = config.band
+        self.period_s = self._cluster.profile.deadline_ms / 1000.0  # one chunk period
         self.estimator = RateEstimator(config.rate_window_s)
         window = max(config.burst_window_s, self.horizon_s)
         self.arrivals = BootWindows(self.horizon_s, window) if self.horizon_s > 0 else None
@@ -494,10 +530,20 @@ class StaffingController(Controller):
             wake = self.wakes.share_quantile(t, q)
             return demand_ahead(n_active, n_idle, arrivals, self._chances, self.z, wake)
         arrivals, arrivals_var = self.arrivals.moments(t)
+        rate = arrivals  # the window's mean, per boot
         if self.surge:
             # A surge under way: the last boot's arrivals say more of the next boot's than
             # the long window's mean, which dilutes them.
             arrivals = max(arrivals, self.arrivals.latest(t))
+        if self.surge_recent_s is not None:
+            # The last few seconds against the window's rate: only a count the window's
+            # rate would not give at this confidence (its Poisson spread, or the windows' own
+            # where they are over-dispersed) is read as a surge's onset.
+            recent = self.arrivals.recent(t, self.surge_recent_s)
+            share = min(1.0, self.surge_recent_s / self.horizon_s)
+            spread = max(arrivals_var, rate) * share  # over-dispersed windows: their variance
+            if recent * share > rate * share + self.z * math.sqrt(max(spread, 1.0)):
+                arrivals = max(arrivals, recent)
         wake_mean, wake_var = self.wakes.share_moments(t)
         # Independent flips alone give the share a binomial variance; only the excess is the
         # storms' (the chain's Bernoullis hold the rest).
@@ -518,6 +564,12 @@ class StaffingController(Controller):
         cluster = self._cluster
         capacity = cluster.capacity
         per_gpu = capacity * self.fill
+        if self.churn_slots > 0:
+            # Sessions leaving a full GPU within one chunk period: their places are refilled
+            # while their void chunks still run, so the batch is briefly over K.
+            r = self.estimator.rates()
+            leave = r.deactivate + r.leave_active
+            per_gpu = max(1.0, per_gpu - self.churn_slots * capacity * leave * self.period_s)
         sized = self.demand(t).sized
         target = max(math.ceil(sized / per_gpu - _EPS), math.ceil(n_required / capacity - _EPS))
         # What placement cannot pack: sessions waiting for a slot beyond what the GPUs that
@@ -525,6 +577,11 @@ class StaffingController(Controller):
         unpacked = len(cluster.pending) - capacity * len(cluster.booting)
         if unpacked > 0:
             target = max(target, math.ceil(budget) + math.ceil(unpacked / capacity - _EPS))
+        if self.band > 0:
+            if target > budget + _EPS:
+                target = math.ceil(target * (1 + self.band) - _EPS)
+            elif target >= budget * (1 - self.band) - _EPS:
+                target = math.ceil(budget - _EPS)
         target = max(target, self.config.min_gpus)
         if self.config.max_gpus is not None:
             target = min(target, self.config.max_gpus)

@@ -223,3 +223,45 @@ def test_the_latest_window_is_read_for_a_surge():
             win.record(float(t))  # a surge: 150 in the last boot
     mean, _ = win.moments(900.0)
     assert mean < 20.0 and win.latest(900.0) == 150.0
+
+
+def test_the_recent_rate_sees_a_surge_before_a_whole_window_does():
+    win = BootWindows(horizon_s=30.0, window_s=900.0)
+    win.observe(0.0)
+    for t in range(1, 890):
+        if t % 3 == 0:
+            win.record(float(t))  # 10 a boot
+    for t in range(890, 900):
+        for _ in range(3):
+            win.record(float(t))  # 3 a second for the last 10 s: 90 a boot
+    assert win.latest(900.0) < 45.0  # the last whole boot dilutes the onset
+    assert win.recent(900.0, 10.0) == pytest.approx(90.0, rel=0.05)
+
+
+def test_churn_slots_keep_room_on_each_gpu_for_the_batch_being_refilled():
+    def pool(**params: object) -> int:
+        policy = _controller(confidence=0.9, initial_gpus=1, **params)
+        for i in range(300):
+            t = float(i)
+            policy.step(Event(t, EventKind.ARRIVE, session_id=f"s{i}"))
+            if i >= 2:
+                policy.step(Event(t, EventKind.IDLE, session_id=f"s{i - 2}"))
+                policy.step(Event(t, EventKind.ACTIVE, session_id=f"s{i - 2}"))
+        return sum(1 for _ in policy.view.gpus)
+
+    assert pool(churn_slots=10.0) > pool(churn_slots=1.0) >= pool()
+    for bad in ({"churn_slots": -1.0}, {"surge_recent_s": 0.0}):
+        with pytest.raises(ValueError):
+            LIVE_POLICIES.config("turboserve_staffing", bad)
+
+
+def test_a_band_makes_fewer_larger_scale_outs():
+    def events(**params: object) -> int:
+        policy = _controller(confidence=0.9, initial_gpus=1, **params)
+        for i in range(300):
+            policy.step(Event(float(i), EventKind.ARRIVE, session_id=f"s{i}"))
+        return policy.scale_events
+
+    assert events(band=0.3) < events()
+    with pytest.raises(ValueError):
+        LIVE_POLICIES.config("turboserve_staffing", {"band": 1.0})
