@@ -25,7 +25,8 @@ from services.gpu_worker.outbox import Flushed, Outbox, OutChunk
 from services.gpu_worker.service import Publisher
 from shared.runner import close_context, open_context
 from shared.settings import WorkerSettings
-from shared.streams import ChunkRetention, ensure_streams
+from shared.streams import ensure_streams
+from shared.video import ChunkRetention
 from shared.wire import Chunk, ChunkStreamMsg, NoticeKind, SessionNotice, decode, encode
 from tests.eventually import eventually
 
