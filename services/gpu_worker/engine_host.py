@@ -84,7 +84,7 @@ class EngineHost:
         notice: its viewers would hear of the new owner, then get the old one's last chunk.
         Past the wait (NATS away), the handoff goes on: the order is then not kept."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.generation.outbox.put(Flushed(session_id, done))
+        self.generation.outbox.put(Flushed(done))
         try:
             await asyncio.wait_for(done, FLUSH_WAIT_S)
         except TimeoutError:

@@ -81,7 +81,6 @@ class Flushed:
     """A marker: when the publisher reaches it, everything put before it is out (published, or
     told as unpublished). ``done`` is an event-loop future the publisher resolves."""
 
-    session_id: str
     done: asyncio.Future[None]
 
 

@@ -29,25 +29,9 @@ from shared.streams import ensure_streams
 from shared.video import ChunkRetention
 from shared.wire import Chunk, ChunkStreamMsg, NoticeKind, SessionNotice, decode, encode
 from tests.eventually import eventually
+from tests.gateway.test_units import wire_chunk
 
 pytestmark = pytest.mark.integration
-
-
-def _chunk(seq: int, epoch: int) -> Chunk:
-    return Chunk(
-        session_id="s",
-        seq=seq,
-        worker_id="src",
-        epoch=epoch,
-        width=16,
-        height=16,
-        fps=16.0,
-        gen_ms=1.0,
-        batch=1,
-        due_at=0.0,
-        done_at=0.0,
-        fmp4=b"",
-    )
 
 
 async def test_a_frozen_sessions_last_chunk_goes_out_before_the_new_owners_notice(env):
@@ -62,9 +46,9 @@ async def test_a_frozen_sessions_last_chunk_goes_out_before_the_new_owners_notic
         publisher = Publisher(ctx, "src", outbox, lambda *_: None)
         publishing = asyncio.ensure_future(publisher.publish_forever())
         encoding: Future[EncodedChunk] = Future()
-        outbox.put(OutChunk(_chunk(7, 1), None, encoding))  # made before the freeze
+        outbox.put(OutChunk(wire_chunk(7, b""), None, encoding))  # made before the freeze
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        outbox.put(Flushed("s", done))  # the freeze
+        outbox.put(Flushed(done))  # the freeze
         await asyncio.sleep(0.3)
         assert not done.done(), "the marker was reached before the chunk ahead of it went out"
         encoding.set_result(EncodedChunk(Fragment(b"\0" * 64, "video/mp4", 0.0, 0.75, 1.0), 16, 1))
