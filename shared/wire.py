@@ -71,6 +71,11 @@ class Subjects:
     def chunks_wildcard(self) -> str:
         return f"{self.prefix}.session.*.chunks"
 
+    # Gateway -> the worker that owns the session: a video-to-video session's input frames
+    # (core NATS, no stream: a frame that finds no subscriber is late already).
+    def session_input(self, session_id: str) -> str:
+        return f"{self.prefix}.session.{session_id}.input"
+
     # Scheduler -> one worker.
     def worker_cmd(self, worker_id: str) -> str:
         return f"{self.prefix}.worker.{worker_id}.cmd"
@@ -166,12 +171,23 @@ class _Msg(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     v: int = PROTOCOL_VERSION
 
 
+class SessionInput(enum.StrEnum):
+    """What a session generates from: text alone, or a live input video under the prompt."""
+
+    TEXT = "text"
+    VIDEO = "video"
+
+
 class SessionEvent(_Msg, tag="session_event"):
     session_id: Id
     kind: SessionEventKind
     at: float = msgspec.field(default_factory=time.time)
     prompt: str | None = None
     seed: int | None = None
+    # CREATED: what the session generates from. CREATED and PROMPT of a video session: how
+    # much of the input survives (0-1; None: unchanged, or the model's default).
+    input: SessionInput = SessionInput.TEXT
+    strength: float | None = None
 
 
 class WorkerCommand(_Msg, tag="worker_cmd"):
@@ -197,6 +213,9 @@ class WorkerCommand(_Msg, tag="worker_cmd"):
     owner_key: str = ""
     # STEPS: the denoising steps per chunk from the next chunk on (the quality budget).
     steps: int | None = None
+    # ASSIGN: what the session generates from; ASSIGN and PROMPT: a video session's strength.
+    input: SessionInput = SessionInput.TEXT
+    strength: float | None = None
 
 
 class CommandReply(_Msg, tag="command_reply"):
@@ -283,6 +302,19 @@ class Chunk(_Msg, tag="chunk"):
     duration_s: float = 0.0  # its playback time (frames / fps)
     encode_ms: float = 0.0  # time spent encoding it, after gen_ms
     steps: int = 0  # the denoising steps it ran (0: a sender that does not say)
+
+
+class InputFrame(_Msg, tag="input_frame"):
+    """One frame of a video-to-video session's input, as the viewer captured it, relayed by the
+    gateway on ``Subjects.session_input``. ``seq`` is the client's frame counter; the worker
+    groups consecutive frames into the input chunk that output chunk ``n`` is made from."""
+
+    session_id: Id
+    seq: int
+    captured_at: float  # the client's capture time (unix seconds)
+    received_at: float  # when the gateway took it
+    image: bytes  # one encoded image (JPEG) as the client sent it
+    dropped: int = 0  # frames of this session the gateway dropped before this one (total)
 
 
 class StreamEnd(_Msg, tag="stream_end"):
