@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from services.gpu_worker.fmp4 import (
+    FragmentTooLarge,
     chunk_start_s,
     decode_fragment,
     encode_chunk,
@@ -61,14 +62,34 @@ def test_every_chunk_of_uniform_noise_at_480x832_is_within_its_bound(bitrate):
     """The worst picture for an encoder, at the model's size: every chunk within the bound the
     bitrate sets, however many encodes it takes."""
     rng = np.random.default_rng(11)
-    fps, encodes = 16.0, []
+    fps = 16.0
     for seq in range(3):
         frames = rng.integers(0, 256, (12, 480, 832, 3), dtype=np.uint8)
         fragment = encode_chunk(frames, fps, chunk_start_s(seq, 0.75), bitrate=bitrate)
         assert len(fragment.data) <= fragment.limit_bytes == chunk_bytes_limit(bitrate, 0.75)
         assert decode_fragment(fragment.data)[0].shape == (12, 480, 832, 3)
+
+
+@pytest.mark.slow
+def test_a_chunk_over_its_bound_is_encoded_again_coarser_until_it_fits():
+    """The retry. libx264's rate control is not deterministic run to run: near 0.5 Mbit/s its
+    first try of noise lands within a hair of the bound, either side. At 2.5 Mbit/s it was 2 to
+    5% over in every try measured: this fails only if all three chunks fit at the first try."""
+    rng = np.random.default_rng(11)
+    encodes = []
+    for seq in range(3):
+        frames = rng.integers(0, 256, (12, 480, 832, 3), dtype=np.uint8)
+        fragment = encode_chunk(frames, 16.0, chunk_start_s(seq, 0.75), bitrate=2_500_000)
+        assert len(fragment.data) <= fragment.limit_bytes
         encodes.append(fragment.encodes)
-    assert max(encodes) > 1  # noise is over the bound at the first try: the retry is tested
+    assert max(encodes) > 1, encodes
+
+
+def test_a_chunk_over_its_bound_at_the_coarsest_quantiser_is_refused():
+    frames = np.random.default_rng(5).integers(0, 256, (4, 480, 832, 3), dtype=np.uint8)
+    with pytest.raises(FragmentTooLarge) as raised:
+        encode_chunk(frames, 16.0, 0.0, bitrate=1_000)
+    assert raised.value.size > raised.value.limit == chunk_bytes_limit(1_000, 4 / 16.0)
 
 
 def test_a_smooth_chunk_takes_one_encode_far_under_its_bound():
