@@ -2,7 +2,8 @@
 
 Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 
-- ``{ns}:session:{id}``   hash: state, owner, epoch, prompt, seed, last_seq, created_at, updated_at
+- ``{ns}:session:{id}``   hash: state, owner, epoch, prompt, seed, input, strength, last_seq,
+                          created_at, updated_at
 - ``{ns}:session:{id}:recovery``  hash: what rebuilds the session after its last chunk (written
                           with ``last_seq`` by its owner; deleted when the session ends)
 - ``{ns}:placement``      hash: session id -> worker id, for every session that has an owner
@@ -45,7 +46,7 @@ import redis.asyncio as aioredis
 
 from shared.leader import leader_key
 from shared.states import IllegalTransition, SessionState, sources_of
-from shared.wire import WorkerStatus
+from shared.wire import DEFAULT_STRENGTH, SessionInput, WorkerStatus
 
 KEEP: Final = object()  # sentinel: leave the owner as it is
 
@@ -203,6 +204,15 @@ class SessionRecord:
     updated_at: float
     token_hash: str = ""  # never shown: to_public leaves it out
     owner_key: str = ""
+    input: SessionInput = SessionInput.TEXT  # what the session generates from
+    strength: float | None = None  # a video session's strength (None: the model's default)
+
+    @property
+    def effective_strength(self) -> float | None:
+        """A video session's strength, the model's default when none was set; None for text."""
+        if self.input is not SessionInput.VIDEO:
+            return None
+        return DEFAULT_STRENGTH if self.strength is None else self.strength
 
     def to_public(self) -> dict[str, object]:
         return {
@@ -212,6 +222,8 @@ class SessionRecord:
             "epoch": self.epoch,
             "prompt": self.prompt,
             "seed": self.seed,
+            "input": str(self.input),
+            "strength": self.effective_strength,
             "last_seq": self.last_seq,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -318,12 +330,22 @@ class Registry:
 
     # -- sessions -----------------------------------------------------------------------------
     async def create_session(
-        self, session_id: str, prompt: str, seed: int, *, token_hash: str = "", owner_key: str = ""
+        self,
+        session_id: str,
+        prompt: str,
+        seed: int,
+        *,
+        token_hash: str = "",
+        owner_key: str = "",
+        input: SessionInput = SessionInput.TEXT,
+        strength: float | None = None,
     ) -> SessionRecord:
         """Create a pending session; :class:`SessionExists` (and nothing written) if the id is taken.
 
         ``token_hash``: a digest of the session's client token (the token itself is never
-        stored); ``owner_key``: the name of the API key that created it."""
+        stored); ``owner_key``: the name of the API key that created it; ``input`` and
+        ``strength``: what it generates from (a video session's strength, None: the model's
+        default)."""
         now = time.time()
         record = {
             "id": session_id,
@@ -332,6 +354,8 @@ class Registry:
             "epoch": 0,
             "prompt": prompt,
             "seed": seed,
+            "input": input.value,
+            "strength": _strength_field(strength),
             "last_seq": -1,
             "created_at": now,
             "updated_at": now,
@@ -514,6 +538,8 @@ class Registry:
         last_seq: int,
         token_hash: str = "",
         owner_key: str = "",
+        input: SessionInput = SessionInput.TEXT,
+        strength: float | None = None,
     ) -> bool:
         """Write back a session its owner holds but the registry lost (True when written)."""
         now = time.time()
@@ -524,6 +550,8 @@ class Registry:
             "epoch": epoch,
             "prompt": prompt,
             "seed": seed,
+            "input": input.value,
+            "strength": _strength_field(strength),
             "last_seq": last_seq,
             "created_at": now,
             "updated_at": now,
@@ -542,10 +570,14 @@ class Registry:
         raw = cast(dict[bytes, bytes], await self.r.hgetall(self.recovery_key(session_id)))
         return {_str(k): v for k, v in raw.items()} if raw else None
 
-    async def set_prompt(self, session_id: str, prompt: str) -> None:
-        await self.r.hset(
-            self.session_key(session_id), mapping={"prompt": prompt, "updated_at": time.time()}
-        )
+    async def set_prompt(
+        self, session_id: str, prompt: str, *, strength: float | None = None
+    ) -> None:
+        """The session's prompt, and with ``strength`` (a video session's) its strength."""
+        mapping: dict[str, str] = {"prompt": prompt, "updated_at": repr(time.time())}
+        if strength is not None:
+            mapping["strength"] = _strength_field(strength)
+        await self.r.hset(self.session_key(session_id), mapping=cast(Any, mapping))
 
     async def placement(self) -> dict[str, str]:
         raw = await self.r.hgetall(self.placement_key)
@@ -744,7 +776,14 @@ def _session_from(d: dict[str, Any]) -> SessionRecord:
         updated_at=float(d["updated_at"]),
         token_hash=str(d.get("token_hash") or ""),
         owner_key=str(d.get("owner_key") or ""),
+        input=SessionInput(d.get("input") or SessionInput.TEXT.value),
+        strength=float(d["strength"]) if d.get("strength") not in (None, "") else None,
     )
+
+
+def _strength_field(strength: float | None) -> str:
+    """A strength as the session hash keeps it (``""``: none set, the model's default)."""
+    return "" if strength is None else repr(float(strength))
 
 
 def _worker_fields(w: WorkerRecord) -> dict[str, str | bytes | int | float]:

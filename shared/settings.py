@@ -290,6 +290,12 @@ class GatewaySettings(CommonSettings):
     # The JPEG frames of ``?format=jpeg`` viewers, made here from the chunk's H.264 (once per
     # chunk for all of a session's JPEG viewers on this gateway, only while it has one).
     jpeg_quality: int = 80
+    # Video sessions' input: the largest frame (an encoded image) a client may send, the
+    # frames a session's relay holds before it drops the oldest, and the most frames a second
+    # taken from a WebRTC camera (the model takes about 16; a camera sends 30).
+    max_frame_bytes: int = 1 << 20
+    input_buffer_frames: int = 4
+    camera_max_fps: float = 16.0
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
@@ -307,6 +313,7 @@ class GatewaySettings(CommonSettings):
             "reap_interval_s",
             "rate_per_key_s",
             "control_wait_s",
+            "camera_max_fps",
         ):
             if not 0 < getattr(self, name) < math.inf:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be a finite number > 0")
@@ -315,6 +322,8 @@ class GatewaySettings(CommonSettings):
             "rate_burst",
             "admission_retry_after_s",
             "client_queue_chunks",
+            "max_frame_bytes",
+            "input_buffer_frames",
         ):
             if getattr(self, name) < 1:
                 faults.append(f"TURBOSERVE_{name.upper()}: must be >= 1")

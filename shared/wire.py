@@ -178,6 +178,11 @@ class SessionInput(enum.StrEnum):
     VIDEO = "video"
 
 
+# A video session's strength when its client names none: StreamDiffusionV2's starting noise
+# scale. Strength is diffusers' img2img one: 0 keeps the input as it is, 1 ignores it.
+DEFAULT_STRENGTH = 0.7
+
+
 class SessionEvent(_Msg, tag="session_event"):
     session_id: Id
     kind: SessionEventKind
@@ -302,6 +307,13 @@ class Chunk(_Msg, tag="chunk"):
     duration_s: float = 0.0  # its playback time (frames / fps)
     encode_ms: float = 0.0  # time spent encoding it, after gen_ms
     steps: int = 0  # the denoising steps it ran (0: a sender that does not say)
+    # A video session's: the seq of the last input frame the chunk was made from (-1: none).
+    input_seq: int = -1
+
+
+# The largest picture an input frame may hold (width x height): a 16-megapixel camera. A small
+# JPEG can declare a huge picture; the gateway and the worker refuse one beyond this.
+MAX_FRAME_PIXELS = 4096 * 4096
 
 
 class InputFrame(_Msg, tag="input_frame"):
@@ -388,6 +400,8 @@ class HandoffOffer(_Msg, tag="handoff_offer"):
     prompt: str = ""
     pending_prompt: str | None = None
     seed: int = 0
+    input: SessionInput = SessionInput.TEXT
+    strength: float | None = None
     preset: str = ""
     dtype: str = ""
     meta: dict[str, str] = msgspec.field(default_factory=dict)

@@ -101,6 +101,12 @@ BENCH = (
     Subcommand(
         "provisioner", "tools.bench.provisioner", "provisioner: command round trips, worker boots"
     ),
+    Subcommand(
+        "v2v",
+        "tools.bench.v2v",
+        "video-to-video sessions on one worker: input-to-output delay, sessions at the "
+        "deadline, encoder ms",
+    ),
 )
 BENCH_HELP = "benchmarks that print tables"
 

@@ -7,7 +7,8 @@ hangs or crashes takes nothing else with it) under its own time limit:
 1. ``bench``: ``bench worker`` at the check's batches, with the real VAE and umT5-XXL geometry
    (random weights, ``tools/bench/random_wan.py``): pass, chunk and decode ms; memory after
    init and at peak; K at the 0.75 s period;
-2. ``vae``: the VAE's decode alone per batch: ms and peak memory, out-of-memory caught;
+2. ``vae``: the VAE's decode alone per batch, and its encode of a video session's input chunk:
+   ms and peak memory, out-of-memory caught;
 3. ``sdpa``: attention at the model's real lengths, unmasked (flash) against masked;
 4. ``umt5``: how much ``pass_ms`` grows while umT5 encodes, on the default stream and on its own;
 5. ``handoff``: a session's state between two worker processes (CUDA IPC on one GPU, NCCL with
@@ -27,6 +28,7 @@ dry run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -153,6 +155,7 @@ def step_bench(options: Options) -> dict[str, Any]:
 def step_vae(options: Options) -> dict[str, Any]:
     import torch
 
+    from services.gpu_worker.model.vae import WanVaeEncoder
     from tools.bench.random_wan import preset_config, random_vae
 
     config = preset_config(options.preset, options.resolution)
@@ -164,23 +167,47 @@ def step_vae(options: Options) -> dict[str, Any]:
         latents = torch.randn(*shape, config.latent_height, config.latent_width, device=device)
         state = torch.zeros(batch, decoder.state_numel, device=device, dtype=_dtype(options))
         try:
-            times, peak = _time_decode(decoder, latents, state, device, 3 if options.cuda else 1)
+            run = functools.partial(decoder.decode, latents, state, False)
+            times, peak = _time(run, device, 3 if options.cuda else 1)
             rows.append({"batch": batch, "ms": times, "max_memory_allocated": peak})
         except torch.OutOfMemoryError as exc:
             rows.append({"batch": batch, "oom": str(exc).splitlines()[0]})
         del latents, state
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"decodes": rows, "state_bytes": decoder.state_numel * _dtype(options).itemsize}
+    # The encoder of a video session's input chunks (4 frames per latent frame, after the
+    # first chunk), on camera-like random pixels.
+    encoder = WanVaeEncoder(decoder.vae, (config.height, config.width), config.chunk_frames)
+    encodes: list[dict[str, Any]] = []
+    for batch in options.batches:
+        frames_shape = (batch, encoder.input_frames(False), config.height, config.width, 3)
+        frames = torch.randint(0, 256, frames_shape, dtype=torch.uint8, device=device)
+        state = torch.zeros(batch, encoder.state_numel, device=device, dtype=_dtype(options))
+        try:
+            run = functools.partial(encoder.encode, frames, state, False)
+            times, peak = _time(run, device, 3 if options.cuda else 1)
+            encodes.append({"batch": batch, "ms": times, "max_memory_allocated": peak})
+        except torch.OutOfMemoryError as exc:
+            encodes.append({"batch": batch, "oom": str(exc).splitlines()[0]})
+        del frames, state
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    item = _dtype(options).itemsize
+    return {
+        "decodes": rows,
+        "state_bytes": decoder.state_numel * item,
+        "encodes": encodes,
+        "encoder_state_bytes": encoder.state_numel * item,
+    }
 
 
-def _time_decode(
-    decoder: Any, latents: Any, state: Any, device: Any, repeats: int
-) -> tuple[float, int | None]:
+def _time(run: Callable[[], Any], device: Any, repeats: int) -> tuple[float, int | None]:
+    """Median ms of ``run`` (after a warm-up) and its peak allocation beyond what it started
+    with (CUDA only)."""
     import torch
 
     with torch.inference_mode():
-        decoder.decode(latents, state, False)  # warm
+        run()  # warm
         _sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -188,7 +215,7 @@ def _time_decode(
         times = []
         for _ in range(repeats):
             started = time.perf_counter()
-            decoder.decode(latents, state, False)
+            run()
             _sync(device)
             times.append((time.perf_counter() - started) * 1000.0)
     peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from services.gateway import cluster, errors, probes, sessions, sse, webrtc, ws
 from services.gateway.auth import KeyRing
 from services.gateway.feeds import FeedHub
+from services.gateway.inputs import InputRelay
 from services.gateway.jpegs import Jpegs
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_json
@@ -101,6 +102,7 @@ def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
         store=GatewayStore(redis, settings.redis_namespace),
         hub=hub,
         metrics=metrics,
+        inputs=InputRelay(ctx.nc, ctx.subjects, settings, metrics),
     )
     return gw
 

@@ -9,6 +9,8 @@ import orjson
 from aiohttp import web
 
 from services.gateway import errors
+from shared.registry import SessionRecord
+from shared.wire import SessionInput
 
 SEED_LIMIT = 2**31
 
@@ -62,6 +64,43 @@ def seed_of(body: dict[str, Any]) -> int:
             maximum=SEED_LIMIT - 1,
         )
     return seed
+
+
+def input_of(body: dict[str, Any]) -> SessionInput:
+    """What a new session generates from: ``"text"`` (the default) or ``"video"``."""
+    value = body.get("input", SessionInput.TEXT.value)
+    try:
+        return SessionInput(value)
+    except ValueError:
+        allowed = ", ".join(repr(i.value) for i in SessionInput)
+        raise errors.InvalidRequest(
+            f"'input' must be one of {allowed}", field="input", value=value
+        ) from None
+
+
+def strength_of(body: dict[str, Any]) -> float | None:
+    """A video session's strength, 0-1 (None: not given)."""
+    value = body.get("strength")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise errors.InvalidRequest("'strength' must be a number", field="strength")
+    if not 0.0 <= value <= 1.0:
+        raise errors.OutOfRange(
+            "'strength' must be in [0, 1]", field="strength", value=value, minimum=0, maximum=1
+        )
+    return float(value)
+
+
+def steering_of(
+    body: dict[str, Any], record: SessionRecord, limit: int
+) -> tuple[str, float | None]:
+    """A prompt change's prompt and strength: with a strength the prompt may be left out
+    (the session's own is kept)."""
+    strength = strength_of(body)
+    if strength is not None and "prompt" not in body:
+        return record.prompt, strength
+    return prompt_of(body, limit), strength
 
 
 STREAM_FROM = ("live", "start")

@@ -38,6 +38,7 @@ class ChunkView(msgspec.Struct, tag="chunk", kw_only=True, forbid_unknown_fields
     duration_s: float = 0.0
     encode_ms: float = 0.0
     steps: int = 0
+    input_seq: int = -1
 
     def fragment_bytes(self) -> bytes:
         return _FRAGMENT.decode(self.fmp4)

@@ -28,6 +28,7 @@ from shared.wire import (
     NoticeKind,
     SessionEvent,
     SessionEventKind,
+    SessionInput,
     SessionNotice,
     StreamEnd,
     decode_or_drop,
@@ -67,11 +68,20 @@ async def publish_event(
     *,
     prompt: str | None = None,
     seed: int | None = None,
+    input: SessionInput = SessionInput.TEXT,
+    strength: float | None = None,
     required: bool = True,
 ) -> bool:
     """Send a session event to the scheduler. ``required``: a failure is a 503 (the scheduler
     would never learn of the change); otherwise it is logged (the registry is enough)."""
-    event = SessionEvent(session_id=session_id, kind=kind, prompt=prompt, seed=seed)
+    event = SessionEvent(
+        session_id=session_id,
+        kind=kind,
+        prompt=prompt,
+        seed=seed,
+        input=input,
+        strength=strength,
+    )
     try:
         await gw.ctx.js.publish(gw.ctx.subjects.session_events, encode(event), timeout=2)
     except Exception as exc:  # noqa: BLE001 - NATS errors of every kind end the same way
@@ -151,16 +161,29 @@ async def _activity_flip(
     return before
 
 
-async def change_prompt(gw: Gateway, record: SessionRecord, prompt: str) -> ControlAnswer:
+async def change_prompt(
+    gw: Gateway, record: SessionRecord, prompt: str, strength: float | None = None
+) -> ControlAnswer:
+    """A new prompt and, for a video session, a new ``strength`` (None: unchanged), both from
+    the next chunk boundary."""
     _require_open(record, "steer")
-    await gw.registry.set_prompt(record.id, prompt)
+    if strength is not None and record.input is not SessionInput.VIDEO:
+        raise errors.NotVideoSession(
+            f"session {record.id} generates from text: only a video session has a strength",
+            session_id=record.id,
+            field="strength",
+        )
+    await gw.registry.set_prompt(record.id, prompt, strength=strength)
     async with notice_waiter(gw, record.id, NoticeKind.PROMPT) as waiter:
-        await publish_event(gw, record.id, SessionEventKind.PROMPT, prompt=prompt)
+        await publish_event(
+            gw, record.id, SessionEventKind.PROMPT, prompt=prompt, strength=strength
+        )
         notice = await waiter.wait(gw.settings.control_wait_s)
     log.info(
         "session_prompt_changed",
         session_id=record.id,
         prompt_chars=len(prompt),
+        strength=strength,
         next_seq=notice.next_seq if notice else None,
     )
     return ControlAnswer(notice is not None, notice.next_seq if notice else None)

@@ -105,6 +105,24 @@ class PayloadTooLarge(ApiError):
     status, code = 413, "payload_too_large"
 
 
+class FrameTooLarge(ApiError):
+    """An input frame over ``TURBOSERVE_MAX_FRAME_BYTES``."""
+
+    status, code = 413, "frame_too_large"
+
+
+class InvalidFrame(ApiError):
+    """An input frame that is not a JPEG image."""
+
+    status, code = 400, "invalid_frame"
+
+
+class NotVideoSession(ApiError):
+    """Input frames or a strength for a text-to-video session."""
+
+    status, code = 409, "not_video_session"
+
+
 class OutOfRange(ApiError):
     """A value of the right type outside its range."""
 

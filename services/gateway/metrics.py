@@ -14,6 +14,7 @@ from shared.states import SessionState
 LATENCY_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Transports whose client and lag-skip series exist (at 0) before their first client.
 CLIENT_TRANSPORTS = ("sse", "ws")
+INPUT_OUTCOMES = ("relayed", "dropped", "refused")
 
 
 class GatewayMetrics:
@@ -60,6 +61,15 @@ class GatewayMetrics:
         self.refusals = Counter(
             "turboserve_refusals", "Requests refused, by error code", ["code"], registry=r
         )
+        self.input_frames = Counter(
+            "turboserve_gateway_input_frames",
+            "Video sessions' input frames: relayed to the owner, dropped (the oldest, from a "
+            "full buffer) or refused (a bad frame)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in INPUT_OUTCOMES:
+            self.input_frames.labels(outcome)
         for transport in CLIENT_TRANSPORTS:
             self.clients.labels(transport)
             self.lag_skips.labels(transport)

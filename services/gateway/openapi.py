@@ -43,6 +43,15 @@ E401 = _error("unauthorized: no credential, or an unknown one")
 E403 = _error("forbidden: a credential that does not open this")
 E404 = _error("session_not_found")
 E409 = _error("session_closed")
+E409_STEER = _error("session_closed, or not_video_session: a strength for a text session")
+STRENGTH = {
+    "type": "number",
+    "minimum": 0,
+    "maximum": 1,
+    "nullable": True,
+    "description": "a video session's strength: how much of the input is restyled (0 keeps "
+    "it, 1 ignores it); none or null: the model's default (0.7)",
+}
 E413 = _error("payload_too_large")
 E422 = _error("out_of_range")
 E429 = _limited("rate_limited, too_many_sessions or pool_full")
@@ -147,6 +156,14 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
                     "nullable": True,
                     "description": "none or null: a random seed",
                 },
+                "input": {
+                    "type": "string",
+                    "enum": ["text", "video"],
+                    "default": "text",
+                    "description": "video: a video-to-video session, restyling the frames its "
+                    "client sends (WebSocket binary messages or a WebRTC track)",
+                },
+                "strength": STRENGTH,
             },
         },
         "Session": {
@@ -171,6 +188,13 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
                 "epoch": {"type": "integer"},
                 "prompt": {"type": "string"},
                 "seed": {"type": "integer"},
+                "input": {"type": "string", "enum": ["text", "video"]},
+                "strength": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": "a video session's strength (the default when none was "
+                    "given); null for a text session",
+                },
                 "last_seq": {"type": "integer"},
                 "created_at": {"type": "number"},
                 "updated_at": {"type": "number"},
@@ -190,9 +214,11 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
         },
         "Prompt": {
             "type": "object",
-            "required": ["prompt"],
             "additionalProperties": False,
-            "properties": {"prompt": prompt},
+            "properties": {"prompt": prompt, "strength": STRENGTH},
+            "anyOf": [{"required": ["prompt"]}, {"required": ["strength"]}],
+            "description": "a new prompt, a video session's new strength, or both; with a "
+            "strength alone the prompt is kept",
         },
         "ControlAnswer": {
             "type": "object",
@@ -209,6 +235,7 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
                     "description": "the first chunk the change holds for",
                 },
                 "prompt": {"type": "string"},
+                "strength": {"type": "number"},
                 "activity": {"type": "string", "enum": ["active", "paused"]},
                 "message": {"type": "string"},
             },
@@ -249,6 +276,11 @@ def schemas(max_prompt_chars: int) -> dict[str, Any]:
                             "it came; else re-encoded",
                         },
                     },
+                },
+                "camera": {
+                    "type": "boolean",
+                    "description": "the gateway takes the video the offer sends (a video "
+                    "session's peer, on a sendrecv transceiver) as the session's input",
                 },
             },
         },
@@ -322,7 +354,7 @@ def _control(op_id: str, summary: str, body: bool = False) -> dict[str, Any]:
             "required": True,
             "content": {"application/json": {"schema": _ref("Prompt")}},
         }
-        extra["responses"] |= {"400": E400, "413": E413}
+        extra["responses"] |= {"400": E400, "409": E409_STEER, "413": E413, "422": E422}
     return _session_op(
         op_id, summary, {"200": _json(_ref("ControlAnswer"), "done, from next_seq on")}, **extra
     )
@@ -477,7 +509,9 @@ def document(max_prompt_chars: int) -> dict[str, Any]:
             "/v1/sessions/{session_id}/ws": {
                 "get": _session_op(
                     "sessionSocket",
-                    "the session over a WebSocket: chunks and state out, controls in",
+                    "the session over a WebSocket: chunks and state out, controls in, and a "
+                    "video session's camera frames in (binary: a 4-byte big-endian header "
+                    'length, the JSON header {"type": "frame", "seq", "captured_at"}, one JPEG)',
                     {"101": {"description": "switching to the WebSocket protocol"}},
                     parameters=[LAST_EVENT_QUERY, FROM_QUERY, FORMAT_QUERY],
                     responses={

@@ -59,6 +59,9 @@ def timing(chunk: ChunkView) -> dict[str, float | int]:
         "due_at": chunk.due_at,
         "done_at": chunk.done_at,
         "latency_ms": round(max(0.0, chunk.done_at - chunk.due_at) * 1000, 3),
+        # A video session's: the seq of the last input frame the chunk was made from (output
+        # chunk n is made from input chunk n); -1 for a text session.
+        "input_seq": chunk.input_seq,
     }
 
 

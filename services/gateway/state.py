@@ -19,6 +19,7 @@ from aiohttp import web
 from services.gateway import errors
 from services.gateway.auth import ANONYMOUS, KeyRing, authorize_session
 from services.gateway.feeds import FeedHub
+from services.gateway.inputs import InputRelay
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.store import GatewayStore
 from shared.registry import Registry, SessionRecord
@@ -39,6 +40,7 @@ class Gateway:
     store: GatewayStore
     hub: FeedHub
     metrics: GatewayMetrics
+    inputs: InputRelay  # video sessions' input frames, to their owners
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     # This replica, as its viewers' holder in Redis.
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])

@@ -1,7 +1,8 @@
 """Controls that arrive on a live connection (the WebSocket, the WebRTC data channel): parsed,
 applied one at a time and answered with the same ``ack`` and ``error`` messages on both.
 
-A control is a JSON object ``{"type": "prompt" | "pause" | "resume" | "close", "id"?: any, ...}``;
+A control is a JSON object ``{"type": "prompt" | "pause" | "resume" | "close", "id"?: any, ...}``
+(a prompt's ``prompt`` and, for a video session, ``strength``, either or both);
 it means exactly what ``POST .../prompt``, ``.../pause``, ``.../resume`` and ``DELETE`` mean
 (:mod:`control` does the work). The answer echoes ``id``: ``{"type": "ack", "control", "id",
 "confirmed", "next_seq"}`` (a close's also ``state`` and ``last_seq``, its ``next_seq`` null),
@@ -77,13 +78,15 @@ async def _apply(
     gw: Gateway, record: SessionRecord, kind: str, body: dict[str, Any]
 ) -> dict[str, Any]:
     if kind == "prompt":
-        unknown = sorted(set(body) - {"type", "id", "prompt"})
+        unknown = sorted(set(body) - {"type", "id", "prompt", "strength"})
         if unknown:
             raise errors.InvalidRequest(f"unknown field(s): {', '.join(unknown)}", fields=unknown)
-        prompt = bodies.prompt_of(body, gw.settings.max_prompt_chars)
+        prompt, strength = bodies.steering_of(body, record, gw.settings.max_prompt_chars)
+        answer = await control.change_prompt(gw, record, prompt, strength)
         return {
             "prompt": prompt,
-            **(await control.change_prompt(gw, record, prompt)).body("prompt change"),
+            **({} if strength is None else {"strength": strength}),
+            **answer.body("prompt change"),
         }
     if kind == "pause":
         return (await control.pause(gw, record)).body("pause")

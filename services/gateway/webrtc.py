@@ -7,6 +7,10 @@ answer is ``{"type": "answer", "sdp": "...", "session_id", "video"}``. Then:
 - the video track carries the session's chunks from the live edge on (:mod:`chunktrack`): the
   worker's H.264 passed through to a peer that offers H.264 (preferred), re-encoded to VP8 for
   one that does not; the answer's ``video`` says which (``codec``, ``pass_through``);
+- a video session's peer may send its camera (:mod:`camera`): the gateway's transceiver is then
+  ``sendrecv``, and the frames of the track it receives go to the session's input like the
+  WebSocket's frame messages; the answer's ``camera`` says whether the gateway takes them (a
+  text session's peer gets a ``sendonly`` answer: its video is not received);
 - the data channel carries the WebSocket's controls and answers (:mod:`steering`: ``prompt``,
   ``pause``, ``resume``, ``close`` with ``id`` and ``ack``/``error``), and the WebSocket's text
   messages ``state``, ``lag`` and ``end``;
@@ -41,12 +45,15 @@ from aiortc import (
 from aiortc.sdp import SessionDescription
 
 from services.gateway import bodies, errors, lifetimes, steering
+from services.gateway.camera import Camera
 from services.gateway.chunktrack import ChunkTrack
 from services.gateway.feeds import End
+from services.gateway.inputs import Lane
 from services.gateway.state import GATEWAY_STATE, Gateway, authorized_session, json_response
 from shared.logging import get_logger
 from shared.registry import SessionRecord
 from shared.states import SessionState
+from shared.wire import SessionInput
 
 log = get_logger("turboserve.gateway")
 
@@ -83,6 +90,8 @@ class Peer:
         self.track: ChunkTrack | None = None
         self.task: asyncio.Task[None] | None = None
         self.release: Callable[[], Awaitable[None]] | None = None  # leave the feed, detach
+        self.cameras: list[Camera] = []  # the video tracks it sends (a video session's)
+        self.lane: Lane | None = None  # where their frames go
         pc.on("connectionstatechange", self._on_state)
         pc.on("datachannel", self._on_channel)
 
@@ -141,8 +150,11 @@ class Peer:
             async with asyncio.TaskGroup() as tg:
                 steer = tg.create_task(self._steer())
                 watchdog = tg.create_task(self._connect_or_give_up())
+                cameras = [tg.create_task(camera.run()) for camera in self.cameras]
                 await self.done.wait()
                 watchdog.cancel()
+                for task in cameras:
+                    task.cancel()
                 async with self.steering:  # the answer to a control in flight goes first
                     steer.cancel()
             if self.end is not None:
@@ -280,8 +292,11 @@ async def peer_offer(request: web.Request) -> web.Response:
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
     # Host candidates only: no STUN server (aiortc's default is a public one) and no TURN.
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    video = pc.addTransceiver("video", direction="sendonly")
+    takes_camera = record.input is SessionInput.VIDEO
+    video = pc.addTransceiver("video", direction="sendrecv" if takes_camera else "sendonly")
     video.setCodecPreferences(preferred_codecs())
+    received: list[Any] = []  # the tracks the offer sends (aiortc's track events)
+    pc.on("track", received.append)
     try:
         await _answer(pc, offer, video)
     except BaseException:
@@ -298,6 +313,14 @@ async def peer_offer(request: web.Request) -> web.Response:
         attachment = await lifetimes.attach(gw, record.id)
         peer.track = ChunkTrack(viewer, peer.send, peer.finish)
         video.sender.replaceTrack(peer.track)
+        if takes_camera:
+            lane = gw.inputs.open(record)
+            peer.lane = lane
+            peer.cameras = [
+                Camera(record.id, track, lane.accept, gw.settings.camera_max_fps)
+                for track in received
+                if track.kind == "video"
+            ]
         await pc.setLocalDescription(await pc.createAnswer())
         codec = negotiated_codec(pc.localDescription.sdp)
         peer.track.pass_through = codec is not None and codec.lower() == "video/h264"
@@ -306,6 +329,8 @@ async def peer_offer(request: web.Request) -> web.Response:
         await gw.hub.leave(viewer)
         if attachment is not None:
             await lifetimes.detach(gw, attachment)
+        if peer.lane is not None:
+            await gw.inputs.close(peer.lane)
         raise
     gw.metrics.clients.labels("webrtc").inc()
 
@@ -313,6 +338,8 @@ async def peer_offer(request: web.Request) -> web.Response:
         gw.metrics.clients.labels("webrtc").dec()
         await gw.hub.leave(viewer)
         await lifetimes.detach(gw, attachment)
+        if peer.lane is not None:
+            await gw.inputs.close(peer.lane)
 
     peer.release = release
     peers.start(peer)
@@ -322,6 +349,7 @@ async def peer_offer(request: web.Request) -> web.Response:
         session_id=record.id,
         codec=codec,
         pass_through=peer.track.pass_through,
+        camera=bool(peer.cameras),
     )
     return json_response(
         {
@@ -329,5 +357,6 @@ async def peer_offer(request: web.Request) -> web.Response:
             "sdp": local.sdp,
             "session_id": record.id,
             "video": {"codec": codec, "pass_through": peer.track.pass_through},
+            "camera": bool(peer.cameras),
         }
     )

@@ -16,9 +16,12 @@ Server to client:
   ``last_seq``, its ``next_seq`` null: nothing follows) and ``{"type": "error",
   "control", "id", "error": {"code", "message", ...}}``.
 
-Client to server (text, JSON): ``{"type": "prompt", "prompt": "..."}``, ``{"type": "pause"}``,
-``{"type": "resume"}``, ``{"type": "close"}``, each with an optional ``"id"`` echoed in its
-answer. Controls are handled one at a time, in order, while chunks keep flowing; they mean
+Client to server (text, JSON): ``{"type": "prompt", "prompt": "...", "strength"?: 0.5}``,
+``{"type": "pause"}``, ``{"type": "resume"}``, ``{"type": "close"}``, each with an optional
+``"id"`` echoed in its answer. A video session's client also sends its camera as **binary**
+messages, one input frame each, framed as the chunks are: a 4-byte big-endian length, a JSON
+header ``{"type": "frame", "seq", "captured_at"}``, then one JPEG (:mod:`inputs`); a frame it
+refuses is answered ``{"type": "error", "control": "frame", "id": seq, "error": ...}``. Controls are handled one at a time, in order, while chunks keep flowing; they mean
 exactly what ``POST .../prompt``, ``.../pause``, ``.../resume`` and ``DELETE`` mean
 (:mod:`steering`, shared with the WebRTC data channel).
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -41,11 +45,13 @@ from services.gateway.auth import authorize_session
 from services.gateway.chunkview import ChunkView
 from services.gateway.feeds import End, Entry, Lag, Viewer
 from services.gateway.formats import StreamFormat, format_of
+from services.gateway.inputs import Lane, parse_frame_message, require_video
 from services.gateway.jpegs import JpegFrames, Jpegs
 from services.gateway.sse import fragment_header, notice_data, timing
 from services.gateway.state import GATEWAY_STATE, Gateway, check_rate, load_session
 from shared.logging import get_logger
 from shared.registry import SessionRecord
+from shared.wire import SessionInput
 
 log = get_logger("turboserve.gateway")
 
@@ -109,7 +115,10 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
         await check_rate(gw, record.owner_key)
     last_seq = bodies.start_of(request, record.last_seq)
     fmt = format_of(request)
-    ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=gw.settings.max_body_bytes)
+    # Room for a frame over the limit to be answered frame_too_large rather than cut off
+    # (aiohttp closes the socket, 1009, on a message beyond max_msg_size).
+    largest = max(gw.settings.max_body_bytes, 2 * gw.settings.max_frame_bytes)
+    ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=largest)
     if not ws.can_prepare(request).ok:
         raise errors.InvalidRequest(
             "this route takes a WebSocket upgrade (GET with Upgrade: websocket)"
@@ -118,7 +127,10 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
         raise errors.Unavailable("gateway is shutting down; retry on another replica")
     try:
         jpeg = fmt is StreamFormat.JPEG
-        async with lifetimes.watching(gw, record.id, last_seq, "ws", jpeg) as viewer:
+        async with (
+            lifetimes.watching(gw, record.id, last_seq, "ws", jpeg) as viewer,
+            _input_lane(gw, record) as lane,
+        ):
             await ws.prepare(request)
             controls: asyncio.Queue[dict[str, Any]] = asyncio.Queue(steering.CONTROLS_IN_FLIGHT)
             # Held while a control is applied and answered: the end of the stream waits for it,
@@ -131,7 +143,7 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
                 steering_task = tg.create_task(
                     _steer(gw, ws, record, operator, controls, steering_lock)
                 )
-                await _receive(ws, controls)
+                await _receive(gw, ws, record, controls, lane)
                 sender.cancel()
                 steering_task.cancel()
     finally:
@@ -141,8 +153,26 @@ async def session_socket(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-async def _receive(ws: web.WebSocketResponse, controls: asyncio.Queue[dict[str, Any]]) -> None:
-    """Read the client's messages until it closes; each valid one is queued for _steer."""
+@contextlib.asynccontextmanager
+async def _input_lane(gw: Gateway, record: SessionRecord) -> AsyncIterator[Lane | None]:
+    """A video session's socket relays its input frames; a text session's has none."""
+    if record.input is not SessionInput.VIDEO:
+        yield None
+        return
+    async with gw.inputs.lane(record) as lane:
+        yield lane
+
+
+async def _receive(
+    gw: Gateway,
+    ws: web.WebSocketResponse,
+    record: SessionRecord,
+    controls: asyncio.Queue[dict[str, Any]],
+    lane: Lane | None,
+) -> None:
+    """Read the client's messages until it closes; each valid control is queued for _steer,
+    each input frame handed to the session's lane. A refused frame is answered with an error
+    message (``control`` "frame", ``id`` its seq) and the socket goes on."""
     async for msg in ws:
         if msg.type is WSMsgType.TEXT:
             try:
@@ -152,12 +182,16 @@ async def _receive(ws: web.WebSocketResponse, controls: asyncio.Queue[dict[str, 
                 continue
             await controls.put(body)
         elif msg.type is WSMsgType.BINARY:
-            await _send_text(
-                ws,
-                steering.error_message(
-                    None, None, errors.InvalidRequest("controls are text (JSON) messages")
-                ),
-            )
+            seq = None
+            try:
+                seq, captured_at, image = parse_frame_message(msg.data)
+                if lane is None:
+                    require_video(record)
+                    continue  # not reached: a text session has no lane
+                lane.accept(seq, captured_at, image)
+            except errors.ApiError as exc:
+                gw.metrics.refusals.labels(exc.code).inc()
+                await _send_text(ws, steering.error_message("frame", seq, exc))
         else:  # ERROR; CLOSE and CLOSING end the iteration themselves
             break
 

@@ -45,7 +45,14 @@ from services.gpu_worker.outbox import Forget, HandBack, Outbox, OutChunk
 from services.gpu_worker.pacing import ChunkEstimate, PlaybackClock, plan_pass
 from shared.logging import get_logger
 from shared.settings import DEFAULT_VIDEO_BITRATE
-from shared.wire import Chunk, NoticeKind, SessionNotice, WorkerCmdKind, WorkerCommand
+from shared.wire import (
+    Chunk,
+    NoticeKind,
+    SessionInput,
+    SessionNotice,
+    WorkerCmdKind,
+    WorkerCommand,
+)
 
 log = get_logger("turboserve.worker")
 
@@ -79,6 +86,10 @@ class OwnedSession:
     # A prompt change still being encoded (umT5, off the pass): announced once it applies, so
     # the ack names the chunk it really starts at.
     prompt_unannounced: str | None = None
+    # A video session at a chunk boundary whose input chunk was not there when its chunk was
+    # due to start: since when. Its clock slips by the wait (the input's lateness, not the
+    # worker's) once the input is there.
+    input_wait_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +103,8 @@ class SessionFacts:
     suspended: bool
     token_hash: str = ""
     owner_key: str = ""
+    input: SessionInput = SessionInput.TEXT
+    strength: float | None = None
 
 
 def _frozen_map(values: Mapping[Any, Any]) -> Mapping[Any, Any]:
@@ -299,7 +312,7 @@ class GenerationLoop:
         elif cmd.kind is WorkerCmdKind.RESUME:
             self._resume(sid, owned, arrived)
         elif cmd.kind is WorkerCmdKind.PROMPT:
-            self.engine.set_prompt(sid, cmd.prompt or "")
+            self.engine.set_prompt(sid, cmd.prompt or "", strength=cmd.strength)
             if self.engine.prompts.ready(cmd.prompt or "") is None:
                 owned.prompt_unannounced = cmd.prompt or ""  # announced when it applies
                 log.info(
@@ -350,9 +363,11 @@ class GenerationLoop:
         point = self._take_offer(sid, cmd.epoch) if cmd.seq > 0 else None
         try:
             if point is not None:
-                engine.restore(point)
+                engine.restore(point, input=cmd.input, strength=cmd.strength)
             else:
-                engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
+                engine.add_session(
+                    sid, cmd.prompt or "", cmd.seed or 0, input=cmd.input, strength=cmd.strength
+                )
         except EngineFull:
             log.warning("engine_full", session_id=sid, capacity=engine.capacity)
             self.outbox.put(HandBack(sid, cmd.epoch))
@@ -364,7 +379,9 @@ class GenerationLoop:
         except EngineError as exc:  # a log it cannot use: start over (and say so)
             log.warning("recovery_failed", session_id=sid, error=str(exc))
             point = None
-            engine.add_session(sid, cmd.prompt or "", cmd.seed or 0)
+            engine.add_session(
+                sid, cmd.prompt or "", cmd.seed or 0, input=cmd.input, strength=cmd.strength
+            )
         base = cmd.seq - point.seq if point is not None else cmd.seq
         # Playback starts when the assignment reached the worker: the wait for this pass
         # boundary is part of the first chunk's lateness.
@@ -561,12 +578,32 @@ class GenerationLoop:
     def _candidates(self) -> list[tuple[str, bool, float]]:
         phases = self.engine.phases()
         out = []
+        now: float | None = None
         for sid, phase in phases.items():
             owned = self.owned.get(sid)
             if owned is None or owned.frozen:
                 continue
+            if phase == 0 and not self.engine.input_ready(sid):
+                # A video session waits for its input chunk (an input frame wakes the loop).
+                now = self.now() if now is None else now
+                if owned.input_wait_since is None and now >= owned.clock.due - self._head_start():
+                    owned.input_wait_since = now
+                continue
+            if owned.input_wait_since is not None:
+                now = self.now() if now is None else now
+                owned.clock.due += now - owned.input_wait_since
+                owned.input_wait_since = None
             out.append((sid, phase == 0, owned.clock.due))
         return out
+
+    def _head_start(self) -> float:
+        """How long before its due time a chunk starts (``pacing.plan_pass``)."""
+        return max(self.lead_s, self._estimate())
+
+    def input_arrived(self) -> None:
+        """A video session's input frame was put in its buffer (thread-safe; from the event
+        loop): the loop re-plans, as the session may now start its chunk."""
+        self.inbox.wake()
 
     def _estimate(self) -> float:
         """Expected chunk time if every resident session took each pass, at the step budget
@@ -690,6 +727,7 @@ class GenerationLoop:
                 done_at=done_at,
                 fmp4=b"",  # the encoder's, when it is done (OutChunk.chunk)
                 steps=r.steps,
+                input_seq=r.input_seq,
             )
             point = None
             if self.recovery_log and not owned.suspend_pending:
@@ -750,6 +788,8 @@ class GenerationLoop:
                         suspended=sid in suspended,
                         token_hash=o.token_hash,
                         owner_key=o.owner_key,
+                        input=engine.input_of(sid),
+                        strength=engine.strength_of(sid),
                     )
                     for sid, o in self.owned.items()
                     if engine.has_session(sid)

@@ -49,6 +49,14 @@ class WorkerMetrics:
             "each told to the session's viewers as an unpublished notice",
             registry=r,
         )
+        self.input_frames = Counter(
+            "turboserve_worker_input_frames",
+            "Video sessions' input frames by outcome: put (in the session's buffer), stale "
+            "(not after the last one), refused (no image), malformed, unknown_session, "
+            "dropped_at_gateway (frames the gateway's relay dropped before it sent these)",
+            ["outcome"],
+            registry=r,
+        )
         self.steps = Gauge(
             "turboserve_worker_steps",
             "Denoising steps per chunk in force: the model's full count, fewer under the "

@@ -42,6 +42,7 @@ from services.gpu_worker.fmp4 import FragmentTooLarge
 from services.gpu_worker.generation import GenerationLoop, SessionFacts
 from services.gpu_worker.handoff.endpoint import HandoffEndpoint
 from services.gpu_worker.inbox import CommandInbox, Control
+from services.gpu_worker.input_feed import InputFeed
 from services.gpu_worker.metrics import WorkerMetrics
 from services.gpu_worker.outbox import Flushed, Forget, HandBack, Outbox, OutChunk, Outgoing
 from services.gpu_worker.recovery import from_fields, to_fields
@@ -404,6 +405,7 @@ class WorkerService:
         self.metrics = WorkerMetrics()
         self.ops: OpsServer | None = None
         self.fence: CommandFence | None = None
+        self.inputs: InputFeed | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext) -> None:
@@ -526,6 +528,17 @@ class WorkerService:
             registry=ctx.registry,
             reservations=engine.reservations,
         )
+        # The input buffers are the engine's thread-safe part (with its video sessions' list).
+        self.inputs = InputFeed(
+            ctx.nc,
+            ctx.subjects,
+            engine.video_sessions,
+            engine.input_buffer,
+            (engine.model_config.height, engine.model_config.width),
+            self.generation.input_arrived,
+            lambda outcome: self.metrics.input_frames.labels(outcome).inc(),
+        )
+        ctx.spawn(self.inputs.run_forever(), name="worker-input")
         del engine  # from here on the generation thread's alone
         self.handoff = HandoffEndpoint(ctx.nc, ctx.registry, ctx.subjects, host, self.settings)
         await self.handoff.start()
@@ -550,6 +563,8 @@ class WorkerService:
         if self.handoff is not None:  # handoffs in flight finish or abort first
             await self.handoff.close()
         self.inbox.close()
+        if self.inputs is not None:
+            await self.inputs.close()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
         if self.encoder is not None:  # the chunks handed to the encoders are encoded
@@ -862,6 +877,8 @@ class WorkerService:
                 last_seq=f.last_seq,
                 token_hash=f.token_hash,
                 owner_key=f.owner_key,
+                input=f.input,
+                strength=f.strength,
             ):
                 log.warning(
                     "session_reannounced", session_id=sid, epoch=f.epoch, last_seq=f.last_seq

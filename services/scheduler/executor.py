@@ -223,6 +223,8 @@ class Executor:
             seq=record.last_seq + 1,
             token_hash=record.token_hash,
             owner_key=record.owner_key,
+            input=record.input,
+            strength=record.strength,
         )
         self.shell.spawn(
             self._deliver(sid, cmd, on_failure=EventKind.PLACEMENT_FAILED), f"assign-{sid}"
@@ -354,8 +356,11 @@ class Executor:
         await self.sender.to_worker(cmd)
         self._session_locks.pop(sid, None)
 
-    async def forward_prompt(self, sid: str, prompt: str | None) -> None:
-        """A viewer's new prompt to the worker that runs (or holds) the session."""
+    async def forward_prompt(
+        self, sid: str, prompt: str | None, strength: float | None = None
+    ) -> None:
+        """A viewer's new prompt (and a video session's strength) to the worker that runs (or
+        holds) the session."""
         record = await self.registry.get_session(sid)
         if (
             record is None
@@ -369,6 +374,8 @@ class Executor:
             epoch=record.epoch,
             session_id=sid,
             prompt=prompt or record.prompt,
+            input=record.input,
+            strength=record.strength if strength is None else strength,
         )
         await self._deliver(sid, cmd)
 

@@ -206,7 +206,9 @@ class Ingest:
     async def on_session_event(self, event: SessionEvent) -> None:
         shell, sid = self.shell, event.session_id
         if event.kind is SessionEventKind.PROMPT:
-            shell.spawn(self.executor.forward_prompt(sid, event.prompt), f"prompt-{sid}")
+            shell.spawn(
+                self.executor.forward_prompt(sid, event.prompt, event.strength), f"prompt-{sid}"
+            )
             return
         if event.kind is SessionEventKind.CLOSED:
             shell.spawn(self.executor.stop_session(sid), f"stop-{sid}")

@@ -4,6 +4,7 @@ between two worker processes where a GPU is present (skipped here, with the reas
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import threading
 import time
@@ -198,3 +199,17 @@ async def test_nccl_between_two_gpus(infra, isolation, redis_client, nats_client
     )
     assert there.ok and back.ok, (there, back)
     assert there.transport == back.transport == "nccl"
+
+
+def test_the_rendezvous_listens_on_the_handoff_address_only():
+    """TCPStore's own server listens on every interface; ours only where the worker said."""
+    server = StoreServer("127.0.0.1", 0, timeout_s=5)
+    port = server.store.port
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    # another loopback address of this host: a server on every interface would answer there
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.2", port), timeout=5):
+        pass
+    client = StoreClients(timeout_s=5).client(server.address)
+    client.set("k", "v")
+    assert server.store.get("k") == b"v"

@@ -37,12 +37,13 @@ SETTINGS = {
 }
 
 
-# What an operator sets before `docker compose up` (docs/security.md).
-PASSWORDS = {
+# What an operator sets before `docker compose up` (docs/security.md): the ten passwords and
+# the gateway's API keys.
+SECRETS = {
     f"{server}_{role.upper()}_PASSWORD": f"{server.lower()}-{role}-pw"
     for server in ("NATS", "REDIS")
     for role in ROLES
-}
+} | {"TURBOSERVE_API_KEYS": "ops:compose-key-1"}
 _VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
 
@@ -112,9 +113,18 @@ def test_environment_names_real_settings(compose, name):
     with pytest.raises(KeyError, match=f"NATS_{upper}_PASSWORD"):
         interpolate(env["TURBOSERVE_NATS_URL"], {})
     # the values as the container sees them must pass the service's own validation
-    settings = SETTINGS[name].from_env({k: interpolate(str(v), PASSWORDS) for k, v in env.items()})
+    settings = SETTINGS[name].from_env({k: interpolate(str(v), SECRETS) for k, v in env.items()})
     assert settings.nats_url == f"nats://{name}:nats-{name}-pw@nats:4222"
     assert f"nats-{name}-pw" not in str(settings)  # and are masked when printed
+
+
+def test_the_gateway_starts_closed(compose):
+    """Compose refuses to start the gateway without API keys, and the keys reach it."""
+    env = compose["services"]["gateway"]["environment"]
+    with pytest.raises(KeyError, match="TURBOSERVE_API_KEYS"):
+        interpolate(env["TURBOSERVE_API_KEYS"], {})
+    settings = GatewaySettings.from_env({k: interpolate(str(v), SECRETS) for k, v in env.items()})
+    assert settings.api_key_map() == {"ops": "compose-key-1"}
 
 
 def test_provisioner_starts_workers_with_the_workers_credentials(compose):
@@ -143,7 +153,7 @@ def test_auth_configs_are_the_generated_ones(compose):
         nats = nats.replace(f"@{role}@", f"${{NATS_{role.upper()}_PASSWORD:?}}")
         redis = redis.replace(f"@{role}@", f"${{REDIS_{role.upper()}_PASSWORD:?}}")
     assert compose_auth(compose) == (nats, redis)
-    as_deployed = interpolate(compose_auth(compose)[0], PASSWORDS)
+    as_deployed = interpolate(compose_auth(compose)[0], SECRETS)
     assert '"$JS.API.STREAM.CREATE.ts_SESSIONS"' in as_deployed
     assert 'password: "nats-gateway-pw"' in as_deployed
 

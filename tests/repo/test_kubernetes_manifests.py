@@ -82,7 +82,11 @@ def _container_env(spec: dict, config: dict[str, str]) -> dict[str, str]:
         assert source["configMapRef"]["name"] == "turboserve-config"
         env.update(config)
     for item in container.get("env", []):
-        env[item["name"]] = item.get("value", "10.0.0.7")  # a fieldRef: the pod's address
+        source = item.get("valueFrom", {})
+        if "secretKeyRef" in source:  # what an operator puts in the Secret
+            env[item["name"]] = "ops:k8s-key-1"
+        else:  # a value, or a fieldRef: the pod's address
+            env[item["name"]] = item.get("value", "10.0.0.7")
     return env
 
 
@@ -149,6 +153,15 @@ def test_worker_pod_template_is_what_the_provisioner_expects():
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert template["restartPolicy"] == "Never"
     assert "TURBOSERVE_WORKER_ID" not in {e["name"] for e in worker["env"]}  # the provisioner's
+
+
+def test_the_gateway_starts_closed():
+    """The gateway's API keys come from a Secret it cannot start without."""
+    [gateway] = _one("Deployment", "gateway")["spec"]["template"]["spec"]["containers"]
+    [keys] = [e for e in gateway["env"] if e["name"] == "TURBOSERVE_API_KEYS"]
+    ref = keys["valueFrom"]["secretKeyRef"]
+    assert ref["optional"] is False and ref["name"] == "turboserve-api-keys"
+    assert "turboserve-api-keys" not in {d["metadata"]["name"] for _, d in DOCS}  # not shipped
 
 
 def test_schedulers_run_active_and_standby():

@@ -19,7 +19,7 @@ from shared.security import inbox_prefix
 from shared.streams import ensure_streams
 from shared.wire import SessionEvent, SessionEventKind, Subjects, encode
 from tests.eventually import eventually_sync
-from tests.repo.test_compose import PASSWORDS, ROOT, compose_auth, interpolate
+from tests.repo.test_compose import ROOT, SECRETS, compose_auth, interpolate
 from tools.launcher import (
     free_port,
     nats_server_binary,
@@ -49,7 +49,7 @@ def _serving(probe: Callable[[], bool], proc: subprocess.Popen, what: str) -> Ca
 
 @contextlib.contextmanager
 def servers(compose: dict, tmp: Path) -> Iterator[tuple[int, int]]:
-    nats_auth, redis_users = (interpolate(text, PASSWORDS) for text in compose_auth(compose))
+    nats_auth, redis_users = (interpolate(text, SECRETS) for text in compose_auth(compose))
     (tmp / "auth.conf").write_text(nats_auth)
     (tmp / "users.conf").write_text(redis_users)
     nats_port, redis_port = free_port(), free_port()
@@ -118,7 +118,7 @@ def _local(url: str, port: int) -> str:
 
 async def test_compose_urls_connect_with_their_permissions(compose, tmp_path):
     env = {
-        name: {k: interpolate(str(v), PASSWORDS) for k, v in svc["environment"].items()}
+        name: {k: interpolate(str(v), SECRETS) for k, v in svc["environment"].items()}
         for name, svc in compose["services"].items()
         if "environment" in svc
     }

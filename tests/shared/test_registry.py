@@ -19,7 +19,7 @@ from shared.registry import (
     WorkerRecord,
 )
 from shared.states import IllegalTransition, SessionState
-from shared.wire import WorkerStatus
+from shared.wire import SessionInput, WorkerStatus
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.integration
@@ -39,6 +39,20 @@ async def test_create_and_read(registry):
     with pytest.raises(SessionExists):
         await registry.create_session("s1", "again", 1)
     assert await registry.get_session("nope") is None
+    assert rec.input is SessionInput.TEXT and rec.strength is None
+
+
+async def test_a_video_session_keeps_its_input_and_strength(registry):
+    rec = await registry.create_session("v1", "in ink", 3, input=SessionInput.VIDEO, strength=0.6)
+    got = await registry.get_session("v1")
+    assert got == rec and got.input is SessionInput.VIDEO and got.strength == 0.6
+    assert got.to_public()["input"] == "video" and got.to_public()["strength"] == 0.6
+    await registry.set_prompt("v1", "in watercolour")  # the strength stays
+    got = await registry.get_session("v1")
+    assert got is not None and (got.prompt, got.strength) == ("in watercolour", 0.6)
+    await registry.set_prompt("v1", "in oil", strength=0.25)
+    got = await registry.get_session("v1")
+    assert got is not None and (got.prompt, got.strength) == ("in oil", 0.25)
 
 
 async def test_two_claimants_exactly_one_wins(infra, registry, isolation):

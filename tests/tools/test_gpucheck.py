@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # What each step's entry must carry besides name, ok, seconds (its figures).
 FIGURES = {
     "bench": {"batches", "memory_after_init_bytes", "memory_peak_bytes", "k_at_period"},
-    "vae": {"decodes", "state_bytes"},
+    "vae": {"decodes", "state_bytes", "encodes", "encoder_state_bytes"},
     "sdpa": {"unmasked_ms", "flash_ms", "masked_ms", "q_tokens", "k_tokens"},
     "umt5": {"pass_ms_alone", "pass_ms_umt5_default_stream", "pass_ms_umt5_own_stream"},
     "handoff": {"transport", "results", "session_mib", "nccl"},

@@ -130,12 +130,14 @@ def random_wan(
     from services.gpu_worker.model.dit import build_model
     from services.gpu_worker.model.load import LoadedModel
     from services.gpu_worker.model.text import UMT5TextEncoder
+    from services.gpu_worker.model.vae import WanVaeEncoder
 
     config = preset_config(preset, resolution)
     torch.manual_seed(seed)
     dit = build_model(config, device, dtype, seed=seed)
     real = config.text_dim == UMT5_XXL["d_model"]
     decoder = random_vae(config, device, dtype)
+    encoder = WanVaeEncoder(decoder.vae, (config.height, config.width), config.chunk_frames)
     with torch.device(device):
         umt5: Any = UMT5EncoderModel(UMT5Config(**umt5_geometry(config.text_dim)))
     umt5 = umt5.to(dtype=dtype).eval()
@@ -149,4 +151,4 @@ def random_wan(
         "text encoder": f"random umT5 (d_model {config.text_dim})",
         "VAE": "random AutoencoderKLWan" + (" (Wan2.1's config)" if real else " (base_dim 8)"),
     }
-    return LoadedModel(config, dit, decoder, text, ("none", "random"), False, sources)
+    return LoadedModel(config, dit, decoder, text, encoder, ("none", "random"), False, sources)

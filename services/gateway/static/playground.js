@@ -6,6 +6,10 @@
 // are JSON (state, lag, end, ack, error).
 // The page asks for fmp4 unless the format picker (or #format=jpeg in the address) says jpeg,
 // and falls back to jpeg where the browser cannot play the fragments' codec.
+// Camera mode (the input picker, or #input=camera): a video-to-video session. The camera
+// (getUserMedia) goes to the gateway over WebRTC, on a sendrecv video transceiver whose other
+// direction brings the restyled video back; the controls and text messages use the peer's
+// data channel instead of the WebSocket.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -20,6 +24,7 @@ const ui = {
   start: $("start"), prompt: $("prompt"), seed: $("seed"), apiKey: $("api-key"),
   startError: $("start-error"), controlError: $("control-error"), sessionId: $("session-id"),
   format: $("format"), screen: $("screen"), video: $("video"), buffer: $("buffer"), newPrompt: $("new-prompt"), sendPrompt: $("send-prompt"),
+  input: $("input"), strength: $("strength"), newStrength: $("new-strength"), rtcVideo: $("rtc-video"), preview: $("camera-preview"),
   pause: $("pause"), resume: $("resume"), close: $("close"), state: $("state"), seq: $("seq"),
   latency: $("latency"), delivery: $("delivery"), gen: $("gen"), framesDrawn: $("frames-drawn"),
   chart: $("latency-chart"), log: $("log"),
@@ -27,6 +32,11 @@ const ui = {
 
 let session = null;      // {id, token, ws_url}
 let socket = null;
+let peer = null;         // camera mode: {pc, channel, stream}
+// Camera mode's figures (frames sent from the camera, restyled frames decoded), for the page
+// and for the browser tests; the session, so a test can watch it from outside.
+const cameraStats = { framesSent: 0, framesDecoded: 0, camera: null };
+window.turboserveCamera = cameraStats;
 let lastSeq = -1;
 let ended = false;
 let controlId = 0;
@@ -50,6 +60,7 @@ function fromHash(name) {
 
 ui.apiKey.value = fromHash("key") || localStorage.getItem(KEY_STORE) || "";
 if (fromHash("format") === "jpeg" || fromHash("format") === "fmp4") ui.format.value = fromHash("format");
+if (fromHash("input") === "camera") ui.input.value = "camera";
 
 function log(kind, text) {
   const li = document.createElement("li");
@@ -62,7 +73,7 @@ function log(kind, text) {
 }
 
 function setControls(enabled) {
-  for (const el of [ui.newPrompt, ui.sendPrompt, ui.pause, ui.resume, ui.close]) el.disabled = !enabled;
+  for (const el of [ui.newPrompt, ui.newStrength, ui.sendPrompt, ui.pause, ui.resume, ui.close]) el.disabled = !enabled;
 }
 
 function errorText(body, status) {
@@ -74,6 +85,11 @@ async function startSession() {
   ui.startError.textContent = "";
   const body = { prompt: ui.prompt.value };
   if (ui.seed.value !== "") body.seed = Number(ui.seed.value);
+  const camera = ui.input.value === "camera";
+  if (camera) {
+    body.input = "video";
+    if (ui.strength.value !== "") body.strength = Number(ui.strength.value);
+  }
   const headers = { "Content-Type": "application/json" };
   const key = ui.apiKey.value.trim();
   if (key) {
@@ -91,6 +107,7 @@ async function startSession() {
     }
     closeSocket();
     session = data;
+    window.turboserveSession = { id: data.id, token: data.token };
     lastSeq = -1;
     ended = false;
     for (const bitmap of pacer.clear()) bitmap.close();
@@ -100,8 +117,10 @@ async function startSession() {
     showSurface(streamFormat === "fmp4" ? "video" : "canvas");
     ui.sessionId.textContent = session.id;
     ui.state.textContent = session.state;
-    log("created", `${session.id.slice(0, 8)}: ${session.prompt}`);
-    connect();
+    log("created", `${session.id.slice(0, 8)}: ${session.prompt}${camera ? ` (camera, strength ${session.strength})` : ""}`);
+    ui.newStrength.hidden = !camera;
+    if (camera) await startCamera();
+    else connect();
     ui.start.disabled = false;
   } catch (err) {
     ui.startError.textContent = String(err);
@@ -153,7 +172,68 @@ function fallBackToJpeg(why) {
 
 function showSurface(which) {
   ui.video.hidden = which !== "video";
-  ui.screen.hidden = which === "video";
+  ui.screen.hidden = which !== "canvas";
+  ui.rtcVideo.hidden = which !== "rtc";
+}
+
+// Camera mode: the camera to the gateway and the restyled video back, on one peer connection.
+async function startCamera() {
+  const stream = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480 }, audio: false });
+  ui.preview.srcObject = stream;
+  ui.preview.hidden = false;
+  const pc = new RTCPeerConnection({ iceServers: [] });
+  pc.addTransceiver(stream.getVideoTracks()[0], { direction: "sendrecv", streams: [stream] });
+  const channel = pc.createDataChannel("control");
+  peer = { pc, channel, stream };
+  channel.onopen = () => setControls(true);
+  channel.onclose = () => { if (peer && peer.channel === channel) setControls(false); };
+  channel.onmessage = (ev) => onText(JSON.parse(ev.data));
+  pc.ontrack = (ev) => {
+    ui.rtcVideo.srcObject = new MediaStream([ev.track]);
+    showSurface("rtc");
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  await new Promise((resolve) => { // the whole offer at once: the gateway takes no trickle
+    if (pc.iceGatheringState === "complete") resolve();
+    pc.addEventListener("icegatheringstatechange", () => { if (pc.iceGatheringState === "complete") resolve(); });
+    setTimeout(resolve, 5000);
+  });
+  const resp = await fetch(`/v1/sessions/${session.id}/webrtc`, {
+    method: "POST",
+    headers: { Authorization: "Bearer " + session.token, "Content-Type": "application/json" },
+    body: JSON.stringify({ type: "offer", sdp: pc.localDescription.sdp }),
+  });
+  const answer = await resp.json().catch(() => null);
+  if (resp.status !== 200) {
+    ui.startError.textContent = errorText(answer, resp.status);
+    stopCamera();
+    return;
+  }
+  cameraStats.camera = answer.camera;
+  log("camera", answer.camera ? `sending, ${answer.video.codec} back` : "the gateway does not take this session's camera");
+  await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+}
+
+function stopCamera() {
+  if (!peer) return;
+  const { pc, stream } = peer;
+  peer = null;
+  for (const track of stream.getTracks()) track.stop();
+  pc.close();
+  ui.preview.hidden = true;
+  setControls(false);
+}
+
+async function showCameraStats() {
+  if (!peer) return;
+  const stats = await peer.pc.getStats();
+  stats.forEach((s) => {
+    if (s.kind !== "video") return;
+    if (s.type === "outbound-rtp") cameraStats.framesSent = s.framesSent || 0;
+    if (s.type === "inbound-rtp") cameraStats.framesDecoded = s.framesDecoded || 0;
+  });
+  ui.framesDrawn.textContent = String(cameraStats.framesDecoded);
+  ui.buffer.textContent = `${cameraStats.framesSent} sent`;
 }
 
 function showFrameCount() {
@@ -161,6 +241,7 @@ function showFrameCount() {
 }
 
 function closeSocket() {
+  stopCamera();
   if (socket) {
     const ws = socket;
     socket = null;
@@ -227,6 +308,10 @@ function onText(msg) {
       ui.state.textContent = ended ? "closed" : ui.state.textContent;
       log("end", `${msg.reason} after seq ${msg.last_seq}`);
       if (ended) setControls(false);
+      if (peer) { // camera mode: a gateway going away is left for another, with a new offer
+        stopCamera();
+        if (!ended) setTimeout(() => { if (session && !peer) startCamera().catch((err) => log("error", String(err))); }, 1000);
+      }
       break;
     case "ack": {
       log(msg.control, ackText(msg));
@@ -244,10 +329,11 @@ function onText(msg) {
 }
 
 function send(type, extra) {
-  if (!socket || socket.readyState !== WebSocket.OPEN) return;
+  const line = peer ? peer.channel : socket;
+  if (!line || line.readyState !== (peer ? "open" : WebSocket.OPEN)) return;
   ui.controlError.textContent = "";
   controlId += 1;
-  socket.send(JSON.stringify({ type, id: controlId, ...extra }));
+  line.send(JSON.stringify({ type, id: controlId, ...extra }));
 }
 
 // Playback: each frame at the time the pacer gives it (its chunk's due time plus a jitter
@@ -277,7 +363,9 @@ function playLoop() {
 
 // The video's figures, a few times a second.
 function showVideoStats() {
-  if (video && !ui.video.hidden) {
+  if (peer) {
+    showCameraStats().catch(() => {});
+  } else if (video && !ui.video.hidden) {
     showFrameCount();
     ui.buffer.textContent = `${video.aheadS().toFixed(1)} s`;
   } else {
@@ -317,7 +405,9 @@ function drawChart() {
 ui.start.addEventListener("click", startSession);
 ui.sendPrompt.addEventListener("click", () => {
   const prompt = ui.newPrompt.value.trim();
-  if (prompt) send("prompt", { prompt });
+  const change = prompt ? { prompt } : {};
+  if (peer && ui.newStrength.value !== "") change.strength = Number(ui.newStrength.value);
+  if (Object.keys(change).length) send("prompt", change);
 });
 ui.newPrompt.addEventListener("keydown", (ev) => { if (ev.key === "Enter") ui.sendPrompt.click(); });
 ui.pause.addEventListener("click", () => send("pause"));

@@ -21,19 +21,23 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import statistics
+import threading
 import time
 from collections import deque
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import structlog
 import torch
 
 from shared.logging import get_logger
 from shared.settings import DEFAULT_SLOTS
+from shared.wire import DEFAULT_STRENGTH, SessionInput
 
 from .. import telemetry as telemetry_mod
+from ..input_frames import InputBuffer
 from ..model.config import ModelConfig
 from ..model.dit import ChunkCaches
 from ..model.load import LoadedModel, ModelSpec, load_model
@@ -113,6 +117,12 @@ class _Session:
     chunk_batch: int = 0  # batch of its passes so far; -1 once it changed mid-chunk
     suspend_requested: bool = False  # suspend(wait=True) mid-chunk: suspend at the boundary
     awaiting_text: bool = False  # resident, out of the batch until its prompt is encoded
+    input: SessionInput = SessionInput.TEXT
+    strength: float | None = None  # a video session's (None: DEFAULT_STRENGTH)
+    # The noise levels of the current chunk's denoising steps, fixed at its first pass: a
+    # sub-schedule of the budget's, shorter for a video session (its strength).
+    levels: tuple[float, ...] = ()
+    input_seq: int = -1  # the last input frame of the current chunk (a video session's)
 
     @property
     def suspended(self) -> bool:
@@ -159,6 +169,7 @@ class Engine:
         self.model_config: ModelConfig = loaded.config
         self.model = loaded.dit
         self.decoder = loaded.decoder
+        self.encoder = loaded.encoder
         self.text_encoder = loaded.text_encoder
         self.sources = loaded.sources
         recache = config.prompt_recache
@@ -187,6 +198,7 @@ class Engine:
             self._device,
             self.dtype,
             self.decoder.state_numel,
+            self.encoder.state_numel,
         )
         # Slots held for arriving handoffs (the engine's only thread-safe part).
         self.reservations = SlotReservations(self.pool)
@@ -196,12 +208,8 @@ class Engine:
         if self._min_steps > full:
             raise StepFloorAboveFull(self._min_steps, full, self.model_config.name)
         self._steps = full  # the budget in force (set_step_budget)
-        # Per step count: each denoising step's noise level, and each phase's timestep (the
-        # cache-write pass's last, at t=0).
-        self._schedules = {s: sub_schedule(self._sigmas, s) for s in range(1, full + 1)}
-        self._timesteps = {
-            s: [sigma * 1000.0 for sigma in levels] + [0.0] for s, levels in self._schedules.items()
-        }
+        # Per step count: each denoising step's noise level.
+        self._schedules = {s: tuple(sub_schedule(self._sigmas, s)) for s in range(1, full + 1)}
         self._sessions: dict[str, _Session] = {}
         self._resident: list[str] = []  # slot i holds self._resident[i]
         # Noise is drawn on the CPU and copied over: CUDA's generator gives other numbers on
@@ -212,6 +220,11 @@ class Engine:
         self._pass_ms: dict[int, deque[float]] = {}
         self._switch_ms: deque[float] = deque(maxlen=64)  # prompt switches (incl. re-cache)
         self._decode_ms: dict[int, deque[float]] = {}  # per batch of the decoded chunks
+        self._encode_ms: dict[int, deque[float]] = {}  # per batch of the encoded input chunks
+        # Video sessions' input frames, put by the event loop's thread (InputBuffer is
+        # thread-safe); the dict itself changes under the lock only.
+        self._inputs: dict[str, InputBuffer] = {}
+        self._inputs_lock = threading.Lock()
         self._spare_host: list[list[torch.Tensor]] = []  # recycled suspend buffers
         # What an imported state's caches must have been computed with: the weight seed (it
         # decides the random DiT and the stand-in decoder) and the weights' content.
@@ -245,7 +258,14 @@ class Engine:
     # -- memory ---------------------------------------------------------------------------
     def _memory_budget(self, config: EngineConfig) -> memory.MemoryBudget:
         """How many slots fit (``memory.py``), before any is allocated."""
-        empty = SlotPool(self.model_config, 0, self._device, self.dtype, self.decoder.state_numel)
+        empty = SlotPool(
+            self.model_config,
+            0,
+            self._device,
+            self.dtype,
+            self.decoder.state_numel,
+            self.encoder.state_numel,
+        )
         peak, measured = self._decode_peak()
         budget = memory.MemoryBudget(
             where=str(self._device),
@@ -385,13 +405,71 @@ class Engine:
     def suspended_sessions(self) -> list[str]:
         return [s.session_id for s in self._sessions.values() if s.suspended]
 
+    # -- video input --------------------------------------------------------------------
+    def video_sessions(self) -> list[str]:
+        """The video sessions here (resident or suspended): those whose input frames this
+        engine takes. Thread-safe."""
+        with self._inputs_lock:
+            return list(self._inputs)
+
+    def input_buffer(self, session_id: str) -> InputBuffer | None:
+        """Where a video session's input frames go (None: no such video session here).
+        Thread-safe: the event loop puts frames, the pass takes them."""
+        with self._inputs_lock:
+            return self._inputs.get(session_id)
+
+    def input_frames(self, session_id: str) -> int:
+        """Video frames the session's next input chunk needs (as many as its output chunk
+        will have: output chunk ``n`` is made from input chunk ``n``)."""
+        return self.encoder.input_frames(self._get(session_id).position == 0)
+
+    def input_ready(self, session_id: str) -> bool:
+        """Whether the session can start its next chunk: a text session always; a video
+        session once its input chunk is there (mid-chunk it already took it)."""
+        session = self._get(session_id)
+        if session.input is not SessionInput.VIDEO or session.phase:
+            return True
+        buffer = self.input_buffer(session_id)
+        return buffer is not None and buffer.ready(self.encoder.input_frames(session.position == 0))
+
+    def _open_input(self, session: _Session) -> None:
+        if session.input is SessionInput.VIDEO:
+            frames = self.encoder.input_frames(False)
+            with self._inputs_lock:
+                self._inputs.setdefault(session.session_id, InputBuffer(capacity=2 * frames))
+
+    def _close_input(self, session_id: str) -> None:
+        with self._inputs_lock:
+            self._inputs.pop(session_id, None)
+
+    def strength_of(self, session_id: str) -> float | None:
+        """A video session's strength (None: a text session)."""
+        session = self._get(session_id)
+        if session.input is not SessionInput.VIDEO:
+            return None
+        return DEFAULT_STRENGTH if session.strength is None else session.strength
+
+    def input_of(self, session_id: str) -> SessionInput:
+        return self._get(session_id).input
+
     # -- session lifecycle --------------------------------------------------------------
-    def add_session(self, session_id: str, prompt: str, seed: int) -> None:
+    def add_session(
+        self,
+        session_id: str,
+        prompt: str,
+        seed: int,
+        *,
+        input: SessionInput = SessionInput.TEXT,
+        strength: float | None = None,
+    ) -> None:
+        """A new session; a video one (``input``) generates from the input frames put in its
+        :meth:`input_buffer`, restyled at ``strength`` (None: ``DEFAULT_STRENGTH``)."""
         if session_id in self._sessions:
             raise SessionAlreadyResident(session_id)
         slot = self._claim_slot()
         self.pool.clear(slot)
-        session = _Session(session_id, seed, prompt)
+        session = _Session(session_id, seed, prompt, input=input, strength=strength)
+        self._open_input(session)
         embedding = self.prompts.ready(prompt)
         if embedding is None:
             session.awaiting_text = True  # joins the batch once the encoder is done
@@ -400,13 +478,19 @@ class Engine:
         self._sessions[session_id] = session
         self._resident.append(session_id)
 
-    def set_prompt(self, session_id: str, prompt: str) -> None:
+    def set_prompt(self, session_id: str, prompt: str, *, strength: float | None = None) -> None:
         """The new prompt conditions chunks from the next one on (LongLive's re-cache of the
         cross-attention at a chunk boundary). Mid-chunk (pass_step), the chunk in progress
         keeps the old prompt. A prompt still being encoded (umT5, off the pass) applies at the
-        first boundary after its encoding finished."""
+        first boundary after its encoding finished. ``strength`` (a video session's; None:
+        unchanged) applies from the next chunk that starts."""
+        session = self._get(session_id)
+        if strength is not None and session.input is SessionInput.VIDEO:
+            session.strength = strength
+        if prompt == session.prompt and session.pending_prompt is None:
+            return  # the strength alone changed
         self.prompts.request(prompt)
-        self._get(session_id).pending_prompt = prompt
+        session.pending_prompt = prompt
 
     def suspend(self, session_id: str, *, wait: bool = False) -> bool:
         """Moves the session's state to host memory; True when done.
@@ -446,6 +530,9 @@ class Engine:
         self.pool.write(slot, session.host.layers, session.host.misc)
         self._recycle_host(session)
         self._resident.append(session_id)
+        buffer = self.input_buffer(session_id)
+        if buffer is not None:  # frames from before the pause: the live input goes on from now
+            buffer.clear()
 
     def remove_session(self, session_id: str) -> None:
         session = self._get(session_id)
@@ -454,6 +541,7 @@ class Engine:
         else:
             self._release_slot(session_id)
         del self._sessions[session_id]
+        self._close_input(session_id)
 
     def export_state(self, session_id: str, *, on_device: bool = False) -> SessionSnapshot:
         """A copy of the session's state; the session itself is left as it was. A host copy,
@@ -474,6 +562,7 @@ class Engine:
                 prompt=session.prompt,
                 pending_prompt=session.pending_prompt,
                 meta=dict(session.host.meta),
+                strength=session.strength,
             )
         if session.phase:
             raise MidChunk(session_id, self.passes_to_boundary(session_id), "export")
@@ -494,10 +583,13 @@ class Engine:
                 state.seq,
                 state.position,
                 state.pending_prompt,
+                input=state.input,
+                strength=state.strength,
             )
             session.host = replace(state, meta=dict(state.meta))
             session.host_exported = True  # not ours to recycle
             self._sessions[state.session_id] = session
+            self._open_input(session)
             return
         slot = self._claim_slot(arriving=state.session_id)
         held = self.reservations.held(state.session_id)
@@ -507,14 +599,18 @@ class Engine:
         else:
             self.pool.write(slot, state.layers, state.misc)
         self.reservations.release(state.session_id)
-        self._sessions[state.session_id] = _Session(
+        session = _Session(
             state.session_id,
             state.seed,
             state.prompt,
             state.seq,
             state.position,
             state.pending_prompt,
+            input=state.input,
+            strength=state.strength,
         )
+        self._sessions[state.session_id] = session
+        self._open_input(session)
         self._resident.append(state.session_id)
 
     # -- recovery -------------------------------------------------------------------------
@@ -545,7 +641,13 @@ class Engine:
         )
 
     @torch.inference_mode()
-    def restore(self, point: RecoveryPoint) -> None:
+    def restore(
+        self,
+        point: RecoveryPoint,
+        *,
+        input: SessionInput = SessionInput.TEXT,
+        strength: float | None = None,
+    ) -> None:
         """Rebuilds a session from its last recovery point: the clean latents go back into a
         slot, the prompt's cross-attention is encoded again, the self-attention cache is
         recomputed from the latents with the model's cache-writing pass (oldest chunk first, as
@@ -556,7 +658,8 @@ class Engine:
 
         Not bitwise: each cached chunk's keys are recomputed seeing only the frames still in the
         window, where the originals saw the frames before them too (see docs/worker.md for the
-        measured difference)."""
+        measured difference). A video session (``input``, at ``strength``) starts its frame
+        encoder's cache from zeros: the input frames it was built from are not kept."""
         with _flush_denormals(self._device.type == "cpu"):
             ours = self.layout.meta
             if point.preset != self.model_config.name:
@@ -574,13 +677,20 @@ class Engine:
             slot = self._claim_slot()
             load, failure = len(self._resident) + 1, None
             try:
-                self._rebuild(slot, point, history)
+                self._rebuild(slot, point, history, input, strength)
             except torch.OutOfMemoryError as exc:
                 failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if failure is not None:  # out of the handler: its traceback holds the tensors
                 raise self._out_of_memory([point.session_id], failure, load)
 
-    def _rebuild(self, slot: int, point: RecoveryPoint, history: torch.Tensor) -> None:
+    def _rebuild(
+        self,
+        slot: int,
+        point: RecoveryPoint,
+        history: torch.Tensor,
+        input: SessionInput,
+        strength: float | None,
+    ) -> None:
         """``restore``'s work in ``slot``; the session is resident from its re-cache on, so an
         out-of-memory error there lets it go whole (``_out_of_memory``)."""
         self.pool.clear(slot)
@@ -593,8 +703,11 @@ class Engine:
             point.seq,
             point.position,
             point.pending_prompt,
+            input=input,
+            strength=strength,
         )
         self._sessions[point.session_id] = session
+        self._open_input(session)
         self._resident.append(point.session_id)
         if session.position > 0:
             self._recache(slot, session)
@@ -621,7 +734,11 @@ class Engine:
         plain slices of the slot buffers."""
         with _flush_denormals(self._device.type == "cpu"):
             self._admit_encoded()
-            waiting = {s.session_id for s in self._sessions.values() if s.awaiting_text}
+            waiting = {
+                sid
+                for sid in self._resident
+                if self._sessions[sid].awaiting_text or not self.input_ready(sid)
+            }
             if waiting:  # out of this pass until their prompt is encoded
                 chosen = self._resident if sessions is None else sessions
                 sessions = [sid for sid in chosen if sid not in waiting]
@@ -694,23 +811,24 @@ class Engine:
         x = self.pool.inflight[:batch]
         starting = []
         for row, session in enumerate(sessions):
-            if session.phase == 0:  # a new chunk: its step count is the budget in force now
-                session.steps = self._steps
+            if session.phase == 0:  # a new chunk: its levels are the budget's in force now
+                session.levels = self._chunk_levels(session)
+                session.steps = len(session.levels)
                 starting.append(row)
-        groups: dict[tuple[int, int], list[int]] = {}
+        groups: dict[tuple[tuple[float, ...], int], list[int]] = {}
         for row, session in enumerate(sessions):
-            groups.setdefault((session.steps, session.phase), []).append(row)
-        if starting:  # its first noise, from (seed, seq, 0)
-            x[_rows(starting)] = self._noise([sessions[r] for r in starting], 0)
-        t = torch.tensor([self._timesteps[s.steps][s.phase] for s in sessions], device=self._device)
+            groups.setdefault((session.levels, session.phase), []).append(row)
+        if starting:
+            self._start_chunks(x, sessions, starting)
+        t = torch.tensor([_timestep(s) for s in sessions], device=self._device)
         flow = self.model(x, t, starts, caches).float()
         # 1. Denoising rows: x0 = x_t - sigma * flow, re-noised to the next level of the
         #    chunk's schedule with fresh noise (Self-Forcing's few-step sampler), or kept clean
         #    for the cache-write pass.
-        for (steps, phase), rows in groups.items():
+        for (levels, phase), rows in groups.items():
+            steps = len(levels)
             if phase == steps:  # the cache-write pass
                 continue
-            levels = self._schedules[steps]
             index = _rows(rows)
             x0 = x[index] - levels[phase] * flow[index]
             if phase + 1 < steps:
@@ -755,13 +873,94 @@ class Engine:
         self._decode_ms.setdefault(len(done), deque(maxlen=64)).append(decode_ms)
         return done, frames
 
+    def _chunk_levels(self, session: _Session) -> tuple[float, ...]:
+        """The noise levels of the chunk the session starts: the step budget's sub-schedule;
+        for a video session, the tail of the full schedule its strength keeps (diffusers'
+        img2img rule: ``int(steps * strength)`` of the least noisy levels, none at strength 0,
+        all at 1), thinned to the budget when that is shorter."""
+        if session.input is not SessionInput.VIDEO:
+            return self._schedules[self._steps]
+        strength = DEFAULT_STRENGTH if session.strength is None else session.strength
+        full = len(self._sigmas)
+        count = min(full, int(full * strength + 1e-9))
+        tail = self._sigmas[full - count :]
+        if count > self._steps:
+            tail = sub_schedule(tail, self._steps)
+        return tuple(tail)
+
+    def _start_chunks(self, x: torch.Tensor, sessions: list[_Session], rows: list[int]) -> None:
+        """The starting latents of the chunks that begin in this pass (``rows`` of the batch):
+        a text session's is noise from (seed, seq, 0); a video session's is its input chunk,
+        encoded with the frame encoder's cache, noised to the chunk's first level with that
+        same noise (at strength 0 the encoded input itself)."""
+        text = [r for r in rows if sessions[r].input is not SessionInput.VIDEO]
+        video = [r for r in rows if sessions[r].input is SessionInput.VIDEO]
+        if text:
+            x[_rows(text)] = self._noise([sessions[r] for r in text], 0)
+        if not video:
+            return
+        encoded = self._encode_inputs(sessions, video)
+        noise = self._noise([sessions[r] for r in video], 0)
+        for j, row in enumerate(video):
+            levels = sessions[row].levels
+            if levels:
+                x[row] = (1.0 - levels[0]) * encoded[j] + levels[0] * noise[j]
+            else:
+                x[row] = encoded[j]
+
+    def _encode_inputs(self, sessions: list[_Session], rows: list[int]) -> torch.Tensor:
+        """``[len(rows), C, F, h, w]`` float32: each video session's next input chunk (taken
+        from its buffer) through the frame encoder, its state in the slot (row ``r`` is slot
+        ``r`` in a pass) advancing in place; a stream's first chunk starts a fresh cache."""
+        state = self.pool.encoder_state(0, len(sessions))
+        out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+        self._sync()
+        started = time.perf_counter()
+        for fresh in (True, False):
+            group = [j for j, r in enumerate(rows) if (sessions[r].position == 0) is fresh]
+            if not group:
+                continue
+            count = self.encoder.input_frames(fresh)
+            frames = []
+            for j in group:
+                session = sessions[rows[j]]
+                buffer = self.input_buffer(session.session_id)
+                taken = buffer.take(count) if buffer is not None else None
+                if taken is None:  # pass_step admits only sessions whose input is ready
+                    raise RuntimeError(f"session {session.session_id}: input chunk not ready")
+                frames.append(torch.as_tensor(np.stack(taken.frames)))
+                session.input_seq = taken.last_seq
+            batch = torch.stack(frames).to(self._device)
+            at = _rows([rows[j] for j in group])
+            if isinstance(at, slice):
+                latents = self.encoder.encode(batch, state[at], fresh)
+            else:
+                gathered = state[at]
+                latents = self.encoder.encode(batch, gathered, fresh)
+                state[at] = gathered
+            for j, z in zip(group, latents, strict=True):
+                out[j] = z.float()
+        self._sync()
+        self._encode_ms.setdefault(len(rows), deque(maxlen=64)).append(
+            (time.perf_counter() - started) * 1000.0
+        )
+        return torch.stack(out)
+
     def _sync(self) -> None:
         wait_for_stream(self._device)
 
     def _complete(
         self, session: _Session, frames: torch.Tensor, gen_ms: float, batch: int
     ) -> ChunkResult:
-        result = ChunkResult(session.session_id, session.seq, frames, gen_ms, batch, session.steps)
+        result = ChunkResult(
+            session.session_id,
+            session.seq,
+            frames,
+            gen_ms,
+            batch,
+            session.steps,
+            input_seq=session.input_seq,
+        )
         session.seq += 1
         session.position += self.model_config.chunk_frames
         session.phase = 0
@@ -982,6 +1181,8 @@ class Engine:
             misc=misc,
             pending_prompt=session.pending_prompt,
             meta=self.layout.meta,
+            input=session.input,
+            strength=session.strength,
         )
 
     # -- telemetry ------------------------------------------------------------------------
@@ -1000,6 +1201,12 @@ class Engine:
     def forget_decode_times(self) -> None:
         """Start :meth:`decode_ms_by_batch` afresh (a bench's warm-up passes are not counted)."""
         self._decode_ms.clear()
+
+    def encode_ms_by_batch(self) -> dict[int, float]:
+        """Median wall time of the frame encoder per number of input chunks it encoded in a
+        pass (part of the chunk time of a video session)."""
+        samples = list(self._encode_ms.items())
+        return {b: statistics.median(list(ms)) for b, ms in sorted(samples) if ms}
 
     def decode_ms_by_batch(self) -> dict[int, float]:
         """Median wall time of the frame decoder per number of chunks it decoded in a pass
@@ -1025,6 +1232,7 @@ class Engine:
             chunk_ms=self.chunk_ms_by_batch(),
             pass_ms=self.pass_ms_by_batch(),
             decode_ms=self.decode_ms_by_batch(),
+            encode_ms=self.encode_ms_by_batch(),
             passes_per_chunk=self.passes_per_chunk,
             steps=self._steps,
             full_steps=self.full_steps,
@@ -1047,6 +1255,13 @@ def _bytes_tensor(data: bytes, dtype: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(_DTYPES[dtype])
 
 
+def _timestep(session: _Session) -> float:
+    """The timestep of the session's pass: its level's, or 0 for the cache-write pass."""
+    if session.phase < len(session.levels):
+        return session.levels[session.phase] * 1000.0
+    return 0.0
+
+
 def _rows(rows: list[int]) -> slice | list[int]:
     """An index for ``rows`` (ascending): a slice (a view, no copy) when they are contiguous,
     as every row of a single-phase batch is, else the list (a gather)."""
@@ -1063,7 +1278,8 @@ def next_chunks(engine: Engine) -> list[ChunkResult]:
     takes all ``steps + 1`` passes). For benches, tests and tools that want whole chunks; the
     worker drives ``pass_step`` itself, pass by pass."""
     engine.wait_for_prompts()
-    owed = set(engine.active_sessions())
+    # A video session whose input chunk is not there yet owes nothing (it sits out).
+    owed = {sid for sid in engine.active_sessions() if engine.input_ready(sid)}
     passes = max((_passes_for_chunk(engine, sid) for sid in owed), default=0)
     results: list[ChunkResult] = []
     for left in range(passes, 0, -1):

@@ -3,8 +3,10 @@
 Each layer owns one buffer ``[capacity, region]``; a session's region in it (one row) holds
 its self-attention cache ``[2, H, cache_tokens, d]`` followed by its cross-attention cache
 ``[2, H, text_len, d]``, contiguous, so the migration transport can send it whole. A second
-buffer (``misc``) holds the clean latents of the cached frames and the frame decoder's causal
-state (two latent frames for the stand-in; the Wan VAE's feature cache for the real one). Resident sessions always occupy slots
+buffer (``misc``) holds the clean latents of the cached frames, the frame decoder's causal
+state (two latent frames for the stand-in; the Wan VAE's feature cache for the real one) and the
+frame encoder's (a video session's input: none for the stand-in; the Wan VAE encoder's feature
+cache for the real one). Resident sessions always occupy slots
 ``0..n-1`` (the engine compacts on removal), so a batched pass reads plain slices of the
 buffers and never gathers (a copy of every cache per pass).
 
@@ -45,6 +47,7 @@ class SlotPool:
         device: torch.device,
         dtype: torch.dtype,
         decoder_state_numel: int,
+        encoder_state_numel: int = 0,
     ) -> None:
         self.config = config
         self.capacity = capacity
@@ -62,7 +65,8 @@ class SlotPool:
         self.history_shape = (config.out_dim, config.sink_frames + config.window_frames, *latent)
         self.history_numel = int(torch.Size(self.history_shape).numel())
         self.decoder_numel = decoder_state_numel
-        self.misc_numel = self.history_numel + decoder_state_numel
+        self.encoder_numel = encoder_state_numel
+        self.misc_numel = self.history_numel + decoder_state_numel + encoder_state_numel
         self.layers = [
             torch.zeros(capacity, self.region_numel, device=device, dtype=dtype)
             for _ in range(config.num_layers)
@@ -99,7 +103,11 @@ class SlotPool:
 
     def decoder_state(self, start: int, end: int) -> torch.Tensor:
         """Rows ``[n, decoder_numel]`` (views) of the decoder's per-session state."""
-        return self.misc[start:end, self.history_numel :]
+        return self.misc[start:end, self.history_numel : self.history_numel + self.decoder_numel]
+
+    def encoder_state(self, start: int, end: int) -> torch.Tensor:
+        """Rows ``[n, encoder_numel]`` (views) of the frame encoder's per-session state."""
+        return self.misc[start:end, self.history_numel + self.decoder_numel :]
 
     def latent_history(self, start: int, end: int) -> torch.Tensor:
         rows = self.misc[start:end, : self.history_numel]

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.wire import SessionInput
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -62,6 +64,7 @@ class ChunkResult:
     gen_ms: float  # the sum of the wall times of the passes that made this chunk
     batch: int  # sessions in the pass that completed the chunk
     steps: int  # the denoising steps it ran (the budget in force when it started)
+    input_seq: int = -1  # a video session's: the seq of the last input frame it was made from
 
 
 @dataclass(slots=True)
@@ -82,6 +85,8 @@ class SessionSnapshot:
     misc: torch.Tensor
     pending_prompt: str | None = None
     meta: dict[str, str] = field(default_factory=dict)
+    input: SessionInput = SessionInput.TEXT
+    strength: float | None = None  # a video session's (None: DEFAULT_STRENGTH)
 
     @property
     def nbytes(self) -> int:

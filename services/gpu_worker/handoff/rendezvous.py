@@ -18,6 +18,7 @@ All calls here block: the endpoint runs them in its threads, never on the event 
 from __future__ import annotations
 
 import secrets
+import socket
 import threading
 from datetime import timedelta
 
@@ -41,16 +42,37 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host`` only (0: a free port). ``TCPStore``'s own server listens
+    on every interface whatever host it is given, so the store is handed this one instead: the
+    rendezvous is reachable at the address the worker advertises and nowhere else."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class StoreServer:
-    """This worker's rendezvous store (rank 0 of every link it sends on)."""
+    """This worker's rendezvous store (rank 0 of every link it sends on), listening on its
+    handoff address only."""
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self._listener = listen(host, port)  # kept open for as long as the store serves
         self.store = TCPStore(
             host,
-            port,
+            self._listener.getsockname()[1],
             is_master=True,
             wait_for_workers=False,
             timeout=timedelta(seconds=timeout_s),
+            master_listen_fd=self._listener.fileno(),
         )
         self.address = f"[{host}]:{self.store.port}" if ":" in host else f"{host}:{self.store.port}"
 

@@ -265,6 +265,8 @@ class Migration:
             prompt=snap.prompt,
             pending_prompt=snap.pending_prompt,
             seed=snap.seed,
+            input=snap.input,
+            strength=snap.strength,
             preset=snap.preset,
             dtype=snap.dtype,
             meta=dict(snap.meta),

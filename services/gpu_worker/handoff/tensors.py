@@ -136,6 +136,8 @@ def frozen_from(offer: HandoffOffer, tensors: list[torch.Tensor]) -> FrozenSessi
         misc=tensors[-1],
         pending_prompt=offer.pending_prompt,
         meta=dict(offer.meta),
+        input=offer.input,
+        strength=offer.strength,
     )
     return FrozenSession(
         snapshot, next_seq=offer.next_seq, due_at=offer.due_at, suspended=offer.suspended

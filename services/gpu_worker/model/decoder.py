@@ -158,3 +158,41 @@ def build_decoder(
         decoder = LatentDecoder(config)
     decoder.init_weights(torch.Generator(device=device).manual_seed(seed + 1))
     return decoder.to(dtype).eval().requires_grad_(False)
+
+
+class ColourEncoder:
+    """The stand-in's frame encoder (a ``load.FrameEncoder``): the colour map run backwards.
+
+    Each pixel's RGB is un-squashed (atanh) and rotated back through the decoder's palette
+    into the latent's visible directions; 4 video frames average into one latent frame and
+    8x8 pixels into one latent pixel (the VAE's strides). It is stateless (``state_numel`` 0)
+    and, like the stand-in decoder, maps 4 frames to each latent frame in every chunk, the
+    first included. Decoding what it encodes gives back a blurred, time-averaged input."""
+
+    kind = "colour-map"
+    state_numel = 0
+
+    def __init__(self, decoder: LatentDecoder, config: ModelConfig) -> None:
+        self.time_stride, self.space_stride = VAE_STRIDE[0], VAE_STRIDE[1]
+        self.chunk_frames = config.chunk_frames
+        weight = decoder.conv_out.weight.detach().float()
+        mix = weight[:, 0 : 2 * VISIBLE_DIMS : 2, 1, 1]  # [3, r]: the palette, with its gain
+        basis = visible_basis(config.out_dim).to(weight.device)  # [C, r]
+        # RGB (un-squashed) -> latent: the mix's pseudo-inverse, then the visible basis.
+        self.unmix = basis.float() @ torch.linalg.pinv(mix)  # [C, 3]
+
+    def input_frames(self, fresh: bool) -> int:
+        return self.time_stride * self.chunk_frames
+
+    @torch.no_grad()
+    def encode(self, frames: torch.Tensor, state: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """Latents ``[B, C, F, h, w]`` float32 from frames ``[B, 4F, H, W, 3]`` uint8."""
+        batch, count, height, width, _ = frames.shape
+        rgb = (frames.float() / 127.5 - 1.0).clamp_(-0.999, 0.999)
+        signal = torch.atanh(rgb).to(self.unmix.device)  # [B, T, H, W, 3]
+        latent = signal @ self.unmix.T  # [B, T, H, W, C]
+        latent = latent.permute(0, 4, 1, 2, 3)  # [B, C, T, H, W]
+        pooled = nn.functional.avg_pool3d(
+            latent, kernel_size=(self.time_stride, self.space_stride, self.space_stride)
+        )
+        return pooled.contiguous()

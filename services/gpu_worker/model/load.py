@@ -1,11 +1,11 @@
 """What an engine runs: the DiT, the frame decoder and the text encoder, from a preset (the
 stand-in) or from what the user points at (a model folder, a DiT checkpoint).
 
-| path | DiT | text encoder | decoder |
-| --- | --- | --- | --- |
-| no model (default) | preset geometry, seeded hand-set weights (``visible.py``) | hashing stand-in | fixed colour map (``decoder.py``) |
-| ``checkpoint`` only | the checkpoint, geometry from its weights | hashing stand-in | fixed colour map |
-| ``model`` folder (+ ``checkpoint``) | the checkpoint, else the folder's DiT | umT5 (``transformers``) | Wan VAE (``diffusers``), causal, cached per session |
+| path | DiT | text encoder | decoder | frame encoder (video input) |
+| --- | --- | --- | --- | --- |
+| no model (default) | preset geometry, seeded hand-set weights (``visible.py``) | hashing stand-in | fixed colour map (``decoder.py``) | the colour map backwards |
+| ``checkpoint`` only | the checkpoint, geometry from its weights | hashing stand-in | fixed colour map | the colour map backwards |
+| ``model`` folder (+ ``checkpoint``) | the checkpoint, else the folder's DiT | umT5 (``transformers``) | Wan VAE (``diffusers``), causal, cached per session | Wan VAE encoder, causal, cached per session |
 
 The geometry of a loaded DiT comes from its weights (``checkpoint.dit_geometry``); the heads
 from a DiT config beside it, else Wan's head width of 128; the resolution from
@@ -28,7 +28,7 @@ from .checkpoint import (
     read_checkpoint,
 )
 from .config import PRESETS, ModelConfig, get_preset
-from .decoder import build_decoder
+from .decoder import ColourEncoder, build_decoder
 from .dit import CausalWanModel, build_model
 from .folder import ModelFolder, ModelFolderError, dit_files, dit_heads, find_components
 from .text import HashingTextEncoder, TextEncoder, UMT5TextEncoder
@@ -51,6 +51,24 @@ class FrameDecoder(Protocol):
     def rebuild(self, latents: torch.Tensor, state: torch.Tensor) -> None: ...
 
 
+class FrameEncoder(Protocol):
+    """A video session's input frames to latents, carrying a per-session causal state (a flat
+    row per session; none for a stateless encoder)."""
+
+    kind: str
+
+    @property
+    def state_numel(self) -> int: ...
+
+    def input_frames(self, fresh: bool) -> int:
+        """Video frames an input chunk has: a stream's first (``fresh``) or a later one."""
+        ...
+
+    def encode(self, frames: torch.Tensor, state: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """Normalised latents ``[B, C, F, h, w]`` float32 from uint8 ``[B, T, H, W, 3]``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     """What to load: the engine's settings that choose the model."""
@@ -69,6 +87,7 @@ class LoadedModel:
     dit: CausalWanModel
     decoder: FrameDecoder
     text_encoder: TextEncoder
+    encoder: FrameEncoder  # video sessions' input frames to latents
     # (digest, description) of the weights a session's caches depend on ("none" for seeded
     # weights): states only move between engines with the same identity.
     identity: tuple[str, str]
@@ -97,19 +116,21 @@ def _load_standin(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> 
     sources = {
         "DiT": f"seeded stand-in ({preset.name})",
         "text encoder": "hashing stand-in",
-        "VAE": "colour-map stand-in",
+        "VAE": "colour-map stand-in (decoder and encoder)",
     }
     if tensors is not None and spec.checkpoint:
         load_tensors(dit, tensors, spec.checkpoint)
         identity = _identity([Path(spec.checkpoint)])
         sources["DiT"] = spec.checkpoint
     decoder = build_decoder(preset, device, dtype, seed=spec.seed)
+    encoder = ColourEncoder(decoder, preset)
     text = HashingTextEncoder(preset.text_dim, preset.text_len)
-    return LoadedModel(preset, dit, decoder, text, identity, _is_longlive(spec.checkpoint), sources)
+    longlive = _is_longlive(spec.checkpoint)
+    return LoadedModel(preset, dit, decoder, text, encoder, identity, longlive, sources)
 
 
 def _load_folder(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    from .vae import WanVaeDecoder, load_diffusers_vae, load_original_vae
+    from .vae import WanVaeDecoder, WanVaeEncoder, load_diffusers_vae, load_original_vae
 
     assert spec.model is not None
     folder = find_components(spec.model, spec.checkpoint)
@@ -145,10 +166,12 @@ def _load_folder(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> L
             f"{config.out_dim} (head.head.weight)"
         )
     decoder = WanVaeDecoder(vae, (config.latent_height, config.latent_width), config.chunk_frames)
+    encoder = WanVaeEncoder(vae, (config.height, config.width), config.chunk_frames)
     vae_files = [vae_part.path] if vae_part.path.is_file() else sorted(vae_part.path.glob("*"))
     identity = _identity([*files, *vae_files])
     sources = {name: f"{part.path} ({part.fmt})" for name, part in folder.components.items()}
-    return LoadedModel(config, dit, decoder, text, identity, _is_longlive(spec.checkpoint), sources)
+    longlive = _is_longlive(spec.checkpoint)
+    return LoadedModel(config, dit, decoder, text, encoder, identity, longlive, sources)
 
 
 def _require(folder: ModelFolder) -> None:
@@ -231,4 +254,4 @@ def _is_longlive(checkpoint: str | None) -> bool:
     return "longlive" in Path(checkpoint).name.lower() or has_lora(checkpoint)
 
 
-__all__ = ["FrameDecoder", "LoadedModel", "ModelSpec", "config_for", "load_model"]
+__all__ = ["FrameDecoder", "FrameEncoder", "LoadedModel", "ModelSpec", "config_for", "load_model"]

@@ -1,4 +1,5 @@
-"""The Wan VAE's decoder, run chunk by chunk, its causal feature cache kept as session state.
+"""The Wan VAE's decoder and encoder, run chunk by chunk, each with its causal feature cache
+kept as session state (the encoder's for video-to-video sessions, ``WanVaeEncoder``).
 
 The decoder is diffusers' ``AutoencoderKLWan`` (loaded from a diffusers ``vae/`` folder or from
 the original ``Wan2.1_VAE.pth``); nothing here reimplements it. What this module adds is the
@@ -24,6 +25,7 @@ Latents are in the DiT's normalised space; the decoder de-normalises them with t
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,6 +79,32 @@ def cache_layout(vae: AutoencoderKLWan, latent_hw: tuple[int, int]) -> CacheLayo
     return CacheLayout(tuple(entries), offset)
 
 
+def _views(layout: CacheLayout, state: torch.Tensor) -> list[Any]:
+    """A cache list whose entries are views into the ``state`` rows ``[B, layout.numel]``."""
+    batch = state.shape[0]
+    views: list[Any] = []
+    for entry in layout.entries:
+        if entry is None:
+            views.append(None)
+            continue
+        offset, shape = entry
+        views.append(state[:, offset : offset + math.prod(shape)].view(batch, *shape))
+    return views
+
+
+def _store(layout: CacheLayout, state: torch.Tensor, cache: list[Any], part: str) -> None:
+    """Copies ``cache`` (after a chunk) into the ``state`` rows, checking its layout."""
+    for target, entry in zip(_views(layout, state), cache, strict=True):
+        if target is None:
+            continue
+        if not isinstance(entry, torch.Tensor) or entry.shape != target.shape:
+            raise RuntimeError(
+                f"the VAE {part}'s cache left its fixed layout: "
+                f"{getattr(entry, 'shape', entry)} where {tuple(target.shape)} was expected"
+            )
+        target.copy_(entry)
+
+
 class WanVaeDecoder:
     """Latents ``[B, 16, F, h, w]`` to uint8 frames, one causal chunk at a time (module
     docstring). ``state`` rows ``[B, state_numel]`` carry each session's feature cache."""
@@ -114,17 +142,6 @@ class WanVaeDecoder:
         yield from self.vae.decoder.parameters()
         yield from self.vae.post_quant_conv.parameters()
 
-    def _views(self, state: torch.Tensor) -> list[Any]:
-        batch = state.shape[0]
-        views: list[Any] = []
-        for entry in self.layout.entries:
-            if entry is None:
-                views.append(None)
-                continue
-            offset, shape = entry
-            views.append(state[:, offset : offset + math.prod(shape)].view(batch, *shape))
-        return views
-
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor, state: torch.Tensor, fresh: bool) -> torch.Tensor:
         """Frames ``[B, T, H, W, 3]`` uint8; ``state`` (views into the slots) is read, unless
@@ -132,7 +149,9 @@ class WanVaeDecoder:
         vae = self.vae
         z = latents.float() * self._std.to(latents.device) + self._mean.to(latents.device)
         x = vae.post_quant_conv(z.to(self.dtype))
-        cache: list[Any] = [None] * len(self.layout.entries) if fresh else self._views(state)
+        cache: list[Any] = (
+            [None] * len(self.layout.entries) if fresh else _views(self.layout, state)
+        )
         outs = []
         for i in range(x.shape[2]):
             outs.append(
@@ -140,16 +159,7 @@ class WanVaeDecoder:
                     x[:, :, i : i + 1], feat_cache=cache, feat_idx=[0], first_chunk=fresh and i == 0
                 )
             )
-        for target, entry in zip(self._views(state), cache, strict=True):
-            if target is None:
-                continue
-            if not isinstance(entry, torch.Tensor) or entry.shape != target.shape:
-                raise RuntimeError(
-                    "the VAE decoder's cache left its fixed layout: "
-                    f"{getattr(entry, 'shape', entry)} where {tuple(target.shape)} "
-                    "was expected"
-                )
-            target.copy_(entry)
+        _store(self.layout, state, cache, "decoder")
         video = torch.cat(outs, dim=2).clamp_(-1.0, 1.0)
         return to_uint8(video)
 
@@ -159,6 +169,99 @@ class WanVaeDecoder:
         w]`` (the frames before the session's next chunk, oldest first) from an empty cache;
         the frames are dropped. An approximation where the stream is longer than ``latents``."""
         self.decode(latents, state, fresh=True)
+
+
+def encoder_cache_layout(vae: AutoencoderKLWan, hw: tuple[int, int]) -> CacheLayout:
+    """The encoder's cache layout at a chunk boundary, found on the meta device: after the
+    shortest first input chunk (one frame, then a group of 4; a chunk of 2 latent frames) and,
+    checked to be the same, after two groups more."""
+    with torch.device("meta"):
+        probe = wan_vae(**vae.config)
+    cache: list[Any] = [None] * probe._cached_conv_counts["encoder"]
+    x = torch.empty(1, 3, 13, *hw, device="meta")
+    shapes = []
+    for bounds in ((0, 1, 5), (5, 9, 13)):
+        for start, end in itertools.pairwise(bounds):
+            probe.encoder(x[:, :, start:end], feat_cache=cache, feat_idx=[0])
+        shapes.append([tuple(e.shape) if isinstance(e, torch.Tensor) else None for e in cache])
+    if shapes[0] != shapes[1]:
+        raise RuntimeError("the VAE encoder's cache has no fixed layout at chunk boundaries")
+    entries: list[tuple[int, tuple[int, ...]] | None] = []
+    offset = 0
+    for shape in shapes[0]:
+        if shape is None:
+            entries.append(None)
+            continue
+        entries.append((offset, shape[1:]))
+        offset += math.prod(shape[1:])
+    return CacheLayout(tuple(entries), offset)
+
+
+class WanVaeEncoder:
+    """Input frames ``[B, T, H, W, 3]`` uint8 to normalised latents ``[B, 16, F, h, w]``, one
+    causal chunk at a time, as ``AutoencoderKLWan.encode`` runs the encoder over a whole clip:
+    the first frame alone, then groups of 4, a list of cached activations carried from group to
+    group. Here that list is carried from chunk to chunk as well, in ``state`` rows (a region of
+    the session's slot, like the decoder's), so a stream encoded chunk by chunk is the clip
+    encoded at once. A stream's first input chunk is ``1 + 4 * (frames - 1)`` frames (9), every
+    later one ``4 * frames`` (12): output chunk ``n`` has as many frames as input chunk ``n``.
+    The latent is the posterior's mode (its mean), normalised as the DiT's latents are."""
+
+    kind = "wan-vae"
+
+    def __init__(self, vae: AutoencoderKLWan, hw: tuple[int, int], chunk_frames: int) -> None:
+        if chunk_frames < 2:
+            raise ValueError(
+                "the Wan VAE's cache has a fixed layout only for chunks of 2 or more "
+                f"latent frames, got {chunk_frames}"
+            )
+        self.vae = vae
+        self.chunk_frames = chunk_frames
+        self.layout = encoder_cache_layout(vae, hw)
+        config = vae.config
+        param = next(vae.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        channels = self.channels = int(config["z_dim"])
+        shape = (1, channels, 1, 1, 1)
+        self._mean = torch.tensor(config["latents_mean"], dtype=torch.float32).view(shape)
+        self._std = torch.tensor(config["latents_std"], dtype=torch.float32).view(shape)
+
+    @property
+    def state_numel(self) -> int:
+        return self.layout.numel
+
+    def input_frames(self, fresh: bool) -> int:
+        return 1 + 4 * (self.chunk_frames - 1) if fresh else 4 * self.chunk_frames
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The weights encoding uses (the encoder and quant_conv)."""
+        yield from self.vae.encoder.parameters()
+        yield from self.vae.quant_conv.parameters()
+
+    @torch.inference_mode()
+    def encode(self, frames: torch.Tensor, state: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """Latents ``[B, C, F, h, w]`` float32; ``state`` is read, unless ``fresh``, and updated
+        in place to the cache after this chunk."""
+        vae = self.vae
+        x = frames.to(self.device).permute(0, 4, 1, 2, 3).to(self.dtype).contiguous() / 127.5 - 1.0
+        cache: list[Any] = (
+            [None] * len(self.layout.entries) if fresh else _views(self.layout, state)
+        )
+        bounds = [0, 1] if fresh else [0]
+        bounds += list(range(bounds[-1] + 4, x.shape[2] + 1, 4))
+        if bounds[-1] != x.shape[2]:
+            raise ValueError(
+                f"an input chunk of {x.shape[2]} frames: the encoder takes "
+                f"{self.input_frames(fresh)} here"
+            )
+        outs = [
+            vae.encoder(x[:, :, start:end], feat_cache=cache, feat_idx=[0])
+            for start, end in itertools.pairwise(bounds)
+        ]
+        _store(self.layout, state, cache, "encoder")
+        moments = vae.quant_conv(torch.cat(outs, dim=2))
+        mean: torch.Tensor = moments[:, : self.channels].float()
+        return (mean - self._mean.to(mean.device)) / self._std.to(mean.device)
 
 
 def to_uint8(video: torch.Tensor) -> torch.Tensor:
