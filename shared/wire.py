@@ -380,7 +380,9 @@ class HandoffOffer(_Msg, tag="handoff_offer"):
     the one used. ``rendezvous`` (strings): ``store`` (the source's rendezvous, host:port),
     ``device`` and ``uuid`` (where the state is: ``cpu`` or ``cuda:N`` and the GPU's UUID),
     ``new_link`` (the id of a link built for this transfer), ``link.<transport>`` (the links
-    the source already holds to the destination) and ``tag`` (the transfer's first tag)."""
+    the source already holds to the destination) and ``tag`` (the transfer's first tag).
+    The offer travels over the authenticated NATS connection; the state travels over the
+    transport, which is not authenticated: the checksum is what ties the two."""
 
     transfer_id: str
     session_id: Id
@@ -391,7 +393,11 @@ class HandoffOffer(_Msg, tag="handoff_offer"):
     rendezvous: dict[str, str] = msgspec.field(default_factory=dict)  # transport-specific
     tensors: list[TensorSpec] = msgspec.field(default_factory=list)
     nbytes: int = 0
-    checksum: str = ""  # empty: not checked
+    # HMAC-SHA256 of the state under ``secret``, a one-time key (both hex): the destination
+    # adopts only state that matches it. Empty: not checked (only where both sides measure
+    # without it).
+    checksum: str = ""
+    secret: str = ""
     suspended: bool = False  # the state is parked in host memory (moves host to host)
     # The session beside its tensors (the engine's snapshot fields).
     next_seq: int = 0  # wire seq of the next chunk

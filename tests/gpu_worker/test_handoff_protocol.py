@@ -12,10 +12,12 @@ import pytest
 
 from services.gpu_worker.handoff.codes import HandoffCode
 from services.gpu_worker.handoff.links import RECV, SEND
+from services.gpu_worker.handoff.source import Migration
+from services.gpu_worker.handoff.tensors import new_secret
 from services.gpu_worker.handoff.transports import GlooTransport, TransferError
 from shared.registry import Registry
 from shared.states import SessionState
-from shared.wire import HandoffAnswer, MigrationReport, decode
+from shared.wire import HandoffAnswer, HandoffOffer, MigrationReport, decode, encode
 from tests.eventually import eventually
 
 from .handoff_support import assert_state, migrate, place, start_worker
@@ -155,6 +157,56 @@ async def test_a_corrupted_transfer_fails_verification_and_aborts(pair, registry
     report = await a.ep.migrate(migrate(a, b, "s1", epoch + 2))
     assert report.ok and report.connect_ms > 0
     assert_state(b, "s1", seed=4, chunks=4)  # it played one more chunk on the source
+
+
+async def test_an_offer_whose_secret_is_not_its_checksums_is_refused_and_aborts(
+    pair, registry, monkeypatch
+):
+    """As if someone rewrote the offer's secret on the way: the bytes arrive intact, but their
+    checksum under the offer's secret is not the offer's. Refused; the session plays on from
+    its source at its next seq, and the next handoff goes through."""
+    a, b = pair
+    epoch = await place(registry, a, "s1", seed=6)
+    make_offer = Migration._make_offer
+
+    async def forged(self, frozen):
+        return msgspec.structs.replace(await make_offer(self, frozen), secret=new_secret())
+
+    monkeypatch.setattr(Migration, "_make_offer", forged)
+    report = await a.ep.migrate(migrate(a, b, "s1", epoch))
+    assert not report.ok and report.code == HandoffCode.VERIFICATION_FAILED
+    assert "secret" in report.detail
+    await assert_back_on_source(registry, a, b, "s1", epoch, seed=6)
+    monkeypatch.undo()
+    report = await a.ep.migrate(migrate(a, b, "s1", epoch + 2))
+    assert report.ok
+    assert_state(b, "s1", seed=6, chunks=4)
+
+
+async def test_an_offer_without_its_secret_or_with_a_spent_one_is_refused(
+    pair, registry, nats_client, isolation
+):
+    """An unchecksummed offer is refused before anything moves; so is a genuine offer sent
+    again (its secret was spent when it was first offered)."""
+    a, b = pair
+    subject = f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.worker.wb.handoff"
+    seen = await nats_client.subscribe(subject)  # a copy of every offer to wb
+    epoch = await place(registry, a, "s1", seed=2)
+    assert (await a.ep.migrate(migrate(a, b, "s1", epoch))).ok
+    genuine = decode(subject, (await seen.next_msg(timeout=5)).data, HandoffOffer)
+    assert len(genuine.secret) == 64 and len(genuine.checksum) == 64
+    await seen.unsubscribe()
+    for forged, fault in (
+        (msgspec.structs.replace(genuine, transfer_id="f1", secret="", checksum=""), "secret"),
+        (msgspec.structs.replace(genuine, transfer_id="f2", checksum=""), "checksum"),
+        (msgspec.structs.replace(genuine, transfer_id="f3"), "replay"),
+    ):
+        reply = await nats_client.request(subject, encode(forged), timeout=5)
+        answer = decode(subject, reply.data, HandoffAnswer)
+        assert not answer.accepted and answer.code == HandoffCode.INVALID_OFFER, answer
+        assert fault in answer.detail
+    assert_state(b, "s1", seed=2, chunks=3)  # what it holds is the genuine handoff's
+    assert not b.host.reserved
 
 
 async def test_an_absent_destination_or_a_bad_command_is_reported(pair, registry):

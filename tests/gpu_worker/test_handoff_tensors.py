@@ -10,6 +10,7 @@ import torch
 
 from services.gpu_worker.handoff.codes import HandoffCode
 from services.gpu_worker.handoff.host import HostRefused
+from services.gpu_worker.handoff import tensors as tensors_module
 from services.gpu_worker.handoff.rendezvous import parse_address
 from services.gpu_worker.handoff.tensors import (
     BadSpec,
@@ -17,11 +18,14 @@ from services.gpu_worker.handoff.tensors import (
     buffers,
     check_specs,
     checksum,
+    digest_context,
     frozen_from,
+    new_secret,
     skeleton,
     spec_nbytes,
     spec_of,
     verify,
+    verify_checksum,
 )
 from services.gpu_worker.handoff.transports import decode_ipc, encode_ipc
 from shared.wire import HandoffOffer, TensorSpec
@@ -72,35 +76,83 @@ def test_bad_specs_are_named(specs, total, fault):
         check_specs(specs, total)
 
 
+CONTEXT = digest_context("t1", "s1", 3, "wa", "wb")
+
+
 def test_verify_accepts_what_was_offered_and_names_each_difference():
     tensors = state()
     specs = [spec_of(t) for t in tensors]
     total = nbytes(tensors)
-    verify(tensors, specs, total, checksum(tensors))
+    verify(tensors, specs, total)
     with pytest.raises(VerificationFailed, match="2 tensors received, 3 offered"):
         verify(tensors[:2], specs, total)
     with pytest.raises(VerificationFailed, match="tensor 1 is float64"):
         verify([tensors[0], tensors[1].double(), tensors[2]], specs, total)
     with pytest.raises(VerificationFailed, match="58 bytes received, 59 offered"):
         verify(tensors, specs, total + 1)
+
+
+def _offer(tensors, secret, digest) -> HandoffOffer:
+    return HandoffOffer(
+        transfer_id="t1",
+        session_id="s1",
+        epoch=3,
+        src="wa",
+        dst="wb",
+        transport="auto",
+        tensors=[spec_of(t) for t in tensors],
+        nbytes=nbytes(tensors),
+        checksum=digest,
+        secret=secret,
+    )
+
+
+def test_the_checksum_holds_only_under_the_offers_secret_and_for_its_bytes():
+    tensors = state()
+    secret = new_secret()
+    digest = checksum(tensors, secret, CONTEXT)
+    verify_checksum(tensors, _offer(tensors, secret, digest))
     flipped = [t.clone() for t in tensors]
     flipped[1][3] += 1
-    with pytest.raises(VerificationFailed, match="checksum"):
-        verify(flipped, specs, total, checksum(tensors))
+    with pytest.raises(VerificationFailed, match="checksum"):  # tampered bytes
+        verify_checksum(flipped, _offer(tensors, secret, digest))
+    with pytest.raises(VerificationFailed, match="secret"):  # a secret it was not made with
+        verify_checksum(tensors, _offer(tensors, new_secret(), digest))
+    with pytest.raises(ValueError, match="32 bytes"):
+        checksum(tensors, "ab" * 16, CONTEXT)
+    assert new_secret() != new_secret() and len(bytes.fromhex(new_secret())) == 32
 
 
-def test_checksum_sees_every_bit_and_the_layout():
-    tensors = state()
-    reference = checksum(tensors)
-    assert checksum([t.clone() for t in tensors]) == reference
+def test_the_checksum_sees_every_bit_the_layout_and_the_transfer():
+    tensors, secret = state(), new_secret()
+    reference = checksum(tensors, secret, CONTEXT)
+    assert checksum([t.clone() for t in tensors], secret, CONTEXT) == reference
     one_bit = [t.clone() for t in tensors]
     one_bit[0].view(torch.int16)[2, 4] ^= 1
-    assert checksum(one_bit) != reference
-    # The same bytes in another shape are another state.
-    reshaped = [tensors[0].reshape(5, 3), *tensors[1:]]
-    assert checksum(reshaped) != reference
+    assert checksum(one_bit, secret, CONTEXT) != reference
+    # The same bytes in another shape, dtype or order are another state.
+    assert checksum([tensors[0].reshape(5, 3), *tensors[1:]], secret, CONTEXT) != reference
+    as_int = [tensors[0].view(torch.int16), *tensors[1:]]
+    assert checksum(as_int, secret, CONTEXT) != reference
+    assert checksum([tensors[1], tensors[0], tensors[2]], secret, CONTEXT) != reference
+    # State checksummed for one transfer fits no other (another epoch, another destination).
+    assert checksum(tensors, secret, digest_context("t1", "s1", 4, "wa", "wb")) != reference
+    assert checksum(tensors, secret, digest_context("t1", "s1", 3, "wa", "wc")) != reference
     # Non-contiguous tensors are hashed by value.
-    assert checksum([tensors[0].t().contiguous().t(), *tensors[1:]]) == reference
+    non_contiguous = [tensors[0].t().contiguous().t(), *tensors[1:]]
+    assert checksum(non_contiguous, secret, CONTEXT) == reference
+
+
+def test_a_state_of_many_blocks_is_hashed_in_parallel_as_it_would_be_in_order(monkeypatch):
+    """Leaves are 8 MiB: a 20 MiB tensor has three, hashed in threads; one bit in the last
+    block changes the checksum, and the result is the same one thread makes."""
+    big = [torch.randint(0, 255, (20 << 20,), dtype=torch.uint8), torch.ones(3)]
+    secret = new_secret()
+    reference = checksum(big, secret, CONTEXT)
+    monkeypatch.setattr(tensors_module, "_HASH_THREADS", 1)
+    assert checksum(big, secret, CONTEXT) == reference
+    big[0][-1] ^= 1
+    assert checksum(big, secret, CONTEXT) != reference
 
 
 def test_receive_buffers_are_used_only_when_they_fit():

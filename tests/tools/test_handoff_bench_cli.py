@@ -23,7 +23,8 @@ def options(*argv):
 def test_defaults():
     got = options()
     assert got["sizes_mib"] == [1.0, 64.0, 256.0] and got["devices"] == ["cpu", "cpu"]
-    assert got["transport"] == "auto" and not got["checksum"]
+    assert got["transport"] == "auto" and got["checksum"]  # as the worker runs
+    assert not options("--no-checksum")["checksum"]
 
 
 @pytest.mark.parametrize(

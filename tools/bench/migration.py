@@ -63,8 +63,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--transport", default="auto", help="auto, gloo, nccl or cuda_ipc")
     parser.add_argument(
         "--checksum",
-        action="store_true",
-        help="offers carry a checksum the destination verifies (slower)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="offers carry the state's keyed checksum, which the destination verifies (the "
+        "default, as in the worker); --no-checksum measures the handoff without it",
     )
     parser.add_argument("--json", dest="json_out", default=None, help="write results here")
     parser.set_defaults(func=run)

@@ -38,15 +38,15 @@ def spawn_peer(
     env: Mapping[str, str],
     *,
     device: str = "cpu",
-    checksum: bool = False,
+    checksum: bool = True,
     module: str = "tools.handoff.peer",
     extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """Start a peer process (its log goes to our stderr: ``TURBOSERVE_LOG_LEVEL`` in ``env``
     quietens it); ``module`` lets a test start a peer of its own making."""
     argv = [sys.executable, "-m", module, "--device", device, *extra]
-    if checksum:
-        argv.append("--checksum")
+    if not checksum:
+        argv.append("--no-checksum")
     child_env = {**os.environ, **env, "TURBOSERVE_WORKER_ID": worker_id}
     return subprocess.Popen(
         argv, env=child_env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent

@@ -3,7 +3,7 @@ by ordinary worker commands on ``<prefix>.worker.<id>.cmd`` (requests, answered 
 ``CommandReply``). ``turboserve bench migration`` runs two of them; the integration tests run
 them to kill one mid-handoff.
 
-    python -m tools.handoff.peer [--device cpu] [--checksum]
+    python -m tools.handoff.peer [--device cpu] [--no-checksum]
 
 Settings come from the usual ``TURBOSERVE_*`` variables (worker id, NATS, Redis, prefix,
 namespace, ``TURBOSERVE_HANDOFF_*``). Commands:
@@ -103,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
-    parser.add_argument("--checksum", action="store_true", help="offers carry a checksum")
+    parser.add_argument(
+        "--checksum",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="offers carry a keyed checksum, and offers here must (default: on)",
+    )
     args = parser.parse_args(argv)
     try:
         settings = WorkerSettings.from_env()

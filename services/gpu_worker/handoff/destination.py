@@ -9,7 +9,8 @@ narrow I/O (``io.py``) and feeds back what came of them.
    ``unknown_session``, ``stale_epoch``), or accepted after ``StateHost.reserve`` with the
    transport and link both sides will use.
 2. A receive task builds the link if it is new, receives the tensors and verifies them
-   (shapes, dtypes, bytes; the checksum when the offer has one).
+   (shapes, dtypes, bytes, and the checksum under the offer's one-time secret: an offer
+   without both, or with a secret seen before, is refused at step 1 as ``invalid_offer``).
 3. Registry CAS migrating -> executing|suspended, owner: us, expected the offer's epoch
    (e+1 -> e+2). Only after it succeeds does ``StateHost.adopt`` run, and the outcome
    ``committed`` goes to the source.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +52,7 @@ from .protocol import (
 from .rendezvous import parse_address
 from .selection import NoTransport, Place, select_transport
 from .tensors import (
+    SECRET_BYTES,
     TAGS_PER_TRANSFER,
     BadSpec,
     VerificationFailed,
@@ -57,10 +60,14 @@ from .tensors import (
     frozen_from,
     skeleton,
     verify,
+    verify_checksum,
 )
 from .transports import TransferError
 
 _LINK_ID = re.compile(r"[0-9a-f]{1,32}")
+_SECRET = re.compile(rf"[0-9a-f]{{{2 * SECRET_BYTES}}}")
+_CHECKSUM = re.compile(r"[0-9a-f]{64}")  # HMAC-SHA256
+_SECRETS_KEPT = 4096  # the secrets of this many recent offers are refused if offered again
 _MAX_TAG = (1 << 31) - TAGS_PER_TRANSFER  # a transfer's tags run from its tag up
 
 
@@ -91,6 +98,7 @@ class Reception:
     def __init__(self, io: HandoffIO) -> None:
         self.io = io
         self.incoming: dict[str, _Incoming] = {}  # by transfer id, from accept to commit
+        self._secrets: OrderedDict[str, None] = OrderedDict()  # offered here, most recent last
 
     # -- 1: the answer --------------------------------------------------------------------
     async def consider(self, offer: HandoffOffer) -> HandoffAnswer:
@@ -147,6 +155,13 @@ class Reception:
                 raise BadSpec("an offer from this worker to itself")
             if offer.transfer_id in self.incoming:
                 raise BadSpec(f"transfer {offer.transfer_id} is already arriving")
+            if self.io.checksum:
+                if not _SECRET.fullmatch(offer.secret):
+                    raise BadSpec(f"an offer needs a secret of {SECRET_BYTES} bytes (hex)")
+                if not _CHECKSUM.fullmatch(offer.checksum):
+                    raise BadSpec("an offer needs the state's checksum (HMAC-SHA256, hex)")
+                if offer.secret in self._secrets:
+                    raise BadSpec("the offer's secret was offered before: a replay")
             check_specs(offer.tensors, offer.nbytes)
             parse_address(rdv.get("store", ""))
             if not _LINK_ID.fullmatch(rdv.get("new_link", "")):
@@ -155,6 +170,10 @@ class Reception:
                 raise BadSpec(f"rendezvous tag must be an integer up to {_MAX_TAG}")
         except (BadSpec, ValueError) as exc:
             raise _Refuse(HandoffCode.INVALID_OFFER, str(exc)) from None
+        if offer.secret:  # one-time: spent once offered, whatever the answer
+            self._secrets[offer.secret] = None
+            while len(self._secrets) > _SECRETS_KEPT:
+                self._secrets.popitem(last=False)
 
     # -- the protocol's actions -----------------------------------------------------------
     async def _carry_out(self, incoming: _Incoming, actions: list[Action]) -> HandoffAnswer | None:
@@ -330,10 +349,9 @@ class Reception:
                 await io.links.drop(link)
             raise _Refuse(HandoffCode.TRANSFER_FAILED, str(exc)) from None
         try:
-            if offer.checksum:  # a pass over every byte: off the loop
-                await io.run(verify, tensors, offer.tensors, offer.nbytes, offer.checksum)
-            else:
-                verify(tensors, offer.tensors, offer.nbytes)
+            verify(tensors, offer.tensors, offer.nbytes)
+            if io.checksum:  # a pass over every byte: off the loop
+                await io.run(verify_checksum, tensors, offer)
         except VerificationFailed as exc:
             raise _Refuse(HandoffCode.VERIFICATION_FAILED, str(exc)) from None
         return tensors

@@ -77,7 +77,7 @@ class HandoffEndpoint:
         host: StateHost,
         settings: WorkerSettings,
         *,
-        checksum: bool = False,
+        checksum: bool = True,
         stats_keep: int = 32,
     ) -> None:
         self.nc = nc
@@ -86,8 +86,9 @@ class HandoffEndpoint:
         self.host = host
         self.settings = settings
         self.worker_id = host.worker_id
-        # Every offer carries a checksum of the state (the destination verifies it): for
-        # tests and audits; it costs a pass over the bytes on both sides.
+        # Every offer carries a one-time secret and the state's checksum under it, and an
+        # offer here must: only state that matches is adopted. It costs a pass over the bytes
+        # on both sides; off only to measure that cost (``bench migration --no-checksum``).
         self.checksum = checksum
         self.timeout_s = settings.handoff_timeout_s
         self.preferred_transport = settings.handoff_transport

@@ -51,7 +51,7 @@ class HandoffIO(Protocol):
     place: Place  # this worker's device (and GPU UUID)
     preferred_transport: str  # ``TURBOSERVE_HANDOFF_TRANSPORT``
     timeout_s: float  # a handoff's whole budget
-    checksum: bool  # offers carry a checksum of the state
+    checksum: bool  # offers carry a keyed checksum of the state, and offers here must
     host: StateHost
     log: structlog.stdlib.BoundLogger
 

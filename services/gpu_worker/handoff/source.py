@@ -54,7 +54,7 @@ from .protocol import (
 from .rendezvous import new_link_id
 from .selection import Place
 from .stats import HandoffSample
-from .tensors import checksum, spec_of, tensors_of
+from .tensors import checksum, digest_context, new_secret, spec_of, tensors_of
 from .transports import TransferError
 
 _ABORT_RETRY_S = 0.2
@@ -247,6 +247,13 @@ class Migration:
         }
         for transport, link_id in io.links.ids(self.dst, SEND).items():
             rendezvous[f"link.{transport}"] = link_id
+        secret = digest = ""
+        if io.checksum:  # a pass over every byte: off the loop
+            secret = new_secret()
+            context = digest_context(
+                self.transfer_id, self.sid, self.protocol.epoch, io.worker_id, self.dst
+            )
+            digest = await io.run(checksum, tensors, secret, context)
         return HandoffOffer(
             transfer_id=self.transfer_id,
             session_id=self.sid,
@@ -257,7 +264,8 @@ class Migration:
             rendezvous=rendezvous,
             tensors=[spec_of(t) for t in tensors],
             nbytes=self.nbytes,
-            checksum=await io.run(checksum, tensors) if io.checksum else "",
+            checksum=digest,
+            secret=secret,
             suspended=frozen.suspended,
             next_seq=frozen.next_seq,
             engine_seq=snap.seq,

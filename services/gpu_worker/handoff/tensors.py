@@ -1,4 +1,5 @@
-"""A session's state as a list of tensors on the wire: specs, checks, checksum (no I/O).
+"""A session's state as a list of tensors on the wire: specs, checks, the keyed checksum (no
+network I/O).
 
 The tensor list of a snapshot is its per-layer regions followed by ``misc``; the offer
 describes each by a :class:`~shared.wire.TensorSpec`, and the destination allocates exactly
@@ -8,6 +9,10 @@ those before a byte moves.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -20,7 +25,10 @@ from .host import FrozenSession
 # receiver's acknowledgement. Transfer tags stay below 2**31.
 TAGS_PER_TRANSFER = 1024
 MAX_TENSORS = TAGS_PER_TRANSFER - 1
-_DIGEST_BYTES = 16
+SECRET_BYTES = 32  # an offer's one-time key
+_BLOCK_BYTES = 8 << 20  # a leaf of the checksum's tree: hashed on its own, in parallel
+_HASH_THREADS = min(8, os.cpu_count() or 1)
+_DOMAIN = b"turboserve handoff state v1\0"
 
 
 class BadSpec(ValueError):
@@ -89,22 +97,55 @@ def buffers(
     return allocate(specs, device)
 
 
-def checksum(tensors: list[torch.Tensor]) -> str:
-    """blake2b of the tensors' bytes in order, with their shapes and dtypes (device tensors
-    are copied to the host: meant for tests and audits, not the fast path)."""
-    digest = hashlib.blake2b(digest_size=_DIGEST_BYTES)
-    for t in tensors:
-        digest.update(f"{t.dtype}{tuple(t.shape)};".encode())
-        host = t.detach().contiguous().cpu()
-        if host.numel():
-            digest.update(host.view(-1).view(torch.uint8).numpy().data)
-    return digest.hexdigest()
+def new_secret() -> str:
+    """An offer's one-time secret (hex): the key of its checksum, never used for another."""
+    return secrets.token_hex(SECRET_BYTES)
 
 
-def verify(
-    tensors: list[torch.Tensor], specs: list[TensorSpec], nbytes: int, expected_checksum: str = ""
-) -> None:
-    """Raises :class:`VerificationFailed` naming the first difference."""
+def digest_context(transfer_id: str, session_id: str, epoch: int, src: str, dst: str) -> bytes:
+    """What a checksum is bound to besides the bytes: the transfer, the session at its
+    migrating epoch, and both workers. State checksummed for one offer fits no other."""
+    return f"{transfer_id}\0{session_id}\0{epoch}\0{src}\0{dst}".encode()
+
+
+def checksum(tensors: list[torch.Tensor], secret: str, context: bytes) -> str:
+    """HMAC-SHA256 under ``secret`` (hex) of ``context`` and the tensors: each one's dtype and
+    shape, then the SHA-256 of each of its 8 MiB blocks in order. The blocks are hashed in
+    parallel threads (hashlib lets go of the GIL), at several GB/s on a GPU host's cores; a
+    device tensor's blocks are copied to the host one at a time to be hashed. Only who holds
+    the secret can make a checksum the destination accepts, and no byte, dtype, shape or
+    order can change without changing it. Raises ``ValueError`` for a malformed secret."""
+    key = bytes.fromhex(secret)
+    if len(key) != SECRET_BYTES:
+        raise ValueError(f"a secret is {SECRET_BYTES} bytes, this one {len(key)}")
+    flats = [t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors]
+    blocks = [
+        (i, start) for i, flat in enumerate(flats) for start in range(0, flat.numel(), _BLOCK_BYTES)
+    ]
+
+    def leaf(block: tuple[int, int]) -> bytes:
+        i, start = block
+        part = flats[i][start : start + _BLOCK_BYTES]
+        return hashlib.sha256(part.cpu().numpy().data).digest()
+
+    if len(blocks) > 1 and _HASH_THREADS > 1:
+        with ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="checksum") as pool:
+            leaves = list(pool.map(leaf, blocks))
+    else:
+        leaves = [leaf(b) for b in blocks]
+    mac = hmac.new(key, _DOMAIN + context, "sha256")
+    at = 0
+    for i, t in enumerate(tensors):
+        mac.update(f";{i}:{str(t.dtype).removeprefix('torch.')}{tuple(t.shape)}:".encode())
+        while at < len(blocks) and blocks[at][0] == i:
+            mac.update(leaves[at])
+            at += 1
+    return mac.hexdigest()
+
+
+def verify(tensors: list[torch.Tensor], specs: list[TensorSpec], nbytes: int) -> None:
+    """The tensors are the offer's layout; raises :class:`VerificationFailed` naming the
+    first difference."""
     if len(tensors) != len(specs):
         raise VerificationFailed(f"{len(tensors)} tensors received, {len(specs)} offered")
     for i, (t, s) in enumerate(zip(tensors, specs, strict=True)):
@@ -116,10 +157,19 @@ def verify(
     total = sum(t.numel() * t.element_size() for t in tensors)
     if total != nbytes:
         raise VerificationFailed(f"{total} bytes received, {nbytes} offered")
-    if expected_checksum:
-        got_sum = checksum(tensors)
-        if got_sum != expected_checksum:
-            raise VerificationFailed(f"checksum {got_sum} != offered {expected_checksum}")
+
+
+def verify_checksum(tensors: list[torch.Tensor], offer: HandoffOffer) -> None:
+    """What arrived is what the offer's author checksummed under the offer's secret: raises
+    :class:`VerificationFailed` for tampered bytes, or a secret that is not the one the
+    checksum was made with (a pass over every byte: run it off the event loop)."""
+    context = digest_context(offer.transfer_id, offer.session_id, offer.epoch, offer.src, offer.dst)
+    got = checksum(tensors, offer.secret, context)
+    if not hmac.compare_digest(got, offer.checksum):
+        raise VerificationFailed(
+            "checksum differs from the offer's: the bytes were changed on the way, or the "
+            "offer's secret is not the one they were checksummed with"
+        )
 
 
 def frozen_from(offer: HandoffOffer, tensors: list[torch.Tensor]) -> FrozenSession:
