@@ -8,9 +8,9 @@ import asyncio
 import pytest
 import torch
 
+from services.gpu_worker.handoff import tensors as tensors_module
 from services.gpu_worker.handoff.codes import HandoffCode
 from services.gpu_worker.handoff.host import HostRefused
-from services.gpu_worker.handoff import tensors as tensors_module
 from services.gpu_worker.handoff.rendezvous import parse_address
 from services.gpu_worker.handoff.tensors import (
     BadSpec,
