@@ -468,6 +468,8 @@ async def test_worker_handoff_subject(mesh):
         prompt="p",
         seed=1,
         rendezvous={"store": "127.0.0.1:1", "new_link": "ab12", "tag": "0", "device": "cpu"},
+        secret="ab" * 32,  # well-formed: a secret and a checksum (that nothing will match)
+        checksum="cd" * 32,
     )
     with capture_logs() as logs:
         variants = bad_variants(offer, "session_id")
