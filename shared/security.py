@@ -86,6 +86,7 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
             publish=(
                 subjects.session_events,  # through JetStream: its ack comes to the inbox
                 subjects.chunks_wildcard,  # the StreamEnd of a session it closes
+                subjects.session_input_wildcard,  # a video-to-video session's input frames
                 *_stream_admin(subjects),
                 # an ephemeral push consumer per watched session, deleted when nobody watches
                 f"$JS.API.CONSUMER.CREATE.{chunks}",
@@ -132,6 +133,7 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
             subscribe=(
                 f"{p}.worker.*.cmd",
                 f"{p}.worker.*.handoff",
+                subjects.session_input_wildcard,
                 subjects.provisioner_events,
                 inbox,
             ),

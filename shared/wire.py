@@ -76,6 +76,10 @@ class Subjects:
     def session_input(self, session_id: str) -> str:
         return f"{self.prefix}.session.{session_id}.input"
 
+    @property
+    def session_input_wildcard(self) -> str:
+        return f"{self.prefix}.session.*.input"
+
     # Scheduler -> one worker.
     def worker_cmd(self, worker_id: str) -> str:
         return f"{self.prefix}.worker.{worker_id}.cmd"

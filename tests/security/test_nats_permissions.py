@@ -38,6 +38,7 @@ SUBJECTS = Subjects(PREFIX)
 PROTOCOL = {
     "session_events": SUBJECTS.session_events,
     "chunks": SUBJECTS.chunks("s1"),
+    "input": SUBJECTS.session_input("s1"),
     "worker_cmd": SUBJECTS.worker_cmd("w1"),
     "heartbeat": SUBJECTS.worker_heartbeat,
     "handoff": SUBJECTS.worker_handoff("w1"),
@@ -46,7 +47,7 @@ PROTOCOL = {
     "provisioner_events": SUBJECTS.provisioner_events,
 }
 PUBLISHES = {
-    "gateway": {"session_events", "chunks"},
+    "gateway": {"session_events", "chunks", "input"},
     "scheduler": {"worker_cmd", "provisioner_cmd"},
     "worker": {"chunks", "heartbeat", "migrations", "handoff"},
     "provisioner": {"provisioner_events"},
@@ -54,7 +55,7 @@ PUBLISHES = {
 SUBSCRIBES = {
     "gateway": {"chunks"},
     "scheduler": {"heartbeat", "provisioner_events", "migrations"},
-    "worker": {"worker_cmd", "handoff", "provisioner_events"},
+    "worker": {"worker_cmd", "handoff", "input", "provisioner_events"},
     "provisioner": {"heartbeat", "provisioner_cmd"},
 }
 
