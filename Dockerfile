@@ -15,7 +15,9 @@ COPY shared ./shared
 COPY services ./services
 COPY tools ./tools
 COPY lab ./lab
-RUN pip install ".[k8s]" && useradd --create-home --uid 10001 turboserve
+# /tls: where compose's certs step writes (a new volume there takes this folder's owner).
+RUN pip install ".[k8s]" && useradd --create-home --uid 10001 turboserve \
+    && mkdir /tls && chown turboserve:turboserve /tls
 USER turboserve
 
 ENTRYPOINT ["turboserve"]

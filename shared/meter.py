@@ -12,15 +12,23 @@ Keys (``ns`` = ``TURBOSERVE_REDIS_NAMESPACE``):
 - ``{ns}:meter:total``   GPU-seconds of every finished run
 
 Opening and closing are single Lua scripts, so a reader never sees a run counted twice or not
-at all, and both are idempotent (the provisioner may repeat them after a restart).
+at all, and both are idempotent (the provisioner may repeat them after a restart). With
+``TURBOSERVE_REDIS_WAIT_REPLICAS`` they wait for that many replicas, as the registry's writes
+do (:func:`shared.registry.written`), so a failover keeps them. The open runs are the
+provisioner's to write back when Redis lost them (:meth:`Meter.restore`); the finished runs'
+figures are not rebuilt.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
+
+from shared.registry import written
 
 # Returns the start that is in force (the existing one when already open).
 _OPEN_LUA = """
@@ -45,6 +53,18 @@ return tostring(seconds)
 """
 
 
+# Open the runs not open yet (KEYS[1], ARGV: id, start, id, start, ...); returns those opened.
+_RESTORE_LUA = """
+local opened = {}
+for i = 1, #ARGV, 2 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    table.insert(opened, ARGV[i])
+  end
+end
+return opened
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class MeterReading:
     """GPU-seconds up to ``at``: ``total_s`` over every worker ever metered, ``per_worker``,
@@ -61,13 +81,23 @@ class MeterReading:
 
 
 class Meter:
-    """Read and write the GPU-second meter of one Redis namespace."""
+    """Read and write the GPU-second meter of one Redis namespace; ``wait_replicas`` and
+    ``wait_ms`` as the registry's (:class:`shared.registry.Registry`)."""
 
-    def __init__(self, client: aioredis.Redis, namespace: str = "ts") -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        namespace: str = "ts",
+        wait_replicas: int = 0,
+        wait_ms: int = 500,
+    ) -> None:
         self.r = client
         self.ns = namespace
+        self.wait_replicas = wait_replicas
+        self.wait_ms = wait_ms
         self._open = client.register_script(_OPEN_LUA)
         self._close = client.register_script(_CLOSE_LUA)
+        self._restore = client.register_script(_RESTORE_LUA)
 
     @property
     def open_key(self) -> str:
@@ -84,17 +114,36 @@ class Meter:
     async def open(self, worker_id: str, at: float | None = None) -> float:
         """Start metering ``worker_id`` at ``at`` (now); returns the start in force, which is
         the earlier one when its meter was already open (idempotent)."""
-        started = await self._open(keys=[self.open_key], args=[worker_id, repr(_now(at))])
+        started = await self._written(self._open, [self.open_key], [worker_id, repr(_now(at))])
         return float(started)
+
+    async def restore(self, runs: Mapping[str, float]) -> list[str]:
+        """Open again the runs of ``runs`` (worker id -> when it opened) that the meter lost
+        (Redis restarted empty, or a failover lost the write); an open one is left as it is.
+        Returns the workers whose run was written back."""
+        if not runs:
+            return []
+        args = [x for wid, started in sorted(runs.items()) for x in (wid, repr(started))]
+        opened = await self._written(self._restore, [self.open_key], args)
+        return [_text(wid) for wid in opened]
+
+    async def forget(self, worker_id: str) -> None:
+        """Drop ``worker_id``'s open run without counting it: one written back for a worker
+        that had gone meanwhile (its own close found nothing to close)."""
+        await self.r.hdel(self.open_key, worker_id)
 
     async def close(self, worker_id: str, at: float | None = None) -> float | None:
         """Stop metering ``worker_id``; returns the GPU-seconds of the run that ended, or None
         when its meter was not open (closed already, or never opened)."""
-        seconds = await self._close(
-            keys=[self.open_key, self.closed_key, self.total_key],
-            args=[worker_id, repr(_now(at))],
+        seconds = await self._written(
+            self._close,
+            [self.open_key, self.closed_key, self.total_key],
+            [worker_id, repr(_now(at))],
         )
         return None if seconds is None else float(seconds)
+
+    async def _written(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        return await written(self.r, script, keys, args, self.wait_replicas, self.wait_ms)
 
     async def read(self, at: float | None = None) -> MeterReading:
         """The figure now (or at ``at``): finished runs plus the running ones so far."""

@@ -45,6 +45,7 @@ import orjson
 import redis.asyncio as aioredis
 
 from shared.leader import leader_key
+from shared.logging import get_logger
 from shared.states import IllegalTransition, SessionState, sources_of
 from shared.wire import DEFAULT_STRENGTH, SessionInput, WorkerStatus
 
@@ -153,6 +154,34 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
+
+
+async def written(
+    client: aioredis.Redis,
+    script: Any,
+    keys: list[str],
+    args: list[Any],
+    wait_replicas: int,
+    wait_ms: int,
+) -> Any:
+    """``script``'s reply; with ``wait_replicas`` > 0, once that many replicas have its write,
+    waited for on the write's own connection (``WAIT``), for at most ``wait_ms``. A write not
+    replicated in time is kept, and logged (``registry_write_unreplicated``, its first key)."""
+    if wait_replicas <= 0:
+        return await script(keys=keys, args=args)
+    async with client.pipeline(transaction=False) as pipe:
+        await script(keys=keys, args=args, client=pipe)
+        await pipe.execute_command("WAIT", wait_replicas, wait_ms)
+        reply, acked = await pipe.execute()
+    if int(acked) < wait_replicas:
+        log.warning(
+            "registry_write_unreplicated",
+            key=keys[0],
+            replicas=int(acked),
+            wanted=wait_replicas,
+            waited_ms=wait_ms,
+        )
+    return reply
 
 
 class RegistryError(RuntimeError):
@@ -291,12 +320,32 @@ def _str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class Registry:
-    """Async access to the registry; one instance per service, sharing its Redis client."""
+log = get_logger("turboserve.registry")
 
-    def __init__(self, client: aioredis.Redis, namespace: str = "ts") -> None:
+
+class Registry:
+    """Async access to the registry; one instance per service, sharing its Redis client.
+
+    ``wait_replicas``: a session's creation, every transition (the compare-and-set that
+    fences owners by epoch) and a lost record's write-back (:meth:`reannounce_session`,
+    :meth:`restore_pending`) wait, on the write's own connection (``WAIT``), until that many
+    replicas have it, for at most ``wait_ms``; a write not replicated in time is kept and
+    logged (``registry_write_unreplicated``). A Sentinel failover then promotes a replica
+    that has it. 0: no wait (one Redis, or a replica's lag accepted). A session's progress
+    (``last_seq``, its recovery log) does not wait: it is written with every chunk, and the
+    next chunk writes it again."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        namespace: str = "ts",
+        wait_replicas: int = 0,
+        wait_ms: int = 500,
+    ) -> None:
         self.r = client
         self.ns = namespace
+        self.wait_replicas = wait_replicas
+        self.wait_ms = wait_ms
         self._create = client.register_script(_CREATE_LUA)
         self._transition = client.register_script(_TRANSITION_LUA)
         self._progress = client.register_script(_PROGRESS_LUA)
@@ -363,9 +412,10 @@ class Registry:
             "owner_key": owner_key,
         }
         flat = [str(x) for kv in record.items() for x in kv]
-        created = await self._create(
-            keys=[self.session_key(session_id), self.pending_key],
-            args=[repr(now), session_id, *flat],
+        created = await self._written(
+            self._create,
+            [self.session_key(session_id), self.pending_key],
+            [repr(now), session_id, *flat],
         )
         if not created:
             raise SessionExists(session_id)
@@ -376,6 +426,14 @@ class Registry:
         if not raw or b"state" not in raw:
             return None
         return _session_from({_str(k): _str(v) for k, v in raw.items()})
+
+    async def session_owner(self, session_id: str) -> tuple[str, int] | None:
+        """The session's owner (``""``: none) and epoch, in one small read; None: no such
+        session."""
+        owner, epoch = await self.r.hmget(self.session_key(session_id), ["owner", "epoch"])
+        if epoch is None:
+            return None
+        return (_str(owner) if owner else ""), int(epoch)
 
     async def transition(
         self,
@@ -447,15 +505,16 @@ class Registry:
         allowed = ",".join(sorted(s.value for s in sources))
         owner_arg = "\0keep" if owner is KEEP else str(owner or "")
         guard_key, guard_value = guard if guard is not None else (self.pending_key, "")
-        reply = await self._transition(
-            keys=[
+        reply = await self._written(
+            self._transition,
+            [
                 self.session_key(session_id),
                 self.placement_key,
                 self.pending_key,
                 guard_key,
                 self.recovery_key(session_id),
             ],
-            args=[
+            [
                 session_id,
                 "" if expected_epoch is None else str(expected_epoch),
                 allowed,
@@ -476,6 +535,11 @@ class Registry:
             raise StaleEpoch(session_id, expected_epoch or 0, int(_str(reply[1])))
         flat = [_str(x) for x in reply[3]]
         return status, _session_from(dict(zip(flat[0::2], flat[1::2], strict=True)))
+
+    async def _written(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``script``'s reply; with ``wait_replicas``, once that many replicas have its write
+        (or ``wait_ms`` passed: logged, the write kept)."""
+        return await written(self.r, script, keys, args, self.wait_replicas, self.wait_ms)
 
     async def fencing(self, session_id: str | None = None) -> Fencing:
         """The term that leads the scheduling and ``session_id``'s owner and epoch, read in
@@ -559,11 +623,54 @@ class Registry:
             "owner_key": owner_key,
         }
         flat = [str(x) for kv in record.items() for x in kv]
-        written = await self._reannounce(
-            keys=[self.session_key(session_id), self.placement_key],
-            args=[session_id, owner, *flat],
+        done = await self._written(
+            self._reannounce,
+            [self.session_key(session_id), self.placement_key],
+            [session_id, owner, *flat],
         )
-        return bool(written)
+        return bool(done)
+
+    async def restore_pending(self, record: SessionRecord) -> bool:
+        """Write back a session waiting for a worker that the registry lost (Redis restarted
+        empty, or a failover lost its write), as ``record`` had it: pending, with no owner,
+        its epoch and its client's token digest. Nothing is written when the registry has the
+        session (its own state always wins); True when written."""
+        fields = {
+            "id": record.id,
+            "state": SessionState.PENDING.value,
+            "owner": "",
+            "epoch": record.epoch,
+            "prompt": record.prompt,
+            "seed": record.seed,
+            "input": record.input.value,
+            "strength": _strength_field(record.strength),
+            "last_seq": record.last_seq,
+            "created_at": repr(record.created_at),
+            "updated_at": repr(time.time()),
+            "token_hash": record.token_hash,
+            "owner_key": record.owner_key,
+        }
+        flat = [str(x) for kv in fields.items() for x in kv]
+        done = await self._written(
+            self._create,
+            [self.session_key(record.id), self.pending_key],
+            [repr(record.created_at), record.id, *flat],
+        )
+        return bool(done)
+
+    async def sessions(self, session_ids: list[str]) -> dict[str, SessionRecord]:
+        """The records of those of ``session_ids`` the registry has, in one round trip."""
+        if not session_ids:
+            return {}
+        async with self.r.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                pipe.hgetall(self.session_key(sid))
+            found = await pipe.execute()
+        return {
+            sid: _session_from({_str(k): _str(v) for k, v in raw.items()})
+            for sid, raw in zip(session_ids, found, strict=True)
+            if raw and b"state" in raw
+        }
 
     async def recovery_log(self, session_id: str) -> dict[str, bytes] | None:
         """The session's recovery log as its worker last wrote it (None: none)."""

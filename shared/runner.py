@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import NoPermissionError
 
@@ -27,9 +29,10 @@ from shared.backoff import retried
 from shared.logging import configure_logging, get_logger
 from shared.registry import Registry
 from shared.security import inbox_prefix, url_user
-from shared.settings import CommonSettings, mask_url
+from shared.settings import CommonSettings, mask_url, nats_servers, parse_sentinel_url
 from shared.streams import ensure_streams
 from shared.supervisor import Supervisor
+from shared.tls import TlsFiles, nats_tls_kwargs, redis_tls_kwargs
 from shared.video import ChunkRetention
 from shared.wire import Subjects
 
@@ -110,24 +113,54 @@ async def retry(
         raise ConnectError(f"could not connect to {what} within {timeout_s:.0f}s: {why}") from exc
 
 
+# How long a connected service's reconnections may all be refused for its credentials before
+# it gives up (exit 1, for its supervisor to start it again): its user was removed or, for a
+# worker, its credential revoked while it was cut off. Long enough that a refusal while the
+# provisioner that answers the auth callout is itself reconnecting passes.
+REFUSED_RECONNECT_S = 60.0
+
+
 async def connect_nats(
     settings: CommonSettings,
     name: str,
     reconnect_hooks: list[Callable[[], Awaitable[None]]] | None = None,
+    on_lost: Callable[[Exception], None] | None = None,
 ) -> NATS:
+    """Connected, or :class:`ConnectError`. Once connected, nats-py reconnects by itself;
+    ``on_lost`` is told when it will not: every reconnection for REFUSED_RECONNECT_S was
+    refused, or the client closed (nats-py closes for good on some server errors)."""
     # A user/password URL connects as that user, whose replies arrive under its own inbox
     # prefix (the only inboxes its NATS permissions let it read: shared/security.py).
     user = url_user(settings.nats_url)
-    refused: list[Exception] = []
+    refused: list[Exception] = []  # before it is connected: the credentials were refused
     seen: list[Exception] = []  # what went wrong during an attempt, for its error's text
+    connected = False
+    last_error: list[Exception] = []  # once connected: the latest error only
+    refused_since: dict[str, float] = {}  # since when every reconnection was refused
 
     async def _error_cb(exc: Exception) -> None:
-        if "authorization violation" in str(exc).lower():
-            refused.append(exc)
-        seen.append(exc)
         log.warning("nats_error", error=str(exc))
+        is_refusal = "authorization violation" in str(exc).lower()
+        if not connected:
+            seen.append(exc)
+            if is_refusal:
+                refused.append(exc)
+            return
+        last_error[:] = [exc]
+        if is_refusal and on_lost is not None:
+            now = time.monotonic()
+            since = refused_since.setdefault("at", now)
+            if now - since >= REFUSED_RECONNECT_S and not refused_since.get("told"):
+                refused_since["told"] = now
+                on_lost(_refused("nats", settings.nats_url, "authorization violation"))
+
+    async def _closed_cb() -> None:
+        if connected and on_lost is not None:
+            why = str(last_error[0]) if last_error else "closed"
+            on_lost(ConnectionError(f"the NATS connection closed ({why})"))
 
     async def _reconnected_cb() -> None:
+        refused_since.clear()
         log.info("nats_reconnected")
         for hook in list(reconnect_hooks or ()):
             try:
@@ -145,7 +178,7 @@ async def connect_nats(
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    servers=[settings.nats_url],
+                    servers=nats_servers(settings.nats_url),
                     name=name,
                     connect_timeout=2,
                     allow_reconnect=True,
@@ -153,7 +186,9 @@ async def connect_nats(
                     reconnect_time_wait=1,
                     error_cb=_error_cb,
                     reconnected_cb=_reconnected_cb,
+                    closed_cb=_closed_cb,
                     inbox_prefix=inbox_prefix(user) if user else "_INBOX",
+                    **nats_tls_kwargs(settings.nats_url, settings.tls),
                 ),
                 # One attempt never outlasts the whole budget (ctl's is 2 s).
                 timeout=min(3.0, settings.connect_timeout_s),
@@ -171,6 +206,7 @@ async def connect_nats(
         return nc
 
     nc: NATS = await retry("nats", _attempt, settings.connect_timeout_s)
+    connected = True
     return nc
 
 
@@ -205,15 +241,64 @@ async def subscriptions_live(nc: NATS, timeout_s: float = 10.0) -> None:
 # Connections one service opens to Redis at most; more callers wait for one (a burst of a
 # thousand streams must queue, not fail).
 REDIS_MAX_CONNECTIONS = 64
+# The longest a Redis reply may take before the connection is counted lost (redis-py's own
+# default is 5 s, which a loaded host can exceed); a registry write that waits for replicas
+# (``WAIT``) gets its wait on top.
+REDIS_READ_TIMEOUT_S = 10.0
+
+
+class _SentinelBlockingPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """Sentinel's pool (connections go to whichever Redis the sentinels name the master) that
+    waits for a free connection as the plain one does, instead of failing at its limit."""
+
+
+def redis_pool(
+    url: str, tls: TlsFiles | None, max_connections: int, timeout_s: float, wait_ms: int = 0
+) -> aioredis.ConnectionPool:
+    """The connection pool of a ``TURBOSERVE_REDIS_URL``: a plain URL's, or, for the Sentinel
+    form (shared/settings.py, ``parse_sentinel_url``), one that asks the sentinels for the
+    master and follows a failover to the replica they promote. ``timeout_s``: how long a
+    caller waits for a free connection; ``wait_ms``: the registry's ``WAIT`` budget."""
+    common: dict[str, Any] = {
+        "max_connections": max_connections,
+        "timeout": timeout_s,
+        "socket_timeout": REDIS_READ_TIMEOUT_S + wait_ms / 1000.0,
+        "socket_connect_timeout": 2,
+        "health_check_interval": 10,
+    }
+    target = parse_sentinel_url(url)
+    if target is None:
+        pool: aioredis.ConnectionPool = aioredis.BlockingConnectionPool.from_url(
+            url, **common, **redis_tls_kwargs(url, tls)
+        )
+        return pool
+    ssl = redis_tls_kwargs("rediss://", tls) if target.tls else {}
+    if target.tls:
+        ssl["ssl"] = True
+    sentinel = Sentinel(
+        list(target.sentinels),
+        sentinel_kwargs={"socket_connect_timeout": 2, "socket_timeout": 2, **ssl},
+    )
+    return _SentinelBlockingPool(  # type: ignore[no-untyped-call]  # redis-py's is untyped
+        target.master,
+        sentinel,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        **common,
+        **ssl,
+    )
+
+
+def redis_client(url: str, tls: TlsFiles | None, max_connections: int = 4) -> aioredis.Redis:
+    """A client of any ``TURBOSERVE_REDIS_URL`` form (plain, TLS, Sentinel) for a tool: it
+    owns its pool (``aclose()`` closes it) and connects at its first command."""
+    return aioredis.Redis.from_pool(redis_pool(url, tls, max_connections, 10.0))
 
 
 async def connect_redis(settings: CommonSettings) -> aioredis.Redis:
-    pool = aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=REDIS_MAX_CONNECTIONS,
-        timeout=10,
-        socket_connect_timeout=2,
-        health_check_interval=10,
+    pool = redis_pool(
+        settings.redis_url, settings.tls, REDIS_MAX_CONNECTIONS, 10.0, settings.redis_wait_ms
     )
     client = aioredis.Redis.from_pool(pool)  # it owns the pool: aclose() closes it
 
@@ -234,7 +319,16 @@ async def connect_redis(settings: CommonSettings) -> aioredis.Redis:
 
 async def open_context(settings: CommonSettings, name: str) -> ServiceContext:
     hooks: list[Callable[[], Awaitable[None]]] = []
-    nc = await connect_nats(settings, name, hooks)
+    contexts: list[ServiceContext] = []
+
+    def lost(exc: Exception) -> None:
+        """NATS will not come back by itself: the service fails (exit 1), unless stopping."""
+        for ctx in contexts:
+            if not ctx.stopping.is_set():
+                log.error("nats_connection_lost", error=str(exc))
+                ctx._failed(exc)
+
+    nc = await connect_nats(settings, name, hooks, lost)
     try:
         client = await connect_redis(settings)
     except BaseException:
@@ -245,19 +339,25 @@ async def open_context(settings: CommonSettings, name: str) -> ServiceContext:
         nc=nc,
         js=nc.jetstream(),
         redis=client,
-        registry=Registry(client, settings.redis_namespace),
+        registry=Registry(
+            client, settings.redis_namespace, settings.redis_wait_replicas, settings.redis_wait_ms
+        ),
         subjects=settings.subjects,
         reconnect_hooks=hooks,
     )
+    contexts.append(ctx)
 
     async def declare_streams() -> None:
-        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
+        await ensure_streams(
+            ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings), ctx.settings.stream_replicas
+        )
 
     hooks.append(declare_streams)
     return ctx
 
 
 async def close_context(ctx: ServiceContext) -> None:
+    ctx.stopping.set()  # the connection closes because we close it: not a loss
     with contextlib.suppress(Exception):
         if not ctx.nc.is_closed:
             await ctx.nc.drain()

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from shared.callout import AUTH_SUBJECT, IssuerKey
+from shared.enrol import ENROL_USER
 from shared.video import ChunkRetention, nats_limits_config
 from shared.wire import Subjects
 
@@ -76,8 +78,39 @@ def _stream_admin(subjects: Subjects) -> tuple[str, ...]:
     )
 
 
-def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
-    """The permissions of ``role`` under ``subjects``' prefix; None for the operator (all)."""
+def worker_permissions(
+    subjects: Subjects, worker_id: str, inbox: str | None = None
+) -> NatsPermissions:
+    """What the worker ``worker_id`` may do: publish chunks, and heartbeats, migration reports
+    and handoff messages on subjects that name it; read its own commands and handoff messages,
+    the input frames and the pool's events; answer the requests it gets."""
+    p = subjects.prefix
+    inbox = inbox or f"{inbox_prefix(worker_id)}.>"
+    return NatsPermissions(
+        publish=(
+            subjects.chunks_wildcard,
+            subjects.worker_heartbeat(worker_id),
+            subjects.migrations(worker_id),
+            f"{p}.worker.*.handoff.{worker_id}",  # offers and outcomes to a migration's peer
+            *_stream_admin(subjects),
+            inbox,
+        ),
+        subscribe=(
+            subjects.worker_cmd(worker_id),
+            subjects.worker_handoffs_to(worker_id),
+            subjects.session_input_wildcard,
+            subjects.provisioner_events,
+            inbox,
+        ),
+        allow_responses=True,
+    )
+
+
+def nats_permissions(
+    role: str, subjects: Subjects, callout: bool = False
+) -> NatsPermissions | None:
+    """The permissions of ``role`` under ``subjects``' prefix; None for the operator (all).
+    ``callout``: the server hands workers' connections to the provisioner."""
     p = subjects.prefix
     inbox = f"{inbox_prefix(role)}.>"
     chunks, sessions = subjects.chunks_stream, subjects.sessions_stream
@@ -112,42 +145,42 @@ def nats_permissions(role: str, subjects: Subjects) -> NatsPermissions | None:
                 inbox,
             ),
             subscribe=(
-                subjects.worker_heartbeat,
+                subjects.worker_heartbeats,
                 subjects.provisioner_events,
-                subjects.migrations,
+                subjects.all_migrations,
                 inbox,
             ),
         )
     if role == WORKER:
-        return NatsPermissions(
-            publish=(
-                subjects.chunks_wildcard,
-                subjects.worker_heartbeat,
-                subjects.migrations,
-                f"{p}.worker.*.handoff",  # offers and outcomes to the peer of a migration
-                *_stream_admin(subjects),
-                inbox,
-            ),
-            # One user for every worker (ids are chosen at launch): a worker could read another
-            # worker's commands, but only the scheduler and the operator may send them.
-            subscribe=(
-                f"{p}.worker.*.cmd",
-                f"{p}.worker.*.handoff",
-                subjects.session_input_wildcard,
-                subjects.provisioner_events,
-                inbox,
-            ),
-            allow_responses=True,
-        )
+        # The one user of every worker, where workers are not given one each (a NATS secured
+        # without the auth callout: ``turboserve up`` never does that): the wildcard of each
+        # worker subject, so any worker could read another's commands or speak in its name.
+        # With the callout each worker is a user of its own instead (:func:`worker_permissions`;
+        # compose's fixed pool enrols: shared/enrol.py).
+        return worker_permissions(subjects, "*", inbox=inbox)
     if role == PROVISIONER:
         return NatsPermissions(
             publish=(subjects.provisioner_events, *_stream_admin(subjects), inbox),
-            subscribe=(subjects.worker_heartbeat, subjects.provisioner_cmd, inbox),
+            subscribe=(
+                subjects.worker_heartbeats,
+                subjects.provisioner_cmd,
+                inbox,
+                # It answers the server's auth callout for the workers (services/provisioner/
+                # callout.py), and the enrolment of workers it did not start (shared/enrol.py):
+                # only where the server hands it the workers' connections.
+                *((AUTH_SUBJECT, subjects.provisioner_enrol) if callout else ()),
+            ),
             allow_responses=True,
         )
+    if role == ENROL_USER:
+        # A worker the provisioner did not start, before it has a user of its own: it may ask
+        # for one, and read the answer (sealed to its key: every enrol holder reads here).
+        return NatsPermissions(publish=(subjects.provisioner_enrol,), subscribe=(inbox,))
     if role == OPERATOR:
         return None
-    raise SecurityConfigError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    raise SecurityConfigError(
+        f"unknown role {role!r}: one of {', '.join(ROLES)}, or {ENROL_USER} (NATS only)"
+    )
 
 
 def check_secret(secret: str, what: str) -> None:
@@ -162,13 +195,18 @@ def _allow(values: tuple[str, ...], indent: str) -> list[str]:
     return ["{allow: [", *(f'{indent}  "{v}"' for v in values), f"{indent}]}}"]
 
 
-def nats_authorization(subjects: Subjects, passwords: Mapping[str, str]) -> str:
+def nats_authorization(
+    subjects: Subjects, passwords: Mapping[str, str], callout_issuer: str | None = None
+) -> str:
     """The ``authorization`` block of a nats-server config: one user per role in
-    ``passwords`` (role -> password), with the role's permissions."""
+    ``passwords`` (role -> password), with the role's permissions. With ``callout_issuer``
+    (the public nkey of shared/callout.py's issuer), every other user (a worker, by its id)
+    goes to the auth callout that the provisioner answers."""
     lines = ["authorization {", "  users = ["]
+    callout = callout_issuer is not None
     for role, password in passwords.items():
         check_secret(password, f"the NATS password of {role}")
-        perms = nats_permissions(role, subjects)
+        perms = nats_permissions(role, subjects, callout=callout)
         entry = f'    {{user: "{role}", password: "{password}"'
         if perms is None:
             lines.append(entry + "}")
@@ -184,7 +222,18 @@ def nats_authorization(subjects: Subjects, passwords: Mapping[str, str]) -> str:
         if perms.allow_responses:
             lines.append("      allow_responses: true")
         lines.append("    }}")
-    lines += ["  ]", "}"]
+    lines.append("  ]")
+    if callout_issuer is not None:
+        if not re.fullmatch(r"A[A-Z2-7]{55}", callout_issuer):
+            raise SecurityConfigError(f"callout issuer {callout_issuer!r}: not an account nkey")
+        users = ", ".join(f'"{role}"' for role in passwords)
+        lines += [
+            "  auth_callout {",
+            f'    issuer: "{callout_issuer}"',
+            f"    auth_users: [{users}]",
+            "  }",
+        ]
+    lines.append("}")
     return "\n".join(lines) + "\n"
 
 
@@ -196,14 +245,43 @@ def nats_server_config(
     port: int,
     store_dir: str,
     retention: ChunkRetention | None = None,
+    callout_issuer: str | None = None,
 ) -> str:
     """A whole nats-server config: listen address, the limits that carry the chunks
     (``max_payload``, JetStream's store and memory), authorization."""
     return (
         f'listen: "{host}:{port}"\n'
         + nats_limits_config(retention or ChunkRetention(), store_dir)
-        + nats_authorization(subjects, passwords)
+        + nats_authorization(subjects, passwords, callout_issuer)
     )
+
+
+NATS_CLUSTER_NAME = "turboserve"
+
+
+def nats_cluster_config(
+    server_name: str, listen: str, routes: Iterable[str], route_tls: str = ""
+) -> str:
+    """What makes one nats-server a node of a JetStream cluster: its unique name (JetStream's
+    Raft groups need one), where it listens for the other nodes, the other nodes' routes
+    (``nats-route://host:port``), and optionally a TLS block for the routes
+    (``shared/tls.py``, ``nats_tls_config``, with the server's certificate, which also
+    authenticates a client). Streams then take replicas (``TURBOSERVE_STREAM_REPLICAS``)."""
+    routes = list(routes)
+    if not routes:
+        raise SecurityConfigError("a cluster node needs the routes of the others")
+    lines = [
+        f'server_name: "{server_name}"',
+        "cluster {",
+        f"  name: {NATS_CLUSTER_NAME}",
+        f'  listen: "{listen}"',
+        "  routes: [",
+        *(f'    "{route}"' for route in routes),
+        "  ]",
+    ]
+    lines += [f"  {line}" for line in route_tls.splitlines()]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def redis_users(namespace: str, passwords: Mapping[str, str]) -> list[str]:
@@ -223,18 +301,88 @@ def redis_users(namespace: str, passwords: Mapping[str, str]) -> list[str]:
     return lines
 
 
+# The Redis users of replication: the replicas (``masteruser``) and the sentinels
+# (``sentinel auth-user``) authenticate as these to whichever node is primary.
+REPLICA_USER = "replica"
+SENTINEL_USER = "sentinel"
+SENTINEL_MASTER = "turboserve"  # the name the sentinels monitor the primary under
+
+
+def redis_replication_users(replica_password: str, sentinel_password: str) -> list[str]:
+    """``user`` directives every node of a replicated Redis carries (any of them may be
+    promoted): the replicas' user may only replicate, the sentinels' only what Sentinel
+    sends (its documented minimum)."""
+    check_secret(replica_password, "the Redis password of the replicas")
+    check_secret(sentinel_password, "the Redis password of the sentinels")
+    return [
+        f"user {REPLICA_USER} on >{replica_password} +psync +replconf +ping",
+        f"user {SENTINEL_USER} on >{sentinel_password} allchannels +multi +slaveof +ping +exec"
+        " +subscribe +config|rewrite +role +publish +info +client|setname +client|kill"
+        " +script|kill",
+    ]
+
+
+def redis_replica_config(primary_host: str, primary_port: int, replica_password: str | None) -> str:
+    """What makes a Redis start as a replica of the primary (the sentinels re-point it after
+    a failover). ``replica_password``: of the nodes' replica user (None: no users)."""
+    text = f"replicaof {primary_host} {primary_port}\n"
+    if replica_password is not None:
+        text += f"masteruser {REPLICA_USER}\nmasterauth {replica_password}\n"
+    return text
+
+
+def redis_sentinel_config(
+    listen_host: str,
+    port: int,
+    primary_host: str,
+    primary_port: int,
+    sentinel_password: str | None,
+    *,
+    quorum: int = 2,
+    down_after_ms: int = 5000,
+    failover_timeout_ms: int = 60000,
+    hostnames: bool = False,
+) -> str:
+    """One sentinel's config (the file must be writable: the sentinel records what it learns
+    in it). ``sentinel_password``: of the nodes' sentinel user (None: the nodes have no
+    users); ``down_after_ms``: how long the primary may not answer before it is down;
+    ``hostnames``: the nodes are named by host name, not address (compose, Kubernetes)."""
+    m = SENTINEL_MASTER
+    lines = [
+        f"port {port}",
+        f"bind {listen_host}",
+        f"sentinel monitor {m} {primary_host} {primary_port} {quorum}",
+        f"sentinel down-after-milliseconds {m} {down_after_ms}",
+        f"sentinel failover-timeout {m} {failover_timeout_ms}",
+        f"sentinel parallel-syncs {m} 1",
+    ]
+    if sentinel_password is not None:
+        lines += [
+            f"sentinel auth-user {m} {SENTINEL_USER}",
+            f"sentinel auth-pass {m} {sentinel_password}",
+        ]
+    if hostnames:
+        lines[:0] = ["sentinel resolve-hostnames yes", "sentinel announce-hostnames yes"]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class Credentials:
-    """A password per role for NATS and for Redis (``repr`` shows no secret)."""
+    """A password per role for NATS and for Redis, and the key of the NATS auth callout's
+    issuer (``repr`` shows no secret). With the callout, NATS has no ``worker`` password:
+    each worker gets a credential of its own from the provisioner."""
 
     nats: Mapping[str, str]
     redis: Mapping[str, str]
+    callout: IssuerKey | None = None
 
     @classmethod
-    def generate(cls) -> Credentials:
+    def generate(cls, callout: bool = True) -> Credentials:
+        nats_roles = [r for r in ROLES if r != WORKER] if callout else list(ROLES)
         return cls(
+            {role: secrets.token_urlsafe(24) for role in nats_roles},
             {role: secrets.token_urlsafe(24) for role in ROLES},
-            {role: secrets.token_urlsafe(24) for role in ROLES},
+            IssuerKey.generate() if callout else None,
         )
 
     def __repr__(self) -> str:
@@ -242,19 +390,55 @@ class Credentials:
 
 
 def with_user(url: str, user: str, password: str) -> str:
-    """``url`` with ``user:password`` as its credentials (any it had are replaced)."""
-    if not _USER_RE.fullmatch(user):
-        raise SecurityConfigError(f"user {user!r}: 1-64 of [A-Za-z0-9_-]")
-    check_secret(password, f"the password of {user}")
+    """``url`` with ``user:password`` as its credentials (any it had are replaced); each URL of
+    a comma-separated list (a NATS cluster's nodes); a Sentinel URL's one set, before its
+    sentinels (``redis+sentinel://user:password@host:port,host:port/master/db``)."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.endswith("+sentinel"):
+        _check_user(user, password)
+        hosts = rest.rpartition("@")[2] if "@" in rest.partition("/")[0] else rest
+        return f"{scheme}://{user}:{password}@{hosts}"
+    if "," in url:
+        return ",".join(with_user(part.strip(), user, password) for part in url.split(","))
+    _check_user(user, password)
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
 
+def _check_user(user: str, password: str) -> None:
+    if not _USER_RE.fullmatch(user):
+        raise SecurityConfigError(f"user {user!r}: 1-64 of [A-Za-z0-9_-]")
+    check_secret(password, f"the password of {user}")
+
+
 def url_user(url: str) -> str | None:
-    """The user of a ``scheme://user:password@host`` URL; None without one, or for a bare
-    ``scheme://token@host`` (a token is a secret, not a name)."""
-    parts = urlsplit(url)
+    """The user of a ``scheme://user:password@host`` URL (of a list's first); None without
+    one, or for a bare ``scheme://token@host`` (a token is a secret, not a name)."""
+    parts = urlsplit(url.split(",")[0].strip())
     if parts.password is None or not parts.username:
         return None
     return parts.username if _USER_RE.fullmatch(parts.username) else None
+
+
+def env_password(role: str) -> str:
+    """The environment variable that holds ``role``'s NATS password where the server's config
+    reads it from its environment (Kubernetes: the Secret ``turboserve-nats``; compose's .env)."""
+    return f"NATS_{role.upper()}_PASSWORD"
+
+
+# The variable of the callout issuer's public key (``turboserve callout-key`` prints it).
+CALLOUT_ISSUER_VAR = "NATS_CALLOUT_ISSUER"
+
+
+def nats_authorization_from_env(subjects: Subjects, roles: tuple[str, ...]) -> str:
+    """:func:`nats_authorization` with the auth callout, for a server that reads each role's
+    password and the issuer from its environment (``password: $NATS_GATEWAY_PASSWORD``:
+    nats-server looks up a variable its config does not define in its environment), so that
+    the config itself holds no secret."""
+    marks = {role: f"@{role}@" for role in roles}
+    issuer = IssuerKey(bytes(32)).public_nkey  # a placeholder, replaced below
+    text = nats_authorization(subjects, marks, issuer)
+    for role in roles:
+        text = text.replace(f'"@{role}@"', f"${env_password(role)}")
+    return text.replace(f'"{issuer}"', f"${CALLOUT_ISSUER_VAR}")

@@ -16,8 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self, get_type_hints
+from urllib.parse import unquote
 
+from shared.callout import CalloutError, IssuerKey
 from shared.policies import LIVE_POLICIES
+from shared.tls import TlsFiles
 from shared.wire import Subjects, valid_id
 
 ENV_PREFIX = "TURBOSERVE_"
@@ -47,9 +50,65 @@ class SettingsError(ValueError):
         self.faults = faults
 
 
+def nats_servers(url: str) -> list[str]:
+    """The servers of a ``TURBOSERVE_NATS_URL``: one URL, or a comma-separated list of the
+    nodes of a cluster (``nats://a:4222,nats://b:4222``); a client connects to any of them and
+    reconnects to whichever is up."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelTarget:
+    """A Redis found through Sentinel: ``redis+sentinel://[user:password@]host:port,host:port/
+    <master>/<db>`` (``rediss+sentinel://``: TLS to the sentinels and to Redis, with the
+    deployment's TLS files). The credentials are Redis's; the sentinels are asked without."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget | None:
+    """The Sentinel form of ``TURBOSERVE_REDIS_URL``; None for any other URL. Raises
+    ValueError for a Sentinel URL that is not well formed."""
+    scheme = next((s for s in SENTINEL_SCHEMES if url.startswith(s)), None)
+    if scheme is None:
+        return None
+    rest = url[len(scheme) :]
+    authority, _, path = rest.partition("/")
+    userinfo, at, hosts = authority.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username, password = (user or None), (unquote(secret) if colon else None)
+    sentinels = []
+    for part in hosts.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ValueError(f"sentinel {part.strip()!r}: host:port")
+        sentinels.append((host, int(port)))
+    master, _, db = path.partition("/")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", master):
+        raise ValueError("the master's name: 1-64 of [A-Za-z0-9_.-] after the sentinels")
+    if db and not db.isdigit():
+        raise ValueError(f"the database {db!r}: a number")
+    return SentinelTarget(
+        tuple(sentinels), master, int(db or 0), username, password, scheme.startswith("rediss")
+    )
+
+
 def mask_url(url: str) -> str:
     """Hide the credentials of a URL: ``redis://u:secret@h`` -> ``redis://u:***@h``,
-    ``nats://token@h`` -> ``nats://***@h`` (a password may itself contain ``@``)."""
+    ``nats://token@h`` -> ``nats://***@h`` (a password may itself contain ``@``); each URL of
+    a comma-separated list."""
+    if "," in url and "://" in url:
+        return ",".join(mask_url(part) for part in nats_servers(url))
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -89,6 +148,18 @@ class CommonSettings:
     # Sessions the chunk stream keeps the resume window of (its max_bytes): the pool's
     # largest size times the sessions a worker holds (default: 8 workers x 8 slots).
     stream_sessions: int = DEFAULT_STREAM_SESSIONS
+    # TLS to NATS (a tls:// URL) and Redis (a rediss:// URL): the CA the client trusts and the
+    # client certificate it presents (shared/tls.py). Empty: the system's CAs, no certificate.
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # Replicas of each JetStream stream: 1 on one NATS server, 3 (or 5) on a JetStream cluster,
+    # so that a stream outlives the death of the node that leads it.
+    stream_replicas: int = 1
+    # Redis with replicas (Sentinel): a session's creation and its transitions wait until this
+    # many replicas have them, for at most redis_wait_ms (shared/registry.py); 0: no wait.
+    redis_wait_replicas: int = 0
+    redis_wait_ms: int = 500
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Self:
@@ -128,12 +199,35 @@ class CommonSettings:
 
     def _faults(self) -> list[str]:
         faults = []
-        if not self.nats_url.startswith(("nats://", "tls://", "ws://", "wss://")):
-            faults.append(f"TURBOSERVE_NATS_URL={mask_url(self.nats_url)!r}: must be a nats:// URL")
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        servers = nats_servers(self.nats_url)
+        if not servers or not all(
+            s.startswith(("nats://", "tls://", "ws://", "wss://")) for s in servers
+        ):
             faults.append(
-                f"TURBOSERVE_REDIS_URL={mask_url(self.redis_url)!r}: must be a redis:// URL"
+                f"TURBOSERVE_NATS_URL={mask_url(self.nats_url)!r}: must be a nats:// URL, or a "
+                "comma-separated list of them"
             )
+        elif len({s.partition("://")[0] for s in servers}) > 1:
+            faults.append(
+                f"TURBOSERVE_NATS_URL={mask_url(self.nats_url)!r}: one scheme for every server "
+                "(all tls:// or none)"
+            )
+        if not 1 <= self.stream_replicas <= 5:
+            faults.append("TURBOSERVE_STREAM_REPLICAS: 1-5 (JetStream's limit)")
+        if self.redis_wait_replicas < 0:
+            faults.append("TURBOSERVE_REDIS_WAIT_REPLICAS: must be >= 0")
+        if not 1 <= self.redis_wait_ms <= 60_000:
+            faults.append("TURBOSERVE_REDIS_WAIT_MS: 1-60000")
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)):
+            faults.append(
+                f"TURBOSERVE_REDIS_URL={mask_url(self.redis_url)!r}: must be a redis:// URL "
+                "(or redis+sentinel://host:port,host:port/<master>/<db>)"
+            )
+        else:
+            try:
+                parse_sentinel_url(self.redis_url)
+            except ValueError as exc:
+                faults.append(f"TURBOSERVE_REDIS_URL={mask_url(self.redis_url)!r}: {exc}")
         try:
             Subjects(self.subject_prefix)
         except ValueError as exc:
@@ -158,6 +252,12 @@ class CommonSettings:
             )
         if self.stream_sessions < 1:
             faults.append("TURBOSERVE_STREAM_SESSIONS: must be >= 1")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            faults.append("TURBOSERVE_TLS_CERT_FILE and TURBOSERVE_TLS_KEY_FILE: both or neither")
+        for name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                faults.append(f"TURBOSERVE_{name.upper()}={path!r}: no such file")
         if not -1 <= self.metrics_port <= 65535:
             faults.append(
                 f"TURBOSERVE_METRICS_PORT={self.metrics_port}: -1 (off), 0 (a free port) or 1-65535"
@@ -167,6 +267,13 @@ class CommonSettings:
     @property
     def subjects(self) -> Subjects:
         return Subjects(self.subject_prefix)
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The TLS client files, or None when none is set."""
+        if not (self.tls_ca_file or self.tls_cert_file):
+            return None
+        return TlsFiles(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
     def replace(self, **changes: Any) -> Self:
         new = dataclasses.replace(self, **changes)
@@ -531,6 +638,10 @@ class WorkerSettings(CommonSettings):
     # none = the full count (the budget off). Above the full count: refused once the model is
     # loaded (the count is the model's).
     min_steps: int | None = None
+    # A worker the provisioner did not start (compose's fixed pool): TURBOSERVE_NATS_URL is the
+    # enrol user's, used once to ask the provisioner for this worker's own NATS user
+    # (shared/enrol.py); the worker then connects as that.
+    enrol: bool = False
 
     def handoff_address(self) -> str:
         """Where peers reach this worker's handoff rendezvous (``auto`` resolved here)."""
@@ -601,6 +712,7 @@ class ProvisionerSettings(CommonSettings):
     URL_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"nats_url", "redis_url", "worker_nats_url", "worker_redis_url"}
     )
+    SECRET_FIELDS: ClassVar[frozenset[str]] = frozenset({"callout_key"})
 
     backend: str = "local"  # local | kubernetes
     # The pool never shrinks below min_workers (kept running from the start, replaced when
@@ -630,9 +742,19 @@ class ProvisionerSettings(CommonSettings):
     # local: a folder where each worker it starts writes its own log (worker-<id>.log);
     # empty: the workers write where the provisioner does.
     worker_log_dir: str = ""
+    # The private key of the NATS auth callout's issuer (shared/callout.py): set, the
+    # provisioner answers the server's callout for the workers, and each local worker it
+    # starts connects as a user of its own (its id, and a password made for it) instead of
+    # TURBOSERVE_WORKER_NATS_URL's user. Empty: no callout.
+    callout_key: str = ""
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
+        if self.callout_key:
+            try:
+                IssuerKey.from_text(self.callout_key)
+            except CalloutError as exc:
+                faults.append(f"TURBOSERVE_CALLOUT_KEY: {exc}")
         if self.worker_nats_url and not self.worker_nats_url.startswith(
             ("nats://", "tls://", "ws://", "wss://")
         ):
@@ -641,11 +763,11 @@ class ProvisionerSettings(CommonSettings):
                 "must be a nats:// URL"
             )
         if self.worker_redis_url and not self.worker_redis_url.startswith(
-            ("redis://", "rediss://", "unix://")
+            ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
         ):
             faults.append(
                 f"TURBOSERVE_WORKER_REDIS_URL={mask_url(self.worker_redis_url)!r}: "
-                "must be a redis:// URL"
+                "must be a redis:// URL (or the Sentinel form)"
             )
         if self.backend not in ("local", "kubernetes"):
             faults.append(f"TURBOSERVE_BACKEND={self.backend!r}: one of local, kubernetes")

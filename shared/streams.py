@@ -21,8 +21,10 @@ SCHEDULER_DURABLE = "scheduler"
 
 
 def stream_configs(
-    subjects: Subjects, retention: ChunkRetention | None = None
+    subjects: Subjects, retention: ChunkRetention | None = None, replicas: int = 1
 ) -> list[api.StreamConfig]:
+    """The two streams, each with ``replicas`` copies (3 on a JetStream cluster: a stream then
+    has a Raft leader, and survives the death of its node)."""
     retention = retention or ChunkRetention()
     return [
         api.StreamConfig(
@@ -31,6 +33,7 @@ def stream_configs(
             retention=api.RetentionPolicy.WORK_QUEUE,
             storage=api.StorageType.FILE,
             max_age=24 * 3600.0,
+            num_replicas=replicas,
         ),
         api.StreamConfig(
             name=subjects.chunks_stream,
@@ -41,16 +44,20 @@ def stream_configs(
             max_msgs_per_subject=CHUNKS_PER_SESSION,
             max_bytes=retention.max_bytes,
             discard=api.DiscardPolicy.OLD,
+            num_replicas=replicas,
         ),
     ]
 
 
 async def ensure_streams(
-    js: JetStreamContext, subjects: Subjects, retention: ChunkRetention | None = None
+    js: JetStreamContext,
+    subjects: Subjects,
+    retention: ChunkRetention | None = None,
+    replicas: int = 1,
 ) -> None:
     """Create the streams, or bring an existing one's config up to date (the chunk stream's
     bytes from ``retention``: every service passes its settings' own)."""
-    for config in stream_configs(subjects, retention):
+    for config in stream_configs(subjects, retention, replicas):
         try:
             await js.add_stream(config)
         except (BadRequestError, ServerError) as refused:

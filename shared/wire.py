@@ -84,18 +84,31 @@ class Subjects:
     def worker_cmd(self, worker_id: str) -> str:
         return f"{self.prefix}.worker.{worker_id}.cmd"
 
-    @property
-    def worker_heartbeat(self) -> str:
-        return f"{self.prefix}.worker.heartbeat"
+    # Worker -> scheduler and provisioner. Each subject a worker publishes on names it: its
+    # NATS user may publish only on its own (shared/security.py), and a subscriber drops a
+    # message whose worker id is not the subject's (:func:`subject_worker`).
+    def worker_heartbeat(self, worker_id: str) -> str:
+        return f"{self.prefix}.worker.{worker_id}.heartbeat"
 
-    # Worker -> worker: the session-state handoff of a migration (request/reply).
-    def worker_handoff(self, worker_id: str) -> str:
-        return f"{self.prefix}.worker.{worker_id}.handoff"
+    @property
+    def worker_heartbeats(self) -> str:
+        return f"{self.prefix}.worker.*.heartbeat"
+
+    # Worker -> worker: the session-state handoff of a migration (offers, outcomes), from
+    # ``src`` to ``dst``.
+    def worker_handoff(self, dst: str, src: str) -> str:
+        return f"{self.prefix}.worker.{dst}.handoff.{src}"
+
+    def worker_handoffs_to(self, dst: str) -> str:
+        return f"{self.prefix}.worker.{dst}.handoff.*"
 
     # Source worker -> whoever asked for a migration (scheduler, ``turboserve ctl``).
+    def migrations(self, worker_id: str) -> str:
+        return f"{self.prefix}.worker.{worker_id}.migrations"
+
     @property
-    def migrations(self) -> str:
-        return f"{self.prefix}.migrations"
+    def all_migrations(self) -> str:
+        return f"{self.prefix}.worker.*.migrations"
 
     @property
     def provisioner_cmd(self) -> str:
@@ -106,12 +119,29 @@ class Subjects:
         return f"{self.prefix}.provisioner.events"
 
     @property
+    def provisioner_enrol(self) -> str:
+        """A worker the provisioner did not start asks here for a NATS user (shared/enrol.py)."""
+        return f"{self.prefix}.provisioner.enrol"
+
+    @property
     def sessions_stream(self) -> str:
         return f"{self.prefix}_SESSIONS"
 
     @property
     def chunks_stream(self) -> str:
         return f"{self.prefix}_CHUNKS"
+
+
+def subject_worker(subject: str) -> str:
+    """The worker a ``<p>.worker.<id>...`` subject names (its third token; '' if none)."""
+    tokens = subject.split(".")
+    return tokens[2] if len(tokens) > 2 and tokens[1] == "worker" else ""
+
+
+def subject_sender(subject: str) -> str:
+    """The sender of a handoff message: the last token of ``<p>.worker.<dst>.handoff.<src>``."""
+    tokens = subject.split(".")
+    return tokens[4] if len(tokens) == 5 and tokens[3] == "handoff" else ""
 
 
 def valid_id(value: str) -> bool:
@@ -505,6 +535,25 @@ class ProvisionerReply(_Msg, tag="provisioner_reply"):
     refused: list[ProvisionerRefusal] = msgspec.field(default_factory=list)
 
 
+class EnrolRequest(_Msg, tag="enrol_request"):
+    """A worker the provisioner did not start asks for a NATS user of its own (shared/enrol.py):
+    its id, and the X25519 public key its password is to be sealed to."""
+
+    worker_id: Id
+    public_key: Annotated[str, msgspec.Meta(max_length=64)]
+
+
+class EnrolReply(_Msg, tag="enrol_reply"):
+    """``ok``: ``sealed`` is the worker's password, sealed to its key for its id. Otherwise
+    ``code`` says why not (shared/enrol.py; ``worker_alive`` and ``unavailable`` may pass)."""
+
+    ok: bool
+    worker_id: str = ""
+    sealed: str = ""
+    code: str = ""
+    detail: str = ""
+
+
 class ProvisionerEvent(_Msg, tag="provisioner_event"):
     """What happened to one worker: BOOTING (its request was accepted; it costs from now),
     READY (its first READY heartbeat; ``boot_s`` after the request), GONE (stopped, died,
@@ -588,3 +637,14 @@ def decode_or_drop(subject: str, data: bytes, type_: type[M], log: _Log) -> M | 
     except WireError as exc:
         log.warning("bad_message_dropped", subject=exc.subject, fault=exc.fault)
         return None
+
+
+def sent_by(subject: str, worker_id: str, token: str, log: _Log) -> bool:
+    """Whether a message that says it is from ``worker_id`` came on a subject of that worker
+    (``token``: the subject's worker token, :func:`subject_worker` or :func:`subject_sender`).
+    A worker's NATS user publishes only on its own subjects, so a mismatch is a forged or
+    misrouted message: logged and dropped."""
+    if worker_id == token:
+        return True
+    log.warning("worker_id_mismatch", subject=subject, claimed=worker_id)
+    return False

@@ -40,7 +40,7 @@ def isolation() -> dict[str, str]:
 async def redis_client(infra: Mesh, isolation: dict[str, str]) -> AsyncIterator[object]:
     import redis.asyncio as aioredis
 
-    client = aioredis.from_url(infra.redis_url)
+    client = aioredis.from_url(infra.redis_url, socket_timeout=30)
     yield client
     ns = isolation["TURBOSERVE_REDIS_NAMESPACE"]
     keys = [k async for k in client.scan_iter(match=f"{ns}:*", count=500)]

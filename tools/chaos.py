@@ -7,12 +7,19 @@ dies goes to the other with ``Last-Event-ID``), and meanwhile, at seeded random 
 kills or restarts one component: a worker (SIGKILL; its sessions continue on another from
 their recovery logs), the scheduler leader (SIGKILL; the standby takes over, and a new standby
 is started), a gateway (SIGKILL, started again), NATS (restarted with its JetStream store) or
-Redis (restarted empty). The number of actions and their spacing are bounded, and none comes
+Redis (restarted empty). NATS and Redis run with TLS and client certificates, as
+``turboserve up`` runs them (``--insecure``: in plain text). The number of actions and their spacing are bounded, and none comes
 in the last quarter of the run, so every session can finish.
+
+With ``--ha`` the mesh runs on clustered brokers, as ``turboserve up --ha`` runs them (three NATS
+nodes, a Redis primary with two replicas and three sentinels), and the faults are theirs, one at a
+time: the NATS node that leads the chunk stream, another node, the Redis primary, a sentinel,
+each killed and its node started again; the next fault waits until it has caught up.
 
 It prints and writes as JSON what the viewers saw: sessions started and completed,
 ``chunks_lost``, ``seq_gaps``, ``seq_repeats``, ``silent_restarts`` (all must be 0) and the
-stall p99, with the actions it took.
+stall p99, with the actions it took and, per action (``faults``), the longest stall a viewer
+saw, the wait for the next chunk and how long the scheduler made no decision.
 """
 
 from __future__ import annotations
@@ -27,13 +34,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import orjson
 
+from shared.wire import Subjects
+
 ACTIONS = ("worker", "scheduler", "gateway", "nats", "redis")
+# With --ha (clustered brokers, tools/brokers.py): the broker faults, each node started again
+# a few seconds after its kill; the single-server restarts above do not apply there.
+HA_FAULTS = ("nats-leader", "nats-node", "redis-primary", "sentinel")
+HA_ACTIONS = ("worker", "scheduler", "gateway", *HA_FAULTS)
+NODE_DOWN_S = 15.0  # how long a killed NATS node or sentinel stays down
+# Each fault's figures are taken from its moment to the next fault's, at most this long.
+FAULT_WINDOW_S = 30.0
 API_KEY = "chaos-api-key-0123456789"
 OPERATOR_KEY = "chaos-operator-key-0123456789"
 
@@ -51,10 +69,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--actions", type=int, default=5, help="kills and restarts (at most)")
     p.add_argument(
         "--only",
-        default=",".join(ACTIONS),
-        help=f"the kinds of action to draw from (default: {','.join(ACTIONS)})",
+        default=None,
+        help=f"the kinds of action to draw from (default: {','.join(ACTIONS)}; with --ha, "
+        f"{','.join(HA_FAULTS)}, each in turn; also {','.join(HA_ACTIONS[:3])})",
+    )
+    p.add_argument(
+        "--ha",
+        action="store_true",
+        help="on clustered brokers (three NATS nodes, a Redis primary with two replicas and "
+        "three sentinels, as turboserve up --ha runs them) and their faults",
     )
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="NATS and Redis in plain text (default: TLS, as turboserve up runs them)",
+    )
     p.add_argument(
         "--logs", default=None, help="keep every component's log in this folder (default: removed)"
     )
@@ -63,16 +93,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from shared.cli import fail
-    from tools.launcher import MeshStartError
     from tools.report import progress
+    from tools.servers import MeshStartError
 
-    kinds = tuple(k.strip() for k in args.only.split(",") if k.strip())
-    unknown = sorted(set(kinds) - set(ACTIONS))
+    known = HA_ACTIONS if args.ha else ACTIONS
+    only = args.only if args.only is not None else ",".join(HA_FAULTS if args.ha else ACTIONS)
+    kinds = tuple(k.strip() for k in only.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(known))
     if unknown or not kinds:
         return fail(
             "chaos",
-            f"--only: unknown action(s) {', '.join(unknown) or '(none)'}; "
-            f"known: {', '.join(ACTIONS)}",
+            f"--only: unknown action(s) {', '.join(unknown) or '(none)'}"
+            f"{' with --ha' if args.ha else ''}; known: {', '.join(known)}",
         )
     if args.duration < 30 or args.sessions < 1 or args.actions < 0:
         return fail("chaos", "--duration must be >= 30, --sessions >= 1, --actions >= 0")
@@ -86,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
                 kinds,
                 progress=progress,
                 logs=args.logs,
+                tls=not args.insecure,
+                ha=args.ha,
             )
         )
     except MeshStartError as exc:
@@ -166,11 +200,14 @@ async def chaos(
     kinds: tuple[str, ...] = ACTIONS,
     progress: Any = None,
     logs: str | None = None,
+    tls: bool = True,
+    ha: bool = False,
 ) -> dict[str, Any]:
     from tools.replay import ReplayConfig, replay
 
-    stage = await asyncio.to_thread(_start, seed, logs)
+    stage = await asyncio.to_thread(_start, seed, logs, tls, ha)
     taken: list[dict[str, Any]] = []
+    ticks: list[float] = []  # the scheduler's published ticks (its status's updated_at)
     try:
         config = ReplayConfig(
             gateway=stage.gateways[0],
@@ -182,13 +219,15 @@ async def chaos(
         )
         events = trace(sessions, duration_s, seed)
         monkey = asyncio.create_task(
-            _monkey(stage, duration_s, seed, actions, kinds, taken, progress)
+            _monkey(stage, duration_s, seed, actions, kinds, taken, progress, in_turn=ha)
         )
+        watch = asyncio.create_task(_watch_ticks(stage, ticks))
         try:
             result = await replay(events, config, progress=progress)
         finally:
             monkey.cancel()
-            await asyncio.gather(monkey, return_exceptions=True)
+            watch.cancel()
+            await asyncio.gather(monkey, watch, return_exceptions=True)
     finally:
         await asyncio.to_thread(_stop, stage)
     return {
@@ -207,14 +246,18 @@ async def chaos(
         "latency_ms": result["latency_ms"],
         "stall_adjusted_attainment": result["stall_adjusted_attainment"],
         "actions": taken,
+        "faults": fault_figures(taken, result["stall_spans"], ticks, result["period_s"]),
         "worst_stalls": result["worst_stalls"],
         "duration_s": duration_s,
         "seed": seed,
+        "tls": tls,
+        "ha": ha,
     }
 
 
-def _start(seed: int, logs: str | None = None) -> Stage:
-    from tools.launcher import Mesh, free_port
+def _start(seed: int, logs: str | None = None, tls: bool = True, ha: bool = False) -> Stage:
+    from tools.launcher import Mesh
+    from tools.servers import free_port
 
     workdir = Path(logs) if logs else Path(tempfile.mkdtemp(prefix="turboserve-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -234,7 +277,14 @@ def _start(seed: int, logs: str | None = None) -> Stage:
         "TURBOSERVE_STATE_DIR": str(workdir / "state"),
     }
     mesh = Mesh(
-        port=free_port(), workers=2, embedded="always", env=env, quiet=True, log_dir=workdir
+        port=free_port(),
+        workers=2,
+        embedded="always",
+        env=env,
+        quiet=True,
+        log_dir=workdir,
+        tls=tls,
+        ha=ha,
     )
     mesh.start(ready_timeout=120)
     stage = Stage(mesh=mesh, workdir=workdir, gateways=[mesh.gateway_url], keep=bool(logs))
@@ -248,6 +298,8 @@ def _start(seed: int, logs: str | None = None) -> Stage:
         **env,
         "TURBOSERVE_NATS_URL": mesh.nats_url,
         "TURBOSERVE_REDIS_URL": mesh.redis_url,
+        **(mesh.tls_files.env() if mesh.tls_files else {}),
+        **mesh.broker_env(),
     }
     for name in ("gateway", "scheduler"):
         stage.components[name].env = {**child, "TURBOSERVE_PORT": str(mesh.port)}
@@ -304,7 +356,9 @@ def _stop(stage: Stage) -> None:
     import shutil
 
     ours = {id(p) for _, p in stage.mesh.procs}
-    order = sorted(stage.components.values(), key=lambda c: c.name in ("nats", "redis"))
+    order = sorted(
+        stage.components.values(), key=lambda c: c.name.startswith(("nats", "redis", "sentinel"))
+    )
     for comp in order:
         if id(comp.proc) not in ours and comp.proc.poll() is None:
             with contextlib.suppress(Exception):
@@ -322,20 +376,29 @@ async def _monkey(
     kinds: tuple[str, ...],
     taken: list[dict[str, Any]],
     progress: Any,
+    in_turn: bool = False,
 ) -> None:
-    """Act ``count`` times at seeded moments in [15%, 75%] of the run, at least 8 s apart."""
+    """Act ``count`` times at seeded moments in [15%, 75%] of the run, at least 8 s apart;
+    each kind drawn at random, or (``in_turn``) every kind once in a seeded order, then again."""
     rng = random.Random(seed * 7919)
     window = (0.15 * duration_s, 0.75 * duration_s)
     spacing = max(8.0, (window[1] - window[0]) / max(1, count))
     moments = [window[0] + i * spacing + rng.uniform(0, spacing / 2) for i in range(count)]
+    order = rng.sample(kinds, len(kinds))
     started = time.monotonic()
-    for moment in moments:
+    for i, moment in enumerate(moments):
         if moment > window[1]:
             break
         await asyncio.sleep(max(0.0, started + moment - time.monotonic()))
-        kind = rng.choice(kinds)
+        kind = order[i % len(order)] if in_turn else rng.choice(kinds)
+        t, at = time.monotonic() - started, time.time()  # the fault's moment, run and wall clock
         detail = await _act(stage, kind, rng)
-        entry = {"t": round(time.monotonic() - started, 1), "action": kind, "detail": detail}
+        entry = {
+            "t": round(t, 1),
+            "at": round(at, 3),
+            "action": kind,
+            "detail": detail,
+        }
         taken.append(entry)
         if progress is not None:
             progress(f"chaos: t={entry['t']}s {kind}: {detail}")
@@ -375,6 +438,8 @@ async def _act(stage: Stage, kind: str, rng: random.Random) -> str:
         await asyncio.sleep(3.0)
         victim.start()
         return f"SIGKILL {victim.name}, started again 3 s later"
+    if kind in HA_FAULTS:
+        return await _broker_fault(stage, kind, rng)
     if kind == "nats":
         await asyncio.to_thread(comps["nats"].kill, signal.SIGTERM)
         await asyncio.sleep(1.0)
@@ -386,6 +451,201 @@ async def _act(stage: Stage, kind: str, rng: random.Random) -> str:
     return "Redis restarted empty"
 
 
+async def _broker_fault(stage: Stage, kind: str, rng: random.Random) -> str:
+    """One fault of the clustered brokers; the node comes back (the Redis primary once the
+    sentinels have promoted another, so that it rejoins as a replica), and the fault is over
+    once it has caught up."""
+    from tools.brokers import primary_port, watched
+
+    comps = stage.components
+    if kind in ("nats-leader", "nats-node"):
+        leader = await _chunk_stream_leader(stage)  # a server name: n1, n2, n3
+        nodes = sorted(name for name in comps if name.startswith("nats"))
+        lead = f"nats{leader[1:]}" if leader else None
+        if kind == "nats-leader":
+            if lead not in comps:
+                return f"no leader of the chunk stream found ({leader})"
+            victim, what = comps[lead], "the chunk stream's leader"
+        else:
+            victim, what = comps[rng.choice([n for n in nodes if n != lead])], "not its leader"
+        await asyncio.to_thread(victim.kill)
+        await asyncio.sleep(NODE_DOWN_S)
+        victim.start()
+        caught_up = await _settled(partial(_streams_current, stage))
+        return (
+            f"SIGKILL NATS node {victim.name} ({what}); started again {NODE_DOWN_S:.0f} s later, "
+            f"{_caught_up(caught_up)}"
+        )
+    group = stage.mesh.redis_group
+    if kind == "redis-primary":
+        port = await asyncio.to_thread(primary_port, group)
+        if port not in group.nodes:
+            return "no Redis primary found"
+        victim = comps[f"redis{group.nodes.index(port) + 1}"]
+        await asyncio.to_thread(victim.kill)
+        t0 = time.monotonic()
+        promoted = port
+        while promoted in (port, None) and time.monotonic() - t0 < 60:
+            await asyncio.sleep(0.1)
+            promoted = await asyncio.to_thread(primary_port, group)
+        if promoted in (port, None):
+            victim.start()
+            return f"SIGKILL Redis primary {victim.name}; no replica promoted within 60 s"
+        took = time.monotonic() - t0
+        victim.start()
+        new = f"redis{group.nodes.index(promoted) + 1}"
+        caught_up = await _settled(partial(asyncio.to_thread, watched, group))
+        return (
+            f"SIGKILL Redis primary {victim.name}; the sentinels promoted {new} in {took:.1f} s; "
+            f"{victim.name} started again, as a replica, {_caught_up(caught_up)}"
+        )
+    victim = comps[f"sentinel{rng.randint(1, len(group.sentinels))}"]
+    await asyncio.to_thread(victim.kill)
+    await asyncio.sleep(NODE_DOWN_S)
+    victim.start()
+    caught_up = await _settled(partial(asyncio.to_thread, watched, group))
+    return (
+        f"SIGKILL {victim.name}; started again {NODE_DOWN_S:.0f} s later, {_caught_up(caught_up)}"
+    )
+
+
+# A fault is over once its node has caught up: the next comes only then (one fault at a time).
+SETTLE_S = 90.0
+
+
+async def _settled(healthy: Callable[[], Awaitable[bool]]) -> float | None:
+    """Seconds until ``healthy()`` holds (None: not within SETTLE_S)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < SETTLE_S:
+        if await healthy():
+            return time.monotonic() - t0
+        await asyncio.sleep(0.25)
+    return None
+
+
+def _caught_up(took: float | None) -> str:
+    if took is None:
+        return f"not caught up within {SETTLE_S:.0f} s"
+    return f"caught up {took:.1f} s later"
+
+
+async def _streams_current(stage: Stage) -> bool:
+    """Both streams have a leader and every replica current."""
+    nc = await _operator_nats(stage)
+    if nc is None:
+        return False
+    try:
+        prefix = stage.components["gateway2"].env["TURBOSERVE_SUBJECT_PREFIX"]
+        subjects = Subjects(prefix)
+        for name in (subjects.sessions_stream, subjects.chunks_stream):
+            cluster = (await nc.jetstream().stream_info(name)).cluster
+            if cluster is None or not cluster.leader:
+                return False
+            replicas = cluster.replicas or []
+            if len(replicas) < 2 or not all(r.current and not r.offline for r in replicas):
+                return False
+        return True
+    except Exception:  # noqa: BLE001 - between leaders
+        return False
+    finally:
+        await nc.close()
+
+
+async def _operator_nats(stage: Stage) -> Any:
+    """A connection to any node that answers (None: none does)."""
+    import nats
+
+    from shared.settings import nats_servers
+    from shared.tls import nats_tls_kwargs
+
+    url = stage.mesh.nats_url
+    try:
+        return await nats.connect(
+            servers=nats_servers(url),
+            connect_timeout=2,
+            max_reconnect_attempts=1,
+            error_cb=_quiet,
+            **nats_tls_kwargs(url, stage.mesh.tls_files),
+        )
+    except Exception:  # noqa: BLE001 - no node answers
+        return None
+
+
+async def _quiet(exc: Exception) -> None:
+    """A node that is down, as the run meant: nothing to print."""
+
+
+async def _chunk_stream_leader(stage: Stage) -> str | None:
+    nc = await _operator_nats(stage)
+    if nc is None:
+        return None
+    try:
+        prefix = stage.components["gateway2"].env["TURBOSERVE_SUBJECT_PREFIX"]
+        info = await nc.jetstream().stream_info(Subjects(prefix).chunks_stream)
+        return info.cluster.leader if info.cluster else None
+    except Exception:  # noqa: BLE001 - between leaders
+        return None
+    finally:
+        await nc.close()
+
+
+async def _watch_ticks(stage: Stage, ticks: list[float]) -> None:
+    """Every quarter second, the scheduler's last published tick, as a gateway shows it
+    (either gateway: one may be down)."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+    timeout = aiohttp.ClientTimeout(total=1)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        while True:
+            for gateway in stage.gateways:
+                try:
+                    async with http.get(f"{gateway}/v1/cluster", headers=headers) as resp:
+                        view = await resp.json() if resp.status == 200 else {}
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    continue
+                tick = (view.get("scheduler") or {}).get("updated_at")
+                if isinstance(tick, int | float) and (not ticks or tick != ticks[-1]):
+                    ticks.append(float(tick))
+                break
+            await asyncio.sleep(0.25)
+
+
+def fault_figures(
+    taken: list[dict[str, Any]],
+    stall_spans: list[list[float]],
+    ticks: list[float],
+    period_s: float,
+) -> list[dict[str, Any]]:
+    """Per action, from its moment to the next one's (at most FAULT_WINDOW_S): the longest
+    stall beyond one period that a viewer saw end in that window; the longest any viewer
+    waiting at the fault then waited for its next chunk (None: none waited beyond a period);
+    the longest time the scheduler published no tick (its decisions delayed)."""
+    out = []
+    for i, action in enumerate(taken):
+        start = action["at"]
+        end = start + FAULT_WINDOW_S
+        if i + 1 < len(taken):
+            end = min(end, taken[i + 1]["at"])
+        spans = [s for s in stall_spans if start <= s[1] <= end]  # ended in the window
+        waiting = [s[1] - start for s in spans if s[0] <= start]
+        seen = sorted(t for t in ticks if start - 5.0 <= t <= end)
+        pauses = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+        out.append(
+            {
+                "fault": action["action"],
+                "t": action["t"],
+                "at": action["at"],
+                "detail": action["detail"],
+                "longest_stall_s": round(max((s[2] for s in spans), default=0.0), 3),
+                "next_chunk_s": round(max(waiting), 3) if waiting else None,
+                "scheduler_pause_s": round(max(pauses), 3) if pauses else None,
+                "window_s": round(end - start, 1),
+            }
+        )
+    return out
+
+
 def _is(comp: Component, scheduler_id: str) -> bool:
     given = comp.env.get("TURBOSERVE_SCHEDULER_ID")
     if given:
@@ -394,9 +654,9 @@ def _is(comp: Component, scheduler_id: str) -> bool:
 
 
 async def _leader(stage: Stage) -> str | None:
-    import redis.asyncio as aioredis
+    from shared.runner import redis_client
 
-    client = aioredis.from_url(stage.mesh.redis_url)
+    client = redis_client(stage.mesh.redis_url, stage.mesh.tls_files)
     try:
         raw = await client.get(
             f"{stage.components['gateway2'].env['TURBOSERVE_REDIS_NAMESPACE']}:scheduler:leader"
@@ -432,5 +692,15 @@ def format_result(result: dict[str, Any]) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    lines += [f"  t={a['t']:>6}s  {a['action']:<9} {a['detail']}" for a in result["actions"]]
+    lines += [f"  t={a['t']:>6}s  {a['action']:<13} {a['detail']}" for a in result["actions"]]
+    lines += ["", "fault           longest stall s  next chunk s  scheduler pause s"]
+    for f in result["faults"]:
+        lines.append(
+            f"{f['fault']:<15} {f['longest_stall_s']:>15}  {_or_dash(f['next_chunk_s']):>12}"
+            f"  {_or_dash(f['scheduler_pause_s']):>17}"
+        )
     return "\n".join(lines)
+
+
+def _or_dash(value: float | None) -> str:
+    return "-" if value is None else str(value)

@@ -60,6 +60,12 @@ TOP_LEVEL = (
         "replay", "tools.replay", "play a session trace against a running gateway (load generator)"
     ),
     Subcommand("chaos", "tools.chaos", "a replay while components are killed at random"),
+    Subcommand("certs", "tools.certs", "write a CA and the certificates for TLS to NATS and Redis"),
+    Subcommand(
+        "callout-key",
+        "tools.callout_key",
+        "a new key for the NATS auth callout (TURBOSERVE_CALLOUT_KEY, NATS_CALLOUT_ISSUER)",
+    ),
     Subcommand(
         "gpu-check",
         "tools.gpucheck",

@@ -183,7 +183,13 @@ def resolve_mesh(
             sources.append(origin)
     changes = {"nats_url": urls["nats"], "redis_url": urls["redis"]}
     if state is not None:
-        for key in ("subject_prefix", "redis_namespace"):
+        for key in (
+            "subject_prefix",
+            "redis_namespace",
+            "tls_ca_file",
+            "tls_cert_file",
+            "tls_key_file",
+        ):
             if key not in in_env and state.get(key):
                 changes[key] = str(state[key])
     where = f"NATS {mask_url(urls['nats'])}, Redis {mask_url(urls['redis'])}"
@@ -409,7 +415,8 @@ class Ctl:
             if report is not None and report.command_id == cmd.command_id:
                 reports.put_nowait(report)
 
-        sub = await ctx.nc.subscribe(ctx.subjects.migrations, cb=on_report)
+        # The owner's report: only it publishes on its subject.
+        sub = await ctx.nc.subscribe(ctx.subjects.migrations(record.owner), cb=on_report)
         await subscriptions_live(ctx.nc)
         try:
             await self.command(record.owner, cmd)

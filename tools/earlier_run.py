@@ -21,11 +21,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
-
 from services.gateway.store import GatewayStore
 from shared.registry import Registry, StaleEpoch
+from shared.runner import redis_client
 from shared.states import IllegalTransition, SessionState
+from shared.tls import TlsFiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +55,11 @@ async def settle_earlier_sessions(
     idle_after_s: float,
     close_after_s: float,
     now: float | None = None,
+    tls: TlsFiles | None = None,
 ) -> EarlierSessions:
     """Close, idle or keep each session an earlier run left in ``namespace`` (see above)."""
     now = time.time() if now is None else now
-    client = aioredis.from_url(redis_url)
+    client = redis_client(redis_url, tls)
     try:
         store = GatewayStore(client, namespace)
         registry = Registry(client, namespace)

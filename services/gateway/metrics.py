@@ -68,6 +68,12 @@ class GatewayMetrics:
             ["outcome"],
             registry=r,
         )
+        self.foreign_owner_dropped = Counter(
+            "turboserve_gateway_foreign_owner_dropped",
+            "Chunks and notices dropped because the worker and epoch they carry are not an "
+            "owner the registry gave the session",
+            registry=r,
+        )
         for outcome in INPUT_OUTCOMES:
             self.input_frames.labels(outcome)
         for transport in CLIENT_TRANSPORTS:

@@ -32,7 +32,9 @@ class GatewayService:
         self._loops: list[asyncio.Task[None]] = []
 
     async def start(self, ctx: ServiceContext) -> None:
-        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
+        await ensure_streams(
+            ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings), ctx.settings.stream_replicas
+        )
         gw = self.gateway = build_gateway(ctx, self.settings)
         await lifetimes.alive(gw)  # before any viewer attaches
         if gw.keys.open:

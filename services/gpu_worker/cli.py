@@ -48,4 +48,15 @@ def run(args: argparse.Namespace) -> int:
     get_logger("turboserve.worker").info(
         "worker_starting", worker_id=settings.worker_id, **describe_device(settings.device)
     )
+    if settings.enrol:  # a user of its own first (shared/enrol.py)
+        import asyncio
+
+        from services.gpu_worker.enrol import enrol
+        from shared.runner import ConnectError
+
+        try:
+            settings = asyncio.run(enrol(settings))
+        except ConnectError as exc:
+            get_logger("turboserve.worker").error("startup_failed", error=str(exc))
+            return 2
     return run_service(lambda: WorkerService(settings), settings, "worker")

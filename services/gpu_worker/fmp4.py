@@ -13,9 +13,15 @@ buffer of half a chunk's bits), so easy pictures stay small and a busy one is he
 bitrate. The VBV of ``ultrafast`` is not exact, so the bound is checked, not assumed: a chunk is
 at most ``shared.video.chunk_bytes_limit`` (its duration at the bitrate, plus the container), and one
 that comes out larger is encoded again with a coarser floor on the quantiser (``qmin``) until
-it fits (uniform noise at 480x832 needs one retry). At ``qmin`` 51, x264's coarsest, a chunk
-that still does not fit is refused (:class:`FragmentTooLarge`): only a bitrate far below any
-setting the worker accepts gets there.
+it fits (uniform noise at 480x832 needs two or three retries at 2 Mbit/s). x264 runs on one thread
+here: with sliced threads its VBV depends on how the threads race, and the same noise came out
+40 to 53 KB at ``qmin`` 51 and 0.5 Mbit/s, against a bound of 51 KB. Even so, x264 at its
+coarsest does not always fit noise (at 0.9 Mbit/s, say), so the last resort keeps the frame
+count and shows fewer pictures: each frame held for two, then four frames (the repeats cost
+x264 next to nothing), which a viewer sees as a stutter in that chunk and not as a lost one. A
+chunk that fits in none of these is refused (:class:`FragmentTooLarge`): a single coarsest
+keyframe of noise at 480x832 is about 15 KB, so only a bitrate near the
+lowest the worker accepts (0.1 Mbit/s) gets there.
 
 Why H.264 (libx264, ``yuv420p``, the ``zerolatency`` tune: no B-frames, no lookahead): every
 browser plays it through MSE, most with hardware decode, and the FFmpeg that PyAV ships has
@@ -46,9 +52,16 @@ CODEC: Final = "libx264"  # Final keeps the literal, so PyAV's typing knows a vi
 # fifth of a 0.75 s period is 150 ms); CRF 26 keeps the textured case well under JPEG's size.
 PRESET = "ultrafast"
 CRF = 26
-# The quantiser floors of the encodes of one chunk: the capped CRF first, then coarser ones
-# while the chunk is over its bound.
-QMIN_STEPS: tuple[int | None, ...] = (None, 36, 44, 51)
+# The encodes of one chunk, (quantiser floor, frames each picture is held for): the capped CRF
+# first, then coarser floors, then fewer pictures, while the chunk is over its bound.
+ENCODE_STEPS: tuple[tuple[int | None, int], ...] = (
+    (None, 1),
+    (36, 1),
+    (44, 1),
+    (51, 1),
+    (51, 2),
+    (51, 4),
+)
 MOVFLAGS = "frag_keyframe+empty_moov+default_base_moof+frag_discont+skip_trailer"
 
 
@@ -63,6 +76,7 @@ class Fragment:
     encode_ms: float
     limit_bytes: int = 0  # the bound it was held to (0: none)
     encodes: int = 1  # how many encodes it took to fit the bound
+    hold: int = 1  # each picture shown for this many frames (above 1: held to fit the bound)
 
 
 class FragmentTooLarge(Exception):
@@ -105,8 +119,8 @@ def encode_chunk(
     started = time.perf_counter()
     limit = chunk_bytes_limit(bitrate, count / fps)
     data = b""
-    for encodes, qmin in enumerate(QMIN_STEPS, start=1):
-        data = _encode(array, fps, start_s, bitrate, crf, preset, qmin)
+    for encodes, (qmin, hold) in enumerate(ENCODE_STEPS, start=1):
+        data = _encode(_held(array, hold), fps, start_s, bitrate, crf, preset, qmin)
         if len(data) <= limit:
             return Fragment(
                 data=data,
@@ -116,6 +130,7 @@ def encode_chunk(
                 encode_ms=(time.perf_counter() - started) * 1000.0,
                 limit_bytes=limit,
                 encodes=encodes,
+                hold=hold,
             )
     raise FragmentTooLarge(len(data), limit)
 
@@ -153,6 +168,11 @@ def _encode(
             "x264-params": "vbv-init=0.5",
             "g": str(max(count, 1)),
             "keyint_min": str(max(count, 1)),
+            # One thread: with sliced threads x264's VBV depends on how the threads race, so
+            # the same frames came out up to 20% apart; one thread gives the same bytes every
+            # time, as fast on two cores (a worker encodes its sessions' chunks in parallel, one
+            # per thread: encoder.py).
+            "threads": "1",
         }
         if qmin is not None:
             options["qmin"] = str(qmin)
@@ -187,6 +207,13 @@ def decode_fragment(data: bytes) -> tuple[np.ndarray, list[float]]:
             frames.append(frame.to_ndarray(format="rgb24"))
             times.append(float(frame.time) if frame.time is not None else float("nan"))
     return np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8), times
+
+
+def _held(array: np.ndarray, hold: int) -> np.ndarray:
+    """Each ``hold``-th frame repeated in place of the ``hold - 1`` after it; as many frames."""
+    if hold <= 1:
+        return array
+    return array[(np.arange(len(array)) // hold) * hold]
 
 
 def _even(array: np.ndarray) -> np.ndarray:

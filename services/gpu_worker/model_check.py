@@ -230,7 +230,7 @@ def server_max_payload(url: str) -> tuple[int, str]:
     server, or NATS's default when none answers (within two seconds)."""
     import asyncio
 
-    from shared.settings import mask_url
+    from shared.settings import mask_url, nats_servers
     from shared.video import NATS_DEFAULT_MAX_PAYLOAD
 
     async def quiet(_: Exception) -> None:
@@ -240,7 +240,7 @@ def server_max_payload(url: str) -> tuple[int, str]:
         import nats
 
         nc = await nats.connect(
-            url,
+            nats_servers(url),
             connect_timeout=2,
             max_reconnect_attempts=0,
             allow_reconnect=False,

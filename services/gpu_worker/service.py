@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +27,9 @@ from typing import Any
 
 import torch
 from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import Header
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 from redis.exceptions import RedisError
 
 from services.gpu_worker import telemetry
@@ -142,6 +147,24 @@ def emulated_profile(settings: WorkerSettings) -> LatencyProfile | None:
 RECENT_CHUNKS = 16
 
 
+# A chunk or notice goes to the chunk stream with JetStream's acknowledgement while NATS is
+# connected: one the stream cannot take now (a cluster electing the stream's new leader) is
+# sent again, each try waiting PUBLISH_ACK_S, for up to PUBLISH_RETRY_S before it counts as
+# unpublished. While NATS is away (or once it came back during the tries) the client buffers
+# it instead, and the republish after the reconnection sends it again once the streams are
+# declared. Each carries an id (``Nats-Msg-Id``): the stream keeps one copy of a message sent
+# twice (a try that timed out after the stream took it, a republish).
+PUBLISH_ACK_S = 2.0
+PUBLISH_RETRY_S = 15.0
+_NOT_NOW = (NoStreamResponseError, ServiceUnavailableError, NatsTimeoutError)
+MSG_ID = Header.MSG_ID.value
+
+
+def message_id(session_id: str, epoch: int, seq: int) -> str:
+    """A chunk's: what tells the stream two sends of one chunk apart from two chunks."""
+    return f"{session_id}/{epoch}/{seq}"
+
+
 # How long a notice waits for the registry to say the session is still ours before it goes
 # out anyway (a notice informs; fencing is the progress record's job): a stalled Redis must
 # not hold back the chunks behind it.
@@ -161,7 +184,7 @@ class Publisher:
     session at that epoch, and tells the generation thread to drop it.
 
     Nothing is dropped in silence: a chunk that cannot go out (its encode failed its bound,
-    NATS refused it or is away) is counted (``on_unpublished``) and told to the session's
+    the stream did not take it within PUBLISH_RETRY_S, NATS refused it or is away) is counted (``on_unpublished``) and told to the session's
     viewers by an ``unpublished`` notice, and the session goes on at the next seq. A notice
     that cannot go out either is kept, and sent before anything else once NATS takes
     messages again."""
@@ -180,7 +203,8 @@ class Publisher:
         self.fence = fence  # thread-safe: the generation thread drops the session
         self._loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()  # the outbox has something
-        self._recent: dict[str, deque[bytes]] = {}  # session -> its last chunks, encoded
+        # session -> its last chunks, encoded, with their message ids
+        self._recent: dict[str, deque[tuple[str, bytes]]] = {}
         self._publishing = asyncio.Lock()  # a republish goes out before any newer chunk
         self._unrecorded: dict[str, OutChunk] = {}  # session -> its latest unrecorded chunk
         self._to_record = asyncio.Event()
@@ -229,8 +253,10 @@ class Publisher:
         async with self._publishing:
             count = 0
             for sid, chunks in list(self._recent.items()):
-                for data in list(chunks):
-                    await self.ctx.nc.publish(self.ctx.subjects.chunks(sid), data)
+                for msg_id, data in list(chunks):
+                    await self.ctx.nc.publish(
+                        self.ctx.subjects.chunks(sid), data, headers={MSG_ID: msg_id}
+                    )
                     count += 1
             await self._send_owed()
         log.info("chunks_republished", chunks=count, sessions=len(self._recent))
@@ -256,10 +282,14 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001 - one chunk's encode, never the service
                 await self._unpublished(head, f"not encoded: {exc!r}")
                 return
+            if item.encoded is not None and (hold := item.encoded.result().fragment.hold) > 1:
+                # Sent, with fewer pictures: only so busy a picture at so low a bitrate fits.
+                log.warning("chunk_held_to_fit", session_id=sid, seq=chunk.seq, hold=hold)
             data = encode(chunk)
+            msg_id = message_id(sid, chunk.epoch, chunk.seq)
             # Kept first: a chunk NATS would not take now goes out again after reconnection.
-            self._recent.setdefault(sid, deque(maxlen=RECENT_CHUNKS)).append(data)
-            refused = await self._refused(sid, data, seq=chunk.seq, wire_bytes=len(data))
+            self._recent.setdefault(sid, deque(maxlen=RECENT_CHUNKS)).append((msg_id, data))
+            refused = await self._refused(sid, data, msg_id, seq=chunk.seq, wire_bytes=len(data))
             if refused is None:
                 self._unrecorded[sid] = item
                 self._to_record.set()
@@ -269,7 +299,7 @@ class Publisher:
         elif isinstance(item, SessionNotice):
             if self._is_fenced(item.session_id, item.epoch) or not await self._owns(item):
                 return
-            await self._send(item.session_id, encode(item), notice=str(item.kind))
+            await self._send(item, notice=str(item.kind))
         elif isinstance(item, HandBack):
             self._hand_backs.spawn(
                 self.hand_back(item.session_id, item.epoch), f"hand-back-{item.session_id}"
@@ -283,20 +313,40 @@ class Publisher:
             self._fenced.pop(item.session_id, None)
             self._unrecorded.pop(item.session_id, None)
 
-    async def _send(self, session_id: str, data: bytes, **what: object) -> bool:
-        """Publish on the session's chunk subject; False (logged) when NATS refuses it now
-        (reconnecting, its buffer full): the publisher goes on with the next item."""
-        return await self._refused(session_id, data, **what) is None
+    async def _send(self, item: SessionNotice, **what: object) -> bool:
+        """Publish a notice on its session's chunk subject; False (logged) when the stream
+        does not take it: the publisher goes on with the next item."""
+        # Its own id (two prompt notices may name the same next chunk), kept across its tries.
+        msg_id = f"{item.session_id}/notice/{uuid.uuid4().hex}"
+        return await self._refused(item.session_id, encode(item), msg_id, **what) is None
 
-    async def _refused(self, session_id: str, data: bytes, **what: object) -> NatsError | None:
-        """Publish on the session's chunk subject; what NATS refused it with (logged), or
-        None when it took it."""
-        try:
-            await self.ctx.nc.publish(self.ctx.subjects.chunks(session_id), data)
-        except NatsError as exc:
-            log.warning("not_published", session_id=session_id, error=repr(exc), **what)
-            return exc
-        return None
+    async def _refused(
+        self, session_id: str, data: bytes, msg_id: str, **what: object
+    ) -> NatsError | None:
+        """Publish on the session's chunk subject (see PUBLISH_RETRY_S); what NATS refused it
+        with (logged), or None when the stream took it or the client holds it for the
+        reconnection."""
+        nc = self.ctx.nc
+        subject, headers = self.ctx.subjects.chunks(session_id), {MSG_ID: msg_id}
+        reconnects = nc.stats["reconnects"]
+        give_up = time.monotonic() + PUBLISH_RETRY_S
+        pause = 0.05
+        while True:
+            try:
+                if not nc.is_connected or nc.stats["reconnects"] != reconnects:
+                    await nc.publish(subject, data, headers=headers)
+                else:
+                    await self.ctx.js.publish(subject, data, timeout=PUBLISH_ACK_S, headers=headers)
+                return None
+            except _NOT_NOW as exc:
+                if time.monotonic() + pause > give_up:
+                    log.warning("not_published", session_id=session_id, error=repr(exc), **what)
+                    return exc
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+            except NatsError as exc:
+                log.warning("not_published", session_id=session_id, error=repr(exc), **what)
+                return exc
 
     async def _unpublished(self, chunk: Chunk, reason: str) -> None:
         """A chunk that did not go out: counted, and its viewers told (now, or once NATS takes
@@ -326,7 +376,7 @@ class Publisher:
             if self._is_fenced(notice.session_id, notice.epoch):
                 self._owed.popleft()
                 continue
-            if not await self._send(notice.session_id, encode(notice), notice=str(notice.kind)):
+            if not await self._send(notice, notice=str(notice.kind)):
                 return
             self._owed.popleft()
 
@@ -412,7 +462,9 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         self.ctx = ctx
         self.fence = CommandFence(ctx.registry, self.worker_id)
-        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
+        await ensure_streams(
+            ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings), ctx.settings.stream_replicas
+        )
         self.ops = await start_ops(
             ctx,
             self.metrics.registry,
@@ -854,7 +906,7 @@ class WorkerService:
             chunks_unpublished=record.chunks_unpublished,
         )
         # NATS first: the scheduler hears a worker whose Redis writes fail (Redis restarting).
-        await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+        await ctx.nc.publish(ctx.subjects.worker_heartbeat(beat.worker_id), encode(beat))
         await ctx.registry.heartbeat(record, ttl_s=3 * self.settings.heartbeat_s)
         if loop_status is not None and loop_status.facts:
             await self._reannounce(loop_status.facts)

@@ -54,6 +54,25 @@ class ProvisionerMetrics:
             ["command", "code"],
             registry=r,
         )
+        self.callouts = Counter(
+            "turboserve_provisioner_callouts",
+            "The NATS server's auth callouts for worker connections, by outcome "
+            "(admitted, refused, unavailable)",
+            ["outcome"],
+            registry=r,
+        )
+        self.enrolments = Counter(
+            "turboserve_provisioner_enrolments",
+            "Enrolments of workers it did not start, by outcome (enrolled, bad_request, "
+            "worker_alive, launched_here, unknown_worker, unavailable)",
+            ["outcome"],
+            registry=r,
+        )
+        self.revoked = Counter(
+            "turboserve_provisioner_enrolled_revoked",
+            "Credentials of enrolled workers revoked because their heartbeats stopped",
+            registry=r,
+        )
         r.register(_PoolCollector(self))
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from typing import Any
@@ -22,6 +23,7 @@ from redis.exceptions import RedisError
 
 from services.provisioner.backends.base import Backend, BackendError, LaunchError
 from services.provisioner.backends.registry import make_backend
+from services.provisioner.callout import Callout, Enrolment, WorkerCredentials
 from services.provisioner.metrics import ProvisionerMetrics
 from services.provisioner.pool import (
     ID_IN_USE,
@@ -35,11 +37,14 @@ from services.provisioner.pool import (
     PoolVerdict,
 )
 from shared.backoff import retried
+from shared.callout import IssuerKey
+from shared.enrol import ENROL_LAUNCHED, ENROL_UNKNOWN_WORKER, ENROL_WORKER_ALIVE
 from shared.logging import get_logger
 from shared.meter import Meter
 from shared.ops import OpsServer, close_ops, start_ops
 from shared.registry import PoolLimits
 from shared.runner import ServiceContext, subscriptions_live
+from shared.security import with_user
 from shared.settings import ProvisionerSettings
 from shared.wire import (
     Heartbeat,
@@ -51,11 +56,21 @@ from shared.wire import (
     WorkerStatus,
     decode_or_drop,
     encode,
+    sent_by,
+    subject_worker,
 )
 
 log = get_logger("turboserve.provisioner")
 
 MAX_RESTART_BACKOFF_S = 60.0
+# An enrolled worker that beat within this is alive: its id cannot be enrolled again.
+ALIVE_S = 10.0
+# An enrolled worker not heard from this long loses its credential (the scheduler has long
+# counted it lost); how often that is looked at.
+QUIET_S = 60.0
+SWEEP_S = 5.0
+# How often the provisioner looks for records of its own that Redis lost.
+RECORDS_CHECK_S = 2.0
 
 
 def new_worker_id() -> str:
@@ -80,15 +95,51 @@ class ProvisionerService:
         self._lock = asyncio.Lock()  # one command (or refill) decides at a time
         self._boots: dict[str, asyncio.Task[None]] = {}
         self._restart_backoff_s = 1.0
+        # With the NATS auth callout: a credential per worker it starts, and its answers.
+        self.credentials: WorkerCredentials | None = None
+        self.callout: Callout | None = None
+        self.enrolment: Enrolment | None = None
+        # Workers it did not start that enrolled (id -> when), and every worker's last beat.
+        self._enrolled: dict[str, float] = {}
+        self._last_beat: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
-        self.meter = Meter(ctx.redis, ctx.settings.redis_namespace)
+        self.meter = Meter(
+            ctx.redis,
+            ctx.settings.redis_namespace,
+            ctx.settings.redis_wait_replicas,
+            ctx.settings.redis_wait_ms,
+        )
+        if self.settings.callout_key:  # before any worker it starts tries to connect
+            self.credentials = WorkerCredentials(ctx.redis, ctx.settings.redis_namespace)
+            self.callout = Callout(
+                ctx.nc,
+                IssuerKey.from_text(self.settings.callout_key),
+                self.credentials,
+                ctx.subjects,
+                self.metrics.callouts,
+            )
+            await self.callout.start()
+            self.enrolment = Enrolment(
+                ctx.nc,
+                self.credentials,
+                ctx.subjects,
+                self._admit,
+                self._on_enrolled,
+                self.metrics.enrolments,
+            )
+            # Credentials left from before a restart count as just enrolled: they get one
+            # boot timeout to be heard from.
+            now = time.time()
+            self._enrolled = dict.fromkeys(await self.credentials.ids(), now)
+            await self.enrolment.start()
+            ctx.spawn(self._sweep_enrolled(), name="sweep-enrolled")
         adopted = await self.backend.open(ctx.spawn, self._on_exit)
         await self._take_over(adopted)
         await self._publish_limits()
-        await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=self._on_heartbeat)
+        await ctx.nc.subscribe(ctx.subjects.worker_heartbeats, cb=self._on_heartbeat)
         await ctx.nc.subscribe(ctx.subjects.provisioner_cmd, cb=self._on_command)
         # A command published (from another connection) before the server holds our SUB would
         # be dropped: started means listening.
@@ -104,7 +155,52 @@ class ProvisionerService:
             emulate=self.settings.emulate or None,
             boot_delay_s=self.settings.boot_delay_s,
         )
+        ctx.spawn(self._keep_records(), name="keep-records")
         await self._fill()
+
+    async def _keep_records(self) -> None:
+        """Every ``RECORDS_CHECK_S``: write back what Redis lost of this provisioner's own
+        records (:meth:`write_back`), until it stops."""
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), timeout=RECORDS_CHECK_S)
+            if self._stopping:
+                return
+            try:
+                await self.write_back()
+            except RedisError as exc:  # Redis away: the next check tries again
+                log.warning("records_not_checked", error=str(exc))
+
+    async def write_back(self) -> list[str]:
+        """The pool's limits and the open runs of the workers it holds, where Redis lost
+        them (restarted empty, or a failover lost the write): each run as it opened, so the
+        meter counts the GPU-seconds since then; and a run still open of a worker it no
+        longer holds (a failover lost its close) is closed. Returns the workers whose run
+        came back."""
+        assert self.ctx is not None and self.meter is not None
+        if await self.ctx.registry.pool_limits() is None:
+            await self._publish_limits()
+            log.warning("pool_limits_written_back")
+        opened = (await self.meter.read()).open
+        for wid in [wid for wid in opened if self.pool.get(wid) is None]:
+            # Added to the pool before its run opens, removed before it closes: gone.
+            seconds = await self.meter.close(wid)
+            if seconds is not None:
+                log.warning("stale_meter_closed", worker_id=wid, gpu_seconds=seconds)
+        # A worker leaves the pool before its run is closed: one still in it after the read
+        # whose run is not open lost it.
+        lost = {
+            wid: managed.requested_at
+            for wid, managed in self.pool.workers.items()
+            if wid not in opened
+        }
+        restored = await self.meter.restore(lost)
+        for wid in restored:
+            if self.pool.get(wid) is None:  # gone meanwhile: its close found nothing open
+                await self.meter.forget(wid)
+                continue
+            log.warning("meter_run_written_back", worker_id=wid, opened_at=lost[wid])
+        return [wid for wid in restored if self.pool.get(wid) is not None]
 
     async def _publish_limits(self) -> None:
         """The pool's limits in the registry, for the scheduler (it follows them)."""
@@ -132,6 +228,12 @@ class ProvisionerService:
                 if gone is not None:
                     await self._cancel_boot(wid)
                     await self._gone(gone, "provisioner_stopped", "the provisioner stopped")
+        if self.enrolment is not None:
+            with contextlib.suppress(Exception):
+                await self.enrolment.close()
+        if self.callout is not None:  # its workers are gone: nobody left to admit
+            with contextlib.suppress(Exception):
+                await self.callout.close()
         await close_ops(self.ops)
 
     @property
@@ -302,7 +404,8 @@ class ProvisionerService:
             if managed.state is ManagedState.STOPPING or self._stopping:
                 return
             try:
-                managed.where = await self.backend.launch(managed.worker_id)
+                nats_url = await self._credential(managed.worker_id)
+                managed.where = await self.backend.launch(managed.worker_id, nats_url)
                 managed.launched = True
             except LaunchError as exc:
                 failure = str(exc)
@@ -312,6 +415,18 @@ class ProvisionerService:
             await self._gone(managed, "launch_failed", failure)
             return
         await self._await_ready(managed)
+
+    async def _credential(self, worker_id: str) -> str | None:
+        """The NATS URL of a worker about to start, with a password made for it (None without
+        the callout, or where the worker enrols for it: the backend's usual URL then)."""
+        if self.credentials is None or not self.backend.credential_at_launch:
+            return None
+        try:
+            password = await self.credentials.mint(worker_id)
+        except RedisError as exc:
+            raise LaunchError(f"its NATS credential could not be stored: {exc}") from None
+        base = self.settings.worker_nats_url or self.settings.nats_url
+        return with_user(base, worker_id, password)
 
     async def _await_ready(self, managed: ManagedWorker) -> None:
         """A worker not READY ``boot_timeout_s`` after its request is stopped."""
@@ -393,6 +508,11 @@ class ProvisionerService:
             return
         self.pool.remove(managed.worker_id)
         assert self.ctx is not None and self.meter is not None
+        if self.credentials is not None:  # its credential goes with it
+            try:
+                await self.credentials.revoke(managed.worker_id)
+            except RedisError as exc:
+                log.warning("credential_not_revoked", worker_id=managed.worker_id, error=str(exc))
         kind = "scale_in" if code == "stopped" else "worker_lost"
         try:
             seconds = await self.meter.close(managed.worker_id)
@@ -465,12 +585,81 @@ class ProvisionerService:
                 detail="not running when the provisioner started",
             )
 
+    # -- enrolment ------------------------------------------------------------------------------
+    async def _admit(self, worker_id: str) -> str | None:
+        """Whether a worker may have a credential for ``worker_id`` now: not while a worker with
+        that id beats (its credential would be taken over). Where its backend gives the
+        credential at launch, not for a worker it launched (it has one) and any other id (a
+        pool it did not start: compose's); where its workers enrol (pods), only its own."""
+        if time.time() - self._last_beat.get(worker_id, -math.inf) < ALIVE_S:
+            return ENROL_WORKER_ALIVE
+        launched = self.pool.get(worker_id) is not None
+        if self.backend.credential_at_launch and launched:
+            return ENROL_LAUNCHED
+        if not self.backend.credential_at_launch and not launched:
+            return ENROL_UNKNOWN_WORKER
+        return None
+
+    def _on_enrolled(self, worker_id: str) -> None:
+        self._enrolled[worker_id] = time.time()
+
+    async def _sweep_enrolled(self) -> None:
+        """Revoke the credential of an enrolled worker gone quiet: QUIET_S after its last beat,
+        or a boot timeout after it enrolled when it has not beaten since. Only while this
+        provisioner hears the mesh: after it was disconnected itself, every enrolled worker
+        gets a boot timeout again. A worker it started is not swept: its credential goes when
+        it stops or is lost (:meth:`_gone`)."""
+        assert self.credentials is not None and self.ctx is not None
+        blind = False
+        while not self._stopping:
+            await asyncio.sleep(SWEEP_S)
+            now = time.time()
+            if not self.ctx.nc.is_connected:
+                blind = True
+                continue
+            if blind:
+                blind = False
+                self._enrolled = dict.fromkeys(self._enrolled, now)
+            for wid, enrolled_at in list(self._enrolled.items()):
+                if self.pool.get(wid) is not None:
+                    self._enrolled.pop(wid, None)  # launched here since: its own credential
+                    continue
+                beat = self._last_beat.get(wid, -math.inf)
+                if beat >= enrolled_at:  # heard from since it enrolled
+                    quiet = now - beat > QUIET_S
+                else:
+                    quiet = now - enrolled_at > self.settings.boot_timeout_s
+                if quiet:
+                    await self._revoke_enrolled(wid)
+            # Beats older than QUIET_S decide nothing any more (an enrolled worker that quiet
+            # was revoked above).
+            for wid, at in list(self._last_beat.items()):
+                if now - at > QUIET_S and wid not in self._enrolled:
+                    del self._last_beat[wid]
+
+    async def _revoke_enrolled(self, worker_id: str) -> None:
+        assert self.credentials is not None
+        try:
+            await self.credentials.revoke(worker_id)
+        except RedisError as exc:  # the next sweep tries again
+            log.warning("credential_not_revoked", worker_id=worker_id, error=str(exc))
+            return
+        self._enrolled.pop(worker_id, None)
+        self.metrics.revoked.inc()
+        log.info("enrolled_credential_revoked", worker_id=worker_id, reason="heartbeats stopped")
+
     # -- heartbeats -------------------------------------------------------------------------------
     async def _on_heartbeat(self, msg: Any) -> None:
         beat = decode_or_drop(msg.subject, msg.data, Heartbeat, log)
-        if beat is None or self.pool.get(beat.worker_id) is None:
+        if beat is None or not sent_by(
+            msg.subject, beat.worker_id, subject_worker(msg.subject), log
+        ):
             return
         now = time.time()
+        if self.enrolment is not None:  # who is alive, for the enrolments (pruned by the sweep)
+            self._last_beat[beat.worker_id] = now
+        if self.pool.get(beat.worker_id) is None:
+            return
         if beat.status is WorkerStatus.READY:
             managed = self.pool.mark_ready(beat.worker_id, now)
             if managed is not None:

@@ -55,6 +55,7 @@ from services.scheduler.core.types import (
     Suspend,
 )
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.unplaced import Unplaced
 from shared.backoff import retried
 from shared.leader import Lease
 from shared.logging import get_logger
@@ -122,8 +123,10 @@ class Executor:
         metrics: SchedulerMetrics,
         handoff_timeout_s: float,
         tick_s: float,
+        unplaced: Unplaced | None = None,
     ) -> None:
         self.shell = shell
+        self.unplaced = unplaced if unplaced is not None else Unplaced()
         self.pool = pool
         self.registry = registry
         self.sender = sender
@@ -213,6 +216,7 @@ class Executor:
 
     def _send_assign(self, sid: str, gpu: str, record: SessionRecord) -> None:
         """ASSIGN ``sid``, claimed for ``gpu`` as ``record`` says, in a task of its own."""
+        self.unplaced.drop(sid)  # it has an owner now, who writes it back if Redis loses it
         cmd = WorkerCommand(
             kind=WorkerCmdKind.ASSIGN,
             worker_id=gpu,
@@ -249,12 +253,14 @@ class Executor:
     async def requeue(self, sid: str, epoch: int) -> SessionRecord | None:
         """Back to pending (its worker is gone): the registry's half of a re-placement."""
         try:
-            return await self.registry.transition(
+            record = await self.registry.transition(
                 sid, SessionState.PENDING, expected_epoch=epoch, owner=None, guard=self.lease.guard
             )
         except (IllegalTransition, RegistryError) as exc:
             log.info("requeue_skipped", session_id=sid, reason=str(exc))
             return None
+        self.unplaced.note(record)
+        return record
 
     async def _suspend(self, sid: str, gpu: str) -> None:
         record = await self.registry.get_session(sid)

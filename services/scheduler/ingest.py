@@ -34,6 +34,7 @@ from services.scheduler.core.pool import (
 )
 from services.scheduler.core.types import Event, EventKind
 from services.scheduler.executor import Executor, seen
+from services.scheduler.unplaced import Unplaced
 from shared.logging import get_logger
 from shared.registry import Registry, WorkerRecord
 from shared.settings import SchedulerSettings
@@ -46,6 +47,8 @@ from shared.wire import (
     SessionEventKind,
     WorkerStatus,
     decode_or_drop,
+    sent_by,
+    subject_worker,
 )
 
 log = get_logger("turboserve.scheduler")
@@ -128,8 +131,12 @@ class Ingest:
         registry: Registry,
         settings: SchedulerSettings,
         default_kind: str,
+        unplaced: Unplaced | None = None,
     ) -> None:
         self.shell = shell
+        # The records of the sessions pending in the registry (written back if Redis loses
+        # them): kept by the service, across leaderships.
+        self.unplaced = unplaced if unplaced is not None else Unplaced()
         self.pool = pool
         self.executor = executor
         self.registry = registry
@@ -143,7 +150,9 @@ class Ingest:
     # -- NATS -----------------------------------------------------------------------------------
     async def on_beat(self, msg: Any) -> None:
         beat = decode_or_drop(msg.subject, msg.data, Heartbeat, log)
-        if beat is None:
+        if beat is None or not sent_by(
+            msg.subject, beat.worker_id, subject_worker(msg.subject), log
+        ):
             return
         self.beats[beat.worker_id] = beat
         seen = beat_seen(beat)
@@ -174,7 +183,9 @@ class Ingest:
 
     async def on_report(self, msg: Any) -> None:
         report = decode_or_drop(msg.subject, msg.data, MigrationReport, log)
-        if report is not None:
+        if report is not None and sent_by(
+            msg.subject, report.src, subject_worker(msg.subject), log
+        ):
             self.executor.migrations.on_report(report)
 
     async def consume(self, psub: Any) -> None:
@@ -211,6 +222,7 @@ class Ingest:
             )
             return
         if event.kind is SessionEventKind.CLOSED:
+            self.unplaced.drop(sid)
             shell.spawn(self.executor.stop_session(sid), f"stop-{sid}")
         elif event.kind in (SessionEventKind.CREATED, SessionEventKind.ACTIVE):
             why = await self._not_wanted(sid)
@@ -227,6 +239,7 @@ class Ingest:
         record = await self.registry.get_session(sid)
         if record is None or record.state is SessionState.TERMINATED:
             return "closed"
+        self.unplaced.note(record)
         if await self.registry.unwatched([sid]):
             return "unwatched"
         return None
@@ -304,6 +317,7 @@ class Ingest:
         of (a lost event), sessions placed elsewhere than it thinks, and sessions handed back."""
         shell, registry, pool = self.shell, self.registry, self.pool
         pending = await registry.pending_sessions()
+        await self.unplaced.refresh(registry, pending)
         for sid in pool.unheard(pending):
             await shell.step(Event(time.time(), EventKind.ARRIVE, session_id=sid))
         if pending:

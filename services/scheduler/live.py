@@ -56,6 +56,7 @@ from services.scheduler.executor import Executor, describe
 from services.scheduler.ingest import Ingest
 from services.scheduler.measured import differs, live_profile
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.unplaced import Unplaced
 from shared.leader import Lease
 from shared.logging import get_logger
 from shared.profile import LatencyProfile, ProfileError
@@ -82,8 +83,11 @@ class LiveScheduler:
         metrics: SchedulerMetrics,
         handoff_timeout_s: float = 30.0,
         limits: tuple[int, int] | None = None,
+        unplaced: Unplaced | None = None,
     ) -> None:
         self.ctx = ctx
+        # The pending sessions' records, written back if Redis loses them (the service's).
+        self.unplaced = unplaced if unplaced is not None else Unplaced()
         # The pool limits the core was last given (min, max GPUs).
         self.limits = limits
         self.settings = settings
@@ -109,8 +113,17 @@ class LiveScheduler:
             metrics,
             handoff_timeout_s=handoff_timeout_s,
             tick_s=settings.tick_s,
+            unplaced=self.unplaced,
         )
-        self.ingest = Ingest(self, self.pool, self.executor, ctx.registry, settings, default_kind)
+        self.ingest = Ingest(
+            self,
+            self.pool,
+            self.executor,
+            ctx.registry,
+            settings,
+            default_kind,
+            unplaced=self.unplaced,
+        )
         self._followups: deque[Input] = deque()
         self._tasks = Supervisor("scheduler_task_failed", log=log)
         self._subs: list[Any] = []
@@ -121,11 +134,11 @@ class LiveScheduler:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         ctx, ingest = self.ctx, self.ingest
-        self._subs.append(await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=ingest.on_beat))
+        self._subs.append(await ctx.nc.subscribe(ctx.subjects.worker_heartbeats, cb=ingest.on_beat))
         self._subs.append(
             await ctx.nc.subscribe(ctx.subjects.provisioner_events, cb=ingest.on_pool_event)
         )
-        self._subs.append(await ctx.nc.subscribe(ctx.subjects.migrations, cb=ingest.on_report))
+        self._subs.append(await ctx.nc.subscribe(ctx.subjects.all_migrations, cb=ingest.on_report))
         await subscriptions_live(ctx.nc)
         await asyncio.sleep(min(1.5, self.settings.worker_timeout_s / 2))  # hear the heartbeats
         await self.rebuild()
@@ -185,6 +198,7 @@ class LiveScheduler:
         sessions = []
         placement = await registry.placement()
         pending = await registry.pending_sessions()
+        await self.unplaced.refresh(registry, pending)
         # A session no one watches (or its client paused) that holds no GPU comes back idle:
         # it waits for its viewer, not for a worker (an earlier run's session among them).
         unwatched = await registry.unwatched(

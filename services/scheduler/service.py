@@ -22,6 +22,7 @@ from services.scheduler.core.policies import LIVE_POLICIES, Policy
 from services.scheduler.core.quality import check_min_steps
 from services.scheduler.live import LiveScheduler
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.unplaced import Unplaced
 from shared.leader import LeaderElection, Lease
 from shared.logging import get_logger
 from shared.ops import OpsServer, close_ops, start_ops
@@ -50,6 +51,9 @@ class SchedulerService:
         self._election: LeaderElection | None = None
         self._starting: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        # The records of the sessions pending in the registry, across leaderships: written
+        # back when Redis lost them (``unplaced.py``).
+        self.unplaced = Unplaced()
         try:
             self.profiles, self.default_kind, self.rho_table = load_inputs(settings)
         except (ProfileError, RhoTableError, OSError) as exc:
@@ -68,7 +72,9 @@ class SchedulerService:
 
     async def start(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
-        await ensure_streams(ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings))
+        await ensure_streams(
+            ctx.js, ctx.subjects, ChunkRetention.of(ctx.settings), ctx.settings.stream_replicas
+        )
         self._election = LeaderElection(
             ctx.redis, ctx.registry.ns, self.settings.scheduler_id, self.settings.leader_ttl_s
         )
@@ -97,12 +103,18 @@ class SchedulerService:
         while not self._stopping.is_set():
             try:
                 if self.lease is None:
+                    # Before the lease: a Redis restarted empty lost it with the pending
+                    # sessions, which go back first (the new leader, here or elsewhere,
+                    # finds them).
+                    await self.unplaced.write_back(self.ctx.registry)
                     lease = await self._election.try_acquire()
                     if lease is not None:
                         self.lease = lease
                         self._starting = self.ctx.spawn(
                             self._take_over(lease), name="scheduler-takeover"
                         )
+                    else:  # another scheduler leads: it places what this one no longer sees
+                        self.unplaced.clear()
                 elif not await self._election.renew(self.lease):
                     log.warning("scheduler_deposed", term=self.lease.term)
                     await self._step_down(resign=False)
@@ -130,6 +142,7 @@ class SchedulerService:
             self.metrics,
             handoff_timeout_s=self.settings.handoff_timeout_s,
             limits=limits,
+            unplaced=self.unplaced,
         )
         self.live = live
         await live.start()

@@ -12,8 +12,9 @@ import pytest
 
 from shared.registry import Registry
 from tests.eventually import eventually
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
 from tools.replay import ReplayConfig, replay
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -21,7 +21,8 @@ from PIL import Image
 from shared.registry import Registry
 from shared.states import SessionState
 from tests.eventually import eventually, eventually_sync
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

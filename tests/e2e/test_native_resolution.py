@@ -30,7 +30,8 @@ from tests.gateway.test_webrtc import Client
 from tests.gpu_worker.worker_harness import mesh_context
 from tests.models import build_folder
 from tools.ctl import Ctl
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -27,7 +27,8 @@ from shared.registry import PoolLimits, Registry
 from shared.states import SessionState
 from tests.e2e.test_mesh import read_sse
 from tests.eventually import eventually
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ from shared.wire import (
     decode,
     encode,
 )
-from tools.launcher import free_port
+from tools.servers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -196,7 +196,7 @@ async def test_worker_alive_without_its_session_gets_it_requeued(env, nats_clien
         await ctx.registry.register_worker(
             WorkerRecord(id="good", status=WorkerStatus.READY, capacity=2), 60
         )
-        await nats_client.publish(ctx.subjects.worker_heartbeat, encode(beat))
+        await nats_client.publish(ctx.subjects.worker_heartbeat(beat.worker_id), encode(beat))
         cmd = await _next_command(sub_new)
         assert cmd.session_id == sid and cmd.epoch > first.epoch
 

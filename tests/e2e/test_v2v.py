@@ -25,7 +25,8 @@ from tests.eventually import eventually
 from tests.gpu_worker.worker_harness import mesh_context
 from tests.models import RESOLUTION, build_folder
 from tools.ctl import Ctl
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -17,10 +17,11 @@ import pytest
 from services.gateway.service import GatewayService
 from services.gateway.store import GatewayStore
 from services.gpu_worker.fmp4 import Fragment, chunk_start_s, encode_chunk
+from shared.registry import Registry
 from shared.runner import ServiceContext, running
 from shared.settings import GatewaySettings
 from shared.wire import Chunk, NoticeKind, SessionNotice, StreamEnd, Subjects, encode
-from tools.launcher import free_port
+from tools.servers import free_port
 
 API_KEY = "k-test-0123456789abcdef"
 OTHER_KEY = "k-other-0123456789abcdef"
@@ -106,12 +107,33 @@ def fragment(width: int, height: int, shade: int, frames: int, seq: int = 0) -> 
 
 
 class FakeWorker:
-    """Publishes on a session's chunk subject exactly what a worker would."""
+    """Publishes on a session's chunk subject exactly what a worker would. With ``registry``,
+    the session is first made its own there at the epoch it publishes under, as a scheduler's
+    claim would have (the gateway relays only the registry's owner); without, it publishes as
+    whoever it says it is, owner or not."""
 
-    def __init__(self, nc, subjects: Subjects, worker_id: str = "wfake") -> None:
+    def __init__(
+        self, nc, subjects: Subjects, worker_id: str = "wfake", registry: Registry | None = None
+    ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.worker_id = worker_id
+        self.registry = registry
+
+    async def own(self, session_id: str, epoch: int) -> None:
+        """The session is this worker's at ``epoch`` in the registry, unless the registry has
+        it at a later epoch, or another owner at this one (the state is left as it is)."""
+        if self.registry is None:
+            return
+        found = await self.registry.session_owner(session_id)
+        if found is None:
+            return
+        owner, current = found
+        if current < epoch or (current == epoch and not owner):
+            await self.registry.r.hset(
+                self.registry.session_key(session_id),
+                mapping={"owner": self.worker_id, "epoch": epoch},
+            )
 
     async def chunk(
         self,
@@ -128,6 +150,7 @@ class FakeWorker:
     ) -> None:
         """A chunk of ``frames`` frames of a flat picture (``shade``: default from the seq), or
         of the fragment ``fmp4`` as given."""
+        await self.own(session_id, epoch)
         now = time.time()
         made = fragment(width, height, seq % 255 if shade is None else shade, frames)
         msg = Chunk(
@@ -150,13 +173,14 @@ class FakeWorker:
         await self.nc.publish(self.subjects.chunks(session_id), encode(msg))
 
     async def notice(
-        self, session_id: str, kind: NoticeKind, next_seq: int, detail: str = ""
+        self, session_id: str, kind: NoticeKind, next_seq: int, detail: str = "", epoch: int = 1
     ) -> None:
+        await self.own(session_id, epoch)
         msg = SessionNotice(
             session_id=session_id,
             kind=kind,
             worker_id=self.worker_id,
-            epoch=1,
+            epoch=epoch,
             next_seq=next_seq,
             detail=detail,
         )
@@ -170,8 +194,11 @@ class FakeWorker:
 
 
 @pytest.fixture
-def worker(nats_client, isolation) -> FakeWorker:
-    return FakeWorker(nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]))
+def worker(nats_client, redis_client, isolation) -> FakeWorker:
+    registry = Registry(redis_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
+    return FakeWorker(
+        nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]), registry=registry
+    )
 
 
 async def read_sse(

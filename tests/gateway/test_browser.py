@@ -26,7 +26,8 @@ import pytest
 from shared.settings import SuiteSettings
 from tests.eventually import eventually_sync
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

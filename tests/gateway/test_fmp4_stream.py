@@ -61,6 +61,7 @@ async def publish(worker, sid: str, seq: int, *, registry=None) -> None:
         done_at=now,
         **fragment_fields,
     )
+    await worker.own(sid, 1)
     await worker.nc.publish(worker.subjects.chunks(sid), encode(msg))
     if registry is not None:
         assert await registry.record_progress(sid, worker.worker_id, 1, seq)

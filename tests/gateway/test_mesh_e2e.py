@@ -24,7 +24,8 @@ from shared.states import SessionState
 from tests.eventually import eventually
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, bearer, read_sse
 from tests.gateway.test_streams import decode_chunk
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -82,7 +83,7 @@ async def _clean(infra, tag: str) -> None:
         except Exception:  # noqa: BLE001 - may not exist
             pass
     await nc.close()
-    client = aioredis.from_url(infra.redis_url)
+    client = aioredis.from_url(infra.redis_url, socket_timeout=30)
     keys = [k async for k in client.scan_iter(match=f"{tag}:*", count=500)]
     if keys:
         await client.delete(*keys)
@@ -93,7 +94,7 @@ async def _clean(infra, tag: str) -> None:
 async def registry(infra, mesh_tag):
     import redis.asyncio as aioredis
 
-    client = aioredis.from_url(infra.redis_url)
+    client = aioredis.from_url(infra.redis_url, socket_timeout=30)
     yield Registry(client, mesh_tag)
     await client.aclose()
 

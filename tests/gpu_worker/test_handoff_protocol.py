@@ -55,7 +55,9 @@ async def test_handoff_moves_the_state_bit_for_bit_and_ownership_with_it(
     pair, registry, nats_client, isolation
 ):
     a, b = pair
-    reports = await nats_client.subscribe(f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.migrations")
+    reports = await nats_client.subscribe(
+        f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.worker.*.migrations"
+    )
     epoch = await place(registry, a, "s1", seed=7, chunks=5)
     report = await a.ep.migrate(migrate(a, b, "s1", epoch))
     assert report.ok, report
@@ -189,7 +191,7 @@ async def test_an_offer_without_its_secret_or_with_a_spent_one_is_refused(
     """An unchecksummed offer is refused before anything moves; so is a genuine offer sent
     again (its secret was spent when it was first offered)."""
     a, b = pair
-    subject = f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.worker.wb.handoff"
+    subject = f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.worker.wb.handoff.wa"  # from wa
     seen = await nats_client.subscribe(subject)  # a copy of every offer to wb
     epoch = await place(registry, a, "s1", seed=2)
     assert (await a.ep.migrate(migrate(a, b, "s1", epoch))).ok
@@ -226,7 +228,7 @@ async def test_garbage_on_the_handoff_subject_is_refused_and_harmless(
     pair, registry, nats_client, isolation
 ):
     a, b = pair
-    subject = f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.worker.wb.handoff"
+    subject = f"{isolation['TURBOSERVE_SUBJECT_PREFIX']}.worker.wb.handoff.wa"  # from wa
     for garbage in (
         b"not json",
         b'{"type": "handoff_offer", "v": 1}',

@@ -132,7 +132,7 @@ def test_gloo_recv_gives_up_at_the_deadline_and_the_link_is_spent(link):
 def test_a_link_to_a_store_that_is_not_there_fails():
     clients = StoreClients(timeout_s=1)
     gloo = GlooTransport("127.0.0.1")
-    from tools.launcher import free_port
+    from tools.servers import free_port
 
     with pytest.raises(RuntimeError):
         gloo.connect(

@@ -16,7 +16,7 @@ from shared.settings import SchedulerSettings
 from shared.wire import SessionEvent, SessionEventKind, encode
 from tests.eventually import eventually
 from tests.gpu_worker.worker_harness import worker_in_process
-from tools.launcher import free_port, nats_server_binary, probe_nats
+from tools.servers import free_port, nats_server_binary, probe_nats
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import pytest
 from shared.states import SessionState
 from tests.eventually import eventually
 from tests.gpu_worker.worker_harness import start_session, worker_in_process
-from tools.launcher import free_port, probe_redis, redis_server_binary
+from tools.servers import free_port, probe_redis, redis_server_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -50,7 +50,7 @@ async def test_a_steps_command_sets_the_steps_of_later_chunks_and_heartbeats(env
             if beat.worker_id == "wq":
                 beats.append(beat)
 
-        await ctx.nc.subscribe(ctx.subjects.worker_heartbeat, cb=on_beat)
+        await ctx.nc.subscribe(ctx.subjects.worker_heartbeats, cb=on_beat)
         await start_session(ctx, "wq", "s")
         await eventually(lambda: len(rx.chunks["s"]) >= 2, 20, "chunks at full steps")
         await eventually(lambda: beats and beats[-1].active == 1, 5, "a heartbeat with it")

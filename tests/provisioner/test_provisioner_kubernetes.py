@@ -20,11 +20,21 @@ from services.provisioner.backends.k8s import (
 )
 from services.provisioner.pool import ManagedState
 from services.provisioner.service import ProvisionerService
+from shared.callout import IssuerKey
+from shared.enrol import ENROL_UNKNOWN_WORKER, EnrolKey
 from shared.meter import Meter
 from shared.registry import PoolLimits, WorkerRecord
 from shared.runner import running
 from shared.settings import ProvisionerSettings
-from shared.wire import Heartbeat, ProvisionerCmdKind, WorkerStatus, encode
+from shared.wire import (
+    EnrolReply,
+    EnrolRequest,
+    Heartbeat,
+    ProvisionerCmdKind,
+    WorkerStatus,
+    decode,
+    encode,
+)
 from tests.eventually import eventually
 from tests.provisioner.kube_fake import FakeKube
 from tests.provisioner.support import EventLog, refused, request
@@ -210,7 +220,7 @@ async def _ready(nc, subjects, worker_id: str) -> None:
     beat = Heartbeat(
         worker_id=worker_id, status=WorkerStatus.READY, capacity=12, active=0, gpu_kind="H100"
     )
-    await nc.publish(subjects.worker_heartbeat, encode(beat))
+    await nc.publish(subjects.worker_heartbeat(beat.worker_id), encode(beat))
 
 
 async def test_service_scales_pods_by_name_and_survives_its_own_restart(
@@ -302,3 +312,42 @@ async def test_service_scales_pods_by_name_and_survives_its_own_restart(
     assert first_id not in (await meter.read()).open
     # every call the backend made is one the provisioner's Role grants (and it made them all)
     assert kube.verbs_used() == {(r, v) for r, verbs in API_USE.items() for v in verbs}
+
+
+async def test_with_the_callout_its_pods_enrol_and_no_one_else(
+    kube, infra, isolation, nats_client, redis_client
+):
+    """Pods get no credential in their spec (anyone who reads pods would see it): each enrols
+    once it runs. Only an id of one of its pods is enrolled; any other is ``unknown_worker``."""
+    env = {
+        "TURBOSERVE_NATS_URL": infra.nats_url,
+        "TURBOSERVE_REDIS_URL": infra.redis_url,
+        "TURBOSERVE_CALLOUT_KEY": IssuerKey.generate().text(),
+        **isolation,
+    }
+    settings = k8s_settings(env, min_workers=1, max_workers=2)
+    service = ProvisionerService(settings)
+    async with running(service, settings) as ctx:
+        [pod_id] = service.pool.workers
+        await eventually(lambda: len(kube.pods_in(NS)) == 1)
+        [pod] = kube.pods_in(NS).values()
+        [worker] = [c for c in pod["spec"]["containers"] if c["name"] == "worker"]
+        assert "TURBOSERVE_NATS_URL" not in {e["name"] for e in worker["env"]}
+        credentials = f"{settings.redis_namespace}:worker_credentials"
+        assert not await redis_client.hexists(credentials, pod_id)  # none minted at launch
+
+        async def ask(worker_id: str) -> tuple[EnrolReply, EnrolKey]:
+            key = EnrolKey()
+            request_ = EnrolRequest(worker_id=worker_id, public_key=key.public)
+            msg = await nats_client.request(
+                ctx.subjects.provisioner_enrol, encode(request_), timeout=5
+            )
+            return decode(msg.subject, msg.data, EnrolReply), key
+
+        reply, key = await ask(pod_id)
+        assert reply.ok, reply
+        password = key.open(reply.sealed, pod_id)
+        assert await service.credentials.check(pod_id, password)  # type: ignore[union-attr]
+        stranger, _ = await ask("not-a-pod")
+        assert not stranger.ok and stranger.code == ENROL_UNKNOWN_WORKER
+        assert not await redis_client.hexists(credentials, "not-a-pod")

@@ -14,7 +14,7 @@ from shared.ops import OpsServer, metrics_registry, start_ops
 from shared.registry import Registry
 from shared.runner import ServiceContext, close_context, open_context
 from shared.settings import CommonSettings
-from tools.launcher import free_port
+from tools.servers import free_port
 
 pytestmark = pytest.mark.integration
 

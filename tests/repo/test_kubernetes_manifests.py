@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -11,6 +12,18 @@ import pytest
 import yaml
 
 from services.provisioner.backends.k8s import API_USE, WORKER_CONTAINER
+from shared.callout import IssuerKey
+from shared.enrol import ENROL_USER
+from shared.security import (
+    CALLOUT_ISSUER_VAR,
+    GATEWAY,
+    OPERATOR,
+    PROVISIONER,
+    SCHEDULER,
+    env_password,
+    nats_authorization_from_env,
+    url_user,
+)
 from shared.settings import (
     GatewaySettings,
     ProvisionerSettings,
@@ -18,6 +31,8 @@ from shared.settings import (
     SettingsError,
     WorkerSettings,
 )
+from shared.tls import generate, nats_tls_config
+from shared.wire import Subjects
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -75,7 +90,28 @@ def test_kustomization_lists_every_file():
     assert kustomization["namespace"] == "turboserve"
 
 
+# NATS's users on Kubernetes: the services but the workers (each pod enrols and is a user of its
+# own through the auth callout), and the enrol user.
+NATS_USERS = (GATEWAY, SCHEDULER, PROVISIONER, OPERATOR, ENROL_USER)
+CALLOUT_KEY = IssuerKey.generate()
+
+
+def secret_value(secret: str, key: str) -> str:
+    """What an operator puts in each Secret (docs/security.md)."""
+    if secret == "turboserve-api-keys":
+        return "ops:k8s-key-1"
+    assert secret == "turboserve-nats", secret
+    if key == "TURBOSERVE_CALLOUT_KEY":
+        return CALLOUT_KEY.text()
+    if key == CALLOUT_ISSUER_VAR:
+        return CALLOUT_KEY.public_nkey
+    [role] = [r for r in NATS_USERS if env_password(r) == key]
+    return f"k8s-{role}-pw"
+
+
 def _container_env(spec: dict, config: dict[str, str]) -> dict[str, str]:
+    """A container's environment as Kubernetes makes it: the ConfigMap, then ``env`` in order
+    (a Secret's value, a field, ``$(VAR)`` of an earlier one expanded), ``env`` winning."""
     [container] = [c for c in spec["containers"]]
     env = {}
     for source in container.get("envFrom", []):
@@ -83,15 +119,32 @@ def _container_env(spec: dict, config: dict[str, str]) -> dict[str, str]:
         env.update(config)
     for item in container.get("env", []):
         source = item.get("valueFrom", {})
-        if "secretKeyRef" in source:  # what an operator puts in the Secret
-            env[item["name"]] = "ops:k8s-key-1"
-        else:  # a value, or a fieldRef: the pod's address
-            env[item["name"]] = item.get("value", "10.0.0.7")
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            assert ref.get("optional") is not True, item["name"]  # no Secret, no start
+            env[item["name"]] = secret_value(ref["name"], ref["key"])
+        elif "value" in item:
+            env[item["name"]] = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], item["value"]
+            )
+        else:  # a fieldRef: the pod's address
+            env[item["name"]] = "10.0.0.7"
     return env
 
 
+def _helpers(spec: dict) -> set[str]:
+    """The variables a container sets only for others to use (``$(NATS_PASSWORD)``)."""
+    [container] = [c for c in spec["containers"]]
+    values = " ".join(str(e.get("value", "")) for e in container.get("env", []))
+    return {
+        e["name"]
+        for e in container.get("env", [])
+        if not e["name"].startswith("TURBOSERVE_") and f"$({e['name']})" in values
+    }
+
+
 @pytest.mark.parametrize("service", sorted(SETTINGS))
-def test_environment_names_real_settings_with_valid_values(service):
+def test_environment_names_real_settings_with_valid_values(service, tmp_path):
     config = _one("ConfigMap", "turboserve-config")["data"]
     if service == "worker":
         spec = _one("PodTemplate", "turboserve-worker")["template"]["spec"]
@@ -101,14 +154,24 @@ def test_environment_names_real_settings_with_valid_values(service):
         env = _container_env(spec, config)
         assert spec["containers"][0]["args"] == [service]
     fields = {f.name for f in dataclasses.fields(SETTINGS[service])}
-    for var in env:
+    for var in set(env) - _helpers(spec):
         assert (
             var.startswith("TURBOSERVE_") and var.removeprefix("TURBOSERVE_").lower() in fields
         ), var
+    generate(tmp_path)  # the Secret's files, where the pod has them (the settings check them)
+    env = {k: v.replace("/tls/", f"{tmp_path}/") for k, v in env.items()}
     try:
-        SETTINGS[service].from_env(env)
+        settings = SETTINGS[service].from_env(env)
     except SettingsError as exc:  # pragma: no cover - the message is the point
         pytest.fail(f"{service}: {exc}")
+    # each connects to NATS as its own user (a worker: as the enrol user, to enrol)
+    user = ENROL_USER if service == "worker" else service
+    assert url_user(settings.nats_url) == user
+    assert settings.nats_url == f"tls://{user}:k8s-{user}-pw@nats:4222"
+    if isinstance(settings, WorkerSettings):
+        assert settings.enrol
+    if isinstance(settings, ProvisionerSettings):
+        assert IssuerKey.from_text(settings.callout_key).public_nkey == CALLOUT_KEY.public_nkey
 
 
 def test_probes_use_the_ops_port_the_config_sets():
@@ -173,16 +236,24 @@ def test_schedulers_run_active_and_standby():
     assert services == {"nats", "redis", "gateway"}
 
 
-def test_nats_carries_the_chunks_with_the_limits_the_code_computes():
+def test_nats_carries_the_chunks_with_the_limits_the_code_computes(tmp_path):
     """The NATS server loads shared/video.py's limits for the settings the ConfigMap gives
     every process (the default bitrate and sessions)."""
     from shared.settings import CommonSettings
     from shared.video import ChunkRetention, nats_limits_config
 
     shared_env = _one("ConfigMap", "turboserve-config")["data"]
-    settings = CommonSettings.from_env({k: str(v) for k, v in shared_env.items()})
+    generate(tmp_path)
+    settings = CommonSettings.from_env(
+        {k: str(v).replace("/tls/", f"{tmp_path}/") for k, v in shared_env.items()}
+    )
     limits = _one("ConfigMap", "turboserve-nats")["data"]["nats.conf"]
-    assert limits == nats_limits_config(ChunkRetention.of(settings))
+    tls = Path("/tls")
+    assert limits.startswith(
+        nats_limits_config(ChunkRetention.of(settings))
+        + "# shared/tls.py (nats_tls_config) for the Secret turboserve-tls at /tls.\n"
+        + nats_tls_config(tls / "server.crt", tls / "server.key", tls / "ca.crt")
+    )
     nats = _one("StatefulSet", "nats")["spec"]["template"]["spec"]
     [container] = nats["containers"]
     config = container["args"][container["args"].index("--config") + 1]
@@ -195,3 +266,48 @@ def test_nats_carries_the_chunks_with_the_limits_the_code_computes():
     assert memory_limit.endswith("Gi") and int(memory_limit[:-2]) * 1024**3 > int(
         limits.split("max_memory_store: ")[1].split()[0]
     )
+
+
+def test_nats_redis_and_every_pod_take_the_tls_secret():
+    """Every pod mounts the Secret turboserve-tls at /tls (none starts without it); Redis takes
+    TLS only, with client certificates; the services connect over tls:// and rediss://."""
+    config = _one("ConfigMap", "turboserve-config")["data"]
+    assert config["TURBOSERVE_NATS_URL"].startswith("tls://")
+    assert config["TURBOSERVE_REDIS_URL"].startswith("rediss://")
+    specs = {
+        name: _one(kind, name)["spec"]["template"]["spec"]
+        for kind, name in (
+            ("Deployment", "gateway"),
+            ("Deployment", "scheduler"),
+            ("Deployment", "provisioner"),
+            ("Deployment", "redis"),
+            ("StatefulSet", "nats"),
+        )
+    }
+    specs["worker"] = _one("PodTemplate", "turboserve-worker")["template"]["spec"]
+    for name, spec in specs.items():
+        [volume] = [v for v in spec["volumes"] if v["name"] == "tls"]
+        assert volume["secret"] == {"secretName": "turboserve-tls"}, name
+        assert volume["secret"].get("optional") is not True, name
+        mounts = [m for c in spec["containers"] for m in c.get("volumeMounts", [])]
+        assert {"name": "tls", "mountPath": "/tls", "readOnly": True} in mounts, name
+    args = specs["redis"]["containers"][0]["args"]
+    assert args[args.index("--port") + 1] == "0"
+    assert args[args.index("--tls-auth-clients") + 1] == "yes"
+
+
+def test_nats_has_a_user_per_service_and_sends_workers_to_the_callout():
+    """The NATS config is shared/security.py's, with the passwords and the issuer read from
+    the pod's environment, and the pod's environment is exactly those, from the Secret
+    turboserve-nats: the config itself holds no secret."""
+    config = _one("ConfigMap", "turboserve-config")["data"]
+    conf = _one("ConfigMap", "turboserve-nats")["data"]["nats.conf"]
+    auth = nats_authorization_from_env(Subjects(config["TURBOSERVE_SUBJECT_PREFIX"]), NATS_USERS)
+    assert conf.endswith(auth)
+    assert 'user: "worker"' not in conf and "k8s-" not in conf
+    [container] = _one("StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    wanted = {*(env_password(r) for r in NATS_USERS), CALLOUT_ISSUER_VAR}
+    assert set(refs) == wanted
+    assert all(ref == {"name": "turboserve-nats", "key": var} for var, ref in refs.items())
+    assert set(re.findall(r"(?:password|issuer): \$([A-Z_]+)", auth)) == wanted

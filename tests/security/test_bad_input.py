@@ -65,7 +65,8 @@ from shared.wire import (
     encode,
 )
 from tests.eventually import eventually
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -170,7 +171,7 @@ async def mesh(infra: Mesh) -> AsyncIterator[BadInputMesh]:
         env, worker_id=WORKER, preset="tiny", device="cpu", chunk_period_s=0.25
     )
     worker = WorkerService(worker_settings)
-    redis = aioredis.from_url(infra.redis_url)
+    redis = aioredis.from_url(infra.redis_url, socket_timeout=30)
     nc = await nats.connect(infra.nats_url)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running(SchedulerService(scheduler), scheduler))
@@ -451,7 +452,7 @@ async def test_worker_command_subject(mesh):
 
 async def test_worker_handoff_subject(mesh):
     m = mesh
-    subject = m.subjects.worker_handoff(WORKER)
+    subject = m.subjects.worker_handoff(WORKER, "wother")
     record = await live_session(m)
     since = len(m.live.chunk_seqs())
     before = await registry_state(m)
@@ -483,6 +484,11 @@ async def test_worker_handoff_subject(mesh):
         # migrating from its sender: refused
         answer = await request(m, subject, offer, HandoffAnswer)
         assert not answer.accepted and answer.code in ("exists", "stale_epoch"), answer
+        # the same offer from a worker that is not its source (the subject names the sender):
+        # refused before anything else is looked at
+        forged = m.subjects.worker_handoff(WORKER, "wthird")
+        answer = await request(m, forged, offer, HandoffAnswer)
+        assert (answer.accepted, answer.code) == (False, "invalid_offer"), answer
         # an outcome for a transfer nobody started: dropped
         await m.nc.publish(
             subject,
@@ -506,7 +512,7 @@ async def test_worker_handoff_subject(mesh):
 
 async def test_heartbeat_subject(mesh):
     m = mesh
-    subject = m.subjects.worker_heartbeat
+    subject = m.subjects.worker_heartbeat("wghost")
     since = len(m.live.chunk_seqs())
     before = await registry_state(m)
     beat = Heartbeat(worker_id="wghost", status=WorkerStatus.READY, capacity=4, active=0)
@@ -529,9 +535,25 @@ async def test_heartbeat_subject(mesh):
                 at=long_ago,
             ),
         ):
-            await m.nc.publish(subject, encode(late))
+            await m.nc.publish(m.subjects.worker_heartbeat(late.worker_id), encode(late))
         await m.nc.flush()
         await asyncio.sleep(1.0)  # the wait is the test: the stale ones change nothing meanwhile
+        # In another worker's name: the live worker "gone", on the ghost's subject. Both
+        # listeners drop it (a worker's NATS user could publish only on its own subject).
+        forged = Heartbeat(worker_id=WORKER, status=WorkerStatus.GONE, capacity=8, active=0)
+        await m.nc.publish(subject, encode(forged))
+        await m.nc.flush()
+
+        def mismatches() -> int:
+            return sum(
+                1
+                for e in logs
+                if e.get("event") == "worker_id_mismatch"
+                and e.get("subject") == subject
+                and e.get("claimed") == WORKER
+            )
+
+        await eventually(lambda: mismatches() >= 2, 30, "the forged beat dropped by both")
     assert_unchanged(before, await registry_state(m))
     await assert_still_serving(m, since)
 
@@ -599,7 +621,7 @@ async def test_provisioner_event_subject(mesh):
 
 async def test_migration_report_subject(mesh):
     m = mesh
-    subject = m.subjects.migrations
+    subject = m.subjects.migrations(WORKER)
     record = await live_session(m)
     since = len(m.live.chunk_seqs())
     before = await registry_state(m)

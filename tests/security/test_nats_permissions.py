@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 
 from shared.runner import CredentialsRefused, connect_nats, subscriptions_live
-from shared.security import OPERATOR, SERVICE_ROLES, inbox_prefix, with_user
+from shared.security import OPERATOR, SERVICE_ROLES, WORKER, inbox_prefix, with_user
 from shared.settings import CommonSettings
 from shared.streams import ensure_streams
 from shared.wire import (
@@ -29,39 +29,68 @@ from shared.wire import (
     encode,
 )
 from tests.eventually import eventually
-from tests.security.conftest import PREFIX, server_log
+from tests.security.conftest import PREFIX, CalloutRunning, server_log
 from tools.launcher import Mesh
 
 pytestmark = pytest.mark.integration
 
 SUBJECTS = Subjects(PREFIX)
+# The worker role is w1, a worker with a user of its own (the auth callout's); w2 and w3 are
+# other workers.
+ME = "w1"
 PROTOCOL = {
     "session_events": SUBJECTS.session_events,
     "chunks": SUBJECTS.chunks("s1"),
     "input": SUBJECTS.session_input("s1"),
-    "worker_cmd": SUBJECTS.worker_cmd("w1"),
-    "heartbeat": SUBJECTS.worker_heartbeat,
-    "handoff": SUBJECTS.worker_handoff("w1"),
-    "migrations": SUBJECTS.migrations,
+    "worker_cmd": SUBJECTS.worker_cmd(ME),
+    "other_cmd": SUBJECTS.worker_cmd("w2"),
+    "heartbeat": SUBJECTS.worker_heartbeat(ME),
+    "other_heartbeat": SUBJECTS.worker_heartbeat("w2"),
+    "handoff_in": SUBJECTS.worker_handoff(ME, "w2"),  # from w2 to w1
+    "handoff_out": SUBJECTS.worker_handoff("w2", ME),  # from w1 to w2
+    "other_handoff": SUBJECTS.worker_handoff("w2", "w3"),  # between two others
+    "migrations": SUBJECTS.migrations(ME),
+    "other_migrations": SUBJECTS.migrations("w2"),
     "provisioner_cmd": SUBJECTS.provisioner_cmd,
     "provisioner_events": SUBJECTS.provisioner_events,
 }
 PUBLISHES = {
     "gateway": {"session_events", "chunks", "input"},
-    "scheduler": {"worker_cmd", "provisioner_cmd"},
-    "worker": {"chunks", "heartbeat", "migrations", "handoff"},
+    "scheduler": {"worker_cmd", "other_cmd", "provisioner_cmd"},
+    "worker": {"chunks", "heartbeat", "migrations", "handoff_out"},
     "provisioner": {"provisioner_events"},
 }
 SUBSCRIBES = {
     "gateway": {"chunks"},
-    "scheduler": {"heartbeat", "provisioner_events", "migrations"},
-    "worker": {"worker_cmd", "handoff", "input", "provisioner_events"},
-    "provisioner": {"heartbeat", "provisioner_cmd"},
+    "scheduler": {
+        "heartbeat",
+        "other_heartbeat",
+        "provisioner_events",
+        "migrations",
+        "other_migrations",
+    },
+    "worker": {"worker_cmd", "handoff_in", "input", "provisioner_events"},
+    "provisioner": {"heartbeat", "other_heartbeat", "provisioner_cmd"},
 }
+# Set by the autouse fixture: w1's URL, with a credential made for it.
+WORKER_URL: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+async def worker_login(callout: CalloutRunning) -> AsyncIterator[CalloutRunning]:
+    WORKER_URL[ME] = await callout.login(ME)
+    yield callout
+    WORKER_URL.clear()
 
 
 def url_of(mesh: Mesh, role: str) -> str:
+    if role == WORKER:
+        return WORKER_URL[ME]
     return mesh.nats_url if role == OPERATOR else mesh.service_env(role)["TURBOSERVE_NATS_URL"]
+
+
+def user_of(role: str) -> str:
+    return ME if role == WORKER else role
 
 
 @contextlib.asynccontextmanager
@@ -74,7 +103,7 @@ async def connected(mesh: Mesh, role: str) -> AsyncIterator[tuple[NATS, list[str
 
     nc = await nats.connect(
         url_of(mesh, role),
-        inbox_prefix=inbox_prefix(role),
+        inbox_prefix=inbox_prefix(user_of(role)),
         error_cb=on_error,
         allow_reconnect=False,
     )
@@ -125,7 +154,7 @@ async def test_each_service_reads_only_its_own_subjects_and_inboxes(secure_infra
         async def on_msg(msg: Any) -> None:
             heard.append(msg.subject)
 
-        others = [r for r in SERVICE_ROLES if r != role]
+        others = [user_of(r) for r in SERVICE_ROLES if r != role]
         stolen = ["_INBOX.>", *(f"{inbox_prefix(r)}.x" for r in others)]
         for subject in [*PROTOCOL.values(), *stolen]:
             await nc.subscribe(subject, cb=on_msg)
@@ -261,3 +290,36 @@ async def test_wrong_credentials_are_refused_at_once_without_the_secret(secure_i
     assert "refused" in message and "TURBOSERVE_NATS_URL" in message
     assert "not-the-password" not in message
     assert refused.value.retryable is False
+
+
+async def test_a_worker_credential_is_refused_once_revoked_and_for_any_other_id(
+    secure_infra, worker_login
+):
+    """The credential made for a worker admits it as itself only, and not after it is
+    revoked (its worker stopped or was lost)."""
+    url = await worker_login.login("w7")
+    async with connected_url(url, "w7") as nc:
+        assert nc.is_connected
+    password = url.rpartition("@")[0].rpartition(":")[2]
+    base = secure_infra.secured["nats"]
+    for refused_url in (
+        with_user(base, "w8", password),  # another id with w7's password
+        with_user(base, "w7", "not-the-password-0123"),
+        with_user(base, "gateway", password),  # a role's name: never a worker's
+    ):
+        with pytest.raises(CredentialsRefused):
+            await connect_nats(CommonSettings(nats_url=refused_url, connect_timeout_s=10), "t")
+    await worker_login.credentials.revoke("w7")
+    with pytest.raises(CredentialsRefused):
+        await connect_nats(CommonSettings(nats_url=url, connect_timeout_s=10), "test-revoked")
+    log = server_log(secure_infra, "nats")
+    assert "Auth callout service returned an error: not authorized" in log
+
+
+@contextlib.asynccontextmanager
+async def connected_url(url: str, user: str) -> AsyncIterator[NATS]:
+    nc = await nats.connect(url, inbox_prefix=inbox_prefix(user), allow_reconnect=False)
+    try:
+        yield nc
+    finally:
+        await nc.close()

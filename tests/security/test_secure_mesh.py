@@ -1,5 +1,5 @@
-"""The stack ``turboserve up`` starts when it starts its own NATS and Redis: every service on its
-own user, and a session still does everything a viewer and an operator do with it (stream,
+"""The stack ``turboserve up`` starts when it starts its own NATS and Redis: TLS with client
+certificates to both, every service on its own user, and a session still does everything a viewer and an operator do with it (stream,
 steer, migrate between workers, close) without one permission violation or one secret in a
 log."""
 
@@ -20,7 +20,8 @@ from shared.wire import WorkerStatus
 from tests.eventually import eventually
 from tests.gateway.conftest import API_KEY, OPERATOR_KEY, bearer
 from tools.ctl import Ctl
-from tools.launcher import Mesh, free_port
+from tools.launcher import Mesh
+from tools.servers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,6 +34,7 @@ def mesh(tmp_path_factory) -> Iterator[tuple[Mesh, Path]]:
     m = Mesh(
         embedded="always",
         secure=True,
+        tls=True,
         port=free_port(),
         workers=2,
         quiet=True,
@@ -90,8 +92,16 @@ async def test_a_session_lives_its_whole_life_on_the_secured_stack(mesh):
             )
             assert resp.status == 200 and (await resp.json())["confirmed"], await resp.text()
             # the operator moves it to the other worker: worker-to-worker handoff traffic
+            assert m.nats_url.startswith("tls://") and m.redis_url.startswith("rediss://")
+            assert m.tls_files is not None
             settings = CommonSettings(
-                nats_url=m.nats_url, redis_url=m.redis_url, subject_prefix=TAG, redis_namespace=TAG
+                nats_url=m.nats_url,
+                redis_url=m.redis_url,
+                subject_prefix=TAG,
+                redis_namespace=TAG,
+                tls_ca_file=m.tls_files.ca_file,
+                tls_cert_file=m.tls_files.cert_file,
+                tls_key_file=m.tls_files.key_file,
             )
             ctx = await open_context(settings, "test-operator")
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.callout import IssuerKey
 from shared.security import (
     OPERATOR,
     ROLES,
@@ -16,6 +17,7 @@ from shared.security import (
     redis_users,
     url_user,
     with_user,
+    worker_permissions,
 )
 from shared.wire import Subjects
 
@@ -103,10 +105,41 @@ def test_redis_users_switch_the_default_user_off_and_fence_the_namespace():
 
 def test_generated_credentials_are_distinct_url_safe_and_never_shown():
     creds = Credentials.generate()
-    secrets = [*creds.nats.values(), *creds.redis.values()]
-    assert set(creds.nats) == set(creds.redis) == set(ROLES)
+    assert creds.callout is not None
+    secrets = [*creds.nats.values(), *creds.redis.values(), creds.callout.text()]
+    # NATS has no worker password: each worker gets its own through the callout
+    assert set(creds.nats) == set(ROLES) - {"worker"} and set(creds.redis) == set(ROLES)
+    assert set(Credentials.generate(callout=False).nats) == set(ROLES)
     assert len(set(secrets)) == len(secrets)
     for secret in secrets:
         assert len(secret) >= 32
         with_user("nats://h:1", "gateway", secret)  # fits a URL and a config file
         assert secret not in repr(creds) and secret not in str(creds)
+
+
+def test_the_callout_config_admits_the_services_by_password_and_sends_the_rest_to_it():
+    key = IssuerKey.generate()
+    text = nats_authorization(
+        Subjects("px"), {"gateway": "pw-g", "provisioner": "pw-p"}, key.public_nkey
+    )
+    assert f'issuer: "{key.public_nkey}"' in text
+    assert 'auth_users: ["gateway", "provisioner"]' in text
+    # the provisioner may read the callout's requests only where there is a callout
+    assert '"$SYS.REQ.USER.AUTH"' in text
+    assert '"$SYS.REQ.USER.AUTH"' not in nats_authorization(Subjects("px"), {"provisioner": "p"})
+    with pytest.raises(SecurityConfigError):
+        nats_authorization(Subjects("px"), {"gateway": "pw"}, "not-an-nkey")
+
+
+def test_a_workers_permissions_name_its_id_only():
+    perms = worker_permissions(Subjects("px"), "w1")
+    assert set(perms.subscribe) == {
+        "px.worker.w1.cmd",
+        "px.worker.w1.handoff.*",
+        "px.session.*.input",
+        "px.provisioner.events",
+        "_INBOX.w1.>",
+    }
+    own = {"px.worker.w1.heartbeat", "px.worker.w1.migrations", "px.worker.*.handoff.w1"}
+    assert own <= set(perms.publish)
+    assert not [p for p in perms.publish if p.startswith("px.worker.") and p not in own]

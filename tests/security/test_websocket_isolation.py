@@ -73,7 +73,9 @@ async def _next_text(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict:
 
 async def test_a_socket_reads_and_steers_only_its_own_session(http, nats_client, isolation):
     gw = http.gw
-    worker = FakeWorker(nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]))
+    worker = FakeWorker(
+        nats_client, Subjects(isolation["TURBOSERVE_SUBJECT_PREFIX"]), registry=gw.ctx.registry
+    )
     mine = await create(http, prompt="mine")
     theirs = await create(http, key=OTHER_KEY, prompt="theirs")
     async with http.ws_connect(

@@ -58,7 +58,7 @@ async def test_a_video_session_keeps_its_input_and_strength(registry):
 async def test_two_claimants_exactly_one_wins(infra, registry, isolation):
     """Many rounds of two workers claiming the same session over separate connections."""
     ns = isolation["TURBOSERVE_REDIS_NAMESPACE"]
-    other_client = aioredis.from_url(infra.redis_url)
+    other_client = aioredis.from_url(infra.redis_url, socket_timeout=30)
     other = Registry(other_client, ns)
     try:
         for i in range(40):
@@ -190,7 +190,7 @@ async def test_place_whatever_the_epoch_and_fences_the_old_owner(registry):
 
 
 async def test_two_placements_exactly_one_wins(infra, registry, isolation):
-    other_client = aioredis.from_url(infra.redis_url)
+    other_client = aioredis.from_url(infra.redis_url, socket_timeout=30)
     other = Registry(other_client, isolation["TURBOSERVE_REDIS_NAMESPACE"])
     try:
         for i in range(40):

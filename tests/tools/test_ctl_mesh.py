@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.launcher import free_port
+from tools.servers import free_port
 
 pytestmark = pytest.mark.integration
 

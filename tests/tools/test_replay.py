@@ -57,6 +57,8 @@ def test_a_viewer_counts_lateness_startup_and_a_spell_that_ended_waiting():
     assert result["startup_ms"]["max"] == pytest.approx(400.0)
     assert result["stall_adjusted_attainment"] == round(2 / (2 + 6), 6)
     assert result["cost_gpu_seconds"] is None  # no operator key, no account
+    # The wait beyond a period (a spell with no chunk at all is startup, not a stall).
+    assert result["stall_spans"] == [[100.91, 104.5, 2.59]]
 
 
 def test_a_chunk_that_arrives_after_the_pause_is_counted_apart_not_as_service():
@@ -164,8 +166,8 @@ async def test_compare_sim_waits_for_the_schedulers_account_and_says_when_none_c
     import aiohttp
     from aiohttp import web
 
-    from tools.launcher import free_port
     from tools.replay import Gateways, ReplayError, _await_account, _cluster
+    from tools.servers import free_port
 
     served_from = time.monotonic() + 1.0
     account = {"scheduler": {"profiles": {"H20": {}}}, "workers": []}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import time
 import uuid
@@ -33,6 +34,7 @@ from typing import Any, cast
 import orjson
 
 from shared.quantiles import quantile
+from shared.tls import nats_tls_kwargs, redis_tls_kwargs, tls_from_env
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,6 +48,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--sessions", type=int, default=20, help="sessions to create end to end")
     p.add_argument("--placements", type=int, default=400, help="placements to time in bursts")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="on an embedded NATS and Redis that require TLS, as `turboserve up` starts them",
+    )
     p.set_defaults(func=run)
 
 
@@ -63,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         format_table,
         args.json_out,
+        tls=args.tls,
     )
 
 
@@ -71,18 +79,25 @@ def run_on_infra(
     measure: Callable[[str, str], Coroutine[Any, Any, dict[str, Any]]],
     format_table: Callable[[dict[str, Any]], str],
     json_out: str | None,
+    tls: bool = False,
 ) -> int:
     """Run ``measure(nats_url, redis_url)`` on the NATS and Redis at TURBOSERVE_NATS_URL /
-    TURBOSERVE_REDIS_URL (embedded ones where none answers), print its table, write its JSON."""
+    TURBOSERVE_REDIS_URL (embedded ones where none answers; with ``tls``, embedded ones that
+    require TLS, whose client files go into this process's environment for everything it
+    starts), print its table, write its JSON."""
     from shared.cli import fail
     from shared.logging import configure_logging
-    from tools.launcher import Mesh, MeshStartError
+    from tools.launcher import Mesh
+    from tools.servers import MeshStartError
 
     configure_logging("error", "console", service="bench")
-    mesh = Mesh.from_env(quiet=True)
+    mesh = Mesh.from_env(quiet=True, tls=tls, embedded="always" if tls else "auto")
     try:
         mesh.start_infra()
+        if mesh.tls_files is not None:
+            os.environ.update(mesh.tls_files.env())
         result = asyncio.run(measure(mesh.nats_url, mesh.redis_url))
+        result["tls"] = mesh.tls_files is not None
     except (MeshStartError, RuntimeError, TimeoutError, OSError) as exc:
         return fail(label, str(exc) or "timed out")
     finally:
@@ -103,6 +118,10 @@ def _env(nats_url: str, redis_url: str) -> dict[str, str]:
         "TURBOSERVE_REDIS_NAMESPACE": tag,
         "TURBOSERVE_LOG_LEVEL": "error",
         "TURBOSERVE_METRICS_PORT": "-1",
+        # Small chunk streams: the runs' streams live side by side until the end, and an
+        # embedded NATS's memory store is sized for one deployment's.
+        "TURBOSERVE_STREAM_SESSIONS": "4",
+        **(files.env() if (files := tls_from_env()) else {}),
     }
 
 
@@ -144,7 +163,7 @@ def _private_redis() -> Iterator[str]:
     """A redis-server of our own on a free port, gone afterwards; its URL."""
     import subprocess
 
-    from tools.launcher import free_port, probe_redis, redis_server_binary
+    from tools.servers import free_port, probe_redis, redis_server_binary
 
     port = free_port()
     argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1"]
@@ -305,7 +324,10 @@ async def _placements(
     mark, caught_up = f"{ns}:monitor-mark", asyncio.Event()
 
     async with contextlib.AsyncExitStack() as stack:
-        probe_redis = aioredis.from_url(env["TURBOSERVE_REDIS_URL"])
+        probe_redis = aioredis.from_url(
+            env["TURBOSERVE_REDIS_URL"],
+            **redis_tls_kwargs(env["TURBOSERVE_REDIS_URL"], tls_from_env()),
+        )
         stack.push_async_callback(probe_redis.aclose)
         fence = CommandFence(Registry(probe_redis, ns), "probe")
 
@@ -339,7 +361,10 @@ async def _placements(
                     await asyncio.wait_for(progress.wait(), 0.5)
 
         if count_commands:
-            monitor_client = aioredis.from_url(env["TURBOSERVE_REDIS_URL"])
+            monitor_client = aioredis.from_url(
+                env["TURBOSERVE_REDIS_URL"],
+                **redis_tls_kwargs(env["TURBOSERVE_REDIS_URL"], tls_from_env()),
+            )
             stack.push_async_callback(monitor_client.aclose)
             monitor = await stack.enter_async_context(monitor_client.monitor())
 
@@ -412,7 +437,7 @@ async def _beating(ctx: Any, beat: Any) -> AsyncIterator[None]:
 
     async def beat_forever() -> None:
         while True:
-            await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+            await ctx.nc.publish(ctx.subjects.worker_heartbeat(beat.worker_id), encode(beat))
             await asyncio.sleep(1.0)
 
     task = asyncio.create_task(beat_forever())
@@ -439,7 +464,7 @@ async def _create_to_first_step(env: dict[str, str], count: int) -> list[float]:
     from shared.runner import running, subscriptions_live
     from shared.settings import GatewaySettings, WorkerSettings
     from shared.wire import Chunk, ChunkStreamMsg, decode
-    from tools.launcher import free_port
+    from tools.servers import free_port
 
     env = _env(env["TURBOSERVE_NATS_URL"], env["TURBOSERVE_REDIS_URL"])
     port = free_port()
@@ -494,14 +519,18 @@ async def _cleanup(env: dict[str, str]) -> None:
     import nats
     import redis.asyncio as aioredis
 
-    client = aioredis.from_url(env["TURBOSERVE_REDIS_URL"])
+    client = aioredis.from_url(
+        env["TURBOSERVE_REDIS_URL"], **redis_tls_kwargs(env["TURBOSERVE_REDIS_URL"], tls_from_env())
+    )
     try:
         keys = [k async for k in client.scan_iter(match="bench*", count=1000)]
         if keys:
             await client.delete(*keys)
     finally:
         await client.aclose()
-    nc = await nats.connect(env["TURBOSERVE_NATS_URL"])
+    nc = await nats.connect(
+        env["TURBOSERVE_NATS_URL"], **nats_tls_kwargs(env["TURBOSERVE_NATS_URL"], tls_from_env())
+    )
     try:
         js = nc.jetstream()
         for info in await js.streams_info():
@@ -556,4 +585,9 @@ def format_table(result: dict[str, Any]) -> str:
         ],
         align="lrrl",
     )
-    return f"{latency}\n\n{throughput}"
+    where = (
+        "NATS and Redis with TLS (client certificates; Redis behind the TLS front)"
+        if result.get("tls")
+        else "NATS and Redis in plain text"
+    )
+    return f"{where}\n\n{latency}\n\n{throughput}"

@@ -39,6 +39,7 @@ import msgspec
 import numpy as np
 
 from shared.quantiles import quantile
+from shared.tls import nats_tls_kwargs, redis_tls_kwargs, tls_from_env
 from tools.sse import SseEvent, SseParser
 
 if TYPE_CHECKING:
@@ -94,6 +95,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="OUT",
         help="write {clients, delivery_ms_p50, delivery_ms_p99, ...} here",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="on an embedded NATS and Redis that require TLS, as `turboserve up` starts them",
+    )
     p.set_defaults(func=run)
 
 
@@ -110,6 +116,7 @@ class DeliveryPlan:
     width: int
     height: int
     fmt: str = "jpeg"
+    tls: bool = False
 
 
 @dataclass
@@ -161,6 +168,7 @@ def plan_of(args: argparse.Namespace) -> DeliveryPlan:
         int(m[1]),
         int(m[2]),
         args.fmt,
+        getattr(args, "tls", False),
     )
 
 
@@ -182,7 +190,8 @@ def print_table(r: dict[str, Any]) -> None:
     from tools.report import markdown_table
 
     print(
-        f"gateway delivery, {r['clients']} SSE clients ({r['format']}, {r['size']}) on "
+        ("NATS and Redis with TLS; " if r.get("tls") else "")
+        + f"gateway delivery, {r['clients']} SSE clients ({r['format']}, {r['size']}) on "
         f"{r['sessions']} sessions, a chunk per session every {r['period_s']} s "
         f"({r['chunks_per_s']:.0f} chunks/s in, {r['events_per_s']:.0f} events/s out, "
         f"{r['event_kib']:.1f} KiB each)"
@@ -270,11 +279,14 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 async def bench(plan: DeliveryPlan) -> dict[str, Any]:
-    from tools.launcher import Mesh, MeshStartError
+    from tools.launcher import Mesh
+    from tools.servers import MeshStartError
 
-    infra = Mesh.from_env(quiet=True)
+    infra = Mesh.from_env(quiet=True, tls=plan.tls, embedded="always" if plan.tls else "auto")
     try:
         infra.start_infra()
+        if infra.tls_files is not None:  # the gateway and this process's clients use them
+            os.environ.update(infra.tls_files.env())
     except MeshStartError as exc:
         raise BenchError(str(exc)) from None
     try:
@@ -284,7 +296,7 @@ async def bench(plan: DeliveryPlan) -> dict[str, Any]:
             port,
             url,
         ):
-            return await _measure(plan, infra.nats_url, tag, port, url, pids[0])
+            return await _measure(plan, infra.nats_url, infra.redis_url, tag, port, url, pids[0])
     finally:
         infra.stop()
 
@@ -298,7 +310,7 @@ async def gateway_process(
     and keys removed afterwards."""
     import aiohttp
 
-    from tools.launcher import free_port
+    from tools.servers import free_port
 
     tag = prefix + uuid.uuid4().hex[:8]
     port = free_port()
@@ -371,7 +383,7 @@ async def watch_and_inject(
     import nats
 
     tasks = [asyncio.create_task(viewer) for viewer in viewers]
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(nats_url, **nats_tls_kwargs(nats_url, tls_from_env()))
     try:
         await attached
         return await measure_while(inject(nc), warmup, seconds, measuring, stop)
@@ -443,12 +455,12 @@ async def _wait_ready(http: aiohttp.ClientSession, gateway: subprocess.Popen[byt
 
 
 async def _measure(
-    plan: DeliveryPlan, nats_url: str, tag: str, port: int, url: str, pid: int
+    plan: DeliveryPlan, nats_url: str, redis_url: str, tag: str, port: int, url: str, pid: int
 ) -> dict[str, Any]:
     import aiohttp
 
     async with aiohttp.ClientSession(url) as http:
-        sessions = await _create_sessions(http, plan.sessions)
+        sessions = await _create_sessions(http, plan.sessions, redis_url, tag)
     tally = Tally(plan.clients)
     measuring = asyncio.Event()
     stop = asyncio.Event()
@@ -476,6 +488,7 @@ async def _measure(
     lat = tally.latencies_ms
     total_time = plan.warmup + plan.seconds
     return {
+        "tls": plan.tls,
         "clients": plan.clients,
         "delivery_ms_p50": round(statistics.median(lat), 2),
         "delivery_ms_p99": round(quantile(lat, 0.99), 2),
@@ -502,7 +515,31 @@ async def _measure(
     }
 
 
-async def _create_sessions(http: aiohttp.ClientSession, n: int) -> list[tuple[str, str]]:
+async def _create_sessions(
+    http: aiohttp.ClientSession, n: int, redis_url: str, tag: str
+) -> list[tuple[str, str]]:
+    """``n`` sessions, each claimed in the registry for the stand-in worker (``bench``, epoch
+    1) as a scheduler would: the gateway relays only the chunks of a session's owner."""
+    sessions = await _new_sessions(http, n)
+    await _claim_for_bench([sid for sid, _ in sessions], redis_url, tag)
+    return sessions
+
+
+async def _claim_for_bench(session_ids: list[str], redis_url: str, tag: str) -> None:
+    import redis.asyncio as aioredis
+
+    from shared.registry import Registry
+
+    client = aioredis.from_url(redis_url, **redis_tls_kwargs(redis_url, tls_from_env()))
+    try:
+        registry = Registry(client, tag)
+        for sid in session_ids:
+            await registry.claim(sid, "bench", 0)
+    finally:
+        await client.aclose()
+
+
+async def _new_sessions(http: aiohttp.ClientSession, n: int) -> list[tuple[str, str]]:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     gate = asyncio.Semaphore(16)
 
@@ -721,7 +758,7 @@ async def _clean(nats_url: str, redis_url: str, tag: str) -> None:
     from shared.wire import Subjects
 
     with contextlib.suppress(Exception):
-        nc = await nats.connect(nats_url)
+        nc = await nats.connect(nats_url, **nats_tls_kwargs(nats_url, tls_from_env()))
         js = nc.jetstream()
         subjects = Subjects(tag)
         for stream in (subjects.sessions_stream, subjects.chunks_stream):
@@ -729,7 +766,7 @@ async def _clean(nats_url: str, redis_url: str, tag: str) -> None:
                 await js.delete_stream(stream)
         await nc.close()
     with contextlib.suppress(Exception):
-        client = aioredis.from_url(redis_url)
+        client = aioredis.from_url(redis_url, **redis_tls_kwargs(redis_url, tls_from_env()))
         keys = [k async for k in client.scan_iter(match=f"{tag}:*", count=1000)]
         for i in range(0, len(keys), 500):
             await client.delete(*keys[i : i + 500])

@@ -121,7 +121,7 @@ async def measure(nats_url: str, redis_url: str, args: argparse.Namespace) -> di
     from services.gpu_worker.service import WorkerService
     from shared.runner import running
     from shared.settings import DEFAULT_CHUNK_PERIOD_S, GatewaySettings, WorkerSettings
-    from tools.launcher import free_port
+    from tools.servers import free_port
 
     env = _env(nats_url, redis_url)
     port = free_port()

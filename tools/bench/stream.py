@@ -329,7 +329,7 @@ async def _through_gateway(fmt: str, encoded: Encoded, plan: StreamPlan) -> dict
         url,
     ):
         async with aiohttp.ClientSession(url) as http:
-            sessions = await _create_sessions(http, plan.sessions)
+            sessions = await _create_sessions(http, plan.sessions, settings.redis_url, tag)
             viewers = [
                 _viewer(fmt, port, sessions[i % len(sessions)], tally, measuring, stop)
                 for i in range(plan.viewers)

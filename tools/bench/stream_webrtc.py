@@ -191,7 +191,9 @@ async def deliver_webrtc(encoded: Encoded, plan: StreamPlan) -> dict[str, Any]:
         http_url,
     ):
         async with aiohttp.ClientSession(http_url) as http:
-            sessions = await _create_sessions(http, min(plan.sessions, viewers_n))
+            sessions = await _create_sessions(
+                http, min(plan.sessions, viewers_n), settings.redis_url, tag
+            )
             watching = [sessions[i % len(sessions)][0] for i in range(viewers_n)]
             try:
                 for i in range(viewers_n):

@@ -224,7 +224,7 @@ async def measure(
     from services.gpu_worker.service import WorkerService
     from shared.runner import running
     from shared.settings import DEFAULT_CHUNK_PERIOD_S, GatewaySettings, WorkerSettings
-    from tools.launcher import free_port
+    from tools.servers import free_port
 
     env = _env(nats_url, redis_url)
     if args.model:

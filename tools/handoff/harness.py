@@ -128,7 +128,7 @@ class Reports:
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(self.subjects.migrations, cb=self._on_report)
+        self._sub = await self.nc.subscribe(self.subjects.all_migrations, cb=self._on_report)
 
     async def close(self) -> None:
         if self._sub is not None:

@@ -377,12 +377,18 @@ class Reception:
             ),
         )
 
-    def abort_notice(self, outcome: HandoffOutcome) -> bool:
+    def abort_notice(self, outcome: HandoffOutcome, sender: str) -> bool:
         """The source gave up on a transfer arriving here: drop it unless it is committing.
-        Returns whether the notice was for a transfer arriving here."""
+        Returns whether the notice was for a transfer arriving here (from its source: another
+        worker's notice for it is dropped)."""
         incoming = self.incoming.get(outcome.transfer_id)
         if incoming is None:
             return False
+        if sender != incoming.offer.src:
+            self.io.log.warning(
+                "worker_id_mismatch", session_id=outcome.session_id, claimed=incoming.offer.src
+            )
+            return True
         for action in incoming.protocol.abort_notice():
             if action is Effect.CANCEL_RECEIVE and incoming.task is not None:
                 self.io.log.info(

@@ -48,6 +48,8 @@ from shared.wire import (
     decode,
     decode_or_drop,
     encode,
+    sent_by,
+    subject_sender,
 )
 
 from .codes import HandoffCode
@@ -106,6 +108,7 @@ class HandoffEndpoint:
         self._sub: Any = None
         self._tasks = Supervisor("handoff_task_failed", log=self.log)
         self._outcomes: dict[str, asyncio.Future[HandoffOutcome]] = {}  # source: by transfer id
+        self._peers: dict[str, str] = {}  # source: each transfer's destination, by transfer id
         self.reception = Reception(self)
         self.closing = False
 
@@ -115,7 +118,7 @@ class HandoffEndpoint:
         self._server = await self.run(StoreServer, self.bind_host, s.handoff_port, self.timeout_s)
         self._links = Links(self.run, self._server, self._clients)
         self._sub = await self.nc.subscribe(
-            self.subjects.worker_handoff(self.worker_id), cb=self._on_message
+            self.subjects.worker_handoffs_to(self.worker_id), cb=self._on_message
         )
         await subscriptions_live(self.nc)  # offers sent from now on reach us
         self.log.info(
@@ -159,7 +162,8 @@ class HandoffEndpoint:
     # -- the source role ------------------------------------------------------------------
     async def migrate(self, cmd: WorkerCommand) -> MigrationReport:
         """Hand ``cmd.session_id`` to ``cmd.target``; returns the report it also publishes on
-        ``<prefix>.migrations``. Never raises for a failed handoff: the report says why."""
+        ``<prefix>.worker.<id>.migrations``. Never raises for a failed handoff: the report
+        says why."""
         if self.closing:
             return await Migration(self, cmd).refuse(HandoffCode.DRAINING, "shutting down")
         # Its own task: a caller that is cancelled does not cut a handoff in half (it ends,
@@ -195,7 +199,8 @@ class HandoffEndpoint:
             raise RegistryDown(str(exc)) from None
 
     async def ask(self, offer: HandoffOffer, timeout_s: float) -> HandoffAnswer:
-        subject = self.subjects.worker_handoff(offer.dst)
+        subject = self.subjects.worker_handoff(offer.dst, self.worker_id)
+        self._peers[offer.transfer_id] = offer.dst
         try:
             reply = await self.nc.request(subject, encode(offer), timeout=timeout_s)
         except nats.errors.NoRespondersError:
@@ -209,7 +214,7 @@ class HandoffEndpoint:
             raise NoAnswer(f"bad answer: {exc}", delivered=True) from None
 
     async def tell(self, worker_id: str, outcome: HandoffOutcome) -> None:
-        await self.publish(self.subjects.worker_handoff(worker_id), outcome)
+        await self.publish(self.subjects.worker_handoff(worker_id, self.worker_id), outcome)
 
     def expect_outcome(self, transfer_id: str) -> asyncio.Future[HandoffOutcome]:
         future: asyncio.Future[HandoffOutcome] = asyncio.get_running_loop().create_future()
@@ -218,9 +223,10 @@ class HandoffEndpoint:
 
     def forget_outcome(self, transfer_id: str) -> None:
         self._outcomes.pop(transfer_id, None)
+        self._peers.pop(transfer_id, None)
 
     async def report(self, report: MigrationReport) -> None:
-        await self.publish(self.subjects.migrations, report)
+        await self.publish(self.subjects.migrations(self.worker_id), report)
         try:
             await self.registry.record_cluster_event(
                 "migration",
@@ -278,11 +284,28 @@ class HandoffEndpoint:
             self.log.warning("handoff_publish_failed", subject=subject, error=str(exc))
 
     async def _on_message(self, msg: Msg) -> None:
-        """Offers (requests) and outcomes on this worker's handoff subject; a bad message is
-        logged and dropped (a bad offer is also refused, so its sender does not wait)."""
+        """Offers (requests) and outcomes on this worker's handoff subjects; a bad message is
+        logged and dropped (a bad offer is also refused, so its sender does not wait). The
+        subject's last token is the sender (its NATS user may publish only that): an offer
+        whose source is another worker, or for another destination, is refused."""
+        sender = subject_sender(msg.subject)
         decoded = decode_or_drop(
             msg.subject, msg.data, cast("type[HandoffMsg]", HandoffMsg), self.log
         )
+        if isinstance(decoded, HandoffOffer) and not (
+            sent_by(msg.subject, decoded.src, sender, self.log) and decoded.dst == self.worker_id
+        ):
+            if msg.reply:
+                await self._answer(
+                    msg,
+                    HandoffAnswer(
+                        transfer_id=decoded.transfer_id,
+                        accepted=False,
+                        code=HandoffCode.INVALID_OFFER,
+                        detail="the offer's source or destination is not its subject's",
+                    ),
+                )
+            return
         if decoded is None:
             if msg.reply:
                 await self._answer(
@@ -312,7 +335,7 @@ class HandoffEndpoint:
                 )
             await self._answer(msg, answer)
         else:
-            self._on_outcome(decoded)
+            self._on_outcome(decoded, sender)
 
     async def _answer(self, msg: Msg, answer: HandoffAnswer) -> None:
         try:
@@ -320,13 +343,15 @@ class HandoffEndpoint:
         except Exception as exc:  # noqa: BLE001 - the source gave up: it aborts on its own
             self.log.warning("answer_failed", transfer_id=answer.transfer_id, error=str(exc))
 
-    def _on_outcome(self, outcome: HandoffOutcome) -> None:
+    def _on_outcome(self, outcome: HandoffOutcome, sender: str) -> None:
         future = self._outcomes.get(outcome.transfer_id)
         if future is not None:
+            if not sent_by("outcome", sender, self._peers.get(outcome.transfer_id, ""), self.log):
+                return
             if not future.done():
                 future.set_result(outcome)
             return
-        if not self.reception.abort_notice(outcome):
+        if not self.reception.abort_notice(outcome, sender):
             self.log.info(
                 "late_outcome_dropped",
                 transfer_id=outcome.transfer_id,

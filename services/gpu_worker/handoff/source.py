@@ -12,7 +12,7 @@ step and feeds back what came of it. With ``e`` the session's epoch in the comma
    e+1 (epoch e+2, owner: us), ``unfreeze``. If that CAS loses, the destination's commit won
    (both expect e+1, exactly one succeeds): the registry says so, and we release.
 
-The report goes to ``<prefix>.migrations`` and the registry's cluster events either way.
+The report goes to ``<prefix>.worker.<src>.migrations`` and the registry's cluster events either way.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ class Backend(Protocol):
     name: str
     # The most workers it can host at once (the GPUs of a host); None: no limit of its own.
     capacity: int | None
+    # With the auth callout: whether a worker gets its NATS credential at launch (a local
+    # process, in its environment) or enrols for it once running (a pod: a credential in its
+    # spec would be readable by whoever reads pods; shared/enrol.py).
+    credential_at_launch: bool
 
     async def open(self, spawn: Spawn, on_exit: OnExit) -> dict[str, float]:
         """Get ready; ``spawn`` starts supervised tasks, ``on_exit`` is called when a worker
@@ -45,9 +49,11 @@ class Backend(Protocol):
         each was created, wall clock): pods survive a provisioner restart, processes do not."""
         ...
 
-    async def launch(self, worker_id: str) -> str:
+    async def launch(self, worker_id: str, nats_url: str | None = None) -> str:
         """Start a worker with this id; returns where it runs ("pid 12 on GPU-...", "pod ...").
-        Idempotent for a worker it already runs. Raises :class:`LaunchError`."""
+        ``nats_url``: the worker's own NATS URL, its credential in it (services/provisioner/
+        callout.py); None: the backend's usual one. Idempotent for a worker it already runs.
+        Raises :class:`LaunchError`."""
         ...
 
     async def terminate(self, worker_id: str, grace_s: float) -> str:
@@ -64,10 +70,12 @@ class Backend(Protocol):
 
 def mesh_env(settings: ProvisionerSettings) -> dict[str, str]:
     """The settings a worker must share with its provisioner to be part of the same mesh (the
-    subject prefix and Redis namespace; the GPU kind it emulates when one is set)."""
+    subject prefix and Redis namespace; the TLS client files, at the same paths: a pod gets
+    them from the same Secret; the GPU kind it emulates when one is set)."""
     env = {
         "TURBOSERVE_SUBJECT_PREFIX": settings.subject_prefix,
         "TURBOSERVE_REDIS_NAMESPACE": settings.redis_namespace,
+        **(settings.tls.env() if settings.tls else {}),
     }
     if settings.emulate:
         env["TURBOSERVE_EMULATE"] = settings.emulate

@@ -78,6 +78,7 @@ def _slug(text: str) -> str:
 
 class KubernetesBackend:
     name = "kubernetes"
+    credential_at_launch = False  # its pods enrol (the pod template's TURBOSERVE_ENROL)
     capacity: int | None = None  # the cluster's GPUs are the scheduler's and Kubernetes' concern
 
     def __init__(self, settings: ProvisionerSettings) -> None:
@@ -137,7 +138,8 @@ class KubernetesBackend:
         spawn(self._poll_forever(), "k8s-poll")
         return adopted
 
-    async def launch(self, worker_id: str) -> str:
+    async def launch(self, worker_id: str, nats_url: str | None = None) -> str:
+        # nats_url is never given here (credential_at_launch): a pod enrols once it runs.
         name = pod_name(self.settings.subject_prefix, worker_id)
         try:
             await self._create(worker_id, name)

@@ -44,6 +44,7 @@ class LocalBackend:
     """Starts and stops worker processes on this machine."""
 
     name = "local"
+    credential_at_launch = True
 
     def __init__(self, settings: ProvisionerSettings, gpus: list[GpuDevice] | None = None) -> None:
         self.settings = settings
@@ -58,18 +59,21 @@ class LocalBackend:
         self._spawn, self._on_exit = spawn, on_exit
         return {}  # children die with their provisioner: there is never anything to take over
 
-    def worker_env(self, worker_id: str, gpu: GpuDevice | None) -> dict[str, str]:
+    def worker_env(
+        self, worker_id: str, gpu: GpuDevice | None, nats_url: str | None = None
+    ) -> dict[str, str]:
         s = self.settings
         env = {
             **os.environ,
             **mesh_env(s),
-            "TURBOSERVE_NATS_URL": s.worker_nats_url or s.nats_url,
+            "TURBOSERVE_NATS_URL": nats_url or s.worker_nats_url or s.nats_url,
             "TURBOSERVE_REDIS_URL": s.worker_redis_url or s.redis_url,
             "TURBOSERVE_WORKER_ID": worker_id,
         }
         # The worker needs its own credentials, never the provisioner's.
         env.pop("TURBOSERVE_WORKER_NATS_URL", None)
         env.pop("TURBOSERVE_WORKER_REDIS_URL", None)
+        env.pop("TURBOSERVE_CALLOUT_KEY", None)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
         # Workers share this host: one fixed ops port would be taken by the first of them.
@@ -81,7 +85,7 @@ class LocalBackend:
         used = {w.gpu for w in self.workers.values()}
         return next((g for g in self.gpus if g not in used), None)
 
-    async def launch(self, worker_id: str) -> str:
+    async def launch(self, worker_id: str, nats_url: str | None = None) -> str:
         if worker_id in self.workers:
             return _where(self.workers[worker_id])
         gpu = self._free_gpu()
@@ -94,7 +98,7 @@ class LocalBackend:
                     "-m",
                     "tools.cli",
                     "worker",
-                    env=self.worker_env(worker_id, gpu),
+                    env=self.worker_env(worker_id, gpu, nats_url),
                     preexec_fn=die_with_parent,
                     stdout=out,
                     stderr=out,

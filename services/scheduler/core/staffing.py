@@ -416,6 +416,12 @@ class StaffingConfig(ControllerConfig):
     # GPU's batch (active -> idle, departures) within one chunk period, from the online rates.
     # Their void chunks still run while their places are refilled (0: off).
     churn_slots: float = 0.0
+    # The churn slots beside the demand's own headroom, not on top of it: the pool holds the
+    # larger of the two (the sized count at K x fill, or the mean at K x fill less the churn
+    # slots). The demand's headroom grows as the square root of the load and churn's in
+    # proportion to it, so a small pool pays for its spread and a large one for its churn,
+    # never both.
+    churn_beside: bool = False
     scale_in_delay_s: float | None = None
     # Scale-event band: a scale-out asks for this share more than the target, and a target
     # within this share below the pool keeps the pool (0: off). Fewer, larger scale events.
@@ -471,6 +477,7 @@ class StaffingController(Controller):
         self.surge = config.surge
         self.surge_recent_s = config.surge_recent_s
         self.churn_slots = config.churn_slots
+        self.churn_beside = config.churn_beside
         self.band = config.band
         self.period_s = self._cluster.profile.deadline_ms / 1000.0  # one chunk period
         self.estimator = RateEstimator(config.rate_window_s)
@@ -564,14 +571,24 @@ class StaffingController(Controller):
         cluster = self._cluster
         capacity = cluster.capacity
         per_gpu = capacity * self.fill
+        demand = self.demand(t)
+        target = math.ceil(n_required / capacity - _EPS)
         if self.churn_slots > 0:
             # Sessions leaving a full GPU within one chunk period: their places are refilled
             # while their void chunks still run, so the batch is briefly over K.
             r = self.estimator.rates()
             leave = r.deactivate + r.leave_active
-            per_gpu = max(1.0, per_gpu - self.churn_slots * capacity * leave * self.period_s)
-        sized = self.demand(t).sized
-        target = max(math.ceil(sized / per_gpu - _EPS), math.ceil(n_required / capacity - _EPS))
+            churned = max(1.0, per_gpu - self.churn_slots * capacity * leave * self.period_s)
+            if self.churn_beside:
+                target = max(
+                    target,
+                    math.ceil(demand.sized / per_gpu - _EPS),
+                    math.ceil(demand.mean / churned - _EPS),
+                )
+            else:
+                target = max(target, math.ceil(demand.sized / churned - _EPS))
+        else:
+            target = max(target, math.ceil(demand.sized / per_gpu - _EPS))
         # What placement cannot pack: sessions waiting for a slot beyond what the GPUs that
         # are booting will take (a pool with room in total, but not where it is needed).
         unpacked = len(cluster.pending) - capacity * len(cluster.booting)

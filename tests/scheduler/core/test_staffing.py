@@ -250,6 +250,10 @@ def test_churn_slots_keep_room_on_each_gpu_for_the_batch_being_refilled():
         return sum(1 for _ in policy.view.gpus)
 
     assert pool(churn_slots=10.0) > pool(churn_slots=1.0) >= pool()
+    # beside the demand's headroom, not on top of it: between none and the sum of both
+    beside = pool(churn_slots=10.0, churn_beside=True)
+    assert pool() <= beside <= pool(churn_slots=10.0)
+    assert beside > pool()  # this much churn is more than the spread's headroom
     for bad in ({"churn_slots": -1.0}, {"surge_recent_s": 0.0}):
         with pytest.raises(ValueError):
             LIVE_POLICIES.config("turboserve_staffing", bad)

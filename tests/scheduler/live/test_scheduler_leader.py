@@ -27,7 +27,7 @@ from shared.wire import (
 )
 from tests.eventually import eventually
 from tests.gpu_worker.worker_harness import mesh_context, worker_processes
-from tools.launcher import free_port
+from tools.servers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -44,7 +44,7 @@ async def test_a_new_session_goes_to_the_worker_whose_pass_ends_first(env):
                 gpu_kind=core.gpu_kind,
                 pass_ends_at=ends_at,
             )
-            await ctx.nc.publish(ctx.subjects.worker_heartbeat, encode(beat))
+            await ctx.nc.publish(ctx.subjects.worker_heartbeat(beat.worker_id), encode(beat))
 
         def heard() -> bool:
             beats = live.ingest.beats

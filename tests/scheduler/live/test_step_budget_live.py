@@ -68,7 +68,9 @@ class StandInWorker:
                 full_steps=FULL_STEPS,
                 min_steps=MIN_STEPS,
             )
-            await self.ctx.nc.publish(self.ctx.subjects.worker_heartbeat, encode(beat))
+            await self.ctx.nc.publish(
+                self.ctx.subjects.worker_heartbeat(beat.worker_id), encode(beat)
+            )
             await asyncio.sleep(0.2)
 
     def restart(self) -> None:
