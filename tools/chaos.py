@@ -240,6 +240,7 @@ async def chaos(
         "seq_repeats": result["seq_repeats"],
         "silent_restarts": result["silent_restarts"],
         "silent_restart_sessions": result["silent_restart_sessions"],
+        "lost_sessions": result["lost_sessions"],
         "restarts": result["restarts"],
         "stall_s": result["stall_s"],
         "stall_p99_s": result["stall_s"]["p99"],

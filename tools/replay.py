@@ -777,6 +777,7 @@ def summarize(
     period_s = logs[0].ledger.period_s if logs else deadline_ms / 1000.0
     total = ServiceLedger(period_s, deadline_ms)
     lost = repeats = gaps = 0
+    missing: list[dict[str, Any]] = []  # which viewer missed which seqs, to read the logs there
     for log in logs:
         total.latencies_ms += log.ledger.latencies_ms
         total.chunks += log.ledger.chunks
@@ -793,6 +794,9 @@ def summarize(
             ordered = sorted(seen)
             gaps += sum(1 for a, b in zip(ordered, ordered[1:], strict=False) if b > a + 1)
             gaps += ordered[0] > 0
+            absent = sorted(set(range(max(seen) + 1)) - seen)
+            if absent:
+                missing.append({"trace_id": log.trace_id, "id": log.id, "seqs": absent[:16]})
     service = total.summary()
     result: dict[str, Any] = {
         "sessions": sum(1 for log in logs if log.id is not None),
@@ -802,6 +806,7 @@ def summarize(
         "chunks_lost": lost,
         "seq_repeats": repeats,
         "seq_gaps": gaps,
+        "lost_sessions": missing,
         "sessions_completed": sum(1 for log in logs if log.ended),
         "stall_s": summary([max(0.0, log.stall_s) for log in logs if log.id is not None]),
         "restarts": sum(log.restarts for log in logs),

@@ -13,6 +13,12 @@ at or below that epoch without Redis:
   looked. Admitted only while the feed replays what the stream retained (its history), never
   live.
 
+A registry that cannot answer (Redis restarting, or restarted empty and not yet given the
+record back by its owner's heartbeat) is not a verdict: ownership may have moved before it
+went away. The message waits, and the feed behind it, while the registry is asked again, for
+up to UNANSWERED_WAIT_S; only then is it dropped. A forger cannot make Redis go away, so this
+wait is not one it can spend.
+
 The cost: one small read when a feed starts (or resubscribes) and one per ownership change,
 as the new owner's first message arrives (its notice, before its first chunk). Forged
 messages cost nothing below the epoch last read, and above it at most the budget: a flood of
@@ -35,6 +41,11 @@ REREAD_EVERY_S = 0.5
 # A re-read that takes longer is given up on: the message waiting for it is dropped rather
 # than the feed stalled behind a Redis that does not answer.
 REREAD_TIMEOUT_S = 1.0
+# How long a message waits for a registry that does not answer (or holds no record of the
+# session: restarted empty, its owner's heartbeat writes it back within a second or two), and
+# the longest pause between its asks.
+UNANSWERED_WAIT_S = 15.0
+UNANSWERED_PAUSE_S = 1.0
 # Epochs whose owner a feed keeps: the current one and the few before it (late messages of
 # the owner a session just left).
 KNOWN_EPOCHS = 8
@@ -91,16 +102,23 @@ class Owners:
             return known
         if not self._spend():
             return False
-        self.reads += 1
-        try:
-            found = await asyncio.wait_for(
-                self.registry.session_owner(self.session_id), REREAD_TIMEOUT_S
-            )
-        except (RedisError, TimeoutError):
-            return False  # a Redis that does not answer moves no ownership either
-        if found is not None:
-            self.note(*found)
-        return self.verdict(worker_id, epoch, history) is True
+        give_up = time.monotonic() + UNANSWERED_WAIT_S
+        pause = 0.1
+        while True:
+            self.reads += 1
+            try:
+                found = await asyncio.wait_for(
+                    self.registry.session_owner(self.session_id), REREAD_TIMEOUT_S
+                )
+            except (RedisError, TimeoutError):
+                found = None  # unanswered: the registry may have moved on before it went away
+            if found is not None:
+                self.note(*found)
+                return self.verdict(worker_id, epoch, history) is True
+            if time.monotonic() + pause > give_up:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(UNANSWERED_PAUSE_S, pause * 2)
 
     def _spend(self) -> bool:
         now = time.monotonic()

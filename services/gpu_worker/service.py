@@ -184,10 +184,11 @@ class Publisher:
     session at that epoch, and tells the generation thread to drop it.
 
     Nothing is dropped in silence: a chunk that cannot go out (its encode failed its bound,
-    the stream did not take it within PUBLISH_RETRY_S, NATS refused it or is away) is counted (``on_unpublished``) and told to the session's
-    viewers by an ``unpublished`` notice, and the session goes on at the next seq. A notice
-    that cannot go out either is kept, and sent before anything else once NATS takes
-    messages again."""
+    the stream did not take it within PUBLISH_RETRY_S, NATS refused it) is counted
+    (``on_unpublished``) and told to the session's viewers by an ``unpublished`` notice, and
+    the session goes on at the next seq. A notice that cannot go out either is kept, and sent
+    before anything else once NATS takes messages again. (While NATS is away the client holds
+    what is published, and the republish after the reconnection sends it again.)"""
 
     def __init__(
         self,

@@ -7,17 +7,22 @@ even before its notice, and a flood of forgeries costs a few Redis reads."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import time
 
 import orjson
 import pytest
+import redis.asyncio as aioredis
 
+from services.gateway import owners as owners_module
 from services.gateway.owners import REREAD_BURST, REREAD_EVERY_S, Owners
 from shared.registry import Registry
 from shared.states import SessionState
 from shared.wire import NoticeKind
 from tests.eventually import eventually
 from tests.gateway.conftest import FakeWorker, bearer, create, read_sse
+from tools.servers import free_port, probe_redis, redis_server_binary
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +198,59 @@ async def test_the_owner_cache_decides_without_redis_below_the_epoch_it_read(
     await late.load()
     assert late.verdict("wa", epoch, history=True) is True
     assert late.verdict("wa", epoch, history=False) is False
+
+
+def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def test_a_registry_that_cannot_answer_holds_the_message_rather_than_drop_it(
+    tmp_path, monkeypatch
+):
+    """Ownership moved, then Redis went away before the new owner's first chunk reached the
+    feed: that chunk waits for the registry (restarted empty, given the record back by the
+    owner's heartbeat) and is admitted; a record that never comes back is dropped after
+    UNANSWERED_WAIT_S."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    cmd += ["--appendonly", "no", "--dir", str(tmp_path)]
+    server = _spawn(cmd)
+    client = aioredis.from_url(url, socket_timeout=5)
+    try:
+        await eventually(lambda: probe_redis(url), 10, "redis-server up")
+        registry = Registry(client, "t")
+        await registry.create_session("s", "a fox", 1)
+        feed = Owners(registry, "s")
+        await feed.load()
+        epoch = (await registry.claim("s", "wa", 0)).epoch
+        server.kill()
+        server.wait(timeout=10)
+        admitted = asyncio.create_task(feed.admits("wa", epoch, history=False))
+        await asyncio.sleep(1.5)
+        assert not admitted.done()  # held, not dropped
+        server = _spawn(cmd)
+        await eventually(lambda: probe_redis(url), 10, "redis-server up again")
+        await asyncio.sleep(0.5)
+        assert not admitted.done()  # restarted empty: still no answer
+        written = await registry.reannounce_session(
+            "s",
+            owner="wa",
+            epoch=epoch,
+            state=SessionState.EXECUTING,
+            prompt="a fox",
+            seed=1,
+            last_seq=3,
+        )
+        assert written
+        assert await asyncio.wait_for(admitted, 10)
+        # A session the registry never hears of again: dropped once the wait is spent.
+        monkeypatch.setattr(owners_module, "UNANSWERED_WAIT_S", 1.0)
+        gone = Owners(registry, "never")
+        started = time.monotonic()
+        assert not await gone.admits("wa", 1, history=False)
+        assert 0.5 < time.monotonic() - started < 5.0
+    finally:
+        await client.aclose()
+        server.kill()
+        server.wait(timeout=10)

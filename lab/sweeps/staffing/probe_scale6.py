@@ -41,6 +41,7 @@ def main(argv: list[str]) -> None:
                 "late": r.late,
                 "missed": r.missed_periods,
                 "at_start": r.missed_periods_at_start,
+                "reduced_pct": round(r.reduced_pct, 3),
                 "wall": round(time.time() - t0, 1),
             }
             print(json.dumps(row), flush=True)

@@ -348,6 +348,7 @@ LIVE_POLICIES = Policies(
         StaffingController,
         autoscales=True,
         aliases=GPUS_ALIAS,
+        quality_budget=True,
     ),
 )
 if tuple(LIVE_POLICIES) != LIVE_NAMES:

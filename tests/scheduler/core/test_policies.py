@@ -423,7 +423,7 @@ def test_the_live_service_gives_the_step_floor_to_a_policy_with_the_quality_budg
 
     profiles = {PROFILE.gpu_kind: PROFILE}
     lowered: dict[str, list[SetSteps]] = {}
-    for name in ("turboserve", "hpa"):
+    for name in ("turboserve", "turboserve_staffing", "hpa"):
         settings = SchedulerSettings.from_env({}, policy=name, min_steps=2, boot_delay_s=2.0)
         policy = live_policy(settings, profiles, PROFILE.gpu_kind, None, 1, 5)
         out = policy.step(Event(0.0, EventKind.GPU_READY, gpu_id="w1"))
@@ -432,6 +432,8 @@ def test_the_live_service_gives_the_step_floor_to_a_policy_with_the_quality_budg
         lowered[name] = [d for d in out if isinstance(d, SetSteps)]
     assert lowered["turboserve"], "turboserve never lowered the steps of an overfull GPU"
     assert all(2 <= d.steps < PROFILE.full_steps for d in lowered["turboserve"])
+    assert lowered["turboserve_staffing"], "the staffing policy ignored the quality budget"
+    assert all(2 <= d.steps < PROFILE.full_steps for d in lowered["turboserve_staffing"])
     assert lowered["hpa"] == []  # a rival has no quality budget: the floor is ignored
 
 
