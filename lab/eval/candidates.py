@@ -153,6 +153,7 @@ def candidate_row(
         "attainment": round(run.stall_adjusted_attainment, 5),
         "reached": ok,
         "scale_events": run.scale_events,
+        "reduced_pct": round(run.reduced_pct, 3),  # chunks at fewer steps (the quality budget)
         "hpa_scale_events": found.hpa_scale_events,
         "least_loaded_gpu_h": found.least_loaded_gpu_h,
         "hpa_gpu_h": found.hpa_gpu_h,

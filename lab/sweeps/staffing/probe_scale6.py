@@ -3,6 +3,9 @@ of ``train_s6_churn.jsonl``)::
 
     python lab/sweeps/staffing/probe_scale6.py SCALE SHAPE[,SHAPE] '{"confidence": 0.99}' ...
 
+``eval:SHAPE[,SHAPE]`` runs the built-in (evaluation) traces of those shapes instead, once a
+setting has been chosen on the training traces.
+
 A setting may name ``policy`` (default ``turboserve_staffing``), e.g. a static
 ``{"policy": "least_loaded", "gpus": 44}``.
 """
@@ -14,17 +17,21 @@ import sys
 import time
 
 from lab.sim.simulator import simulate
-from lab.sim.synth import scaled, training_traces
+from lab.sim.synth import builtin_trace, scaled, training_traces
 
 
 def main(argv: list[str]) -> None:
-    scale, shapes = int(argv[0]), set(argv[1].split(","))
+    scale, which = int(argv[0]), argv[1]
     settings = [json.loads(s) for s in argv[2:]]
-    base = [
-        t
-        for t in training_traces(duration_s=1800.0, variants=1)
-        if t.name.rsplit("_", 1)[0].removeprefix("train_") in shapes
-    ]
+    if which.startswith("eval:"):
+        base = [builtin_trace(name) for name in which.removeprefix("eval:").split(",")]
+    else:
+        shapes = set(which.split(","))
+        base = [
+            t
+            for t in training_traces(duration_s=1800.0, variants=1)
+            if t.name.rsplit("_", 1)[0].removeprefix("train_") in shapes
+        ]
     for trace in base:
         t = trace if scale == 1 else scaled(trace, scale)
         for setting in settings:
