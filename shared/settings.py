@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Self, get_type_hints
 from urllib.parse import unquote
 
+import orjson
+
 from shared.callout import CalloutError, IssuerKey
 from shared.policies import LIVE_POLICIES
 from shared.tls import TlsFiles
@@ -521,9 +523,27 @@ class SchedulerSettings(CommonSettings):
     # The quality budget's floor (the workers' setting of the same name): the fewest
     # denoising steps per chunk the policy may ask a GPU for; none = the full count (off).
     min_steps: int | None = None
+    # The policy's own parameters, a JSON object of its loose parameters (docs/scheduler.md),
+    # e.g. {"confidence": 0.95} for turboserve_staffing; empty: the policy's defaults.
+    policy_params: str = ""
+
+    @property
+    def policy_param_values(self) -> dict[str, Any]:
+        """``policy_params`` as a dict (checked at start: a JSON object)."""
+        return dict(orjson.loads(self.policy_params)) if self.policy_params.strip() else {}
 
     def _faults(self) -> list[str]:
         faults = CommonSettings._faults(self)
+        if self.policy_params.strip():
+            try:
+                value = orjson.loads(self.policy_params)
+            except orjson.JSONDecodeError as exc:
+                value = exc
+            if not isinstance(value, dict):
+                faults.append(
+                    f"TURBOSERVE_POLICY_PARAMS={self.policy_params!r}: a JSON object of the "
+                    'policy\'s parameters, e.g. {"confidence": 0.95}'
+                )
         for name in (
             "tick_s",
             "worker_timeout_s",

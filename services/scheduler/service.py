@@ -62,6 +62,7 @@ class SchedulerService:
             raise SettingsError(
                 [f"TURBOSERVE_POLICY={settings.policy!r}: one of {', '.join(LIVE_POLICIES)}"]
             )
+        _check_policy_params(settings)
         if settings.min_steps is not None and "min_steps" in LIVE_POLICIES[settings.policy].params:
             # Checked here, not when the core is built at a takeover: a floor above the model's
             # full count stops the service at its start.
@@ -171,6 +172,46 @@ class SchedulerService:
         return limits.min_workers, limits.max_workers
 
 
+# What the live service sets itself (from its own settings and the provisioner's limits):
+# TURBOSERVE_POLICY_PARAMS may not name them.
+SERVICE_PARAMS = frozenset(
+    {
+        "rho_table",
+        "boot_delay_s",
+        "initial_gpus",
+        "gpus",
+        "min_gpus",
+        "max_gpus",
+        "floor_kept",
+        "scale_cooldown_s",
+        "gpu_kind",
+        "gpu_id_prefix",
+        "min_steps",
+    }
+)
+
+
+def _check_policy_params(settings: SchedulerSettings) -> None:
+    """TURBOSERVE_POLICY_PARAMS: names the policy takes, values it accepts, none of the
+    service's own (a SettingsError that lists what it takes)."""
+    given = settings.policy_param_values
+    if not given:
+        return
+    spec = LIVE_POLICIES[settings.policy]
+    owned = sorted(set(given) & SERVICE_PARAMS)
+    if owned:
+        raise SettingsError(
+            [
+                f"TURBOSERVE_POLICY_PARAMS: {', '.join(owned)} is set by the scheduler itself "
+                "(its own TURBOSERVE_ settings and the provisioner's limits)"
+            ]
+        )
+    try:
+        spec.config(given)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError([f"TURBOSERVE_POLICY_PARAMS: {exc}"]) from None
+
+
 def live_policy(
     settings: SchedulerSettings,
     profiles: dict[str, LatencyProfile],
@@ -208,6 +249,7 @@ def live_policy(
             "boot_delay_s": boot,
             "gpu_id_prefix": prefix,
         }
+    params.update(settings.policy_param_values)  # checked at start: none of the above
     if settings.min_steps is not None:
         if "min_steps" in spec.params:
             params["min_steps"] = settings.min_steps

@@ -94,6 +94,7 @@ def test_gaps_and_repeats_are_counted():
         10.0,
     )
     assert result["chunks_lost"] == 1 and result["seq_repeats"] == 1 and result["seq_gaps"] == 1
+    assert result["lost_sessions"] == [{"trace_id": "a", "id": "x", "seqs": [2]}]
     assert result["migrations"] == 3 and result["scale_out_events"] == 1
     assert result["cost_gpu_seconds"] == 60.5 and result["peak_gpus"] == 3
 
