@@ -38,8 +38,7 @@ from shared.registry import Registry
 # change takes one (two when a migration aborts); a forger exhausts them and waits.
 REREAD_BURST = 3
 REREAD_EVERY_S = 0.5
-# A re-read that takes longer is given up on: the message waiting for it is dropped rather
-# than the feed stalled behind a Redis that does not answer.
+# A re-read that takes longer is given up on and counts as unanswered (asked again, below).
 REREAD_TIMEOUT_S = 1.0
 # How long a message waits for a registry that does not answer (or holds no record of the
 # session: restarted empty, its owner's heartbeat writes it back within a second or two), and
