@@ -3,6 +3,31 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
+
+from tools.servers import redis_server_binary
+
+
+def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
+    """A redis-server of the test's own on ``port``, with no persistence: started again, it
+    comes back empty (a Redis restarted empty)."""
+    return subprocess.Popen(
+        [
+            redis_server_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 class ServerGroup:

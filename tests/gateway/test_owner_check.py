@@ -8,7 +8,6 @@ even before its notice, and a flood of forgeries costs a few Redis reads."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 
 import orjson
@@ -22,7 +21,8 @@ from shared.states import SessionState
 from shared.wire import NoticeKind
 from tests.eventually import eventually
 from tests.gateway.conftest import FakeWorker, bearer, create, read_sse
-from tools.servers import free_port, probe_redis, redis_server_binary
+from tests.server_group import start_redis
+from tools.servers import free_port, probe_redis
 
 pytestmark = pytest.mark.integration
 
@@ -200,10 +200,6 @@ async def test_the_owner_cache_decides_without_redis_below_the_epoch_it_read(
     assert late.verdict("wa", epoch, history=False) is False
 
 
-def _spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 async def test_a_registry_that_cannot_answer_holds_the_message_rather_than_drop_it(
     tmp_path, monkeypatch
 ):
@@ -213,9 +209,7 @@ async def test_a_registry_that_cannot_answer_holds_the_message_rather_than_drop_
     UNANSWERED_WAIT_S."""
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    cmd += ["--appendonly", "no", "--dir", str(tmp_path)]
-    server = _spawn(cmd)
+    server = start_redis(port, tmp_path)
     client = aioredis.from_url(url, socket_timeout=5)
     try:
         await eventually(lambda: probe_redis(url), 10, "redis-server up")
@@ -229,7 +223,7 @@ async def test_a_registry_that_cannot_answer_holds_the_message_rather_than_drop_
         admitted = asyncio.create_task(feed.admits("wa", epoch, history=False))
         await asyncio.sleep(1.5)
         assert not admitted.done()  # held, not dropped
-        server = _spawn(cmd)
+        server = start_redis(port, tmp_path)
         await eventually(lambda: probe_redis(url), 10, "redis-server up again")
         await asyncio.sleep(0.5)
         assert not admitted.done()  # restarted empty: still no answer

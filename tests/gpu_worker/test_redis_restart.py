@@ -5,7 +5,6 @@ coming while every Redis command waits."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from typing import Any
 
@@ -14,30 +13,10 @@ import pytest
 from shared.states import SessionState
 from tests.eventually import eventually
 from tests.gpu_worker.worker_harness import start_session, worker_in_process
-from tools.servers import free_port, probe_redis, redis_server_binary
+from tests.server_group import start_redis
+from tools.servers import free_port, probe_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def start_redis(port: int, tmp_path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [
-            redis_server_binary(),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return proc
 
 
 async def test_sessions_survive_redis_restarting_empty(infra, isolation, nats_client, tmp_path):

@@ -16,8 +16,8 @@ from shared.registry import Registry
 from shared.states import SessionState
 from shared.wire import SessionEvent, SessionEventKind, encode
 from tests.eventually import eventually
-from tests.gpu_worker.test_redis_restart import start_redis
 from tests.gpu_worker.worker_harness import mesh_context, worker_processes
+from tests.server_group import start_redis
 from tools.servers import free_port, probe_redis
 
 pytestmark = pytest.mark.integration
