@@ -103,9 +103,13 @@ async def test_chromium_plays_the_session_over_webrtc_and_steers_on_the_data_cha
     registry = await _claimed(gw, sid, worker)
     events = await nats_client.subscribe(gw.ctx.subjects.session_events)
 
+    # Stopped by this flag as well as cancelled: a cancel that lands as next_msg's own timeout
+    # fires can come out as a TimeoutError (suppressed below), and the loop would run on.
+    stopping = asyncio.Event()
+
     async def worker_runs() -> None:  # a chunk a period, and the prompt notice when asked
         seq = 0
-        while True:
+        while not stopping.is_set():
             await publish(worker, sid, seq, registry=registry)
             seq += 1
             with contextlib.suppress(TimeoutError):
@@ -123,6 +127,7 @@ async def test_chromium_plays_the_session_over_webrtc_and_steers_on_the_data_cha
             90,
         )
     finally:
+        stopping.set()
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
